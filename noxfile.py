@@ -1,0 +1,68 @@
+"""Project sessions: tests, conformance, lint, bench.
+
+Every session installs the repo's packages into its own virtualenv; nothing is installed by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.error_on_missing_interpreters = False
+
+ROOT = Path(__file__).parent
+PACKAGES = ["gdn-ref", "gdn-spec", "nki-cpu", "gdn-nki"]
+# Implementations the conformance suite runs against: "module:callable" specs.
+IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki:simulate"]
+
+
+def _install_repo(session: nox.Session, *extras: str) -> None:
+    """Install every package of the repo (editable) plus test tools, in dependency order."""
+    args: list[str] = []
+    for name in PACKAGES:
+        args += ["-e", f"packages/{name}[test]"]
+    session.install(*args, *extras)
+
+
+def _xdist_workers() -> str:
+    return os.environ.get("GDN_TEST_WORKERS", "auto")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit tests of every package and the conformance suite's self-tests."""
+    _install_repo(session)
+    for name in PACKAGES:
+        tests_dir = ROOT / "packages" / name / "tests"
+        session.run("pytest", "-n", _xdist_workers(), "-q", str(tests_dir), *session.posargs)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The gdn-spec suite against every implementation, both algorithms, fp32 and bf16."""
+    _install_repo(session)
+    impls = session.posargs or IMPLEMENTATIONS
+    for impl in impls:
+        session.run("gdn-spec", "check", impl, "-n", _xdist_workers())
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check over the whole repo."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: reference accuracy/speed, interpreter overhead, kernel cost-model table."""
+    _install_repo(session, "matplotlib>=3.7")
+    out = ROOT / "bench-out"
+    out.mkdir(exist_ok=True)
+    for script in sorted(ROOT.glob("packages/*/bench/bench_*.py")):
+        session.run("python", str(script), "--out", str(out), *session.posargs)
