@@ -1,0 +1,607 @@
+"""The documented ``gdn_cte`` contract as data: one rule per sentence of the API reference.
+
+Every implementation of this package family checks a call with :func:`enforce` before it reads or writes
+anything, so a rejected call changes nothing. gdn-spec turns the same rules into conformance tests (it adds a
+violation builder per rule); gdn-nki runs them at trace time. The checks only need ``.shape`` and ``.dtype``
+of each tensor, so they work on numpy arrays and on NKI tensors alike.
+
+A message names the argument, the value, the rule and the fix, e.g.::
+
+    gdn_cte: `beta` dtype bfloat16 violates [beta.dtype] beta must be float32 (per-token update strength
+    in (0, 1) in HBM, fp32). Fix: pass beta.astype(np.float32).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .constants import (
+    ALGORITHM_NEUMANN,
+    ALGORITHM_SCHUR,
+    ALGORITHMS,
+    CHUNK_BY_ALGORITHM,
+    CHUNK_SCHUR,
+    MAX_GROUP_SIZE,
+    MAX_HEAD_DIM,
+    MIN_GROUP_SIZE,
+)
+from .masks import N_MASKS, build_mask_pack
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+ARGUMENTS = (
+    "query",
+    "key",
+    "value",
+    "g_log",
+    "beta",
+    "scale",
+    "algorithm",
+    "mask_pack",
+    "group_size",
+    "recurrent_state",
+)
+TENSOR_RANKS = {"query": 4, "key": 4, "value": 4, "g_log": 3, "beta": 3, "mask_pack": 3, "recurrent_state": 4}
+
+
+class ContractError(ValueError):
+    """A call broke the documented gdn_cte contract; ``violations`` lists every broken rule."""
+
+    def __init__(self, violations: list[Violation]):
+        self.violations = violations
+        lines = "\n".join(f"  - {v}" for v in violations)
+        super().__init__(f"gdn_cte rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: which argument, what it was, the rule, and how to fix the call."""
+
+    rule_id: str
+    argument: str
+    value: str
+    rule: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"gdn_cte: `{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical dtype name ("float32", "bfloat16", ...) for numpy, ml_dtypes and NKI dtype objects."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        name = getattr(dtype, "name", None) or str(dtype)
+        return name.rsplit(".", 1)[-1]
+
+
+def _shape(x: Any) -> tuple[int, ...] | None:
+    shape = getattr(x, "shape", None)
+    return None if shape is None else tuple(int(d) for d in shape)
+
+
+class Call:
+    """A gdn_cte call's arguments plus the dimensions they imply (None where they cannot be read)."""
+
+    def __init__(self, args: dict[str, Any]):
+        self.args = args
+        q, v = _shape(args["query"]), _shape(args["value"])
+        q_ok, v_ok = q is not None and len(q) == 4, v is not None and len(v) == 4
+        self.B, self.Hk, self.S, self.Dk = q if q_ok else (None,) * 4
+        self.Hv, self.Dv = (v[1], v[3]) if v_ok else (None, None)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return _shape(self.args[name])
+
+    def dtype(self, name: str) -> str | None:
+        x = self.args[name]
+        return None if getattr(x, "dtype", None) is None else dtype_name(x.dtype)
+
+    def has_rank(self, name: str) -> bool:
+        shape = self.shape(name)
+        return shape is not None and len(shape) == TENSOR_RANKS[name]
+
+    @property
+    def algorithm(self) -> str | None:
+        algo = self.args["algorithm"]
+        return algo if isinstance(algo, str) and algo in ALGORITHMS else None
+
+
+Check = Callable[[Call], "Violation | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A documented rule: id, the API-reference sentence it comes from, the arguments it constrains, a check."""
+
+    id: str
+    sentence: str
+    arguments: tuple[str, ...]
+    check: Check
+
+
+def _violation(rule_id: str, argument: str, value: str, rule: str, fix: str) -> Violation:
+    return Violation(rule_id, argument, value, rule, fix)
+
+
+# --- rule checks: each returns a Violation or None, and stays silent when a prerequisite is already broken ---
+
+
+def _rank_rule(name: str, layout: str) -> Check:
+    def check(call: Call) -> Violation | None:
+        x = call.args[name]
+        if x is None and name in ("mask_pack", "recurrent_state"):
+            return None
+        shape = _shape(x)
+        if shape is not None and len(shape) == TENSOR_RANKS[name] and all(d > 0 for d in shape):
+            return None
+        value = f"of type {type(x).__name__}" if shape is None else f"shape {shape}"
+        return _violation(
+            f"{name}.rank",
+            name,
+            value,
+            f"{name} must be a non-empty {TENSOR_RANKS[name]}-D tensor {layout}",
+            f"pass {name} laid out as {layout} with every dimension >= 1",
+        )
+
+    return check
+
+
+def _query_dtype(call: Call) -> Violation | None:
+    dt = call.dtype("query")
+    if dt is None or dt in COMPUTE_DTYPES:
+        return None
+    return _violation(
+        "query.dtype",
+        "query",
+        f"dtype {dt}",
+        f"query's dtype sets the compute dtype and must be one of {COMPUTE_DTYPES}",
+        "cast query, key and value to bfloat16 (or float32)",
+    )
+
+
+def _same_dtype_as_query(name: str) -> Check:
+    def check(call: Call) -> Violation | None:
+        dq, dx = call.dtype("query"), call.dtype(name)
+        if dq is None or dx is None or dq == dx:
+            return None
+        return _violation(
+            f"{name}.dtype",
+            name,
+            f"dtype {dx}",
+            f"{name} must have query's dtype ({dq})",
+            f"pass {name}.astype(query.dtype)",
+        )
+
+    return check
+
+
+def _fp32_rule(name: str, what: str) -> Check:
+    def check(call: Call) -> Violation | None:
+        if call.args[name] is None:
+            return None
+        dt = call.dtype(name)
+        if dt is None or dt == "float32":
+            return None
+        return _violation(
+            f"{name}.dtype", name, f"dtype {dt}", f"{name} must be float32 ({what})", f"pass {name}.astype(np.float32)"
+        )
+
+    return check
+
+
+def _key_shape(call: Call) -> Violation | None:
+    if not (call.has_rank("query") and call.has_rank("key")):
+        return None
+    q, k = call.shape("query"), call.shape("key")
+    if q[:3] == k[:3]:
+        return None
+    return _violation(
+        "key.shape",
+        "key",
+        f"shape {k}",
+        f"key must be [B, Hk, S, Dk] with query's B, Hk, S = {q[:3]}",
+        "pass key and query for the same batch, key heads and tokens",
+    )
+
+
+def _dq_equals_dk(call: Call) -> Violation | None:
+    if not (call.has_rank("query") and call.has_rank("key")):
+        return None
+    dq, dk = call.shape("query")[3], call.shape("key")[3]
+    if dq == dk:
+        return None
+    return _violation(
+        "head_dim.dq_eq_dk",
+        "key",
+        f"head dim Dk={dk} (query Dq={dq})",
+        "Dq must equal Dk (they contract)",
+        "project query and key to the same head dimension",
+    )
+
+
+def _head_dim_max(call: Call) -> Violation | None:
+    for name, axis, label in (("key", 3, "Dk"), ("value", 3, "Dv")):
+        if call.has_rank(name) and call.shape(name)[axis] > MAX_HEAD_DIM:
+            d = call.shape(name)[axis]
+            return _violation(
+                "head_dim.max",
+                name,
+                f"head dim {label}={d}",
+                f"Dk, Dv must be <= MAX_HEAD_DIM={MAX_HEAD_DIM}",
+                f"split the head dimension into pieces of at most {MAX_HEAD_DIM}",
+            )
+    return None
+
+
+def _value_shape(call: Call) -> Violation | None:
+    if not (call.has_rank("query") and call.has_rank("value")):
+        return None
+    v = call.shape("value")
+    if (v[0], v[2]) == (call.B, call.S):
+        return None
+    return _violation(
+        "value.shape",
+        "value",
+        f"shape {v}",
+        f"value must be [B, Hv, S, Dv] with query's B={call.B} and S={call.S}",
+        "pass value for the same batch and tokens as query",
+    )
+
+
+def _gqa_divisible(call: Call) -> Violation | None:
+    if call.Hk is None or call.Hv is None or call.Hv % call.Hk == 0:
+        return None
+    return _violation(
+        "heads.gqa_divisible",
+        "value",
+        f"Hv={call.Hv} with Hk={call.Hk}",
+        "Hv must be divisible by Hk; value head h reads key/query head h // (Hv//Hk)",
+        "use a value head count that is a multiple of the key head count",
+    )
+
+
+def _per_token_shape(name: str) -> Check:
+    def check(call: Call) -> Violation | None:
+        if call.Hv is None or call.B is None or not call.has_rank(name):
+            return None
+        expected = (call.B, call.Hv, call.S)
+        if call.shape(name) == expected:
+            return None
+        return _violation(
+            f"{name}.shape",
+            name,
+            f"shape {call.shape(name)}",
+            f"{name} must be [B, Hv, S] = {expected} (one value per value head and token)",
+            f"pass {name} per value head, shaped {expected}",
+        )
+
+    return check
+
+
+def _seq_divisible(call: Call) -> Violation | None:
+    algo = call.algorithm
+    if algo is None or call.S is None:
+        return None
+    chunk = CHUNK_BY_ALGORITHM[algo]
+    if call.S % chunk == 0:
+        return None
+    return _violation(
+        "seq.divisible",
+        "query",
+        f"sequence length S={call.S}",
+        f'S must be divisible by {chunk} for algorithm="{algo}"',
+        f"pad S up to {-(-call.S // chunk) * chunk} (gdn_nki.prefill does this exactly)"
+        + (' or use algorithm="neumann" (S % 64)' if algo == ALGORITHM_SCHUR and call.S % 64 == 0 else ""),
+    )
+
+
+def _algorithm_known(call: Call) -> Violation | None:
+    algo = call.args["algorithm"]
+    if isinstance(algo, str) and algo in ALGORITHMS:
+        return None
+    return _violation(
+        "algorithm.known",
+        "algorithm",
+        f"value {algo!r}",
+        f"algorithm must be one of {ALGORITHMS}",
+        'pass algorithm="schur" (default) or algorithm="neumann"',
+    )
+
+
+def _mask_pack_required(call: Call) -> Violation | None:
+    if call.algorithm != ALGORITHM_SCHUR or call.args["mask_pack"] is not None:
+        return None
+    return _violation(
+        "mask_pack.required",
+        "mask_pack",
+        "None",
+        'mask_pack is REQUIRED by algorithm="schur"',
+        "pass mask_pack=build_mask_pack()",
+    )
+
+
+def _mask_pack_shape(call: Call) -> Violation | None:
+    pack = call.args["mask_pack"]
+    expected = (N_MASKS, CHUNK_SCHUR, CHUNK_SCHUR)
+    if pack is None or _shape(pack) is None or _shape(pack) == expected:
+        return None
+    return _violation(
+        "mask_pack.shape",
+        "mask_pack",
+        f"shape {_shape(pack)}",
+        f"mask_pack must be [N_MASKS, CHUNK, CHUNK] = {expected}",
+        "pass mask_pack=build_mask_pack()",
+    )
+
+
+def _mask_pack_contents(call: Call) -> Violation | None:
+    pack = call.args["mask_pack"]
+    if not isinstance(pack, np.ndarray) or pack.shape != (N_MASKS, CHUNK_SCHUR, CHUNK_SCHUR):
+        return None
+    bad = [p for p in range(N_MASKS) if not np.array_equal(pack[p], _expected_pack()[p])]
+    if not bad:
+        return None
+    return _violation(
+        "mask_pack.contents",
+        "mask_pack",
+        f"planes {bad} differing from build_mask_pack()",
+        "mask_pack must hold exactly the planes build_mask_pack() builds",
+        "rebuild it with mask_pack=build_mask_pack() and do not modify it",
+    )
+
+
+_PACK_CACHE: list[np.ndarray] = []
+
+
+def _expected_pack() -> np.ndarray:
+    if not _PACK_CACHE:
+        _PACK_CACHE.append(build_mask_pack())
+    return _PACK_CACHE[0]
+
+
+def _group_size_range(call: Call) -> Violation | None:
+    gs = call.args["group_size"]
+    is_int = isinstance(gs, numbers.Integral) and not isinstance(gs, bool)
+    if is_int and MIN_GROUP_SIZE <= gs <= MAX_GROUP_SIZE:
+        return None
+    return _violation(
+        "group_size.range",
+        "group_size",
+        f"value {gs!r}",
+        f"group_size must be an int in [{MIN_GROUP_SIZE}, {MAX_GROUP_SIZE}] (chunks per grouped inverse)",
+        "pass group_size=8 (the default)",
+    )
+
+
+def _scale_number(call: Call) -> Violation | None:
+    scale = call.args["scale"]
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool) and np.isfinite(float(scale)):
+        return None
+    return _violation(
+        "scale.number",
+        "scale",
+        f"value {scale!r}",
+        "scale must be a finite real number, applied on device (typically 1/sqrt(Dk))",
+        "pass scale=Dk ** -0.5",
+    )
+
+
+def _state_shape(call: Call) -> Violation | None:
+    state = call.args["recurrent_state"]
+    if state is None or call.B is None or call.Hv is None or _shape(state) is None:
+        return None
+    dk = call.shape("key")[3] if call.has_rank("key") else call.Dk
+    expected = (call.B, call.Hv, dk, call.Dv)
+    if _shape(state) == expected:
+        return None
+    return _violation(
+        "recurrent_state.shape",
+        "recurrent_state",
+        f"shape {_shape(state)}",
+        f"recurrent_state must be [B, Hv, Dk, Dv] = {expected}",
+        f"allocate it as np.zeros({expected}, np.float32) or pass None",
+    )
+
+
+def _state_writable(call: Call) -> Violation | None:
+    state = call.args["recurrent_state"]
+    flags = getattr(state, "flags", None)
+    if flags is None or flags.writeable:
+        return None
+    return _violation(
+        "recurrent_state.writable",
+        "recurrent_state",
+        "a read-only array",
+        "recurrent_state is updated IN PLACE, so it must be writable",
+        "pass a writable array (e.g. a copy) or None",
+    )
+
+
+def _neumann_no_gqa(call: Call) -> Violation | None:
+    if call.algorithm != ALGORITHM_NEUMANN or call.Hk is None or call.Hv is None or call.Hk == call.Hv:
+        return None
+    return _violation(
+        "neumann.no_gqa",
+        "value",
+        f"Hv={call.Hv} with Hk={call.Hk}",
+        '"neumann" requires Hk == Hv (no head sharing)',
+        'repeat the key/query heads to Hv, or use algorithm="schur"',
+    )
+
+
+def _neumann_no_state(call: Call) -> Violation | None:
+    if call.algorithm != ALGORITHM_NEUMANN or call.args["recurrent_state"] is None:
+        return None
+    return _violation(
+        "neumann.no_state",
+        "recurrent_state",
+        "a supplied state",
+        '"neumann" supports ONLY the omitted recurrent_state form',
+        'pass recurrent_state=None, or use algorithm="schur" to resume from a state',
+    )
+
+
+LAYOUTS = {
+    "query": "[B, Hk, S, Dk]",
+    "key": "[B, Hk, S, Dk]",
+    "value": "[B, Hv, S, Dv]",
+    "g_log": "[B, Hv, S]",
+    "beta": "[B, Hv, S]",
+    "mask_pack": "[N_MASKS, CHUNK, CHUNK]",
+    "recurrent_state": "[B, Hv, Dk, Dv]",
+}
+
+RULES: tuple[Rule, ...] = (
+    *(
+        Rule(f"{n}.rank", f":param {n}: {LAYOUTS[n]}", (n,), _rank_rule(n, LAYOUTS[n]))
+        for n in ("query", "key", "value", "g_log", "beta", "mask_pack", "recurrent_state")
+    ),
+    Rule(
+        "query.dtype",
+        "ITS DTYPE SETS THE COMPUTE DTYPE -- matmul operands, q/k/v tiles and `out`.",
+        ("query",),
+        _query_dtype,
+    ),
+    Rule(
+        "key.dtype",
+        "Key tensor in HBM, TOKEN-major, L2-normalized, same dtype as `query`.",
+        ("key",),
+        _same_dtype_as_query("key"),
+    ),
+    Rule("value.dtype", "Value tensor in HBM, same dtype as `query`.", ("value",), _same_dtype_as_query("value")),
+    Rule(
+        "g_log.dtype",
+        "Per-token log-decay (negative) in HBM, fp32.",
+        ("g_log",),
+        _fp32_rule("g_log", "per-token log-decay in HBM, fp32"),
+    ),
+    Rule(
+        "beta.dtype",
+        "Per-token update strength in (0, 1) in HBM, fp32.",
+        ("beta",),
+        _fp32_rule("beta", "per-token update strength in (0, 1) in HBM, fp32"),
+    ),
+    Rule("key.shape", ":param key: [B, Hk, S, Dk]", ("key",), _key_shape),
+    Rule("head_dim.dq_eq_dk", "Dq must equal Dk (they contract)", ("key",), _dq_equals_dk),
+    Rule("head_dim.max", "Dk, Dv <= MAX_HEAD_DIM=128.", ("key", "value"), _head_dim_max),
+    Rule("value.shape", ":param value: [B, Hv, S, Dv]", ("value",), _value_shape),
+    Rule(
+        "heads.gqa_divisible",
+        "Hv must be divisible by Hk; value head h reads key/query head h // (Hv//Hk).",
+        ("value",),
+        _gqa_divisible,
+    ),
+    Rule("g_log.shape", ":param g_log: [B, Hv, S]", ("g_log",), _per_token_shape("g_log")),
+    Rule("beta.shape", ":param beta: [B, Hv, S]", ("beta",), _per_token_shape("beta")),
+    Rule(
+        "seq.divisible",
+        'S must be divisible by 128 for "schur" and by 64 for "neumann". This dispatcher enforces only the selected algorithm\'s constraint.',
+        ("query",),
+        _seq_divisible,
+    ),
+    Rule(
+        "algorithm.known",
+        'Intra-chunk inverse to use, "schur" (default) or "neumann".',
+        ("algorithm",),
+        _algorithm_known,
+    ),
+    Rule(
+        "mask_pack.required",
+        'REQUIRED by "schur"; build it with build_mask_pack().',
+        ("mask_pack",),
+        _mask_pack_required,
+    ),
+    Rule(
+        "mask_pack.shape",
+        ":param mask_pack: [N_MASKS, CHUNK, CHUNK] fp32 mask pack in HBM.",
+        ("mask_pack",),
+        _mask_pack_shape,
+    ),
+    Rule(
+        "mask_pack.dtype",
+        ":param mask_pack: [N_MASKS, CHUNK, CHUNK] fp32 mask pack in HBM.",
+        ("mask_pack",),
+        _fp32_rule("mask_pack", "the mask pack is fp32"),
+    ),
+    Rule("mask_pack.contents", "build it with build_mask_pack().", ("mask_pack",), _mask_pack_contents),
+    Rule(
+        "group_size.range",
+        ':param group_size: Chunks per grouped inverse for "schur".',
+        ("group_size",),
+        _group_size_range,
+    ),
+    Rule(
+        "scale.number",
+        ":param scale: Query scaling, typically 1/sqrt(Dk). Applied ON DEVICE.",
+        ("scale",),
+        _scale_number,
+    ),
+    Rule("recurrent_state.shape", ":param recurrent_state: [B, Hv, Dk, Dv] fp32", ("recurrent_state",), _state_shape),
+    Rule(
+        "recurrent_state.dtype",
+        "The recurrent state is fp32 whatever the compute dtype",
+        ("recurrent_state",),
+        _fp32_rule("recurrent_state", "the recurrent state is always fp32"),
+    ),
+    Rule(
+        "recurrent_state.writable",
+        "Supplied, it is aliased to the second output, updated IN PLACE",
+        ("recurrent_state",),
+        _state_writable,
+    ),
+    Rule("neumann.no_gqa", '"neumann" additionally requires Hk == Hv (no head sharing).', ("value",), _neumann_no_gqa),
+    Rule("neumann.no_state", '"neumann" supports ONLY the omitted form.', ("recurrent_state",), _neumann_no_state),
+)
+RULES_BY_ID = {rule.id: rule for rule in RULES}
+# Rules that need the tensor contents, not just shape and dtype; a traced kernel cannot run them.
+HOST_ONLY_RULES = frozenset({"mask_pack.contents", "recurrent_state.writable"})
+
+
+def validate(
+    query: Any,
+    key: Any,
+    value: Any,
+    g_log: Any,
+    beta: Any,
+    scale: Any = 1.0,
+    algorithm: Any = ALGORITHM_SCHUR,
+    mask_pack: Any = None,
+    group_size: Any = 8,
+    recurrent_state: Any = None,
+    *,
+    host: bool = True,
+) -> list[Violation]:
+    """Check a gdn_cte call against every documented rule; return all violations (empty list = valid).
+
+    Args:
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state: the call,
+            exactly as passed to ``gdn_cte``; tensors need only ``.shape`` and ``.dtype``.
+        host (bool): also run the rules that read tensor contents (``HOST_ONLY_RULES``); False at trace time.
+
+    Returns:
+        list[Violation]: every broken rule, in rule order. Rules whose prerequisites are already broken stay silent.
+    """
+    call = Call(
+        dict(
+            zip(
+                ARGUMENTS,
+                (query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state),
+                strict=True,
+            )
+        )
+    )
+    rules = RULES if host else tuple(r for r in RULES if r.id not in HOST_ONLY_RULES)
+    return [v for v in (rule.check(call) for rule in rules) if v is not None]
+
+
+def enforce(*args: Any, **kwargs: Any) -> None:
+    """Raise :class:`ContractError` listing every violation of :func:`validate`; return None if the call is valid."""
+    violations = validate(*args, **kwargs)
+    if violations:
+        raise ContractError(violations)
