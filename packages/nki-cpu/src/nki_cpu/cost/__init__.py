@@ -1,0 +1,33 @@
+"""Cost model of nki-cpu: hardware figures, per-instruction durations, list scheduling, reports and exporters.
+
+The interpreter appends one :class:`InstructionRecord` per executed instruction to a :class:`Trace`;
+:func:`estimate` turns the trace into a :class:`CostReport` for a target generation (Trn2 by default).
+"""
+
+from nki_cpu.cost.durations import duration_ns
+from nki_cpu.cost.figures import DEFAULT_TARGET, FIGURES, TRN1, TRN2, TRN3, Figures, get_figures
+from nki_cpu.cost.record import Engine, InstructionRecord, Region, Trace
+from nki_cpu.cost.report import CostReport, estimate
+from nki_cpu.cost.scheduler import Schedule, schedule
+from nki_cpu.cost.trace_export import write_chrome_trace, write_png_timeline
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "FIGURES",
+    "TRN1",
+    "TRN2",
+    "TRN3",
+    "CostReport",
+    "Engine",
+    "Figures",
+    "InstructionRecord",
+    "Region",
+    "Schedule",
+    "Trace",
+    "duration_ns",
+    "estimate",
+    "get_figures",
+    "schedule",
+    "write_chrome_trace",
+    "write_png_timeline",
+]

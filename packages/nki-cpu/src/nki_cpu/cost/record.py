@@ -1,0 +1,90 @@
+"""What the interpreter tells the cost model about one executed instruction.
+
+This module is the contract between the instruction implementations (``nki_cpu.isa``) and the cost
+model (``nki_cpu.cost``): an instruction appends one :class:`InstructionRecord` to the active
+:class:`Trace`; the cost model turns records into durations and schedules them. Nothing here knows
+any instruction's semantics.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Engine(enum.Enum):
+    """Execution resources the scheduler keeps one timeline for (DMA queues get one each)."""
+
+    PE = "pe"  # tensor engine: nc_matmul, nc_transpose (PE path)
+    VECTOR = "vector"  # DVE
+    SCALAR = "scalar"  # ACT
+    GPSIMD = "gpsimd"  # POOL
+    DMA = "dma"  # one of the DMA queues; the queue index is InstructionRecord.queue
+
+
+@dataclass(frozen=True)
+class Region:
+    """A bounding box of bytes one operand touches in one allocation.
+
+    ``storage_id`` identifies the allocation (two views of one allocation share it).
+    ``partitions`` is the half-open partition range [lo, hi) (HBM tensors use (0, 1)).
+    ``byte_range`` is the half-open byte range [lo, hi) within each partition (HBM: within the flat buffer).
+    Bounding boxes over-approximate strided views; the scheduler may therefore see false dependencies,
+    never miss a true one.
+    """
+
+    storage_id: int
+    buffer: str  # "hbm" | "sbuf" | "psum"
+    partitions: tuple[int, int]
+    byte_range: tuple[int, int]
+
+    def overlaps(self, other: Region) -> bool:
+        return (
+            self.storage_id == other.storage_id
+            and self.partitions[0] < other.partitions[1]
+            and other.partitions[0] < self.partitions[1]
+            and self.byte_range[0] < other.byte_range[1]
+            and other.byte_range[0] < self.byte_range[1]
+        )
+
+
+@dataclass
+class InstructionRecord:
+    """One executed instruction as the cost model sees it.
+
+    Fields the cost formulas use:
+    - ``partitions``: partition count of the main operand (dst for compute; SBUF side for DMA).
+    - ``free_elems``: elements per partition of the main input stream (N in the documented formulas).
+    - ``dtypes``: dtype names of (inputs..., dst), e.g. ("bfloat16", "bfloat16", "float32").
+    - ``nbytes``: bytes moved (DMA) or written (compute).
+    - ``attrs``: instruction-specific facts, e.g. nc_matmul: {"stationary_free": int, "moving_free": int,
+      "fp32": bool, "is_transpose": bool}; dma: {"transpose": bool, "contiguous_bytes": int (per-descriptor run),
+      "descriptors": int, "src": "hbm"|"sbuf", "dst": ...}; vector ops: {"psum_input": bool, "unit_stride": bool,
+      "op": opcode name}.
+    """
+
+    opcode: str
+    engine: Engine
+    partitions: int
+    free_elems: int
+    dtypes: tuple[str, ...]
+    nbytes: int
+    reads: tuple[Region, ...]
+    writes: tuple[Region, ...]
+    queue: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)
+    index: int = -1  # position in the trace, set by Trace.append
+
+
+@dataclass
+class Trace:
+    """Ordered records of one kernel launch (program order = issue order per engine)."""
+
+    records: list[InstructionRecord] = field(default_factory=list)
+    sbuf_high_water: int = 0  # bytes per partition
+    psum_high_water: int = 0  # bytes per partition
+
+    def append(self, record: InstructionRecord) -> None:
+        record.index = len(self.records)
+        self.records.append(record)

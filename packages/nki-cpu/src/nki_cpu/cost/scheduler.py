@@ -1,0 +1,171 @@
+"""Dependency-aware list scheduling of a trace onto parallel engine and DMA-queue timelines (nki-api.md §4.2).
+
+Each instruction starts at the later of (a) its track's free time — tracks are the four compute engines and one
+per DMA queue, each in program order — and (b) the ready time of every earlier instruction it depends on through a
+RAW, WAR or WAW conflict on overlapping :class:`~nki_cpu.cost.record.Region` boxes. The ready time of an
+instruction is its end plus the producing engine's dependency latency (semaphore + pipeline drain; figures).
+
+A DMA instruction is issued in queue order once its dependencies are ready; its data starts moving after the fixed
+latency and once the queue's previous transfer has finished, so the latencies of back-to-back transfers on one
+queue overlap while their transfers serialize (INFER from DMA §4.4: descriptors of queued transfers are processed
+ahead; the 1.3 µs figure is "descriptor/semaphore-to-start").
+
+Notes:
+    Conflicts are found per allocation (``storage_id``) in short lists of recent reader and writer boxes. A write
+    drops every older box it fully covers (any later conflict with the old box also conflicts with the new write,
+    which already waited for it). When a list still grows beyond ``MAX_BOXES`` its oldest half is merged into one
+    bounding box with the latest ready time: this can only add false dependencies on old, usually already passed,
+    times — never drop a true one. Cost is O(n · MAX_BOXES) for n instructions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nki_cpu.cost.durations import compute_cycles, dma_times
+from nki_cpu.cost.figures import Figures
+from nki_cpu.cost.record import Engine, InstructionRecord, Region, Trace
+
+MAX_BOXES = 48  # per storage and access kind; beyond this the oldest half is merged (see module notes)
+
+# A box is [p0, p1, b0, b1, ready_ns, index]: partition range, byte range, ready time, producing instruction.
+Box = list
+
+
+@dataclass
+class Schedule:
+    """Placement of every instruction of a trace.
+
+    Notes:
+        Lists are indexed by ``InstructionRecord.index``. ``issue_ns`` equals ``start_ns`` for compute
+        instructions; for DMA it is when the transfer was issued (``start - issue`` ≥ the fixed latency).
+        ``waited_on`` is the instruction whose ready time set the start (-1 if the track's free time did).
+    """
+
+    start_ns: list[float] = field(default_factory=list)
+    end_ns: list[float] = field(default_factory=list)
+    issue_ns: list[float] = field(default_factory=list)
+    track: list[str] = field(default_factory=list)
+    waited_on: list[int] = field(default_factory=list)
+
+    @property
+    def makespan_ns(self) -> float:
+        """End of the last instruction (0 for an empty trace)."""
+        return max(self.end_ns, default=0.0)
+
+
+def track_name(record: InstructionRecord) -> str:
+    """Timeline a record runs on: the engine name, or ``dma.q<queue>`` for DMA."""
+    if record.engine is Engine.DMA:
+        return f"dma.q{record.queue}"
+    return record.engine.value
+
+
+def _latest(boxes: list[Box], region: Region, ready: float, waited: int) -> tuple[float, int]:
+    """Latest ready time among ``boxes`` overlapping ``region`` (and the given current best)."""
+    p0, p1 = region.partitions
+    b0, b1 = region.byte_range
+    for box in boxes:
+        if box[0] < p1 and p0 < box[1] and box[2] < b1 and b0 < box[3] and box[4] > ready:
+            ready, waited = box[4], box[5]
+    return ready, waited
+
+
+def _merge_oldest(boxes: list[Box]) -> None:
+    """Replace the oldest half of ``boxes`` by their bounding box carrying the latest ready time."""
+    half = len(boxes) // 2
+    old = boxes[:half]
+    latest = max(old, key=lambda box: box[4])
+    merged = [
+        min(box[0] for box in old),
+        max(box[1] for box in old),
+        min(box[2] for box in old),
+        max(box[3] for box in old),
+        latest[4],
+        latest[5],
+    ]
+    boxes[:half] = [merged]
+
+
+def _drop_covered(boxes: list[Box], region: Region) -> list[Box]:
+    """Boxes not fully inside ``region``."""
+    p0, p1 = region.partitions
+    b0, b1 = region.byte_range
+    return [box for box in boxes if not (p0 <= box[0] and box[1] <= p1 and b0 <= box[2] and box[3] <= b1)]
+
+
+class _Conflicts:
+    """Recent reader and writer boxes per storage id."""
+
+    def __init__(self) -> None:
+        self.readers: dict[int, list[Box]] = {}
+        self.writers: dict[int, list[Box]] = {}
+
+    def ready_time(self, record: InstructionRecord) -> tuple[float, int]:
+        """Latest ready time among the RAW, WAW and WAR predecessors of ``record``."""
+        ready, waited = 0.0, -1
+        for region in record.reads:
+            ready, waited = _latest(self.writers.get(region.storage_id, ()), region, ready, waited)
+        for region in record.writes:
+            ready, waited = _latest(self.writers.get(region.storage_id, ()), region, ready, waited)
+            ready, waited = _latest(self.readers.get(region.storage_id, ()), region, ready, waited)
+        return ready, waited
+
+    def add(self, record: InstructionRecord, ready: float) -> None:
+        """Record the accesses of ``record`` (ready at ``ready``), pruning boxes its writes cover."""
+        for region in record.reads:
+            self._push(self.readers, region, ready, record.index)
+        for region in record.writes:
+            sid = region.storage_id
+            if sid in self.readers:
+                self.readers[sid] = _drop_covered(self.readers[sid], region)
+            if sid in self.writers:
+                self.writers[sid] = _drop_covered(self.writers[sid], region)
+            self._push(self.writers, region, ready, record.index)
+
+    @staticmethod
+    def _push(table: dict[int, list[Box]], region: Region, ready: float, index: int) -> None:
+        boxes = table.setdefault(region.storage_id, [])
+        boxes.append([*region.partitions, *region.byte_range, ready, index])
+        if len(boxes) > MAX_BOXES:
+            _merge_oldest(boxes)
+
+
+def schedule(trace: Trace, figures: Figures) -> Schedule:
+    """Place every instruction of ``trace`` on its engine or DMA-queue timeline.
+
+    Args:
+        trace: records in program order.
+        figures: hardware figures of the target generation.
+
+    Returns:
+        The :class:`Schedule` (per-instruction start/end in ns).
+    """
+    conflicts = _Conflicts()
+    free: dict[str, float] = {}
+    issued: dict[str, float] = {}
+    out = Schedule()
+    latency_ns = {e: figures.cycles_to_ns(c, e) for e, c in figures.dependency_latency_cycles.items()}
+    for position, record in enumerate(trace.records):
+        if record.index != position:
+            record.index = position
+        deps_ready, waited = conflicts.ready_time(record)
+        track = track_name(record)
+        track_free = free.get(track, 0.0)
+        if record.engine is Engine.DMA:
+            fixed, transfer = dma_times(record, figures)
+            issue = max(deps_ready, issued.get(track, 0.0))
+            issued[track] = issue
+            start = max(issue + fixed, track_free)
+            end = start + transfer
+        else:
+            issue = start = max(deps_ready, track_free)
+            end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
+        free[track] = end
+        conflicts.add(record, end + latency_ns.get(record.engine, 0.0))
+        out.start_ns.append(start)
+        out.end_ns.append(end)
+        out.issue_ns.append(issue)
+        out.track.append(track)
+        out.waited_on.append(waited if deps_ready >= track_free else -1)
+    return out
