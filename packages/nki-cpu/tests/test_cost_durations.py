@@ -319,3 +319,26 @@ def test_small_runs_are_slower_than_large_runs_for_the_same_bytes():
     _, small_runs = dma_times(dma(128, nbytes, 64), TRN2)
     _, large_runs = dma_times(dma(128, nbytes, 4096), TRN2)
     assert small_runs > 4 * large_runs
+
+
+def test_pe_transpose_in_matmul_form():
+    # the interpreter records data (P=32, F=128) as stationary_free=F, moving_free=P: max(32, min(64, 128)) = 64
+    record = rec(
+        "nc_transpose",
+        Engine.PE,
+        32,
+        (BF16, BF16),
+        p=32,
+        writes=(psum(),),
+        stationary_free=128,
+        moving_free=32,
+        is_transpose=True,
+    )
+    assert duration_ns(record, TRN2) == pytest.approx(64 / PE_GHZ)
+
+
+def test_dma_transpose_ignores_element_sized_runs():
+    # a transpose moves element-sized runs; the doc prices it as ≤90% of the copy bandwidth of the same tile
+    nbytes = 128 * 4096
+    _, transfer = dma_times(dma(128, nbytes, 2, transpose=True, src="hbm"), TRN2)
+    assert transfer == pytest.approx(nbytes / (16 * 23 * 0.9))

@@ -87,13 +87,22 @@ def matmul_cycles(record: InstructionRecord, figures: Figures) -> float:
 
 
 def pe_transpose_cycles(record: InstructionRecord, figures: Figures) -> float:
-    """PE cycles of ``nc_transpose`` on TensorE: ``max(P, min(64, F))`` (LEGACY §3.5), P×F the input tile."""
+    """PE cycles of ``nc_transpose`` on TensorE: ``max(P, min(64, F))`` (LEGACY §3.5), P×F the input tile.
+
+    Notes:
+        This is the matmul formula with the data as stationary (``N_stat = F``) and the identity as moving
+        (``N_mov = P``), so records in that form (``stationary_free``/``moving_free``) are read directly; otherwise
+        P comes from ``data_partitions`` or nbytes / (partitions · itemsize) and F from ``free_elems``.
+    """
+    attrs = record.attrs
     out_dtype = record.dtypes[-1] if record.dtypes else "bfloat16"
-    data_p = record.attrs.get("data_partitions")
-    if data_p is None:
-        data_p = record.nbytes // max(1, record.partitions * _itemsize(out_dtype))
-    cycles = float(max(int(data_p), min(figures.mm_init_latency_cycles, record.free_elems)))
-    if out_dtype in FP32_PE_DTYPES:
+    if "moving_free" in attrs and "stationary_free" in attrs:
+        data_p, data_f = int(attrs["moving_free"]), int(attrs["stationary_free"])
+    else:
+        data_p = attrs.get("data_partitions", record.nbytes // max(1, record.partitions * _itemsize(out_dtype)))
+        data_f = record.free_elems
+    cycles = float(max(int(data_p), min(figures.mm_init_latency_cycles, data_f)))
+    if attrs.get("fp32", out_dtype in FP32_PE_DTYPES):
         cycles *= figures.pe_fp32_transpose_factor
     return cycles / figures.pe_transpose_speedup
 
@@ -308,11 +317,18 @@ def dma_engines_used(partitions: int, figures: Figures) -> int:
 
 
 def dma_bandwidth(record: InstructionRecord, figures: Figures) -> float:
-    """Effective bandwidth in bytes/ns of one DMA instruction (engines × BW × efficiency × transpose factor)."""
+    """Effective bandwidth in bytes/ns of one DMA instruction (engines × BW × efficiency × transpose factor).
+
+    Notes:
+        A transpose's element-sized runs are the transpose engine's business: its efficiency is taken at the bytes
+        per partition of the tile and the documented transpose factor (≤90% / ≤50% of copy BW) applied on top.
+    """
     partitions = max(1, record.partitions)
-    run = float(record.attrs.get("contiguous_bytes", record.nbytes / partitions))
+    transpose = record.attrs.get("transpose", opcode_name(record) == "dma_transpose")
+    run = record.nbytes / partitions if transpose else float(record.attrs.get("contiguous_bytes", 0) or 0)
+    run = run or record.nbytes / partitions
     bandwidth = dma_engines_used(partitions, figures) * figures.dma_bw_per_engine * dma_efficiency(run, figures)
-    if record.attrs.get("transpose", opcode_name(record) == "dma_transpose"):
+    if transpose:
         from_hbm = record.attrs.get("src", "hbm") == "hbm"
         bandwidth *= figures.dma_transpose_hbm_factor if from_hbm else figures.dma_transpose_sbuf_factor
     return bandwidth
