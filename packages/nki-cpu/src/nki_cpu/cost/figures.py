@@ -67,10 +67,10 @@ class Figures:
     dma_hwdge_extra_ns: float
     dma_transpose_hbm_factor: float
     dma_transpose_sbuf_factor: float
+    sbuf_bytes_per_partition: int
+    psum_bytes_per_partition: int
     dma_efficiency_points: tuple[tuple[int, float], ...] = DMA_EFFICIENCY_POINTS
-    sbuf_bytes_per_partition: int = 0
-    psum_bytes_per_partition: int = 16 * KIB
-    partitions: int = 128
+    partitions: int = 128  # ARCH §4.1 PE array 128×128, 128 SBUF partitions
 
     def clock(self, engine: Engine) -> float:
         """Return the clock of ``engine`` in GHz (cycles per ns); DMA has none and returns 1.0."""
@@ -93,9 +93,9 @@ LEGACY_ACC_READOUT = 64  # LEGACY §3.10 "+~MIN_II (≈64 cycles, ActReadAccumul
 # latency (semaphore + pipeline drain) we charge to every dependency (INFER from PERF; KU 10 "fixed instruction
 # overhead": chosen as a dependency latency, not as engine occupancy, because the LEGACY formulas are
 # back-to-back initiation intervals that already include issue).
-LEGACY_DEPENDENCY_LATENCY = 264 - LEGACY_MIN_II
+LEGACY_DEPENDENCY_LATENCY = 264 - LEGACY_MIN_II  # PERF (see above)
 # No documented extra occupancy per instruction beyond MIN_II (the LEGACY formulas are IIs): zero everywhere.
-NO_ISSUE_OVERHEAD = {Engine.PE: 0, Engine.VECTOR: 0, Engine.SCALAR: 0, Engine.GPSIMD: 0, Engine.DMA: 0}
+NO_ISSUE_OVERHEAD = dict.fromkeys(Engine, 0)  # LEGACY §4.5 formulas are initiation intervals (KU 10)
 COMPUTE_DEPENDENCY_LATENCY = {
     Engine.PE: LEGACY_MM_INIT_LATENCY,  # INFER: a matmul result is visible after the PE pipeline fill (PERF)
     Engine.VECTOR: LEGACY_DEPENDENCY_LATENCY,
@@ -111,7 +111,7 @@ PSUM_PER_PARTITION = 16 * KIB  # ARCH/TRN2/TRN3/MIG §4.1 "128 × 16 KiB = 8 ban
 
 TRN1 = Figures(
     name="trn1",
-    nc_version=2,
+    nc_version=2,  # ISA §1.2 nc_version.gen2
     clock_ghz={
         Engine.PE: 2.8,  # ARCH §4.1 TensorE clock
         Engine.VECTOR: 1.12,  # ARCH §4.1 VectorE clock
@@ -123,14 +123,14 @@ TRN1 = Figures(
     pe_fp32_factor=4,  # LEGACY §3.3 "×4 if fp32"
     pe_fp32_onezero_factor=2,  # ISA §3.3 is_*_onezero "up to 2× faster fp32 matmul" ⇒ 4/2
     pe_fp32_transpose_factor=4,  # ARCH: v2 has no transpose mode, an fp32 PE transpose is an fp32 matmul
-    pe_transpose_speedup=1.0,
+    pe_transpose_speedup=1.0,  # TRN3 §4.2: background transpose is new in Trn3
     gpsimd_start_cycles=LEGACY_GPSIMD_START,
     acc_readout_cycles=LEGACY_ACC_READOUT,
     issue_overhead_cycles=NO_ISSUE_OVERHEAD,
     dependency_latency_cycles=COMPUTE_DEPENDENCY_LATENCY,
     vector_perf_modes=False,  # ARCH: the perf modes are a Trn2 (v3) feature (§4.2)
-    vector_exponential_speedup=1.0,
-    scalar_2byte_speedup=1.0,
+    vector_exponential_speedup=1.0,  # ISA §3.20: exponential is v4 only
+    scalar_2byte_speedup=1.0,  # TRN3 §4.2: the ScalarE 2× mode is a Trn3 feature
     dma_engines=16,  # DMA §4.1 "16 DMA engines / NC"
     dma_partitions_per_engine=8,  # DMA §4.4 "each engine typically serves 8 partitions (128/16)"
     dma_bw_per_engine=17.0,  # DMA §4.1 bandwidth guide, 17 B/ns (KU 11: newest table, treated as peak)
@@ -144,7 +144,7 @@ TRN1 = Figures(
 
 TRN2 = Figures(
     name="trn2",
-    nc_version=3,
+    nc_version=3,  # ISA §1.2 nc_version.gen3
     clock_ghz={
         Engine.PE: 2.4,  # TRN2 §4.1 TensorE clock
         Engine.VECTOR: 0.96,  # TRN2 §4.1 VectorE clock
@@ -156,14 +156,14 @@ TRN2 = Figures(
     pe_fp32_factor=4,  # LEGACY §3.3 + TRN2/HW §4.1 "79 bf16 vs 20 fp32 TFLOPS" (¼ rate)
     pe_fp32_onezero_factor=2,  # ISA §3.3 is_*_onezero "up to 2× faster fp32 matmul"
     pe_fp32_transpose_factor=2,  # ISA §3.3 is_transpose (v3+) "2× faster fp32 transposes" ⇒ 4/2
-    pe_transpose_speedup=1.0,
+    pe_transpose_speedup=1.0,  # TRN3 §4.2: background transpose is new in Trn3
     gpsimd_start_cycles=LEGACY_GPSIMD_START,
     acc_readout_cycles=LEGACY_ACC_READOUT,
     issue_overhead_cycles=NO_ISSUE_OVERHEAD,
     dependency_latency_cycles=COMPUTE_DEPENDENCY_LATENCY,
     vector_perf_modes=True,  # TRN2 §4.2 VectorE perf modes (KU 12: fp32 streams at 1 elem/partition/cycle)
-    vector_exponential_speedup=1.0,  # no VectorE exponential on v3 (§3.20: v4 only)
-    scalar_2byte_speedup=1.0,  # the ScalarE 2× bf16/fp16 mode is documented for Trn3 only
+    vector_exponential_speedup=1.0,  # ISA §3.20: no VectorE exponential on v3 (v4 only)
+    scalar_2byte_speedup=1.0,  # TRN3 §4.2: the ScalarE 2× bf16/fp16 mode is documented for Trn3 only
     dma_engines=16,  # DMA §4.1
     dma_partitions_per_engine=8,  # DMA §4.4
     dma_bw_per_engine=23.0,  # DMA §4.1 bandwidth guide 23 B/ns (KU 11: newest table, treated as peak)
@@ -177,7 +177,7 @@ TRN2 = Figures(
 
 TRN3 = Figures(
     name="trn3",
-    nc_version=4,
+    nc_version=4,  # ISA §1.2 nc_version.gen4
     clock_ghz={
         Engine.PE: 2.4,  # TRN3 §4.1 TensorE clock
         Engine.VECTOR: 1.2,  # TRN3 §4.1 VectorE clock
