@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
-import nki_cpu
-import nki_cpu.isa as nisa
-import nki_cpu.language as nl
-from nki_cpu import state
+from nki_cpu import isa as nisa
+from nki_cpu import language as nl
+from nki_cpu import simulate, state
 from nki_cpu.cost import Trace, estimate, write_chrome_trace, write_png_timeline
 
 P, F = 128, 512  # one full tile: 128 partitions × 512 elements
@@ -127,8 +126,8 @@ def bench_kinds(repeats: int, per_kind: int) -> dict[str, float]:
     y = rng.standard_normal((P, F), dtype=np.float32)
     results = {}
     for kind in ("tensor_tensor", "tensor_scalar", "activation", "tensor_copy", "nc_matmul", "dma_copy"):
-        full = nki_cpu.simulate(make_kind_kernel(kind, per_kind))
-        empty = nki_cpu.simulate(make_kind_kernel(kind, 0))
+        full = simulate(make_kind_kernel(kind, per_kind))
+        empty = simulate(make_kind_kernel(kind, 0))
         with_body = median_seconds(lambda k=full: k(x, y), repeats)
         without = median_seconds(lambda k=empty: k(x, y), repeats)
         results[kind] = max(0.0, with_body - without) / per_kind * 1e6
@@ -140,7 +139,7 @@ def bench_mixed(repeats: int) -> tuple[float, Trace | None]:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, P, F), dtype=np.float32)
     w = rng.standard_normal((P, P), dtype=np.float32) / P
-    kernel = nki_cpu.simulate(mixed_kernel)
+    kernel = simulate(mixed_kernel)
     seconds = median_seconds(lambda: kernel(x, w), repeats)
     with captured_traces() as traces:
         kernel(x, w)
