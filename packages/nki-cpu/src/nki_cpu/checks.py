@@ -1,0 +1,144 @@
+"""Hardware limits, raised as ``AssertionError`` in the real simulator's message style.
+
+Messages read ``"<instruction> <operand> <what> <value> exceeds maximum <limit>"`` (nki-api.md §1.4, §1.5) or, for
+non-numeric rules, ``"<instruction> <operand> <rule>, got <value>"``. Every function either returns silently or
+raises; none of them changes state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from nki_cpu import dtypes
+from nki_cpu.tensor import NkiTensor
+
+PMAX = 128  # partitions per SBUF/PSUM operand (nl.tile_size.pmax)
+GEMM_STATIONARY_FMAX = 128  # nl.tile_size.gemm_stationary_fmax
+GEMM_MOVING_FMAX = 512  # nl.tile_size.gemm_moving_fmax (Trn2)
+PSUM_BANK_BYTES = 2048  # one PSUM bank per partition (nl.tile_size.psum_bank_fmax_bytes)
+VECTOR_TRANSPOSE_MAX = 32  # VectorE nc_transpose block (nki-api.md §3.5)
+
+ON_CHIP = frozenset({"sbuf", "psum"})
+SBUF_ONLY = frozenset({"sbuf"})
+PSUM_ONLY = frozenset({"psum"})
+HBM_OR_SBUF = frozenset({"hbm", "sbuf"})
+
+
+def fail(message: str) -> None:
+    """Raise the simulator-style error."""
+    raise AssertionError(message)
+
+
+def tensor(instr: str, name: str, value: Any) -> NkiTensor:
+    """``value`` must be an NkiTensor."""
+    if not isinstance(value, NkiTensor):
+        fail(f"{instr} {name} must be a tensor, got {type(value).__name__}")
+    return value
+
+
+def buffer(instr: str, name: str, t: NkiTensor, allowed: Iterable[str]) -> None:
+    """``t`` must live in one of ``allowed`` (``"hbm"``, ``"sbuf"``, ``"psum"``)."""
+    allowed = frozenset(allowed)
+    if t.buffer.kind not in allowed:
+        fail(f"{instr} {name} must be in {'/'.join(sorted(allowed))}, got {t.buffer.kind}")
+
+
+def partitions(instr: str, name: str, t: NkiTensor) -> None:
+    """An on-chip operand spans at most 128 partitions."""
+    if t.buffer.on_chip and t.shape[0] > PMAX:
+        fail(f"{instr} {name} partition dimension {t.shape[0]} exceeds maximum {PMAX}")
+
+
+def compute_operand(instr: str, name: str, t: Any, allowed: Iterable[str] = ON_CHIP) -> NkiTensor:
+    """Tensor in an allowed on-chip buffer, ≤128 partitions, not indirect."""
+    t = tensor(instr, name, t)
+    buffer(instr, name, t, allowed)
+    partitions(instr, name, t)
+    if t.ndim < 1:
+        fail(f"{instr} {name} must have a partition dim, got shape {t.shape}")
+    return t
+
+
+def same_partitions(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
+    """Lane-wise instructions map partition i to partition i: counts must match."""
+    if a.shape[0] != b.shape[0]:
+        fail(
+            f"{instr} {b_name} partition dimension {b.shape[0]} does not match {a_name} partition dimension "
+            f"{a.shape[0]}"
+        )
+
+
+def same_free(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
+    """Same number of elements per partition (shapes may differ)."""
+    if a.free_elems != b.free_elems:
+        fail(
+            f"{instr} {b_name} elements per partition {b.free_elems} do not match {a_name} elements per partition "
+            f"{a.free_elems}"
+        )
+
+
+def lanewise(instr: str, dst: NkiTensor, **inputs: NkiTensor) -> None:
+    """Each input has dst's partition count and elements per partition."""
+    for name, t in inputs.items():
+        same_partitions(instr, "dst", dst, name, t)
+        same_free(instr, "dst", dst, name, t)
+
+
+def scalar_column(instr: str, name: str, t: NkiTensor, dst: NkiTensor) -> None:
+    """A per-partition scalar operand: (P, 1) with dst's partition count."""
+    compute_operand(instr, name, t)
+    same_partitions(instr, "dst", dst, name, t)
+    if t.free_elems != 1:
+        fail(f"{instr} {name} must have 1 element per partition (a (P,1) tile), got shape {t.shape}")
+
+
+def not_both_psum(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
+    """At most one input of a two-input lane-wise instruction may be in PSUM."""
+    if a.buffer.kind == "psum" and b.buffer.kind == "psum":
+        fail(f"{instr} {a_name} and {b_name} cannot both be in psum")
+
+
+def element_count(instr: str, dst: NkiTensor, src: NkiTensor) -> None:
+    """DMA-style element-count match."""
+    if dst.size != src.size:
+        fail(
+            f"{instr} dst element count {dst.size} ({dst.shape}) does not match src element count {src.size} "
+            f"({src.shape})"
+        )
+
+
+def same_dtype(instr: str, a_name: str, a: NkiTensor, b_name: str, b: NkiTensor) -> None:
+    """Bit-exact instructions need equal dtypes."""
+    if a.dtype != b.dtype:
+        fail(f"{instr} {b_name} dtype {dtypes.name(b.dtype)} must equal {a_name} dtype {dtypes.name(a.dtype)}")
+
+
+def at_most(instr: str, name: str, what: str, value: int, limit: int) -> None:
+    """``value`` ≤ ``limit``."""
+    if value > limit:
+        fail(f"{instr} {name} {what} {value} exceeds maximum {limit}")
+
+
+def psum_bank(instr: str, name: str, t: NkiTensor) -> None:
+    """A PSUM operand of TensorE fits one 2 KiB bank per partition and does not straddle two banks."""
+    region = t.region()
+    lo, hi = region.byte_range
+    at_most(instr, name, "bytes per partition", hi - lo, PSUM_BANK_BYTES)
+    if lo // PSUM_BANK_BYTES != (hi - 1) // PSUM_BANK_BYTES:
+        fail(f"{instr} {name} byte range [{lo}, {hi}) per partition crosses a {PSUM_BANK_BYTES}-byte PSUM bank")
+
+
+def capacity(buffer_name: str, live: int, cap: int, requested: int) -> None:
+    """Live on-chip bytes per partition stay within the buffer's capacity."""
+    if live > cap:
+        fail(
+            f"{buffer_name} allocation of {requested} bytes per partition: live {buffer_name} usage {live} bytes per "
+            f"partition exceeds maximum {cap}"
+        )
+
+
+def float_dtype(instr: str, name: str, t: NkiTensor) -> None:
+    """Operand must be a floating-point tensor."""
+    if not dtypes.is_float(t.dtype):
+        fail(f"{instr} {name} must have a float dtype, got {dtypes.name(t.dtype)}")

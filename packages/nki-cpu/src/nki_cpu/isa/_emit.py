@@ -1,0 +1,105 @@
+"""Shared plumbing of the instruction modules: operand values, engine resolution, one record per instruction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nki_cpu import checks, dtypes, state
+from nki_cpu.cost.record import Engine, InstructionRecord
+from nki_cpu.isa.enums import NkiInstruction, engine
+from nki_cpu.tensor import NkiTensor
+
+ENGINE_OF = {
+    engine.tensor: Engine.PE,
+    engine.vector: Engine.VECTOR,
+    engine.scalar: Engine.SCALAR,
+    engine.gpsimd: Engine.GPSIMD,
+    engine.dma: Engine.DMA,
+    engine.sync: Engine.DMA,
+}
+
+
+def resolve_engine(instr: str, requested: Any, default: Engine, allowed: Sequence[Engine]) -> Engine:
+    """Map an ``engine=`` argument to a record engine; ``unknown``/None → ``default``."""
+    if requested is None or requested == engine.unknown:
+        return default
+    if not isinstance(requested, engine):
+        checks.fail(f"{instr} engine must be a nisa.engine member, got {requested!r}")
+    eng = ENGINE_OF[requested]
+    if eng not in allowed:
+        checks.fail(f"{instr} cannot run on engine {requested.name}")
+    return eng
+
+
+def engine_buffers(instr: str, eng: Engine, **operands: NkiTensor | None) -> None:
+    """GpSimd reaches SBUF only (never PSUM)."""
+    if eng is Engine.GPSIMD:
+        for name, t in operands.items():
+            if isinstance(t, NkiTensor) and t.buffer.kind == "psum":
+                checks.fail(f"{instr} {name} in psum is not accessible from the gpsimd engine")
+
+
+def column_or_scalar(instr: str, name: str, value: Any, dst: NkiTensor) -> np.ndarray | np.float32:
+    """A per-partition operand as fp32, broadcastable against ``(P, F)``: Python number or ``(P,1)`` tile."""
+    if isinstance(value, NkiTensor):
+        checks.scalar_column(instr, name, value, dst)
+        return value.read_pf()
+    if isinstance(value, (int, float, np.integer, np.floating, bool)):
+        return np.float32(value)
+    checks.fail(f"{instr} {name} must be a number or a (P,1) tensor, got {type(value).__name__}")
+    raise AssertionError  # unreachable
+
+
+def unit_stride(*ts: NkiTensor | None) -> bool:
+    """True when every operand's innermost free dim is unit-stride (or size 1)."""
+    for t in ts:
+        if isinstance(t, NkiTensor) and t.ndim > 1 and t.shape[-1] > 1 and t.strides[-1] != 1:
+            return False
+    return True
+
+
+def emit(
+    opcode: str,
+    eng: Engine,
+    dst: NkiTensor | Sequence[NkiTensor],
+    inputs: Sequence[Any],
+    *,
+    partitions: int | None = None,
+    free_elems: int | None = None,
+    nbytes: int | None = None,
+    queue: int = 0,
+    attrs: dict[str, Any] | None = None,
+) -> NkiInstruction:
+    """Append the instruction's record to the active trace and return its handle.
+
+    Args:
+        opcode: instruction name.
+        eng: engine it runs on.
+        dst: written tensor(s).
+        inputs: read operands (non-tensors are ignored).
+        partitions: defaults to dst's partition count.
+        free_elems: defaults to the first tensor input's elements per partition (dst's if none).
+        nbytes: defaults to the bytes written.
+        queue: DMA queue index.
+        attrs: instruction-specific facts for the cost model.
+    """
+    dsts = [dst] if isinstance(dst, NkiTensor) else [d for d in dst if isinstance(d, NkiTensor)]
+    ins = [t for t in inputs if isinstance(t, NkiTensor)]
+    main = dsts[0]
+    rec = InstructionRecord(
+        opcode=opcode,
+        engine=eng,
+        partitions=main.partitions if partitions is None else partitions,
+        free_elems=(ins[0].free_elems if ins else main.free_elems) if free_elems is None else free_elems,
+        dtypes=tuple(dtypes.name(t.dtype) for t in [*ins, *dsts]),
+        nbytes=sum(d.size * d.itemsize for d in dsts) if nbytes is None else nbytes,
+        reads=tuple(t.region() for t in ins),
+        writes=tuple(d.region() for d in dsts),
+        queue=queue,
+        attrs=dict(attrs or {}),
+    )
+    state.current().record(rec)
+    return NkiInstruction(opcode, rec.index)

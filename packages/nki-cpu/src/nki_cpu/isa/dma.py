@@ -1,0 +1,225 @@
+"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute`` (HBM ↔ SBUF, HBM ↔ HBM, SBUF ↔ SBUF)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nki_cpu import checks, dtypes
+from nki_cpu.cost.record import Engine
+from nki_cpu.isa import enums as _enums
+from nki_cpu.isa._emit import emit
+from nki_cpu.isa.enums import NkiInstruction, dge_mode, engine, oob_mode
+from nki_cpu.opcodes import Op, require_op
+from nki_cpu.tensor import NkiTensor
+
+_DEFAULT_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def _contiguous_run(t: NkiTensor) -> int:
+    """Elements of the longest row-major contiguous run of ``t`` (within one partition when on chip)."""
+    dims = list(zip(t.shape, t.strides, strict=True))
+    if t.buffer.on_chip:
+        dims = dims[1:]
+    run = 1
+    for n, s in reversed(dims):
+        if n == 1:
+            continue
+        if s != run:
+            break
+        run *= n
+    return run
+
+
+def _dma_attrs(dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: bool, mode: Any) -> dict[str, Any]:
+    runs = [_contiguous_run(t) * t.itemsize for t in (dst, *srcs)]
+    contiguous = max(1, min(runs))
+    if transpose:
+        contiguous = min(contiguous, dst.itemsize * 1)
+    total = dst.size * dst.itemsize
+    return {
+        "transpose": transpose,
+        "contiguous_bytes": contiguous,
+        "descriptors": max(1, total // contiguous),
+        "src": srcs[0].buffer.kind,
+        "dst": dst.buffer.kind,
+        "dge_mode": getattr(mode, "name", str(mode)),
+    }
+
+
+def _sbuf_side(dst: NkiTensor, srcs: Sequence[NkiTensor]) -> NkiTensor:
+    for t in (dst, *srcs):
+        if t.buffer.kind == "sbuf":
+            return t
+    return dst
+
+
+def _dma_operand(instr: str, name: str, t: Any) -> NkiTensor:
+    t = checks.tensor(instr, name, t)
+    checks.buffer(instr, name, t, checks.HBM_OR_SBUF)
+    checks.partitions(instr, name, t)
+    return t
+
+
+def dma_copy(
+    dst: NkiTensor,
+    src: NkiTensor,
+    priority: int | None = None,
+    oob_mode: Any = oob_mode.error,
+    dge_mode: Any = dge_mode.unknown,
+    engine: Any = engine.unknown,
+    name: str | None = None,
+) -> NkiInstruction:
+    """Copy ``src`` into ``dst`` element by element in row-major order of each view.
+
+    Dimensions:
+        Any shapes with equal element counts (e.g. HBM (N,) → SBUF (N,1); HBM (C,g,D) → SBUF (C,g·D)).
+
+    Args:
+        dst: HBM or SBUF view (not PSUM), any dtype.
+        src: HBM or SBUF view (not PSUM), any dtype.
+        priority: QoS hint (no effect).
+        oob_mode: indirect out-of-bounds behaviour (indirect views are bounds-checked; errors always raise).
+        dge_mode: descriptor generation mode; ``hwdge`` requires equal dtypes.
+        engine: queue-trigger hint (no effect).
+        name: debug label.
+
+    Returns:
+        The instruction handle.
+
+    Notes:
+        Equal dtypes copy bits; different dtypes convert through fp32 and round once (RNE).
+    """
+    instr = "dma_copy"
+    dst = _dma_operand(instr, "dst", dst)
+    src = _dma_operand(instr, "src", src)
+    checks.element_count(instr, dst, src)
+    if dge_mode == _enums.dge_mode.hwdge and dst.dtype != src.dtype:
+        checks.same_dtype(instr, "src", src, "dst", dst)
+    if dst.dtype == src.dtype:
+        dst.write_raw(src.read().reshape(-1))
+    else:
+        dst.write(src.read_f32().reshape(-1))
+    side = _sbuf_side(dst, [src])
+    return emit(
+        instr,
+        Engine.DMA,
+        dst,
+        [src],
+        partitions=side.partitions,
+        free_elems=side.free_elems,
+        nbytes=dst.size * dst.itemsize,
+        attrs=_dma_attrs(dst, [src], False, dge_mode),
+    )
+
+
+def dma_transpose(
+    dst: NkiTensor,
+    src: NkiTensor,
+    axes: Sequence[int] | None = None,
+    priority: int | None = None,
+    dge_mode: Any = dge_mode.unknown,
+    oob_mode: Any = oob_mode.error,
+    name: str | None = None,
+) -> NkiInstruction:
+    """``dst = transpose(src, axes)`` through the DMA engines, bit-exact.
+
+    Dimensions:
+        2-D (1,0), 3-D (2,1,0), 4-D (3,1,2,0); dst.shape must equal the permuted src.shape.
+
+    Args:
+        dst: SBUF view, same dtype as src.
+        src: HBM or SBUF view, 2- or 4-byte dtype (any ``dge_mode``; README, known unknown 16).
+        axes: the permutation (default per rank as above).
+        priority: QoS hint (no effect).
+        dge_mode: ``hwdge`` adds the hardware-DGE shape limits (src.shape[0] == 16 for 2-D, ...).
+        oob_mode: indirect out-of-bounds behaviour.
+        name: debug label.
+
+    Returns:
+        The instruction handle.
+    """
+    instr = "dma_transpose"
+    dst = _dma_operand(instr, "dst", dst)
+    src = _dma_operand(instr, "src", src)
+    checks.buffer(instr, "dst", dst, checks.SBUF_ONLY)
+    checks.same_dtype(instr, "src", src, "dst", dst)
+    if src.itemsize not in (2, 4):
+        checks.fail(f"{instr} src dtype {dtypes.name(src.dtype)} must be a 2- or 4-byte dtype")
+    if src.ndim not in _DEFAULT_AXES:
+        checks.fail(f"{instr} src must be 2-D, 3-D or 4-D, got shape {src.shape}")
+    axes = tuple(axes) if axes is not None else _DEFAULT_AXES[src.ndim]
+    if axes != _DEFAULT_AXES[src.ndim]:
+        checks.fail(f"{instr} axes {axes} not supported for a {src.ndim}-D src (supported {_DEFAULT_AXES[src.ndim]})")
+    expected = tuple(src.shape[a] for a in axes)
+    if dst.shape != expected:
+        checks.fail(f"{instr} dst shape {dst.shape} must equal the transposed src shape {expected}")
+    if dge_mode == _enums.dge_mode.hwdge:
+        if src.itemsize != 2:
+            checks.fail(f"{instr} hwdge needs a 2-byte dtype, got {dtypes.name(src.dtype)}")
+        if src.ndim == 2 and src.shape[0] != 16:
+            checks.fail(f"{instr} hwdge 2-D src.shape[0] must be 16, got {src.shape[0]}")
+        checks.at_most(instr, "src", "last dim", src.shape[-1], 128)
+    dst.write_raw(np.transpose(src.read(), axes))
+    side = _sbuf_side(dst, [src])
+    return emit(
+        instr,
+        Engine.DMA,
+        dst,
+        [src],
+        partitions=side.partitions,
+        free_elems=side.free_elems,
+        nbytes=dst.size * dst.itemsize,
+        attrs=_dma_attrs(dst, [src], True, dge_mode),
+    )
+
+
+def dma_compute(
+    dst: NkiTensor,
+    srcs: Sequence[NkiTensor],
+    reduce_op: Op,
+    scales: Sequence[float] | None = None,
+    unique_indices: bool = True,
+    oob_mode: Any = oob_mode.error,
+    name: str | None = None,
+) -> NkiInstruction:
+    """``dst = Σ_i srcs[i]·scales[i]`` computed in fp32 by the DMA engines.
+
+    Args:
+        dst: HBM or SBUF view.
+        srcs: 1..16 HBM/SBUF views with dst's element count.
+        reduce_op: ``nl.add`` only.
+        scales: per-source factors (1.0 each when omitted).
+        unique_indices: scatter hint (no effect).
+        oob_mode: indirect out-of-bounds behaviour.
+        name: debug label.
+
+    Returns:
+        The instruction handle.
+    """
+    instr = "dma_compute"
+    dst = _dma_operand(instr, "dst", dst)
+    op = require_op(reduce_op, instr, "reduce_op")
+    if op.name != "add":
+        checks.fail(f"{instr} reduce_op must be nl.add, got {op!r}")
+    srcs = [_dma_operand(instr, f"srcs[{i}]", s) for i, s in enumerate(srcs)]
+    checks.at_most(instr, "srcs", "count", len(srcs), 16)
+    scales = list(scales) if scales is not None else [1.0] * len(srcs)
+    acc = np.zeros(dst.size, dtype=np.float32)
+    for s, scale in zip(srcs, scales, strict=True):
+        checks.element_count(instr, dst, s)
+        acc = acc + s.read_f32().reshape(-1) * np.float32(scale)
+    dst.write(acc)
+    side = _sbuf_side(dst, srcs)
+    return emit(
+        instr,
+        Engine.DMA,
+        dst,
+        srcs,
+        partitions=side.partitions,
+        free_elems=side.free_elems,
+        nbytes=dst.size * dst.itemsize,
+        attrs=_dma_attrs(dst, srcs, False, "unknown"),
+    )

@@ -1,0 +1,123 @@
+"""``nisa`` enums and handle classes (nki-api.md §1.2): engines, reduce commands, DGE modes, versions."""
+
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any
+
+
+class engine(enum.Enum):  # noqa: N801 - the NKI name
+    """Compute/DMA engines an instruction may be pinned to (``engine=`` arguments)."""
+
+    unknown = 0
+    tensor = 1
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+class reduce_cmd(enum.Enum):  # noqa: N801
+    """What an instruction does with the engine's per-lane accumulator registers."""
+
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+class dge_mode(enum.Enum):  # noqa: N801
+    """Descriptor-generation mode of a DMA (no numeric effect)."""
+
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class oob_mode(enum.Enum):  # noqa: N801
+    """Out-of-bounds behaviour of indirect DMAs."""
+
+    error = 0
+    skip = 1
+
+
+class matmul_perf_mode(str, enum.Enum):  # noqa: N801
+    """``nc_matmul`` performance mode; the values are the plain strings real kernels also pass."""
+
+    none = "none"
+    double_row = "double_row"
+
+
+class nc_version(enum.Enum):  # noqa: N801
+    """NeuronCore generation."""
+
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+class dma_engine(enum.Enum):  # noqa: N801
+    """DMA engine selector for ``sendrecv``."""
+
+    dma = 1
+    gpsimd_dma = 2
+
+
+_TARGETS = {"trn1": 2, "inf2": 2, "gen2": 2, "trn2": 3, "gen3": 3, "trn3": 4, "gen4": 4}
+
+
+def get_nc_version() -> nc_version:
+    """Target generation from ``NEURON_PLATFORM_TARGET_OVERRIDE`` (default Trn2 = gen3; README)."""
+    target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2").lower()
+    return nc_version(_TARGETS.get(target, 3))
+
+
+def get_nc_sub_version() -> int:
+    """Silicon revision (always 0 here)."""
+    return 0
+
+
+class NkiValidationError(Exception):
+    """Raised when hardware constraints are violated (nki-cpu raises AssertionError like the simulator)."""
+
+
+class NkiInstruction:
+    """Handle returned by every instruction; ``depends_on`` is accepted and ignored (eager execution)."""
+
+    def __init__(self, opcode: str, index: int) -> None:
+        self.opcode = opcode
+        self.index = index
+
+    def depends_on(self, *producers: Any) -> NkiInstruction:
+        """Scheduling hint; no effect in an eager interpreter."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"NkiInstruction({self.opcode}#{self.index})"
+
+
+class VirtualRegister:
+    """A runtime 32-bit register (eagerly holds a Python int)."""
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = int(value)
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __index__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"VirtualRegister({self.value})"

@@ -1,0 +1,195 @@
+"""TensorE instructions: ``nc_matmul`` and ``nc_transpose`` (PE or VectorE path)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from nki_cpu import checks, dtypes
+from nki_cpu.cost.record import Engine
+from nki_cpu.isa._emit import emit, resolve_engine
+from nki_cpu.isa.enums import NkiInstruction, engine, matmul_perf_mode
+from nki_cpu.tensor import NkiTensor
+
+_FP32_LIKE = (dtypes.float32,)
+
+
+def nc_matmul(
+    dst: NkiTensor,
+    stationary: NkiTensor,
+    moving: NkiTensor,
+    is_stationary_onezero: bool = False,
+    is_moving_onezero: bool = False,
+    is_transpose: bool = False,
+    accumulate: bool | None = None,
+    tile_position: Any = (),
+    tile_size: Any = (),
+    perf_mode: Any = matmul_perf_mode.none,
+    name: str | None = None,
+) -> NkiInstruction:
+    """``dst (=|+=) stationaryᵀ @ moving`` on the PE array, contraction over the partition dim of both inputs.
+
+    Dimensions:
+        K: partitions of stationary and moving (≤128). M: stationary elements per partition (≤128).
+        N: moving elements per partition (≤512, one fp32 PSUM bank).
+
+    Args:
+        dst: [M, N...] PSUM, fp32 (bf16/fp16 allowed with ``is_transpose``).
+        stationary: [K, M...] SBUF, float dtype (may be a stride-0 ``.broadcast`` / ``.ap`` view).
+        moving: [K, N...] SBUF, float dtype.
+        is_stationary_onezero: speed hint, no numeric effect.
+        is_moving_onezero: speed hint, no numeric effect.
+        is_transpose: transpose mode: dst = stationaryᵀ bit-exactly (moving must be the [K, K] identity).
+        accumulate: False overwrites, True adds, None adds only onto elements an earlier nc_matmul wrote since
+            the PSUM tile was allocated (README, known unknown 3).
+        tile_position: PE tiling hint (no numeric effect).
+        tile_size: PE tiling hint; only checked for the stationary fitting in it.
+        perf_mode: ``'double_row'``: fp8 inputs [K, 2, M] / [K, 2, N], contraction over K×2.
+        name: debug label.
+
+    Returns:
+        The instruction handle.
+
+    Notes:
+        Operands are multiplied at their stored precision (converted exactly to fp32) and accumulated in fp32.
+    """
+    instr = "nc_matmul"
+    dst = checks.compute_operand(instr, "dst", dst, checks.PSUM_ONLY)
+    stationary = checks.compute_operand(instr, "stationary", stationary, checks.SBUF_ONLY)
+    moving = checks.compute_operand(instr, "moving", moving, checks.SBUF_ONLY)
+    double_row = perf_mode in (matmul_perf_mode.double_row, "double_row")
+    for nm, t in (("stationary", stationary), ("moving", moving)):
+        checks.float_dtype(instr, nm, t)
+    if (stationary.dtype in _FP32_LIKE) != (moving.dtype in _FP32_LIKE):
+        checks.fail(
+            f"{instr} moving dtype {dtypes.name(moving.dtype)} cannot be mixed with stationary dtype "
+            f"{dtypes.name(stationary.dtype)} (fp32 operands need an fp32 partner)"
+        )
+    k = stationary.shape[0]
+    if moving.shape[0] != k:
+        checks.fail(
+            f"{instr} moving partition dimension {moving.shape[0]} does not match stationary partition dimension "
+            f"{k} (contraction dim)"
+        )
+    st = stationary.read_f32().reshape(k, -1)
+    mv = moving.read_f32().reshape(k, -1)
+    if double_row:
+        if stationary.ndim != 3 or stationary.shape[1] != 2 or moving.ndim != 3 or moving.shape[1] != 2:
+            checks.fail(
+                f"{instr} double_row needs stationary [K,2,M] and moving [K,2,N], got "
+                f"{stationary.shape} and {moving.shape}"
+            )
+        st = st.reshape(k * 2, -1)
+        mv = mv.reshape(k * 2, -1)
+    m, n = st.shape[1], mv.shape[1]
+    checks.at_most(instr, "stationary", "free size", m, checks.GEMM_STATIONARY_FMAX)
+    checks.at_most(instr, "moving", "free size", n, checks.GEMM_MOVING_FMAX)
+    if dst.shape[0] != m:
+        checks.fail(f"{instr} dst partition dimension {dst.shape[0]} does not match stationary free size {m}")
+    if dst.free_elems != n:
+        checks.fail(f"{instr} dst elements per partition {dst.free_elems} do not match moving free size {n}")
+    if tile_size and tile_position:
+        rows, cols = tile_size
+        if k > rows or m > cols:
+            checks.fail(f"{instr} stationary [{k}, {m}] does not fit tile_size {tuple(tile_size)}")
+    checks.psum_bank(instr, "dst", dst)
+    if is_transpose:
+        if mv.shape != (k, k):
+            checks.fail(f"{instr} is_transpose needs a [{k}, {k}] identity as moving, got {moving.shape}")
+        if dst.dtype != stationary.dtype and dst.dtype != dtypes.float32:
+            checks.fail(
+                f"{instr} is_transpose dst dtype {dtypes.name(dst.dtype)} must equal stationary dtype "
+                f"{dtypes.name(stationary.dtype)}"
+            )
+        raw = stationary.read().reshape(k, m).T
+        if dst.dtype == stationary.dtype:
+            dst.write_raw(raw)
+        else:
+            dst.write(raw.astype(np.float32))
+        dst.matmul_flags()[...] = 1
+    else:
+        if dst.dtype != dtypes.float32:
+            checks.fail(f"{instr} dst dtype {dtypes.name(dst.dtype)} must be float32 in PSUM (Trn2)")
+        product = np.matmul(st.T, mv, dtype=np.float32)
+        flags = dst.matmul_flags().reshape(m, n) != 0
+        if accumulate is None:
+            old = dst.read_pf()
+            result = np.where(flags, old + product, product)
+        elif accumulate:
+            if not flags.all():
+                warnings.warn(
+                    f"{instr}: accumulate=True into PSUM not initialised by an earlier nc_matmul",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            result = dst.read_pf() + product
+        else:
+            result = product
+        dst.write(result.astype(np.float32))
+        dst.matmul_flags()[...] = 1
+    return emit(
+        instr,
+        Engine.PE,
+        dst,
+        [stationary, moving],
+        partitions=k,
+        free_elems=n,
+        attrs={
+            "stationary_free": m,
+            "moving_free": n,
+            "fp32": stationary.dtype == dtypes.float32,
+            "is_transpose": bool(is_transpose),
+            "accumulate": accumulate,
+            "double_row": double_row,
+        },
+    )
+
+
+def nc_transpose(
+    dst: NkiTensor, data: NkiTensor, engine: Any = engine.unknown, name: str | None = None
+) -> NkiInstruction:
+    """Partition ↔ free transpose: ``dst[f, p] = data[p, f]`` (free dims of data flattened), bit-exact.
+
+    Dimensions:
+        P: data partitions; F: data elements per partition.
+
+    Args:
+        dst: [F, P]; PSUM for the PE path, SBUF/PSUM for the VectorE path; dtype must equal data's.
+        data: [P, F...]; SBUF for the PE path (P, F ≤ 128), SBUF/PSUM for VectorE (P, F ≤ 32).
+        engine: ``nisa.tensor_engine`` / ``nisa.vector_engine``; unknown picks PE when data is in SBUF and dst
+            in PSUM, else VectorE.
+        name: debug label.
+
+    Returns:
+        The instruction handle.
+    """
+    instr = "nc_transpose"
+    dst = checks.compute_operand(instr, "dst", dst)
+    data = checks.compute_operand(instr, "data", data)
+    default = Engine.PE if data.buffer.kind == "sbuf" and dst.buffer.kind == "psum" else Engine.VECTOR
+    eng = resolve_engine(instr, engine, default, (Engine.PE, Engine.VECTOR))
+    p, f = data.shape[0], data.free_elems
+    checks.same_dtype(instr, "data", data, "dst", dst)
+    if eng is Engine.PE:
+        checks.buffer(instr, "data", data, checks.SBUF_ONLY)
+        checks.buffer(instr, "dst", dst, checks.PSUM_ONLY)
+        checks.at_most(instr, "data", "free size", f, checks.PMAX)
+        checks.psum_bank(instr, "dst", dst)
+    else:
+        checks.at_most(instr, "data", "partition dimension", p, checks.VECTOR_TRANSPOSE_MAX)
+        checks.at_most(instr, "data", "free size", f, checks.VECTOR_TRANSPOSE_MAX)
+    if dst.shape[0] != f or dst.free_elems != p:
+        checks.fail(f"{instr} dst shape {dst.shape} must be [{f}, {p}] for data shape {data.shape}")
+    dst.write_raw(data.read().reshape(p, f).T)
+    if eng is Engine.PE:
+        attrs = {"stationary_free": f, "moving_free": p, "fp32": data.dtype == dtypes.float32, "is_transpose": True}
+        return emit(instr, eng, dst, [data], partitions=p, free_elems=p, attrs=attrs)
+    return emit(
+        instr,
+        eng,
+        dst,
+        [data],
+        attrs={"op": "transpose", "psum_input": data.buffer.kind == "psum", "unit_stride": True},
+    )

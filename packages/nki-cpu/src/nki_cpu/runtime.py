@@ -1,0 +1,211 @@
+"""Launching kernels: ``jit``, ``simulate``, the ``kernel[n]`` grid, traces, and the opt-in ``import nki`` alias.
+
+A launch wraps every numpy argument as an HBM ``NkiTensor`` over the caller's memory (no copy, so in-place writes
+reach the caller), runs the kernel body eagerly once per program id, and converts returned tensors (or views of
+them) into fresh numpy arrays in the returned view's shape. Each program gets its own :class:`Trace`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from nki_cpu import state
+from nki_cpu.cost.record import Trace
+from nki_cpu.tensor import MemoryRegion, NkiTensor, wrap_array
+
+_last_traces: list[Trace] = []
+
+
+class Kernel:
+    """A ``@jit``-decorated kernel.
+
+    Args:
+        fn: the kernel body (plain Python using ``nl`` / ``nisa``).
+        grid: launch-grid size (``kernel[n]``), None for a plain launch.
+        options: ``jit`` keywords (accepted and ignored: ``mode``, ``debug_kernel``, ...).
+
+    Notes:
+        Called inside a running kernel it is an inlined Python call (same program, same tensors). Called outside
+        any launch it runs in simulation exactly like ``simulate(kernel)(...)`` (README).
+    """
+
+    def __init__(self, fn: Callable[..., Any], grid: int | None = None, options: dict[str, Any] | None = None):
+        self.fn = fn
+        self.grid = grid
+        self.options = dict(options or {})
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid: Any) -> Kernel:
+        if isinstance(grid, tuple):
+            if len(grid) != 1:
+                raise ValueError(f"nki-cpu: the launch bracket holds exactly one number, got {grid!r}")
+            grid = grid[0]
+        return Kernel(self.fn, int(grid), self.options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if state.in_kernel():
+            return self.fn(*args, **kwargs)
+        return simulate(self)(*args, **kwargs)
+
+
+def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Decorate a kernel: ``@jit``, ``@jit(mode='trace')``, ``jit(fn)``; unknown keywords are ignored.
+
+    Args:
+        fn: the kernel function.
+        options: compiler options of the real ``nki.jit`` (ignored).
+
+    Returns:
+        A :class:`Kernel` (or a decorator when ``fn`` is None).
+    """
+    if fn is None:
+        return lambda f: Kernel(f, None, options)
+    return Kernel(fn, None, options)
+
+
+def _wrap(value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+    if isinstance(value, np.ndarray):
+        array = value
+        if not value.flags.c_contiguous or not value.flags.writeable:
+            array = np.ascontiguousarray(value).copy()
+            if value.flags.writeable:
+                copies.append((value, array))
+        return wrap_array(array, buffer)
+    if isinstance(value, tuple) and any(isinstance(v, np.ndarray) for v in value):
+        return tuple(_wrap(v, buffer, copies) for v in value)
+    return value
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, NkiTensor):
+        return value.read()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unwrap(v) for v in value)
+    return value
+
+
+def simulate(
+    kernel: Callable[..., Any],
+    *,
+    check_capacity: bool = True,
+    sbuf_bytes_per_partition: int = state.SBUF_BYTES_PER_PARTITION,
+) -> Callable[..., Any]:
+    """Run a kernel on the CPU: numpy arrays in, numpy arrays out (like ``nki.simulate``).
+
+    Args:
+        kernel: a :class:`Kernel`, ``kernel[n]`` or a plain function.
+        check_capacity: raise when live SBUF/PSUM bytes per partition exceed the capacity.
+        sbuf_bytes_per_partition: SBUF capacity used by the check.
+
+    Returns:
+        A callable taking the kernel's arguments; numpy arrays become HBM tensors sharing the caller's memory.
+        Programs of a grid run one after another (program 0 first); the returned value is program 0's.
+
+    Notes:
+        The traces of the launch are available afterwards from :func:`last_trace` / :func:`last_traces`.
+    """
+    if isinstance(kernel, Kernel):
+        fn, grid = kernel.fn, kernel.grid
+    else:
+        fn, grid = kernel, None
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if state.in_kernel():
+            return fn(*args, **kwargs)
+        programs = grid or 1
+        buffer = MemoryRegion.shared_hbm if programs > 1 else MemoryRegion.private_hbm
+        traces: list[Trace] = []
+        results: list[Any] = []
+        copies: list[tuple[np.ndarray, np.ndarray]] = []
+        wrapped_args = [_wrap(a, buffer, copies) for a in args]
+        wrapped_kwargs = {k: _wrap(v, buffer, copies) for k, v in kwargs.items()}
+        for pid in range(programs):
+            launch = state.Launch(
+                program_id=pid,
+                num_programs=programs,
+                program_ndim=0 if grid is None else 1,
+                check_capacity=check_capacity,
+                sbuf_capacity=sbuf_bytes_per_partition,
+            )
+            previous = state.push(launch)
+            try:
+                out = fn(*wrapped_args, **wrapped_kwargs)
+                results.append(_unwrap(out))
+            finally:
+                state.pop(previous)
+                traces.append(launch.trace)
+                _last_traces[:] = traces
+        for original, working in copies:
+            original[...] = working
+        return results[0]
+
+    return run
+
+
+def last_trace() -> Trace:
+    """Trace of program 0 of the most recent ``simulate`` launch (raises if none ran yet)."""
+    if not _last_traces:
+        raise RuntimeError("nki-cpu: no kernel has been simulated yet")
+    return _last_traces[0]
+
+
+def last_traces() -> list[Trace]:
+    """Traces of every program of the most recent launch, by program id."""
+    return list(_last_traces)
+
+
+_ALIAS_MARK = "__nki_cpu_alias__"
+
+
+def install_as_nki() -> types.ModuleType:
+    """Opt in: make ``import nki``, ``import nki.language as nl``, ``import nki.isa as nisa`` resolve to nki-cpu.
+
+    Returns:
+        The ``nki`` facade module (``jit``, ``simulate``, ``language``, ``isa``, ``typing``).
+
+    Raises:
+        RuntimeError: when a real ``nki`` package is importable (it would be shadowed) — nki-cpu refuses to
+            hide it; use the real package, or uninstall it.
+
+    Notes:
+        Idempotent. Detection uses ``importlib.util.find_spec``, which locates a package without importing it.
+    """
+    existing = sys.modules.get("nki")
+    if existing is not None and getattr(existing, _ALIAS_MARK, False):
+        return existing
+    if existing is not None or importlib.util.find_spec("nki") is not None:
+        raise RuntimeError(
+            "nki-cpu: a real 'nki' package is importable in this environment; install_as_nki() refuses to shadow "
+            "it. Use the real package, or uninstall it to run kernels on nki-cpu."
+        )
+    from nki_cpu import isa, language
+
+    facade = types.ModuleType("nki", "nki-cpu standing in for the Neuron 'nki' package (nki_cpu.install_as_nki)")
+    typing_mod = types.ModuleType("nki.typing")
+    typing_mod.tensor = _TensorAnnotation()  # type: ignore[attr-defined]
+    setattr(facade, _ALIAS_MARK, True)
+    facade.jit = jit  # type: ignore[attr-defined]
+    facade.simulate = simulate  # type: ignore[attr-defined]
+    facade.language = language  # type: ignore[attr-defined]
+    facade.isa = isa  # type: ignore[attr-defined]
+    facade.typing = typing_mod  # type: ignore[attr-defined]
+    facade.__path__ = []  # a package, so submodule imports consult sys.modules
+    sys.modules["nki"] = facade
+    sys.modules["nki.language"] = language
+    sys.modules["nki.isa"] = isa
+    sys.modules["nki.typing"] = typing_mod
+    return facade
+
+
+class _TensorAnnotation:
+    """``nki.typing.tensor[shape]`` annotations: subscripting returns the NkiTensor type."""
+
+    def __getitem__(self, item: Any) -> type:
+        return NkiTensor

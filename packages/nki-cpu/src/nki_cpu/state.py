@@ -1,0 +1,118 @@
+"""Per-launch interpreter state: the active trace, the program id, and on-chip allocation accounting.
+
+One :class:`Launch` exists per program of a ``simulate`` call; ``current()`` returns it (or a detached default
+state outside any launch, so tensors can be built and instructions run in plain Python, e.g. in tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nki_cpu.cost.record import InstructionRecord, Trace
+
+# Trn2 SBUF per partition usable by kernels: 224 KiB − 16 KiB − 8 B (NKILIB constant quoted in nki-api.md §2.9 for
+# sbuf_fmax_bytes / total_available_sbuf_size on v3).
+SBUF_BYTES_PER_PARTITION = 224 * 1024 - 16 * 1024 - 8
+# PSUM: 8 banks × 2 KiB per partition (nki-api.md §2.2, §4.1).
+PSUM_BANK_BYTES = 2048
+PSUM_BANKS = 8
+PSUM_BYTES_PER_PARTITION = PSUM_BANK_BYTES * PSUM_BANKS
+
+_storage_ids = itertools.count(1)
+
+
+def next_storage_id() -> int:
+    """A process-unique id for a new allocation."""
+    return next(_storage_ids)
+
+
+@dataclass
+class Launch:
+    """State of one running program (one NeuronCore of a launch)."""
+
+    program_id: int = 0
+    num_programs: int = 1
+    program_ndim: int = 0
+    trace: Trace = field(default_factory=Trace)
+    check_capacity: bool = True
+    sbuf_capacity: int = SBUF_BYTES_PER_PARTITION
+    psum_capacity: int = PSUM_BYTES_PER_PARTITION
+    live: dict[str, int] = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
+    active: bool = False
+    accumulators: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def accumulator(self, engine: str) -> np.ndarray:
+        """The per-lane fp32 accumulator registers of ``engine`` (``"vector"`` or ``"scalar"``), 128 lanes."""
+        if engine not in self.accumulators:
+            self.accumulators[engine] = np.zeros(128, dtype=np.float32)
+        return self.accumulators[engine]
+
+    def record(self, rec: InstructionRecord) -> InstructionRecord:
+        """Append one instruction record to this launch's trace."""
+        self.trace.append(rec)
+        return rec
+
+    def allocate(self, buffer: str, bytes_per_partition: int, owner: object) -> None:
+        """Account an on-chip allocation; raise when the per-partition capacity is exceeded.
+
+        Args:
+            buffer: ``"sbuf"`` or ``"psum"``.
+            bytes_per_partition: the allocation's bytes in each partition.
+            owner: the storage object; its garbage collection frees the bytes.
+        """
+        from nki_cpu import checks
+
+        cap = self.sbuf_capacity if buffer == "sbuf" else self.psum_capacity
+        self.live[buffer] += bytes_per_partition
+        if self.check_capacity:
+            checks.capacity(buffer, self.live[buffer], cap, bytes_per_partition)
+        if buffer == "sbuf":
+            self.trace.sbuf_high_water = max(self.trace.sbuf_high_water, self.live[buffer])
+        else:
+            self.trace.psum_high_water = max(self.trace.psum_high_water, self.live[buffer])
+        weakref.finalize(owner, self._free, buffer, bytes_per_partition)
+
+    def _free(self, buffer: str, nbytes: int) -> None:
+        self.live[buffer] -= nbytes
+
+
+_local = threading.local()
+_detached = Launch()
+
+
+def current() -> Launch:
+    """The launch running on this thread, or the detached default state."""
+    return getattr(_local, "launch", None) or _detached
+
+
+def push(launch: Launch) -> Launch | None:
+    """Make ``launch`` current; return the previous one (for :func:`pop`)."""
+    previous = getattr(_local, "launch", None)
+    launch.active = True
+    _local.launch = launch
+    return previous
+
+
+def pop(previous: Launch | None) -> None:
+    """Restore the launch that was current before :func:`push`."""
+    cur = getattr(_local, "launch", None)
+    if cur is not None:
+        cur.active = False
+    _local.launch = previous
+
+
+def in_kernel() -> bool:
+    """True while a ``simulate`` launch runs on this thread."""
+    return getattr(_local, "launch", None) is not None
+
+
+def reset_detached() -> Launch:
+    """Replace the detached state with a fresh one (fresh trace) and return it."""
+    global _detached
+    _detached = Launch()
+    return _detached

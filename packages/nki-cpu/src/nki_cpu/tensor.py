@@ -1,0 +1,620 @@
+"""``NkiTensor``: a strided view over one allocation's bytes, in one of the NKI buffers.
+
+Storage is a flat ``uint8`` numpy array (so ml_dtypes types and ``.view(dtype)`` reinterpretation work the same
+way); a tensor is (storage, dtype, shape, strides, offset), strides and offset counted in elements of the view's
+dtype, exactly the NKI model of nki-api.md §2.3. Element ``[i0, ..]`` lives at storage element
+``offset + Σ strides[k]·ik``. Every view method returns a new ``NkiTensor`` over the same storage; nothing copies.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nki_cpu import dtypes, state
+from nki_cpu.cost.record import Region
+
+
+class MemoryRegion(str, enum.Enum):
+    """NKI buffers (``nl.sbuf``, ``nl.psum``, ``nl.private_hbm`` = ``nl.hbm``, ``nl.shared_hbm``)."""
+
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def on_chip(self) -> bool:
+        """True for SBUF and PSUM (partitioned buffers)."""
+        return self in (MemoryRegion.sbuf, MemoryRegion.psum)
+
+    @property
+    def kind(self) -> str:
+        """The cost-model buffer name: ``"hbm"``, ``"sbuf"`` or ``"psum"``."""
+        return self.value if self.on_chip else "hbm"
+
+
+@dataclass(frozen=True)
+class DynamicSlice:
+    """``nl.ds(start, size)``: the window ``start : start + size`` of one dimension."""
+
+    start: int
+    size: int
+
+    def as_slice(self) -> slice:
+        """The equivalent Python slice."""
+        return slice(self.start, self.start + self.size)
+
+
+class Storage:
+    """One allocation: raw bytes plus the facts views and records need.
+
+    Args:
+        raw: flat ``uint8`` array (the caller's memory for kernel arguments).
+        buffer: the buffer the allocation lives in.
+        shape: allocation shape; on-chip dim 0 is the partition dim.
+        dtype: allocation dtype.
+    """
+
+    def __init__(self, raw: np.ndarray, buffer: MemoryRegion, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.id = state.next_storage_id()
+        self.raw = raw
+        self.buffer = buffer
+        self.shape = shape
+        self.dtype = dtype
+        if buffer.on_chip:
+            self.partitions = shape[0] if shape else 1
+            self.row_bytes = raw.size // max(self.partitions, 1)
+        else:
+            self.partitions = 1
+            self.row_bytes = raw.size
+        self.matmul_written: np.ndarray | None = None  # per-byte flags for nc_matmul(accumulate=None)
+
+    def written_flags(self) -> np.ndarray:
+        """Per-byte 'written by nc_matmul since allocation' flags (created on first use)."""
+        if self.matmul_written is None:
+            self.matmul_written = np.zeros(self.raw.size, dtype=np.uint8)
+        return self.matmul_written
+
+
+def _norm_dim(dim: int, ndim: int) -> int:
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"dimension {dim} out of range for a {ndim}-D tensor")
+    return dim % ndim
+
+
+class NkiTensor:
+    """A tensor (or view) in HBM, SBUF or PSUM.
+
+    Dimensions:
+        On-chip tensors: dim 0 = partitions (≤128 for instruction operands), the rest = free dims.
+        HBM tensors: linear, no partition dim.
+
+    Args:
+        storage: the allocation.
+        dtype: element dtype of this view.
+        shape: view shape.
+        strides: per-dim step in elements of ``dtype``.
+        offset: start element (in elements of ``dtype``) within the storage.
+        name: debug label.
+
+    Notes:
+        Read-only from kernels' point of view: data is written only by instructions (``nisa.*``, ``nl.store``).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        dtype: np.dtype,
+        shape: Sequence[int],
+        strides: Sequence[int],
+        offset: int,
+        name: str = "",
+        row_offsets: np.ndarray | None = None,
+    ) -> None:
+        self.storage = storage
+        self.dtype = dtype
+        self.shape = tuple(int(s) for s in shape)
+        self.strides = tuple(int(s) for s in strides)
+        self.offset = int(offset)
+        self.name = name
+        self._row_offsets = row_offsets  # indirect (vector_offset) views: per-index-0 start offsets
+        self._check_bounds()
+
+    # --- basic attributes -----------------------------------------------------------------------------------------
+    @property
+    def buffer(self) -> MemoryRegion:
+        """The buffer holding this tensor."""
+        return self.storage.buffer
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    @property
+    def partitions(self) -> int:
+        """Partition count of an on-chip view (dim 0); 1 for HBM."""
+        return self.shape[0] if self.buffer.on_chip and self.shape else 1
+
+    @property
+    def free_elems(self) -> int:
+        """Elements per partition (on-chip: product of free dims; HBM: all elements)."""
+        if self.buffer.on_chip:
+            return math.prod(self.shape[1:])
+        return self.size
+
+    def __repr__(self) -> str:
+        return (
+            f"NkiTensor(shape={self.shape}, dtype={dtypes.name(self.dtype)}, buffer={self.buffer.value}, "
+            f"strides={self.strides}, offset={self.offset})"
+        )
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise TypeError("nki-cpu: tensors are written by instructions (nisa.*, nl.store), not by item assignment")
+
+    def is_indirect(self) -> bool:
+        """True for views with a runtime (vector) offset."""
+        return self._row_offsets is not None
+
+    def get_pattern(self) -> list[list[int]]:
+        """``[[stride, count], ...]`` per dim, in shape order."""
+        return [[s, n] for s, n in zip(self.strides, self.shape, strict=True)]
+
+    def is_contiguous(self) -> bool:
+        """Row-major contiguity (for on-chip tensors the partition dim is ignored)."""
+        dims = list(zip(self.shape, self.strides, strict=True))
+        if self.buffer.on_chip:
+            dims = dims[1:]
+        expected = 1
+        for n, s in reversed(dims):
+            if n != 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
+    # --- numpy access ---------------------------------------------------------------------------------------------
+    def _storage_elems(self) -> int:
+        return self.storage.raw.size // self.itemsize
+
+    def _extent(self) -> tuple[int, int]:
+        lo = hi = self.offset
+        for n, s in zip(self.shape, self.strides, strict=True):
+            if n == 0:
+                return self.offset, self.offset - 1
+            if s > 0:
+                hi += s * (n - 1)
+            else:
+                lo += s * (n - 1)
+        return lo, hi
+
+    def _check_bounds(self) -> None:
+        if self._row_offsets is not None or self.size == 0:
+            return
+        lo, hi = self._extent()
+        if lo < 0 or hi >= self._storage_elems():
+            raise IndexError(
+                f"nki-cpu: view {self.shape} (strides {self.strides}, offset {self.offset}) reaches elements "
+                f"[{lo}, {hi}] outside its allocation of {self._storage_elems()} elements"
+            )
+
+    def _index_array(self) -> np.ndarray:
+        """Flat element indices of every element of this view (used for indirect views)."""
+        idx = np.full(self.shape, self.offset, dtype=np.int64)
+        for k, (n, s) in enumerate(zip(self.shape, self.strides, strict=True)):
+            shape = [1] * self.ndim
+            shape[k] = n
+            if k == 0 and self._row_offsets is not None:
+                idx = idx + self._row_offsets.reshape(shape)
+            else:
+                idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+        return idx
+
+    def np(self) -> np.ndarray:
+        """A writable numpy view of the elements (a copy for indirect views: use :meth:`write`)."""
+        if self._row_offsets is not None:
+            flat = self.storage.raw.view(self.dtype)
+            return flat[self._index_array()]
+        isz = self.itemsize
+        return np.ndarray(
+            self.shape,
+            dtype=self.dtype,
+            buffer=self.storage.raw,
+            offset=self.offset * isz,
+            strides=tuple(s * isz for s in self.strides),
+        )
+
+    def read(self) -> np.ndarray:
+        """A copy of the elements at their stored dtype."""
+        return np.array(self.np(), copy=True)
+
+    def read_f32(self) -> np.ndarray:
+        """A copy of the elements converted to fp32."""
+        return dtypes.to_f32(self.np())
+
+    def read_pf(self) -> np.ndarray:
+        """fp32 copy flattened per partition: ``(P, free_elems)``."""
+        return self.read_f32().reshape(self.partitions, -1)
+
+    def write(self, values: np.ndarray) -> None:
+        """Round ``values`` once into this view's dtype and store them (values reshaped to the view's shape)."""
+        rounded = dtypes.round_to(np.asarray(values), self.dtype).reshape(self.shape)
+        if self._row_offsets is not None:
+            flat = self.storage.raw.view(self.dtype)
+            flat[self._index_array()] = rounded
+            return
+        self.np()[...] = rounded
+
+    def write_raw(self, values: np.ndarray) -> None:
+        """Store values already in this view's dtype (bit-exact copies)."""
+        values = np.asarray(values).reshape(self.shape)
+        if self._row_offsets is not None:
+            self.storage.raw.view(self.dtype)[self._index_array()] = values
+            return
+        self.np()[...] = values
+
+    def matmul_flags(self) -> np.ndarray:
+        """Writable view of the 'written by nc_matmul' flags of this view's elements (first byte of each)."""
+        isz = self.itemsize
+        return np.ndarray(
+            self.shape,
+            dtype=np.uint8,
+            buffer=self.storage.written_flags(),
+            offset=self.offset * isz,
+            strides=tuple(s * isz for s in self.strides),
+        )
+
+    # --- regions for the cost model -------------------------------------------------------------------------------
+    def region(self) -> Region:
+        """Bounding box of the bytes this view touches (cost-model dependency tracking)."""
+        isz = self.itemsize
+        st = self.storage
+        kind = st.buffer.kind
+        if self._row_offsets is not None:
+            idx = self._index_array()
+            lo, hi = int(idx.min()), int(idx.max())
+        else:
+            lo, hi = self._extent()
+        if not st.buffer.on_chip:
+            return Region(st.id, kind, (0, 1), (lo * isz, (hi + 1) * isz))
+        row = st.row_bytes
+        lo_b, hi_b = lo * isz, (hi + 1) * isz
+        p_lo, p_hi = lo_b // row, (hi_b - 1) // row + 1
+        if p_hi - p_lo == 1:
+            return Region(st.id, kind, (p_lo, p_hi), (lo_b - p_lo * row, hi_b - p_lo * row))
+        # Several partitions: bound the in-partition byte range from the free dims.
+        f_lo = f_hi = self.offset * isz - (self.offset * isz // row) * row
+        if self.ndim and self.strides[0] * isz == row:
+            for n, s in zip(self.shape[1:], self.strides[1:], strict=True):
+                if s > 0:
+                    f_hi += s * isz * (n - 1)
+                else:
+                    f_lo += s * isz * (n - 1)
+            f_hi += isz
+            if 0 <= f_lo and f_hi <= row:
+                return Region(st.id, kind, (p_lo, p_hi), (f_lo, f_hi))
+        return Region(st.id, kind, (p_lo, p_hi), (0, row))
+
+    # --- views ----------------------------------------------------------------------------------------------------
+    def _make(
+        self,
+        shape: Sequence[int],
+        strides: Sequence[int],
+        offset: int,
+        dtype: np.dtype | None = None,
+        row_offsets: np.ndarray | None = None,
+    ) -> NkiTensor:
+        return NkiTensor(
+            self.storage,
+            self.dtype if dtype is None else dtype,
+            shape,
+            strides,
+            offset,
+            self.name,
+            row_offsets if row_offsets is not None else self._row_offsets,
+        )
+
+    def __getitem__(self, key: Any) -> NkiTensor:
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            at = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = self.ndim - (len(key) - 1)
+            key = key[:at] + (slice(None),) * fill + key[at + 1 :]
+        if len(key) > self.ndim:
+            raise IndexError(f"too many indices ({len(key)}) for a {self.ndim}-D tensor of shape {self.shape}")
+        key = key + (slice(None),) * (self.ndim - len(key))
+        shape: list[int] = []
+        strides: list[int] = []
+        offset = self.offset
+        on_chip = self.buffer.on_chip
+        last_dropped_stride = 1
+        for dim, (k, n, s) in enumerate(zip(key, self.shape, self.strides, strict=True)):
+            if isinstance(k, DynamicSlice):
+                if not isinstance(k.start, (int, np.integer)):
+                    raise NotImplementedError("nki-cpu: nl.ds with a runtime start is not supported")
+                if k.start < 0 or k.start + k.size > n:
+                    raise IndexError(f"nl.ds({k.start}, {k.size}) out of range for dim {dim} of size {n}")
+                k = k.as_slice()
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                count = len(range(start, stop, step))
+                offset += start * s
+                shape.append(count)
+                strides.append(s * step)
+            elif isinstance(k, (int, np.integer)):
+                i = int(k)
+                if not -n <= i < n:
+                    raise IndexError(f"index {i} out of range for dim {dim} of size {n} (shape {self.shape})")
+                i %= n
+                offset += i * s
+                if on_chip and dim == 0:
+                    shape.append(1)
+                    strides.append(s)
+                else:
+                    last_dropped_stride = s
+            elif isinstance(k, NkiTensor):
+                raise NotImplementedError("nki-cpu: tensor-valued (runtime) indices are not supported; use .ap()")
+            else:
+                raise TypeError(f"unsupported index {k!r}")
+        min_rank = 2 if on_chip else 1
+        while len(shape) < min_rank:
+            shape.append(1)
+            strides.append(last_dropped_stride)
+        return self._make(shape, strides, offset)
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
+        """View of ``start:end:step`` along ``dim``."""
+        dim = _norm_dim(dim, self.ndim)
+        key: list[Any] = [slice(None)] * self.ndim
+        key[dim] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim: int, index: int) -> NkiTensor:
+        """Remove ``dim`` by fixing it at ``index`` (static int only)."""
+        dim = _norm_dim(dim, self.ndim)
+        if isinstance(index, NkiTensor):
+            raise NotImplementedError("nki-cpu: dynamic select is not supported")
+        n = self.shape[dim]
+        if not -n <= index < n:
+            raise IndexError(f"select index {index} out of range for dim {dim} of size {n}")
+        index %= n
+        shape = self.shape[:dim] + self.shape[dim + 1 :]
+        strides = self.strides[:dim] + self.strides[dim + 1 :]
+        return self._make(shape, strides, self.offset + index * self.strides[dim])
+
+    def permute(self, dims: Sequence[int]) -> NkiTensor:
+        """Reorder dims (on-chip: ``dims[0]`` must be 0)."""
+        dims = [_norm_dim(d, self.ndim) for d in dims]
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute dims {dims} are not a permutation of {self.ndim} dims")
+        if self.buffer.on_chip and dims[0] != 0:
+            raise AssertionError(f"permute of an on-chip tensor must keep the partition dim first, got {dims}")
+        return self._make([self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset)
+
+    def broadcast(self, dim: int, size: int) -> NkiTensor:
+        """Repeat a size-1 dim ``size`` times with stride 0."""
+        dim = _norm_dim(dim, self.ndim)
+        if self.shape[dim] != 1:
+            raise AssertionError(f"broadcast dim {dim} must have size 1, got {self.shape[dim]}")
+        if self.buffer.on_chip and dim == 0:
+            raise AssertionError("broadcast of the partition dim of an on-chip tensor is not allowed")
+        shape = list(self.shape)
+        strides = list(self.strides)
+        shape[dim] = size
+        strides[dim] = 0
+        return self._make(shape, strides, self.offset)
+
+    def expand_dim(self, dim: int) -> NkiTensor:
+        """Insert a size-1 dim at ``dim``."""
+        dim = dim % (self.ndim + 1)
+        if self.buffer.on_chip and dim == 0:
+            raise AssertionError("expand_dim cannot insert before the partition dim of an on-chip tensor")
+        shape = list(self.shape)
+        strides = list(self.strides)
+        shape.insert(dim, 1)
+        strides.insert(dim, 1)
+        return self._make(shape, strides, self.offset)
+
+    def squeeze_dim(self, dim: int) -> NkiTensor:
+        """Remove a size-1 dim."""
+        dim = _norm_dim(dim, self.ndim)
+        if self.shape[dim] != 1:
+            raise AssertionError(f"squeeze_dim dim {dim} must have size 1, got {self.shape[dim]}")
+        return self.select(dim, 0)
+
+    def reshape(self, shape: Sequence[int] | int, *more: int) -> NkiTensor:
+        """Same elements, new shape, no copy (the layout must allow it; on-chip dim 0 is kept)."""
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape), *more)
+        shape = list(shape)
+        if shape.count(-1) == 1:
+            known = math.prod(d for d in shape if d != -1)
+            shape[shape.index(-1)] = self.size // known if known else 0
+        if math.prod(shape) != self.size:
+            raise AssertionError(f"reshape from {self.shape} to {tuple(shape)}: element counts differ")
+        if self.buffer.on_chip and shape[0] != self.shape[0]:
+            raise AssertionError(f"reshape of an on-chip tensor must keep dim 0 ({self.shape[0]}), got {shape[0]}")
+        new_strides = _reshape_strides(self.shape, self.strides, tuple(shape))
+        if new_strides is None:
+            raise AssertionError(f"reshape from {self.shape} to {tuple(shape)} is incompatible with the view layout")
+        return self._make(shape, new_strides, self.offset)
+
+    def reshape_dim(self, dim: int, shape: Sequence[int]) -> NkiTensor:
+        """Split ``dim`` into ``shape`` (one -1 allowed)."""
+        dim = _norm_dim(dim, self.ndim)
+        shape = list(shape)
+        if shape.count(-1) == 1:
+            shape[shape.index(-1)] = self.shape[dim] // math.prod(d for d in shape if d != -1)
+        return self.reshape(list(self.shape[:dim]) + shape + list(self.shape[dim + 1 :]))
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
+        """Merge dims ``start_dim..end_dim`` (inclusive) into one."""
+        start_dim = _norm_dim(start_dim, self.ndim)
+        end_dim = _norm_dim(end_dim, self.ndim)
+        merged = math.prod(self.shape[start_dim : end_dim + 1])
+        return self.reshape([*list(self.shape[:start_dim]), merged, *list(self.shape[end_dim + 1 :])])
+
+    def view(self, dtype: Any) -> NkiTensor:
+        """Reinterpret the bits as ``dtype``; the last dim is rescaled by the size ratio."""
+        new = dtypes.as_dtype(dtype)
+        old_sz, new_sz = self.itemsize, new.itemsize
+        if self.strides and self.strides[-1] != 1 and self.shape[-1] != 1:
+            raise AssertionError("view(dtype) needs a contiguous last dim")
+        if (self.offset * old_sz) % new_sz:
+            raise AssertionError("view(dtype): the view offset is not aligned to the new dtype")
+        last = self.shape[-1] * old_sz
+        if last % new_sz:
+            raise AssertionError(f"view(dtype): last dim of {last} bytes is not a multiple of {new_sz}")
+        strides = []
+        for s in self.strides[:-1]:
+            if (s * old_sz) % new_sz:
+                raise AssertionError("view(dtype): a stride is not a multiple of the new element size")
+            strides.append(s * old_sz // new_sz)
+        shape = (*self.shape[:-1], last // new_sz)
+        return self._make(shape, [*strides, 1], self.offset * old_sz // new_sz, dtype=new)
+
+    reinterpret_cast = view
+
+    def ap(
+        self,
+        pattern: Sequence[Sequence[int]],
+        offset: int | None = None,
+        scalar_offset: Any = None,
+        vector_offset: NkiTensor | None = None,
+        indirect_dim: int = 0,
+        dtype: Any = None,
+    ) -> NkiTensor:
+        """Access-pattern view: ``[[step, num], ...]`` over the storage, starting at the view offset (+ ``offset``).
+
+        Args:
+            pattern: ``[step, num]`` pairs, outermost first; steps count elements of ``dtype`` (or this view's).
+            offset: added to this view's start offset (nki-api.md §2.6, known unknown 2).
+            scalar_offset: a 1x1 tensor or int; adds ``value × prod(self.shape[indirect_dim+1:])``.
+            vector_offset: (P,1) index tile; row ``i`` starts at ``idx[i] × prod(self.shape[1:])``.
+            indirect_dim: dimension whose stride scales ``scalar_offset``.
+            dtype: reinterpret the storage as this dtype.
+
+        Returns:
+            A view of shape ``[num for step, num in pattern]``.
+        """
+        new = self.dtype if dtype is None else dtypes.as_dtype(dtype)
+        pairs = [(int(p[0]), int(p[1])) for p in pattern]
+        base = self.offset
+        if new.itemsize != self.itemsize:
+            if (base * self.itemsize) % new.itemsize:
+                raise AssertionError("ap(dtype=): the view offset is not aligned to the new dtype")
+            base = base * self.itemsize // new.itemsize
+        start = base + (int(offset) if offset is not None else 0)
+        if self.buffer.on_chip and pairs and pairs[0][1] > 1:
+            row = self.storage.row_bytes // new.itemsize
+            if pairs[0][0] != row:
+                raise AssertionError(
+                    f"ap pattern partition step {pairs[0][0]} must equal the per-partition element count {row}"
+                )
+        row_offsets = None
+        if scalar_offset is not None:
+            value = _scalar_value(scalar_offset)
+            start += value * math.prod(self.shape[indirect_dim + 1 :])
+        if vector_offset is not None:
+            if indirect_dim != 0:
+                raise AssertionError("ap(vector_offset=...) supports only indirect_dim=0")
+            idx = vector_offset.read().reshape(-1).astype(np.int64)
+            if idx.size != pairs[0][1]:
+                raise AssertionError(f"ap vector_offset has {idx.size} indices, pattern dim 0 has {pairs[0][1]}")
+            row_offsets = idx * math.prod(self.shape[1:])
+        return self._make([n for _, n in pairs], [s for s, _ in pairs], start, dtype=new, row_offsets=row_offsets)
+
+
+def _scalar_value(value: Any) -> int:
+    if isinstance(value, NkiTensor):
+        return int(value.read().reshape(-1)[0])
+    if hasattr(value, "value"):
+        return int(value.value)
+    return int(value)
+
+
+def _reshape_strides(
+    shape: tuple[int, ...], strides: tuple[int, ...], new_shape: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """Strides giving ``new_shape`` over the same elements without a copy, or None if impossible.
+
+    Uses numpy's own no-copy reshape rule on a zero-byte stand-in (strides in elements = bytes of int8).
+    """
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.int8), shape=shape, strides=strides)
+    try:
+        reshaped = np.reshape(stand_in, new_shape, copy=False)
+    except ValueError:
+        return None
+    return tuple(int(s) for s in reshaped.strides)
+
+
+def allocate(shape: Sequence[int] | int, dtype: Any, buffer: MemoryRegion, name: str = "") -> NkiTensor:
+    """A fresh tensor filled with the simulator's sentinel (NaN for floats, 4 for ints).
+
+    Args:
+        shape: tensor shape; on-chip dim 0 = partitions.
+        dtype: element dtype.
+        buffer: ``nl.sbuf`` / ``nl.psum`` / ``nl.hbm`` / ``nl.shared_hbm`` / ``nl.private_hbm``.
+        name: debug label.
+
+    Returns:
+        A contiguous ``NkiTensor`` with independent storage.
+
+    Notes:
+        On-chip allocations are accounted against the per-partition SBUF/PSUM capacity of the running launch.
+    """
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(s) for s in shape)
+    dt = dtypes.as_dtype(dtype)
+    buffer = MemoryRegion(buffer)
+    nbytes = math.prod(shape) * dt.itemsize
+    raw = np.empty(nbytes, dtype=np.uint8)
+    raw.view(dt)[...] = dtypes.fill_value(dt)
+    storage = Storage(raw, buffer, shape, dt)
+    if buffer.on_chip:
+        if not shape:
+            raise AssertionError("on-chip tensors need at least one (partition) dim")
+        state.current().allocate(buffer.value, storage.row_bytes, storage)
+    return NkiTensor(storage, dt, shape, _row_major(shape), 0, name)
+
+
+def wrap_array(array: np.ndarray, buffer: MemoryRegion = MemoryRegion.private_hbm, name: str = "") -> NkiTensor:
+    """An HBM tensor over a caller's C-contiguous numpy array, sharing its memory (no copy)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("wrap_array needs a C-contiguous array")
+    dt = dtypes.as_dtype(array.dtype)
+    raw = array.reshape(-1).view(np.uint8)
+    storage = Storage(raw, buffer, tuple(array.shape), dt)
+    return NkiTensor(storage, dt, array.shape, _row_major(array.shape), 0, name)
+
+
+def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
