@@ -126,8 +126,10 @@ def simulate(
         copies: list[tuple[np.ndarray, np.ndarray]] = []
         wrapped_args = [_wrap(a, buffer, copies) for a in args]
         wrapped_kwargs = {k: _wrap(v, buffer, copies) for k, v in kwargs.items()}
+        shared_pool: list[Any] = []
         for pid in range(programs):
             launch = state.Launch(
+                shared_pool=shared_pool,
                 program_id=pid,
                 num_programs=programs,
                 program_ndim=0 if grid is None else 1,
@@ -136,15 +138,14 @@ def simulate(
             )
             previous = state.push(launch)
             try:
-                out = fn(*wrapped_args, **wrapped_kwargs)
-                results.append(_unwrap(out))
+                results.append(fn(*wrapped_args, **wrapped_kwargs))
             finally:
                 state.pop(previous)
                 traces.append(launch.trace)
                 _last_traces[:] = traces
         for original, working in copies:
             original[...] = working
-        return results[0]
+        return _unwrap(results[0])
 
     return run
 

@@ -10,6 +10,7 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,10 @@ class Launch:
     live: dict[str, int] = field(default_factory=lambda: {"sbuf": 0, "psum": 0})
     active: bool = False
     accumulators: dict[str, np.ndarray] = field(default_factory=dict)
+    # shared_hbm allocations of a grid launch, shared by all programs (the n-th allocation of every program is the
+    # same tensor, as on LNC2 hardware where both cores see one shared HBM buffer).
+    shared_pool: list[Any] = field(default_factory=list)
+    shared_cursor: int = 0
 
     def accumulator(self, engine: str) -> np.ndarray:
         """The per-lane fp32 accumulator registers of ``engine`` (``"vector"`` or ``"scalar"``), 128 lanes."""

@@ -591,9 +591,20 @@ def allocate(shape: Sequence[int] | int, dtype: Any, buffer: MemoryRegion, name:
     dt = dtypes.as_dtype(dtype)
     buffer = MemoryRegion(buffer)
     nbytes = math.prod(shape) * dt.itemsize
+    launch = state.current()
+    cursor = -1
+    if buffer is MemoryRegion.shared_hbm and launch.active:
+        cursor = launch.shared_cursor
+        launch.shared_cursor += 1
+        if cursor < len(launch.shared_pool):
+            shared = launch.shared_pool[cursor]
+            if shared.shape == shape and shared.dtype == dt:
+                return NkiTensor(shared, dt, shape, _row_major(shape), 0, name)
     raw = np.empty(nbytes, dtype=np.uint8)
     raw.view(dt)[...] = dtypes.fill_value(dt)
     storage = Storage(raw, buffer, shape, dt)
+    if buffer is MemoryRegion.shared_hbm and launch.active and cursor == len(launch.shared_pool):
+        launch.shared_pool.append(storage)
     if buffer.on_chip:
         if not shape:
             raise AssertionError("on-chip tensors need at least one (partition) dim")

@@ -49,6 +49,9 @@ from nki_cpu.isa.vector_scalar import (
 )
 from nki_cpu.tensor import NkiTensor
 
+# The submodule import above bound ``isa.tensor_engine`` to the module; the NKI name is the engine constant.
+tensor_engine = engine.tensor  # noqa: F811
+
 
 def register_alloc(x: Any = None) -> VirtualRegister:
     """A runtime register holding ``x`` (an int, or the value of a 1x1 tensor)."""

@@ -56,7 +56,6 @@ def nc_matmul(
         Operands are multiplied at their stored precision (converted exactly to fp32) and accumulated in fp32.
     """
     instr = "nc_matmul"
-    dst = checks.compute_operand(instr, "dst", dst, checks.PSUM_ONLY)
     stationary = checks.compute_operand(instr, "stationary", stationary, checks.SBUF_ONLY)
     moving = checks.compute_operand(instr, "moving", moving, checks.SBUF_ONLY)
     double_row = perf_mode in (matmul_perf_mode.double_row, "double_row")
@@ -86,6 +85,7 @@ def nc_matmul(
     m, n = st.shape[1], mv.shape[1]
     checks.at_most(instr, "stationary", "free size", m, checks.GEMM_STATIONARY_FMAX)
     checks.at_most(instr, "moving", "free size", n, checks.GEMM_MOVING_FMAX)
+    dst = checks.compute_operand(instr, "dst", dst, checks.PSUM_ONLY)
     if dst.shape[0] != m:
         checks.fail(f"{instr} dst partition dimension {dst.shape[0]} does not match stationary free size {m}")
     if dst.free_elems != n:
