@@ -1,0 +1,42 @@
+"""gdn-nki: the chunked gated delta-rule (GDN) prefill kernel for AWS Trainium, written in NKI.
+
+``gdn_cte`` is the documented ``@nki.jit`` kernel (algorithms "schur" and "neumann"); ``simulate`` runs it on
+the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` accepts any sequence length.
+"""
+
+from gdn_ref.constants import (
+    ALGORITHM_NEUMANN,
+    ALGORITHM_SCHUR,
+    ALGORITHMS,
+    CHUNK,
+    CHUNK_BY_ALGORITHM,
+    DEFAULT_ALGORITHM,
+    DEFAULT_GROUP_SIZE,
+    MAX_GROUP_SIZE,
+    MAX_HEAD_DIM,
+)
+from gdn_ref.contract import ContractError
+from gdn_ref.masks import N_MASKS, build_mask_pack
+
+from .api import gdn_cte
+from .backend import BACKEND_NAME
+from .host import prefill, simulate
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_NEUMANN",
+    "ALGORITHM_SCHUR",
+    "BACKEND_NAME",
+    "CHUNK",
+    "CHUNK_BY_ALGORITHM",
+    "DEFAULT_ALGORITHM",
+    "DEFAULT_GROUP_SIZE",
+    "MAX_GROUP_SIZE",
+    "MAX_HEAD_DIM",
+    "N_MASKS",
+    "ContractError",
+    "build_mask_pack",
+    "gdn_cte",
+    "prefill",
+    "simulate",
+]

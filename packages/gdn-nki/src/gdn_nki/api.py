@@ -1,0 +1,99 @@
+"""The ``gdn_cte`` NKI kernel: argument checks at trace time, output allocation, lane dispatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gdn_ref.constants import (
+    ALGORITHM_NEUMANN,
+    ALGORITHM_SCHUR,
+    CHUNK_BY_ALGORITHM,
+    DEFAULT_ALGORITHM,
+    DEFAULT_GROUP_SIZE,
+)
+from gdn_ref.contract import ContractError, validate
+
+from . import neumann, schur, stages
+from .backend import nki, nl
+from .lanes import program_lanes, run_lane
+from .tiles import FP32
+
+
+@nki.jit
+def gdn_cte(
+    query: Any,
+    key: Any,
+    value: Any,
+    g_log: Any,
+    beta: Any,
+    scale: float = 1.0,
+    algorithm: str = DEFAULT_ALGORITHM,
+    mask_pack: Any = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    recurrent_state: Any = None,
+) -> tuple[Any, Any]:
+    """Chunked gated delta-rule (GDN) prefill kernel.
+
+    Dimensions:
+        B: batch size. Hk: key/query heads. Hv: value heads, a multiple of Hk (value head h reads key head
+        h // (Hv // Hk)). S: tokens, a multiple of 128 ("schur") or 64 ("neumann"). Dk, Dv: head dims <= 128.
+
+    Args:
+        query (nl.NkiTensor): [B, Hk, S, Dk] @ HBM, token-major, L2-normalized; its dtype (bfloat16 or float32)
+            is the compute dtype of matmul operands, q/k/v tiles and ``out``.
+        key (nl.NkiTensor): [B, Hk, S, Dk] @ HBM, L2-normalized, query's dtype.
+        value (nl.NkiTensor): [B, Hv, S, Dv] @ HBM, query's dtype.
+        g_log (nl.NkiTensor): [B, Hv, S] @ HBM, fp32 per-token log-decay (<= 0).
+        beta (nl.NkiTensor): [B, Hv, S] @ HBM, fp32 per-token update strength in (0, 1).
+        scale (float): query scaling (typically Dk**-0.5), applied on device.
+        algorithm (str): "schur" (default, chunk 128, grouped Schur-merge inverse) or "neumann" (chunk 64,
+            16-row doubling joined by block forward substitution). Trace-time constant.
+        mask_pack (nl.NkiTensor): [N_MASKS, 128, 128] fp32 @ HBM from ``build_mask_pack()``; required by schur.
+        group_size (int): chunks per grouped inverse for schur, 1..16.
+        recurrent_state (nl.NkiTensor): optional [B, Hv, Dk, Dv] fp32 @ HBM, MUTABLE IN/OUT: its contents are
+            the initial state and it is updated in place and returned. Omitted: zero start, no load.
+
+    Returns:
+        tuple: ``out`` [B, Hv, S, Dv] @ HBM in the compute dtype (un-normalized), and the final state
+        [B, Hv, Dk, Dv] fp32 (the caller's ``recurrent_state`` buffer when one was supplied).
+
+    Notes:
+        Every documented rule is checked before anything is allocated or written (``gdn_ref.contract``).
+        The state is fp32 whatever the compute dtype; the gate prefix sum is fp32. Lanes (b, h) are split
+        evenly over an SPMD launch grid (``gdn_cte[n](...)``).
+    """
+    violations = validate(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, host=False
+    )
+    if violations:
+        raise ContractError(violations)
+
+    batch, _, seq_len, dk = query.shape
+    value_heads, dv = value.shape[1], value.shape[3]
+    ratio = value_heads // query.shape[1]
+    dtype = query.dtype
+    out = nl.ndarray((batch, value_heads, seq_len, dv), dtype=dtype, buffer=nl.shared_hbm)
+    final_state = recurrent_state
+    if final_state is None:
+        final_state = nl.ndarray((batch, value_heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    if algorithm == ALGORITHM_SCHUR:
+        consts = stages.constants_from_pack(mask_pack, chunk, dtype)
+        schur.load_merge_planes(mask_pack, consts, dtype)
+        invert_group, group = schur.invert_group, group_size
+    else:
+        assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
+        consts = stages.constants_on_device(chunk, dtype)
+        neumann.build_block_planes(consts, dtype)
+        invert_group, group = neumann.invert_group, neumann.GROUP_SIZE
+
+    for b, h in program_lanes(batch, value_heads):
+        lane = stages.Lane(
+            b=b, h=h, kh=h // ratio, query=query, key=key, value=value, out=out,
+            chunk=chunk, dtype=dtype, scale=float(scale), consts=consts,
+        )  # fmt: skip
+        state = stages.initial_state(recurrent_state, b, h, dk, dv, dtype)
+        state = run_lane(lane, g_log, beta, state, group, invert_group)
+        nl.store(final_state[b, h, :, :], state.master)
+    return out, final_state

@@ -1,0 +1,117 @@
+"""The neumann intra-chunk inverse (chunk 64): 16-row diagonal sub-blocks by recursive doubling, joined by block
+forward substitution.
+
+With ``A = A_d + N`` (``A_d`` the strictly-lower parts of the four 16×16 diagonal blocks, ``N`` the strictly
+block-lower rest):
+
+- ``X_d = (I + A_d)⁻¹ = (I + P)(I + P²)(I + P⁴)(I + P⁸)`` with ``P = −A_d`` (nilpotent: P¹⁶ = 0, so exact).
+  Doubling works on 16-row blocks only: on whole 64-chunks its intermediates reach 1e13+ (gdn-math §3.3).
+- Block forward substitution ``Inv_i = X_ii (E_i − Σ_{m<i} A_im Inv_m)`` for the four block rows, run on all
+  rows at once as ``Inv ← X_d − (X_d N) Inv`` starting from ``X_d``: sweep t makes block row t exact, so three
+  sweeps give the exact inverse.
+
+Chunks of a group run level-major, like schur's merge, so independent same-kind instructions are issued together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import tiles
+from .backend import nisa, nl
+from .stages import Chunk, Constants
+from .tiles import FP32
+
+CHUNK = 64
+SUBBLOCK = 16
+DOUBLING_ROUNDS = 3  # (I + P) then three squarings: P², P⁴, P⁸
+SUBSTITUTION_SWEEPS = CHUNK // SUBBLOCK - 1
+GROUP_SIZE = 8  # chunks per level-major group (the group_size knob is schur's)
+
+
+def build_block_planes(consts: Constants, dtype: Any) -> None:
+    """Build the block masks on device: ``neg_diag`` = −1 on the diagonal blocks' strictly-lower part,
+    ``below`` = 1 on the strictly block-lower part."""
+    row_block = _block_index(channel_multiplier=1, step=0)
+    col_block = _block_index(channel_multiplier=0, step=1)
+    same_block = tiles.sbuf((CHUNK, CHUNK), FP32)
+    nisa.tensor_tensor(dst=same_block, data1=row_block, data2=col_block, op=nl.equal)
+    below = tiles.sbuf((CHUNK, CHUNK), dtype)
+    nisa.tensor_tensor(dst=below, data1=row_block, data2=col_block, op=nl.greater)
+    neg_same = tiles.sbuf((CHUNK, CHUNK), FP32)
+    nisa.tensor_scalar(dst=neg_same, data=same_block, op0=nl.multiply, operand0=-1.0)
+    neg_diag = tiles.sbuf((CHUNK, CHUNK), dtype)
+    # keep where row − column − 1 >= 0 (strictly lower)
+    nisa.affine_select(
+        dst=neg_diag,
+        pattern=[[-1, CHUNK]],
+        channel_multiplier=1,
+        offset=-1,
+        on_true_tile=neg_same,
+        on_false_value=0.0,
+        cmp_op=nl.greater_equal,
+    )
+    consts.planes["neg_diag"], consts.planes["below"] = neg_diag, below
+
+
+def _block_index(channel_multiplier: int, step: int) -> Any:
+    """[C, C] int32 tile of (row or column index) // SUBBLOCK."""
+    index = tiles.sbuf((CHUNK, CHUNK), nl.int32)
+    nisa.iota(dst=index, pattern=[[step, CHUNK]], offset=0, channel_multiplier=channel_multiplier)
+    block = tiles.sbuf((CHUNK, CHUNK), nl.int32)
+    nisa.tensor_scalar(dst=block, data=index, op0=nl.right_shift, operand0=SUBBLOCK.bit_length() - 1)
+    return block
+
+
+def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> None:
+    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major."""
+    diag_inverse = _diagonal_blocks_inverse([chunk.a for chunk in chunks], consts, dtype)
+    inverse = _block_substitution([chunk.a for chunk in chunks], diag_inverse, consts, dtype)
+    for chunk, inv in zip(chunks, inverse, strict=True):
+        chunk.inverse_t = _transposed(inv, dtype)
+
+
+def _transposed(x: Any, dtype: Any) -> Any:
+    return tiles.copy_to(tiles.sbuf((x.shape[1], x.shape[0]), dtype), tiles.transpose(x))
+
+
+def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -> list[Any]:
+    """X_d per chunk by recursive doubling: X = I + P, then X ← X + P^(2^r) X for r = 1..3."""
+    power = [tiles.multiply(a, consts.planes["neg_diag"], dtype) for a in a_list]  # P = −A_d
+    power_t = [_transposed(p, dtype) for p in power]
+    inverse = []
+    for p in power:
+        x = tiles.sbuf(tuple(p.shape), dtype)
+        nisa.tensor_tensor(dst=x, data1=consts.eye, data2=p, op=nl.add, engine=tiles.POOL)
+        inverse.append(x)
+    for rnd in range(1, DOUBLING_ROUNDS + 1):
+        squared_t = [tiles.evacuate(tiles.matmul(p, pt), dtype) for p, pt in zip(power, power_t, strict=True)]
+        if rnd < DOUBLING_ROUNDS:  # the last round needs only the transposed power
+            power = [tiles.evacuate(tiles.matmul(pt, p), dtype) for p, pt in zip(power, power_t, strict=True)]
+        power_t = squared_t
+        inverse = [_add_product(x, pt, x, dtype) for x, pt in zip(inverse, power_t, strict=True)]
+    return inverse
+
+
+def _add_product(base: Any, stationary: Any, moving: Any, dtype: Any) -> Any:
+    """base + stationaryᵀ @ moving into a new tile (the product read straight from PSUM)."""
+    dst = tiles.sbuf(tuple(base.shape), dtype)
+    nisa.tensor_tensor(dst=dst, data1=base, data2=tiles.matmul(stationary, moving), op=nl.add)
+    return dst
+
+
+def _block_substitution(a_list: list[Any], diag_inverse: list[Any], consts: Constants, dtype: Any) -> list[Any]:
+    """Inv = (I + A)⁻¹ from X_d by three sweeps of Inv ← X_d − (X_d N) Inv."""
+    below = [tiles.multiply(a, consts.planes["below"], dtype) for a in a_list]  # N
+    diag_t = [_transposed(x, dtype) for x in diag_inverse]
+    # (−X_d N)ᵀ = −Nᵀ X_dᵀ, the stationary operand of every sweep
+    coupling_t = [tiles.evacuate(tiles.matmul(n, xt), dtype, scale=-1.0) for n, xt in zip(below, diag_t, strict=True)]
+    inverse = diag_inverse
+    for _ in range(SUBSTITUTION_SWEEPS):
+        sweep = []
+        for x_d, zt, inv in zip(diag_inverse, coupling_t, inverse, strict=True):
+            acc = tiles.matmul(zt, inv)
+            tiles.matmul(consts.eye, x_d, dst=acc, accumulate=True)
+            sweep.append(tiles.evacuate(acc, dtype))
+        inverse = sweep
+    return inverse

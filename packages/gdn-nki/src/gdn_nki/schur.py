@@ -1,0 +1,60 @@
+"""The schur intra-chunk inverse: (I + A)⁻¹ by recursive Schur-complement block merge, level-major over a group.
+
+For a lower block-triangular matrix, inv([[P, 0], [R, Q]]) = [[P⁻¹, 0], [−Q⁻¹ R P⁻¹, Q⁻¹]]. With ``Inv`` holding
+the block-diagonal inverses of the current block size, the merged inverse is ``Inv + Inv·R̃·Inv`` where
+``R̃ = A ∘ (−off)`` keeps A's off-diagonal quadrant of every merged block, pre-negated (mask pack planes 4..9).
+Level 0 (2×2 blocks) is elementwise: ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128.
+
+No power of A is ever formed, so nothing here depends on A being small. The fp32 PSUM tile holding Invᵀ is the
+accumulator of all levels (each level adds ``(Inv R̃ Inv)ᵀ`` with ``accumulate=True``), so the merge sums in fp32
+even when its operands are bf16.
+
+Every level runs over all chunks of the group before the next level starts (level-major): each step issues
+``group_size`` independent same-kind instructions, which hides each instruction's dependency latency behind its
+siblings. Do not fold this back into a per-chunk loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gdn_ref.masks import N_MERGE_LEVELS, PLANE_OFF0, off_neg_plane
+
+from . import tiles
+from .backend import nisa, nl
+from .stages import Chunk, Constants
+
+CHUNK = 128
+
+
+def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
+    """Load the level-0 and pre-negated off-block planes into ``consts.planes`` in the compute dtype."""
+    consts.planes["off0"] = nl.load(mask_pack[PLANE_OFF0, :, :], dtype=dtype)
+    for level in range(1, N_MERGE_LEVELS + 1):
+        consts.planes[level] = nl.load(mask_pack[off_neg_plane(level), :, :], dtype=dtype)
+
+
+def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> None:
+    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major."""
+    inverse = [_level0(chunk.a, consts, dtype) for chunk in chunks]
+    inverse_t_psum = [tiles.matmul(inv, consts.eye) for inv in inverse]
+    inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
+    for level in range(1, N_MERGE_LEVELS + 1):
+        off = [tiles.multiply(chunk.a, consts.planes[level], dtype) for chunk in chunks]
+        mid_psum = [tiles.matmul(r, inv_t) for r, inv_t in zip(off, inverse_t, strict=True)]  # (Inv R̃)ᵀ
+        mid = [tiles.copy_to(tiles.sbuf(tuple(m.shape), dtype), m) for m in mid_psum]
+        for inv, m, acc in zip(inverse, mid, inverse_t_psum, strict=True):
+            tiles.matmul(inv, m, dst=acc, accumulate=True)  # Invᵀ += (Inv R̃ Inv)ᵀ
+        inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
+        if level < N_MERGE_LEVELS:
+            inverse = [tiles.copy_to(tiles.sbuf(tuple(t.shape), dtype), tiles.transpose(t)) for t in inverse_t]
+    for chunk, inv_t in zip(chunks, inverse_t, strict=True):
+        chunk.inverse_t = inv_t
+
+
+def _level0(a: Any, consts: Constants, dtype: Any) -> Any:
+    """Inverse of every 2×2 diagonal block: I − A ∘ off0."""
+    a_off = tiles.multiply(a, consts.planes["off0"], dtype)
+    inverse = tiles.sbuf(tuple(a.shape), dtype)
+    nisa.tensor_tensor(dst=inverse, data1=consts.eye, data2=a_off, op=nl.subtract, engine=tiles.POOL)
+    return inverse

@@ -1,0 +1,300 @@
+"""Stages both algorithms share: gate prefix sums, per-chunk operands, the chunk transition, the state chain.
+
+The kernel uses the *transition form* of the chunked delta rule. For a chunk with entry state ``S`` (fp32 master,
+[Dk, Dv]) everything except two products is state independent:
+
+    U  = Inv · diag(β) V                 W  = Inv · diag(β e^γ) K            (Inv = (I + A)⁻¹)
+    out = scale · (Q_eff S + attn U)     Q_eff = diag(e^γ) Q − attn W        attn = (Q Kᵀ) ∘ Γ (causal, incl. diag)
+    S'  = e^{γ_last} S + T S + H          T = −K_decᵀ W                       H = K_decᵀ U,  K_dec = diag(e^{γ_last−γ}) K
+
+so the sequential chain per chunk is one accumulating matmul pair plus one vector op, and all the rest (the
+inverse, U, W, T, H, Q_eff) can run ahead on otherwise idle engines. It is algebraically the WY form
+(δ = U − W S is the per-token write) with δ substituted into the output and state updates; the fp32 master
+state is decayed in fp32 so no bf16 rounding of e^{γ_last} compounds along the sequence.
+
+Layout conventions: ``*_t`` tiles are transposed ([head dim, tokens]); columns are [tokens, 1] per-partition
+scalars; ``nc_matmul(stationary=X, moving=Y)`` computes ``Xᵀ Y`` contracting the partition axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gdn_ref.masks import PLANE_EYE, PLANE_UPPER_NEG
+
+from . import tiles
+from .backend import nisa, nl
+from .tiles import FP32
+
+# exp(−1e9) is exactly 0 in fp32 and bf16: added before exp, it zeroes the anti-causal half of Γ.
+MASK_FILL = -1e9
+
+
+@dataclass
+class Constants:
+    """Constant tiles one kernel launch loads or builds once.
+
+    Attributes:
+        eye32: [C, C] fp32 identity (moving operand of the gate broadcast).
+        eye: [C, C] identity in the compute dtype (seeds and transposes of the inverse).
+        lower_neg: [C, C] fp32, −1e9 where column < row: in the transposed decay Γᵀ[j, i] it masks i < j.
+        planes: algorithm-specific masks (schur: off-block planes; neumann: block masks).
+    """
+
+    eye32: Any
+    eye: Any
+    lower_neg: Any
+    planes: dict[str, Any] = field(default_factory=dict)
+
+
+def constants_from_pack(mask_pack: Any, chunk: int, dtype: Any) -> Constants:
+    """Load the shared constants from the host-built mask pack (one DMA each, no on-device mask building)."""
+    eye32 = nl.load(mask_pack[PLANE_EYE, 0:chunk, 0:chunk], dtype=FP32)
+    eye = tiles.sbuf((chunk, chunk), dtype)
+    tiles.copy_to(eye, eye32, tiles.POOL)
+    # The pack holds the mask above the diagonal; Γᵀ needs it below, so it is transposed on the load.
+    lower_neg = tiles.sbuf((chunk, chunk), FP32)
+    nisa.dma_transpose(dst=lower_neg, src=mask_pack[PLANE_UPPER_NEG, 0:chunk, 0:chunk])
+    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
+
+
+def constants_on_device(chunk: int, dtype: Any) -> Constants:
+    """Build the shared constants with GpSimd selects (for the algorithm that takes no mask pack)."""
+    ones = tiles.sbuf((chunk, chunk), FP32)
+    nisa.memset(dst=ones, value=1.0)
+    eye32 = tiles.sbuf((chunk, chunk), FP32)
+    # keep where column − row == 0
+    nisa.affine_select(
+        dst=eye32,
+        pattern=[[1, chunk]],
+        channel_multiplier=-1,
+        on_true_tile=ones,
+        on_false_value=0.0,
+        cmp_op=nl.equal,
+    )
+    eye = tiles.sbuf((chunk, chunk), dtype)
+    tiles.copy_to(eye, eye32, tiles.POOL)
+    zeros = tiles.sbuf((chunk, chunk), FP32)
+    nisa.memset(dst=zeros, value=0.0)
+    lower_neg = tiles.sbuf((chunk, chunk), FP32)
+    # keep 0 where column − row >= 0, else the mask fill
+    nisa.affine_select(
+        dst=lower_neg,
+        pattern=[[1, chunk]],
+        channel_multiplier=-1,
+        on_true_tile=zeros,
+        on_false_value=MASK_FILL,
+        cmp_op=nl.greater_equal,
+    )
+    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
+
+
+@dataclass
+class Gates:
+    """Per-token gate columns of one group of chunks ([C, n] tiles, column j = chunk j of the group)."""
+
+    gamma: Any  # chunk-local inclusive prefix sum of g_log, fp32
+    beta: Any  # β, fp32
+    log_beta: Any  # ln β (−inf where β = 0: exp of it is exactly 0)
+    beta_decay: Any  # β e^γ
+
+
+def load_gates(g_log: Any, beta: Any, b: int, h: int, first_chunk: int, n_chunks: int, chunk: int) -> Gates:
+    """Load a group's gates as rows, prefix-sum along the free axis in fp32, and turn them into columns.
+
+    One row per chunk puts the chunk-local cumsum on the free axis (one vector scan for the whole group);
+    two fp32 PE transposes then give the token-on-partition columns the later stages scale rows with.
+    """
+    tokens = nl.ds(first_chunk * chunk, n_chunks * chunk)
+    g_rows = tiles.sbuf((n_chunks, chunk), FP32)
+    nisa.dma_copy(dst=g_rows, src=g_log[b, h, tokens])
+    beta_rows = tiles.sbuf((n_chunks, chunk), FP32)
+    nisa.dma_copy(dst=beta_rows, src=beta[b, h, tokens])
+    gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
+    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_rows, op0=nl.multiply, op1=nl.add, imm0=1.0)
+
+    columns_psum = tiles.psum((chunk, 2 * n_chunks))
+    nisa.nc_transpose(dst=columns_psum[:, 0:n_chunks], data=gamma_rows, engine=nisa.tensor_engine)
+    nisa.nc_transpose(dst=columns_psum[:, n_chunks : 2 * n_chunks], data=beta_rows, engine=nisa.tensor_engine)
+    columns = tiles.evacuate(columns_psum, FP32)
+    gamma, beta_cols = columns[:, 0:n_chunks], columns[:, n_chunks : 2 * n_chunks]
+
+    log_beta = tiles.sbuf((chunk, n_chunks), FP32)
+    nisa.activation(dst=log_beta, op=nl.log, data=beta_cols)
+    gamma_log_beta = tiles.sbuf((chunk, n_chunks), FP32)
+    nisa.tensor_tensor(dst=gamma_log_beta, data1=gamma, data2=log_beta, op=nl.add, engine=tiles.POOL)
+    beta_decay = tiles.exp(gamma_log_beta)
+    return Gates(gamma=gamma, beta=beta_cols, log_beta=log_beta, beta_decay=beta_decay)
+
+
+@dataclass
+class Chunk:
+    """The tiles of one chunk, filled stage by stage (names follow the module docstring)."""
+
+    index: int  # chunk index within the sequence
+    q_t: Any = None  # [Dk, C] query, compute dtype
+    k_t: Any = None  # [Dk, C] key
+    gram: Any = None  # [C, C] PSUM, K Kᵀ
+    a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ), compute dtype; only its strictly-lower part is read
+    attn_t: Any = None  # [C, C] attnᵀ (causal incl. diagonal), compute dtype
+    q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ
+    k_decay: Any = None  # [C, Dk] K_dec
+    k_beta: Any = None  # [C, Dk] diag(β e^γ) K
+    v_beta: Any = None  # [C, Dv] diag(β) V
+    decay_last: Any = None  # [Dk, 1] e^{γ_last}
+    inverse_t: Any = None  # [C, C] Invᵀ, compute dtype
+    u: Any = None  # [C, Dv]
+    transition_t: Any = None  # [Dk, Dk] Tᵀ
+    q_eff_t: Any = None  # [Dk, C] Q_effᵀ
+
+
+@dataclass
+class Lane:
+    """One (batch, value head) lane and what its stages read."""
+
+    b: int
+    h: int
+    kh: int  # the key/query head this value head reads
+    query: Any
+    key: Any
+    value: Any
+    out: Any
+    chunk: int
+    dtype: Any  # compute dtype
+    scale: float
+    consts: Constants
+
+
+def load_chunk(lane: Lane, index: int) -> Chunk:
+    """DMA one chunk's q, k (transposed: the permute rides on the load) and k, v (token-major)."""
+    c, dtype = lane.chunk, lane.dtype
+    rows = nl.ds(index * c, c)
+    dk, dv = lane.key.shape[3], lane.value.shape[3]
+    chunk = Chunk(index=index)
+    chunk.q_t = tiles.sbuf((dk, c), dtype)
+    nisa.dma_transpose(dst=chunk.q_t, src=lane.query[lane.b, lane.kh, rows, :])
+    chunk.k_t = tiles.sbuf((dk, c), dtype)
+    nisa.dma_transpose(dst=chunk.k_t, src=lane.key[lane.b, lane.kh, rows, :])
+    key = tiles.sbuf((c, dk), dtype)
+    nisa.dma_copy(dst=key, src=lane.key[lane.b, lane.kh, rows, :])
+    value = tiles.sbuf((c, dv), dtype)
+    nisa.dma_copy(dst=value, src=lane.value[lane.b, lane.h, rows, :])
+    chunk.key, chunk.value = key, value
+    return chunk
+
+
+def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> None:
+    """Stage 1: the state-independent operands of one chunk (decays, A, attnᵀ, scaled q/k/v)."""
+    c, dtype, consts = lane.chunk, lane.dtype, lane.consts
+    dk = chunk.k_t.shape[0]
+    gamma = gates.gamma[:, j : j + 1]
+
+    # bcast[i, j'] = γ_j' on every partition: a stride-0 stationary against the identity.
+    bcast = tiles.matmul(gamma.broadcast(1, c), consts.eye32)
+    gamma_last = bcast[:, c - 1 : c]
+
+    # Γ for A: only A's strictly-lower part is ever read, so clamping at 0 (instead of masking) is enough
+    # to keep exp finite above the diagonal. β rides in as ln β on the exponent's bias.
+    decay_log = tiles.sbuf((c, c), FP32)
+    nisa.tensor_scalar(
+        dst=decay_log, data=bcast, op0=nl.subtract, operand0=gamma, reverse0=True, op1=nl.minimum, operand1=0.0
+    )
+    beta_decay = tiles.exp(decay_log, bias=gates.log_beta[:, j : j + 1])
+    chunk.gram = tiles.matmul(chunk.k_t, chunk.k_t)
+    chunk.a = tiles.multiply(chunk.gram, beta_decay, dtype, engine=tiles.VECTOR)
+
+    # Γᵀ[j', i] = exp(γ_i − γ_j') for i >= j', exactly 0 elsewhere (the mask is added before exp).
+    decay_t_log = tiles.sbuf((c, c), FP32)
+    nisa.scalar_tensor_tensor(
+        dst=decay_t_log,
+        data=bcast,
+        op0=nl.subtract,
+        operand0=gamma,
+        op1=nl.add,
+        operand1=consts.lower_neg,
+    )
+    decay_t = tiles.exp(decay_t_log)
+    qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
+    chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype, engine=tiles.VECTOR)
+
+    q_decay = tiles.exp(bcast[0:dk, :])  # e^{γ_i} along the free axis
+    chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, dtype)
+    ratio = tiles.exp(gamma, bias=gamma_last, scale=-1.0)  # e^{γ_last − γ}
+    chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
+    chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
+    chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
+    chunk.decay_last = tiles.exp(gamma_last[0:dk, :])
+
+
+def chunk_transition(lane: Lane, chunk: Chunk) -> None:
+    """Stage 3: U, W and from them the transition Tᵀ and the effective query Q_effᵀ (state independent)."""
+    dtype = lane.dtype
+    chunk.u = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.v_beta), dtype)
+    w = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.k_beta), dtype)
+    # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free.
+    chunk.transition_t = tiles.evacuate(tiles.matmul(w, chunk.k_decay), dtype, scale=-1.0)
+    attn_w_t = tiles.matmul(w, chunk.attn_t)  # (attn W)ᵀ
+    chunk.q_eff_t = tiles.sbuf(tuple(chunk.q_decay_t.shape), dtype)
+    nisa.tensor_tensor(dst=chunk.q_eff_t, data1=chunk.q_decay_t, data2=attn_w_t, op=nl.subtract)
+
+
+@dataclass
+class State:
+    """The recurrent state of a lane: the fp32 master and its copy in the matmul operand dtype."""
+
+    master: Any  # [Dk, Dv] fp32
+    operand: Any  # [Dk, Dv] compute dtype (the master itself when that is fp32)
+
+
+def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int, dtype: Any) -> State:
+    """Load the caller's state (aliased in/out) or start from zero with no load emitted."""
+    if recurrent_state is not None:
+        master = nl.load(recurrent_state[b, h, :, :], dtype=FP32)
+    else:
+        master = tiles.sbuf((dk, dv), FP32)
+        nisa.memset(dst=master, value=0.0)
+    return State(master=master, operand=_operand_copy(master, dtype))
+
+
+def _operand_copy(master: Any, dtype: Any) -> Any:
+    if master.dtype == FP32 and dtype == FP32:
+        return master
+    operand = tiles.sbuf(tuple(master.shape), dtype)
+    tiles.copy_to(operand, master, tiles.VECTOR)
+    return operand
+
+
+def state_step(lane: Lane, chunk: Chunk, state: State) -> State:
+    """Stage 4 (sequential): emit the chunk's output from the entry state, then advance the state.
+
+    out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
+    """
+    c, dtype = lane.chunk, lane.dtype
+    out_psum = tiles.matmul(chunk.attn_t, chunk.u)
+    tiles.matmul(chunk.q_eff_t, state.operand, dst=out_psum, accumulate=True)
+    out_tile = tiles.evacuate(out_psum, dtype, scale=lane.scale)
+    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.index * c, c), :], src=out_tile)
+
+    update = tiles.matmul(chunk.k_decay, chunk.u)
+    tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
+    return advance_state(state, chunk.decay_last, update, dtype)
+
+
+def advance_state(state: State, decay_last: Any, update: Any, dtype: Any) -> State:
+    """S' = e^{γ_last}·S + update, the operand copy first (it is what the next chunk's matmuls wait on).
+
+    Both copies are computed from the same inputs so the narrow one does not wait for the fp32 one.
+    """
+    shape = tuple(state.master.shape)
+    operand = None
+    if state.operand is not state.master:
+        operand = tiles.sbuf(shape, dtype)
+        _decay_add(operand, state.master, decay_last, update)
+    master = tiles.sbuf(shape, FP32)
+    _decay_add(master, state.master, decay_last, update)
+    return State(master=master, operand=master if operand is None else operand)
+
+
+def _decay_add(dst: Any, state: Any, decay_last: Any, update: Any) -> None:
+    nisa.scalar_tensor_tensor(dst=dst, data=state, op0=nl.multiply, operand0=decay_last, op1=nl.add, operand1=update)
