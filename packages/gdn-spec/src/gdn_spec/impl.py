@@ -1,0 +1,162 @@
+"""Resolving the implementation under test and what it declares it supports.
+
+An implementation is any callable with gdn_cte's signature. It is found, in order, from
+``--gdn-impl module:callable``, the ``GDN_SPEC_IMPL`` environment variable, or the entry-point group
+``gdn_spec.implementations`` (used when exactly one is installed; several need an explicit choice).
+
+It may carry a ``gdn_spec_capabilities`` dict (see :class:`Capabilities`); whatever it leaves out defaults to
+"everything", and whatever it excludes is reported as SKIPPED with the reason, never passed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from gdn_ref.constants import ALGORITHMS
+
+from .regimes import COMPUTE_DTYPES, Geometry
+
+ENV_VAR = "GDN_SPEC_IMPL"
+ENTRY_POINT_GROUP = "gdn_spec.implementations"
+CAPABILITIES_ATTR = "gdn_spec_capabilities"
+
+
+class ImplementationError(RuntimeError):
+    """The implementation under test could not be resolved (bad spec, ambiguous entry points, bad capabilities)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an implementation supports, from its optional ``gdn_spec_capabilities`` dict.
+
+    Attributes:
+        name (str): display name (default: the spec string).
+        algorithms (tuple[str, ...]): subset of ("schur", "neumann"); default both.
+        dtypes (tuple[str, ...]): subset of ("float32", "bfloat16"); default both.
+        max_seq_len (int | None): largest S it accepts for the suite's draws; larger shapes are skipped.
+        max_lanes (int | None): largest B·Hv per call.
+        max_work (int | None): cost hint, largest B·Hv·S·Dk·Dv per call; slow (e.g. simulated) kernels set it
+            so Hypothesis draws smaller shapes, and fixed-shape tests above it are skipped with the reason.
+        example_scale (float): multiplies the Hypothesis example count of numerics tests (at least 1 example);
+            e.g. 0.25 for a simulator that takes seconds per call.
+        content_checks (bool): the implementation validates tensor *contents* (``HOST_ONLY_RULES``:
+            mask_pack contents, read-only state). A traced kernel cannot; False skips those rejection cases.
+    """
+
+    name: str
+    algorithms: tuple[str, ...] = ALGORITHMS
+    dtypes: tuple[str, ...] = COMPUTE_DTYPES
+    max_seq_len: int | None = None
+    max_lanes: int | None = None
+    max_work: int | None = None
+    example_scale: float = 1.0
+    content_checks: bool = True
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None, default_name: str) -> Capabilities:
+        """Validate a ``gdn_spec_capabilities`` dict; unknown keys are an error (a typo must not widen support)."""
+        raw = dict(raw or {})
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ImplementationError(f"unknown capability keys {sorted(unknown)}")
+        caps = cls(**{"name": default_name, **raw})
+        for field, allowed in (("algorithms", ALGORITHMS), ("dtypes", COMPUTE_DTYPES)):
+            values = tuple(getattr(caps, field))
+            if not values or set(values) - set(allowed):
+                raise ImplementationError(f"capability {field}={values!r} must be a non-empty subset of {allowed}")
+            object.__setattr__(caps, field, values)
+        if not 0 < caps.example_scale <= 1:
+            raise ImplementationError(f"example_scale must be in (0, 1], got {caps.example_scale}")
+        return caps
+
+    def unsupported(self, algorithm: str | None = None, dtype: str | None = None) -> str | None:
+        """Why an (algorithm, dtype) is not supported, or None."""
+        if algorithm is not None and algorithm not in self.algorithms:
+            return f"{self.name} does not support algorithm={algorithm!r} (supports {self.algorithms})"
+        if dtype is not None and dtype not in self.dtypes:
+            return f"{self.name} does not support dtype {dtype} (supports {self.dtypes})"
+        return None
+
+    def too_large(self, geometry: Geometry) -> str | None:
+        """Why a shape exceeds the declared limits, or None."""
+        limits = (
+            ("S", geometry.S, self.max_seq_len, "max_seq_len"),
+            ("B·Hv", geometry.lanes, self.max_lanes, "max_lanes"),
+            ("B·Hv·S·Dk·Dv", geometry.work, self.max_work, "max_work"),
+        )
+        for label, value, limit, key in limits:
+            if limit is not None and value > limit:
+                return f"{self.name}: {label}={value} exceeds its declared {key}={limit}"
+        return None
+
+    def fits(self, geometry: Geometry) -> bool:
+        """The shape is within every declared limit."""
+        return self.too_large(geometry) is None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """The callable under test, where it came from, and its capabilities."""
+
+    spec: str
+    fn: Callable[..., Any]
+    capabilities: Capabilities
+
+    def __call__(self, **call: Any) -> Any:
+        return self.fn(**call)
+
+
+def load(spec: str) -> Implementation:
+    """Import ``module:callable`` (dots allowed after the colon) and read its capabilities."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ImplementationError(f"implementation spec {spec!r} must look like 'module:callable'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImplementationError(f"cannot import {module_name!r} for {spec!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImplementationError(f"{spec!r}: {type(obj).__name__} {obj!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ImplementationError(f"{spec!r} is not callable")
+    return Implementation(spec, obj, Capabilities.from_mapping(getattr(obj, CAPABILITIES_ATTR, None), spec))
+
+
+def registered() -> dict[str, str]:
+    """Entry points of ``gdn_spec.implementations``: name -> 'module:callable'."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def resolve(option: str | None = None, environ: Mapping[str, str] | None = None) -> Implementation | None:
+    """The implementation requested by the option, the environment or the only registered entry point.
+
+    Args:
+        option (str | None): ``--gdn-impl`` value; a registered entry-point name is accepted too.
+        environ (Mapping[str, str] | None): environment (default ``os.environ``).
+
+    Returns:
+        Implementation | None: None when nothing was requested and nothing is registered.
+
+    Raises:
+        ImplementationError: bad spec, or several entry points and no choice.
+    """
+    environ = os.environ if environ is None else environ
+    eps = registered()
+    spec = option or environ.get(ENV_VAR) or None
+    if spec is None:
+        if not eps:
+            return None
+        if len(eps) > 1:
+            raise ImplementationError(
+                f"several GDN implementations are registered ({', '.join(sorted(eps))}); "
+                f"choose one with --gdn-impl NAME or {ENV_VAR}"
+            )
+        spec = next(iter(eps.values()))
+    return load(eps.get(spec, spec))

@@ -1,0 +1,124 @@
+"""Error metrics against the float64 oracle and the one tolerance table per compute dtype.
+
+The metric is FLA's: relative RMS error ``rms(got − ref) / rms(ref)``, plus the max-abs error, reported both raw
+and relative to ``max|ref|`` so one bound serves outputs of any magnitude (a 1e5 initial state included). A
+NaN or Inf anywhere fails, whatever the numbers say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# rms(ref) below this is treated as this: a (near-)zero reference is judged on an absolute scale instead of
+# dividing by ~0. 1e-6 is far below any regime's output scale (β ≥ 1e-4 and unit v give ≳ 1e-5).
+REF_RMS_FLOOR = 1e-6
+
+FP32_UNIT_ROUNDOFF = 2.0**-24
+BF16_UNIT_ROUNDOFF = 2.0**-8
+CHUNK = 128  # the longest chunk of either algorithm: sums and the triangular solve run over this many terms
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Bounds for one output: relative RMS error and max-abs error relative to max|ref|."""
+
+    rel_rms: float
+    max_rel: float
+
+
+TOLERANCES: dict[str, dict[str, Tolerance]] = {
+    "float32": {
+        # u = 6e-8. A chunk sums up to C = 128 terms (worst case C·u = 7.6e-6) and the triangular inverse on
+        # near-collinear keys amplifies errors by up to ~‖(I+A)⁻¹‖ ≈ 10–30: ~2e-4 rel-RMS. FLA's 0.002 for
+        # "fp32" paths includes TF32 matmuls (u = 4.9e-4, i.e. 4u); true fp32 matmuls earn a 10× tighter bound.
+        "out": Tolerance(rel_rms=2e-4, max_rel=2e-3),
+        # The state is the same sums without the readout; its error is the same order. The max bound is 10×
+        # the RMS bound: the largest of ~1e5 errors sits ~4σ out, with margin for the collinear regime's tails.
+        "state": Tolerance(rel_rms=2e-4, max_rel=2e-3),
+    },
+    "bfloat16": {
+        # u = 3.9e-3, so one bf16 rounding costs ~u/√3 = 2.3e-3 RMS. The output meets about five independent
+        # roundings (q, the staged state, the decayed QKᵀ block, V_new, the final cast): √5·2.3e-3 = 5e-3,
+        # FLA's bf16/fp16 ratio. 1e-2 leaves 2× for the inverse's amplification on ill-conditioned keys; the
+        # inputs' own rounding is excluded because the oracle runs on the rounded inputs.
+        "out": Tolerance(rel_rms=1e-2, max_rel=4e-2),
+        # The fp32 state accumulates kᵀV_new products with bf16 operands: the same few roundings, no final cast.
+        # max_rel = 10u: a single element may see several roundings of the same sign.
+        "state": Tolerance(rel_rms=1e-2, max_rel=4e-2),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Error:
+    """One output's error against its reference."""
+
+    output: str
+    rel_rms: float
+    max_abs: float
+    max_rel: float
+    finite: bool
+    tolerance: Tolerance
+
+    @property
+    def ok(self) -> bool:
+        """Finite and within both bounds."""
+        return self.finite and self.rel_rms <= self.tolerance.rel_rms and self.max_rel <= self.tolerance.max_rel
+
+    @property
+    def ratio(self) -> float:
+        """Error as a fraction of the tolerance (the larger of the two bounds); inf when not finite."""
+        if not self.finite:
+            return float("inf")
+        return max(self.rel_rms / self.tolerance.rel_rms, self.max_rel / self.tolerance.max_rel)
+
+    def as_dict(self) -> dict[str, float | bool | str]:
+        """Plain, JSON-serializable numbers (for test reports)."""
+        d = asdict(self)
+        d.update(tol_rel_rms=self.tolerance.rel_rms, tol_max_rel=self.tolerance.max_rel, ratio=self.ratio)
+        del d["tolerance"]
+        return d
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else "FAIL"
+        finite = "" if self.finite else " NON-FINITE"
+        return (
+            f"{self.output}: rel_rms={self.rel_rms:.3e} (tol {self.tolerance.rel_rms:.1e}) "
+            f"max_abs={self.max_abs:.3e} max_rel={self.max_rel:.3e} (tol {self.tolerance.max_rel:.1e}){finite} {status}"
+        )
+
+
+def rms(x: np.ndarray) -> float:
+    """Root mean square in float64."""
+    return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if x.size else 0.0
+
+
+def compare(output: str, got: np.ndarray, ref: np.ndarray, dtype: str) -> Error:
+    """Error of ``got`` against ``ref`` for the named output ("out" or "state") under the dtype's tolerance.
+
+    Args:
+        output (str): "out" or "state": selects the tolerance entry.
+        got (np.ndarray): the implementation's result, any float dtype (widened to float64).
+        ref (np.ndarray): the reference, same shape.
+        dtype (str): compute dtype of the call ("float32" or "bfloat16").
+
+    Returns:
+        Error: the numbers; a shape mismatch counts as non-finite (it can never pass).
+    """
+    tolerance = TOLERANCES[dtype][output]
+    got64, ref64 = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if got64.shape != ref64.shape:
+        return Error(output, float("inf"), float("inf"), float("inf"), False, tolerance)
+    finite = bool(np.isfinite(got64).all())
+    diff = np.where(np.isfinite(got64), got64 - ref64, np.inf)
+    max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+    scale = max(float(np.max(np.abs(ref64))) if ref64.size else 0.0, REF_RMS_FLOOR)
+    rel_rms = rms(diff) / max(rms(ref64), REF_RMS_FLOOR) if finite else float("inf")
+    return Error(output, rel_rms, max_abs, max_abs / scale, finite, tolerance)
+
+
+def describe(errors: list[Error]) -> str:
+    """One line per output, for assertion messages."""
+    return "; ".join(str(e) for e in errors)

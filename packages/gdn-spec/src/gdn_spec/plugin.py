@@ -1,0 +1,138 @@
+"""pytest11 plugin: ``--gdn-impl`` / ``--gdn-algorithm``, the implementation fixture, Hypothesis profiles.
+
+Nothing here runs unless the suite is asked for: the suite lives in ``gdn_spec.suite`` and is collected only by
+``pytest --pyargs gdn_spec.suite ...`` (or ``gdn-spec check``). With no implementation requested its tests are
+skipped with the reason; unrelated pytest runs see two extra options and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from gdn_ref.constants import ALGORITHMS
+
+from .impl import ENTRY_POINT_GROUP, ENV_VAR, Implementation, ImplementationError, resolve
+from .regimes import COMPUTE_DTYPES
+
+SUITE_DIR = Path(__file__).parent / "suite"
+_IMPL_KEY = pytest.StashKey["Implementation | None"]()
+
+# Kernel-sized examples are slow and data generation is ours (numpy), so deadlines and the size/slowness
+# health checks mean nothing here; fixtures are function-scoped on purpose (numerics record per test).
+_SUPPRESSED = (HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large)
+PROFILES = {
+    # CI: reproducible verdicts (derandomized, no example database), a bounded number of examples per test.
+    "ci": dict(derandomize=True, max_examples=6, deadline=None, database=None, print_blob=True),
+    # Development: random exploration with the example database, so failures found once are replayed first.
+    "dev": dict(max_examples=40, deadline=None),
+    # Self-tests of the suite's power (mutants): the fewest examples that still exercise every regime.
+    "quick": dict(derandomize=True, max_examples=2, deadline=None, database=None),
+}
+
+
+def register_profiles() -> None:
+    """Register the ``ci``, ``dev`` and ``quick`` Hypothesis profiles (re-registering the active one applies it)."""
+    for name, kwargs in PROFILES.items():
+        settings.register_profile(name, suppress_health_check=_SUPPRESSED, **kwargs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gdn-spec", "GDN conformance suite (gdn_spec.suite)")
+    group.addoption(
+        "--gdn-impl",
+        default=None,
+        metavar="MODULE:CALLABLE",
+        help=f"GDN implementation under test; else ${ENV_VAR}, else the only '{ENTRY_POINT_GROUP}' entry point.",
+    )
+    group.addoption(
+        "--gdn-algorithm",
+        default="all",
+        choices=(*ALGORITHMS, "all"),
+        help="run the suite for one algorithm only (default: every algorithm the implementation supports).",
+    )
+
+
+def _suite_requested(config: pytest.Config) -> bool:
+    if config.getoption("gdn_impl") or os.environ.get(ENV_VAR):
+        return True
+    return any("gdn_spec.suite" in str(a) or "gdn_spec/suite" in str(a) for a in config.args)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if not _suite_requested(config):
+        config.stash[_IMPL_KEY] = None
+        return
+    register_profiles()
+    # Conformance verdicts default to the reproducible profile; --hypothesis-profile dev opts into exploring.
+    if not config.getoption("hypothesis_profile", default=None):
+        settings.load_profile("ci")
+    try:
+        config.stash[_IMPL_KEY] = resolve(config.getoption("gdn_impl"))
+    except ImplementationError as exc:
+        raise pytest.UsageError(f"gdn-spec: {exc}") from exc
+
+
+def _in_suite(path: Path) -> bool:
+    return SUITE_DIR in Path(path).resolve().parents
+
+
+def _explicitly_parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if name in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not _in_suite(metafunc.definition.path):
+        return
+    for name, values in (("gdn_algorithm", ALGORITHMS), ("gdn_dtype", COMPUTE_DTYPES)):
+        if name in metafunc.fixturenames and not _explicitly_parametrized(metafunc, name):
+            metafunc.parametrize(name, values)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite_items = [item for item in items if _in_suite(item.path)]
+    if not suite_items:
+        return
+    impl = config.stash.get(_IMPL_KEY, None)
+    chosen = config.getoption("gdn_algorithm")
+    deselected = []
+    for item in suite_items:
+        params = getattr(item, "callspec", None)
+        params = params.params if params else {}
+        algorithm, dtype = params.get("gdn_algorithm"), params.get("gdn_dtype")
+        if chosen != "all" and algorithm is not None and algorithm != chosen:
+            deselected.append(item)
+            continue
+        if impl is None:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"no GDN implementation requested: pass --gdn-impl MODULE:CALLABLE, set ${ENV_VAR}, "
+                    f"or register one in the '{ENTRY_POINT_GROUP}' entry-point group"
+                )
+            )
+            continue
+        reason = impl.capabilities.unsupported(algorithm, dtype)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        dropped = set(deselected)
+        items[:] = [item for item in items if item not in dropped]
+
+
+@pytest.fixture(scope="session")
+def gdn_impl(pytestconfig: pytest.Config) -> Implementation:
+    """The implementation under test (its capabilities in ``.capabilities``)."""
+    impl = pytestconfig.stash.get(_IMPL_KEY, None)
+    if impl is None:
+        pytest.skip("no GDN implementation requested (--gdn-impl)")
+    return impl

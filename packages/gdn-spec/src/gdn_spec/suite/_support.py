@@ -1,0 +1,131 @@
+"""Helpers shared by the suite's test modules: calling the implementation, the oracle, reporting numbers."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM
+from gdn_ref.masks import build_mask_pack
+from gdn_ref.recurrent import recurrent
+
+from ..impl import Capabilities, Implementation
+from ..metrics import Error, compare, describe
+from ..regimes import EQUAL_HEAD_GEOMETRIES, GROUP_SIZES, HEAD_DIMS, HEAD_GEOMETRIES, Case, Geometry
+
+NUMERICS_PROPERTY = "gdn_numerics"
+# Longest draws, in chunks: schur 7 chunks = 3 groups of 2 plus a partial group (group_size 2), or 2 groups of
+# 3 plus one; neumann 8 chunks = 512 tokens. Long enough for state carry, short enough for a 2-core CI.
+MAX_CHUNKS = {"schur": 7, "neumann": 8}
+
+
+@lru_cache(maxsize=1)
+def mask_pack() -> np.ndarray:
+    """The schur mask pack (built once; each call gets a copy so a mutating implementation cannot poison it)."""
+    return build_mask_pack()
+
+
+def call_args(case: Case, algorithm: str, group_size: int = 8) -> dict[str, Any]:
+    """gdn_cte keyword arguments for a case (fresh copies, so every call starts from the case's values)."""
+    args = {name: None if x is None else x.copy() for name, x in case.kernel.items()}
+    args.update(
+        scale=case.scale,
+        algorithm=algorithm,
+        mask_pack=mask_pack().copy() if algorithm == ALGORITHM_SCHUR else None,
+        group_size=group_size,
+    )
+    return args
+
+
+def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Call the implementation and return (out, state) as numpy arrays (the state object itself, not a copy)."""
+    result = impl(**args)
+    if not isinstance(result, tuple) or len(result) != 2:
+        pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
+    out, state = result
+    return np.asarray(out), state if isinstance(state, np.ndarray) else np.asarray(state)
+
+
+def oracle(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 token-by-token reference on exactly the case's (rounded) values."""
+    o = case.oracle
+    return recurrent(
+        o["query"], o["key"], o["value"], o["g_log"], o["beta"], scale=case.scale, initial_state=o["initial_state"]
+    )
+
+
+def errors_vs_oracle(case: Case, out: np.ndarray, state: np.ndarray) -> list[Error]:
+    """Both outputs' errors against the oracle under the case dtype's tolerance."""
+    ref_out, ref_state = oracle(case)
+    return [compare("out", out, ref_out, case.dtype), compare("state", state, ref_state, case.dtype)]
+
+
+def assert_close(errors: list[Error], context: str) -> None:
+    """Fail with every number when any output is out of tolerance or non-finite."""
+    if not all(e.ok for e in errors):
+        pytest.fail(f"{context}: {describe(errors)}", pytrace=False)
+
+
+def record_worst(node: pytest.Item, errors: list[Error], **labels: Any) -> None:
+    """Keep, per output, the worst error seen by this test in its user_properties (JSON, xdist-safe)."""
+    props = node.user_properties
+    for error in errors:
+        key = f"{NUMERICS_PROPERTY}:{error.output}"
+        entry = {**labels, **error.as_dict()}
+        for i, (name, value) in enumerate(props):
+            if name == key:
+                if json.loads(value)["ratio"] < error.ratio:
+                    props[i] = (key, json.dumps(entry))
+                break
+        else:
+            props.append((key, json.dumps(entry)))
+
+
+def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
+    """Shrink a drawn shape into the implementation's declared limits (S first, then heads, then dims)."""
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    g = geometry
+    while not caps.fits(g) and g.S > chunk:
+        g = Geometry(g.B, g.Hk, g.Hv, max(chunk, (g.S // 2) // chunk * chunk), g.Dk, g.Dv)
+    if not caps.fits(g):
+        hk = 1 if algorithm != ALGORITHM_SCHUR else min(g.Hk, 2)
+        g = Geometry(1, hk, hk, g.S, 16, 16)
+    return g
+
+
+@st.composite
+def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometry, int]:
+    """A (geometry, group_size) draw for the algorithm, fitted into the implementation's limits."""
+    Hk, Hv = draw(st.sampled_from(HEAD_GEOMETRIES if algorithm == ALGORITHM_SCHUR else EQUAL_HEAD_GEOMETRIES))
+    chunks = draw(st.integers(1, MAX_CHUNKS[algorithm]))
+    geometry = Geometry(
+        B=draw(st.integers(1, 2)),
+        Hk=Hk,
+        Hv=Hv,
+        S=chunks * CHUNK_BY_ALGORITHM[algorithm],
+        Dk=draw(st.sampled_from(HEAD_DIMS)),
+        Dv=draw(st.sampled_from(HEAD_DIMS)),
+    )
+    return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
+
+
+def require_fits(caps: Capabilities, geometry: Geometry) -> None:
+    """Skip (with the reason) a fixed-shape test above the implementation's declared limits."""
+    reason = caps.too_large(geometry)
+    if reason:
+        pytest.skip(reason)
+
+
+def snapshot(args: dict[str, Any]) -> dict[str, bytes]:
+    """Bytes of every array argument, to prove a call left them untouched."""
+    return {name: np.asarray(x).tobytes() for name, x in args.items() if isinstance(x, np.ndarray)}
+
+
+def changed(before: dict[str, bytes], args: dict[str, Any]) -> list[str]:
+    """Names of array arguments whose bytes differ from the snapshot."""
+    return [name for name, data in before.items() if np.asarray(args[name]).tobytes() != data]

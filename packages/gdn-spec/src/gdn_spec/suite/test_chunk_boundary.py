@@ -1,0 +1,52 @@
+"""Chunk-boundary invariance (schur): S tokens in one call equal the same tokens split over two calls that carry
+the state in place — wherever the split falls relative to chunk and group boundaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_SCHUR
+from gdn_spec.impl import Implementation
+from gdn_spec.metrics import compare
+from gdn_spec.regimes import Geometry, make_case
+
+from ._support import assert_close, call_args, require_fits, run
+
+# (chunks in total, chunks in the first call, group_size): splits before, inside and after a group boundary.
+SPLITS = [(2, 1, 8), (3, 1, 2), (3, 2, 2), (5, 3, 2), (4, 2, 3)]
+
+
+def _token_slice(args: dict, start: int, stop: int, state: np.ndarray) -> dict:
+    part = dict(args)
+    for name in ("query", "key", "value"):
+        part[name] = np.ascontiguousarray(args[name][:, :, start:stop])
+    for name in ("g_log", "beta"):
+        part[name] = np.ascontiguousarray(args[name][:, :, start:stop])
+    part["recurrent_state"] = state
+    return part
+
+
+@pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])  # needs a supplied state to carry
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"C{s[0]}-first{s[1]}-group{s[2]}")
+@pytest.mark.parametrize("regime", ["random", "model_gates"])
+def test_one_call_equals_two(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, split, regime: str) -> None:
+    chunks, first, group_size = split
+    geometry = Geometry(1, 2, 4, chunks * CHUNK_SCHUR, 32, 16)
+    require_fits(gdn_impl.capabilities, geometry)
+    case = make_case(regime, geometry, gdn_dtype, chunks * 10 + first, supply_state=True)
+    whole = call_args(case, gdn_algorithm, group_size)
+    initial = whole["recurrent_state"].copy()
+    out_whole, state_whole = run(gdn_impl, whole)
+
+    carried = initial.copy()
+    cut = first * CHUNK_SCHUR
+    parts = call_args(case, gdn_algorithm, group_size)
+    out_a, _ = run(gdn_impl, _token_slice(parts, 0, cut, carried))
+    out_b, _ = run(gdn_impl, _token_slice(parts, cut, geometry.S, carried))
+    out_split = np.concatenate([out_a, out_b], axis=2)
+    errors = [
+        compare("out", out_split, out_whole.astype(np.float64), gdn_dtype),
+        compare("state", carried, state_whole, gdn_dtype),
+    ]
+    assert_close(errors, f"{chunks} chunks split after {first}, group_size={group_size}")

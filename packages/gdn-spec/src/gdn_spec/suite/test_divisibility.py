@@ -1,0 +1,46 @@
+"""Divisibility: each algorithm enforces only its own S multiple (schur 128, neumann 64).
+
+S = 192 is the telling case: a multiple of 64 but not of 128, so neumann must ACCEPT it (and compute it right)
+and schur must REJECT it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn_ref.constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR
+from gdn_spec.impl import Implementation
+from gdn_spec.regimes import Geometry, make_case
+
+from ._support import assert_close, call_args, changed, errors_vs_oracle, run, snapshot
+
+# (algorithm, S, accepted): each algorithm's own multiples, the other's multiple, and an odd length.
+CASES = [
+    (ALGORITHM_SCHUR, 128, True),
+    (ALGORITHM_SCHUR, 256, True),
+    (ALGORITHM_SCHUR, 192, False),
+    (ALGORITHM_SCHUR, 64, False),
+    (ALGORITHM_SCHUR, 130, False),
+    (ALGORITHM_NEUMANN, 64, True),
+    (ALGORITHM_NEUMANN, 192, True),
+    (ALGORITHM_NEUMANN, 96, False),
+    (ALGORITHM_NEUMANN, 65, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("gdn_algorithm", "S", "accepted"), CASES, ids=[f"{a}-S{s}-{'accept' if ok else 'reject'}" for a, s, ok in CASES]
+)
+def test_sequence_length(gdn_impl: Implementation, gdn_algorithm: str, S: int, accepted: bool) -> None:
+    dtype = gdn_impl.capabilities.dtypes[0]
+    case = make_case("random", Geometry(1, 2, 2, S, 32, 32), dtype, S, supply_state=gdn_algorithm == ALGORITHM_SCHUR)
+    args = call_args(case, gdn_algorithm)
+    if accepted:
+        out, state = run(gdn_impl, args)
+        assert_close(errors_vs_oracle(case, out, state), f"{gdn_algorithm} S={S}")
+        return
+    before = snapshot(args)
+    with pytest.raises(Exception) as info:  # any exception type is a rejection; the message is checked
+        gdn_impl(**args)
+    assert "query" in str(info.value), f"rejection of S={S} must name `query`: {info.value}"
+    assert not changed(before, args), f"rejected call modified {changed(before, args)}"
