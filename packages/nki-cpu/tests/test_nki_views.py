@@ -141,3 +141,14 @@ def test_returned_view_is_materialised_in_its_shape():
     assert a.shape == (2, 2, 6) and b.shape == (6,)
     np.testing.assert_array_equal(a, x.reshape(2, 2, 6))
     np.testing.assert_array_equal(b, x[1])
+
+
+def test_vector_offset_gather_and_float64_rejection():
+    table = np.arange(10 * 4, dtype=np.float32).reshape(10, 4)
+    hbm = wrap_array(table)
+    idx = tile(np.array([[7], [2], [5]], dtype=np.int32))
+    rows = empty((3, 4))
+    nisa.dma_copy(dst=rows, src=hbm.ap(pattern=[[4, 3], [1, 4]], offset=0, vector_offset=idx, indirect_dim=0))
+    np.testing.assert_array_equal(rows.read(), table[[7, 2, 5]])
+    with pytest.raises(TypeError, match="not an NKI dtype"):
+        nki_cpu.simulate(lambda x: x)(np.zeros(3))
