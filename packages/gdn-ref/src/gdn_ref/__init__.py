@@ -1,0 +1,65 @@
+"""gdn-ref: reference implementations of the chunked gated delta rule (GDN).
+
+The float64 token-by-token oracle (:func:`recurrent`), the chunk-parallel form with either intra-chunk inverse
+(:func:`chunked`), the inverses themselves, the schur mask pack, and the documented ``gdn_cte`` API on the host.
+"""
+
+from .api import gdn_cte
+from .chunked import chunked
+from .constants import (
+    ALGORITHM_NEUMANN,
+    ALGORITHM_SCHUR,
+    ALGORITHMS,
+    CHUNK_BY_ALGORITHM,
+    CHUNK_NEUMANN,
+    CHUNK_SCHUR,
+    DEFAULT_ALGORITHM,
+    DEFAULT_GROUP_SIZE,
+    MAX_GROUP_SIZE,
+    MAX_HEAD_DIM,
+    SUBBLOCK_NEUMANN,
+)
+from .contract import ContractError
+from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
+from .masks import (
+    N_MASKS,
+    PLANE_EYE,
+    PLANE_OFF0,
+    PLANE_TRIL_STRICT,
+    PLANE_UPPER_NEG,
+    build_mask_pack,
+    off_block_mask,
+    off_neg_plane,
+)
+from .recurrent import recurrent
+from .rounding import to_bf16_values
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_NEUMANN",
+    "ALGORITHM_SCHUR",
+    "CHUNK_BY_ALGORITHM",
+    "CHUNK_NEUMANN",
+    "CHUNK_SCHUR",
+    "DEFAULT_ALGORITHM",
+    "DEFAULT_GROUP_SIZE",
+    "MAX_GROUP_SIZE",
+    "MAX_HEAD_DIM",
+    "N_MASKS",
+    "PLANE_EYE",
+    "PLANE_OFF0",
+    "PLANE_TRIL_STRICT",
+    "PLANE_UPPER_NEG",
+    "SUBBLOCK_NEUMANN",
+    "ContractError",
+    "build_mask_pack",
+    "chunked",
+    "gdn_cte",
+    "neumann_inverse",
+    "off_block_mask",
+    "off_neg_plane",
+    "recurrent",
+    "schur_inverse",
+    "schur_inverse_blocked",
+    "to_bf16_values",
+]

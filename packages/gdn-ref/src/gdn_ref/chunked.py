@@ -1,0 +1,308 @@
+"""Chunk-parallel (WY / UT-transform) form of the gated delta rule, with either intra-chunk inverse.
+
+Layout inside this module: (batch, key head) pairs are flattened into L "lanes"; every tensor is split into
+chunks and grouped by lane, so value-head tensors are ``[L, G, N, C, ...]`` (G = Hv // Hk value heads per key
+head, N chunks of C tokens) and key/query tensors are ``[L, 1, N, C, Dk]``. Broadcasting over the G axis is how
+value head h reads key head h // G, without materializing repeated key heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, ALGORITHMS, CHUNK_BY_ALGORITHM, SUBBLOCK_NEUMANN
+from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
+from .masks import PLANE_UPPER_NEG, build_mask_pack
+from .recurrent import value_head_to_key_head
+from .rounding import RoundFn, operand_rounding
+
+WriteFn = Callable[[int, np.ndarray], np.ndarray]
+"""(chunk index n, X S₀ with X = K or W) → that chunk's effective writes V_new."""
+
+# Work is done one slab of lanes (lane = one (batch, key head) pair with its G value heads) at a time, sized so
+# each per-slab temporary stays near this many bytes. Measured on the 2-core dev box: whole-problem temporaries
+# (~130 MiB each at B=1, Hv=32, S=8192) were freshly page-faulted on every allocation and made the run time swing
+# 1.2-5.6 s; slab-sized ones are recycled by the allocator and stay cache-friendly. Lanes are independent, so
+# slabbing changes no arithmetic.
+SLAB_BYTES = 16 * 2**20
+
+
+@dataclass
+class _ChunkedInputs:
+    """One slab's inputs, padded to whole chunks, cast to the compute dtype and grouped by key head."""
+
+    query: np.ndarray  # [L, 1, N, C, Dk]
+    key: np.ndarray  # [L, 1, N, C, Dk]
+    value: np.ndarray  # [L, G, N, C, Dv]
+    g_log: np.ndarray  # [L, G, N, C]
+    beta: np.ndarray  # [L, G, N, C]
+
+
+@dataclass
+class _GateTerms:
+    """Everything derived from the chunk-local cumulative log-decay γ (all values ≤ 1, none overflow)."""
+
+    decay: np.ndarray  # [L, G, N, C, C] Γ_ij = exp(γ_i − γ_j) for i ≥ j, else exactly 0
+    exp_gamma: np.ndarray  # [L, G, N, C] e^{γ_i}: decay from chunk entry to token i
+    to_end: np.ndarray  # [L, G, N, C] e^{γ_C − γ_j}: decay from token j to the chunk's end
+    total: np.ndarray  # [L, G, N] e^{γ_C}: decay over the whole chunk
+
+
+def _split_chunks(x: np.ndarray, chunk: int, dtype: np.dtype) -> np.ndarray:
+    """[L, G, S, ...] → [L, G, N, C, ...] in dtype, zero-padding S up to N·C tokens.
+
+    Zero padding is exact: a padded token has β = 0 (writes nothing), g = 0 (decays nothing), k = q = v = 0.
+    """
+    L, G, S = x.shape[:3]
+    n_chunks = -(-S // chunk)
+    x = x.astype(dtype, copy=False)
+    if n_chunks * chunk != S:
+        pad = [(0, 0)] * x.ndim
+        pad[2] = (0, n_chunks * chunk - S)
+        x = np.pad(x, pad)
+    return x.reshape(L, G, n_chunks, chunk, *x.shape[3:])
+
+
+def _gate_terms(g_log: np.ndarray, upper_neg: np.ndarray) -> _GateTerms:
+    """Chunk-local cumsum of the log-decay and the decays built from it.
+
+    Never exponentiates a positive number: the pairwise difference γ_i − γ_j is positive above the diagonal
+    (thousands of nats under strong gates), so the mask pack's −1e9 upper plane is added BEFORE exp, making those
+    entries exactly 0 rather than inf (and 0·inf = NaN later). Below the diagonal the difference is ≤ 0 because
+    a cumsum of non-positive terms is non-increasing even after rounding; a clamp at 0 guards inputs outside the
+    documented g ≤ 0, as the kernel's ``min(log_decay, 0)`` does. The cumsum restarts every chunk, so
+    |γ| ≤ C·max|g| and the difference of two fp32 cumsums loses only ~|γ|·2^-24.
+    """
+    gamma = np.cumsum(g_log, axis=-1)
+    decay = gamma[..., :, None] - gamma[..., None, :]
+    decay += upper_neg
+    np.minimum(decay, 0, out=decay)  # a no-op for g ≤ 0 (the documented domain); guarantees exp never overflows
+    np.exp(decay, out=decay)
+    return _GateTerms(
+        decay=decay,
+        exp_gamma=np.exp(gamma),
+        to_end=np.exp(gamma[..., -1:] - gamma),
+        total=np.exp(gamma[..., -1]),
+    )
+
+
+def _system_and_scores(
+    inputs: _ChunkedInputs, gates: _GateTerms, scale: float, rnd: RoundFn
+) -> tuple[np.ndarray, np.ndarray]:
+    """The strictly-lower system matrix A = β_i (k_i·k_j) Γ_ij and the causal scores scale·(q_i·k_j) Γ_ij.
+
+    Both Gram matrices are formed once per KEY head and broadcast over its value heads. The scores reuse the
+    decay buffer, which is not needed afterwards.
+    """
+    key_op = rnd(inputs.key)
+    key_t = key_op.swapaxes(-1, -2)
+    system = key_op @ key_t  # [L, 1, N, C, C]
+    system = system * gates.decay  # → [L, G, N, C, C]; Γ is 0 above the diagonal
+    system *= inputs.beta[..., :, None]  # β scales the receiving token's row
+    chunk = system.shape[-1]
+    system.reshape(*system.shape[:-2], chunk * chunk)[..., :: chunk + 1] = 0  # strictly lower: drop Γ_ii = 1
+    scores = rnd(inputs.query) @ key_t
+    scores *= scale
+    gates.decay *= scores  # keeps the diagonal: the output is read after the write
+    return system, gates.decay
+
+
+def _schur_chain(
+    inputs: _ChunkedInputs, gates: _GateTerms, inverse: np.ndarray, rnd: RoundFn
+) -> tuple[np.ndarray, WriteFn]:
+    """The kernel's schur dataflow: T is applied ON the state chain, V_new = T (diag(β)V − diag(βe^γ) K S₀).
+
+    Returns the stacked left operand [Q; K] ([L, 1, N, 2C, Dk]) and the step computing V_new from K S₀.
+    """
+    stacked = rnd(np.concatenate([inputs.query, inputs.key], axis=-2))
+    beta_value = inputs.beta[..., None] * inputs.value
+    beta_decay = (inputs.beta * gates.exp_gamma)[..., None]
+    inverse_op = rnd(inverse)
+
+    def write_of_chunk(n: int, key_state: np.ndarray) -> np.ndarray:
+        rhs = beta_value[..., n, :, :] - beta_decay[..., n, :, :] * key_state
+        return rnd(inverse_op[..., n, :, :] @ rnd(rhs))
+
+    return stacked, write_of_chunk
+
+
+def _neumann_chain(
+    inputs: _ChunkedInputs, gates: _GateTerms, inverse: np.ndarray, rnd: RoundFn
+) -> tuple[np.ndarray, WriteFn]:
+    """The FLA / neumann dataflow: W = T diag(βe^γ) K and U = T diag(β) V up front, then V_new = U − W S₀.
+
+    Returns the stacked left operand [Q; W] ([L, G, N, 2C, Dk]) and the step computing V_new from W S₀.
+    """
+    chunk = inputs.key.shape[-2]
+    inverse_op = rnd(inverse)
+    stacked = np.empty((*inverse.shape[:-2], 2 * chunk, inputs.key.shape[-1]), dtype=inverse.dtype)
+    stacked[..., :chunk, :] = rnd(inputs.query)
+    weights = stacked[..., chunk:, :]
+    np.matmul(inverse_op, rnd((inputs.beta * gates.exp_gamma)[..., None] * inputs.key), out=weights)
+    weights[...] = rnd(weights)
+    updates = inverse_op @ rnd(inputs.beta[..., None] * inputs.value)
+
+    def write_of_chunk(n: int, weight_state: np.ndarray) -> np.ndarray:
+        return rnd(updates[..., n, :, :] - weight_state)
+
+    return stacked, write_of_chunk
+
+
+def _state_chain(
+    state: np.ndarray,
+    stacked: np.ndarray,
+    write_of_chunk: WriteFn,
+    key_to_end: np.ndarray,
+    total: np.ndarray,
+    rnd: RoundFn,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Carry the state across chunks: the only sequential part.
+
+    Args:
+        state (np.ndarray): [L, G, Dk, Dv] state at sequence start; the full-precision master, updated in place.
+        stacked (np.ndarray): [L, 1 or G, N, 2C, Dk] per chunk the rows [Q; X], X = K (schur) or W (neumann),
+            as matmul operands. One product with the entry state gives the output's Q S₀ and the X S₀ the
+            writes need: one tall matmul instead of two short ones, and no stored entry states.
+        write_of_chunk (WriteFn): (n, X S₀ [L, G, C, Dv]) → chunk n's effective writes V_new (rounded).
+        key_to_end (np.ndarray): [L, G, N, C, Dk] e^{γ_C − γ_j} k_j, as a matmul operand.
+        total (np.ndarray): [L, G, N] e^{γ_C}.
+        rnd (RoundFn): operand rounding (the state is rounded only as an operand, never in the master).
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: Q S₀ [L, G, N, C, Dv] and the writes V_new [L, G, N, C, Dv].
+    """
+    n_chunks, chunk = key_to_end.shape[-3:-1]
+    lanes, groups, _, dv = state.shape
+    products = np.empty((lanes, groups, n_chunks, 2 * chunk, dv), dtype=state.dtype)
+    writes = np.empty((lanes, groups, n_chunks, chunk, dv), dtype=state.dtype)
+    for n in range(n_chunks):
+        np.matmul(stacked[..., n, :, :], rnd(state), out=products[..., n, :, :])
+        writes[..., n, :, :] = write_of_chunk(n, products[..., n, chunk:, :])
+        # S_C = e^{γ_C} S₀ + (diag(e^{γ_C − γ}) K)ᵀ V_new
+        state *= total[..., n, None, None]
+        state += key_to_end[..., n, :, :].swapaxes(-1, -2) @ writes[..., n, :, :]
+    return products[..., :chunk, :], writes
+
+
+def _slab(
+    inputs: _ChunkedInputs,
+    state: np.ndarray,
+    scale: float,
+    algorithm: str,
+    rnd: RoundFn,
+    mask_pack: np.ndarray | None,
+) -> np.ndarray:
+    """The whole chunked computation for one slab of lanes; updates ``state`` in place, returns [L, G, N, C, Dv]."""
+    chunk = inputs.key.shape[-2]
+    upper_neg = build_mask_pack(chunk)[PLANE_UPPER_NEG].astype(state.dtype)
+    gates = _gate_terms(inputs.g_log, upper_neg)
+    system, scores = _system_and_scores(inputs, gates, scale, rnd)
+    if algorithm == ALGORITHM_NEUMANN:
+        stacked, write_of_chunk = _neumann_chain(inputs, gates, neumann_inverse(system, SUBBLOCK_NEUMANN, rnd), rnd)
+    else:
+        inverse = schur_inverse_blocked(system, rnd) if mask_pack is None else schur_inverse(system, mask_pack, rnd)
+        stacked, write_of_chunk = _schur_chain(inputs, gates, inverse, rnd)
+    del system  # the inverse lives on inside write_of_chunk; A is not needed any more
+    key_to_end = rnd(gates.to_end[..., None] * inputs.key)
+    query_state, writes = _state_chain(state, stacked, write_of_chunk, key_to_end, gates.total, rnd)
+    out = query_state * (scale * gates.exp_gamma[..., None])
+    out += rnd(scores) @ writes
+    return out
+
+
+def _lanes_per_slab(n_chunks: int, chunk: int, groups: int, widest: int, itemsize: int) -> int:
+    """Lanes whose largest per-slab temporary ([G, N, C, max(C, Dk, Dv)] per lane) fits in SLAB_BYTES."""
+    lane_bytes = groups * n_chunks * chunk * max(chunk, widest) * itemsize
+    return max(1, SLAB_BYTES // lane_bytes)
+
+
+def chunked(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    g_log: np.ndarray,
+    beta: np.ndarray,
+    scale: float = 1.0,
+    initial_state: np.ndarray | None = None,
+    *,
+    algorithm: str = ALGORITHM_SCHUR,
+    compute_dtype: type | np.dtype = np.float32,
+    bf16_operands: bool = False,
+    mask_pack: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gated delta rule in chunk-parallel WY/UT form, using the named intra-chunk inverse.
+
+    Dimensions:
+        B: batch. Hk: key/query heads. Hv: value heads (a multiple of Hk). S: tokens (any length).
+        Dk, Dv: head dims. C: chunk length, CHUNK_BY_ALGORITHM[algorithm] (schur 128, neumann 64).
+
+    Args:
+        query (np.ndarray): [B, Hk, S, Dk], any float dtype (bfloat16 included).
+        key (np.ndarray): [B, Hk, S, Dk].
+        value (np.ndarray): [B, Hv, S, Dv].
+        g_log (np.ndarray): [B, Hv, S] per-token log-decay (≤ 0).
+        beta (np.ndarray): [B, Hv, S] per-token update strength.
+        scale (float): output scale (typically Dk^-0.5).
+        initial_state (np.ndarray | None): [B, Hv, Dk, Dv]; None means zeros. Never modified.
+        algorithm (str): "schur" or "neumann": the inverse, the chunk length and the dataflow.
+        compute_dtype (type | np.dtype): float32 or float64, for every array including the cumsum.
+        bf16_operands (bool): round every matmul operand to bfloat16 (accumulation stays in compute_dtype).
+            The state stays a full-precision master and is rounded only where it is a matmul operand.
+        mask_pack (np.ndarray | None): schur only. Given, the inverse is the mask-pack-driven
+            :func:`schur_inverse` (two full C×C products per level, exactly the kernel's recipe); None uses
+            :func:`schur_inverse_blocked`, the same arithmetic on the nonzero blocks only (much faster).
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: out [B, Hv, S, Dv] and final state [B, Hv, Dk, Dv], both compute_dtype.
+
+    Notes:
+        Per chunk with entry state S₀ (gdn-math §2.1): γ = chunk-local cumsum of g; Γ_ij = e^{γ_i−γ_j} (i ≥ j);
+        A = strictly_lower(diag(β)(KKᵀ∘Γ)); T = (I + A)^{-1};
+        V_new = T·(diag(β)V − diag(βe^γ) K S₀)  (schur applies T on the state chain, as the kernel does;
+        neumann forms W = T diag(βe^γ)K and U = T diag(β)V first and takes V_new = U − W S₀, as FLA does);
+        O = scale·(diag(e^γ) Q S₀ + (QKᵀ∘Γ) V_new);  S_C = e^{γ_C} S₀ + (diag(e^{γ_C−γ}) K)ᵀ V_new.
+        State-independent work is vectorized over every (lane, head, chunk) of a slab; only the state chain
+        loops over chunks, with batched matmuls; outputs are formed after it from the stored entry states and
+        writes. S need not be a multiple of C: the tail is padded with g = 0, β = 0 tokens, which is exact.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    dtype = np.dtype(compute_dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"compute_dtype must be float32 or float64, got {dtype}")
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    rnd = operand_rounding(bf16_operands)
+    B, Hk, S, Dk = query.shape
+    Hv, Dv = value.shape[1], value.shape[3]
+    value_head_to_key_head(Hk, Hv)  # validates the head ratio
+    groups = Hv // Hk
+    lanes = B * Hk
+
+    # Lane views: [B, Hk, ...] → [L, 1, ...] and [B, Hv, ...] → [L, G, ...] (value head h = key head h//G).
+    query_l = np.asarray(query).reshape(lanes, 1, S, Dk)
+    key_l = np.asarray(key).reshape(lanes, 1, S, Dk)
+    value_l = np.asarray(value).reshape(lanes, groups, S, Dv)
+    g_l = np.asarray(g_log).reshape(lanes, groups, S)
+    beta_l = np.asarray(beta).reshape(lanes, groups, S)
+    state = np.zeros((lanes, groups, Dk, Dv), dtype)
+    if initial_state is not None:
+        state[...] = np.asarray(initial_state).reshape(state.shape)
+    out = np.empty((lanes, groups, S, Dv), dtype)
+
+    n_chunks = -(-S // chunk)
+    step = _lanes_per_slab(n_chunks, chunk, groups, max(Dk, Dv), dtype.itemsize)
+    for lo in range(0, lanes, step):
+        sl = slice(lo, lo + step)
+        inputs = _ChunkedInputs(
+            query=_split_chunks(query_l[sl], chunk, dtype),
+            key=_split_chunks(key_l[sl], chunk, dtype),
+            value=_split_chunks(value_l[sl], chunk, dtype),
+            g_log=_split_chunks(g_l[sl], chunk, dtype),
+            beta=_split_chunks(beta_l[sl], chunk, dtype),
+        )
+        slab_out = _slab(inputs, state[sl], scale, algorithm, rnd, mask_pack)
+        out[sl] = slab_out.reshape(*slab_out.shape[:2], -1, Dv)[:, :, :S]
+    return out.reshape(B, Hv, S, Dv), state.reshape(B, Hv, Dk, Dv)
