@@ -15,7 +15,7 @@ from gdn_ref.contract import ContractError, validate
 
 from . import neumann, schur, stages
 from .backend import nki, nl
-from .lanes import program_lanes, run_lane
+from .lanes import LaneInputs, program_lanes, run_lanes
 from .tiles import FP32
 
 
@@ -88,12 +88,12 @@ def gdn_cte(
         neumann.build_block_planes(consts, dtype)
         invert_group, group = neumann.invert_group, neumann.GROUP_SIZE
 
-    for b, h in program_lanes(batch, value_heads):
-        lane = stages.Lane(
+    lanes = [
+        stages.Lane(
             b=b, h=h, kh=h // ratio, query=query, key=key, value=value, out=out,
             chunk=chunk, dtype=dtype, scale=float(scale), consts=consts,
         )  # fmt: skip
-        state = stages.initial_state(recurrent_state, b, h, dk, dv, dtype)
-        state = run_lane(lane, g_log, beta, state, group, invert_group)
-        nl.store(final_state[b, h, :, :], state.master)
+        for b, h in program_lanes(batch, value_heads)
+    ]
+    run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group))
     return out, final_state

@@ -1,15 +1,30 @@
-"""Running one (batch, value head) lane end to end, and splitting lanes over an SPMD launch grid."""
+"""Emitting the work of all lanes as a software pipeline, and splitting lanes over an SPMD launch grid.
+
+The work of one lane is cut into *units* of up to ``group_size`` chunks. A unit has two parts:
+
+- ``prepare``: loads, per-chunk operands, the grouped inverse and the chunk transitions — all state independent;
+- ``advance``: the sequential state chain over the unit's chunks (and the state load/store at lane ends).
+
+Each engine executes its instructions in the order they are issued, so issuing a unit's chain right after its
+own preparation would leave the tensor engine waiting on every link of the chain. Instead ``prepare(i + 1)`` is
+issued interleaved with ``advance(i)``: while one unit's chain waits on a vector-engine op, the engines have the
+next unit's independent work queued behind it. Units run across lane boundaries too, so short sequences with many
+lanes pipeline as well as long ones. Both parts are generators that yield between steps; :func:`interleave`
+decides the issue order. Only the order changes — every instruction and its operands are the same as in a plain
+prepare-then-advance loop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import stages
 from .backend import nl
 from .stages import Chunk, Constants, Lane
 
-InvertGroup = Callable[[list[Chunk], Constants, Any], None]
+InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
 
 
 def program_lanes(batch: int, value_heads: int) -> list[tuple[int, int]]:
@@ -27,27 +42,95 @@ def group_layout(n_chunks: int, group_size: int) -> list[tuple[int, int]]:
     return [(first, min(width, n_chunks - first)) for first in range(0, n_chunks, width)]
 
 
-def run_lane(
-    lane: Lane,
-    g_log: Any,
-    beta: Any,
-    state: stages.State,
-    group_size: int,
-    invert_group: InvertGroup,
-) -> stages.State:
-    """Process every chunk of a lane, group by group, and return the final state.
+@dataclass
+class Unit:
+    """Up to ``group_size`` consecutive chunks of one lane."""
 
-    Per group: gates → per-chunk operands → the grouped inverse → transitions → the sequential state chain.
+    lane: Lane
+    first: int
+    width: int
+    starts_lane: bool
+    ends_lane: bool
+    chunks: list[Chunk] = field(default_factory=list)
+
+
+@dataclass
+class LaneInputs:
+    """The kernel arguments every unit reads besides its lane's tensors."""
+
+    g_log: Any
+    beta: Any
+    recurrent_state: Any
+    final_state: Any
+    invert_group: InvertGroup
+
+
+def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
+    """Cut every lane into units of ``group_size`` chunks, in lane order."""
+    units = []
+    for lane in lanes:
+        layout = group_layout(lane.query.shape[2] // lane.chunk, group_size)
+        for k, (first, width) in enumerate(layout):
+            units.append(Unit(lane, first, width, starts_lane=k == 0, ends_lane=k == len(layout) - 1))
+    return units
+
+
+def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
+    """State-independent work of a unit; yields between steps. All loads are issued before the first yield."""
+    lane = unit.lane
+    gates = stages.load_gates(inputs.g_log, inputs.beta, lane.b, lane.h, unit.first, unit.width, lane.chunk)
+    unit.chunks = [stages.load_chunk(lane, unit.first + j) for j in range(unit.width)]
+    yield
+    yield from lockstep([stages.chunk_operands(lane, chunk, gates, j) for j, chunk in enumerate(unit.chunks)])
+    yield from inputs.invert_group(unit.chunks, lane.consts, lane.dtype)
+    yield from lockstep([stages.chunk_transition(lane, chunk) for chunk in unit.chunks])
+
+
+def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iterator[None]:
+    """The state chain of a unit; ``carried[0]`` holds the lane's state between units."""
+    lane = unit.lane
+    if unit.starts_lane:
+        dk, dv = lane.key.shape[3], lane.value.shape[3]
+        carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv, lane.dtype)
+    for chunk in unit.chunks:
+        carried[0] = stages.state_step(lane, chunk, carried[0])
+        yield
+    unit.chunks = []  # the unit's tiles are dead once its chain has read them
+    if unit.ends_lane:
+        nl.store(inputs.final_state[lane.b, lane.h, :, :], carried[0].master)
+
+
+def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
+    """Advance several step generators together, one step of each in turn (step-major), yielding per round."""
+    active = list(steps)
+    while active:
+        active = [gen for gen in active if next(gen, StopIteration) is not StopIteration]
+        yield
+
+
+def interleave(first: Iterator[None], second: Iterator[None], ratio: int) -> None:
+    """Run two step generators to completion, issuing ``ratio`` steps of ``second`` per step of ``first``.
+
+    ``second`` goes first so its loads are queued on the DMA rings ahead of ``first``'s output stores.
     """
-    seq_len = lane.query.shape[2]
-    for first, width in group_layout(seq_len // lane.chunk, group_size):
-        gates = stages.load_gates(g_log, beta, lane.b, lane.h, first, width, lane.chunk)
-        chunks = [stages.load_chunk(lane, first + j) for j in range(width)]
-        for j, chunk in enumerate(chunks):
-            stages.chunk_operands(lane, chunk, gates, j)
-        invert_group(chunks, lane.consts, lane.dtype)
-        for chunk in chunks:
-            stages.chunk_transition(lane, chunk)
-        for chunk in chunks:
-            state = stages.state_step(lane, chunk, state)
-    return state
+    active = [first, second]
+    while active:
+        for gen, steps in ((second, ratio), (first, 1)):
+            for _ in range(steps):
+                if gen in active and next(gen, StopIteration) is StopIteration:
+                    active.remove(gen)
+
+
+def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
+    """Issue all units: prepare(0), then advance(i) interleaved with prepare(i + 1)."""
+    units = lane_units(lanes, group_size)
+    carried: list[stages.State] = [None]  # type: ignore[list-item]
+    if not units:
+        return
+    for _ in prepare(units[0], inputs):
+        pass
+    for i, unit in enumerate(units):
+        chain = advance(unit, inputs, carried)
+        following = prepare(units[i + 1], inputs) if i + 1 < len(units) else iter(())
+        # prepare has about three steps per chunk (operands, inverse levels, transition) to advance's one
+        interleave(chain, following, ratio=3)

@@ -15,6 +15,7 @@ Chunks of a group run level-major, like schur's merge, so independent same-kind 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from . import tiles
@@ -63,10 +64,11 @@ def _block_index(channel_multiplier: int, step: int) -> Any:
     return block
 
 
-def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> None:
-    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major."""
-    diag_inverse = _diagonal_blocks_inverse([chunk.a for chunk in chunks], consts, dtype)
-    inverse = _block_substitution([chunk.a for chunk in chunks], diag_inverse, consts, dtype)
+def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
+    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per step."""
+    a_list = [chunk.a for chunk in chunks]
+    diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, dtype)
+    inverse = yield from _block_substitution(a_list, diag_inverse, consts, dtype)
     for chunk, inv in zip(chunks, inverse, strict=True):
         chunk.inverse_t = _transposed(inv, dtype)
 
@@ -75,7 +77,7 @@ def _transposed(x: Any, dtype: Any) -> Any:
     return tiles.copy_to(tiles.sbuf((x.shape[1], x.shape[0]), dtype), tiles.transpose(x))
 
 
-def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -> list[Any]:
+def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -> Iterator[None]:
     """X_d per chunk by recursive doubling: X = I + P, then X ← X + P^(2^r) X for r = 1..3."""
     power = [tiles.multiply(a, consts.planes["neg_diag"], dtype) for a in a_list]  # P = −A_d
     power_t = [_transposed(p, dtype) for p in power]
@@ -90,6 +92,7 @@ def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -
             power = [tiles.evacuate(tiles.matmul(pt, p), dtype) for p, pt in zip(power, power_t, strict=True)]
         power_t = squared_t
         inverse = [_add_product(x, pt, x, dtype) for x, pt in zip(inverse, power_t, strict=True)]
+        yield
     return inverse
 
 
@@ -100,7 +103,9 @@ def _add_product(base: Any, stationary: Any, moving: Any, dtype: Any) -> Any:
     return dst
 
 
-def _block_substitution(a_list: list[Any], diag_inverse: list[Any], consts: Constants, dtype: Any) -> list[Any]:
+def _block_substitution(
+    a_list: list[Any], diag_inverse: list[Any], consts: Constants, dtype: Any
+) -> Iterator[None]:
     """Inv = (I + A)⁻¹ from X_d by three sweeps of Inv ← X_d − (X_d N) Inv."""
     below = [tiles.multiply(a, consts.planes["below"], dtype) for a in a_list]  # N
     diag_t = [_transposed(x, dtype) for x in diag_inverse]
@@ -114,4 +119,5 @@ def _block_substitution(a_list: list[Any], diag_inverse: list[Any], consts: Cons
             tiles.matmul(consts.eye, x_d, dst=acc, accumulate=True)
             sweep.append(tiles.evacuate(acc, dtype))
         inverse = sweep
+        yield
     return inverse

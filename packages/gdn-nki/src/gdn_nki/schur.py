@@ -16,6 +16,7 @@ siblings. Do not fold this back into a per-chunk loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from gdn_ref.masks import N_MERGE_LEVELS, PLANE_OFF0, off_neg_plane
@@ -34,22 +35,35 @@ def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
         consts.planes[level] = nl.load(mask_pack[off_neg_plane(level), :, :], dtype=dtype)
 
 
-def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> None:
-    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major."""
+def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
+    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level."""
     inverse = [_level0(chunk.a, consts, dtype) for chunk in chunks]
     inverse_t_psum = [tiles.matmul(inv, consts.eye) for inv in inverse]
     inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
+    yield
     for level in range(1, N_MERGE_LEVELS + 1):
         off = [tiles.multiply(chunk.a, consts.planes[level], dtype) for chunk in chunks]
-        mid_psum = [tiles.matmul(r, inv_t) for r, inv_t in zip(off, inverse_t, strict=True)]  # (Inv R̃)ᵀ
-        mid = [tiles.copy_to(tiles.sbuf(tuple(m.shape), dtype), m) for m in mid_psum]
+        mid = [
+            _evacuate_alternating(tiles.matmul(r, inv_t), dtype, k) for k, (r, inv_t) in enumerate(zip(off, inverse_t, strict=True))
+        ]
         for inv, m, acc in zip(inverse, mid, inverse_t_psum, strict=True):
             tiles.matmul(inv, m, dst=acc, accumulate=True)  # Invᵀ += (Inv R̃ Inv)ᵀ
         inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
         if level < N_MERGE_LEVELS:
-            inverse = [tiles.copy_to(tiles.sbuf(tuple(t.shape), dtype), tiles.transpose(t)) for t in inverse_t]
+            inverse = [_evacuate_vector(tiles.transpose(t), dtype) for t in inverse_t]
+        yield
     for chunk, inv_t in zip(chunks, inverse_t, strict=True):
         chunk.inverse_t = inv_t
+
+
+def _evacuate_alternating(src: Any, dtype: Any, k: int) -> Any:
+    """PSUM -> SBUF copy alternating between the vector and scalar engines (both carry other evacuations)."""
+    return _evacuate_vector(src, dtype) if k % 2 == 0 else tiles.evacuate(src, dtype)
+
+
+def _evacuate_vector(src: Any, dtype: Any) -> Any:
+    """PSUM -> SBUF copy on the vector engine (the scalar engine already carries the Invᵀ evacuations)."""
+    return tiles.copy_to(tiles.sbuf(tuple(src.shape), dtype), src)
 
 
 def _level0(a: Any, consts: Constants, dtype: Any) -> Any:

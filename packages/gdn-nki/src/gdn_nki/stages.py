@@ -18,6 +18,7 @@ scalars; ``nc_matmul(stationary=X, moving=Y)`` computes ``Xᵀ Y`` contracting t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,11 +91,24 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
     return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
 
 
+def causal_select(decay_t: Any) -> None:
+    """Zero, in place, every element of a [C, C] Γᵀ tile below the diagonal (keep column − row >= 0)."""
+    nisa.affine_select(
+        dst=decay_t,
+        pattern=[[1, decay_t.shape[1]]],
+        channel_multiplier=-1,
+        on_true_tile=decay_t,
+        on_false_value=0.0,
+        cmp_op=nl.greater_equal,
+    )
+
+
 @dataclass
 class Gates:
     """Per-token gate columns of one group of chunks ([C, n] tiles, column j = chunk j of the group)."""
 
     gamma: Any  # chunk-local inclusive prefix sum of g_log, fp32
+    minus_gamma: Any  # −γ (the bias that turns exp(bcast) into exp(γ_i − γ_j'))
     beta: Any  # β, fp32
     log_beta: Any  # ln β (−inf where β = 0: exp of it is exactly 0)
     beta_decay: Any  # β e^γ
@@ -125,7 +139,9 @@ def load_gates(g_log: Any, beta: Any, b: int, h: int, first_chunk: int, n_chunks
     gamma_log_beta = tiles.sbuf((chunk, n_chunks), FP32)
     nisa.tensor_tensor(dst=gamma_log_beta, data1=gamma, data2=log_beta, op=nl.add, engine=tiles.POOL)
     beta_decay = tiles.exp(gamma_log_beta)
-    return Gates(gamma=gamma, beta=beta_cols, log_beta=log_beta, beta_decay=beta_decay)
+    minus_gamma = tiles.sbuf((chunk, n_chunks), FP32)
+    nisa.tensor_scalar(dst=minus_gamma, data=gamma, op0=nl.multiply, operand0=-1.0, engine=tiles.POOL)
+    return Gates(gamma=gamma, minus_gamma=minus_gamma, beta=beta_cols, log_beta=log_beta, beta_decay=beta_decay)
 
 
 @dataclass
@@ -135,7 +151,6 @@ class Chunk:
     index: int  # chunk index within the sequence
     q_t: Any = None  # [Dk, C] query, compute dtype
     k_t: Any = None  # [Dk, C] key
-    gram: Any = None  # [C, C] PSUM, K Kᵀ
     a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ), compute dtype; only its strictly-lower part is read
     attn_t: Any = None  # [C, C] attnᵀ (causal incl. diagonal), compute dtype
     q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ
@@ -147,6 +162,13 @@ class Chunk:
     u: Any = None  # [C, Dv]
     transition_t: Any = None  # [Dk, Dk] Tᵀ
     q_eff_t: Any = None  # [Dk, C] Q_effᵀ
+    key: Any = None  # [C, Dk] token-major key (stage 1 only)
+    value: Any = None  # [C, Dv] (stage 1 only)
+
+    def release(self, *names: str) -> None:
+        """Drop tiles no later stage reads, so their on-chip memory is free for the chunks behind."""
+        for name in names:
+            setattr(self, name, None)
 
 
 @dataclass
@@ -184,59 +206,70 @@ def load_chunk(lane: Lane, index: int) -> Chunk:
     return chunk
 
 
-def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> None:
-    """Stage 1: the state-independent operands of one chunk (decays, A, attnᵀ, scaled q/k/v)."""
+def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[None]:
+    """Stage 1: the state-independent operands of one chunk (decays, A, attnᵀ, scaled q/k/v).
+
+    A generator: it yields between phases whose instructions depend on the previous phase, so a driver can run
+    the phases of several chunks step-major (see ``lanes.lockstep``). The phase order also bounds PSUM use:
+    each PSUM tile is consumed in the phase after the one that produced it.
+    """
     c, dtype, consts = lane.chunk, lane.dtype, lane.consts
     dk = chunk.k_t.shape[0]
     gamma = gates.gamma[:, j : j + 1]
+    minus_gamma = gates.minus_gamma[:, j : j + 1]
 
-    # bcast[i, j'] = γ_j' on every partition: a stride-0 stationary against the identity.
-    bcast = tiles.matmul(gamma.broadcast(1, c), consts.eye32)
-    gamma_last = bcast[:, c - 1 : c]
-
+    # rows[p, j'] = γ_j' on every partition p: a stride-0 stationary against the identity. It spans
+    # max(C, Dk) partitions because e^γ is also needed along the free axis of the [Dk, C] query tile.
+    rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32)
+    bcast = rows[0:c, :]
+    yield
     # Γ for A: only A's strictly-lower part is ever read, so clamping at 0 (instead of masking) is enough
-    # to keep exp finite above the diagonal. β rides in as ln β on the exponent's bias.
+    # to keep exp finite above the diagonal.
     decay_log = tiles.sbuf((c, c), FP32)
     nisa.tensor_scalar(
         dst=decay_log, data=bcast, op0=nl.subtract, operand0=gamma, reverse0=True, op1=nl.minimum, operand1=0.0
     )
+    # Γᵀ[j', i] = exp(γ_i − γ_j') read straight from PSUM; the anti-causal half (i < j') may overflow to inf
+    # and is then *selected* away (never multiplied) by the GpSimd select, leaving exact zeros.
+    decay_t = tiles.exp(bcast, bias=minus_gamma)
+    causal_select(decay_t)
+    gamma_last = rows[:, c - 1 : c]
+    q_decay = tiles.exp(rows[0:dk, :])  # e^{γ_i} along the free axis
+    ratio = tiles.exp(gamma, bias=gamma_last[0:c, :], scale=-1.0)  # e^{γ_last − γ}
+    chunk.decay_last = tiles.exp(gamma_last[0:dk, :])
+    del rows, bcast, gamma_last
+    yield
+    # β rides in as ln β on the exponent's bias: exp(log Γ + ln β) = β Γ.
     beta_decay = tiles.exp(decay_log, bias=gates.log_beta[:, j : j + 1])
-    chunk.gram = tiles.matmul(chunk.k_t, chunk.k_t)
-    chunk.a = tiles.multiply(chunk.gram, beta_decay, dtype, engine=tiles.VECTOR)
-
-    # Γᵀ[j', i] = exp(γ_i − γ_j') for i >= j', exactly 0 elsewhere (the mask is added before exp).
-    decay_t_log = tiles.sbuf((c, c), FP32)
-    nisa.scalar_tensor_tensor(
-        dst=decay_t_log,
-        data=bcast,
-        op0=nl.subtract,
-        operand0=gamma,
-        op1=nl.add,
-        operand1=consts.lower_neg,
-    )
-    decay_t = tiles.exp(decay_t_log)
-    qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
-    chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype, engine=tiles.VECTOR)
-
-    q_decay = tiles.exp(bcast[0:dk, :])  # e^{γ_i} along the free axis
     chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, dtype)
-    ratio = tiles.exp(gamma, bias=gamma_last, scale=-1.0)  # e^{γ_last − γ}
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
-    chunk.decay_last = tiles.exp(gamma_last[0:dk, :])
+    gram = tiles.matmul(chunk.k_t, chunk.k_t)
+    qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
+    yield
+    chunk.a = tiles.multiply(gram, beta_decay, dtype, engine=tiles.VECTOR)
+    chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype, engine=tiles.VECTOR)
+    chunk.release("q_t", "k_t", "key", "value")
 
 
-def chunk_transition(lane: Lane, chunk: Chunk) -> None:
+def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
     """Stage 3: U, W and from them the transition Tᵀ and the effective query Q_effᵀ (state independent)."""
     dtype = lane.dtype
-    chunk.u = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.v_beta), dtype)
-    w = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.k_beta), dtype)
+    u = tiles.matmul(chunk.inverse_t, chunk.v_beta)
+    w = tiles.matmul(chunk.inverse_t, chunk.k_beta)
+    yield
+    chunk.u = tiles.evacuate(u, dtype)
+    w = tiles.evacuate(w, dtype)
+    yield
     # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free.
-    chunk.transition_t = tiles.evacuate(tiles.matmul(w, chunk.k_decay), dtype, scale=-1.0)
+    transition_t = tiles.matmul(w, chunk.k_decay)
     attn_w_t = tiles.matmul(w, chunk.attn_t)  # (attn W)ᵀ
+    yield
+    chunk.transition_t = tiles.evacuate(transition_t, dtype, scale=-1.0)
     chunk.q_eff_t = tiles.sbuf(tuple(chunk.q_decay_t.shape), dtype)
     nisa.tensor_tensor(dst=chunk.q_eff_t, data1=chunk.q_decay_t, data2=attn_w_t, op=nl.subtract)
+    chunk.release("a", "inverse_t", "k_beta", "v_beta", "q_decay_t")
 
 
 @dataclass
@@ -261,7 +294,7 @@ def _operand_copy(master: Any, dtype: Any) -> Any:
     if master.dtype == FP32 and dtype == FP32:
         return master
     operand = tiles.sbuf(tuple(master.shape), dtype)
-    tiles.copy_to(operand, master, tiles.VECTOR)
+    tiles.copy_to(operand, master, tiles.POOL)
     return operand
 
 
@@ -271,29 +304,22 @@ def state_step(lane: Lane, chunk: Chunk, state: State) -> State:
     out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
     """
     c, dtype = lane.chunk, lane.dtype
+    update = tiles.matmul(chunk.k_decay, chunk.u)
+    tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
+    following = advance_state(state, chunk.decay_last, update, dtype)
+
     out_psum = tiles.matmul(chunk.attn_t, chunk.u)
     tiles.matmul(chunk.q_eff_t, state.operand, dst=out_psum, accumulate=True)
     out_tile = tiles.evacuate(out_psum, dtype, scale=lane.scale)
     nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.index * c, c), :], src=out_tile)
-
-    update = tiles.matmul(chunk.k_decay, chunk.u)
-    tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
-    return advance_state(state, chunk.decay_last, update, dtype)
+    return following
 
 
 def advance_state(state: State, decay_last: Any, update: Any, dtype: Any) -> State:
-    """S' = e^{γ_last}·S + update, the operand copy first (it is what the next chunk's matmuls wait on).
-
-    Both copies are computed from the same inputs so the narrow one does not wait for the fp32 one.
-    """
-    shape = tuple(state.master.shape)
-    operand = None
-    if state.operand is not state.master:
-        operand = tiles.sbuf(shape, dtype)
-        _decay_add(operand, state.master, decay_last, update)
-    master = tiles.sbuf(shape, FP32)
+    """S' = e^{γ_last}·S + update in fp32 on the vector engine, then its operand-dtype copy on GpSimd."""
+    master = tiles.sbuf(tuple(state.master.shape), FP32)
     _decay_add(master, state.master, decay_last, update)
-    return State(master=master, operand=master if operand is None else operand)
+    return State(master=master, operand=_operand_copy(master, dtype))
 
 
 def _decay_add(dst: Any, state: Any, decay_last: Any, update: Any) -> None:
