@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -22,6 +23,9 @@ NUMERICS_PROPERTY = "gdn_numerics"
 # Longest draws, in chunks: schur 7 chunks = 3 groups of 2 plus a partial group (group_size 2), or 2 groups of
 # 3 plus one; neumann 8 chunks = 512 tokens. Long enough for state carry, short enough for a 2-core CI.
 MAX_CHUNKS = {"schur": 7, "neumann": 8}
+# Default per-call budget of drawn shapes, B·Hv·S·Dk·Dv (e.g. 1·4·512·64·128): the float64 oracle and a numpy
+# reference take about a second there on one core. A kernel's declared max_work can only lower it.
+DEFAULT_MAX_WORK = 1 << 24
 
 
 @lru_cache(maxsize=1)
@@ -87,11 +91,15 @@ def record_worst(node: pytest.Item, errors: list[Error], **labels: Any) -> None:
 
 
 def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
-    """Shrink a drawn shape into the implementation's declared limits (S first, then heads, then dims)."""
+    """Shrink a drawn shape into the declared limits and the default work budget (S first, then everything)."""
     chunk = CHUNK_BY_ALGORITHM[algorithm]
+    budget = min(caps.max_work or DEFAULT_MAX_WORK, DEFAULT_MAX_WORK)
+    caps = replace(caps, max_work=budget)
     g = geometry
     while not caps.fits(g) and g.S > chunk:
         g = Geometry(g.B, g.Hk, g.Hv, max(chunk, (g.S // 2) // chunk * chunk), g.Dk, g.Dv)
+    if not caps.fits(g):
+        g = Geometry(1, g.Hk, g.Hv, g.S, g.Dk, g.Dv)
     if not caps.fits(g):
         hk = 1 if algorithm != ALGORITHM_SCHUR else min(g.Hk, 2)
         g = Geometry(1, hk, hk, g.S, 16, 16)

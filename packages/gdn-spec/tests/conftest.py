@@ -1,0 +1,8 @@
+"""Self-tests import the mutant implementations from this folder (``mutants:NAME`` specs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,154 @@
+"""Deliberately broken gdn_cte implementations: the suite must fail on every one of them.
+
+Each is the same small float64 recurrence behind the documented API shell (contract checks, aliasing, output
+dtypes) with exactly one thing changed. ``CORRECT`` is the unbroken version, which must pass. Every callable
+declares a small ``max_work`` so the suite draws cheap shapes for these pure-numpy loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gdn_ref.contract import ContractError, validate
+from gdn_spec.regimes import NUMPY_DTYPES
+
+CAPS = {"max_work": 1 << 22}
+
+
+def recurrence(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    scale: float,
+    state: np.ndarray,
+    flaw: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule in float64, optionally with one named flaw (see ``FLAWS``)."""
+    Hk, Hv = q.shape[1], v.shape[1]
+    heads = np.arange(Hv) % Hk if flaw == "h_mod_hk" else np.arange(Hv) // (Hv // Hk)
+    q, k = q.astype(np.float64)[:, heads], k.astype(np.float64)[:, heads]
+    v, alpha, b = v.astype(np.float64), np.exp(g.astype(np.float64)), beta.astype(np.float64)
+    if flaw == "beta_ignored":
+        b = np.ones_like(b)
+    S = state.astype(np.float64)
+    out = np.empty(v.shape)
+    for t in range(q.shape[2]):
+        a, kt, qt = alpha[:, :, t, None, None], k[:, :, t], q[:, :, t]
+        before = S
+        if flaw == "pre_decay_delta":  # the delta reads the state before the decay
+            u = b[:, :, t, None] * (v[:, :, t] - np.einsum("bhk,bhkv->bhv", kt, S))
+            S = a * S + kt[..., None] * u[:, :, None]
+        elif flaw == "gate_after_delta":  # decay applied after the write
+            u = b[:, :, t, None] * (v[:, :, t] - np.einsum("bhk,bhkv->bhv", kt, S))
+            S = a * (S + kt[..., None] * u[:, :, None])
+        else:
+            S = decayed = a * S
+            u = b[:, :, t, None] * (v[:, :, t] - np.einsum("bhk,bhkv->bhv", kt, S))
+            S = S + kt[..., None] * u[:, :, None]
+        if flaw == "fp16_state":
+            S = S.astype(np.float16).astype(np.float64)
+        read = S
+        if flaw == "read_before_update":  # o_t from the state before this token's decay and write
+            read = before
+        elif flaw == "exclusive_diagonal":  # o_t from the decayed state without this token's own write
+            read = decayed
+        out[:, :, t] = scale * np.einsum("bhk,bhkv->bhv", qt, read)
+    return out, S
+
+
+def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., Any]:
+    """A gdn_cte with one recurrence ``flaw`` and/or one ``api`` flaw (see ``FLAWS``)."""
+
+    def gdn_cte(
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        g_log: np.ndarray,
+        beta: np.ndarray,
+        scale: float = 1.0,
+        algorithm: str = "schur",
+        mask_pack: np.ndarray | None = None,
+        group_size: int = 8,
+        recurrent_state: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if api == "mutates_state_on_reject" and recurrent_state is not None and recurrent_state.flags.writeable:
+            recurrent_state[...] = 0.0  # "clears the slot" before checking the call
+        violations = validate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+        skipped = {
+            "no_divisibility_check": {"seq.divisible"},
+            "neumann_accepts_state": {"neumann.no_state"},
+        }.get(api, set())
+        violations = [v for v in violations if v.rule_id not in skipped]
+        if api == "neumann_wants_128" and algorithm == "neumann" and query.shape[2] % 128:
+            raise ValueError("gdn_cte: `query` S must be divisible by 128")
+        if violations:
+            if api == "vague_errors":
+                raise ValueError("gdn_cte: invalid input")
+            raise ContractError(violations)
+        B, Hv, Dk, Dv = value.shape[0], value.shape[1], key.shape[3], value.shape[3]
+        start = (
+            np.zeros((B, Hv, Dk, Dv)) if recurrent_state is None or api == "ignores_initial_state" else recurrent_state
+        )
+        eff_scale = scale * scale if api == "scale_twice" else scale
+        if api == "batch_leak":  # batch item b continues from item b-1's final state instead of its own start
+            outs, finals, carry = [], [], start[:1]
+            for b in range(B):
+                o, carry = recurrence(
+                    query[b : b + 1],
+                    key[b : b + 1],
+                    value[b : b + 1],
+                    g_log[b : b + 1],
+                    beta[b : b + 1],
+                    eff_scale,
+                    carry if b else start[:1],
+                    flaw,
+                )
+                outs.append(o)
+                finals.append(carry)
+            out, final = np.concatenate(outs), np.concatenate(finals)
+        else:
+            out, final = recurrence(query, key, value, g_log, beta, eff_scale, start, flaw)
+        if api == "nondeterministic":
+            out = out * (1.0 + 1e-7 * np.random.default_rng().standard_normal(out.shape))
+        out_dtype = np.float32 if api == "out_fp32" else NUMPY_DTYPES[np.dtype(query.dtype).name]
+        out = out.astype(out_dtype)
+        if recurrent_state is None or api == "state_copy":
+            return out, final.astype(np.float32)
+        recurrent_state[...] = final
+        return out, recurrent_state
+
+    gdn_cte.gdn_spec_capabilities = {**CAPS, "name": f"mutant:{api or flaw or 'none'}"}
+    return gdn_cte
+
+
+CORRECT = make()
+
+# name -> (callable, contract areas expected to fail, -k filter that keeps the run small)
+FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
+    "pre_decay_delta": (make("pre_decay_delta"), ("numerics",), "schur and float32 and random"),
+    "gate_after_delta": (make("gate_after_delta"), ("numerics",), "neumann and float32 and random"),
+    "read_before_update": (make("read_before_update"), ("numerics",), "schur and bfloat16 and zero_gate"),
+    "exclusive_diagonal": (make("exclusive_diagonal"), ("numerics",), "neumann and bfloat16 and random"),
+    "h_mod_hk": (make("h_mod_hk"), ("head_mapping",), ""),
+    "fp16_state": (make("fp16_state"), ("numerics",), "schur and float32 and large_state"),
+    "beta_ignored": (make("beta_ignored"), ("numerics",), "schur and float32 and beta_near_zero"),
+    "batch_leak": (make(api="batch_leak"), ("independence",), ""),
+    "scale_twice": (make(api="scale_twice"), ("numerics",), "schur and float32 and random"),
+    "ignores_initial_state": (make(api="ignores_initial_state"), ("aliasing",), ""),
+    "state_copy": (make(api="state_copy"), ("aliasing",), ""),
+    "mutates_state_on_reject": (make(api="mutates_state_on_reject"), ("rejection",), "schur"),
+    "no_divisibility_check": (make(api="no_divisibility_check"), ("divisibility",), ""),
+    "neumann_wants_128": (make(api="neumann_wants_128"), ("divisibility",), ""),
+    "neumann_accepts_state": (make(api="neumann_accepts_state"), ("neumann",), ""),
+    "vague_errors": (make(api="vague_errors"), ("rejection",), "schur"),
+    "out_fp32": (make(api="out_fp32"), ("dtypes",), ""),
+    "nondeterministic": (make(api="nondeterministic"), ("determinism",), ""),
+}
+
+for _name, (_fn, _areas, _k) in FLAWS.items():
+    globals()[_name] = _fn

@@ -1,0 +1,41 @@
+"""Every documented rule has a violation builder, and each builder's call breaks exactly its rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_ref.contract import RULES
+from gdn_spec.contract import MISSING_BUILDERS, RULE_CASES, check_inputs, valid_call
+
+PAIRS = [(a, c) for c in RULE_CASES for a in c.algorithms]
+
+
+def test_every_rule_has_exactly_one_case() -> None:
+    assert MISSING_BUILDERS == ()
+    assert [c.id for c in RULE_CASES] == [r.id for r in RULES]
+
+
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_valid_call_is_valid(algorithm: str, dtype: str) -> None:
+    assert check_inputs(**valid_call(algorithm, dtype)) == []
+
+
+@pytest.mark.parametrize(("algorithm", "case"), PAIRS, ids=[f"{a}-{c.id}" for a, c in PAIRS])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_builder_breaks_exactly_its_rule(algorithm: str, case, dtype: str) -> None:
+    base = valid_call(algorithm, dtype)
+    before = {n: x.tobytes() for n, x in base.items() if isinstance(x, np.ndarray)}
+    bad = case.build(base)
+    flagged = {v.rule_id for v in check_inputs(**bad)}
+    assert flagged == {case.id} | case.also
+    assert case.violation(bad).argument in (*case.rule.arguments, "query", "recurrent_state")
+    assert all(base[n].tobytes() == b for n, b in before.items()), "a builder modified the valid call"
+
+
+def test_violation_message_names_argument_value_rule_and_fix() -> None:
+    bad = next(c for c in RULE_CASES if c.id == "beta.dtype").build(valid_call())
+    (violation,) = check_inputs(**bad)
+    text = str(violation)
+    assert "`beta`" in text and "float16" in text and "[beta.dtype]" in text and "Fix:" in text

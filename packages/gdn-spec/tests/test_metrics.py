@@ -1,0 +1,54 @@
+"""The error metric and the tolerance table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_spec.metrics import BF16_UNIT_ROUNDOFF, FP32_UNIT_ROUNDOFF, REF_RMS_FLOOR, TOLERANCES, compare, rms
+
+
+def test_identical_is_zero_error() -> None:
+    ref = np.random.default_rng(0).standard_normal((2, 3, 4))
+    e = compare("out", ref.astype(np.float32), ref.astype(np.float32), "float32")
+    assert e.ok and e.rel_rms == 0 and e.max_abs == 0
+
+
+def test_relative_rms_and_max_are_scale_free() -> None:
+    ref = np.random.default_rng(1).standard_normal(1000)
+    for magnitude in (1e-3, 1.0, 1e5):
+        e = compare("state", magnitude * ref * (1 + 1e-3), magnitude * ref, "bfloat16")
+        assert e.rel_rms == pytest.approx(1e-3, rel=1e-6)
+        assert e.max_rel == pytest.approx(1e-3, rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_always_fails(bad: float) -> None:
+    ref = np.ones(10)
+    got = ref.copy()
+    got[3] = bad
+    e = compare("out", got, ref, "bfloat16")
+    assert not e.finite and not e.ok and e.ratio == float("inf")
+
+
+def test_shape_mismatch_fails() -> None:
+    assert not compare("out", np.ones(3), np.ones(4), "float32").ok
+
+
+def test_tiny_reference_is_judged_absolutely() -> None:
+    e = compare("out", np.full(5, 1e-12), np.zeros(5), "float32")
+    assert e.rel_rms == pytest.approx(1e-12 / REF_RMS_FLOOR)
+    assert e.ok
+
+
+def test_table_covers_both_dtypes_and_outputs_and_tracks_unit_roundoff() -> None:
+    assert set(TOLERANCES) == {"float32", "bfloat16"}
+    for dtype, u in (("float32", FP32_UNIT_ROUNDOFF), ("bfloat16", BF16_UNIT_ROUNDOFF)):
+        for output in ("out", "state"):
+            tol = TOLERANCES[dtype][output]
+            assert u < tol.rel_rms <= tol.max_rel
+    assert TOLERANCES["float32"]["out"].rel_rms < TOLERANCES["bfloat16"]["out"].rel_rms
+
+
+def test_rms() -> None:
+    assert rms(np.array([3.0, -3.0])) == 3.0 and rms(np.zeros(0)) == 0.0

@@ -1,0 +1,94 @@
+"""The suite's power: every deliberately broken implementation fails it in the expected area, and the correct
+ones (the mutants' unbroken base and gdn-ref's gdn_cte) pass the same quick runs.
+
+Each run is a subprocess of ``gdn-spec check`` with the ``quick`` Hypothesis profile, restricted to the
+expected area (and a -k filter for numerics) so the whole file stays well under a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mutants import FLAWS
+
+HERE = Path(__file__).parent
+
+
+def check(spec: str, areas: tuple[str, ...] = (), keyword: str = "", tmp_path: Path | None = None) -> dict:
+    """Run ``gdn-spec check`` in a subprocess; return (exit code, JSON summary)."""
+    out = (tmp_path or HERE) / f"summary-{spec.replace(':', '-')}.json"
+    cmd = [sys.executable, "-m", "gdn_spec.cli", "check", spec, "--profile", "quick", "--json", str(out)]
+    for area in areas:
+        cmd += ["--area", area]
+    if keyword:
+        cmd += ["-k", keyword]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    summary = json.loads(out.read_text()) if out.exists() else {}
+    return {"code": proc.returncode, "summary": summary, "output": proc.stdout[-3000:] + proc.stderr[-3000:]}
+
+
+@pytest.mark.parametrize("name", list(FLAWS))
+def test_mutant_is_caught(name: str, tmp_path: Path) -> None:
+    _, areas, keyword = FLAWS[name]
+    result = check(f"mutants:{name}", areas, keyword, tmp_path)
+    assert result["code"] != 0, f"mutant {name} passed the suite:\n{result['output']}"
+    failed_areas = {a for a, counts in result["summary"]["areas"].items() if counts.get("failed")}
+    assert failed_areas & set(areas), f"{name} failed in {failed_areas}, expected {areas}:\n{result['output']}"
+
+
+# The exact runs the mutants fail, deduplicated: a correct implementation must pass every one of them.
+RUNS = sorted({(areas, keyword) for _, areas, keyword in FLAWS.values()})
+
+
+@pytest.mark.parametrize("spec", ["mutants:CORRECT", "gdn_ref:gdn_cte"])
+@pytest.mark.parametrize(("areas", "keyword"), RUNS, ids=[f"{'+'.join(a)}[{k}]" for a, k in RUNS])
+def test_correct_implementations_pass_the_same_runs(
+    spec: str, areas: tuple[str, ...], keyword: str, tmp_path: Path
+) -> None:
+    result = check(spec, areas, keyword, tmp_path)
+    assert result["code"] == 0, result["output"]
+    assert result["summary"]["totals"].get("passed", 0) > 0
+
+
+def test_correct_base_passes_the_whole_suite(tmp_path: Path) -> None:
+    result = check("mutants:CORRECT", (), "", tmp_path)
+    assert result["code"] == 0, result["output"]
+
+
+def test_every_area_has_a_mutant() -> None:
+    covered = {a for _, areas, _ in FLAWS.values() for a in areas}
+    expected = {"numerics", "head_mapping", "aliasing", "rejection", "divisibility", "neumann", "dtypes"}
+    assert expected <= covered and len(FLAWS) >= 10
+
+
+def test_unrelated_runs_skip_the_suite_with_a_reason(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("GDN_SPEC_IMPL", "PYTEST_XDIST_WORKER")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "gdn_spec.suite.test_dtypes",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no GDN implementation requested" in proc.stdout and "passed" not in proc.stdout
