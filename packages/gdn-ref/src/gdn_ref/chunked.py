@@ -8,10 +8,13 @@ value head h reads key head h // G, without materializing repeated key heads.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, ALGORITHMS, CHUNK_BY_ALGORITHM, SUBBLOCK_NEUMANN
 from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
@@ -22,11 +25,14 @@ from .rounding import RoundFn, operand_rounding
 WriteFn = Callable[[int, np.ndarray], np.ndarray]
 """(chunk index n, X S₀ with X = K or W) → that chunk's effective writes V_new."""
 
-# Work is done one slab of lanes (lane = one (batch, key head) pair with its G value heads) at a time, sized so
-# each per-slab temporary stays near this many bytes. Measured on the 2-core dev box: whole-problem temporaries
+# Work is done in slabs of lanes (lane = one (batch, key head) pair with its G value heads), sized so each
+# per-slab temporary stays near this many bytes. Measured on the 2-core dev box: whole-problem temporaries
 # (~130 MiB each at B=1, Hv=32, S=8192) were freshly page-faulted on every allocation and made the run time swing
 # 1.2-5.6 s; slab-sized ones are recycled by the allocator and stay cache-friendly. Lanes are independent, so
-# slabbing changes no arithmetic.
+# slabbing changes no arithmetic, and slabs run on one thread per CPU with single-threaded BLAS: numpy releases
+# the GIL in matmul and elementwise loops, and the elementwise half of the work then runs in parallel too.
+# (Multi-threaded OpenBLAS on small 128x128 products was also 10x slower whenever other processes shared the
+# cores: its threads spin-wait for each other.)
 SLAB_BYTES = 16 * 2**20
 
 
@@ -213,6 +219,13 @@ def _slab(
     return out
 
 
+def _cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
 def _lanes_per_slab(n_chunks: int, chunk: int, groups: int, widest: int, itemsize: int) -> int:
     """Lanes whose largest per-slab temporary ([G, N, C, max(C, Dk, Dv)] per lane) fits in SLAB_BYTES."""
     lane_bytes = groups * n_chunks * chunk * max(chunk, widest) * itemsize
@@ -292,17 +305,26 @@ def chunked(
         state[...] = np.asarray(initial_state).reshape(state.shape)
     out = np.empty((lanes, groups, S, Dv), dtype)
 
-    n_chunks = -(-S // chunk)
-    step = _lanes_per_slab(n_chunks, chunk, groups, max(Dk, Dv), dtype.itemsize)
-    for lo in range(0, lanes, step):
-        sl = slice(lo, lo + step)
+    def run_slab(lanes_of_slab: slice) -> None:  # writes only its own lanes of `out` and `state`
         inputs = _ChunkedInputs(
-            query=_split_chunks(query_l[sl], chunk, dtype),
-            key=_split_chunks(key_l[sl], chunk, dtype),
-            value=_split_chunks(value_l[sl], chunk, dtype),
-            g_log=_split_chunks(g_l[sl], chunk, dtype),
-            beta=_split_chunks(beta_l[sl], chunk, dtype),
+            query=_split_chunks(query_l[lanes_of_slab], chunk, dtype),
+            key=_split_chunks(key_l[lanes_of_slab], chunk, dtype),
+            value=_split_chunks(value_l[lanes_of_slab], chunk, dtype),
+            g_log=_split_chunks(g_l[lanes_of_slab], chunk, dtype),
+            beta=_split_chunks(beta_l[lanes_of_slab], chunk, dtype),
         )
-        slab_out = _slab(inputs, state[sl], scale, algorithm, rnd, mask_pack)
-        out[sl] = slab_out.reshape(*slab_out.shape[:2], -1, Dv)[:, :, :S]
+        slab_out = _slab(inputs, state[lanes_of_slab], scale, algorithm, rnd, mask_pack)
+        out[lanes_of_slab] = slab_out.reshape(*slab_out.shape[:2], -1, Dv)[:, :, :S]
+
+    workers = _cpu_count()
+    step = _lanes_per_slab(-(-S // chunk), chunk, groups, max(Dk, Dv), dtype.itemsize)
+    step = min(step, -(-lanes // workers))  # at least one slab per worker when there are enough lanes
+    slabs = [slice(lo, lo + step) for lo in range(0, lanes, step)]
+    with threadpool_limits(limits=1, user_api="blas"):
+        if len(slabs) == 1 or workers == 1:
+            for lanes_of_slab in slabs:
+                run_slab(lanes_of_slab)
+        else:
+            with ThreadPoolExecutor(min(workers, len(slabs))) as pool:
+                list(pool.map(run_slab, slabs))
     return out.reshape(B, Hv, S, Dv), state.reshape(B, Hv, Dk, Dv)
