@@ -13,7 +13,7 @@ from gdn_ref.constants import (
 )
 from gdn_ref.contract import ContractError, validate
 
-from . import neumann, schur, stages
+from . import engines, neumann, schur, stages
 from .backend import nki, nl
 from .lanes import LaneInputs, program_lanes, run_lanes
 from .tiles import FP32
@@ -68,6 +68,7 @@ def gdn_cte(
     if violations:
         raise ContractError(violations)
 
+    engines.reset()
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]
     ratio = value_heads // query.shape[1]
@@ -90,8 +91,17 @@ def gdn_cte(
 
     lanes = [
         stages.Lane(
-            b=b, h=h, kh=h // ratio, query=query, key=key, value=value, out=out,
-            chunk=chunk, dtype=dtype, scale=float(scale), consts=consts,
+            b=b,
+            h=h,
+            kh=h // ratio,
+            query=query,
+            key=key,
+            value=value,
+            out=out,
+            chunk=chunk,
+            dtype=dtype,
+            scale=float(scale),
+            consts=consts,
         )  # fmt: skip
         for b, h in program_lanes(batch, value_heads)
     ]

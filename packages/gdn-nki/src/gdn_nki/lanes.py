@@ -20,9 +20,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stages
+from . import stages, tiles
 from .backend import nl
 from .stages import Chunk, Constants, Lane
+
+# Units whose loads are in flight ahead of the one being prepared: the DMA rings run in issue order, so loads
+# issued a unit early are not queued behind the previous unit's output stores.
+LOAD_AHEAD = 2
 
 InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
 
@@ -52,6 +56,7 @@ class Unit:
     starts_lane: bool
     ends_lane: bool
     chunks: list[Chunk] = field(default_factory=list)
+    gate_rows: tuple = ()
 
 
 @dataclass
@@ -75,11 +80,20 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
     return units
 
 
-def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
-    """State-independent work of a unit; yields between steps. All loads are issued before the first yield."""
+def load(unit: Unit, inputs: LaneInputs) -> None:
+    """Issue every DMA load of a unit (gates and all chunks' q, k, v) and nothing else: compute that waited on
+    these loads would block its engine's queue while they are in flight."""
     lane = unit.lane
-    gates = stages.load_gates(inputs.g_log, inputs.beta, lane.b, lane.h, unit.first, unit.width, lane.chunk)
-    unit.chunks = [stages.load_chunk(lane, unit.first + j) for j in range(unit.width)]
+    unit.gate_rows = stages.load_gate_rows(
+        inputs.g_log, inputs.beta, lane.b, lane.h, unit.first, unit.width, lane.chunk
+    )
+    unit.chunks = stages.load_chunks(lane, unit.first, unit.width)
+
+
+def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
+    """State-independent compute of a loaded unit; yields between steps."""
+    lane = unit.lane
+    gates = stages.gate_columns(*unit.gate_rows)
     yield
     yield from lockstep([stages.chunk_operands(lane, chunk, gates, j) for j, chunk in enumerate(unit.chunks)])
     yield from inputs.invert_group(unit.chunks, lane.consts, lane.dtype)
@@ -92,9 +106,11 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
     if unit.starts_lane:
         dk, dv = lane.key.shape[3], lane.value.shape[3]
         carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv, lane.dtype)
-    for chunk in unit.chunks:
-        carried[0] = stages.state_step(lane, chunk, carried[0])
+    outputs = tiles.sbuf((lane.chunk, unit.width, lane.value.shape[3]), lane.dtype)
+    for j, chunk in enumerate(unit.chunks):
+        carried[0] = stages.state_step(lane, chunk, carried[0], outputs[:, j, :])
         yield
+    stages.store_outputs(lane, outputs, unit.first, unit.width)
     unit.chunks = []  # the unit's tiles are dead once its chain has read them
     if unit.ends_lane:
         nl.store(inputs.final_state[lane.b, lane.h, :, :], carried[0].master)
@@ -122,15 +138,18 @@ def interleave(first: Iterator[None], second: Iterator[None], ratio: int) -> Non
 
 
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
-    """Issue all units: prepare(0), then advance(i) interleaved with prepare(i + 1)."""
+    """Issue all units: loads run two units ahead; advance(i) is interleaved with prepare(i + 1)."""
     units = lane_units(lanes, group_size)
     carried: list[stages.State] = [None]  # type: ignore[list-item]
-    if not units:
-        return
-    for _ in prepare(units[0], inputs):
-        pass
+    for unit in units[:LOAD_AHEAD]:
+        load(unit, inputs)
+    if units:
+        for _ in prepare(units[0], inputs):
+            pass
     for i, unit in enumerate(units):
+        if i + LOAD_AHEAD < len(units):
+            load(units[i + LOAD_AHEAD], inputs)
         chain = advance(unit, inputs, carried)
         following = prepare(units[i + 1], inputs) if i + 1 < len(units) else iter(())
-        # prepare has about three steps per chunk (operands, inverse levels, transition) to advance's one
-        interleave(chain, following, ratio=3)
+        # prepare has about two steps per chunk (operand phases, inverse levels, transition phases) to advance's one
+        interleave(chain, following, ratio=2)

@@ -74,7 +74,7 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
 
 
 def _transposed(x: Any, dtype: Any) -> Any:
-    return tiles.copy_to(tiles.sbuf((x.shape[1], x.shape[0]), dtype), tiles.transpose(x))
+    return tiles.evacuate(tiles.transpose(x), dtype)
 
 
 def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -> Iterator[None]:
@@ -84,7 +84,7 @@ def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -
     inverse = []
     for p in power:
         x = tiles.sbuf(tuple(p.shape), dtype)
-        nisa.tensor_tensor(dst=x, data1=consts.eye, data2=p, op=nl.add, engine=tiles.POOL)
+        tiles.combine(x, consts.eye, p, nl.add)
         inverse.append(x)
     for rnd in range(1, DOUBLING_ROUNDS + 1):
         squared_t = [tiles.evacuate(tiles.matmul(p, pt), dtype) for p, pt in zip(power, power_t, strict=True)]
@@ -99,13 +99,11 @@ def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -
 def _add_product(base: Any, stationary: Any, moving: Any, dtype: Any) -> Any:
     """base + stationaryᵀ @ moving into a new tile (the product read straight from PSUM)."""
     dst = tiles.sbuf(tuple(base.shape), dtype)
-    nisa.tensor_tensor(dst=dst, data1=base, data2=tiles.matmul(stationary, moving), op=nl.add)
+    tiles.combine(dst, base, tiles.matmul(stationary, moving), nl.add)
     return dst
 
 
-def _block_substitution(
-    a_list: list[Any], diag_inverse: list[Any], consts: Constants, dtype: Any
-) -> Iterator[None]:
+def _block_substitution(a_list: list[Any], diag_inverse: list[Any], consts: Constants, dtype: Any) -> Iterator[None]:
     """Inv = (I + A)⁻¹ from X_d by three sweeps of Inv ← X_d − (X_d N) Inv."""
     below = [tiles.multiply(a, consts.planes["below"], dtype) for a in a_list]  # N
     diag_t = [_transposed(x, dtype) for x in diag_inverse]

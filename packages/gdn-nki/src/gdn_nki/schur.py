@@ -43,32 +43,20 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     yield
     for level in range(1, N_MERGE_LEVELS + 1):
         off = [tiles.multiply(chunk.a, consts.planes[level], dtype) for chunk in chunks]
-        mid = [
-            _evacuate_alternating(tiles.matmul(r, inv_t), dtype, k) for k, (r, inv_t) in enumerate(zip(off, inverse_t, strict=True))
-        ]
+        mid = [tiles.evacuate(tiles.matmul(r, inv_t), dtype) for r, inv_t in zip(off, inverse_t, strict=True)]
         for inv, m, acc in zip(inverse, mid, inverse_t_psum, strict=True):
             tiles.matmul(inv, m, dst=acc, accumulate=True)  # Invᵀ += (Inv R̃ Inv)ᵀ
         inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
         if level < N_MERGE_LEVELS:
-            inverse = [_evacuate_vector(tiles.transpose(t), dtype) for t in inverse_t]
+            inverse = [tiles.evacuate(tiles.transpose(t), dtype) for t in inverse_t]
         yield
     for chunk, inv_t in zip(chunks, inverse_t, strict=True):
         chunk.inverse_t = inv_t
-
-
-def _evacuate_alternating(src: Any, dtype: Any, k: int) -> Any:
-    """PSUM -> SBUF copy alternating between the vector and scalar engines (both carry other evacuations)."""
-    return _evacuate_vector(src, dtype) if k % 2 == 0 else tiles.evacuate(src, dtype)
-
-
-def _evacuate_vector(src: Any, dtype: Any) -> Any:
-    """PSUM -> SBUF copy on the vector engine (the scalar engine already carries the Invᵀ evacuations)."""
-    return tiles.copy_to(tiles.sbuf(tuple(src.shape), dtype), src)
 
 
 def _level0(a: Any, consts: Constants, dtype: Any) -> Any:
     """Inverse of every 2×2 diagonal block: I − A ∘ off0."""
     a_off = tiles.multiply(a, consts.planes["off0"], dtype)
     inverse = tiles.sbuf(tuple(a.shape), dtype)
-    nisa.tensor_tensor(dst=inverse, data1=consts.eye, data2=a_off, op=nl.subtract, engine=tiles.POOL)
+    tiles.combine(inverse, consts.eye, a_off, nl.subtract)
     return inverse

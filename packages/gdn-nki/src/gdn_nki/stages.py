@@ -24,7 +24,7 @@ from typing import Any
 
 from gdn_ref.masks import PLANE_EYE, PLANE_UPPER_NEG
 
-from . import tiles
+from . import engines, tiles
 from .backend import nisa, nl
 from .tiles import FP32
 
@@ -53,7 +53,7 @@ def constants_from_pack(mask_pack: Any, chunk: int, dtype: Any) -> Constants:
     """Load the shared constants from the host-built mask pack (one DMA each, no on-device mask building)."""
     eye32 = nl.load(mask_pack[PLANE_EYE, 0:chunk, 0:chunk], dtype=FP32)
     eye = tiles.sbuf((chunk, chunk), dtype)
-    tiles.copy_to(eye, eye32, tiles.POOL)
+    tiles.copy_to(eye, eye32)
     # The pack holds the mask above the diagonal; Γᵀ needs it below, so it is transposed on the load.
     lower_neg = tiles.sbuf((chunk, chunk), FP32)
     nisa.dma_transpose(dst=lower_neg, src=mask_pack[PLANE_UPPER_NEG, 0:chunk, 0:chunk])
@@ -75,7 +75,7 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
         cmp_op=nl.equal,
     )
     eye = tiles.sbuf((chunk, chunk), dtype)
-    tiles.copy_to(eye, eye32, tiles.POOL)
+    tiles.copy_to(eye, eye32)
     zeros = tiles.sbuf((chunk, chunk), FP32)
     nisa.memset(dst=zeros, value=0.0)
     lower_neg = tiles.sbuf((chunk, chunk), FP32)
@@ -91,18 +91,6 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
     return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
 
 
-def causal_select(decay_t: Any) -> None:
-    """Zero, in place, every element of a [C, C] Γᵀ tile below the diagonal (keep column − row >= 0)."""
-    nisa.affine_select(
-        dst=decay_t,
-        pattern=[[1, decay_t.shape[1]]],
-        channel_multiplier=-1,
-        on_true_tile=decay_t,
-        on_false_value=0.0,
-        cmp_op=nl.greater_equal,
-    )
-
-
 @dataclass
 class Gates:
     """Per-token gate columns of one group of chunks ([C, n] tiles, column j = chunk j of the group)."""
@@ -114,18 +102,22 @@ class Gates:
     beta_decay: Any  # β e^γ
 
 
-def load_gates(g_log: Any, beta: Any, b: int, h: int, first_chunk: int, n_chunks: int, chunk: int) -> Gates:
-    """Load a group's gates as rows, prefix-sum along the free axis in fp32, and turn them into columns.
-
-    One row per chunk puts the chunk-local cumsum on the free axis (one vector scan for the whole group);
-    two fp32 PE transposes then give the token-on-partition columns the later stages scale rows with.
-    """
+def load_gate_rows(g_log: Any, beta: Any, b: int, h: int, first_chunk: int, n_chunks: int, chunk: int) -> tuple:
+    """DMA a group's g_log and β as rows (one row per chunk): the chunk-local cumsum then runs on the free axis."""
     tokens = nl.ds(first_chunk * chunk, n_chunks * chunk)
     g_rows = tiles.sbuf((n_chunks, chunk), FP32)
     nisa.dma_copy(dst=g_rows, src=g_log[b, h, tokens])
     beta_rows = tiles.sbuf((n_chunks, chunk), FP32)
     nisa.dma_copy(dst=beta_rows, src=beta[b, h, tokens])
+    return g_rows, beta_rows
+
+
+def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
+    """Prefix-sum the gate rows in fp32 (one vector scan for the whole group) and turn them into the
+    token-on-partition columns later stages scale rows with (two fp32 PE transposes)."""
+    n_chunks, chunk = g_rows.shape
     gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
+    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
     nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_rows, op0=nl.multiply, op1=nl.add, imm0=1.0)
 
     columns_psum = tiles.psum((chunk, 2 * n_chunks))
@@ -134,13 +126,10 @@ def load_gates(g_log: Any, beta: Any, b: int, h: int, first_chunk: int, n_chunks
     columns = tiles.evacuate(columns_psum, FP32)
     gamma, beta_cols = columns[:, 0:n_chunks], columns[:, n_chunks : 2 * n_chunks]
 
-    log_beta = tiles.sbuf((chunk, n_chunks), FP32)
-    nisa.activation(dst=log_beta, op=nl.log, data=beta_cols)
-    gamma_log_beta = tiles.sbuf((chunk, n_chunks), FP32)
-    nisa.tensor_tensor(dst=gamma_log_beta, data1=gamma, data2=log_beta, op=nl.add, engine=tiles.POOL)
+    log_beta = tiles.activate(nl.log, beta_cols)
+    gamma_log_beta = tiles.combine(tiles.sbuf((chunk, n_chunks), FP32), gamma, log_beta, nl.add)
     beta_decay = tiles.exp(gamma_log_beta)
-    minus_gamma = tiles.sbuf((chunk, n_chunks), FP32)
-    nisa.tensor_scalar(dst=minus_gamma, data=gamma, op0=nl.multiply, operand0=-1.0, engine=tiles.POOL)
+    minus_gamma = tiles.evacuate(gamma, FP32, scale=-1.0)
     return Gates(gamma=gamma, minus_gamma=minus_gamma, beta=beta_cols, log_beta=log_beta, beta_decay=beta_decay)
 
 
@@ -188,22 +177,41 @@ class Lane:
     consts: Constants
 
 
-def load_chunk(lane: Lane, index: int) -> Chunk:
-    """DMA one chunk's q, k (transposed: the permute rides on the load) and k, v (token-major)."""
+def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
+    """DMA ``width`` consecutive chunks with one load per tensor: q and k transposed (the permute rides on the
+    load), k and v token-major as [C, width, D] (chunk j on free-axis slot j); the chunks get views."""
     c, dtype = lane.chunk, lane.dtype
-    rows = nl.ds(index * c, c)
     dk, dv = lane.key.shape[3], lane.value.shape[3]
-    chunk = Chunk(index=index)
-    chunk.q_t = tiles.sbuf((dk, c), dtype)
-    nisa.dma_transpose(dst=chunk.q_t, src=lane.query[lane.b, lane.kh, rows, :])
-    chunk.k_t = tiles.sbuf((dk, c), dtype)
-    nisa.dma_transpose(dst=chunk.k_t, src=lane.key[lane.b, lane.kh, rows, :])
-    key = tiles.sbuf((c, dk), dtype)
-    nisa.dma_copy(dst=key, src=lane.key[lane.b, lane.kh, rows, :])
-    value = tiles.sbuf((c, dv), dtype)
-    nisa.dma_copy(dst=value, src=lane.value[lane.b, lane.h, rows, :])
-    chunk.key, chunk.value = key, value
-    return chunk
+    tokens = nl.ds(first * c, width * c)
+    q_t = tiles.sbuf((dk, width * c), dtype)
+    nisa.dma_transpose(dst=q_t, src=lane.query[lane.b, lane.kh, tokens, :])
+    k_t = tiles.sbuf((dk, width * c), dtype)
+    nisa.dma_transpose(dst=k_t, src=lane.key[lane.b, lane.kh, tokens, :])
+    key = tiles.sbuf((c, width, dk), dtype)
+    nisa.dma_copy(dst=key, src=_chunk_major(lane.key[lane.b, lane.kh], first, width, c))
+    value = tiles.sbuf((c, width, dv), dtype)
+    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], first, width, c))
+    return [
+        Chunk(
+            index=first + j,
+            q_t=q_t[:, j * c : (j + 1) * c],
+            k_t=k_t[:, j * c : (j + 1) * c],
+            key=key[:, j, :],
+            value=value[:, j, :],
+        )
+        for j in range(width)
+    ]
+
+
+def _chunk_major(tokens_by_dim: Any, first: int, width: int, chunk: int) -> Any:
+    """View of a token-major [S, D] HBM tensor as [chunk, width, D]: token t of chunk j at [t, j, :]."""
+    dim = tokens_by_dim.shape[1]
+    return tokens_by_dim.ap(pattern=[[dim, chunk], [chunk * dim, width], [1, dim]], offset=first * chunk * dim)
+
+
+def store_outputs(lane: Lane, outputs: Any, first: int, width: int) -> None:
+    """One DMA of a unit's [C, width, Dv] output tile to its token-major rows of ``out``."""
+    nisa.dma_copy(dst=_chunk_major(lane.out[lane.b, lane.h], first, width, lane.chunk), src=outputs)
 
 
 def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[None]:
@@ -226,13 +234,14 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # Γ for A: only A's strictly-lower part is ever read, so clamping at 0 (instead of masking) is enough
     # to keep exp finite above the diagonal.
     decay_log = tiles.sbuf((c, c), FP32)
+    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, c))
     nisa.tensor_scalar(
         dst=decay_log, data=bcast, op0=nl.subtract, operand0=gamma, reverse0=True, op1=nl.minimum, operand1=0.0
     )
     # Γᵀ[j', i] = exp(γ_i − γ_j') read straight from PSUM; the anti-causal half (i < j') may overflow to inf
     # and is then *selected* away (never multiplied) by the GpSimd select, leaving exact zeros.
     decay_t = tiles.exp(bcast, bias=minus_gamma)
-    causal_select(decay_t)
+    tiles.select_upper(decay_t)
     gamma_last = rows[:, c - 1 : c]
     q_decay = tiles.exp(rows[0:dk, :])  # e^{γ_i} along the free axis
     ratio = tiles.exp(gamma, bias=gamma_last[0:c, :], scale=-1.0)  # e^{γ_last − γ}
@@ -245,30 +254,28 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
-    gram = tiles.matmul(chunk.k_t, chunk.k_t)
-    qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
     yield
-    chunk.a = tiles.multiply(gram, beta_decay, dtype, engine=tiles.VECTOR)
-    chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype, engine=tiles.VECTOR)
+    # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
+    chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, dtype)
+    qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
+    chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype)
     chunk.release("q_t", "k_t", "key", "value")
 
 
 def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
-    """Stage 3: U, W and from them the transition Tᵀ and the effective query Q_effᵀ (state independent)."""
+    """Stage 3: U, W and from them the transition Tᵀ and the effective query Q_effᵀ (state independent).
+
+    Each product is evacuated right after it is made, so a chunk holds at most one PSUM tile at a time.
+    """
     dtype = lane.dtype
-    u = tiles.matmul(chunk.inverse_t, chunk.v_beta)
-    w = tiles.matmul(chunk.inverse_t, chunk.k_beta)
-    yield
-    chunk.u = tiles.evacuate(u, dtype)
-    w = tiles.evacuate(w, dtype)
+    chunk.u = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.v_beta), dtype)
+    w = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.k_beta), dtype)
     yield
     # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free.
-    transition_t = tiles.matmul(w, chunk.k_decay)
+    chunk.transition_t = tiles.evacuate(tiles.matmul(w, chunk.k_decay), dtype, scale=-1.0)
     attn_w_t = tiles.matmul(w, chunk.attn_t)  # (attn W)ᵀ
-    yield
-    chunk.transition_t = tiles.evacuate(transition_t, dtype, scale=-1.0)
     chunk.q_eff_t = tiles.sbuf(tuple(chunk.q_decay_t.shape), dtype)
-    nisa.tensor_tensor(dst=chunk.q_eff_t, data1=chunk.q_decay_t, data2=attn_w_t, op=nl.subtract)
+    tiles.combine(chunk.q_eff_t, chunk.q_decay_t, attn_w_t, nl.subtract)
     chunk.release("a", "inverse_t", "k_beta", "v_beta", "q_decay_t")
 
 
@@ -294,33 +301,39 @@ def _operand_copy(master: Any, dtype: Any) -> Any:
     if master.dtype == FP32 and dtype == FP32:
         return master
     operand = tiles.sbuf(tuple(master.shape), dtype)
-    tiles.copy_to(operand, master, tiles.POOL)
+    tiles.copy_to(operand, master)
     return operand
 
 
-def state_step(lane: Lane, chunk: Chunk, state: State) -> State:
-    """Stage 4 (sequential): emit the chunk's output from the entry state, then advance the state.
+def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
+    """Stage 4 (sequential): advance the state, and write the chunk's output (from the entry state) to ``out_tile``.
 
     out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
     """
-    c, dtype = lane.chunk, lane.dtype
+    dtype = lane.dtype
     update = tiles.matmul(chunk.k_decay, chunk.u)
     tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
     following = advance_state(state, chunk.decay_last, update, dtype)
 
     out_psum = tiles.matmul(chunk.attn_t, chunk.u)
     tiles.matmul(chunk.q_eff_t, state.operand, dst=out_psum, accumulate=True)
-    out_tile = tiles.evacuate(out_psum, dtype, scale=lane.scale)
-    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.index * c, c), :], src=out_tile)
+    tiles.copy_to(out_tile, out_psum, scale=lane.scale, engine=tiles.VECTOR)  # a chain link: keep it on DVE
     return following
 
 
 def advance_state(state: State, decay_last: Any, update: Any, dtype: Any) -> State:
-    """S' = e^{γ_last}·S + update in fp32 on the vector engine, then its operand-dtype copy on GpSimd."""
-    master = tiles.sbuf(tuple(state.master.shape), FP32)
-    _decay_add(master, state.master, decay_last, update)
-    return State(master=master, operand=_operand_copy(master, dtype))
+    """S' = e^{γ_last}·S + update, the operand copy first (the next chunk's matmuls wait on it only).
+
+    Both copies are computed on the vector engine from the same inputs, so the narrow one neither waits for the
+    fp32 one nor puts a chain link on another engine's queue (where it would block unrelated work behind it).
+    """
+    shape = tuple(state.master.shape)
+    operand = None
+    if state.operand is not state.master:
+        operand = _decay_add(tiles.sbuf(shape, dtype), state.master, decay_last, update)
+    master = _decay_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
+    return State(master=master, operand=master if operand is None else operand)
 
 
-def _decay_add(dst: Any, state: Any, decay_last: Any, update: Any) -> None:
-    nisa.scalar_tensor_tensor(dst=dst, data=state, op0=nl.multiply, operand0=decay_last, op1=nl.add, operand1=update)
+def _decay_add(dst: Any, state: Any, decay_last: Any, update: Any) -> Any:
+    return tiles.scale_add(dst, state, decay_last, update)

@@ -1,22 +1,21 @@
-"""Small helpers for allocating on-chip tiles and naming the engines stages run on.
+"""Small helpers for allocating on-chip tiles and issuing the kernel's elementwise work.
 
-Engine choice per instruction is a performance decision documented where each stage calls these helpers: the
-vector engine (DVE) carries the work only it can do (two-tile ops reading PSUM), the scalar engine (ACT) does
-exponentials and PSUM evacuations, and GpSimd (POOL) takes SBUF-only elementwise work so the DVE stays free.
+Every elementwise helper here asks :mod:`engines` which engine should run it: fixed instructions (exp on the
+scalar engine, two-tile ops reading PSUM on the vector engine) are charged to their engine, and flexible ones
+(PSUM evacuations, SBUF-only multiplies and row scalings, copies) go to whichever candidate engine has the least
+work queued. Matmuls and transposes run on the tensor engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import engines
 from .backend import nisa, nl
+from .engines import BALANCER, GPSIMD, SCALAR, VECTOR, free_elements, stream_ns
 
 FP32 = nl.float32
-
-# Engines, named by the role they play in this kernel.
-EVACUATE = nisa.engine.scalar  # PSUM -> SBUF copies with an optional cast or scale
-POOL = nisa.engine.gpsimd  # SBUF-only elementwise work off the vector engine
-VECTOR = nisa.engine.vector
+BF16_LIKE = (nl.bfloat16, nl.float16)
 
 
 def sbuf(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -29,17 +28,111 @@ def psum(shape: tuple[int, ...], dtype: Any = FP32) -> Any:
     return nl.ndarray(shape, dtype=dtype, buffer=nl.psum)
 
 
-def evacuate(src: Any, dtype: Any, scale: float | Any = 1.0) -> Any:
-    """Copy a PSUM tile to a new SBUF tile of ``dtype``, multiplied by ``scale`` (free on the scalar engine)."""
-    dst = sbuf(tuple(src.shape), dtype)
-    nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
+def in_psum(tile: Any) -> bool:
+    return tile.buffer == nl.psum
+
+
+def _narrow(*tiles: Any) -> bool:
+    return all(t.dtype in BF16_LIKE for t in tiles)
+
+
+def _vector_copy_ns(src: Any, dst: Any) -> float:
+    """DVE copy/scale: 4x perf mode for narrow SBUF in and out, 2x with a narrow PSUM side, else 1 elem/cycle."""
+    n = free_elements(src)
+    if _narrow(src, dst):
+        return stream_ns(VECTOR, n, 0.5 if in_psum(src) else 0.25)
+    return stream_ns(VECTOR, n)
+
+
+def evacuate(src: Any, dtype: Any, scale: float = 1.0) -> Any:
+    """Copy ``src`` (PSUM or SBUF) to a new SBUF tile of ``dtype``, multiplied by the float ``scale``."""
+    return copy_to(sbuf(tuple(src.shape), dtype), src, scale)
+
+
+def copy_to(dst: Any, src: Any, scale: float = 1.0, engine: Any = None) -> Any:
+    """``dst = scale * src`` on ``engine``, or else on whichever of the scalar or vector engine (GpSimd too when
+    nothing is in PSUM) has the least work queued."""
+    n = free_elements(src)
+    options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(src, dst))]
+    if not in_psum(src):
+        options.append((GPSIMD, stream_ns(GPSIMD, n)))
+    if engine is not None:
+        options = [option for option in options if option[0] == engine]
+    engine = BALANCER.pick(options)
+    if engine == SCALAR:
+        nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
+    elif scale == 1.0:
+        nisa.tensor_copy(dst=dst, src=src, engine=engine)
+    else:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale, engine=engine)
     return dst
 
 
-def copy_to(dst: Any, src: Any, engine: Any = VECTOR) -> Any:
-    """``dst = src`` on ``engine`` (cast through fp32 when dtypes differ)."""
-    nisa.tensor_copy(dst=dst, src=src, engine=engine)
+def combine(dst: Any, a: Any, b: Any, op: Any) -> Any:
+    """``dst = a op b`` elementwise: on the vector engine when an input is in PSUM, else vector or GpSimd."""
+    n = free_elements(a)
+    if in_psum(a) or in_psum(b):
+        engine = BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
+    else:
+        vector_passes = 0.5 if _narrow(a, b, dst) else 2.0
+        engine = BALANCER.pick([(GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, stream_ns(VECTOR, n, vector_passes))])
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=engine)
     return dst
+
+
+def multiply(a: Any, b: Any, dtype: Any) -> Any:
+    """Elementwise ``a * b`` into a new tile of ``dtype``."""
+    return combine(sbuf(tuple(a.shape), dtype), a, b, nl.multiply)
+
+
+def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
+    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is [P, 1])."""
+    dst = sbuf(tuple(x.shape), dtype)
+    n = free_elements(x)
+    engine = BALANCER.pick(
+        [(SCALAR, stream_ns(SCALAR, n)), (GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, _vector_copy_ns(x, dst))]
+    )
+    if engine == SCALAR:
+        nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
+    else:
+        nisa.tensor_scalar(dst=dst, data=x, op0=nl.multiply, operand0=column, engine=engine)
+    return dst
+
+
+def exp(data: Any, bias: Any = None, scale: float = 1.0, dtype: Any = FP32) -> Any:
+    """``exp(scale * data + bias)`` on the scalar engine into a new tile (bias is a [P, 1] tile)."""
+    return activate(nl.exp, data, bias, scale, dtype)
+
+
+def activate(op: Any, data: Any, bias: Any = None, scale: float = 1.0, dtype: Any = FP32) -> Any:
+    """``op(scale * data + bias)`` on the scalar engine into a new tile."""
+    dst = sbuf(tuple(data.shape), dtype)
+    BALANCER.charge(SCALAR, stream_ns(SCALAR, free_elements(data)))
+    nisa.activation(dst=dst, op=op, data=data, bias=bias, scale=scale)
+    return dst
+
+
+def scale_add(dst: Any, data: Any, column: Any, tile: Any) -> Any:
+    """``dst = data * column + tile`` in one vector-engine instruction (``column`` is [P, 1])."""
+    BALANCER.charge(VECTOR, stream_ns(VECTOR, free_elements(data), 2.0))
+    nisa.scalar_tensor_tensor(dst=dst, data=data, op0=nl.multiply, operand0=column, op1=nl.add, operand1=tile)
+    return dst
+
+
+def select_upper(tile: Any) -> None:
+    """Zero, in place, every element of a square tile below the diagonal (keep column − row >= 0), on GpSimd.
+
+    A select, not a multiply: values there may be inf (an overflowed exp) and are replaced, never multiplied.
+    """
+    BALANCER.charge(GPSIMD, stream_ns(GPSIMD, free_elements(tile), start=engines.GPSIMD_START))
+    nisa.affine_select(
+        dst=tile,
+        pattern=[[1, tile.shape[1]]],
+        channel_multiplier=-1,
+        on_true_tile=tile,
+        on_false_value=0.0,
+        cmp_op=nl.greater_equal,
+    )
 
 
 def matmul(stationary: Any, moving: Any, dst: Any | None = None, accumulate: bool = False) -> Any:
@@ -54,25 +147,4 @@ def transpose(data: Any) -> Any:
     """PE transpose of an SBUF tile into a PSUM tile of the same dtype (the transpose rule on gen3+)."""
     dst = psum((data.shape[1], data.shape[0]), data.dtype)
     nisa.nc_transpose(dst=dst, data=data, engine=nisa.tensor_engine)
-    return dst
-
-
-def multiply(a: Any, b: Any, dtype: Any, engine: Any = POOL) -> Any:
-    """Elementwise ``a * b`` into a new tile of ``dtype``."""
-    dst = sbuf(tuple(a.shape), dtype)
-    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=nl.multiply, engine=engine)
-    return dst
-
-
-def scale_rows(x: Any, column: Any, dtype: Any, engine: Any = POOL) -> Any:
-    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is [P, 1])."""
-    dst = sbuf(tuple(x.shape), dtype)
-    nisa.tensor_scalar(dst=dst, data=x, op0=nl.multiply, operand0=column, engine=engine)
-    return dst
-
-
-def exp(data: Any, bias: Any = None, scale: float = 1.0, dtype: Any = FP32) -> Any:
-    """``exp(scale * data + bias)`` on the scalar engine into a new tile (bias is a [P, 1] tile)."""
-    dst = sbuf(tuple(data.shape), dtype)
-    nisa.activation(dst=dst, op=nl.exp, data=data, bias=bias, scale=scale)
     return dst
