@@ -46,3 +46,12 @@ def test_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(impl, "registered", lambda: {"a": "mutants:CORRECT", "b": "mutants:out_fp32"})
     with pytest.raises(ImplementationError, match="several"):
         resolve(None, {})
+
+
+def test_plugin_names_match_the_sources() -> None:
+    from gdn_ref.constants import ALGORITHMS
+    from gdn_spec import plugin
+    from gdn_spec.regimes import COMPUTE_DTYPES
+
+    assert plugin.ALGORITHMS == ALGORITHMS and plugin.COMPUTE_DTYPES == COMPUTE_DTYPES
+    assert (plugin.ENV_VAR, plugin.ENTRY_POINT_GROUP) == (impl.ENV_VAR, impl.ENTRY_POINT_GROUP)

@@ -69,20 +69,18 @@ def test_every_area_has_a_mutant() -> None:
     assert expected <= covered and len(FLAWS) >= 10
 
 
-def test_unrelated_runs_skip_the_suite_with_a_reason(tmp_path: Path) -> None:
+NO_IMPL_RUN = """
+import sys, pytest
+import gdn_spec.impl
+gdn_spec.impl.registered = lambda: {}  # as if no kernel package had registered an entry point
+sys.exit(pytest.main(["--pyargs", "gdn_spec.suite.test_dtypes", "-q", "-rs", "-p", "no:cacheprovider"]))
+"""
+
+
+def test_without_an_implementation_the_suite_skips_with_a_reason(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("GDN_SPEC_IMPL", "PYTEST_XDIST_WORKER")}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "gdn_spec.suite.test_dtypes",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-        ],
+        [sys.executable, "-c", NO_IMPL_RUN],
         capture_output=True,
         text=True,
         env=env,
@@ -92,3 +90,13 @@ def test_unrelated_runs_skip_the_suite_with_a_reason(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no GDN implementation requested" in proc.stdout and "passed" not in proc.stdout
+
+
+def test_the_registered_entry_point_is_found_without_a_flag(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("GDN_SPEC_IMPL", "PYTEST_XDIST_WORKER")}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "gdn_spec.suite.test_dtypes", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    if "several GDN implementations are registered" in proc.stdout + proc.stderr:
+        assert proc.returncode != 0  # ambiguity must be an error, never a silent pick
+    else:
+        assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout + proc.stderr

@@ -101,12 +101,12 @@ def format_summary(summary: Summary, title: str) -> str:
         lines += ["", "worst numerics error vs the float64 oracle (ratio = error / tolerance, must be <= 1):"]
         lines.append(
             f"{'dtype':<10}{'algorithm':<10}{'output':<7}{'rel_rms':>10}{'tol':>9}{'max_abs':>11}"
-            f"{'max_rel':>10}{'tol':>9}{'ratio':>8}  regime"
+            f"{'max_rel':>10}{'tol':>9}{'ratio':>10}  regime"
         )
         for _, e in sorted(summary.worst.items()):
             lines.append(
                 f"{e['dtype']:<10}{e['algorithm']:<10}{e['output']:<7}{e['rel_rms']:>10.2e}{e['tol_rel_rms']:>9.1e}"
-                f"{e['max_abs']:>11.2e}{e['max_rel']:>10.2e}{e['tol_max_rel']:>9.1e}{e['ratio']:>8.3f}  {e['regime']}"
+                f"{e['max_abs']:>11.2e}{e['max_rel']:>10.2e}{e['tol_max_rel']:>9.1e}{e['ratio']:>10.3g}  {e['regime']}"
             )
     if summary.skip_reasons:
         lines += ["", "skipped (reason × tests):"]

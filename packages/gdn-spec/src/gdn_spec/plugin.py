@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from gdn_ref.constants import ALGORITHMS
+if TYPE_CHECKING:
+    from .impl import Implementation
 
-from .impl import ENTRY_POINT_GROUP, ENV_VAR, Implementation, ImplementationError, resolve
-from .regimes import COMPUTE_DTYPES
+# Names only, no import of gdn_ref at load time: this module loads in every pytest run of an environment with
+# gdn-spec installed, so it must not fail or slow down runs that never ask for the suite.
+ALGORITHMS = ("schur", "neumann")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+ENV_VAR = "GDN_SPEC_IMPL"
+ENTRY_POINT_GROUP = "gdn_spec.implementations"
 
 SUITE_DIR = Path(__file__).parent / "suite"
 _IMPL_KEY = pytest.StashKey["Implementation | None"]()
@@ -71,6 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Conformance verdicts default to the reproducible profile; --hypothesis-profile dev opts into exploring.
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile("ci")
+    from .impl import ImplementationError, resolve  # the suite was asked for: now gdn_ref may load
+
     try:
         config.stash[_IMPL_KEY] = resolve(config.getoption("gdn_impl"))
     except ImplementationError as exc:
