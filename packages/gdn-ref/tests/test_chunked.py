@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -145,3 +147,18 @@ def test_rejects_unknown_algorithm_and_dtype() -> None:
         chunked(*x.args(), algorithm="cholesky")
     with pytest.raises(ValueError, match="compute_dtype"):
         chunked(*x.args(), compute_dtype=np.float16)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_slabs_and_threads_change_no_arithmetic(algorithm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lanes are independent: one slab per lane on two threads must equal one slab on one thread, bit for bit.
+    module = sys.modules["gdn_ref.chunked"]
+    x = make_inputs(40, B=2, Hk=2, Hv=4, S=200).astype(np.float32)
+    monkeypatch.setattr(module, "_cpu_count", lambda: 1)
+    monkeypatch.setattr(module, "SLAB_BYTES", 2**40)
+    single = chunked(*x.args(), algorithm=algorithm)
+    monkeypatch.setattr(module, "_cpu_count", lambda: 2)
+    monkeypatch.setattr(module, "SLAB_BYTES", 1)
+    threaded = chunked(*x.args(), algorithm=algorithm)
+    for got, want in zip(threaded, single, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -9,6 +9,7 @@ value head h reads key head h // G, without materializing repeated key heads.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,14 +27,27 @@ WriteFn = Callable[[int, np.ndarray], np.ndarray]
 """(chunk index n, X S₀ with X = K or W) → that chunk's effective writes V_new."""
 
 # Work is done in slabs of lanes (lane = one (batch, key head) pair with its G value heads), sized so each
-# per-slab temporary stays near this many bytes. Measured on the 2-core dev box: whole-problem temporaries
-# (~130 MiB each at B=1, Hv=32, S=8192) were freshly page-faulted on every allocation and made the run time swing
-# 1.2-5.6 s; slab-sized ones are recycled by the allocator and stay cache-friendly. Lanes are independent, so
-# slabbing changes no arithmetic, and slabs run on one thread per CPU with single-threaded BLAS: numpy releases
-# the GIL in matmul and elementwise loops, and the elementwise half of the work then runs in parallel too.
-# (Multi-threaded OpenBLAS on small 128x128 products was also 10x slower whenever other processes shared the
-# cores: its threads spin-wait for each other.)
+# per-slab array stays near this many bytes, and each worker thread reuses its arrays from slab to slab
+# (_Workspace). Measured on the 2-core dev box: writing a freshly allocated page cost ~10x the arithmetic that
+# fills it (16 MiB: 40 ms fresh vs 4 ms reused), and whole-problem temporaries (~130 MiB each at B=1, Hv=32,
+# S=8192) made the run time swing 1.2-5.6 s. Lanes are independent, so slabbing changes no arithmetic. Slabs run
+# on one thread per CPU with single-threaded BLAS: numpy releases the GIL in matmul and elementwise loops, so
+# the elementwise half of the work runs in parallel too, and multi-threaded OpenBLAS on 128x128 products was 10x
+# slower whenever other processes shared the cores (its threads spin-wait for each other).
 SLAB_BYTES = 16 * 2**20
+
+
+class _Workspace:
+    """Named arrays a worker thread reuses across its slabs (contents are never assumed, only the memory)."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        array = self._arrays.get(name)
+        if array is None or array.shape != shape or array.dtype != dtype:
+            array = self._arrays[name] = np.empty(shape, dtype)
+        return array
 
 
 @dataclass
@@ -72,20 +86,21 @@ def _split_chunks(x: np.ndarray, chunk: int, dtype: np.dtype) -> np.ndarray:
     return x.reshape(L, G, n_chunks, chunk, *x.shape[3:])
 
 
-def _gate_terms(g_log: np.ndarray, upper_neg: np.ndarray) -> _GateTerms:
+def _gate_terms(g_log: np.ndarray, upper_neg: np.ndarray, ws: _Workspace) -> _GateTerms:
     """Chunk-local cumsum of the log-decay and the decays built from it.
 
     Never exponentiates a positive number: the pairwise difference γ_i − γ_j is positive above the diagonal
-    (thousands of nats under strong gates), so the mask pack's −1e9 upper plane is added BEFORE exp, making those
-    entries exactly 0 rather than inf (and 0·inf = NaN later). Below the diagonal the difference is ≤ 0 because
-    a cumsum of non-positive terms is non-increasing even after rounding; a clamp at 0 guards inputs outside the
-    documented g ≤ 0, as the kernel's ``min(log_decay, 0)`` does. The cumsum restarts every chunk, so
-    |γ| ≤ C·max|g| and the difference of two fp32 cumsums loses only ~|γ|·2^-24.
+    (thousands of nats under strong gates), so it is capped by the mask pack's upper plane (−1e9 above the
+    diagonal, 0 elsewhere) BEFORE exp, making those entries exactly 0 rather than inf (and 0·inf = NaN later).
+    Below the diagonal the difference is ≤ 0 anyway, because a cumsum of non-positive terms is non-increasing
+    even after rounding; the cap at 0 guards inputs outside the documented g ≤ 0, as the kernel's
+    ``min(log_decay, 0)`` does. The cumsum restarts every chunk, so |γ| ≤ C·max|g| and the difference of two
+    fp32 cumsums loses only ~|γ|·2^-24.
     """
     gamma = np.cumsum(g_log, axis=-1)
-    decay = gamma[..., :, None] - gamma[..., None, :]
-    decay += upper_neg
-    np.minimum(decay, 0, out=decay)  # a no-op for g ≤ 0 (the documented domain); guarantees exp never overflows
+    decay = ws.take("decay", (*gamma.shape, gamma.shape[-1]), gamma.dtype)
+    np.subtract(gamma[..., :, None], gamma[..., None, :], out=decay)
+    np.minimum(decay, upper_neg, out=decay)  # both guards in one pass: upper → ≤ −1e9, lower → ≤ 0
     np.exp(decay, out=decay)
     return _GateTerms(
         decay=decay,
@@ -96,7 +111,7 @@ def _gate_terms(g_log: np.ndarray, upper_neg: np.ndarray) -> _GateTerms:
 
 
 def _system_and_scores(
-    inputs: _ChunkedInputs, gates: _GateTerms, scale: float, rnd: RoundFn
+    inputs: _ChunkedInputs, gates: _GateTerms, scale: float, rnd: RoundFn, ws: _Workspace
 ) -> tuple[np.ndarray, np.ndarray]:
     """The strictly-lower system matrix A = β_i (k_i·k_j) Γ_ij and the causal scores scale·(q_i·k_j) Γ_ij.
 
@@ -105,26 +120,31 @@ def _system_and_scores(
     """
     key_op = rnd(inputs.key)
     key_t = key_op.swapaxes(-1, -2)
-    system = key_op @ key_t  # [L, 1, N, C, C]
-    system = system * gates.decay  # → [L, G, N, C, C]; Γ is 0 above the diagonal
+    gram = ws.take("gram", (*key_op.shape[:-1], key_op.shape[-2]), key_op.dtype)  # [L, 1, N, C, C]
+    np.matmul(key_op, key_t, out=gram)
+    system = np.multiply(gram, gates.decay, out=ws.take("system", gates.decay.shape, gram.dtype))
     system *= inputs.beta[..., :, None]  # β scales the receiving token's row
     chunk = system.shape[-1]
     system.reshape(*system.shape[:-2], chunk * chunk)[..., :: chunk + 1] = 0  # strictly lower: drop Γ_ii = 1
-    scores = rnd(inputs.query) @ key_t
+    scores = np.matmul(rnd(inputs.query), key_t, out=gram)
     scores *= scale
     gates.decay *= scores  # keeps the diagonal: the output is read after the write
     return system, gates.decay
 
 
 def _schur_chain(
-    inputs: _ChunkedInputs, gates: _GateTerms, inverse: np.ndarray, rnd: RoundFn
+    inputs: _ChunkedInputs, gates: _GateTerms, inverse: np.ndarray, rnd: RoundFn, ws: _Workspace
 ) -> tuple[np.ndarray, WriteFn]:
     """The kernel's schur dataflow: T is applied ON the state chain, V_new = T (diag(β)V − diag(βe^γ) K S₀).
 
     Returns the stacked left operand [Q; K] ([L, 1, N, 2C, Dk]) and the step computing V_new from K S₀.
     """
-    stacked = rnd(np.concatenate([inputs.query, inputs.key], axis=-2))
-    beta_value = inputs.beta[..., None] * inputs.value
+    query, key = inputs.query, inputs.key
+    stacked = ws.take("stacked", (*key.shape[:-2], 2 * key.shape[-2], key.shape[-1]), key.dtype)
+    np.concatenate([rnd(query), rnd(key)], axis=-2, out=stacked)
+    beta_value = np.multiply(
+        inputs.beta[..., None], inputs.value, out=ws.take("beta_value", inputs.value.shape, key.dtype)
+    )
     beta_decay = (inputs.beta * gates.exp_gamma)[..., None]
     inverse_op = rnd(inverse)
 
@@ -136,20 +156,25 @@ def _schur_chain(
 
 
 def _neumann_chain(
-    inputs: _ChunkedInputs, gates: _GateTerms, inverse: np.ndarray, rnd: RoundFn
+    inputs: _ChunkedInputs, gates: _GateTerms, inverse: np.ndarray, rnd: RoundFn, ws: _Workspace
 ) -> tuple[np.ndarray, WriteFn]:
     """The FLA / neumann dataflow: W = T diag(βe^γ) K and U = T diag(β) V up front, then V_new = U − W S₀.
 
     Returns the stacked left operand [Q; W] ([L, G, N, 2C, Dk]) and the step computing V_new from W S₀.
     """
-    chunk = inputs.key.shape[-2]
+    chunk, dk = inputs.key.shape[-2:]
+    dtype = inverse.dtype
     inverse_op = rnd(inverse)
-    stacked = np.empty((*inverse.shape[:-2], 2 * chunk, inputs.key.shape[-1]), dtype=inverse.dtype)
+    stacked = ws.take("stacked", (*inverse.shape[:-2], 2 * chunk, dk), dtype)
     stacked[..., :chunk, :] = rnd(inputs.query)
     weights = stacked[..., chunk:, :]
-    np.matmul(inverse_op, rnd((inputs.beta * gates.exp_gamma)[..., None] * inputs.key), out=weights)
+    rhs_w = np.multiply(
+        (inputs.beta * gates.exp_gamma)[..., None], inputs.key, out=ws.take("rhs_w", weights.shape, dtype)
+    )
+    np.matmul(inverse_op, rnd(rhs_w), out=weights)
     weights[...] = rnd(weights)
-    updates = inverse_op @ rnd(inputs.beta[..., None] * inputs.value)
+    rhs_u = np.multiply(inputs.beta[..., None], inputs.value, out=ws.take("rhs_u", inputs.value.shape, dtype))
+    updates = np.matmul(inverse_op, rnd(rhs_u), out=ws.take("updates", inputs.value.shape, dtype))
 
     def write_of_chunk(n: int, weight_state: np.ndarray) -> np.ndarray:
         return rnd(updates[..., n, :, :] - weight_state)
@@ -164,6 +189,7 @@ def _state_chain(
     key_to_end: np.ndarray,
     total: np.ndarray,
     rnd: RoundFn,
+    ws: _Workspace,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Carry the state across chunks: the only sequential part.
 
@@ -176,14 +202,15 @@ def _state_chain(
         key_to_end (np.ndarray): [L, G, N, C, Dk] e^{γ_C − γ_j} k_j, as a matmul operand.
         total (np.ndarray): [L, G, N] e^{γ_C}.
         rnd (RoundFn): operand rounding (the state is rounded only as an operand, never in the master).
+        ws (_Workspace): where the products and writes live.
 
     Returns:
-        tuple[np.ndarray, np.ndarray]: Q S₀ [L, G, N, C, Dv] and the writes V_new [L, G, N, C, Dv].
+        tuple[np.ndarray, np.ndarray]: Q S₀ [L, G, N, C, Dv] (a view) and the writes V_new [L, G, N, C, Dv].
     """
     n_chunks, chunk = key_to_end.shape[-3:-1]
     lanes, groups, _, dv = state.shape
-    products = np.empty((lanes, groups, n_chunks, 2 * chunk, dv), dtype=state.dtype)
-    writes = np.empty((lanes, groups, n_chunks, chunk, dv), dtype=state.dtype)
+    products = ws.take("products", (lanes, groups, n_chunks, 2 * chunk, dv), state.dtype)
+    writes = ws.take("writes", (lanes, groups, n_chunks, chunk, dv), state.dtype)
     for n in range(n_chunks):
         np.matmul(stacked[..., n, :, :], rnd(state), out=products[..., n, :, :])
         writes[..., n, :, :] = write_of_chunk(n, products[..., n, chunk:, :])
@@ -200,23 +227,29 @@ def _slab(
     algorithm: str,
     rnd: RoundFn,
     mask_pack: np.ndarray | None,
+    ws: _Workspace,
 ) -> np.ndarray:
     """The whole chunked computation for one slab of lanes; updates ``state`` in place, returns [L, G, N, C, Dv]."""
     chunk = inputs.key.shape[-2]
     upper_neg = build_mask_pack(chunk)[PLANE_UPPER_NEG].astype(state.dtype)
-    gates = _gate_terms(inputs.g_log, upper_neg)
-    system, scores = _system_and_scores(inputs, gates, scale, rnd)
+    gates = _gate_terms(inputs.g_log, upper_neg, ws)
+    system, scores = _system_and_scores(inputs, gates, scale, rnd, ws)
+    inverse = ws.take("inverse", system.shape, system.dtype)
     if algorithm == ALGORITHM_NEUMANN:
-        stacked, write_of_chunk = _neumann_chain(inputs, gates, neumann_inverse(system, SUBBLOCK_NEUMANN, rnd), rnd)
+        neumann_inverse(system, SUBBLOCK_NEUMANN, rnd, out=inverse)
+        stacked, write_of_chunk = _neumann_chain(inputs, gates, inverse, rnd, ws)
     else:
-        inverse = schur_inverse_blocked(system, rnd) if mask_pack is None else schur_inverse(system, mask_pack, rnd)
-        stacked, write_of_chunk = _schur_chain(inputs, gates, inverse, rnd)
-    del system  # the inverse lives on inside write_of_chunk; A is not needed any more
-    key_to_end = rnd(gates.to_end[..., None] * inputs.key)
-    query_state, writes = _state_chain(state, stacked, write_of_chunk, key_to_end, gates.total, rnd)
-    out = query_state * (scale * gates.exp_gamma[..., None])
-    out += rnd(scores) @ writes
-    return out
+        if mask_pack is None:
+            schur_inverse_blocked(system, rnd, out=inverse)
+        else:
+            inverse[...] = schur_inverse(system, mask_pack, rnd)
+        stacked, write_of_chunk = _schur_chain(inputs, gates, inverse, rnd, ws)
+    key_to_end = ws.take("key_to_end", (*gates.to_end.shape, inputs.key.shape[-1]), state.dtype)
+    key_to_end = rnd(np.multiply(gates.to_end[..., None], inputs.key, out=key_to_end))
+    query_state, writes = _state_chain(state, stacked, write_of_chunk, key_to_end, gates.total, rnd, ws)
+    query_state *= scale * gates.exp_gamma[..., None]
+    query_state += np.matmul(rnd(scores), writes, out=ws.take("intra", writes.shape, writes.dtype))
+    return query_state
 
 
 def _cpu_count() -> int:
@@ -227,7 +260,7 @@ def _cpu_count() -> int:
 
 
 def _lanes_per_slab(n_chunks: int, chunk: int, groups: int, widest: int, itemsize: int) -> int:
-    """Lanes whose largest per-slab temporary ([G, N, C, max(C, Dk, Dv)] per lane) fits in SLAB_BYTES."""
+    """Lanes whose largest per-slab array ([G, N, C, max(C, Dk, Dv)] per lane) fits in SLAB_BYTES."""
     lane_bytes = groups * n_chunks * chunk * max(chunk, widest) * itemsize
     return max(1, SLAB_BYTES // lane_bytes)
 
@@ -303,9 +336,14 @@ def chunked(
     state = np.zeros((lanes, groups, Dk, Dv), dtype)
     if initial_state is not None:
         state[...] = np.asarray(initial_state).reshape(state.shape)
-    out = np.empty((lanes, groups, S, Dv), dtype)
+
+    n_chunks = -(-S // chunk)
+    out = np.empty((lanes, groups, n_chunks, chunk, Dv), dtype)  # padded; the tail is cut off at the end
+    per_thread = threading.local()
 
     def run_slab(lanes_of_slab: slice) -> None:  # writes only its own lanes of `out` and `state`
+        if not hasattr(per_thread, "workspace"):
+            per_thread.workspace = _Workspace()
         inputs = _ChunkedInputs(
             query=_split_chunks(query_l[lanes_of_slab], chunk, dtype),
             key=_split_chunks(key_l[lanes_of_slab], chunk, dtype),
@@ -313,11 +351,11 @@ def chunked(
             g_log=_split_chunks(g_l[lanes_of_slab], chunk, dtype),
             beta=_split_chunks(beta_l[lanes_of_slab], chunk, dtype),
         )
-        slab_out = _slab(inputs, state[lanes_of_slab], scale, algorithm, rnd, mask_pack)
-        out[lanes_of_slab] = slab_out.reshape(*slab_out.shape[:2], -1, Dv)[:, :, :S]
+        ws = per_thread.workspace
+        out[lanes_of_slab] = _slab(inputs, state[lanes_of_slab], scale, algorithm, rnd, mask_pack, ws)
 
     workers = _cpu_count()
-    step = _lanes_per_slab(-(-S // chunk), chunk, groups, max(Dk, Dv), dtype.itemsize)
+    step = _lanes_per_slab(n_chunks, chunk, groups, max(Dk, Dv), dtype.itemsize)
     step = min(step, -(-lanes // workers))  # at least one slab per worker when there are enough lanes
     slabs = [slice(lo, lo + step) for lo in range(0, lanes, step)]
     with threadpool_limits(limits=1, user_api="blas"):
@@ -327,4 +365,5 @@ def chunked(
         else:
             with ThreadPoolExecutor(min(workers, len(slabs))) as pool:
                 list(pool.map(run_slab, slabs))
+    out = out.reshape(lanes, groups, n_chunks * chunk, Dv)[:, :, :S]
     return out.reshape(B, Hv, S, Dv), state.reshape(B, Hv, Dk, Dv)

@@ -44,6 +44,16 @@ def diagonal_blocks(x: np.ndarray, size: int) -> np.ndarray:
     )
 
 
+def _zeroed_output(A: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """A zero-filled result array: ``out`` (checked) when given, else a new one like A."""
+    if out is None:
+        return np.zeros_like(A)
+    if out.shape != A.shape or out.dtype != A.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous {A.shape} {A.dtype}, got {out.shape} {out.dtype}")
+    out.fill(0)
+    return out
+
+
 def schur_inverse(A: np.ndarray, mask_pack: np.ndarray, round_operand: RoundFn = keep) -> np.ndarray:
     """(I + A)^{-1} by the recursive Schur-complement block merge, driven by the mask pack as the kernel is.
 
@@ -81,7 +91,7 @@ def schur_inverse(A: np.ndarray, mask_pack: np.ndarray, round_operand: RoundFn =
     return inverse
 
 
-def schur_inverse_blocked(A: np.ndarray, round_operand: RoundFn = keep) -> np.ndarray:
+def schur_inverse_blocked(A: np.ndarray, round_operand: RoundFn = keep, *, out: np.ndarray | None = None) -> np.ndarray:
     """The same Schur merge as :func:`schur_inverse`, computing only the nonzero blocks.
 
     Dimensions:
@@ -90,6 +100,7 @@ def schur_inverse_blocked(A: np.ndarray, round_operand: RoundFn = keep) -> np.nd
     Args:
         A (np.ndarray): [..., C, C] strictly lower triangular, float32 or float64.
         round_operand (RoundFn): applied to every matmul operand, in the same places as in ``schur_inverse``.
+        out (np.ndarray | None): C-contiguous [..., C, C] array of A's dtype to write the result into.
 
     Returns:
         np.ndarray: [..., C, C] the unit lower-triangular inverse, in A's dtype.
@@ -103,7 +114,7 @@ def schur_inverse_blocked(A: np.ndarray, round_operand: RoundFn = keep) -> np.nd
     C = A.shape[-1]
     _log2_exact(C, "chunk")
     A = np.ascontiguousarray(A)
-    inverse = np.zeros_like(A)
+    inverse = _zeroed_output(A, out)
     diagonal_blocks(inverse, 1)[..., 0, 0] = 1
     if C > 1:  # level 0, elementwise: the inverse of [[1, 0], [a, 1]] is [[1, 0], [−a, 1]]
         diagonal_blocks(inverse, 2)[..., 1, 0] = -diagonal_blocks(A, 2)[..., 1, 0]
@@ -134,7 +145,9 @@ def _doubling_inverse(A_diag: np.ndarray, round_operand: RoundFn) -> np.ndarray:
     return series
 
 
-def neumann_inverse(A: np.ndarray, subblock: int = SUBBLOCK_NEUMANN, round_operand: RoundFn = keep) -> np.ndarray:
+def neumann_inverse(
+    A: np.ndarray, subblock: int = SUBBLOCK_NEUMANN, round_operand: RoundFn = keep, *, out: np.ndarray | None = None
+) -> np.ndarray:
     """(I + A)^{-1} by recursive doubling on diagonal sub-blocks joined by block forward substitution.
 
     Dimensions:
@@ -144,6 +157,7 @@ def neumann_inverse(A: np.ndarray, subblock: int = SUBBLOCK_NEUMANN, round_opera
         A (np.ndarray): [..., C, C] strictly lower triangular, float32 or float64.
         subblock (int): rows per diagonal sub-block, a power of two (16 for the kernel: log2(16) = 4 rounds).
         round_operand (RoundFn): applied to every matmul operand (bf16 emulation); identity by default.
+        out (np.ndarray | None): C-contiguous [..., C, C] array of A's dtype to write the result into.
 
     Returns:
         np.ndarray: [..., C, C] the unit lower-triangular inverse, in A's dtype.
@@ -158,7 +172,7 @@ def neumann_inverse(A: np.ndarray, subblock: int = SUBBLOCK_NEUMANN, round_opera
         raise ValueError(f"chunk {C} is not a multiple of subblock {subblock}")
     n = C // subblock
     A = np.ascontiguousarray(A)
-    inverse = np.zeros_like(A)
+    inverse = _zeroed_output(A, out)
     diag_inv = diagonal_blocks(inverse, subblock)
     diag_inv[...] = _doubling_inverse(diagonal_blocks(A, subblock), round_operand)
     # grid[..., i, :, j, :] is sub-block (i, j)
