@@ -8,6 +8,7 @@ value head h reads key head h // G, without materializing repeated key heads.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Callable
@@ -363,7 +364,9 @@ def chunked(
             for lanes_of_slab in slabs:
                 run_slab(lanes_of_slab)
         else:
+            # Each task runs in a copy of the caller's context, so settings such as np.errstate carry over.
+            contexts = [contextvars.copy_context() for _ in slabs]
             with ThreadPoolExecutor(min(workers, len(slabs))) as pool:
-                list(pool.map(run_slab, slabs))
+                list(pool.map(lambda ctx, lanes_of_slab: ctx.run(run_slab, lanes_of_slab), contexts, slabs))
     out = out.reshape(lanes, groups, n_chunks * chunk, Dv)[:, :, :S]
     return out.reshape(B, Hv, S, Dv), state.reshape(B, Hv, Dk, Dv)
