@@ -27,6 +27,9 @@ from .stages import Chunk, Constants, Lane
 # Units whose loads are in flight ahead of the one being prepared: the DMA rings run in issue order, so loads
 # issued a unit early are not queued behind the previous unit's output stores.
 LOAD_AHEAD = 2
+# PSUM budget for the grouped inverse's fp32 accumulators, in chunks: 8 banks x 2 KiB hold 32 [C, C] fp32 tiles
+# per partition; half is left for everything else in flight.
+PSUM_INVERSE_CHUNKS = 16
 
 InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
 
@@ -124,32 +127,38 @@ def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
         yield
 
 
-def interleave(first: Iterator[None], second: Iterator[None], ratio: int) -> None:
-    """Run two step generators to completion, issuing ``ratio`` steps of ``second`` per step of ``first``.
-
-    ``second`` goes first so its loads are queued on the DMA rings ahead of ``first``'s output stores.
-    """
-    active = [first, second]
-    while active:
-        for gen, steps in ((second, ratio), (first, 1)):
-            for _ in range(steps):
-                if gen in active and next(gen, StopIteration) is StopIteration:
-                    active.remove(gen)
+def prepare_depth(group_size: int) -> int:
+    """How many units may be in preparation at once: two, unless their inverse accumulators (group_size fp32
+    [C, C] PSUM tiles each, half a bank per chunk) would then take more than half of PSUM."""
+    return 2 if 2 * group_size <= PSUM_INVERSE_CHUNKS else 1
 
 
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
-    """Issue all units: loads run two units ahead; advance(i) is interleaved with prepare(i + 1)."""
+    """Issue all units as a software pipeline.
+
+    Each round issues one step of every unit in preparation (up to :func:`prepare_depth` of them) and one step
+    of the state chain of the oldest prepared unit. Loads run ``LOAD_AHEAD`` units ahead of preparation. The
+    chain takes units strictly in order, so each lane's state passes from unit to unit as in a plain loop.
+    """
     units = lane_units(lanes, group_size)
+    depth = prepare_depth(group_size)
     carried: list[stages.State] = [None]  # type: ignore[list-item]
-    for unit in units[:LOAD_AHEAD]:
-        load(unit, inputs)
-    if units:
-        for _ in prepare(units[0], inputs):
-            pass
-    for i, unit in enumerate(units):
-        if i + LOAD_AHEAD < len(units):
-            load(units[i + LOAD_AHEAD], inputs)
-        chain = advance(unit, inputs, carried)
-        following = prepare(units[i + 1], inputs) if i + 1 < len(units) else iter(())
-        # prepare has about two steps per chunk (operand phases, inverse levels, transition phases) to advance's one
-        interleave(chain, following, ratio=2)
+    loaded = prepared_upto = next_prepare = next_chain = 0
+    preparing: list[tuple[int, Iterator[None]]] = []
+    chain: Iterator[None] | None = None
+    while next_chain < len(units) or chain is not None:
+        while len(preparing) < depth and next_prepare < len(units):
+            while loaded < min(len(units), next_prepare + LOAD_AHEAD + 1):
+                load(units[loaded], inputs)
+                loaded += 1
+            preparing.append((next_prepare, prepare(units[next_prepare], inputs)))
+            next_prepare += 1
+        if chain is None and next_chain < prepared_upto:
+            chain = advance(units[next_chain], inputs, carried)
+            next_chain += 1
+        for index, gen in list(preparing):
+            if next(gen, StopIteration) is StopIteration:
+                preparing.remove((index, gen))
+                prepared_upto = index + 1 if not preparing else min(i for i, _ in preparing)
+        if chain is not None and next(chain, StopIteration) is StopIteration:
+            chain = None

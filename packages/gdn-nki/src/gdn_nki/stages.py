@@ -231,13 +231,9 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32)
     bcast = rows[0:c, :]
     yield
-    # Γ for A: only A's strictly-lower part is ever read, so clamping at 0 (instead of masking) is enough
-    # to keep exp finite above the diagonal.
-    decay_log = tiles.sbuf((c, c), FP32)
-    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, c))
-    nisa.tensor_scalar(
-        dst=decay_log, data=bcast, op0=nl.subtract, operand0=gamma, reverse0=True, op1=nl.minimum, operand1=0.0
-    )
+    # Γ for A: only A's strictly-lower part is ever read, so clamping the exponent at 0 (instead of masking) is
+    # enough to keep exp finite above the diagonal: min(γ_i − γ_j', 0) = −relu(γ_j' − γ_i), on the scalar engine.
+    decay_rise = tiles.activate(nl.relu, bcast, bias=minus_gamma)
     # Γᵀ[j', i] = exp(γ_i − γ_j') read straight from PSUM; the anti-causal half (i < j') may overflow to inf
     # and is then *selected* away (never multiplied) by the GpSimd select, leaving exact zeros.
     decay_t = tiles.exp(bcast, bias=minus_gamma)
@@ -249,7 +245,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     del rows, bcast, gamma_last
     yield
     # β rides in as ln β on the exponent's bias: exp(log Γ + ln β) = β Γ.
-    beta_decay = tiles.exp(decay_log, bias=gates.log_beta[:, j : j + 1])
+    beta_decay = tiles.exp(decay_rise, bias=gates.log_beta[:, j : j + 1], scale=-1.0)
     chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, dtype)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)

@@ -36,10 +36,10 @@ def _narrow(*tiles: Any) -> bool:
     return all(t.dtype in BF16_LIKE for t in tiles)
 
 
-def _vector_copy_ns(src: Any, dst: Any) -> float:
-    """DVE copy/scale: 4x perf mode for narrow SBUF in and out, 2x with a narrow PSUM side, else 1 elem/cycle."""
+def _vector_copy_ns(src: Any, dst: Any, *operands: Any) -> float:
+    """DVE copy/scale: 4x perf mode when every tile is narrow and in SBUF, 2x with a PSUM side, else 1/cycle."""
     n = free_elements(src)
-    if _narrow(src, dst):
+    if _narrow(src, dst, *operands):
         return stream_ns(VECTOR, n, 0.5 if in_psum(src) else 0.25)
     return stream_ns(VECTOR, n)
 
@@ -69,15 +69,37 @@ def copy_to(dst: Any, src: Any, scale: float = 1.0, engine: Any = None) -> Any:
 
 
 def combine(dst: Any, a: Any, b: Any, op: Any) -> Any:
-    """``dst = a op b`` elementwise: on the vector engine when an input is in PSUM, else vector or GpSimd."""
+    """``dst = a op b`` elementwise.
+
+    All in SBUF: on GpSimd or the vector engine. One input in PSUM: either directly on the vector engine, or as a
+    scalar-engine evacuation of the PSUM input followed by the op on GpSimd — whichever finishes first.
+    """
     n = free_elements(a)
-    if in_psum(a) or in_psum(b):
-        engine = BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
-    else:
+    if not (in_psum(a) or in_psum(b)):
         vector_passes = 0.5 if _narrow(a, b, dst) else 2.0
         engine = BALANCER.pick([(GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, stream_ns(VECTOR, n, vector_passes))])
-    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=engine)
+        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=engine)
+        return dst
+    direct = BALANCER.load[VECTOR] + stream_ns(VECTOR, n)
+    staged = max(BALANCER.load[SCALAR] + stream_ns(SCALAR, n), BALANCER.load[GPSIMD]) + stream_ns(GPSIMD, n)
+    if direct <= staged:
+        BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
+        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=VECTOR)
+        return dst
+    a, b = (_staged(x) for x in (a, b))
+    BALANCER.charge(GPSIMD, stream_ns(GPSIMD, n))
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=GPSIMD)
     return dst
+
+
+def _staged(x: Any) -> Any:
+    """An SBUF copy of a PSUM tile made by the scalar engine (fp32, exact); SBUF tiles pass through."""
+    if not in_psum(x):
+        return x
+    BALANCER.charge(SCALAR, stream_ns(SCALAR, free_elements(x)))
+    staged = sbuf(tuple(x.shape), FP32)
+    nisa.activation(dst=staged, op=nl.copy, data=x)
+    return staged
 
 
 def multiply(a: Any, b: Any, dtype: Any) -> Any:
@@ -90,7 +112,7 @@ def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
     dst = sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
     engine = BALANCER.pick(
-        [(SCALAR, stream_ns(SCALAR, n)), (GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, _vector_copy_ns(x, dst))]
+        [(SCALAR, stream_ns(SCALAR, n)), (GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
     )
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
