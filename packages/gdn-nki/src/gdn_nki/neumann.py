@@ -11,6 +11,10 @@ block-lower rest):
   sweeps give the exact inverse.
 
 Chunks of a group run level-major, like schur's merge, so independent same-kind instructions are issued together.
+
+The whole inverse runs in fp32 whatever the compute dtype, and only the result is rounded to it: the doubling
+forms powers of the 16×16 blocks, which reach ~1e3 for near-collinear keys (gdn-math §3.3) and must cancel back
+to entries of order 1 — in bf16 that cancellation destroys the result (measured rel. error > 0.5).
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ def build_block_planes(consts: Constants, dtype: Any) -> None:
     col_block = _block_index(channel_multiplier=0, step=1)
     same_block = tiles.sbuf((CHUNK, CHUNK), FP32)
     nisa.tensor_tensor(dst=same_block, data1=row_block, data2=col_block, op=nl.equal)
-    below = tiles.sbuf((CHUNK, CHUNK), dtype)
+    below = tiles.sbuf((CHUNK, CHUNK), FP32)
     nisa.tensor_tensor(dst=below, data1=row_block, data2=col_block, op=nl.greater)
     neg_same = tiles.sbuf((CHUNK, CHUNK), FP32)
     nisa.tensor_scalar(dst=neg_same, data=same_block, op0=nl.multiply, operand0=-1.0)
-    neg_diag = tiles.sbuf((CHUNK, CHUNK), dtype)
+    neg_diag = tiles.sbuf((CHUNK, CHUNK), FP32)
     # keep where row − column − 1 >= 0 (strictly lower)
     nisa.affine_select(
         dst=neg_diag,
@@ -67,8 +71,8 @@ def _block_index(channel_multiplier: int, step: int) -> Any:
 def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
     """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per step."""
     a_list = [chunk.a for chunk in chunks]
-    diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, dtype)
-    inverse = yield from _block_substitution(a_list, diag_inverse, consts, dtype)
+    diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, FP32)
+    inverse = yield from _block_substitution(a_list, diag_inverse, consts, FP32)
     for chunk, inv in zip(chunks, inverse, strict=True):
         chunk.inverse_t = _transposed(inv, dtype)
 
@@ -84,7 +88,7 @@ def _diagonal_blocks_inverse(a_list: list[Any], consts: Constants, dtype: Any) -
     inverse = []
     for p in power:
         x = tiles.sbuf(tuple(p.shape), dtype)
-        tiles.combine(x, consts.eye, p, nl.add)
+        tiles.combine(x, consts.eye32, p, nl.add)
         inverse.append(x)
     for rnd in range(1, DOUBLING_ROUNDS + 1):
         squared_t = [tiles.evacuate(tiles.matmul(p, pt), dtype) for p, pt in zip(power, power_t, strict=True)]
@@ -114,7 +118,7 @@ def _block_substitution(a_list: list[Any], diag_inverse: list[Any], consts: Cons
         sweep = []
         for x_d, zt, inv in zip(diag_inverse, coupling_t, inverse, strict=True):
             acc = tiles.matmul(zt, inv)
-            tiles.matmul(consts.eye, x_d, dst=acc, accumulate=True)
+            tiles.matmul(consts.eye32, x_d, dst=acc, accumulate=True)
             sweep.append(tiles.evacuate(acc, dtype))
         inverse = sweep
         yield

@@ -46,6 +46,7 @@ class Constants:
     eye32: Any
     eye: Any
     lower_neg: Any
+    neg_eye: Any = None
     planes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -57,7 +58,7 @@ def constants_from_pack(mask_pack: Any, chunk: int, dtype: Any) -> Constants:
     # The pack holds the mask above the diagonal; Γᵀ needs it below, so it is transposed on the load.
     lower_neg = tiles.sbuf((chunk, chunk), FP32)
     nisa.dma_transpose(dst=lower_neg, src=mask_pack[PLANE_UPPER_NEG, 0:chunk, 0:chunk])
-    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
+    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg, neg_eye=tiles.evacuate(eye32, dtype, scale=-1.0))
 
 
 def constants_on_device(chunk: int, dtype: Any) -> Constants:
@@ -88,7 +89,7 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
         on_false_value=MASK_FILL,
         cmp_op=nl.greater_equal,
     )
-    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
+    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg, neg_eye=tiles.evacuate(eye32, dtype, scale=-1.0))
 
 
 @dataclass
@@ -140,7 +141,7 @@ class Chunk:
     index: int  # chunk index within the sequence
     q_t: Any = None  # [Dk, C] query, compute dtype
     k_t: Any = None  # [Dk, C] key
-    a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ), compute dtype; only its strictly-lower part is read
+    a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ), fp32; only its strictly-lower part is read
     attn_t: Any = None  # [C, C] attnᵀ (causal incl. diagonal), compute dtype
     q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ
     k_decay: Any = None  # [C, Dk] K_dec
@@ -252,7 +253,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
     yield
     # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
-    chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, dtype)
+    chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, FP32)
     qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
     chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype)
     chunk.release("q_t", "k_t", "key", "value")
@@ -277,10 +278,17 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
 
 @dataclass
 class State:
-    """The recurrent state of a lane: the fp32 master and its copy in the matmul operand dtype."""
+    """The recurrent state of a lane: the fp32 master and the matmul operands made from it.
+
+    With a narrow compute dtype the state enters the transition product as a hi/lo pair (``tiles.split``): a
+    bf16 operand alone would add 2^-9 of the state's own magnitude to every chunk's update, which dominates when
+    the state is large next to what the chunk writes. The output product uses the hi part only: its error stays
+    relative to the output itself.
+    """
 
     master: Any  # [Dk, Dv] fp32
     operand: Any  # [Dk, Dv] compute dtype (the master itself when that is fp32)
+    operand_lo: Any = None  # [Dk, Dv] compute dtype, master − operand (None for fp32)
 
 
 def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int, dtype: Any) -> State:
@@ -290,15 +298,7 @@ def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int, dtype:
     else:
         master = tiles.sbuf((dk, dv), FP32)
         nisa.memset(dst=master, value=0.0)
-    return State(master=master, operand=_operand_copy(master, dtype))
-
-
-def _operand_copy(master: Any, dtype: Any) -> Any:
-    if master.dtype == FP32 and dtype == FP32:
-        return master
-    operand = tiles.sbuf(tuple(master.shape), dtype)
-    tiles.copy_to(operand, master)
-    return operand
+    return State(master, *tiles.split(master, dtype))
 
 
 def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
@@ -306,10 +306,11 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
 
     out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
     """
-    dtype = lane.dtype
     update = tiles.matmul(chunk.k_decay, chunk.u)
-    tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
-    following = advance_state(state, chunk.decay_last, update, dtype)
+    for operand in (state.operand, state.operand_lo):
+        if operand is not None:
+            tiles.matmul(chunk.transition_t, operand, dst=update, accumulate=True)
+    following = advance_state(state, chunk.decay_last, update, lane.dtype)
 
     out_psum = tiles.matmul(chunk.attn_t, chunk.u)
     tiles.matmul(chunk.q_eff_t, state.operand, dst=out_psum, accumulate=True)
@@ -318,17 +319,20 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
 
 
 def advance_state(state: State, decay_last: Any, update: Any, dtype: Any) -> State:
-    """S' = e^{γ_last}·S + update, the operand copy first (the next chunk's matmuls wait on it only).
+    """S' = e^{γ_last}·S + update in fp32, and its operands, all on the vector engine.
 
-    Both copies are computed on the vector engine from the same inputs, so the narrow one neither waits for the
-    fp32 one nor puts a chain link on another engine's queue (where it would block unrelated work behind it).
+    The hi operand is computed first and from the same inputs as the master, so the next chunk's first product
+    waits on neither the master nor the lo part; keeping every chain link on one engine keeps them from blocking
+    unrelated work queued on the others.
     """
     shape = tuple(state.master.shape)
-    operand = None
-    if state.operand is not state.master:
-        operand = _decay_add(tiles.sbuf(shape, dtype), state.master, decay_last, update)
+    if dtype == FP32:
+        master = _decay_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
+        return State(master, master)
+    operand = _decay_add(tiles.sbuf(shape, dtype), state.master, decay_last, update)
     master = _decay_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
-    return State(master=master, operand=master if operand is None else operand)
+    operand_lo = tiles.combine(tiles.sbuf(shape, dtype), master, operand, nl.subtract, engine=tiles.VECTOR)
+    return State(master, operand, operand_lo)
 
 
 def _decay_add(dst: Any, state: Any, decay_last: Any, update: Any) -> Any:

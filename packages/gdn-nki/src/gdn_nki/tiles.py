@@ -68,13 +68,17 @@ def copy_to(dst: Any, src: Any, scale: float = 1.0, engine: Any = None) -> Any:
     return dst
 
 
-def combine(dst: Any, a: Any, b: Any, op: Any) -> Any:
-    """``dst = a op b`` elementwise.
+def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
+    """``dst = a op b`` elementwise (on ``engine`` when given).
 
     All in SBUF: on GpSimd or the vector engine. One input in PSUM: either directly on the vector engine, or as a
     scalar-engine evacuation of the PSUM input followed by the op on GpSimd — whichever finishes first.
     """
     n = free_elements(a)
+    if engine is not None:
+        BALANCER.charge(engine, stream_ns(engine, n, 1.0 if engine != VECTOR else 2.0))
+        nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=engine)
+        return dst
     if not (in_psum(a) or in_psum(b)):
         vector_passes = 0.5 if _narrow(a, b, dst) else 2.0
         engine = BALANCER.pick([(GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, stream_ns(VECTOR, n, vector_passes))])
@@ -100,6 +104,20 @@ def _staged(x: Any) -> Any:
     staged = sbuf(tuple(x.shape), FP32)
     nisa.activation(dst=staged, op=nl.copy, data=x)
     return staged
+
+
+def split(x: Any, dtype: Any) -> tuple[Any, Any]:
+    """Split an fp32 tile into ``(hi, lo)`` tiles of ``dtype`` with ``hi + lo`` ≈ x to about 16 mantissa bits.
+
+    Used where a bf16 matmul operand would lose too much: two accumulating bf16 matmuls (hi, then lo) carry the
+    operand at about fp32/2^8 relative error instead of bf16's 2^-9. For an fp32 compute dtype the tile is used
+    as it is and ``lo`` is None.
+    """
+    if dtype == FP32:
+        return x, None
+    hi = evacuate(x, dtype)
+    lo = combine(sbuf(tuple(x.shape), dtype), x, hi, nl.subtract)
+    return hi, lo
 
 
 def multiply(a: Any, b: Any, dtype: Any) -> Any:
