@@ -39,14 +39,14 @@ def tensor(instr: str, name: str, value: Any) -> NkiTensor:
 
 def buffer(instr: str, name: str, t: NkiTensor, allowed: Iterable[str]) -> None:
     """``t`` must live in one of ``allowed`` (``"hbm"``, ``"sbuf"``, ``"psum"``)."""
-    allowed = frozenset(allowed)
-    if t.buffer.kind not in allowed:
+    if t.storage.kind not in allowed:
+        allowed = frozenset(allowed)
         fail(f"{instr} {name} must be in {'/'.join(sorted(allowed))}, got {t.buffer.kind}")
 
 
 def partitions(instr: str, name: str, t: NkiTensor) -> None:
     """An on-chip operand spans at most 128 partitions."""
-    if t.buffer.on_chip and t.shape[0] > PMAX:
+    if t.storage.on_chip and t.shape[0] > PMAX:
         fail(f"{instr} {name} partition dimension {t.shape[0]} exceeds maximum {PMAX}")
 
 

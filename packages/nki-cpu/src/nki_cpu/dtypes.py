@@ -51,6 +51,9 @@ SUPPORTED = frozenset(
     }
 )
 
+# Float dtypes whose every value converts exactly to fp32 (inputs of that dtype may be cast on the fly).
+EXACT_IN_F32 = frozenset({float32, float16, bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu})
+
 NAN_FILL_INT = 4  # the real simulator fills fresh integer tensors with 4 (SIM)
 
 
@@ -67,6 +70,8 @@ def as_dtype(dtype: object) -> np.dtype:
         float64 and bool numpy types are rejected: NKI has neither (bool maps to ``nl.bool_`` = uint8 only when
         spelled ``nl.bool_``).
     """
+    if isinstance(dtype, np.dtype) and dtype in SUPPORTED:
+        return dtype
     if isinstance(dtype, str) and hasattr(ml_dtypes, dtype):
         dt = np.dtype(getattr(ml_dtypes, dtype))
     else:
@@ -88,9 +93,15 @@ def is_int(dtype: np.dtype) -> bool:
     return dtype.kind in "iu"
 
 
+_NAMES: dict[np.dtype, str] = {}
+
+
 def name(dtype: np.dtype) -> str:
-    """The NKI spelling of a dtype (``"bfloat16"``, ``"float32"``, ``"int32"``...)."""
-    return str(np.dtype(dtype))
+    """The NKI spelling of a dtype (``"bfloat16"``, ``"float32"``, ``"int32"``...); cached per dtype."""
+    cached = _NAMES.get(dtype)
+    if cached is None:
+        cached = _NAMES[dtype] = str(np.dtype(dtype))
+    return cached
 
 
 def fill_value(dtype: np.dtype) -> float | int:

@@ -45,6 +45,10 @@ class Op:
         self.bitvec = bitvec
         self.identity = identity
         self.convenience: Callable[..., Any] | None = None
+        # The numpy ufunc behind ``binary`` / ``unary`` when there is one (directly or under ``_errstate``): the
+        # instructions then compute straight into dst (``out=``) in fp32, with the same single rounding.
+        self.binary_ufunc: np.ufunc | None = _ufunc_of(binary) if not bitvec else None
+        self.unary_ufunc: np.ufunc | None = _ufunc_of(unary) if not bitvec else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.convenience is None:
@@ -66,6 +70,13 @@ class Op:
         for item in moved[1:]:
             acc = self.binary(acc, item)
         return np.asarray(acc)
+
+
+def _ufunc_of(fn: Callable[..., Any] | None) -> np.ufunc | None:
+    """The ufunc ``fn`` is, or wraps via :func:`_errstate`; None otherwise."""
+    if isinstance(fn, np.ufunc):
+        return fn
+    return getattr(fn, "ufunc", None)
 
 
 def _cmp(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -120,6 +131,7 @@ def _errstate(fn: Callable[..., Any]) -> Callable[..., Any]:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return fn(*args)
 
+    wrapped.ufunc = fn if isinstance(fn, np.ufunc) else None  # type: ignore[attr-defined]
     return wrapped
 
 

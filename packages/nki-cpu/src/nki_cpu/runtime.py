@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from nki_cpu import state
 from nki_cpu.cost.record import Trace
@@ -96,6 +97,7 @@ def simulate(
     *,
     check_capacity: bool = True,
     sbuf_bytes_per_partition: int = state.SBUF_BYTES_PER_PARTITION,
+    blas_threads: int | None = 1,
 ) -> Callable[..., Any]:
     """Run a kernel on the CPU: numpy arrays in, numpy arrays out (like ``nki.simulate``).
 
@@ -103,6 +105,10 @@ def simulate(
         kernel: a :class:`Kernel`, ``kernel[n]`` or a plain function.
         check_capacity: raise when live SBUF/PSUM bytes per partition exceed the capacity.
         sbuf_bytes_per_partition: SBUF capacity used by the check.
+        blas_threads: BLAS threads while the launch runs (``threadpoolctl``, set once per launch); None leaves
+            the process setting alone. One thread is the default: an interpreted ``nc_matmul`` is at most
+            128×128×512, too small to gain from BLAS threads, and busy-waiting BLAS threads on a loaded machine
+            made GDN-size launches 7-25× slower on 2 cores (README, "Speed").
 
     Returns:
         A callable taking the kernel's arguments; numpy arrays become HBM tensors sharing the caller's memory.
@@ -126,26 +132,40 @@ def simulate(
         copies: list[tuple[np.ndarray, np.ndarray]] = []
         wrapped_args = [_wrap(a, buffer, copies) for a in args]
         wrapped_kwargs = {k: _wrap(v, buffer, copies) for k, v in kwargs.items()}
+        limits = threadpool_limits(blas_threads, user_api="blas") if blas_threads is not None else None
+        try:
+            _run_programs(programs, launch_kwargs, results, traces, wrapped_args, wrapped_kwargs)
+        finally:
+            if limits is not None:
+                limits.restore_original_limits()
+        for original, working in copies:
+            original[...] = working
+        return _unwrap(results[0])
+
+    launch_kwargs = {
+        "check_capacity": check_capacity,
+        "sbuf_capacity": sbuf_bytes_per_partition,
+        "program_ndim": 0 if grid is None else 1,
+    }
+
+    def _run_programs(
+        programs: int,
+        options: dict[str, Any],
+        results: list[Any],
+        traces: list[Trace],
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> None:
         shared_pool: list[Any] = []
         for pid in range(programs):
-            launch = state.Launch(
-                shared_pool=shared_pool,
-                program_id=pid,
-                num_programs=programs,
-                program_ndim=0 if grid is None else 1,
-                check_capacity=check_capacity,
-                sbuf_capacity=sbuf_bytes_per_partition,
-            )
+            launch = state.Launch(shared_pool=shared_pool, program_id=pid, num_programs=programs, **options)
             previous = state.push(launch)
             try:
-                results.append(fn(*wrapped_args, **wrapped_kwargs))
+                results.append(fn(*args, **kwargs))
             finally:
                 state.pop(previous)
                 traces.append(launch.trace)
                 _last_traces[:] = traces
-        for original, working in copies:
-            original[...] = working
-        return _unwrap(results[0])
 
     return run
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,27 +61,31 @@ class Launch:
         self.trace.append(rec)
         return rec
 
-    def allocate(self, buffer: str, bytes_per_partition: int, owner: object) -> None:
+    def allocate(self, buffer: str, bytes_per_partition: int, owner: Any) -> None:
         """Account an on-chip allocation; raise when the per-partition capacity is exceeded.
 
         Args:
             buffer: ``"sbuf"`` or ``"psum"``.
             bytes_per_partition: the allocation's bytes in each partition.
-            owner: the storage object; its garbage collection frees the bytes.
+            owner: the storage object; its garbage collection frees the bytes (``owner.release`` is set to a
+                callable that the owner's ``__del__`` calls: cheaper than a ``weakref.finalize`` per allocation).
         """
-        from nki_cpu import checks
-
         cap = self.sbuf_capacity if buffer == "sbuf" else self.psum_capacity
-        self.live[buffer] += bytes_per_partition
-        if self.check_capacity:
-            checks.capacity(buffer, self.live[buffer], cap, bytes_per_partition)
-        if buffer == "sbuf":
-            self.trace.sbuf_high_water = max(self.trace.sbuf_high_water, self.live[buffer])
-        else:
-            self.trace.psum_high_water = max(self.trace.psum_high_water, self.live[buffer])
-        weakref.finalize(owner, self._free, buffer, bytes_per_partition)
+        live = self.live
+        live[buffer] += bytes_per_partition
+        if self.check_capacity and live[buffer] > cap:
+            from nki_cpu import checks  # late: checks imports tensor, which imports this module
 
-    def _free(self, buffer: str, nbytes: int) -> None:
+            checks.capacity(buffer, live[buffer], cap, bytes_per_partition)
+        if buffer == "sbuf":
+            if live[buffer] > self.trace.sbuf_high_water:
+                self.trace.sbuf_high_water = live[buffer]
+        elif live[buffer] > self.trace.psum_high_water:
+            self.trace.psum_high_water = live[buffer]
+        owner.release = (self, buffer, bytes_per_partition)
+
+    def free(self, buffer: str, nbytes: int) -> None:
+        """Return ``nbytes`` per partition of ``buffer`` (called when an allocation is garbage-collected)."""
         self.live[buffer] -= nbytes
 
 

@@ -70,18 +70,31 @@ class Storage:
         self.buffer = buffer
         self.shape = shape
         self.dtype = dtype
+        # Plain attributes for the hot path (the enum properties cost a call each).
+        self.on_chip = buffer.on_chip
+        self.kind = buffer.kind
         if buffer.on_chip:
             self.partitions = shape[0] if shape else 1
             self.row_bytes = raw.size // max(self.partitions, 1)
         else:
             self.partitions = 1
             self.row_bytes = raw.size
-        self.matmul_written: np.ndarray | None = None  # per-byte flags for nc_matmul(accumulate=None)
+        # nc_matmul(accumulate=None) flags: one byte per 4-byte word ("written by nc_matmul since allocation"),
+        # None until the first nc_matmul writes the allocation.
+        self.matmul_written: np.ndarray | None = None
+
+    # (launch, buffer, bytes per partition) of an on-chip allocation, set by ``Launch.allocate``.
+    release: tuple[Any, str, int] | None = None
+
+    def __del__(self) -> None:
+        release = self.release
+        if release is not None:
+            release[0].free(release[1], release[2])
 
     def written_flags(self) -> np.ndarray:
-        """Per-byte 'written by nc_matmul since allocation' flags (created on first use)."""
+        """The per-word 'written by nc_matmul since allocation' flags (created on first use)."""
         if self.matmul_written is None:
-            self.matmul_written = np.zeros(self.raw.size, dtype=np.uint8)
+            self.matmul_written = np.zeros((self.raw.size + 3) // 4, dtype=np.uint8)
         return self.matmul_written
 
 
@@ -127,6 +140,11 @@ class NkiTensor:
         self.offset = int(offset)
         self.name = name
         self._row_offsets = row_offsets  # indirect (vector_offset) views: per-index-0 start offsets
+        # A tensor never changes after construction, so its numpy view, region and sizes are computed once.
+        self._on_chip: bool = storage.on_chip
+        self._view: np.ndarray | None = None
+        self._region: Region | None = None
+        self._size = math.prod(self.shape)
         self._check_bounds()
 
     # --- basic attributes -----------------------------------------------------------------------------------------
@@ -143,7 +161,7 @@ class NkiTensor:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return math.prod(self.shape)
+        return self._size
 
     @property
     def itemsize(self) -> int:
@@ -153,14 +171,14 @@ class NkiTensor:
     @property
     def partitions(self) -> int:
         """Partition count of an on-chip view (dim 0); 1 for HBM."""
-        return self.shape[0] if self.buffer.on_chip and self.shape else 1
+        return self.shape[0] if self._on_chip and self.shape else 1
 
     @property
     def free_elems(self) -> int:
         """Elements per partition (on-chip: product of free dims; HBM: all elements)."""
-        if self.buffer.on_chip:
-            return math.prod(self.shape[1:])
-        return self.size
+        if self._on_chip:
+            return self._size // self.shape[0] if self.shape[0] else math.prod(self.shape[1:])
+        return self._size
 
     def __repr__(self) -> str:
         return (
@@ -185,7 +203,7 @@ class NkiTensor:
     def is_contiguous(self) -> bool:
         """Row-major contiguity (for on-chip tensors the partition dim is ignored)."""
         dims = list(zip(self.shape, self.strides, strict=True))
-        if self.buffer.on_chip:
+        if self._on_chip:
             dims = dims[1:]
         expected = 1
         for n, s in reversed(dims):
@@ -210,7 +228,7 @@ class NkiTensor:
         return lo, hi
 
     def _check_bounds(self) -> None:
-        if self._row_offsets is not None or self.size == 0:
+        if self._row_offsets is not None or self._size == 0:
             return
         lo, hi = self._extent()
         if lo < 0 or hi >= self._storage_elems():
@@ -232,18 +250,25 @@ class NkiTensor:
         return idx
 
     def np(self) -> np.ndarray:
-        """A writable numpy view of the elements (a copy for indirect views: use :meth:`write`)."""
+        """A writable numpy view of the elements (a copy for indirect views: use :meth:`write`).
+
+        Notes:
+            The view of a direct tensor is built once and cached; callers must not change its shape in place.
+        """
         if self._row_offsets is not None:
             flat = self.storage.raw.view(self.dtype)
             return flat[self._index_array()]
-        isz = self.itemsize
-        return np.ndarray(
-            self.shape,
-            dtype=self.dtype,
-            buffer=self.storage.raw,
-            offset=self.offset * isz,
-            strides=tuple(s * isz for s in self.strides),
-        )
+        view = self._view
+        if view is None:
+            isz = self.dtype.itemsize
+            view = self._view = np.ndarray(
+                self.shape,
+                dtype=self.dtype,
+                buffer=self.storage.raw,
+                offset=self.offset * isz,
+                strides=tuple(s * isz for s in self.strides),
+            )
+        return view
 
     def read(self) -> np.ndarray:
         """A copy of the elements at their stored dtype."""
@@ -257,9 +282,32 @@ class NkiTensor:
         """fp32 copy flattened per partition: ``(P, free_elems)``."""
         return self.read_f32().reshape(self.partitions, -1)
 
+    def peek_f32(self) -> np.ndarray:
+        """The elements as fp32, WITHOUT a copy when they already are fp32 (treat the result as read-only).
+
+        Instructions use it for inputs they only read: results go to fresh arrays and reach ``dst`` through
+        :meth:`write`, whose numpy assignment is overlap-safe, so in-place calls still read every input first.
+        """
+        values = self.np()
+        return values if values.dtype == dtypes.float32 else values.astype(np.float32)
+
+    def lanes(self) -> np.ndarray:
+        """The elements at their stored dtype as ``(P, free_elems)`` (a view when the layout allows; read-only use)."""
+        return self.np().reshape(self.partitions, -1)
+
+    def peek_pf(self) -> np.ndarray:
+        """:meth:`peek_f32` flattened per partition: ``(P, free_elems)`` (read-only, possibly shared)."""
+        return self.peek_f32().reshape(self.partitions, -1)
+
     def write(self, values: np.ndarray) -> None:
         """Round ``values`` once into this view's dtype and store them (values reshaped to the view's shape)."""
-        rounded = dtypes.round_to(np.asarray(values), self.dtype).reshape(self.shape)
+        values = np.asarray(values)
+        if self._row_offsets is None and values.dtype.kind == "f" and self.dtype.kind not in "iu":
+            # Float into float (incl. ml_dtypes): one cast straight into the view — the same RNE conversion as
+            # ``astype`` (numpy uses one cast function for both) without an intermediate array. Overlap-safe.
+            np.copyto(self.np(), values.reshape(self.shape), casting="unsafe")
+            return
+        rounded = dtypes.round_to(values, self.dtype).reshape(self.shape)
         if self._row_offsets is not None:
             flat = self.storage.raw.view(self.dtype)
             flat[self._index_array()] = rounded
@@ -274,29 +322,48 @@ class NkiTensor:
             return
         self.np()[...] = values
 
-    def matmul_flags(self) -> np.ndarray:
-        """Writable view of the 'written by nc_matmul' flags of this view's elements (first byte of each)."""
-        isz = self.itemsize
-        return np.ndarray(
-            self.shape,
-            dtype=np.uint8,
-            buffer=self.storage.written_flags(),
-            offset=self.offset * isz,
-            strides=tuple(s * isz for s in self.strides),
-        )
+    def matmul_written(self) -> np.ndarray | None:
+        """Per-element 'written by nc_matmul since allocation' flags of this view (None: nothing written yet).
+
+        Notes:
+            Flags are kept per 4-byte word of the allocation (an fp32 PSUM element); a 2-byte element counts as
+            written when its word was (only fp32 matmul results read the flags).
+        """
+        if self.storage.matmul_written is None:
+            return None
+        return self._word_flags(self.storage.matmul_written)
+
+    def mark_matmul_written(self) -> None:
+        """Flag every element of this view as written by nc_matmul."""
+        flags = self.storage.written_flags()
+        if self.itemsize == 4 and self._row_offsets is None:
+            self._word_flags(flags)[...] = 1
+        else:
+            flags[(self._index_array() * self.itemsize) // 4] = 1
+
+    def _word_flags(self, flags: np.ndarray) -> np.ndarray:
+        if self.itemsize == 4 and self._row_offsets is None:
+            return np.ndarray(self.shape, dtype=np.uint8, buffer=flags, offset=self.offset, strides=self.strides)
+        return flags[(self._index_array() * self.itemsize) // 4]
 
     # --- regions for the cost model -------------------------------------------------------------------------------
     def region(self) -> Region:
-        """Bounding box of the bytes this view touches (cost-model dependency tracking)."""
+        """Bounding box of the bytes this view touches (cost-model dependency tracking; computed once)."""
+        region = self._region
+        if region is None:
+            region = self._region = self._compute_region()
+        return region
+
+    def _compute_region(self) -> Region:
         isz = self.itemsize
         st = self.storage
-        kind = st.buffer.kind
+        kind = st.kind
         if self._row_offsets is not None:
             idx = self._index_array()
             lo, hi = int(idx.min()), int(idx.max())
         else:
             lo, hi = self._extent()
-        if not st.buffer.on_chip:
+        if not st.on_chip:
             return Region(st.id, kind, (0, 1), (lo * isz, (hi + 1) * isz))
         row = st.row_bytes
         lo_b, hi_b = lo * isz, (hi + 1) * isz
@@ -348,7 +415,7 @@ class NkiTensor:
         shape: list[int] = []
         strides: list[int] = []
         offset = self.offset
-        on_chip = self.buffer.on_chip
+        on_chip = self._on_chip
         last_dropped_stride = 1
         for dim, (k, n, s) in enumerate(zip(key, self.shape, self.strides, strict=True)):
             if isinstance(k, DynamicSlice):
@@ -409,7 +476,7 @@ class NkiTensor:
         dims = [_norm_dim(d, self.ndim) for d in dims]
         if sorted(dims) != list(range(self.ndim)):
             raise ValueError(f"permute dims {dims} are not a permutation of {self.ndim} dims")
-        if self.buffer.on_chip and dims[0] != 0:
+        if self._on_chip and dims[0] != 0:
             raise AssertionError(f"permute of an on-chip tensor must keep the partition dim first, got {dims}")
         return self._make([self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset)
 
@@ -418,7 +485,7 @@ class NkiTensor:
         dim = _norm_dim(dim, self.ndim)
         if self.shape[dim] != 1:
             raise AssertionError(f"broadcast dim {dim} must have size 1, got {self.shape[dim]}")
-        if self.buffer.on_chip and dim == 0:
+        if self._on_chip and dim == 0:
             raise AssertionError("broadcast of the partition dim of an on-chip tensor is not allowed")
         shape = list(self.shape)
         strides = list(self.strides)
@@ -429,7 +496,7 @@ class NkiTensor:
     def expand_dim(self, dim: int) -> NkiTensor:
         """Insert a size-1 dim at ``dim``."""
         dim = dim % (self.ndim + 1)
-        if self.buffer.on_chip and dim == 0:
+        if self._on_chip and dim == 0:
             raise AssertionError("expand_dim cannot insert before the partition dim of an on-chip tensor")
         shape = list(self.shape)
         strides = list(self.strides)
@@ -454,7 +521,7 @@ class NkiTensor:
             shape[shape.index(-1)] = self.size // known if known else 0
         if math.prod(shape) != self.size:
             raise AssertionError(f"reshape from {self.shape} to {tuple(shape)}: element counts differ")
-        if self.buffer.on_chip and shape[0] != self.shape[0]:
+        if self._on_chip and shape[0] != self.shape[0]:
             raise AssertionError(f"reshape of an on-chip tensor must keep dim 0 ({self.shape[0]}), got {shape[0]}")
         new_strides = _reshape_strides(self.shape, self.strides, tuple(shape))
         if new_strides is None:
@@ -527,7 +594,7 @@ class NkiTensor:
                 raise AssertionError("ap(dtype=): the view offset is not aligned to the new dtype")
             base = base * self.itemsize // new.itemsize
         start = base + (int(offset) if offset is not None else 0)
-        if self.buffer.on_chip and pairs and pairs[0][1] > 1:
+        if self._on_chip and pairs and pairs[0][1] > 1:
             row = self.storage.row_bytes // new.itemsize
             if pairs[0][0] != row:
                 raise AssertionError(
@@ -589,7 +656,8 @@ def allocate(shape: Sequence[int] | int, dtype: Any, buffer: MemoryRegion, name:
         shape = (int(shape),)
     shape = tuple(int(s) for s in shape)
     dt = dtypes.as_dtype(dtype)
-    buffer = MemoryRegion(buffer)
+    if type(buffer) is not MemoryRegion:
+        buffer = MemoryRegion(buffer)
     nbytes = math.prod(shape) * dt.itemsize
     launch = state.current()
     cursor = -1
@@ -608,7 +676,7 @@ def allocate(shape: Sequence[int] | int, dtype: Any, buffer: MemoryRegion, name:
     if buffer.on_chip:
         if not shape:
             raise AssertionError("on-chip tensors need at least one (partition) dim")
-        state.current().allocate(buffer.value, storage.row_bytes, storage)
+        launch.allocate(buffer.value, storage.row_bytes, storage)
     return NkiTensor(storage, dt, shape, _row_major(shape), 0, name)
 
 

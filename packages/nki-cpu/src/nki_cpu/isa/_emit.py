@@ -53,6 +53,51 @@ def column_or_scalar(instr: str, name: str, value: Any, dst: NkiTensor) -> np.nd
     raise AssertionError  # unreachable
 
 
+_F32_SIGNATURES = {1: (np.float32, np.float32), 2: (np.float32, np.float32, np.float32)}
+
+
+def compute_into(dst: NkiTensor, ufunc: np.ufunc | None, *operands: Any) -> bool:
+    """``dst = ufunc(*operands)`` computed in fp32 straight into dst's storage; False when the fast path is off.
+
+    Args:
+        dst: destination view (float dtype, not indirect, for the fast path).
+        ufunc: the numpy ufunc of the operator, or None.
+        operands: arrays shaped ``(P, F)`` (full tiles) or ``(P, 1)`` (per-partition columns) of a float dtype
+            that converts exactly to fp32 (``dtypes.EXACT_IN_F32``: converted on the fly), or fp32 scalars.
+
+    Returns:
+        True when the result was written; False when the caller must take the general path (no ufunc, integer
+        or indirect dst, non-fp32 operands).
+
+    Notes:
+        Same values as computing an fp32 array and rounding it once into dst (``out=`` with ``dtype=float32``
+        computes in fp32 and casts with numpy's own RNE conversion), but without the intermediate array. numpy
+        resolves memory overlap between inputs and ``out``, so in-place calls still read every input first.
+    """
+    if ufunc is None or dst.dtype.kind in "iu" or dst.is_indirect():
+        return False
+    shape = dst.shape
+    full = dst.size
+    args = []
+    for x in operands:
+        if isinstance(x, np.ndarray):
+            if x.dtype not in dtypes.EXACT_IN_F32:
+                return False
+            if x.size == full:
+                x = x.reshape(shape)
+            elif x.ndim == 2 and x.shape == (shape[0], 1):
+                if len(shape) != 2:
+                    x = x.reshape((shape[0],) + (1,) * (len(shape) - 1))
+            else:
+                return False
+        elif not isinstance(x, np.float32):
+            return False
+        args.append(x)
+    with np.errstate(all="ignore"):
+        ufunc(*args, out=dst.np(), signature=_F32_SIGNATURES[ufunc.nin], casting="unsafe")
+    return True
+
+
 def unit_stride(*ts: NkiTensor | None) -> bool:
     """True when every operand's innermost free dim is unit-stride (or size 1)."""
     for t in ts:

@@ -72,8 +72,8 @@ def nc_matmul(
             f"{instr} moving partition dimension {moving.shape[0]} does not match stationary partition dimension "
             f"{k} (contraction dim)"
         )
-    st = stationary.read_f32().reshape(k, -1)
-    mv = moving.read_f32().reshape(k, -1)
+    st = stationary.peek_f32().reshape(k, -1)  # fp32 operands are read in place (never written here)
+    mv = moving.peek_f32().reshape(k, -1)
     if double_row:
         if stationary.ndim != 3 or stationary.shape[1] != 2 or moving.ndim != 3 or moving.shape[1] != 2:
             checks.fail(
@@ -103,32 +103,17 @@ def nc_matmul(
                 f"{instr} is_transpose dst dtype {dtypes.name(dst.dtype)} must equal stationary dtype "
                 f"{dtypes.name(stationary.dtype)}"
             )
-        raw = stationary.read().reshape(k, m).T
+        raw = stationary.np().reshape(k, m).T
         if dst.dtype == stationary.dtype:
             dst.write_raw(raw)
         else:
             dst.write(raw.astype(np.float32))
-        dst.matmul_flags()[...] = 1
+        dst.mark_matmul_written()
     else:
         if dst.dtype != dtypes.float32:
             checks.fail(f"{instr} dst dtype {dtypes.name(dst.dtype)} must be float32 in PSUM (Trn2)")
-        product = np.matmul(st.T, mv, dtype=np.float32)
-        flags = dst.matmul_flags().reshape(m, n) != 0
-        if accumulate is None:
-            old = dst.read_pf()
-            result = np.where(flags, old + product, product)
-        elif accumulate:
-            if not flags.all():
-                warnings.warn(
-                    f"{instr}: accumulate=True into PSUM not initialised by an earlier nc_matmul",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            result = dst.read_pf() + product
-        else:
-            result = product
-        dst.write(result.astype(np.float32))
-        dst.matmul_flags()[...] = 1
+        _accumulate_into(instr, dst, np.matmul(st.T, mv, dtype=np.float32), accumulate)
+        dst.mark_matmul_written()
     return emit(
         instr,
         Engine.PE,
@@ -145,6 +130,31 @@ def nc_matmul(
             "double_row": double_row,
         },
     )
+
+
+def _accumulate_into(instr: str, dst: NkiTensor, product: np.ndarray, accumulate: bool | None) -> None:
+    """Write (``accumulate=False``), add (True) or add-where-written (None) an fp32 product into fp32 ``dst``."""
+    out = dst.np()
+    product = product.reshape(dst.shape)
+    if accumulate is False:
+        np.copyto(out, product)
+        return
+    flags = dst.matmul_written()
+    written = 0 if flags is None else int(np.count_nonzero(flags))
+    if accumulate is None and written == 0:
+        np.copyto(out, product)
+    elif written == dst.size or accumulate:
+        if accumulate and written != dst.size:
+            warnings.warn(
+                f"{instr}: accumulate=True into PSUM not initialised by an earlier nc_matmul",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        with np.errstate(all="ignore"):
+            np.add(out, product, out=out)
+    else:
+        with np.errstate(all="ignore"):
+            np.copyto(out, np.where(flags != 0, out + product, product))
 
 
 def nc_transpose(
@@ -182,7 +192,7 @@ def nc_transpose(
         checks.at_most(instr, "data", "free size", f, checks.VECTOR_TRANSPOSE_MAX)
     if dst.shape[0] != f or dst.free_elems != p:
         checks.fail(f"{instr} dst shape {dst.shape} must be [{f}, {p}] for data shape {data.shape}")
-    dst.write_raw(data.read().reshape(p, f).T)
+    dst.write_raw(data.np().reshape(p, f).T)  # overlap-safe numpy assignment
     if eng is Engine.PE:
         attrs = {"stationary_free": f, "moving_free": p, "fp32": data.dtype == dtypes.float32, "is_transpose": True}
         return emit(instr, eng, dst, [data], partitions=p, free_elems=p, attrs=attrs)

@@ -13,7 +13,7 @@ import numpy as np
 
 from nki_cpu import checks, dtypes, state
 from nki_cpu.cost.record import Engine
-from nki_cpu.isa._emit import column_or_scalar, emit, engine_buffers, resolve_engine, unit_stride
+from nki_cpu.isa._emit import column_or_scalar, compute_into, emit, engine_buffers, resolve_engine, unit_stride
 from nki_cpu.isa.enums import NkiInstruction, engine, reduce_cmd
 from nki_cpu.opcodes import Op, require_op
 from nki_cpu.tensor import NkiTensor
@@ -91,9 +91,11 @@ def tensor_tensor(
     engine_buffers(instr, eng, dst=dst, data1=data1, data2=data2)
     if op.bitvec or (all_int and eng is Engine.GPSIMD):
         result = _apply(op, _int_values(instr, "data1", data1), _int_values(instr, "data2", data2), instr)
+        dst.write(result)
     else:
-        result = _apply(op, data1.read_pf(), data2.read_pf(), instr)
-    dst.write(result)
+        lhs, rhs = data1.lanes(), data2.lanes()  # converted to fp32 on the fly by compute_into
+        if not compute_into(dst, op.binary_ufunc, lhs, rhs):
+            dst.write(_apply(op, dtypes.to_f32(lhs), dtypes.to_f32(rhs), instr))
     return emit(instr, eng, dst, [data1, data2], attrs=_attrs(op, data1, data2, dst))
 
 
@@ -118,6 +120,36 @@ def _scalar_stage(
     else:
         rhs = column_or_scalar(instr, slot, operand, dst)
     return _apply(op, rhs, values, instr) if reverse else _apply(op, values, rhs, instr)
+
+
+def _scalar_operand(value: Any) -> np.ndarray | np.float32 | None:
+    """A plain number as fp32, or a direct fp32 [P, 1] tile as a (shared) array; None for anything else."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return np.float32(value)
+    return None
+
+
+def _tensor_scalar_into(
+    dst: NkiTensor, data: NkiTensor, op0: Op, operand0: Any, reverse0: bool, op1: Any, operand1: Any, reverse1: bool
+) -> bool:
+    """Fast path of ``tensor_scalar``: binary ufunc stages with number operands, the last one written into dst."""
+    if op0.binary_ufunc is None or (op1 is None and operand1 is not None):
+        return False
+    if op1 is not None and (not isinstance(op1, Op) or op1.binary_ufunc is None):
+        return False
+    rhs0 = _scalar_operand(operand0)
+    rhs1 = _scalar_operand(operand1) if op1 is not None else np.float32(0)
+    if rhs0 is None or rhs1 is None:
+        return False
+    if data.dtype not in dtypes.EXACT_IN_F32:
+        return False
+    values = data.lanes()  # converted to fp32 on the fly
+    if op1 is None:
+        return compute_into(dst, op0.binary_ufunc, *((rhs0, values) if reverse0 else (values, rhs0)))
+    with np.errstate(all="ignore"):
+        args = (rhs0, values) if reverse0 else (values, rhs0)
+        mid = op0.binary_ufunc(*args, signature=(np.float32,) * 3, casting="unsafe")
+    return compute_into(dst, op1.binary_ufunc, *((rhs1, mid) if reverse1 else (mid, rhs1)))
 
 
 def tensor_scalar(
@@ -159,10 +191,11 @@ def tensor_scalar(
     eng = resolve_engine(instr, engine, Engine.VECTOR, _LANE_ENGINES)
     engine_buffers(instr, eng, dst=dst, data=data)
     op0 = require_op(op0, instr, "op0")
-    values: np.ndarray = _int_values(instr, "data", data) if op0.bitvec else data.read_pf()
-    values = _scalar_stage(instr, values, op0, operand0, reverse0, dst, "operand0")
-    values = _scalar_stage(instr, values, op1, operand1, reverse1, dst, "operand1")
-    dst.write(values)
+    if not _tensor_scalar_into(dst, data, op0, operand0, reverse0, op1, operand1, reverse1):
+        values: np.ndarray = _int_values(instr, "data", data) if op0.bitvec else data.peek_pf()
+        values = _scalar_stage(instr, values, op0, operand0, reverse0, dst, "operand0")
+        values = _scalar_stage(instr, values, op1, operand1, reverse1, dst, "operand1")
+        dst.write(values)
     attrs = _attrs(op0, data, dst)
     attrs["op1"] = op1.name if isinstance(op1, Op) else None
     return emit(instr, eng, dst, [data, operand0, operand1], attrs=attrs)
@@ -253,9 +286,9 @@ def tensor_copy(
     eng = resolve_engine(instr, engine, Engine.VECTOR, _LANE_ENGINES)
     engine_buffers(instr, eng, dst=dst, src=src)
     if dst.dtype == src.dtype:
-        dst.write_raw(src.read().reshape(src.partitions, -1))
+        dst.write_raw(src.np().reshape(src.partitions, -1))  # overlap-safe numpy assignment, no extra copy
     else:
-        dst.write(src.read_pf())
+        dst.write(src.peek_pf())
     return emit(instr, eng, dst, [src], attrs=_attrs("copy", src, dst))
 
 
@@ -321,10 +354,17 @@ def activation(
     checks.lanewise(instr, dst, data=data)
     eng = resolve_engine(instr, engine, Engine.SCALAR, (Engine.SCALAR, Engine.GPSIMD))
     engine_buffers(instr, eng, dst=dst, data=data)
-    x = data.read_pf() * column_or_scalar(instr, "scale", scale, dst)
+    unit_scale = isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale == 1.0
+    plain = unit_scale and bias is None and data.dtype in dtypes.EXACT_IN_F32
+    x = data.lanes() if plain else data.peek_pf()  # lanes: converted to fp32 on the fly by compute_into
+    if not unit_scale:
+        x = x * column_or_scalar(instr, "scale", scale, dst)  # x·1 is exact: skipped for the default scale
     if bias is not None:
         x = x + column_or_scalar(instr, "bias", bias, dst)
-    result = _apply_unary(op, x.astype(np.float32), instr)
+    no_reduce = reduce_res is None and reduce_op is None and reduce_cmd == _RC.idle
+    if no_reduce and compute_into(dst, op.unary_ufunc, x):
+        return emit(instr, eng, [dst], [data, bias, scale], attrs=_attrs(op, data, dst) | {"reduce": False})
+    result = _apply_unary(op, x.astype(np.float32, copy=False), instr)
     reduced = None
     if reduce_op is not None or reduce_cmd != _RC.idle:
         reduced = _reduce_into_acc(instr, "scalar", dst, result, reduce_op or _add_op(), reduce_cmd)
