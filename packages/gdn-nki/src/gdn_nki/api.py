@@ -82,12 +82,12 @@ def gdn_cte(
     if algorithm == ALGORITHM_SCHUR:
         consts = stages.constants_from_pack(mask_pack, chunk, dtype)
         schur.load_merge_planes(mask_pack, consts, dtype)
-        invert_group, group = schur.invert_group, group_size
+        invert_group, group, system_dtype = schur.invert_group, group_size, dtype
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
         consts = stages.constants_on_device(chunk, dtype)
         neumann.build_block_planes(consts, dtype)
-        invert_group, group = neumann.invert_group, neumann.GROUP_SIZE
+        invert_group, group, system_dtype = neumann.invert_group, neumann.GROUP_SIZE, FP32
 
     lanes = [
         stages.Lane(
@@ -100,9 +100,10 @@ def gdn_cte(
             out=out,
             chunk=chunk,
             dtype=dtype,
+            system_dtype=system_dtype,
             scale=float(scale),
             consts=consts,
-        )  # fmt: skip
+        )
         for b, h in program_lanes(batch, value_heads)
     ]
     run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group))

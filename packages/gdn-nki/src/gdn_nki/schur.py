@@ -40,21 +40,17 @@ def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
 
 
 def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
-    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level.
-
-    A enters every product as a hi/lo pair of compute-dtype tiles (``tiles.split``): the merge amplifies A's
-    representation error by up to cond(I + A) (~1e2 for near-collinear keys), and with A in bf16 that alone
-    costs about 1e-2 relative error in the inverse; the pair brings it to the level of the inverse's own rounding.
-    """
-    parts = [tiles.split(chunk.a, dtype) for chunk in chunks]
-    level0 = [_level0(hi, lo, consts, dtype) for hi, lo in parts]
+    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level."""
+    level0 = [_level0(chunk.a, consts, dtype) for chunk in chunks]
     inverse = [inv for inv, _ in level0]
     inverse_t_psum = [acc for _, acc in level0]
     inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
     yield
     for level in range(1, N_MERGE_LEVELS + 1):
         plane_t = consts.planes[level]
-        mid = [_off_block_product(part, plane_t, inv_t, dtype) for part, inv_t in zip(parts, inverse_t, strict=True)]
+        mid = [
+            _off_block_product(chunk.a, plane_t, inv_t, dtype) for chunk, inv_t in zip(chunks, inverse_t, strict=True)
+        ]
         for inv, m, acc in zip(inverse, mid, inverse_t_psum, strict=True):
             tiles.matmul(inv, m, dst=acc, accumulate=True)  # Invᵀ += (Inv R̃ Inv)ᵀ
         inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
@@ -65,28 +61,20 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         chunk.inverse_t = inv_t
 
 
-def _off_block_product(parts: tuple[Any, Any], plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
+def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
     """(Inv R̃)ᵀ = R̃ᵀ Invᵀ with R̃ = A ∘ (−off), as an SBUF tile of ``dtype``.
 
     Computed as (Aᵀ Invᵀ) ∘ (−off)ᵀ: the mask is applied to the product, on its PSUM evacuation, instead of to A.
     Exact, because Inv is block-diagonal with the half-blocks of this level: entry [j, m] of Aᵀ Invᵀ sums
     A[i, j] Inv[m, i] over i in m's half-block only, so where (−off)ᵀ keeps [j, m] (j in the upper, m in the lower
     half of one merged block) the sum covers exactly A's off quadrant, and elsewhere it is discarded. This saves
-    masking every part of A at every level; A's upper part only ever lands in discarded entries.
+    masking A at every level; A's upper part only ever lands in discarded entries.
     """
-    product = None
-    for part in parts:
-        if part is not None:
-            product = tiles.matmul(part, inverse_t, dst=product, accumulate=product is not None)
-    return tiles.multiply(product, plane_t, dtype)
+    return tiles.multiply(tiles.matmul(a, inverse_t), plane_t, dtype)
 
 
-def _level0(hi: Any, lo: Any, consts: Constants, dtype: Any) -> tuple[Any, Any]:
-    """Inverse of every 2×2 diagonal block, I − A ∘ off0: the operand (from A's hi part) and the fp32 PSUM
-    accumulator of its transpose (both parts)."""
-    inverse = tiles.sbuf(tuple(hi.shape), dtype)
-    tiles.combine(inverse, consts.eye, tiles.multiply(hi, consts.planes["off0"], dtype), nl.subtract)
-    accumulator = tiles.matmul(inverse, consts.eye)
-    if lo is not None:
-        tiles.matmul(tiles.multiply(lo, consts.planes["off0"], dtype), consts.neg_eye, dst=accumulator, accumulate=True)
-    return inverse, accumulator
+def _level0(a: Any, consts: Constants, dtype: Any) -> tuple[Any, Any]:
+    """Inverse of every 2×2 diagonal block, I − A ∘ off0, and the fp32 PSUM accumulator of its transpose."""
+    inverse = tiles.sbuf(tuple(a.shape), dtype)
+    tiles.combine(inverse, consts.eye, tiles.multiply(a, consts.planes["off0"], dtype), nl.subtract)
+    return inverse, tiles.matmul(inverse, consts.eye)

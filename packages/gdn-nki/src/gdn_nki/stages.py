@@ -46,7 +46,6 @@ class Constants:
     eye32: Any
     eye: Any
     lower_neg: Any
-    neg_eye: Any = None
     planes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -58,7 +57,7 @@ def constants_from_pack(mask_pack: Any, chunk: int, dtype: Any) -> Constants:
     # The pack holds the mask above the diagonal; Γᵀ needs it below, so it is transposed on the load.
     lower_neg = tiles.sbuf((chunk, chunk), FP32)
     nisa.dma_transpose(dst=lower_neg, src=mask_pack[PLANE_UPPER_NEG, 0:chunk, 0:chunk])
-    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg, neg_eye=tiles.evacuate(eye32, dtype, scale=-1.0))
+    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
 
 
 def constants_on_device(chunk: int, dtype: Any) -> Constants:
@@ -89,7 +88,7 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
         on_false_value=MASK_FILL,
         cmp_op=nl.greater_equal,
     )
-    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg, neg_eye=tiles.evacuate(eye32, dtype, scale=-1.0))
+    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
 
 
 @dataclass
@@ -141,7 +140,7 @@ class Chunk:
     index: int  # chunk index within the sequence
     q_t: Any = None  # [Dk, C] query, compute dtype
     k_t: Any = None  # [Dk, C] key
-    a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ), fp32; only its strictly-lower part is read
+    a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ) in Lane.system_dtype; only its strictly-lower part is read
     attn_t: Any = None  # [C, C] attnᵀ (causal incl. diagonal), compute dtype
     q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ
     k_decay: Any = None  # [C, Dk] K_dec
@@ -174,6 +173,7 @@ class Lane:
     out: Any
     chunk: int
     dtype: Any  # compute dtype
+    system_dtype: Any  # dtype of A: what the algorithm's inverse takes as operands
     scale: float
     consts: Constants
 
@@ -253,7 +253,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
     yield
     # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
-    chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, FP32)
+    chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, lane.system_dtype)
     qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
     chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype)
     chunk.release("q_t", "k_t", "key", "value")
@@ -278,17 +278,10 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
 
 @dataclass
 class State:
-    """The recurrent state of a lane: the fp32 master and the matmul operands made from it.
-
-    With a narrow compute dtype the state enters the transition product as a hi/lo pair (``tiles.split``): a
-    bf16 operand alone would add 2^-9 of the state's own magnitude to every chunk's update, which dominates when
-    the state is large next to what the chunk writes. The output product uses the hi part only: its error stays
-    relative to the output itself.
-    """
+    """The recurrent state of a lane: the fp32 master and its copy in the matmul operand dtype."""
 
     master: Any  # [Dk, Dv] fp32
     operand: Any  # [Dk, Dv] compute dtype (the master itself when that is fp32)
-    operand_lo: Any = None  # [Dk, Dv] compute dtype, master − operand (None for fp32)
 
 
 def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int, dtype: Any) -> State:
@@ -298,7 +291,8 @@ def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int, dtype:
     else:
         master = tiles.sbuf((dk, dv), FP32)
         nisa.memset(dst=master, value=0.0)
-    return State(master, *tiles.split(master, dtype))
+    operand = master if dtype == FP32 else tiles.evacuate(master, dtype)
+    return State(master, operand)
 
 
 def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
@@ -307,9 +301,7 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
     out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
     """
     update = tiles.matmul(chunk.k_decay, chunk.u)
-    for operand in (state.operand, state.operand_lo):
-        if operand is not None:
-            tiles.matmul(chunk.transition_t, operand, dst=update, accumulate=True)
+    tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
     following = advance_state(state, chunk.decay_last, update, lane.dtype)
 
     out_psum = tiles.matmul(chunk.attn_t, chunk.u)
@@ -319,21 +311,12 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
 
 
 def advance_state(state: State, decay_last: Any, update: Any, dtype: Any) -> State:
-    """S' = e^{γ_last}·S + update in fp32, and its operands, all on the vector engine.
+    """S' = e^{γ_last}·S + update in fp32, and its operand copy, both on the vector engine.
 
-    The hi operand is computed first and from the same inputs as the master, so the next chunk's first product
-    waits on neither the master nor the lo part; keeping every chain link on one engine keeps them from blocking
-    unrelated work queued on the others.
+    The operand copy is computed first and from the same inputs as the master, so the next chunk's products wait
+    on neither; keeping every chain link on one engine keeps them from blocking work queued on the others.
     """
     shape = tuple(state.master.shape)
-    if dtype == FP32:
-        master = _decay_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
-        return State(master, master)
-    operand = _decay_add(tiles.sbuf(shape, dtype), state.master, decay_last, update)
-    master = _decay_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
-    operand_lo = tiles.combine(tiles.sbuf(shape, dtype), master, operand, nl.subtract, engine=tiles.VECTOR)
-    return State(master, operand, operand_lo)
-
-
-def _decay_add(dst: Any, state: Any, decay_last: Any, update: Any) -> Any:
-    return tiles.scale_add(dst, state, decay_last, update)
+    operand = None if dtype == FP32 else tiles.scale_add(tiles.sbuf(shape, dtype), state.master, decay_last, update)
+    master = tiles.scale_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
+    return State(master, master if operand is None else operand)

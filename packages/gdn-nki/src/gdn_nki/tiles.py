@@ -106,20 +106,6 @@ def _staged(x: Any) -> Any:
     return staged
 
 
-def split(x: Any, dtype: Any) -> tuple[Any, Any]:
-    """Split an fp32 tile into ``(hi, lo)`` tiles of ``dtype`` with ``hi + lo`` ≈ x to about 16 mantissa bits.
-
-    Used where a bf16 matmul operand would lose too much: two accumulating bf16 matmuls (hi, then lo) carry the
-    operand at about fp32/2^8 relative error instead of bf16's 2^-9. For an fp32 compute dtype the tile is used
-    as it is and ``lo`` is None.
-    """
-    if dtype == FP32:
-        return x, None
-    hi = evacuate(x, dtype)
-    lo = combine(sbuf(tuple(x.shape), dtype), x, hi, nl.subtract)
-    return hi, lo
-
-
 def multiply(a: Any, b: Any, dtype: Any) -> Any:
     """Elementwise ``a * b`` into a new tile of ``dtype``."""
     return combine(sbuf(tuple(a.shape), dtype), a, b, nl.multiply)
