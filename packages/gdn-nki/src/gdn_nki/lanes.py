@@ -108,7 +108,7 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
     lane = unit.lane
     if unit.starts_lane:
         dk, dv = lane.key.shape[3], lane.value.shape[3]
-        carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv, lane.dtype)
+        carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv)
     outputs = tiles.sbuf((lane.chunk, unit.width, lane.value.shape[3]), lane.dtype)
     for j, chunk in enumerate(unit.chunks):
         carried[0] = stages.state_step(lane, chunk, carried[0], outputs[:, j, :])

@@ -142,15 +142,15 @@ class Chunk:
     k_t: Any = None  # [Dk, C] key
     a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ) in Lane.system_dtype; only its strictly-lower part is read
     attn_t: Any = None  # [C, C] attnᵀ (causal incl. diagonal), compute dtype
-    q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ
+    q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ, fp32
     k_decay: Any = None  # [C, Dk] K_dec
     k_beta: Any = None  # [C, Dk] diag(β e^γ) K
     v_beta: Any = None  # [C, Dv] diag(β) V
     decay_last: Any = None  # [Dk, 1] e^{γ_last}
     inverse_t: Any = None  # [C, C] Invᵀ, compute dtype
     u: Any = None  # [C, Dv]
-    transition_t: Any = None  # [Dk, Dk] Tᵀ
-    q_eff_t: Any = None  # [Dk, C] Q_effᵀ
+    transition_t: Any = None  # [Dk, Dk] Tᵀ, fp32
+    q_eff_t: Any = None  # [Dk, C] Q_effᵀ, fp32
     key: Any = None  # [C, Dk] token-major key (stage 1 only)
     value: Any = None  # [C, Dv] (stage 1 only)
 
@@ -247,7 +247,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     yield
     # β rides in as ln β on the exponent's bias: exp(log Γ + ln β) = β Γ.
     beta_decay = tiles.exp(decay_rise, bias=gates.log_beta[:, j : j + 1], scale=-1.0)
-    chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, dtype)
+    chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, FP32)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
@@ -268,31 +268,36 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
     chunk.u = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.v_beta), dtype)
     w = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.k_beta), dtype)
     yield
-    # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free.
-    chunk.transition_t = tiles.evacuate(tiles.matmul(w, chunk.k_decay), dtype, scale=-1.0)
+    # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free. Tᵀ and Q_effᵀ multiply the state, so
+    # they stay fp32 (see State).
+    chunk.transition_t = tiles.evacuate(tiles.matmul(w, chunk.k_decay), FP32, scale=-1.0)
     attn_w_t = tiles.matmul(w, chunk.attn_t)  # (attn W)ᵀ
-    chunk.q_eff_t = tiles.sbuf(tuple(chunk.q_decay_t.shape), dtype)
+    chunk.q_eff_t = tiles.sbuf(tuple(chunk.q_decay_t.shape), FP32)
     tiles.combine(chunk.q_eff_t, chunk.q_decay_t, attn_w_t, nl.subtract)
     chunk.release("a", "inverse_t", "k_beta", "v_beta", "q_decay_t")
 
 
 @dataclass
 class State:
-    """The recurrent state of a lane: the fp32 master and its copy in the matmul operand dtype."""
+    """The recurrent state of a lane, fp32 whatever the compute dtype — also as a matmul operand.
+
+    The state carries the whole sequence, so it never passes through the compute dtype: its two products (with
+    Tᵀ and with Q_effᵀ) are fp32 matmuls. With bf16 operands each chunk's update would carry an error of 2^-9 of
+    the state's own magnitude, which dominates when the state is large next to what a chunk writes (a large
+    initial state is then mostly erased by the delta rule while that error is not). fp32 products cost the tensor
+    engine 4× on these two [Dk, Dv]-sized products and save the operand copy a bf16 product would need.
+    """
 
     master: Any  # [Dk, Dv] fp32
-    operand: Any  # [Dk, Dv] compute dtype (the master itself when that is fp32)
 
 
-def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int, dtype: Any) -> State:
+def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int) -> State:
     """Load the caller's state (aliased in/out) or start from zero with no load emitted."""
     if recurrent_state is not None:
-        master = nl.load(recurrent_state[b, h, :, :], dtype=FP32)
-    else:
-        master = tiles.sbuf((dk, dv), FP32)
-        nisa.memset(dst=master, value=0.0)
-    operand = master if dtype == FP32 else tiles.evacuate(master, dtype)
-    return State(master, operand)
+        return State(nl.load(recurrent_state[b, h, :, :], dtype=FP32))
+    master = tiles.sbuf((dk, dv), FP32)
+    nisa.memset(dst=master, value=0.0)
+    return State(master)
 
 
 def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
@@ -301,22 +306,14 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
     out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
     """
     update = tiles.matmul(chunk.k_decay, chunk.u)
-    tiles.matmul(chunk.transition_t, state.operand, dst=update, accumulate=True)
-    following = advance_state(state, chunk.decay_last, update, lane.dtype)
+    tiles.matmul(chunk.transition_t, state.master, dst=update, accumulate=True)
+    # The chain's one vector op: S' = S·e^{γ_last} + update, on the vector engine like every chain link, so no
+    # other engine's queue holds an instruction that waits on the chain.
+    following = State(
+        tiles.scale_add(tiles.sbuf(tuple(state.master.shape), FP32), state.master, chunk.decay_last, update)
+    )
 
     out_psum = tiles.matmul(chunk.attn_t, chunk.u)
-    tiles.matmul(chunk.q_eff_t, state.operand, dst=out_psum, accumulate=True)
-    tiles.copy_to(out_tile, out_psum, scale=lane.scale, engine=tiles.VECTOR)  # a chain link: keep it on DVE
+    tiles.matmul(chunk.q_eff_t, state.master, dst=out_psum, accumulate=True)
+    tiles.copy_to(out_tile, out_psum, scale=lane.scale, engine=tiles.VECTOR)
     return following
-
-
-def advance_state(state: State, decay_last: Any, update: Any, dtype: Any) -> State:
-    """S' = e^{γ_last}·S + update in fp32, and its operand copy, both on the vector engine.
-
-    The operand copy is computed first and from the same inputs as the master, so the next chunk's products wait
-    on neither; keeping every chain link on one engine keeps them from blocking work queued on the others.
-    """
-    shape = tuple(state.master.shape)
-    operand = None if dtype == FP32 else tiles.scale_add(tiles.sbuf(shape, dtype), state.master, decay_last, update)
-    master = tiles.scale_add(tiles.sbuf(shape, FP32), state.master, decay_last, update)
-    return State(master, master if operand is None else operand)
