@@ -94,10 +94,10 @@ def test_makespan_is_the_dependency_chain():
 def test_dma_engine_busy_is_the_union_of_queues():
     hbm = Region(1, "hbm", (0, 1), (0, 1 << 20))
     trace = Trace()
-    for queue in (0, 1):
+    for queue in (0, 1):  # 8-partition transfers: one DMA engine each, so the two run at the same time
         trace.append(
             InstructionRecord(
-                "dma_copy", Engine.DMA, 128, 512, (BF16,), 1 << 19, (hbm,), (sbuf(10 + queue),), queue=queue
+                "dma_copy", Engine.DMA, 8, 512, (BF16,), 1 << 13, (hbm,), (sbuf(10 + queue),), queue=queue
             )
         )
     report = estimate(trace)

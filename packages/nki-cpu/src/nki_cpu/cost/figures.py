@@ -32,6 +32,10 @@ DMA_EFFICIENCY_POINTS: tuple[tuple[int, float], ...] = (
     (2048, 0.90),  # "near peak"
     (4096, 1.00),  # "saturates"
 )
+# DMA queues the cost model spreads DMA instructions over (round-robin in program order): DMA §4.4 "16 queues per
+# engine (in-order within a queue)"; a transfer's descriptors sit in one queue on each engine it uses, so a
+# kernel has at most 16 independent in-order DMA streams (INFER; the compiler's real assignment is not documented).
+DMA_QUEUES = 16  # DMA §4.4 "16 queues per engine"
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Figures:
     sbuf_bytes_per_partition: int
     psum_bytes_per_partition: int
     dma_efficiency_points: tuple[tuple[int, float], ...] = DMA_EFFICIENCY_POINTS
+    dma_queues: int = DMA_QUEUES  # DMA §4.4; queues DMA instructions are assigned to round-robin (scheduler)
     partitions: int = 128  # ARCH §4.1 PE array 128×128, 128 SBUF partitions
 
     def clock(self, engine: Engine) -> float:

@@ -147,16 +147,20 @@ def build_report(trace: Trace, figures: Figures, placed: Schedule) -> CostReport
     )
 
 
-def estimate(trace: Trace, target: str = DEFAULT_TARGET, figures: Figures | None = None) -> CostReport:
+def estimate(
+    trace: Trace, target: str = DEFAULT_TARGET, figures: Figures | None = None, *, dma_queues: str = "round_robin"
+) -> CostReport:
     """Estimate the run time of a recorded kernel launch.
 
     Args:
         trace: the records the interpreter appended, in program order.
         target: generation whose figures to use (``"trn2"`` default, ``"trn3"``, ``"trn1"``).
         figures: explicit figures overriding ``target`` (e.g. a ``dataclasses.replace`` variant).
+        dma_queues: queue assignment of DMA instructions, ``"round_robin"`` over ``figures.dma_queues`` or
+            ``"recorded"`` (see ``scheduler.schedule``).
 
     Returns:
         The :class:`CostReport`; ``str(report)`` is a readable table.
     """
     chosen = figures if figures is not None else get_figures(target)
-    return build_report(trace, chosen, schedule(trace, chosen))
+    return build_report(trace, chosen, schedule(trace, chosen, dma_queues=dma_queues))

@@ -5,10 +5,21 @@ per DMA queue, each in program order — and (b) the ready time of every earlier
 RAW, WAR or WAW conflict on overlapping :class:`~nki_cpu.cost.record.Region` boxes. The ready time of an
 instruction is its end plus the producing engine's dependency latency (semaphore + pipeline drain; figures).
 
-A DMA instruction is issued in queue order once its dependencies are ready; its data starts moving after the fixed
-latency and once the queue's previous transfer has finished, so the latencies of back-to-back transfers on one
-queue overlap while their transfers serialize (INFER from DMA §4.4: descriptors of queued transfers are processed
-ahead; the 1.3 µs figure is "descriptor/semaphore-to-start").
+DMA (INFER from DMA §4.4, see COST_MODEL.md "DMA queues and engines"):
+
+- **Queues.** The interpreter records no queue; the scheduler assigns each DMA instruction to one of
+  ``figures.dma_queues`` (16) queues, round-robin in program order (``dma_queues="recorded"`` uses
+  ``InstructionRecord.queue`` instead, e.g. for hand-made traces). A queue is in-order: an instruction is issued
+  when its dependencies are ready and the queue's previous instruction was issued, so a store waiting for compute
+  blocks only the later DMAs of *its* queue.
+- **Engines.** A transfer over P partitions occupies ``min(16, ceil(P/8))`` of the 16 DMA engines for its whole
+  transfer time ("each engine processes one transfer at a time"). Engines are interchangeable: the pool is a
+  usage profile over time, and a transfer starts at the earliest time, not before its fixed latency and the end
+  of its queue's previous transfer, at which enough engines stay free for its whole duration (it may use a gap
+  before transfers placed earlier in program order, e.g. while a store waits for compute).
+  Two 128-partition transfers therefore never overlap (each needs all 16 engines), while narrow ones do.
+  Latencies of queued transfers overlap (descriptors are processed ahead; the 1.3 µs figure is
+  "descriptor/semaphore-to-start"); bandwidth does not.
 
 Notes:
     Conflicts are found per allocation (``storage_id``) in short lists of recent reader and writer boxes. A write
@@ -20,9 +31,10 @@ Notes:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from nki_cpu.cost.durations import compute_cycles, dma_times
+from nki_cpu.cost.durations import compute_cycles, dma_engines_used, dma_times
 from nki_cpu.cost.figures import Figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Region, Trace
 
@@ -54,10 +66,13 @@ class Schedule:
         return max(self.end_ns, default=0.0)
 
 
-def track_name(record: InstructionRecord) -> str:
-    """Timeline a record runs on: the engine name, or ``dma.q<queue>`` for DMA."""
+DMA_QUEUE_POLICIES = ("round_robin", "recorded")
+
+
+def track_name(record: InstructionRecord, queue: int | None = None) -> str:
+    """Timeline a record runs on: the engine name, or ``dma.q<queue>`` for DMA (``queue`` defaults to the record's)."""
     if record.engine is Engine.DMA:
-        return f"dma.q{record.queue}"
+        return f"dma.q{record.queue if queue is None else queue}"
     return record.engine.value
 
 
@@ -92,6 +107,56 @@ def _drop_covered(boxes: list[Box], region: Region) -> list[Box]:
     p0, p1 = region.partitions
     b0, b1 = region.byte_range
     return [box for box in boxes if not (p0 <= box[0] and box[1] <= p1 and b0 <= box[2] and box[3] <= b1)]
+
+
+class _EnginePool:
+    """Usage profile of the DMA engines: ``used[i]`` engines busy on ``[times[i], times[i+1])``, last segment open."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.times: list[float] = [0.0]
+        self.used: list[int] = [0]
+
+    def earliest(self, t0: float, duration: float, engines: int) -> float:
+        """Earliest start ≥ ``t0`` with ``engines`` engines free during ``[start, start + duration)``."""
+        times, used, cap = self.times, self.used, self.capacity - engines
+        i = max(0, bisect_right(times, t0) - 1)
+        start = max(t0, times[0])
+        while True:
+            j, end = i, start + duration
+            while j < len(times) and (times[j] < end or j == i):
+                if used[j] > cap:
+                    break
+                j += 1
+            else:
+                return start
+            i, start = j + 1, times[j + 1]  # the profile ends with a free segment, so j + 1 exists
+
+    def reserve(self, start: float, end: float, engines: int) -> None:
+        """Mark ``engines`` engines busy on ``[start, end)``."""
+        if end <= start:
+            return
+        first, last = self._split(start), self._split(end)
+        for k in range(first, last):
+            self.used[k] += engines
+
+    def prune(self, before: float) -> None:
+        """Forget segments that end before ``before`` (no later transfer can start that early)."""
+        k = bisect_right(self.times, before) - 1
+        if k > 0:
+            del self.times[:k], self.used[:k]
+
+    def _split(self, t: float) -> int:
+        k = bisect_right(self.times, t) - 1
+        if k >= 0 and self.times[k] == t:
+            return k
+        if k < 0:  # before the (pruned) profile start: cannot happen for starts ≥ the prune horizon
+            self.times.insert(0, t)
+            self.used.insert(0, 0)
+            return 0
+        self.times.insert(k + 1, t)
+        self.used.insert(k + 1, self.used[k])
+        return k + 1
 
 
 class _Conflicts:
@@ -131,34 +196,50 @@ class _Conflicts:
             _merge_oldest(boxes)
 
 
-def schedule(trace: Trace, figures: Figures) -> Schedule:
+def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin") -> Schedule:
     """Place every instruction of ``trace`` on its engine or DMA-queue timeline.
 
     Args:
         trace: records in program order.
         figures: hardware figures of the target generation.
+        dma_queues: ``"round_robin"`` (default: the i-th DMA instruction goes to queue ``i % figures.dma_queues``)
+            or ``"recorded"`` (``InstructionRecord.queue``).
 
     Returns:
         The :class:`Schedule` (per-instruction start/end in ns).
     """
+    if dma_queues not in DMA_QUEUE_POLICIES:
+        raise ValueError(f"dma_queues must be one of {DMA_QUEUE_POLICIES}, got {dma_queues!r}")
     conflicts = _Conflicts()
     free: dict[str, float] = {}
     issued: dict[str, float] = {}
+    pool = _EnginePool(figures.dma_engines)
+    queues = max(1, figures.dma_queues)
+    dma_seen = 0
     out = Schedule()
     latency_ns = {e: figures.cycles_to_ns(c, e) for e, c in figures.dependency_latency_cycles.items()}
     for position, record in enumerate(trace.records):
         if record.index != position:
             record.index = position
         deps_ready, waited = conflicts.ready_time(record)
-        track = track_name(record)
-        track_free = free.get(track, 0.0)
         if record.engine is Engine.DMA:
+            queue = record.queue if dma_queues == "recorded" else dma_seen % queues
+            dma_seen += 1
+            track = track_name(record, queue)
+            track_free = free.get(track, 0.0)
             fixed, transfer = dma_times(record, figures)
             issue = max(deps_ready, issued.get(track, 0.0))
             issued[track] = issue
-            start = max(issue + fixed, track_free)
+            engines = dma_engines_used(record.partitions, figures)
+            start = pool.earliest(max(issue + fixed, track_free), transfer, engines)
             end = start + transfer
+            pool.reserve(start, end, engines)
+            if dma_queues == "round_robin" and dma_seen % queues == 0 and dma_seen >= queues:
+                # every queue has issued: no later transfer can start before the earliest of their issue times
+                pool.prune(min(issued.values()))
         else:
+            track = track_name(record)
+            track_free = free.get(track, 0.0)
             issue = start = max(deps_ready, track_free)
             end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
         free[track] = end
