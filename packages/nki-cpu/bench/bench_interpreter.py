@@ -5,8 +5,8 @@ Usage:
 
 Measures, through ``nki_cpu.simulate``: the median wall time per instruction for a few instruction kinds on
 128×512 tiles (a kernel with ``--per-kind`` copies of the instruction minus the same kernel without them), and the
-wall time of a 4,096-instruction kernel. Prints a table, writes ``bench_interpreter.json``, the kernel's cost report
-(``cost_report.txt``), its Chrome trace (``cost_trace.json``) and, when matplotlib is installed, a PNG timeline.
+wall time of a 4,096-instruction kernel. Prints a table, writes ``bench_interpreter.json`` and ``bench_interpreter.md``, the kernel's cost
+report (``cost_report.txt``), its Chrome trace (``cost_trace.json``) and, when matplotlib is installed, a PNG timeline.
 """
 
 from __future__ import annotations
@@ -162,7 +162,20 @@ def write_outputs(out: Path, per_kind: dict[str, float], mixed_s: float, trace: 
         summary["estimated_makespan_us"] = report.makespan_ns / 1000
         lines += ["", str(report)]
     (out / "bench_interpreter.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "bench_interpreter.md").write_text(_markdown(per_kind, mixed_s, count, lines[len(per_kind) + 2 :]))
     return "\n".join(lines)
+
+
+def _markdown(per_kind: dict[str, float], mixed_s: float, count: int, report_lines: list[str]) -> str:
+    """The results as a markdown page (table of µs per instruction, the mixed kernel, its cost report)."""
+    rows = ["| instruction (128×512 fp32) | µs / instruction |", "|---|---:|"]
+    rows += [f"| `{kind}` | {us:.1f} |" for kind, us in per_kind.items()]
+    text = ["# nki-cpu interpreter benchmark", "", *rows, ""]
+    per_instr = mixed_s / count * 1e6 if count else 0.0
+    text.append(f"Mixed kernel: {mixed_s * 1e3:.1f} ms for {count} instructions ({per_instr:.1f} µs / instruction).")
+    if report_lines:
+        text += ["", "Cost report of the mixed kernel:", "", "```", *[line for line in report_lines if line], "```"]
+    return "\n".join(text) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
