@@ -5,8 +5,10 @@ Usage:
 
 Measures, through ``nki_cpu.simulate``: the median wall time per instruction for a few instruction kinds on
 128×512 tiles (a kernel with ``--per-kind`` copies of the instruction minus the same kernel without them), and the
-wall time of a 4,096-instruction kernel. Prints a table, writes ``bench_interpreter.json`` and ``bench_interpreter.md``, the kernel's cost
-report (``cost_report.txt``), its Chrome trace (``cost_trace.json``) and, when matplotlib is installed, a PNG timeline.
+wall time of a 4,096-instruction kernel. Prints a table and writes to ``--out`` (shared with the other packages'
+benches, hence the prefix): ``bench_interpreter.json``, ``bench_interpreter.md``, the kernel's cost report
+(``bench_interpreter_cost_report.txt``), its Chrome trace (``bench_interpreter_cost_trace.json``) and, when
+matplotlib is installed, a PNG timeline (``bench_interpreter_cost_timeline.png``).
 """
 
 from __future__ import annotations
@@ -155,10 +157,10 @@ def write_outputs(out: Path, per_kind: dict[str, float], mixed_s: float, trace: 
     summary: dict[str, Any] = {"us_per_instruction": per_kind, "mixed_kernel_s": mixed_s, "instructions": count}
     if trace is not None:
         report = estimate(trace, target=target)
-        (out / "cost_report.txt").write_text(str(report) + "\n")
-        write_chrome_trace(report, out / "cost_trace.json")
+        (out / "bench_interpreter_cost_report.txt").write_text(str(report) + "\n")
+        write_chrome_trace(report, out / "bench_interpreter_cost_trace.json")
         with contextlib.suppress(ImportError):
-            write_png_timeline(report, out / "cost_timeline.png")
+            write_png_timeline(report, out / "bench_interpreter_cost_timeline.png")
         summary["estimated_makespan_us"] = report.makespan_ns / 1000
         lines += ["", str(report)]
     (out / "bench_interpreter.json").write_text(json.dumps(summary, indent=2) + "\n")
