@@ -1,0 +1,129 @@
+"""Host conveniences and package structure: ``prefill`` for any S, the SPMD launch grid, the backend in use, and
+the architecture rule that only ``backend.py`` knows about nki-cpu."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gdn_nki
+import nki_cpu
+from gdn_nki import backend
+from gdn_spec.regimes import Geometry
+from nki_inputs import assert_matches_oracle, case, kernel_kwargs, run
+
+SOURCE = Path(gdn_nki.__file__).parent
+
+
+@pytest.mark.parametrize("S", [1, 100, 129, 300])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+def test_prefill_any_length_matches_oracle(algorithm: str, dtype: str, S: int) -> None:
+    state_regime = algorithm == "schur"  # neumann takes no state
+    geometry = Geometry(B=1, Hk=2, Hv=2, S=S, Dk=32, Dv=16)
+    c = case(dtype, geometry, seed=S, regime="initial_state" if state_regime else "random")
+    kwargs = kernel_kwargs(c, algorithm, mask_pack=None)  # prefill builds the pack for schur itself
+    buffer = kwargs["recurrent_state"]
+    out, state = gdn_nki.prefill(**kwargs)
+    assert out.shape == (1, 2, S, 16), "outputs for the real tokens only"
+    if buffer is not None:
+        assert state is buffer, "prefill keeps the in-place state contract"
+    assert_matches_oracle(c, out, state, f"prefill {algorithm} S={S}")
+
+
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+def test_prefill_on_a_multiple_is_simulate(algorithm: str) -> None:
+    c = case("bfloat16", Geometry(B=1, Hk=1, Hv=1, S=256, Dk=32, Dv=16), seed=11)
+    via_prefill = gdn_nki.prefill(**kernel_kwargs(c, algorithm))
+    via_simulate = run(c, algorithm)
+    for got, want in zip(via_prefill, via_simulate, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_prefill_rejects_what_simulate_rejects() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=100, Dk=32, Dv=16), seed=12)
+    with pytest.raises(gdn_nki.ContractError, match="`g_log`"):
+        gdn_nki.prefill(**kernel_kwargs(c, "schur", g_log=c.kernel["g_log"].astype(np.float64)))
+
+
+# (B, Hv) with Hk = 1: lanes split evenly (4 lanes / 2 programs), unevenly (6 / 4: the last program gets none)
+# and with more programs than some splits need (4 / 3: programs of 2, 2, 0 lanes).
+GRID_CASES = [((1, 4), 2), ((1, 4), 3), ((2, 3), 2), ((2, 3), 3), ((2, 3), 4)]
+
+
+@pytest.mark.parametrize(("lanes", "grid"), GRID_CASES, ids=[f"B{b}Hv{h}-grid{g}" for (b, h), g in GRID_CASES])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_launch_grid_gives_the_same_result(lanes: tuple[int, int], grid: int, dtype: str) -> None:
+    B, Hv = lanes
+    c = case(dtype, Geometry(B=B, Hk=1, Hv=Hv, S=256, Dk=32, Dv=16), seed=13 + grid, regime="initial_state")
+    plain = run(c, "schur")
+    split = run(c, "schur", grid=grid)
+    assert len(nki_cpu.last_traces()) == grid, "one trace per program"
+    np.testing.assert_array_equal(split[0], plain[0], err_msg=f"out with grid={grid}")
+    np.testing.assert_array_equal(split[1], plain[1], err_msg=f"state with grid={grid}")
+    assert_matches_oracle(c, *split, f"grid={grid}")
+
+
+def test_launch_grid_splits_the_lanes() -> None:
+    """Each program traces only its own lanes: two programs each issue about half the instructions of one."""
+    c = case("float32", Geometry(B=1, Hk=1, Hv=4, S=256, Dk=32, Dv=16), seed=14)
+    run(c, "schur")
+    whole = len(nki_cpu.last_trace().records)
+    run(c, "schur", grid=2)
+    halves = [len(t.records) for t in nki_cpu.last_traces()]
+    # Half the lanes each, plus the per-program constants: equal halves, well under the whole.
+    assert halves[0] == halves[1] and halves[0] < 0.6 * whole, (whole, halves)
+
+
+@pytest.mark.parametrize("grid", [2, 3])
+def test_launch_grid_neumann(grid: int) -> None:
+    c = case("float32", Geometry(B=1, Hk=4, Hv=4, S=128, Dk=32, Dv=16), seed=15)
+    plain, split = run(c, "neumann"), run(c, "neumann", grid=grid)
+    np.testing.assert_array_equal(split[0], plain[0])
+    np.testing.assert_array_equal(split[1], plain[1])
+
+
+def _real_nki_importable() -> bool:
+    try:
+        return importlib.util.find_spec("nki") is not None and importlib.util.find_spec("nki.isa") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def test_backend_reports_nki_cpu_here() -> None:
+    if _real_nki_importable():
+        pytest.skip("a real Neuron nki is installed: the backend is expected to use it")
+    assert backend.USING_REAL_NKI is False
+    assert backend.BACKEND_NAME == gdn_nki.BACKEND_NAME == "nki-cpu"
+    assert backend.nki is nki_cpu and backend.simulate is nki_cpu.simulate
+    assert backend.nl is nki_cpu.language and backend.nisa is nki_cpu.isa
+    assert "nki-cpu" in gdn_nki.simulate.gdn_spec_capabilities["name"]
+
+
+def _kernel_modules() -> list[Path]:
+    return sorted(p for p in SOURCE.glob("*.py") if p.name != "backend.py")
+
+
+def test_kernel_modules_are_found() -> None:
+    names = {p.name for p in _kernel_modules()}
+    assert {"api.py", "stages.py", "schur.py", "neumann.py", "tiles.py", "host.py"} <= names
+
+
+@pytest.mark.parametrize("path", _kernel_modules(), ids=lambda p: p.name)
+def test_only_backend_knows_nki_cpu(path: Path) -> None:
+    """Architecture rule: every module but backend.py writes plain NKI through ``.backend`` and never names
+    nki-cpu or imports an ``nki`` package directly."""
+    text = path.read_text()
+    assert "nki_cpu" not in text, f"{path.name} mentions nki_cpu"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            roots = [] if node.level else [(node.module or "").split(".")[0]]
+        else:
+            continue
+        assert not {"nki", "nki_cpu"} & set(roots), f"{path.name}:{node.lineno} imports {roots} (use .backend)"
