@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gdn_ref import ALGORITHMS, build_mask_pack, chunked, recurrent
+from gdn_ref import ALGORITHMS, SUBBLOCK_NEUMANN, build_mask_pack, chunked, neumann_inverse, recurrent, to_bf16_values
 from ref_inputs import HF_CASES, assert_close, hf_case, make_inputs, rel_rms
 
 # (compute dtype, bf16 operands) → (rel-RMS bound, max-abs bound) against the float64 oracle. Outputs and states
@@ -102,10 +102,11 @@ def test_mask_pack_driven_schur_equals_blocked_schur(bf16: bool) -> None:
         assert rel_rms(got, want) < (1e-4 if bf16 else 1e-6)
 
 
-def test_ill_conditioned_keys_schur_is_robust_and_bf16_neumann_is_not() -> None:
+def test_ill_conditioned_keys_bf16_doubling_breaks_so_neumann_inverts_in_fp32() -> None:
     # Near-collinear unit keys, β near 1, g = 0: A_ii ≈ strictly-lower ones, whose powers in the doubling reach
-    # binomial sizes (C(15,7) ≈ 6e3) and must cancel. In float64 both algorithms are exact; with bf16 operands
-    # the cancellation fails for neumann (the kernel's own precision, gdn-math §3.3), while schur forms no powers.
+    # binomial sizes (C(15,7) ≈ 6e3) and must cancel. In float64 both algorithms are exact. A doubling inverse with
+    # bf16 operands fails the cancellation (gdn-math §3.3) — which is why the kernel, and this emulation, run
+    # neumann's inverse in fp32; schur forms no powers and keeps bf16 operands.
     x = make_inputs(36, S=256, gate="zero", keys="collinear", beta_range=(0.97, 0.999))
     out_ref, _ = recurrent(*x.args())
     for algorithm in ALGORITHMS:
@@ -114,10 +115,16 @@ def test_ill_conditioned_keys_schur_is_robust_and_bf16_neumann_is_not() -> None:
     out32, _ = chunked(*x.args(), algorithm="neumann")
     assert rel_rms(out32, out_ref) < 1e-4  # measured ~2e-5: 6e3-sized intermediates × fp32's 6e-8
     f32 = x.astype(np.float32)
-    schur_bf16, _ = chunked(*f32.args(), algorithm="schur", bf16_operands=True)
-    neumann_bf16, _ = chunked(*f32.args(), algorithm="neumann", bf16_operands=True)
-    assert rel_rms(schur_bf16, out_ref) < 2e-2
-    assert rel_rms(neumann_bf16, out_ref) > 0.1
+    for algorithm in ALGORITHMS:
+        out_bf16, _ = chunked(*f32.args(), algorithm=algorithm, bf16_operands=True)
+        assert rel_rms(out_bf16, out_ref) < 2e-2, algorithm
+
+    key = f32.key[0, 0, :64].astype(np.float64)
+    beta = f32.beta[0, 0, :64, None].astype(np.float64)
+    system = np.tril(beta * (key @ key.T), -1)
+    exact = np.linalg.inv(np.eye(64) + system)
+    bf16_doubling = neumann_inverse(system.astype(np.float32), SUBBLOCK_NEUMANN, to_bf16_values)
+    assert rel_rms(bf16_doubling, exact) > 0.1
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

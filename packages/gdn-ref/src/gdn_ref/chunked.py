@@ -22,7 +22,7 @@ from .constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, ALGORITHMS, CHUNK_BY_
 from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
 from .masks import PLANE_UPPER_NEG, build_mask_pack
 from .recurrent import value_head_to_key_head
-from .rounding import RoundFn, operand_rounding
+from .rounding import RoundFn, keep, operand_rounding
 
 WriteFn = Callable[[int, np.ndarray], np.ndarray]
 """(chunk index n, X S₀ with X = K or W) → that chunk's effective writes V_new."""
@@ -202,7 +202,7 @@ def _state_chain(
         write_of_chunk (WriteFn): (n, X S₀ [L, G, C, Dv]) → chunk n's effective writes V_new (rounded).
         key_to_end (np.ndarray): [L, G, N, C, Dk] e^{γ_C − γ_j} k_j, as a matmul operand.
         total (np.ndarray): [L, G, N] e^{γ_C}.
-        rnd (RoundFn): operand rounding (the state is rounded only as an operand, never in the master).
+        rnd (RoundFn): operand rounding of everything but the state, which the kernel keeps fp32 even as an operand.
         ws (_Workspace): where the products and writes live.
 
     Returns:
@@ -213,7 +213,7 @@ def _state_chain(
     products = ws.take("products", (lanes, groups, n_chunks, 2 * chunk, dv), state.dtype)
     writes = ws.take("writes", (lanes, groups, n_chunks, chunk, dv), state.dtype)
     for n in range(n_chunks):
-        np.matmul(stacked[..., n, :, :], rnd(state), out=products[..., n, :, :])
+        np.matmul(stacked[..., n, :, :], state, out=products[..., n, :, :])  # the state is never narrowed
         writes[..., n, :, :] = write_of_chunk(n, products[..., n, chunk:, :])
         # S_C = e^{γ_C} S₀ + (diag(e^{γ_C − γ}) K)ᵀ V_new
         state *= total[..., n, None, None]
@@ -237,7 +237,8 @@ def _slab(
     system, scores = _system_and_scores(inputs, gates, scale, rnd, ws)
     inverse = ws.take("inverse", system.shape, system.dtype)
     if algorithm == ALGORITHM_NEUMANN:
-        neumann_inverse(system, SUBBLOCK_NEUMANN, rnd, out=inverse)
+        # The kernel runs the doubling in fp32: bf16 powers of near-collinear 16-blocks do not cancel back.
+        neumann_inverse(system, SUBBLOCK_NEUMANN, keep, out=inverse)
         stacked, write_of_chunk = _neumann_chain(inputs, gates, inverse, rnd, ws)
     else:
         if mask_pack is None:
@@ -296,8 +297,9 @@ def chunked(
         initial_state (np.ndarray | None): [B, Hv, Dk, Dv]; None means zeros. Never modified.
         algorithm (str): "schur" or "neumann": the inverse, the chunk length and the dataflow.
         compute_dtype (type | np.dtype): float32 or float64, for every array including the cumsum.
-        bf16_operands (bool): round every matmul operand to bfloat16 (accumulation stays in compute_dtype).
-            The state stays a full-precision master and is rounded only where it is a matmul operand.
+        bf16_operands (bool): round matmul operands to bfloat16 as the kernel does (accumulation stays in
+            compute_dtype). Two exceptions, also the kernel's: the state is never rounded, not even as an operand,
+            and neumann's doubling inverse runs unrounded (its powers do not survive bf16).
         mask_pack (np.ndarray | None): schur only. Given, the inverse is the mask-pack-driven
             :func:`schur_inverse` (two full C×C products per level, exactly the kernel's recipe); None uses
             :func:`schur_inverse_blocked`, the same arithmetic on the nonzero blocks only (much faster).
