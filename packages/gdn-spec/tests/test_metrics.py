@@ -52,3 +52,28 @@ def test_table_covers_both_dtypes_and_outputs_and_tracks_unit_roundoff() -> None
 
 def test_rms() -> None:
     assert rms(np.array([3.0, -3.0])) == 3.0 and rms(np.zeros(0)) == 0.0
+
+
+def test_condition_widens_both_bounds_only_above_one() -> None:
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal(4096)
+    base = TOLERANCES["bfloat16"]["out"]
+    got = ref * (1 + 2 * base.rel_rms * rng.choice([-1.0, 1.0], ref.shape))  # rel-RMS 2× the table
+    assert not compare("out", got, ref, "bfloat16", condition=0.5).ok  # a condition below 1 never tightens
+    assert compare("out", got, ref, "bfloat16", condition=0.5).tolerance == base
+    widened = compare("out", got, ref, "bfloat16", condition=3.0)
+    assert widened.tolerance.rel_rms == pytest.approx(3 * base.rel_rms)
+    assert widened.tolerance.max_rel == pytest.approx(3 * base.max_rel)
+    assert widened.ok
+
+
+def test_scale_floor_judges_against_the_larger_scale() -> None:
+    rng = np.random.default_rng(4)
+    ref = rng.standard_normal((2, 8, 8))
+    initial = 1e3 * rng.standard_normal((2, 8, 8))
+    got = ref + 1.0  # an absolute error of 1: huge next to ref, small next to the initial state
+    assert not compare("state", got, ref, "bfloat16").ok
+    floored = compare("state", got, ref, "bfloat16", scale_floor=initial)
+    assert floored.rel_rms == pytest.approx(1.0 / rms(initial))
+    assert floored.max_rel == pytest.approx(1.0 / np.max(np.abs(initial)))
+    assert floored.ok

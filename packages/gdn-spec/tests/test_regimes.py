@@ -83,3 +83,17 @@ def test_large_state_exceeds_fp16() -> None:
     state = make_case("large_state", GEO, "bfloat16", 8).kernel["recurrent_state"]
     assert state.dtype == np.float32 and np.abs(state).max() > np.finfo(np.float16).max
     assert np.abs(state).mean() > 0.5 * LARGE_STATE_MAGNITUDE
+
+
+def test_measured_condition_separates_well_and_ill_conditioned_regimes() -> None:
+    # The numerics bounds scale with this measurement (gdn_spec.metrics): it must read ≈ 1 on random keys and
+    # several times more on near-collinear keys, whose (I + A) is ill-conditioned.
+    from gdn_spec.suite._support import oracle, oracle_conditions
+
+    geometry = Geometry(B=1, Hk=1, Hv=1, S=256, Dk=64, Dv=64)
+    conditions = {}
+    for regime in ("random", "collinear_keys"):
+        case = make_case(regime, geometry, "bfloat16", seed=7)
+        conditions[regime] = oracle_conditions(case, *oracle(case))
+    assert all(0.3 < c < 2.0 for c in conditions["random"])
+    assert all(c > 2.5 for c in conditions["collinear_keys"])
