@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import gdn_nki
+import nki_cpu
 from gdn_spec.regimes import Geometry
+from nki_cpu.cost import Engine
 from nki_inputs import PACK, assert_agree, assert_matches_oracle, case, kernel_kwargs, run
 
 DTYPES = ("float32", "bfloat16")
@@ -51,6 +53,20 @@ def test_omitted_state_is_a_zero_start_in_a_fresh_array(algorithm: str, dtype: s
         zeros = np.zeros((1, 2, 32, 16), np.float32)
         explicit = run(c, "schur", recurrent_state=zeros)
         assert_agree((out, state), (explicit[0], zeros), dtype, "omitted state vs an explicit zero buffer")
+
+
+def _hbm_loads() -> int:
+    """DMA transfers out of HBM in the last launch's trace."""
+    return sum(1 for r in nki_cpu.last_trace().records if r.engine is Engine.DMA and r.attrs.get("src") == "hbm")
+
+
+def test_omitted_state_emits_no_state_load() -> None:
+    """Supplying a state costs exactly one HBM load per lane; omitting it costs none."""
+    c = case("float32", GEOMETRY, seed=10)
+    run(c, "schur")
+    omitted = _hbm_loads()
+    run(c, "schur", recurrent_state=np.zeros((2, 2, 32, 16), np.float32))
+    assert _hbm_loads() == omitted + GEOMETRY.lanes
 
 
 def test_non_contiguous_state_view_is_updated_in_place() -> None:
