@@ -29,8 +29,8 @@ import numpy as np
 
 import gdn_nki
 import nki_cpu
-from gdn_ref.recurrent import recurrent
-from gdn_spec.metrics import Error, compare
+from gdn_spec.metrics import Error
+from gdn_spec.oracle import errors_vs_oracle
 from gdn_spec.regimes import REGIMES, Case, Geometry, make_case
 from nki_cpu.cost import CostReport, estimate, write_chrome_trace
 
@@ -109,10 +109,8 @@ def run_case(c: Case, algorithm: str) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def oracle_errors(c: Case, out: np.ndarray, state: np.ndarray) -> list[Error]:
-    """Errors of out and state against the fp64 oracle on the case's (rounded) inputs."""
-    names = ("query", "key", "value", "g_log", "beta", "initial_state")
-    ref_out, ref_state = recurrent(**{k: c.oracle[k] for k in names}, scale=c.scale)
-    return [compare("out", out, ref_out, c.dtype), compare("state", state, ref_state, c.dtype)]
+    """Errors of out and state against the fp64 oracle, judged as the conformance suite judges them."""
+    return errors_vs_oracle(c, out, state)
 
 
 def measure(layout: str, geometry: Geometry, algorithm: str, out_dir: Path | None) -> Row:

@@ -88,7 +88,7 @@ def test_large_state_exceeds_fp16() -> None:
 def test_measured_condition_separates_well_and_ill_conditioned_regimes() -> None:
     # The numerics bounds scale with this measurement (gdn_spec.metrics): it must read ≈ 1 on random keys and
     # several times more on near-collinear keys, whose (I + A) is ill-conditioned.
-    from gdn_spec.suite._support import oracle, oracle_conditions
+    from gdn_spec.oracle import oracle, oracle_conditions
 
     geometry = Geometry(B=1, Hk=1, Hv=1, S=256, Dk=64, Dv=64)
     conditions = {}

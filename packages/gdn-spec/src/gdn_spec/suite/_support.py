@@ -13,10 +13,9 @@ from hypothesis import strategies as st
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM
 from gdn_ref.masks import build_mask_pack
-from gdn_ref.recurrent import recurrent
 
 from ..impl import Capabilities, Implementation
-from ..metrics import UNIT_ROUNDOFF, Error, compare, describe, relative_change
+from ..metrics import Error, describe
 from ..regimes import EQUAL_HEAD_GEOMETRIES, GROUP_SIZES, HEAD_DIMS, HEAD_GEOMETRIES, Case, Geometry
 
 NUMERICS_PROPERTY = "gdn_numerics"
@@ -53,46 +52,6 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
         pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
     out, state = result
     return np.asarray(out), state if isinstance(state, np.ndarray) else np.asarray(state)
-
-
-def oracle(case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 token-by-token reference on exactly the case's (rounded) values."""
-    o = case.oracle
-    return recurrent(
-        o["query"], o["key"], o["value"], o["g_log"], o["beta"], scale=case.scale, initial_state=o["initial_state"]
-    )
-
-
-# Operands perturbed to measure a case's condition: the ones an implementation rounds to the compute dtype.
-PERTURBED = ("query", "key", "value", "initial_state")
-
-
-def oracle_conditions(case: Case, ref_out: np.ndarray, ref_state: np.ndarray) -> tuple[float, float]:
-    """The case's condition for (out, state): the oracle's rel-RMS response, in units of the compute dtype's unit
-    roundoff u, to independent relative perturbations uniform in [−u, u] of every rounded operand (metrics)."""
-    u = UNIT_ROUNDOFF[case.dtype]
-    rng = np.random.default_rng(case.seed ^ 0x5EED)
-    values = dict(case.oracle)
-    for name in PERTURBED:
-        if values.get(name) is not None:
-            values[name] = values[name] * (1.0 + u * rng.uniform(-1.0, 1.0, values[name].shape))
-    out_p, state_p = recurrent(
-        values["query"], values["key"], values["value"], values["g_log"], values["beta"],
-        scale=case.scale, initial_state=values["initial_state"],
-    )  # fmt: skip
-    return relative_change(out_p, ref_out) / u, relative_change(state_p, ref_state) / u
-
-
-def errors_vs_oracle(case: Case, out: np.ndarray, state: np.ndarray) -> list[Error]:
-    """Both outputs' errors against the oracle under the case dtype's tolerance, adapted to the case's measured
-    condition and, for the state, its initial scale (metrics module docstring)."""
-    ref_out, ref_state = oracle(case)
-    cond_out, cond_state = oracle_conditions(case, ref_out, ref_state)
-    initial = case.oracle.get("initial_state")
-    return [
-        compare("out", out, ref_out, case.dtype, condition=cond_out),
-        compare("state", state, ref_state, case.dtype, condition=cond_state, scale_floor=initial),
-    ]
 
 
 def assert_close(errors: list[Error], context: str) -> None:
