@@ -80,3 +80,33 @@ def test_grid_launch_gives_each_program_a_trace():
     np.testing.assert_array_equal(out, [[20] * 4, [21] * 4])  # both programs wrote their row of the output
     traces = nki_cpu.last_traces()
     assert len(traces) == 2 and all(len(t.records) == 3 for t in traces)
+
+
+@nki_cpu.jit
+def _fp32_matmuls(x, eye):
+    a = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+    ident = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    nisa.dma_copy(dst=ident, src=eye)
+    plain = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(plain, a, ident)
+    hinted = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(hinted, a, ident, is_moving_onezero=True)
+    out = nl.ndarray((128, 128), nl.float32, buffer=nl.shared_hbm)
+    plain_sb = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(plain_sb, plain)
+    res = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(res, plain_sb, hinted, nl.subtract)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_onezero_hint_is_recorded_and_halves_the_fp32_matmul_estimate():
+    from nki_cpu.cost import TRN2, duration_ns
+
+    x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
+    diff = nki_cpu.simulate(_fp32_matmuls)(x, np.eye(128, dtype=np.float32))
+    assert np.all(diff == 0)  # a speed hint only
+    plain, hinted = [r for r in nki_cpu.last_trace().records if r.opcode == "nc_matmul"]
+    assert (plain.attrs["onezero"], hinted.attrs["onezero"]) == (False, True)
+    assert duration_ns(hinted, TRN2) == duration_ns(plain, TRN2) / 2

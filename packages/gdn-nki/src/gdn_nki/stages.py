@@ -229,7 +229,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
 
     # rows[p, j'] = γ_j' on every partition p: a stride-0 stationary against the identity. It spans
     # max(C, Dk) partitions because e^γ is also needed along the free axis of the [Dk, C] query tile.
-    rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32)
+    rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32, moving_onezero=True)
     bcast = rows[0:c, :]
     yield
     # Γ for A: only A's strictly-lower part is ever read, so clamping the exponent at 0 (instead of masking) is

@@ -126,6 +126,7 @@ def nc_matmul(
             "moving_free": n,
             "fp32": stationary.dtype == dtypes.float32,
             "is_transpose": bool(is_transpose),
+            "onezero": bool(is_stationary_onezero or is_moving_onezero),
             "accumulate": accumulate,
             "double_row": double_row,
         },
