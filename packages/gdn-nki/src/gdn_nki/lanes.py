@@ -1,6 +1,7 @@
 """Emitting the work of all lanes as a software pipeline, and splitting lanes over an SPMD launch grid.
 
-The work of one lane is cut into *units* of up to ``group_size`` chunks. A unit has two parts:
+The chunks of all lanes are cut into *units* of ``group_size`` chunks (a unit may span lanes). A unit has two
+parts:
 
 - ``prepare``: loads, per-chunk operands, the grouped inverse and the chunk transitions — all state independent;
 - ``advance``: the sequential state chain over the unit's chunks (and the state load/store at lane ends).
@@ -43,15 +44,9 @@ def program_lanes(batch: int, value_heads: int) -> list[tuple[int, int]]:
     return [divmod(lane, value_heads) for lane in range(first, min(total, first + per_program))]
 
 
-def group_layout(n_chunks: int, group_size: int) -> list[tuple[int, int]]:
-    """(first chunk, width) of each group: full groups of ``group_size`` then one residual group."""
-    width = min(group_size, n_chunks)
-    return [(first, min(width, n_chunks - first)) for first in range(0, n_chunks, width)]
-
-
 @dataclass
-class Unit:
-    """Up to ``group_size`` consecutive chunks of one lane."""
+class Segment:
+    """Consecutive chunks of one lane inside a unit."""
 
     lane: Lane
     first: int
@@ -73,50 +68,73 @@ class LaneInputs:
     invert_group: InvertGroup
 
 
+Unit = list[Segment]
+
+
 def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
-    """Cut every lane into units of ``group_size`` chunks, in lane order."""
-    units = []
+    """Cut the chunks of all lanes, in lane order, into units of ``group_size`` chunks.
+
+    A unit may span lanes: chunks are independent until the state chain, so short sequences over many lanes
+    (one chunk each, say) still fill the grouped inverse. Every unit is full except the last.
+    """
+    units: list[Unit] = [[]]
+    room = group_size
     for lane in lanes:
-        layout = group_layout(lane.query.shape[2] // lane.chunk, group_size)
-        for k, (first, width) in enumerate(layout):
-            units.append(Unit(lane, first, width, starts_lane=k == 0, ends_lane=k == len(layout) - 1))
-    return units
+        n_chunks = lane.query.shape[2] // lane.chunk
+        first = 0
+        while first < n_chunks:
+            if room == 0:
+                units.append([])
+                room = group_size
+            width = min(room, n_chunks - first)
+            units[-1].append(Segment(lane, first, width, first == 0, first + width == n_chunks))
+            first += width
+            room -= width
+    return [unit for unit in units if unit]
 
 
 def load(unit: Unit, inputs: LaneInputs) -> None:
     """Issue every DMA load of a unit (gates and all chunks' q, k, v) and nothing else: compute that waited on
     these loads would block its engine's queue while they are in flight."""
-    lane = unit.lane
-    unit.gate_rows = stages.load_gate_rows(
-        inputs.g_log, inputs.beta, lane.b, lane.h, unit.first, unit.width, lane.chunk
-    )
-    unit.chunks = stages.load_chunks(lane, unit.first, unit.width)
+    for seg in unit:
+        lane = seg.lane
+        seg.gate_rows = stages.load_gate_rows(
+            inputs.g_log, inputs.beta, lane.b, lane.h, seg.first, seg.width, lane.chunk
+        )
+        seg.chunks = stages.load_chunks(lane, seg.first, seg.width)
 
 
 def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
     """State-independent compute of a loaded unit; yields between steps."""
-    lane = unit.lane
-    gates = stages.gate_columns(*unit.gate_rows)
+    gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
     yield
-    yield from lockstep([stages.chunk_operands(lane, chunk, gates, j) for j, chunk in enumerate(unit.chunks)])
-    yield from inputs.invert_group(unit.chunks, lane.consts, lane.dtype)
-    yield from lockstep([stages.chunk_transition(lane, chunk) for chunk in unit.chunks])
+    operands = [
+        stages.chunk_operands(seg.lane, chunk, seg_gates, j)
+        for seg, seg_gates in zip(unit, gates, strict=True)
+        for j, chunk in enumerate(seg.chunks)
+    ]
+    yield from lockstep(operands)
+    chunks = [chunk for seg in unit for chunk in seg.chunks]
+    lane = unit[0].lane  # constants and dtypes are the same for every lane of a launch
+    yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
+    yield from lockstep([stages.chunk_transition(seg.lane, chunk) for seg in unit for chunk in seg.chunks])
 
 
 def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iterator[None]:
-    """The state chain of a unit; ``carried[0]`` holds the lane's state between units."""
-    lane = unit.lane
-    if unit.starts_lane:
-        dk, dv = lane.key.shape[3], lane.value.shape[3]
-        carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv)
-    outputs = tiles.sbuf((lane.chunk, unit.width, lane.value.shape[3]), lane.dtype)
-    for j, chunk in enumerate(unit.chunks):
-        carried[0] = stages.state_step(lane, chunk, carried[0], outputs[:, j, :])
-        yield
-    stages.store_outputs(lane, outputs, unit.first, unit.width)
-    unit.chunks = []  # the unit's tiles are dead once its chain has read them
-    if unit.ends_lane:
-        nl.store(inputs.final_state[lane.b, lane.h, :, :], carried[0].master)
+    """The state chain of a unit's chunks in order; ``carried[0]`` holds the current lane's state."""
+    for seg in unit:
+        lane = seg.lane
+        if seg.starts_lane:
+            dk, dv = lane.key.shape[3], lane.value.shape[3]
+            carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv)
+        outputs = tiles.sbuf((lane.chunk, seg.width, lane.value.shape[3]), lane.dtype)
+        for j, chunk in enumerate(seg.chunks):
+            carried[0] = stages.state_step(lane, chunk, carried[0], outputs[:, j, :])
+            yield
+        stages.store_outputs(lane, outputs, seg.first, seg.width)
+        seg.chunks = []  # the segment's tiles are dead once its chain has read them
+        if seg.ends_lane:
+            nl.store(inputs.final_state[lane.b, lane.h, :, :], carried[0].master)
 
 
 def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
