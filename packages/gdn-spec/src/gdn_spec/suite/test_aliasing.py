@@ -12,7 +12,8 @@ from gdn_spec.impl import Implementation
 from gdn_spec.metrics import compare
 from gdn_spec.regimes import make_case
 
-from ._support import assert_close, call_args, errors_vs_oracle, oracle, run
+from ..oracle import errors_vs_oracle, oracle
+from ._support import assert_close, call_args, run
 
 SCHUR = pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])  # neumann supports only the omitted form
 

@@ -12,7 +12,8 @@ from gdn_ref.constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR
 from gdn_spec.impl import Implementation
 from gdn_spec.regimes import Geometry, make_case
 
-from ._support import assert_close, call_args, changed, errors_vs_oracle, run, snapshot
+from ..oracle import errors_vs_oracle
+from ._support import assert_close, call_args, changed, run, snapshot
 
 # (algorithm, S, accepted): each algorithm's own multiples, the other's multiple, and an odd length.
 CASES = [

@@ -12,7 +12,8 @@ from gdn_spec.contract import BASE_GEOMETRY
 from gdn_spec.impl import Implementation
 from gdn_spec.regimes import make_case
 
-from ._support import assert_close, call_args, changed, errors_vs_oracle, run, snapshot
+from ..oracle import errors_vs_oracle
+from ._support import assert_close, call_args, changed, run, snapshot
 
 
 def _corrupt_one_entry() -> np.ndarray:

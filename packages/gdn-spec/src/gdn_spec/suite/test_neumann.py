@@ -9,7 +9,8 @@ from gdn_ref.constants import ALGORITHM_NEUMANN
 from gdn_spec.impl import Implementation
 from gdn_spec.regimes import Geometry, make_case
 
-from ._support import assert_close, call_args, changed, errors_vs_oracle, run, snapshot
+from ..oracle import errors_vs_oracle
+from ._support import assert_close, call_args, changed, run, snapshot
 
 NEUMANN = pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_NEUMANN])
 

@@ -14,7 +14,8 @@ from gdn_ref.constants import ALGORITHM_NEUMANN
 from gdn_spec.impl import Implementation
 from gdn_spec.regimes import REGIMES, make_case
 
-from ._support import assert_close, call_args, errors_vs_oracle, record_worst, run, shapes
+from ..oracle import errors_vs_oracle
+from ._support import assert_close, call_args, record_worst, run, shapes
 
 
 @pytest.mark.parametrize("regime", list(REGIMES))
