@@ -26,6 +26,9 @@ TENSOR = nisa.tensor_engine
 MIN_II = 64  # cycles, minimum initiation interval of a streaming instruction (§4.2)
 CLOCK_GHZ = {VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}  # Trn2 engine clocks (§4.1)
 GPSIMD_START = 150  # cycles before a GpSimd select/iota streams (§4.5)
+# How far an engine's issued work may trail the busiest engine's (about ten 128-element instructions): enough to
+# absorb the next step's burst, too little to bank a whole phase of idleness (measured best of 0.5–8 µs).
+IDLE_CREDIT_NS = 1000.0
 
 
 def stream_ns(engine: Any, elements: int, passes: float = 1.0, start: int = 0) -> float:
@@ -40,8 +43,16 @@ class Balancer:
         self.load = dict.fromkeys(CLOCK_GHZ, 0.0)
 
     def charge(self, engine: Any, ns: float) -> Any:
-        """Record ``ns`` of work issued to a fixed ``engine``; returns the engine."""
+        """Record ``ns`` of work issued to a fixed ``engine``; returns the engine.
+
+        An engine cannot bank idle time: its load is kept within ``IDLE_CREDIT_NS`` of the busiest engine's. Without
+        this, an engine left idle through one phase would be handed a long burst of the next phase's work, and the
+        other engines, waiting on its results in issue order, would idle in turn.
+        """
         self.load[engine] += ns
+        floor = max(self.load.values()) - IDLE_CREDIT_NS
+        for other in self.load:
+            self.load[other] = max(self.load[other], floor)
         return engine
 
     def pick(self, options: Sequence[tuple[Any, float]]) -> Any:
