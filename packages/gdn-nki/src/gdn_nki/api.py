@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from gdn_ref.constants import (
@@ -81,12 +82,12 @@ def gdn_cte(
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     if algorithm == ALGORITHM_SCHUR:
         consts = stages.constants_from_pack(mask_pack, chunk, dtype)
-        schur.load_merge_planes(mask_pack, consts, dtype)
+        deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
         invert_group, group, system_dtype = schur.invert_group, group_size, dtype
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
         consts = stages.constants_on_device(chunk, dtype)
-        neumann.build_block_planes(consts, dtype)
+        deferred = functools.partial(neumann.build_block_planes, consts, dtype)
         invert_group, group, system_dtype = neumann.invert_group, neumann.GROUP_SIZE, FP32
 
     lanes = [
@@ -106,5 +107,5 @@ def gdn_cte(
         )
         for b, h in program_lanes(batch, value_heads)
     ]
-    run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group))
+    run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group, deferred))
     return out, final_state

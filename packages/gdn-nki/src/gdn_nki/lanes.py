@@ -66,6 +66,9 @@ class LaneInputs:
     recurrent_state: Any
     final_state: Any
     invert_group: InvertGroup
+    # Constant loads the first unit's operand stage does not need (e.g. schur's merge planes), issued right after
+    # that unit's own loads so they do not delay its start on the DMA rings.
+    deferred_loads: Callable[[], None] | None = None
 
 
 Unit = list[Segment]
@@ -134,7 +137,7 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
         stages.store_outputs(lane, outputs, seg.first, seg.width)
         seg.chunks = []  # the segment's tiles are dead once its chain has read them
         if seg.ends_lane:
-            nl.store(inputs.final_state[lane.b, lane.h, :, :], carried[0].master)
+            stages.store_state(inputs.final_state, lane.b, lane.h, carried[0])
 
 
 def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
@@ -169,6 +172,8 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
             while loaded < min(len(units), next_prepare + LOAD_AHEAD + 1):
                 load(units[loaded], inputs)
                 loaded += 1
+                if loaded == 1 and inputs.deferred_loads is not None:
+                    inputs.deferred_loads()
             preparing.append((next_prepare, prepare(units[next_prepare], inputs)))
             next_prepare += 1
         if chain is None and next_chain < prepared_upto:

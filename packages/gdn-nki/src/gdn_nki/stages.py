@@ -151,7 +151,7 @@ class Chunk:
     u: Any = None  # [C, Dv]
     transition_t: Any = None  # [Dk, Dk] Tᵀ, fp32
     q_eff_t: Any = None  # [Dk, C] Q_effᵀ, fp32
-    key: Any = None  # [C, Dk] token-major key (stage 1 only)
+    key: Any = None  # [C, Dk] token-major key, a PSUM transpose of k_t (stage 1 only)
     value: Any = None  # [C, Dv] (stage 1 only)
 
     def release(self, *names: str) -> None:
@@ -180,7 +180,10 @@ class Lane:
 
 def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
     """DMA ``width`` consecutive chunks with one load per tensor: q and k transposed (the permute rides on the
-    load), k and v token-major as [C, width, D] (chunk j on free-axis slot j); the chunks get views."""
+    load) and v token-major as [C, width, Dv] (chunk j on free-axis slot j); the chunks get views.
+
+    k is not loaded token-major as well: its 256-byte token rows make that DMA ~2× slower per byte than the
+    transposing one, so the token-major key is a tensor-engine transpose of k_t instead (``chunk_operands``)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
     tokens = nl.ds(first * c, width * c)
@@ -188,8 +191,6 @@ def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
     nisa.dma_transpose(dst=q_t, src=lane.query[lane.b, lane.kh, tokens, :])
     k_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=k_t, src=lane.key[lane.b, lane.kh, tokens, :])
-    key = tiles.sbuf((c, width, dk), dtype)
-    nisa.dma_copy(dst=key, src=_chunk_major(lane.key[lane.b, lane.kh], first, width, c))
     value = tiles.sbuf((c, width, dv), dtype)
     nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], first, width, c))
     return [
@@ -197,7 +198,6 @@ def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
             index=first + j,
             q_t=q_t[:, j * c : (j + 1) * c],
             k_t=k_t[:, j * c : (j + 1) * c],
-            key=key[:, j, :],
             value=value[:, j, :],
         )
         for j in range(width)
@@ -231,6 +231,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # max(C, Dk) partitions because e^γ is also needed along the free axis of the [Dk, C] query tile.
     rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32, moving_onezero=True)
     bcast = rows[0:c, :]
+    chunk.key = tiles.transpose(chunk.k_t)
     yield
     # Γ for A: only A's strictly-lower part is ever read, so clamping the exponent at 0 (instead of masking) is
     # enough to keep exp finite above the diagonal: min(γ_i − γ_j', 0) = −relu(γ_j' − γ_i), on the scalar engine.
@@ -279,41 +280,63 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
 
 @dataclass
 class State:
-    """The recurrent state of a lane, fp32 whatever the compute dtype — also as a matmul operand.
+    """The recurrent state of a lane, fp32 whatever the compute dtype — also as a matmul operand — held as
+    column blocks.
 
     The state carries the whole sequence, so it never passes through the compute dtype: its two products (with
-    Tᵀ and with Q_effᵀ) are fp32 matmuls. With bf16 operands each chunk's update would carry an error of 2^-9 of
-    the state's own magnitude, which dominates when the state is large next to what a chunk writes (a large
-    initial state is then mostly erased by the delta rule while that error is not). fp32 products cost the tensor
-    engine 4× on these two [Dk, Dv]-sized products and save the operand copy a bf16 product would need.
+    Tᵀ and with Q_effᵀ) are fp32 matmuls. Column block j of S' = e^{γ_last}S + TS + H depends only on column block
+    j of S, so the chain is two independent chains over halves of Dv: the next chunk's product on one half starts
+    while the vector engine still updates the other, halving the chain's exposed latency for the same work.
     """
 
-    master: Any  # [Dk, Dv] fp32
+    blocks: list[Any]  # [Dk, Dv / n] fp32 tiles, column blocks of the state in order
+
+
+def column_blocks(dv: int) -> list[slice]:
+    """The state's column blocks: two halves when Dv allows, else one."""
+    if dv < 2 * STATE_BLOCK_MIN:
+        return [slice(0, dv)]
+    half = dv // 2
+    return [slice(0, half), slice(half, dv)]
+
+
+# Narrowest state column block worth splitting into: below it the fixed per-instruction costs dominate.
+STATE_BLOCK_MIN = 32
 
 
 def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int) -> State:
     """Load the caller's state (aliased in/out) or start from zero with no load emitted."""
-    if recurrent_state is not None:
-        return State(nl.load(recurrent_state[b, h, :, :], dtype=FP32))
-    master = tiles.sbuf((dk, dv), FP32)
-    nisa.memset(dst=master, value=0.0)
-    return State(master)
+    blocks = []
+    for cols in column_blocks(dv):
+        if recurrent_state is not None:
+            blocks.append(nl.load(recurrent_state[b, h, :, cols], dtype=FP32))
+        else:
+            block = tiles.sbuf((dk, cols.stop - cols.start), FP32)
+            nisa.memset(dst=block, value=0.0)
+            blocks.append(block)
+    return State(blocks)
+
+
+def store_state(final_state: Any, b: int, h: int, state: State) -> None:
+    """Write the final state's column blocks to the caller's buffer (or the allocated output)."""
+    for cols, block in zip(column_blocks(final_state.shape[3]), state.blocks, strict=True):
+        nl.store(final_state[b, h, :, cols], block)
 
 
 def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
     """Stage 4 (sequential): advance the state, and write the chunk's output (from the entry state) to ``out_tile``.
 
-    out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U.
+    out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S.
     """
-    update = tiles.matmul(chunk.k_decay, chunk.u)
-    tiles.matmul(chunk.transition_t, state.master, dst=update, accumulate=True)
-    # The chain's one vector op: S' = S·e^{γ_last} + update, on the vector engine like every chain link, so no
-    # other engine's queue holds an instruction that waits on the chain.
-    following = State(
-        tiles.scale_add(tiles.sbuf(tuple(state.master.shape), FP32), state.master, chunk.decay_last, update)
-    )
-
-    out_psum = tiles.matmul(chunk.attn_t, chunk.u)
-    tiles.matmul(chunk.q_eff_t, state.master, dst=out_psum, accumulate=True)
-    tiles.copy_to(out_tile, out_psum, scale=lane.scale, engine=tiles.VECTOR)
-    return following
+    following = []
+    for cols, block in zip(column_blocks(lane.value.shape[3]), state.blocks, strict=True):
+        update = tiles.matmul(chunk.k_decay, chunk.u[:, cols])
+        tiles.matmul(chunk.transition_t, block, dst=update, accumulate=True)
+        # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
+        # queue holds an instruction that waits on the chain.
+        following.append(tiles.scale_add(tiles.sbuf(tuple(block.shape), FP32), block, chunk.decay_last, update))
+    for cols, block in zip(column_blocks(lane.value.shape[3]), state.blocks, strict=True):
+        out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
+        tiles.matmul(chunk.q_eff_t, block, dst=out_psum, accumulate=True)
+        tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale, engine=tiles.VECTOR)
+    return State(following)

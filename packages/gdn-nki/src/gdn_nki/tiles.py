@@ -112,12 +112,13 @@ def multiply(a: Any, b: Any, dtype: Any) -> Any:
 
 
 def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
-    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is [P, 1])."""
+    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is [P, 1]; ``x`` in SBUF or PSUM)."""
     dst = sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
-    engine = BALANCER.pick(
-        [(SCALAR, stream_ns(SCALAR, n)), (GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
-    )
+    options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
+    if not in_psum(x):
+        options.append((GPSIMD, stream_ns(GPSIMD, n)))
+    engine = BALANCER.pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
     else:
