@@ -66,8 +66,8 @@ class LaneInputs:
     recurrent_state: Any
     final_state: Any
     invert_group: InvertGroup
-    # Constant loads the first unit's operand stage does not need (e.g. schur's merge planes), issued right after
-    # that unit's own loads so they do not delay its start on the DMA rings.
+    # Constant loads the operand stage does not need (e.g. schur's merge planes), issued right after the first
+    # burst of unit loads so they do not delay the pipeline's start on the DMA rings.
     deferred_loads: Callable[[], None] | None = None
 
 
@@ -167,13 +167,15 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
     loaded = prepared_upto = next_prepare = next_chain = 0
     preparing: list[tuple[int, Iterator[None]]] = []
     chain: Iterator[None] | None = None
+    deferred = inputs.deferred_loads
     while next_chain < len(units) or chain is not None:
         while len(preparing) < depth and next_prepare < len(units):
             while loaded < min(len(units), next_prepare + LOAD_AHEAD + 1):
                 load(units[loaded], inputs)
                 loaded += 1
-                if loaded == 1 and inputs.deferred_loads is not None:
-                    inputs.deferred_loads()
+            if deferred is not None:
+                deferred()
+                deferred = None
             preparing.append((next_prepare, prepare(units[next_prepare], inputs)))
             next_prepare += 1
         if chain is None and next_chain < prepared_upto:

@@ -98,7 +98,6 @@ class Gates:
     gamma: Any  # chunk-local inclusive prefix sum of g_log, fp32
     minus_gamma: Any  # −γ (the bias that turns exp(bcast) into exp(γ_i − γ_j'))
     beta: Any  # β, fp32
-    log_beta: Any  # ln β (−inf where β = 0: exp of it is exactly 0)
     beta_decay: Any  # β e^γ
 
 
@@ -126,11 +125,9 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     columns = tiles.evacuate(columns_psum, FP32)
     gamma, beta_cols = columns[:, 0:n_chunks], columns[:, n_chunks : 2 * n_chunks]
 
-    log_beta = tiles.activate(nl.log, beta_cols)
-    gamma_log_beta = tiles.combine(tiles.sbuf((chunk, n_chunks), FP32), gamma, log_beta, nl.add)
-    beta_decay = tiles.exp(gamma_log_beta)
+    beta_decay = tiles.multiply(tiles.exp(gamma), beta_cols, FP32)
     minus_gamma = tiles.evacuate(gamma, FP32, scale=-1.0)
-    return Gates(gamma=gamma, minus_gamma=minus_gamma, beta=beta_cols, log_beta=log_beta, beta_decay=beta_decay)
+    return Gates(gamma=gamma, minus_gamma=minus_gamma, beta=beta_cols, beta_decay=beta_decay)
 
 
 @dataclass
@@ -233,9 +230,6 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     bcast = rows[0:c, :]
     chunk.key = tiles.transpose(chunk.k_t)
     yield
-    # Γ for A: only A's strictly-lower part is ever read, so clamping the exponent at 0 (instead of masking) is
-    # enough to keep exp finite above the diagonal: min(γ_i − γ_j', 0) = −relu(γ_j' − γ_i), on the scalar engine.
-    decay_rise = tiles.activate(nl.relu, bcast, bias=minus_gamma)
     # Γᵀ[j', i] = exp(γ_i − γ_j') read straight from PSUM; the anti-causal half (i < j') may overflow to inf
     # and is then *selected* away (never multiplied) by the GpSimd select, leaving exact zeros.
     decay_t = tiles.exp(bcast, bias=minus_gamma)
@@ -246,8 +240,9 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     chunk.decay_last = tiles.exp(gamma_last[0:dk, :])
     del rows, bcast, gamma_last
     yield
-    # β rides in as ln β on the exponent's bias: exp(log Γ + ln β) = β Γ.
-    beta_decay = tiles.exp(decay_rise, bias=gates.log_beta[:, j : j + 1], scale=-1.0)
+    # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
+    # scales the rows by β.
+    beta_decay = tiles.scale_rows(tiles.transpose(decay_t), gates.beta[:, j : j + 1], FP32)
     chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, FP32)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
