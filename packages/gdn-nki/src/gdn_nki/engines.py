@@ -21,7 +21,6 @@ from .backend import nisa
 VECTOR = nisa.engine.vector
 SCALAR = nisa.engine.scalar
 GPSIMD = nisa.engine.gpsimd
-TENSOR = nisa.tensor_engine
 
 MIN_II = 64  # cycles, minimum initiation interval of a streaming instruction (§4.2)
 CLOCK_GHZ = {VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}  # Trn2 engine clocks (§4.1)

@@ -7,10 +7,10 @@ The kernel uses the *transition form* of the chunked delta rule. For a chunk wit
     out = scale · (Q_eff S + attn U)     Q_eff = diag(e^γ) Q − attn W        attn = (Q Kᵀ) ∘ Γ (causal, incl. diag)
     S'  = e^{γ_last} S + T S + H          T = −K_decᵀ W                       H = K_decᵀ U,  K_dec = diag(e^{γ_last−γ}) K
 
-so the sequential chain per chunk is one accumulating matmul pair plus one vector op, and all the rest (the
-inverse, U, W, T, H, Q_eff) can run ahead on otherwise idle engines. It is algebraically the WY form
-(δ = U − W S is the per-token write) with δ substituted into the output and state updates; the fp32 master
-state is decayed in fp32 so no bf16 rounding of e^{γ_last} compounds along the sequence.
+so the sequential chain per chunk is one accumulating matmul pair plus one vector op (per column half of the
+state, see State), and all the rest (the inverse, U, W, T, H, Q_eff) can run ahead on otherwise idle engines. It
+is algebraically the WY form (δ = U − W S is the per-token write) with δ substituted into the output and state
+updates. The state is fp32 throughout, also as a matmul operand.
 
 Layout conventions: ``*_t`` tiles are transposed ([head dim, tokens]); columns are [tokens, 1] per-partition
 scalars; ``nc_matmul(stationary=X, moving=Y)`` computes ``Xᵀ Y`` contracting the partition axis.

@@ -128,14 +128,9 @@ def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
 
 def exp(data: Any, bias: Any = None, scale: float = 1.0, dtype: Any = FP32) -> Any:
     """``exp(scale * data + bias)`` on the scalar engine into a new tile (bias is a [P, 1] tile)."""
-    return activate(nl.exp, data, bias, scale, dtype)
-
-
-def activate(op: Any, data: Any, bias: Any = None, scale: float = 1.0, dtype: Any = FP32) -> Any:
-    """``op(scale * data + bias)`` on the scalar engine into a new tile."""
     dst = sbuf(tuple(data.shape), dtype)
     BALANCER.charge(SCALAR, stream_ns(SCALAR, free_elements(data)))
-    nisa.activation(dst=dst, op=op, data=data, bias=bias, scale=scale)
+    nisa.activation(dst=dst, op=nl.exp, data=data, bias=bias, scale=scale)
     return dst
 
 
