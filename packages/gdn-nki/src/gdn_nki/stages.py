@@ -284,7 +284,8 @@ class State:
     while the vector engine still updates the other, halving the chain's exposed latency for the same work.
     """
 
-    blocks: list[Any]  # [Dk, Dv / n] fp32 tiles, column blocks of the state in order
+    whole: Any  # [Dk, Dv] fp32 tile
+    blocks: list[Any]  # its column blocks (views), in order
 
 
 def column_blocks(dv: int) -> list[slice]:
@@ -301,21 +302,17 @@ STATE_BLOCK_MIN = 32
 
 def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int) -> State:
     """Load the caller's state (aliased in/out) or start from zero with no load emitted."""
-    blocks = []
-    for cols in column_blocks(dv):
-        if recurrent_state is not None:
-            blocks.append(nl.load(recurrent_state[b, h, :, cols], dtype=FP32))
-        else:
-            block = tiles.sbuf((dk, cols.stop - cols.start), FP32)
-            nisa.memset(dst=block, value=0.0)
-            blocks.append(block)
-    return State(blocks)
+    if recurrent_state is not None:
+        whole = nl.load(recurrent_state[b, h, :, :], dtype=FP32)
+    else:
+        whole = tiles.sbuf((dk, dv), FP32)
+        nisa.memset(dst=whole, value=0.0)
+    return State(whole, [whole[:, cols] for cols in column_blocks(dv)])
 
 
 def store_state(final_state: Any, b: int, h: int, state: State) -> None:
-    """Write the final state's column blocks to the caller's buffer (or the allocated output)."""
-    for cols, block in zip(column_blocks(final_state.shape[3]), state.blocks, strict=True):
-        nl.store(final_state[b, h, :, cols], block)
+    """Write the final state to the caller's buffer (or the allocated output) in one DMA."""
+    nl.store(final_state[b, h, :, :], state.whole)
 
 
 def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
@@ -323,15 +320,16 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
 
     out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S.
     """
-    following = []
-    for cols, block in zip(column_blocks(lane.value.shape[3]), state.blocks, strict=True):
+    whole = tiles.sbuf(tuple(state.whole.shape), FP32)
+    following = State(whole, [whole[:, cols] for cols in column_blocks(lane.value.shape[3])])
+    for cols, block, new in zip(column_blocks(lane.value.shape[3]), state.blocks, following.blocks, strict=True):
         update = tiles.matmul(chunk.k_decay, chunk.u[:, cols])
         tiles.matmul(chunk.transition_t, block, dst=update, accumulate=True)
         # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
         # queue holds an instruction that waits on the chain.
-        following.append(tiles.scale_add(tiles.sbuf(tuple(block.shape), FP32), block, chunk.decay_last, update))
+        tiles.scale_add(new, block, chunk.decay_last, update)
     for cols, block in zip(column_blocks(lane.value.shape[3]), state.blocks, strict=True):
         out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
         tiles.matmul(chunk.q_eff_t, block, dst=out_psum, accumulate=True)
         tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale, engine=tiles.VECTOR)
-    return State(following)
+    return following
