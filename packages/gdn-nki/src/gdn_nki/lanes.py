@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stages, tiles
+from . import stages
 from .backend import nl
 from .stages import Chunk, Constants, Lane
 
@@ -124,17 +124,26 @@ def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
 
 
 def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iterator[None]:
-    """The state chain of a unit's chunks in order; ``carried[0]`` holds the current lane's state."""
+    """The state chain of a unit's chunks in order; ``carried[0]`` holds the current lane's state.
+
+    Each chunk's output is issued after the NEXT chunk's state update (software-pipelined one chunk behind), so
+    the chain's links follow each other on the engines without the output's instructions between them.
+    """
     for seg in unit:
         lane = seg.lane
         if seg.starts_lane:
             dk, dv = lane.key.shape[3], lane.value.shape[3]
             carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv)
-        outputs = tiles.sbuf((lane.chunk, seg.width, lane.value.shape[3]), lane.dtype)
-        for j, chunk in enumerate(seg.chunks):
-            carried[0] = stages.state_step(lane, chunk, carried[0], outputs[:, j, :])
+        pending = None
+        for chunk in seg.chunks:
+            entry = carried[0]
+            carried[0] = stages.advance_state(lane, chunk, entry)
+            if pending is not None:
+                stages.emit_output(lane, *pending)
+            pending = (chunk, entry)
             yield
-        stages.store_outputs(lane, outputs, seg.first, seg.width)
+        if pending is not None:
+            stages.emit_output(lane, *pending)
         seg.chunks = []  # the segment's tiles are dead once its chain has read them
         if seg.ends_lane:
             stages.store_state(inputs.final_state, lane.b, lane.h, carried[0])

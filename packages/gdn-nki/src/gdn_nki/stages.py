@@ -207,11 +207,6 @@ def _chunk_major(tokens_by_dim: Any, first: int, width: int, chunk: int) -> Any:
     return tokens_by_dim.ap(pattern=[[dim, chunk], [chunk * dim, width], [1, dim]], offset=first * chunk * dim)
 
 
-def store_outputs(lane: Lane, outputs: Any, first: int, width: int) -> None:
-    """One DMA of a unit's [C, width, Dv] output tile to its token-major rows of ``out``."""
-    nisa.dma_copy(dst=_chunk_major(lane.out[lane.b, lane.h], first, width, lane.chunk), src=outputs)
-
-
 def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[None]:
     """Stage 1: the state-independent operands of one chunk (decays, A, attnᵀ, scaled q/k/v).
 
@@ -315,11 +310,8 @@ def store_state(final_state: Any, b: int, h: int, state: State) -> None:
     nl.store(final_state[b, h, :, :], state.whole)
 
 
-def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
-    """Stage 4 (sequential): advance the state, and write the chunk's output (from the entry state) to ``out_tile``.
-
-    out = scale · (attn U + Q_eff S);  S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S.
-    """
+def advance_state(lane: Lane, chunk: Chunk, state: State) -> State:
+    """Stage 4, the sequential chain: S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S."""
     whole = tiles.sbuf(tuple(state.whole.shape), FP32)
     following = State(whole, [whole[:, cols] for cols in column_blocks(lane.value.shape[3])])
     for cols, block, new in zip(column_blocks(lane.value.shape[3]), state.blocks, following.blocks, strict=True):
@@ -328,8 +320,19 @@ def state_step(lane: Lane, chunk: Chunk, state: State, out_tile: Any) -> State:
         # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
         # queue holds an instruction that waits on the chain.
         tiles.scale_add(new, block, chunk.decay_last, update)
-    for cols, block in zip(column_blocks(lane.value.shape[3]), state.blocks, strict=True):
+    return following
+
+
+def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
+    """The chunk's output from its entry state, out = scale · (attn U + Q_eff S), stored to HBM.
+
+    Issued one chunk behind the chain (``lanes.advance``): its instructions then fill the chain's waits instead
+    of sitting between two links.
+    """
+    c, dv = lane.chunk, lane.value.shape[3]
+    out_tile = tiles.sbuf((c, dv), lane.dtype)
+    for cols, block in zip(column_blocks(dv), entry_state.blocks, strict=True):
         out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
         tiles.matmul(chunk.q_eff_t, block, dst=out_psum, accumulate=True)
         tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale, engine=tiles.VECTOR)
-    return following
+    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.index * c, c), :], src=out_tile)
