@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from nki_cpu.isa.activations import activation, activation_reduce, exponential
 from nki_cpu.isa.dma import dma_compute, dma_copy, dma_transpose
+from nki_cpu.isa.elementwise import reciprocal, scalar_tensor_tensor, tensor_copy, tensor_scalar, tensor_tensor
 from nki_cpu.isa.enums import (
     NkiInstruction,
     NkiValidationError,
@@ -25,28 +27,16 @@ from nki_cpu.isa.enums import (
     vector_engine,
 )
 from nki_cpu.isa.gpsimd import affine_select, iota, tensor_partition_reduce
-from nki_cpu.isa.tensor_engine import nc_matmul, nc_transpose
-from nki_cpu.isa.vector_scalar import (
-    activation,
-    activation_reduce,
+from nki_cpu.isa.reductions import (
     bn_aggr,
     bn_stats,
-    exponential,
-    memset,
-    nc_stream_shuffle,
-    range_select,
-    reciprocal,
-    scalar_tensor_tensor,
-    select_reduce,
-    tensor_copy,
-    tensor_copy_predicated,
     tensor_reduce,
-    tensor_scalar,
     tensor_scalar_cumulative,
     tensor_scalar_reduce,
-    tensor_tensor,
     tensor_tensor_scan,
 )
+from nki_cpu.isa.select_move import memset, nc_stream_shuffle, range_select, select_reduce, tensor_copy_predicated
+from nki_cpu.isa.tensor_engine import nc_matmul, nc_transpose
 from nki_cpu.tensor import NkiTensor
 
 # The submodule import above bound ``isa.tensor_engine`` to the module; the NKI name is the engine constant.
