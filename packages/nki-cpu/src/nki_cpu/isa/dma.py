@@ -56,6 +56,21 @@ def _sbuf_side(dst: NkiTensor, srcs: Sequence[NkiTensor]) -> NkiTensor:
     return dst
 
 
+def _emit_dma(instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: bool, mode: Any) -> NkiInstruction:
+    """The record of a DMA: sized by its SBUF side (dst if neither is in SBUF), nbytes = bytes written."""
+    side = _sbuf_side(dst, srcs)
+    return emit(
+        instr,
+        Engine.DMA,
+        dst,
+        srcs,
+        partitions=side.partitions,
+        free_elems=side.free_elems,
+        nbytes=dst.size * dst.itemsize,
+        attrs=_dma_attrs(dst, srcs, transpose, mode),
+    )
+
+
 def _dma_operand(instr: str, name: str, t: Any) -> NkiTensor:
     t = checks.tensor(instr, name, t)
     checks.buffer(instr, name, t, checks.HBM_OR_SBUF)
@@ -102,17 +117,7 @@ def dma_copy(
         dst.write_raw(src.read().reshape(-1))
     else:
         dst.write(src.read_f32().reshape(-1))
-    side = _sbuf_side(dst, [src])
-    return emit(
-        instr,
-        Engine.DMA,
-        dst,
-        [src],
-        partitions=side.partitions,
-        free_elems=side.free_elems,
-        nbytes=dst.size * dst.itemsize,
-        attrs=_dma_attrs(dst, [src], False, dge_mode),
-    )
+    return _emit_dma(instr, dst, [src], False, dge_mode)
 
 
 def dma_transpose(
@@ -163,17 +168,7 @@ def dma_transpose(
             checks.fail(f"{instr} hwdge 2-D src.shape[0] must be 16, got {src.shape[0]}")
         checks.at_most(instr, "src", "last dim", src.shape[-1], 128)
     dst.write_raw(np.transpose(src.read(), axes))
-    side = _sbuf_side(dst, [src])
-    return emit(
-        instr,
-        Engine.DMA,
-        dst,
-        [src],
-        partitions=side.partitions,
-        free_elems=side.free_elems,
-        nbytes=dst.size * dst.itemsize,
-        attrs=_dma_attrs(dst, [src], True, dge_mode),
-    )
+    return _emit_dma(instr, dst, [src], True, dge_mode)
 
 
 def dma_compute(
@@ -212,14 +207,4 @@ def dma_compute(
         checks.element_count(instr, dst, s)
         acc = acc + s.read_f32().reshape(-1) * np.float32(scale)
     dst.write(acc)
-    side = _sbuf_side(dst, srcs)
-    return emit(
-        instr,
-        Engine.DMA,
-        dst,
-        srcs,
-        partitions=side.partitions,
-        free_elems=side.free_elems,
-        nbytes=dst.size * dst.itemsize,
-        attrs=_dma_attrs(dst, srcs, False, "unknown"),
-    )
+    return _emit_dma(instr, dst, srcs, False, "unknown")
