@@ -142,11 +142,11 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
                 stages.emit_output(lane, *pending)
             pending = (chunk, entry)
             yield
+        if seg.ends_lane:  # the final state is ready before the last output: store it first
+            stages.store_state(inputs.final_state, lane.b, lane.h, carried[0])
         if pending is not None:
             stages.emit_output(lane, *pending)
         seg.chunks = []  # the segment's tiles are dead once its chain has read them
-        if seg.ends_lane:
-            stages.store_state(inputs.final_state, lane.b, lane.h, carried[0])
 
 
 def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
