@@ -3,16 +3,17 @@
 The chunks of all lanes are cut into *units* of ``group_size`` chunks (a unit may span lanes). A unit has two
 parts:
 
-- ``prepare``: loads, per-chunk operands, the grouped inverse and the chunk transitions — all state independent;
+- ``load`` and ``prepare``: loads, per-chunk operands, the grouped inverse and the chunk transitions — all state
+  independent;
 - ``advance``: the sequential state chain over the unit's chunks (and the state load/store at lane ends).
 
 Each engine executes its instructions in the order they are issued, so issuing a unit's chain right after its
-own preparation would leave the tensor engine waiting on every link of the chain. Instead ``prepare(i + 1)`` is
-issued interleaved with ``advance(i)``: while one unit's chain waits on a vector-engine op, the engines have the
-next unit's independent work queued behind it. Units run across lane boundaries too, so short sequences with many
-lanes pipeline as well as long ones. Both parts are generators that yield between steps; :func:`interleave`
-decides the issue order. Only the order changes — every instruction and its operands are the same as in a plain
-prepare-then-advance loop.
+own preparation would leave the tensor engine waiting on every link of the chain. Instead the next units'
+preparation is issued interleaved with ``advance(i)``: while one unit's chain waits on a vector-engine op, the
+engines have independent work queued behind it. Units run across lane boundaries too, so short sequences with
+many lanes pipeline as well as long ones. Both parts are generators that yield between steps; :func:`run_lanes`
+decides the issue order (and :func:`lockstep` runs the chunks of one unit step-major). Only the order changes —
+every instruction and its operands are the same as in a plain prepare-then-advance loop.
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
         for index, gen in list(preparing):
             if next(gen, StopIteration) is StopIteration:
                 preparing.remove((index, gen))
-                prepared_upto = index + 1 if not preparing else min(i for i, _ in preparing)
+                # every unit before the oldest one still in preparation is ready for its chain
+                prepared_upto = min((i for i, _ in preparing), default=next_prepare)
         if chain is not None and next(chain, StopIteration) is StopIteration:
             chain = None
