@@ -6,6 +6,8 @@ Every session installs the repo's packages into its own virtualenv; nothing is i
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import nox
@@ -18,6 +20,26 @@ ROOT = Path(__file__).parent
 PACKAGES = ["gdn-ref", "gdn-spec", "nki-cpu", "gdn-nki"]
 # Implementations the conformance suite runs against: "module:callable" specs.
 IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki:simulate"]
+
+
+def _interpreter(version: str) -> str:
+    """A runnable interpreter for ``version``: ``pythonX.Y`` on PATH if it runs, else a pyenv installation of it,
+    else the bare version (nox then skips the session, saying the interpreter was not found)."""
+    on_path = shutil.which(f"python{version}")
+    if on_path and subprocess.run([on_path, "-c", ""], capture_output=True, check=False).returncode == 0:
+        return on_path
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        listed = subprocess.run([pyenv, "versions", "--bare"], capture_output=True, text=True, check=False).stdout
+        root = subprocess.run([pyenv, "root"], capture_output=True, text=True, check=False).stdout.strip()
+        matches = sorted(v for v in listed.split() if v.startswith(f"{version}."))
+        if matches and root:
+            return str(Path(root) / "versions" / matches[-1] / "bin" / "python")
+    return version
+
+
+# The packages support Python 3.10–3.12; the unit tests run on each.
+PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 
 
 def _install_repo(session: nox.Session, *extras: str) -> None:
@@ -38,9 +60,10 @@ SINGLE_THREAD_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_
 
 
 @nox.session
+@nox.parametrize("python", [_interpreter(v) for v in PYTHON_VERSIONS], ids=list(PYTHON_VERSIONS))
 def tests(session: nox.Session) -> None:
-    """Unit tests of every package and the conformance suite's self-tests."""
-    _install_repo(session)
+    """Unit tests of every package and the conformance suite's self-tests (matplotlib: the PNG timeline test)."""
+    _install_repo(session, "matplotlib>=3.7")
     for name in PACKAGES:
         tests_dir = ROOT / "packages" / name / "tests"
         session.run("pytest", "-n", _xdist_workers(), "-q", str(tests_dir), *session.posargs, env=SINGLE_THREAD_BLAS)
