@@ -101,3 +101,17 @@ def test_capacity_limits_in_a_launch():
         nki_cpu.simulate(too_much_psum)()
     assert nki_cpu.simulate(too_much_psum, check_capacity=False)() == 9
     assert nki_cpu.last_trace().psum_high_water == 9 * 2048
+
+
+def test_launch_names_the_argument_whose_dtype_nki_lacks():
+    @nki_cpu.jit
+    def _copy(x, y):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        return out
+
+    x = np.zeros((4, 4), np.float32)
+    with pytest.raises(TypeError, match=r"kernel argument `y`: .*float64.*cast it"):
+        nki_cpu.simulate(_copy)(x, np.zeros((4, 4)))
+    with pytest.raises(TypeError, match=r"kernel argument `y`"):
+        nki_cpu.simulate(_copy)(x, y=np.zeros((4, 4)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import sys
 import types
 from collections.abc import Callable
@@ -84,6 +85,23 @@ def _wrap(value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.nd
     return value
 
 
+def _wrap_named(name: str, value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+    """``_wrap``, with an array whose dtype NKI lacks (numpy's default float64, say) reported by argument name."""
+    try:
+        return _wrap(value, buffer, copies)
+    except TypeError as exc:
+        raise TypeError(f"nki-cpu: kernel argument `{name}`: {exc}; cast it before the launch") from exc
+
+
+def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
+    """Names of the first ``count`` positional parameters of ``fn`` (``arg<i>`` past its signature)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"arg{i}" for i in range(count)]
+
+
 def _unwrap(value: Any) -> Any:
     if isinstance(value, NkiTensor):
         return value.read()
@@ -130,8 +148,9 @@ def simulate(
         traces: list[Trace] = []
         results: list[Any] = []
         copies: list[tuple[np.ndarray, np.ndarray]] = []
-        wrapped_args = [_wrap(a, buffer, copies) for a in args]
-        wrapped_kwargs = {k: _wrap(v, buffer, copies) for k, v in kwargs.items()}
+        names = _positional_names(fn, len(args))
+        wrapped_args = [_wrap_named(name, a, buffer, copies) for name, a in zip(names, args, strict=True)]
+        wrapped_kwargs = {k: _wrap_named(k, v, buffer, copies) for k, v in kwargs.items()}
         limits = threadpool_limits(blas_threads, user_api="blas") if blas_threads is not None else None
         try:
             _run_programs(programs, launch_kwargs, results, traces, wrapped_args, wrapped_kwargs)
