@@ -64,30 +64,12 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
     """Build the shared constants with GpSimd selects (for the algorithm that takes no mask pack)."""
     ones = tiles.sbuf((chunk, chunk), FP32)
     nisa.memset(dst=ones, value=1.0)
-    eye32 = tiles.sbuf((chunk, chunk), FP32)
-    # keep where column − row == 0
-    nisa.affine_select(
-        dst=eye32,
-        pattern=[[1, chunk]],
-        channel_multiplier=-1,
-        on_true_tile=ones,
-        on_false_value=0.0,
-        cmp_op=nl.equal,
-    )
-    eye = tiles.sbuf((chunk, chunk), dtype)
-    tiles.copy_to(eye, eye32)
+    eye32 = tiles.select_by_diagonal(tiles.sbuf((chunk, chunk), FP32), ones, 0.0, nl.equal)
+    eye = tiles.copy_to(tiles.sbuf((chunk, chunk), dtype), eye32)
     zeros = tiles.sbuf((chunk, chunk), FP32)
     nisa.memset(dst=zeros, value=0.0)
-    lower_neg = tiles.sbuf((chunk, chunk), FP32)
-    # keep 0 where column − row >= 0, else the mask fill
-    nisa.affine_select(
-        dst=lower_neg,
-        pattern=[[1, chunk]],
-        channel_multiplier=-1,
-        on_true_tile=zeros,
-        on_false_value=MASK_FILL,
-        cmp_op=nl.greater_equal,
-    )
+    # 0 on and above the diagonal, the mask fill below it
+    lower_neg = tiles.select_by_diagonal(tiles.sbuf((chunk, chunk), FP32), zeros, MASK_FILL, nl.greater_equal)
     return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
 
 

@@ -141,20 +141,26 @@ def scale_add(dst: Any, data: Any, column: Any, tile: Any) -> Any:
     return dst
 
 
-def select_upper(tile: Any) -> None:
-    """Zero, in place, every element of a square tile below the diagonal (keep column − row >= 0), on GpSimd.
+def select_by_diagonal(dst: Any, on_true_tile: Any, on_false_value: float, cmp_op: Any) -> Any:
+    """``dst = on_true_tile`` where ``cmp_op(column − row, 0)`` holds, else ``on_false_value`` (square tiles, GpSimd).
 
-    A select, not a multiply: values there may be inf (an overflowed exp) and are replaced, never multiplied.
+    A select, not a multiply: values it replaces may be inf (an overflowed exp) and never meet the fill.
     """
-    BALANCER.charge(GPSIMD, stream_ns(GPSIMD, free_elements(tile), start=engines.GPSIMD_START))
+    BALANCER.charge(GPSIMD, stream_ns(GPSIMD, free_elements(dst), start=engines.GPSIMD_START))
     nisa.affine_select(
-        dst=tile,
-        pattern=[[1, tile.shape[1]]],
+        dst=dst,
+        pattern=[[1, dst.shape[1]]],
         channel_multiplier=-1,
-        on_true_tile=tile,
-        on_false_value=0.0,
-        cmp_op=nl.greater_equal,
+        on_true_tile=on_true_tile,
+        on_false_value=on_false_value,
+        cmp_op=cmp_op,
     )
+    return dst
+
+
+def select_upper(tile: Any) -> None:
+    """Zero, in place, every element of a square tile below the diagonal (keep column − row >= 0)."""
+    select_by_diagonal(tile, tile, 0.0, nl.greater_equal)
 
 
 def matmul(
