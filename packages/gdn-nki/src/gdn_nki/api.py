@@ -1,4 +1,5 @@
-"""The ``gdn_cte`` NKI kernel: argument checks at trace time, output allocation, lane dispatch."""
+"""The ``gdn_cte`` NKI kernel: argument checks at trace time, output allocation, and the lane emission it shares
+with the packed-varlen kernel (``varlen.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gdn_ref.contract import ContractError, validate
 
 from . import engines, neumann, schur, stages
 from .backend import nki, nl
-from .lanes import LaneInputs, program_lanes, run_lanes
+from .lanes import LaneInputs, Span, dense_spans, program_lanes, run_lanes
 from .tiles import FP32
 
 
@@ -69,16 +70,42 @@ def gdn_cte(
     if violations:
         raise ContractError(violations)
 
-    engines.reset()
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]
-    ratio = value_heads // query.shape[1]
-    dtype = query.dtype
-    out = nl.ndarray((batch, value_heads, seq_len, dv), dtype=dtype, buffer=nl.shared_hbm)
+    out = nl.ndarray((batch, value_heads, seq_len, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     final_state = recurrent_state
     if final_state is None:
         final_state = nl.ndarray((batch, value_heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    spans = dense_spans(batch, seq_len, CHUNK_BY_ALGORITHM[algorithm])
+    emit(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, final_state, out,
+         spans)  # fmt: skip
+    return out, final_state
 
+
+def emit(
+    query: Any,
+    key: Any,
+    value: Any,
+    g_log: Any,
+    beta: Any,
+    scale: float,
+    algorithm: str,
+    mask_pack: Any,
+    group_size: int,
+    recurrent_state: Any,
+    final_state: Any,
+    out: Any,
+    spans: list[Span],
+) -> None:
+    """Issue the work of a checked launch: constants, then every (sequence, value head) lane of this program.
+
+    Args:
+        As ``gdn_cte``, plus the allocated ``out`` and ``final_state`` and the launch's sequences (``lanes.Span``:
+        token range in q/k/v/gates/out and state row).
+    """
+    engines.reset()
+    ratio = value.shape[1] // query.shape[1]
+    dtype = query.dtype
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     if algorithm == ALGORITHM_SCHUR:
         consts = stages.constants_from_pack(mask_pack, chunk, dtype)
@@ -92,9 +119,12 @@ def gdn_cte(
 
     lanes = [
         stages.Lane(
-            b=b,
+            b=span.b,
             h=h,
             kh=h // ratio,
+            offset=span.offset,
+            n_chunks=span.n_chunks,
+            slot=span.slot,
             query=query,
             key=key,
             value=value,
@@ -105,7 +135,6 @@ def gdn_cte(
             scale=float(scale),
             consts=consts,
         )
-        for b, h in program_lanes(batch, value_heads)
+        for span, h in program_lanes(spans, value.shape[1])
     ]
     run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group, deferred))
-    return out, final_state

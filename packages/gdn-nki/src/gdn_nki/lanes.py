@@ -36,13 +36,40 @@ PSUM_INVERSE_CHUNKS = 16
 InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
 
 
-def program_lanes(batch: int, value_heads: int) -> list[tuple[int, int]]:
-    """The (b, h) lanes this program owns: an even contiguous split of B·Hv lanes over the launch grid."""
+@dataclass(frozen=True)
+class Span:
+    """One sequence of a launch: tokens ``[offset, offset + n_chunks·chunk)`` of batch row ``b``, with its
+    initial and final state in row ``slot`` of the state tensors (trace-time integers)."""
+
+    b: int
+    offset: int
+    n_chunks: int
+    slot: int
+
+
+def dense_spans(batch: int, seq_len: int, chunk: int) -> list[Span]:
+    """One sequence per batch row, each the whole row, its state in the same row (gdn_cte's layout)."""
+    return [Span(b, 0, seq_len // chunk, b) for b in range(batch)]
+
+
+def packed_spans(seq_chunks: tuple[int, ...], chunk: int, slots: tuple[int, ...]) -> list[Span]:
+    """Sequences packed back to back in batch row 0, sequence i ``seq_chunks[i]`` chunks long, its state in row
+    ``slots[i]``."""
+    starts = [0]
+    for n in seq_chunks[:-1]:
+        starts.append(starts[-1] + n * chunk)
+    return [Span(0, start, n, slot) for start, n, slot in zip(starts, seq_chunks, slots, strict=True)]
+
+
+def program_lanes(spans: list[Span], value_heads: int) -> list[tuple[Span, int]]:
+    """The (sequence, value head) lanes this program owns: an even contiguous split of all lanes, sequence-major,
+    over the launch grid."""
     programs, pid = nl.num_programs(axes=0), nl.program_id(axis=0)
-    total = batch * value_heads
+    total = len(spans) * value_heads
     per_program = -(-total // programs)
     first = pid * per_program
-    return [divmod(lane, value_heads) for lane in range(first, min(total, first + per_program))]
+    lanes = [divmod(lane, value_heads) for lane in range(first, min(total, first + per_program))]
+    return [(spans[s], h) for s, h in lanes]
 
 
 @dataclass
@@ -84,7 +111,7 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
     units: list[Unit] = [[]]
     room = group_size
     for lane in lanes:
-        n_chunks = lane.query.shape[2] // lane.chunk
+        n_chunks = lane.n_chunks
         first = 0
         while first < n_chunks:
             if room == 0:
@@ -102,9 +129,7 @@ def load(unit: Unit, inputs: LaneInputs) -> None:
     these loads would block its engine's queue while they are in flight."""
     for seg in unit:
         lane = seg.lane
-        seg.gate_rows = stages.load_gate_rows(
-            inputs.g_log, inputs.beta, lane.b, lane.h, seg.first, seg.width, lane.chunk
-        )
+        seg.gate_rows = stages.load_gate_rows(inputs.g_log, inputs.beta, lane, seg.first, seg.width)
         seg.chunks = stages.load_chunks(lane, seg.first, seg.width)
 
 
@@ -134,7 +159,7 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
         lane = seg.lane
         if seg.starts_lane:
             dk, dv = lane.key.shape[3], lane.value.shape[3]
-            carried[0] = stages.initial_state(inputs.recurrent_state, lane.b, lane.h, dk, dv)
+            carried[0] = stages.initial_state(inputs.recurrent_state, lane, dk, dv)
         pending = None
         for chunk in seg.chunks:
             entry = carried[0]
@@ -144,7 +169,7 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
             pending = (chunk, entry)
             yield
         if seg.ends_lane:  # the final state is ready before the last output: store it first
-            stages.store_state(inputs.final_state, lane.b, lane.h, carried[0])
+            stages.store_state(inputs.final_state, lane, carried[0])
         if pending is not None:
             stages.emit_output(lane, *pending)
         seg.chunks = []  # the segment's tiles are dead once its chain has read them

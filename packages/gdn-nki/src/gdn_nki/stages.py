@@ -83,13 +83,15 @@ class Gates:
     beta_decay: Any  # β e^γ
 
 
-def load_gate_rows(g_log: Any, beta: Any, b: int, h: int, first_chunk: int, n_chunks: int, chunk: int) -> tuple:
-    """DMA a group's g_log and β as rows (one row per chunk): the chunk-local cumsum then runs on the free axis."""
-    tokens = nl.ds(first_chunk * chunk, n_chunks * chunk)
-    g_rows = tiles.sbuf((n_chunks, chunk), FP32)
-    nisa.dma_copy(dst=g_rows, src=g_log[b, h, tokens])
-    beta_rows = tiles.sbuf((n_chunks, chunk), FP32)
-    nisa.dma_copy(dst=beta_rows, src=beta[b, h, tokens])
+def load_gate_rows(g_log: Any, beta: Any, lane: Lane, first: int, width: int) -> tuple:
+    """DMA ``width`` chunks' g_log and β as rows (one row per chunk): the chunk-local cumsum then runs on the
+    free axis."""
+    chunk = lane.chunk
+    tokens = nl.ds(lane.offset + first * chunk, width * chunk)
+    g_rows = tiles.sbuf((width, chunk), FP32)
+    nisa.dma_copy(dst=g_rows, src=g_log[lane.b, lane.h, tokens])
+    beta_rows = tiles.sbuf((width, chunk), FP32)
+    nisa.dma_copy(dst=beta_rows, src=beta[lane.b, lane.h, tokens])
     return g_rows, beta_rows
 
 
@@ -141,11 +143,19 @@ class Chunk:
 
 @dataclass
 class Lane:
-    """One (batch, value head) lane and what its stages read."""
+    """One (sequence, value head) lane and what its stages read.
+
+    A lane's sequence is the token range ``[offset, offset + n_chunks·chunk)`` of batch row ``b`` of q/k/v, the
+    gates and ``out``; its initial and final state are row ``slot`` of the state tensors. A dense launch has one
+    sequence per batch row (offset 0, slot b); a packed varlen launch has several sequences in row 0.
+    """
 
     b: int
     h: int
     kh: int  # the key/query head this value head reads
+    offset: int  # first token of the sequence, a multiple of chunk
+    n_chunks: int
+    slot: int  # the sequence's row of the initial/final state tensors
     query: Any
     key: Any
     value: Any
@@ -165,13 +175,13 @@ def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
     transposing one, so the token-major key is a tensor-engine transpose of k_t instead (``chunk_operands``)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
-    tokens = nl.ds(first * c, width * c)
+    tokens = nl.ds(lane.offset + first * c, width * c)
     q_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=q_t, src=lane.query[lane.b, lane.kh, tokens, :])
     k_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=k_t, src=lane.key[lane.b, lane.kh, tokens, :])
     value = tiles.sbuf((c, width, dv), dtype)
-    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], first, width, c))
+    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], lane.offset + first * c, width, c))
     return [
         Chunk(
             index=first + j,
@@ -183,10 +193,11 @@ def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
     ]
 
 
-def _chunk_major(tokens_by_dim: Any, first: int, width: int, chunk: int) -> Any:
-    """View of a token-major [S, D] HBM tensor as [chunk, width, D]: token t of chunk j at [t, j, :]."""
+def _chunk_major(tokens_by_dim: Any, start: int, width: int, chunk: int) -> Any:
+    """View of a token-major [S, D] HBM tensor from token ``start`` as [chunk, width, D]: token t of chunk j at
+    [t, j, :]."""
     dim = tokens_by_dim.shape[1]
-    return tokens_by_dim.ap(pattern=[[dim, chunk], [chunk * dim, width], [1, dim]], offset=first * chunk * dim)
+    return tokens_by_dim.ap(pattern=[[dim, chunk], [chunk * dim, width], [1, dim]], offset=start * dim)
 
 
 def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[None]:
@@ -277,19 +288,19 @@ def column_blocks(dv: int) -> list[slice]:
 STATE_BLOCK_MIN = 32
 
 
-def initial_state(recurrent_state: Any, b: int, h: int, dk: int, dv: int) -> State:
-    """Load the caller's state (aliased in/out) or start from zero with no load emitted."""
+def initial_state(recurrent_state: Any, lane: Lane, dk: int, dv: int) -> State:
+    """Load the lane's row of the caller's state (aliased in/out) or start from zero with no load emitted."""
     if recurrent_state is not None:
-        whole = nl.load(recurrent_state[b, h, :, :], dtype=FP32)
+        whole = nl.load(recurrent_state[lane.slot, lane.h, :, :], dtype=FP32)
     else:
         whole = tiles.sbuf((dk, dv), FP32)
         nisa.memset(dst=whole, value=0.0)
     return State(whole, [whole[:, cols] for cols in column_blocks(dv)])
 
 
-def store_state(final_state: Any, b: int, h: int, state: State) -> None:
-    """Write the final state to the caller's buffer (or the allocated output) in one DMA."""
-    nl.store(final_state[b, h, :, :], state.whole)
+def store_state(final_state: Any, lane: Lane, state: State) -> None:
+    """Write the lane's final state to its row of the caller's buffer (or the allocated output) in one DMA."""
+    nl.store(final_state[lane.slot, lane.h, :, :], state.whole)
 
 
 def advance_state(lane: Lane, chunk: Chunk, state: State) -> State:
@@ -317,4 +328,4 @@ def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
         out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
         tiles.matmul(chunk.q_eff_t, block, dst=out_psum, accumulate=True)
         tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale, engine=tiles.VECTOR)
-    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.index * c, c), :], src=out_tile)
+    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(lane.offset + chunk.index * c, c), :], src=out_tile)
