@@ -14,7 +14,7 @@ from ref_inputs import HF_CASES, assert_close, hf_case, make_inputs, rel_rms
 @pytest.mark.parametrize("case", HF_CASES)
 def test_oracle_matches_hf_transformers_vectors(case: str) -> None:
     # HF pre-multiplies q by scale; the oracle multiplies the output: equal in exact arithmetic. HF ran in
-    # float32 token by token, so ~1e-7 relative per step accumulates to ~1e-6 at worst (data README).
+    # float32 token by token, so ~1e-7 relative per step accumulates to ~1e-6 at worst (tests/data/README.md).
     data = hf_case(case)
     out, state = recurrent(
         data["query"], data["key"], data["value"], data["g_log"], data["beta"], float(data["scale"]),

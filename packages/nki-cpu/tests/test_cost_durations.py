@@ -1,4 +1,4 @@
-"""Per-instruction durations against hand arithmetic from nki-api.md §4.1/§4.2/§4.4/§4.5.
+"""Per-instruction durations against hand arithmetic from docs/nki-sources.md §4.1/§4.2/§4.4/§4.5.
 
 Every expected value is written as the documented formula with the documented clock, not taken from the code.
 """

@@ -6,7 +6,7 @@ multiply on POOL or DVE), and a fixed assignment leaves one engine with a long q
 balancer keeps a running estimate of the time issued to each engine and places every flexible instruction where
 it would finish first; fixed instructions are charged to their engine so the estimate stays honest.
 
-The estimates use the documented per-instruction formulas (nki-api §4.5: ``max(MIN_II, N)`` engine cycles for
+The estimates use the documented per-instruction formulas (docs/nki-sources.md §4.5: ``max(MIN_II, N)`` engine cycles for
 streaming ops, ×2 for two-operand vector ops without a perf mode, bf16 perf modes on DVE; engine clocks §4.1).
 They only rank engines; the cost model, not this module, is what measures the kernel.
 """

@@ -1,6 +1,6 @@
 """Hardware limits, raised as ``AssertionError`` in the real simulator's message style.
 
-Messages read ``"<instruction> <operand> <what> <value> exceeds maximum <limit>"`` (nki-api.md §1.4, §1.5) or, for
+Messages read ``"<instruction> <operand> <what> <value> exceeds maximum <limit>"`` (the official simulator's style: NKI CPU simulator guide, v2.31–v2.33; docs/nki-sources.md §1.4) or, for
 non-numeric rules, ``"<instruction> <operand> <rule>, got <value>"``. Every function either returns silently or
 raises; none of them changes state.
 """
@@ -17,7 +17,7 @@ PMAX = 128  # partitions per SBUF/PSUM operand (nl.tile_size.pmax)
 GEMM_STATIONARY_FMAX = 128  # nl.tile_size.gemm_stationary_fmax
 GEMM_MOVING_FMAX = 512  # nl.tile_size.gemm_moving_fmax (Trn2)
 PSUM_BANK_BYTES = 2048  # one PSUM bank per partition (nl.tile_size.psum_bank_fmax_bytes)
-VECTOR_TRANSPOSE_MAX = 32  # VectorE nc_transpose block (nki-api.md §3.5)
+VECTOR_TRANSPOSE_MAX = 32  # VectorE nc_transpose block (ISA ``nc_transpose``, v2.33.0; docs/nki-sources.md §3.5)
 
 ON_CHIP = frozenset({"sbuf", "psum"})
 SBUF_ONLY = frozenset({"sbuf"})

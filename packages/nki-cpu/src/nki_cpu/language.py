@@ -117,7 +117,7 @@ FP32_MIN = float(np.finfo(np.float32).min)
 
 
 class tile_size:  # noqa: N801 - the NKI name
-    """Hardware tile limits (Trn2 values; nki-api.md §2.9, README for the undocumented ones)."""
+    """Hardware tile limits (Trn2 values; ``nl.tile_size`` page v2.33.0 and docs/nki-sources.md §2.9; README for the undocumented ones)."""
 
     pmax = 128
     gemm_stationary_fmax = 128

@@ -15,10 +15,10 @@ import numpy as np
 
 from nki_cpu.cost.record import InstructionRecord, Trace
 
-# Trn2 SBUF per partition usable by kernels: 224 KiB − 16 KiB − 8 B (NKILIB constant quoted in nki-api.md §2.9 for
+# Trn2 SBUF per partition usable by kernels: 224 KiB − 16 KiB − 8 B (NKILIB constant, docs/nki-sources.md §2.9, for
 # sbuf_fmax_bytes / total_available_sbuf_size on v3).
 SBUF_BYTES_PER_PARTITION = 224 * 1024 - 16 * 1024 - 8
-# PSUM: 8 banks × 2 KiB per partition (nki-api.md §2.2, §4.1).
+# PSUM: 8 banks × 2 KiB per partition (docs/nki-sources.md §2.9, §4.1).
 PSUM_BANK_BYTES = 2048
 PSUM_BANKS = 8
 PSUM_BYTES_PER_PARTITION = PSUM_BANK_BYTES * PSUM_BANKS

@@ -2,7 +2,7 @@
 
 Storage is a flat ``uint8`` numpy array (so ml_dtypes types and ``.view(dtype)`` reinterpretation work the same
 way); a tensor is (storage, dtype, shape, strides, offset), strides and offset counted in elements of the view's
-dtype, exactly the NKI model of nki-api.md §2.3. Element ``[i0, ..]`` lives at storage element
+dtype, exactly the NKI model of docs/nki-sources.md §2.3. Element ``[i0, ..]`` lives at storage element
 ``offset + Σ strides[k]·ik``. Every view method returns a new ``NkiTensor`` over the same storage; nothing copies.
 """
 
@@ -577,7 +577,7 @@ class NkiTensor:
 
         Args:
             pattern: ``[step, num]`` pairs, outermost first; steps count elements of ``dtype`` (or this view's).
-            offset: added to this view's start offset (nki-api.md §2.6, known unknown 2).
+            offset: added to this view's start offset (docs/nki-sources.md §2.6, known unknown 2).
             scalar_offset: a 1x1 tensor or int; adds ``value × prod(self.shape[indirect_dim+1:])``.
             vector_offset: (P,1) index tile; row ``i`` starts at ``idx[i] × prod(self.shape[1:])``.
             indirect_dim: dimension whose stride scales ``scalar_offset``.

@@ -1,4 +1,4 @@
-"""Per-instruction durations from the documented cost formulas (nki-api.md §4.2, §4.4, §4.5).
+"""Per-instruction durations from the documented cost formulas (docs/nki-sources.md §4.2, §4.4, §4.5).
 
 Each family has one short function returning engine cycles (compute) or a (latency, transfer) pair in ns (DMA);
 :func:`duration_ns` dispatches on the opcode and converts with the executing engine's clock.

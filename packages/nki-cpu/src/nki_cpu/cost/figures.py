@@ -1,6 +1,6 @@
 """Hardware figures per NeuronCore generation: the one table the cost model reads.
 
-Every constant cites its source tag from ``docs/nki-api.md`` (§0 lists the tags): ARCH, TRN2, TRN3, HW, DMA,
+Every constant cites its source tag from ``docs/nki-sources.md`` (§0 lists the tags): ARCH, TRN2, TRN3, HW, DMA,
 DMABW, DGE, PERF, SHARED, ISA, LEGACY. "KU n" refers to item n of the document's *Known unknowns* (§6); where a
 figure is one of them, the comment says which value was chosen and why. "INFER" marks a value derived from the
 documented ones rather than stated. No constant here was fitted to any kernel's published timing.

@@ -1,4 +1,4 @@
-"""Dependency-aware list scheduling of a trace onto parallel engine and DMA-queue timelines (nki-api.md §4.2).
+"""Dependency-aware list scheduling of a trace onto parallel engine and DMA-queue timelines (docs/nki-sources.md §4.2).
 
 Each instruction starts at the later of (a) its track's free time — tracks are the four compute engines and one
 per DMA queue, each in program order — and (b) the ready time of every earlier instruction it depends on through a

@@ -1,4 +1,4 @@
-"""``nisa`` enums and handle classes (nki-api.md §1.2): engines, reduce commands, DGE modes, versions."""
+"""``nisa`` enums and handle classes (ISA enum pages, v2.33.0; docs/nki-sources.md §1.2): engines, reduce commands, DGE modes, versions."""
 
 from __future__ import annotations
 
