@@ -20,7 +20,8 @@ from gdn_ref.masks import N_MASKS, build_mask_pack
 
 from .api import gdn_cte
 from .backend import BACKEND_NAME
-from .host import prefill, simulate
+from .host import prefill, prefill_varlen, simulate
+from .varlen import gdn_cte_varlen
 
 __all__ = [
     "ALGORITHMS",
@@ -37,6 +38,8 @@ __all__ = [
     "ContractError",
     "build_mask_pack",
     "gdn_cte",
+    "gdn_cte_varlen",
     "prefill",
+    "prefill_varlen",
     "simulate",
 ]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import enforce
+from gdn_ref.contract import ContractError, enforce
 from gdn_ref.masks import build_mask_pack
 
 from . import backend
 from .api import gdn_cte
+from .varlen import cu_seqlens_violations, gdn_cte_varlen, pack_padded, padded_offsets, unpack_padded, varlen_violations
 
 
 def simulate(
@@ -97,3 +98,76 @@ def _pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:
     widths = [(0, 0)] * x.ndim
     widths[2] = (0, pad)
     return np.pad(x, widths)
+
+
+def prefill_varlen(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    g_log: np.ndarray,
+    beta: np.ndarray,
+    cu_seqlens: np.ndarray,
+    scale: float = 1.0,
+    algorithm: str = DEFAULT_ALGORITHM,
+    mask_pack: np.ndarray | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    recurrent_state: np.ndarray | None = None,
+    state_indices: np.ndarray | None = None,
+    *,
+    grid: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Packed sequences of any lengths in ONE kernel launch (``gdn_cte_varlen``), each from its own state.
+
+    Dimensions:
+        T: packed tokens (sequence i is ``cu_seqlens[i]:cu_seqlens[i+1]``). N: sequences. P: state pool rows.
+
+    Args:
+        query, key: [1, Hk, T, Dk]; value: [1, Hv, T, Dv]; g_log, beta: [1, Hv, T] fp32 — head-major like
+            ``simulate``, the sequences back to back with no padding.
+        cu_seqlens: [N + 1] integers, 0 = cu_seqlens[0] < cu_seqlens[1] < ... < cu_seqlens[N] = T.
+        scale, algorithm, mask_pack, group_size: as ``prefill`` (mask_pack defaults to ``build_mask_pack()``).
+        recurrent_state: optional fp32 state, updated IN PLACE: [N, Hv, Dk, Dv] (row i = sequence i), or with
+            ``state_indices`` a pool [P, Hv, Dk, Dv] of which only the named rows are read and written.
+        state_indices: optional [N] distinct pool rows, one per sequence.
+        grid: launch ``gdn_cte_varlen[grid]``.
+
+    Returns:
+        tuple: (out [1, Hv, T, Dv] in query's dtype, final states): the supplied state/pool itself, updated, or a
+        new [N, Hv, Dk, Dv] fp32 array.
+
+    Notes:
+        Each sequence is padded exactly (g = 0, β = 0, zero q/k/v) to its own chunk multiple, never to the longest.
+        Every rule is checked before anything runs, and a launch that fails restores the named rows, so a call
+        either completes or changes nothing.
+    """
+    if mask_pack is None and algorithm == ALGORITHM_SCHUR:
+        mask_pack = build_mask_pack()
+    shape = getattr(query, "shape", ())
+    batch, total = (shape[0], shape[2]) if len(shape) == 4 else (1, 0)
+    violations = cu_seqlens_violations(cu_seqlens, batch, total)
+    cu = [int(c) for c in np.asarray(cu_seqlens)] if not violations else []
+    slots = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices).reshape(-1))
+    chunk = CHUNK_BY_ALGORITHM.get(algorithm, 1) if isinstance(algorithm, str) else 1
+    starts, seq_chunks = padded_offsets(np.diff(cu), chunk) if cu else ([], ())
+    if not violations:
+        violations = varlen_violations(
+            query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, seq_chunks,
+            slots, padded=False,
+        )  # fmt: skip
+    if violations:
+        raise ContractError(violations)
+    padded_len = sum(seq_chunks) * chunk
+    packed = [pack_padded(x, cu, starts, padded_len) for x in (query, key, value, g_log, beta)]
+    kernel = gdn_cte_varlen if grid is None else gdn_cte_varlen[grid]
+    rows = list(slots if slots is not None else range(len(seq_chunks)))
+    saved = None if recurrent_state is None else recurrent_state[rows].copy()
+    try:
+        out, final_state = backend.simulate(kernel)(
+            *packed, scale=scale, algorithm=algorithm, mask_pack=mask_pack, group_size=group_size,
+            recurrent_state=recurrent_state, seq_chunks=seq_chunks, state_slots=slots,
+        )  # fmt: skip
+    except BaseException:
+        if saved is not None:
+            recurrent_state[rows] = saved
+        raise
+    return unpack_padded(out, cu, starts), (final_state if recurrent_state is None else recurrent_state)

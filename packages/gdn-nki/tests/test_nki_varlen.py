@@ -1,0 +1,140 @@
+"""Packed variable-length prefill in one launch (``gdn_nki.prefill_varlen`` / ``gdn_cte_varlen``): per-sequence
+results equal separate calls, state pools, and every layout rule rejected with nothing written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gdn_nki
+import nki_cpu
+from gdn_ref.contract import ContractError
+from gdn_spec.regimes import Geometry
+from nki_inputs import assert_matches_oracle, case
+
+LENGTHS = (37, 200, 1, 130)  # one sequence shorter than a chunk, one a single token, one spanning chunks
+HK, HV, DK, DV = 1, 2, 32, 16
+
+
+def _packed(dtype: str, lengths: tuple[int, ...] = LENGTHS, seed: int = 0, regime: str = "random", hk: int = HK):
+    """Head-major packed inputs of sequences of ``lengths`` and the per-sequence cases they were cut from."""
+    cases = [case(dtype, Geometry(B=1, Hk=hk, Hv=HV, S=n, Dk=DK, Dv=DV), seed + i, regime, supply_state=True)
+             for i, n in enumerate(lengths)]  # fmt: skip
+    packed = {
+        name: np.concatenate([c.kernel[name] for c in cases], axis=2)
+        for name in ("query", "key", "value", "g_log", "beta")
+    }
+    cu = np.cumsum((0, *lengths)).astype(np.int64)
+    states = np.concatenate([c.kernel["recurrent_state"] for c in cases], axis=0)
+    return packed, cu, states, cases
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_launch_equals_separate_calls_bit_for_bit(dtype: str) -> None:
+    packed, cu, states, cases = _packed(dtype)
+    pool = states.copy()
+    out, final = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool)
+    assert final is pool, "the supplied state is updated in place and returned"
+    assert len(nki_cpu.last_traces()) == 1
+    for i, c in enumerate(cases):
+        alone_state = states[i : i + 1].copy()
+        alone = gdn_nki.prefill(**{k: c.kernel[k] for k in packed}, scale=c.scale, recurrent_state=alone_state)
+        got_out = out[:, :, cu[i] : cu[i + 1]]
+        assert np.array_equal(got_out, alone[0]), f"sequence {i}: output differs from a separate call"
+        assert np.array_equal(final[i : i + 1], alone_state), f"sequence {i}: final state differs"
+        assert_matches_oracle(c, got_out, final[i : i + 1], f"varlen sequence {i}")
+
+
+def test_state_pool_slots_only_named_rows_change() -> None:
+    packed, cu, states, cases = _packed("bfloat16", seed=3)
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal((7, HV, DK, DV)).astype(np.float32)
+    slots = np.array([5, 0, 6, 2])  # unsorted, both edges
+    pool[slots] = states
+    before = pool.copy()
+    out, final = gdn_nki.prefill_varlen(
+        **packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool, state_indices=slots
+    )
+    assert final is pool
+    untouched = [r for r in range(7) if r not in slots]
+    assert pool[untouched].tobytes() == before[untouched].tobytes(), "rows not named must stay bit-identical"
+    dense = states.copy()
+    want_out, _ = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=dense)
+    assert np.array_equal(out, want_out)
+    assert np.array_equal(pool[slots], dense), "each slot holds its sequence's final state"
+
+
+def test_without_state_starts_from_zero_and_returns_one_row_per_sequence() -> None:
+    packed, cu, _, cases = _packed("float32", lengths=(5, 140), hk=HV)  # neumann: no head sharing
+    out, final = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, algorithm="neumann")
+    assert out.shape == (1, HV, 145, DV) and final.shape == (2, HV, DK, DV)
+    for i, c in enumerate(cases):
+        alone = gdn_nki.prefill(**{k: c.kernel[k] for k in packed}, scale=c.scale, algorithm="neumann")
+        assert np.array_equal(out[:, :, cu[i] : cu[i + 1]], alone[0])
+        assert np.array_equal(final[i : i + 1], alone[1])
+
+
+def test_grid_splits_lanes_of_different_sequences() -> None:
+    packed, cu, states, cases = _packed("bfloat16", seed=5)
+    want = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=states.copy())
+    got = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=states.copy(), grid=3)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+BAD = {
+    "not starting at 0": (dict(cu_seqlens=np.array([1, 40, 371])), "cu_seqlens.start"),
+    "not increasing": (dict(cu_seqlens=np.array([0, 40, 40, 371])), "cu_seqlens.increasing"),
+    "not ending at T": (dict(cu_seqlens=np.array([0, 40, 370])), "cu_seqlens.end"),
+    "not integers": (dict(cu_seqlens=np.array([0.0, 40.0, 371.0])), "cu_seqlens.form"),
+    "slot out of range": (dict(state_indices=np.array([0, 9])), "state_indices.range"),
+    "slot repeated": (dict(state_indices=np.array([1, 1])), "state_indices.distinct"),
+    "slot count": (dict(state_indices=np.array([1])), "state_indices.count"),
+    "pool shape": (dict(recurrent_state=np.zeros((4, HV, DK, DV + 1), np.float32)), "state_pool.shape"),
+    "pool dtype": (dict(recurrent_state=np.zeros((4, HV, DK, DV), np.float64)), "recurrent_state.dtype"),
+    "rows without slots": (dict(state_indices=None), "state_pool.rows"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_layouts_are_rejected_naming_the_argument_and_nothing_is_written(name: str) -> None:
+    packed, _, _, cases = _packed("float32", lengths=(40, 331), seed=7)
+    pool = np.random.default_rng(1).standard_normal((4, HV, DK, DV)).astype(np.float32)
+    kwargs = dict(cu_seqlens=np.array([0, 40, 371]), recurrent_state=pool, state_indices=np.array([3, 0]))
+    overrides, rule = BAD[name]
+    kwargs.update(overrides)
+    state = kwargs["recurrent_state"]
+    before = state.copy()
+    with pytest.raises(ContractError) as err:
+        gdn_nki.prefill_varlen(**packed, scale=cases[0].scale, **kwargs)
+    assert rule in {v.rule_id for v in err.value.violations}, str(err.value)
+    violation = next(v for v in err.value.violations if v.rule_id == rule)
+    assert violation.argument in str(err.value)
+    assert state.tobytes() == before.tobytes(), "a rejected call writes nothing"
+
+
+def test_batch_of_two_with_cu_seqlens_is_rejected() -> None:
+    packed, _, _, cases = _packed("float32", lengths=(64, 64), seed=9)
+    doubled = {k: np.concatenate([v, v], axis=0) for k, v in packed.items()}
+    with pytest.raises(ContractError, match="cu_seqlens"):
+        gdn_nki.prefill_varlen(**doubled, cu_seqlens=np.array([0, 64, 128]), scale=cases[0].scale)
+
+
+def test_a_failing_launch_restores_the_named_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    packed, cu, _, cases = _packed("float32", lengths=(130, 20), seed=11)
+    pool = np.random.default_rng(2).standard_normal((3, HV, DK, DV)).astype(np.float32)
+    before = pool.copy()
+    original = gdn_nki.stages.advance_state
+    calls = []
+
+    def fail_late(*args, **kwargs):  # the first lane's final state is stored before the failure
+        calls.append(1)
+        if len(calls) > 4:
+            raise RuntimeError("injected failure")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gdn_nki.stages, "advance_state", fail_late)
+    with pytest.raises(RuntimeError, match="injected"):
+        gdn_nki.prefill_varlen(
+            **packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool, state_indices=np.array([2, 0])
+        )
+    assert pool.tobytes() == before.tobytes()
