@@ -26,9 +26,10 @@ from . import stages
 from .backend import nl
 from .stages import Chunk, Constants, Lane
 
-# Units whose loads are in flight ahead of the one being prepared: the DMA rings run in issue order, so loads
-# issued a unit early are not queued behind the previous unit's output stores.
-LOAD_AHEAD = 2
+# Chunks whose loads are in flight ahead of the unit being prepared (two units at the default group size): the
+# DMA rings run in issue order, so loads issued a unit early are not queued behind the previous unit's output
+# stores. At least one unit, at most two, so the loaded-but-unprepared tiles stay within the on-chip budget.
+LOAD_AHEAD_CHUNKS = 16
 # PSUM budget for the grouped inverse's fp32 accumulators, in chunks: 8 banks x 2 KiB hold 32 [C, C] fp32 tiles
 # per partition; half is left for everything else in flight.
 PSUM_INVERSE_CHUNKS = 16
@@ -136,6 +137,8 @@ def load(unit: Unit, inputs: LaneInputs) -> None:
 def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
     """State-independent compute of a loaded unit; yields between steps."""
     gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
+    for seg in unit:
+        seg.gate_rows = ()  # the rows are dead once turned into columns
     yield
     operands = [
         stages.chunk_operands(seg.lane, chunk, seg_gates, j)
@@ -189,23 +192,33 @@ def prepare_depth(group_size: int) -> int:
     return 2 if 2 * group_size <= PSUM_INVERSE_CHUNKS else 1
 
 
+def load_ahead(group_size: int) -> int:
+    """How many units' loads are issued ahead of the unit being prepared: ``LOAD_AHEAD_CHUNKS`` worth, one or two."""
+    return min(2, max(1, LOAD_AHEAD_CHUNKS // group_size))
+
+
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
     """Issue all units as a software pipeline.
 
     Each round issues one step of every unit in preparation (up to :func:`prepare_depth` of them) and one step
-    of the state chain of the oldest prepared unit. Loads run ``LOAD_AHEAD`` units ahead of preparation. The
+    of the state chain of the oldest prepared unit. Loads run :func:`load_ahead` units ahead of preparation. The
     chain takes units strictly in order, so each lane's state passes from unit to unit as in a plain loop.
+
+    On-chip memory is bounded by the pipeline's depth, not by the launch's length: a unit holds its tiles from
+    its loads until its chain, and at any time at most ``1 + depth + load_ahead`` units are between the two (the
+    one in its chain, ``depth`` prepared or in preparation, the loaded ones). Preparation therefore never runs
+    more than ``depth`` units ahead of the chain, however much faster it is.
     """
     units = lane_units(lanes, group_size)
-    depth = prepare_depth(group_size)
+    depth, ahead = prepare_depth(group_size), load_ahead(group_size)
     carried: list[stages.State] = [None]  # type: ignore[list-item]
     loaded = prepared_upto = next_prepare = next_chain = 0
     preparing: list[tuple[int, Iterator[None]]] = []
     chain: Iterator[None] | None = None
     deferred = inputs.deferred_loads
     while next_chain < len(units) or chain is not None:
-        while len(preparing) < depth and next_prepare < len(units):
-            while loaded < min(len(units), next_prepare + LOAD_AHEAD + 1):
+        while len(preparing) < depth and next_prepare < min(len(units), next_chain + depth + 1):
+            while loaded < min(len(units), next_prepare + ahead + 1):
                 load(units[loaded], inputs)
                 loaded += 1
             if deferred is not None:

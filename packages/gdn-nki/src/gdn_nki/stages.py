@@ -216,7 +216,6 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # max(C, Dk) partitions because e^γ is also needed along the free axis of the [Dk, C] query tile.
     rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32, moving_onezero=True)
     bcast = rows[0:c, :]
-    chunk.key = tiles.transpose(chunk.k_t)
     yield
     # Γᵀ[j', i] = exp(γ_i − γ_j') read straight from PSUM; the anti-causal half (i < j') may overflow to inf
     # and is then *selected* away (never multiplied) by the GpSimd select, leaving exact zeros.
@@ -227,6 +226,8 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     ratio = tiles.exp(gamma, bias=gamma_last[0:c, :], scale=-1.0)  # e^{γ_last − γ}
     chunk.decay_last = tiles.exp(gamma_last[0:dk, :])
     del rows, bcast, gamma_last
+    # Transposed only once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
+    chunk.key = tiles.transpose(chunk.k_t)
     yield
     # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
     # scales the rows by β.
@@ -235,12 +236,13 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
+    chunk.release("key", "value")
     yield
     # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
     chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, lane.system_dtype)
     qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
     chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype)
-    chunk.release("q_t", "k_t", "key", "value")
+    chunk.release("q_t", "k_t")
 
 
 def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:

@@ -1,0 +1,52 @@
+"""On-chip memory is bounded by the pipeline, not by the launch: SBUF and PSUM high-water do not grow with S or lanes.
+
+The pipeline (``gdn_nki.lanes.run_lanes``) holds at most ``1 + prepare_depth + load_ahead`` units between their
+loads and their chain, so once a launch has more units than that (plus the one being loaded), its high-water is
+that of every longer launch: the comparison needs no slack. Small head dims and one-chunk units keep it fast; the
+production shapes (D = 128, every group size, Qwen3-Next's head count up to S = 32768) are in ``nox -s bench``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import gdn_nki
+import nki_cpu
+from gdn_nki.lanes import load_ahead, prepare_depth
+from gdn_spec.regimes import Geometry
+from nki_inputs import case, run
+
+HEAD_DIM = 16
+
+
+def high_water(algorithm: str, dtype: str, lanes: int, seq_len: int, group_size: int) -> tuple[int, int]:
+    """(SBUF, PSUM) high-water in bytes per partition of one launch."""
+    geometry = Geometry(B=1, Hk=lanes, Hv=lanes, S=seq_len, Dk=HEAD_DIM, Dv=HEAD_DIM)
+    run(case(dtype, geometry, seed=0), algorithm, group_size=group_size)
+    trace = nki_cpu.last_trace()
+    return trace.sbuf_high_water, trace.psum_high_water
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_schur_high_water_is_the_same_for_1_or_8_lanes_and_for_a_4x_longer_sequence(dtype: str):
+    group_size = 1  # one-chunk units: the pipeline fills within a few chunks
+    in_flight = 1 + prepare_depth(group_size) + load_ahead(group_size)
+    base_len = 2 * in_flight * gdn_nki.CHUNK_BY_ALGORITHM["schur"]
+    base_len += -base_len % 128
+    base = high_water("schur", dtype, 1, base_len, group_size)
+    assert high_water("schur", dtype, 1, 4 * base_len, group_size) == base
+    assert high_water("schur", dtype, 8, base_len, group_size) == base
+
+
+def test_neumann_high_water_is_the_same_for_1_or_8_lanes():
+    # neumann's units are 8 chunks of 64 tokens whatever group_size says: 8 units either way
+    base = high_water("neumann", "bfloat16", 1, 4096, gdn_nki.DEFAULT_GROUP_SIZE)
+    assert high_water("neumann", "bfloat16", 8, 512, gdn_nki.DEFAULT_GROUP_SIZE) == base
+
+
+def test_pipeline_depths_keep_at_most_five_units_between_load_and_chain():
+    for group_size in range(1, gdn_nki.MAX_GROUP_SIZE + 1):
+        assert 1 <= load_ahead(group_size) <= 2
+        assert 1 + prepare_depth(group_size) + load_ahead(group_size) <= 5
+    # the largest groups hold the most per unit: they keep one unit in preparation and one loaded ahead
+    assert prepare_depth(gdn_nki.MAX_GROUP_SIZE) == load_ahead(gdn_nki.MAX_GROUP_SIZE) == 1
