@@ -108,3 +108,43 @@ def test_identical_calls_give_identical_bytes(algorithm: str) -> None:
     c = case("bfloat16", Geometry(B=1, Hk=1, Hv=1, S=256, Dk=64, Dv=32), seed=9)
     first, second = run(c, algorithm), run(c, algorithm)
     assert first[0].tobytes() == second[0].tobytes() and first[1].tobytes() == second[1].tobytes()
+
+
+class _InjectedLaunchError(RuntimeError):
+    """Raised inside the kernel by the test, after some lanes stored their final state."""
+
+
+def _fail_after_stores(monkeypatch: pytest.MonkeyPatch, stores: int) -> list[int]:
+    """Make the kernel's ``store_state`` raise once ``stores`` lane states have really been stored."""
+    done: list[int] = []
+    real = gdn_nki.stages.store_state
+
+    def store_then_fail(*args, **kwargs):
+        if len(done) == stores:
+            raise _InjectedLaunchError(f"injected failure after {stores} stored lane states")
+        real(*args, **kwargs)
+        done.append(1)
+
+    monkeypatch.setattr(gdn_nki.stages, "store_state", store_then_fail)
+    return done
+
+
+@pytest.mark.parametrize(
+    ("entry", "grid"), [("simulate", None), ("simulate", 2), ("prefill", None)], ids=["simulate", "grid2", "prefill"]
+)
+def test_a_launch_failing_after_some_lanes_stored_leaves_the_state_bytes_unchanged(
+    monkeypatch: pytest.MonkeyPatch, entry: str, grid: int | None
+) -> None:
+    c = case("float32", GEOMETRY, seed=11, regime="initial_state")
+    kwargs = kernel_kwargs(c, "schur")
+    buffer = kwargs["recurrent_state"]
+    before = buffer.tobytes()
+    stored = _fail_after_stores(monkeypatch, stores=GEOMETRY.lanes - 1)
+    if entry == "prefill":
+        kwargs = {**kwargs, **{name: kwargs[name][:, :, :-5] for name in ("query", "key", "value", "g_log", "beta")}}
+    if grid is not None:
+        kwargs["grid"] = grid
+    with pytest.raises(_InjectedLaunchError):
+        getattr(gdn_nki, entry)(**kwargs)
+    assert len(stored) == GEOMETRY.lanes - 1, "the failure must come after lanes were stored"
+    assert buffer.tobytes() == before, "a failed launch changed the caller's recurrent_state"

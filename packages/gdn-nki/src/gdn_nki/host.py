@@ -39,17 +39,21 @@ def simulate(
 
     Notes:
         The whole contract, including the host-only rules (mask pack contents, writable state), is checked
-        before the kernel runs, so a rejected call changes no buffer.
+        before the kernel runs, so a rejected call changes no buffer. A supplied state is also all or nothing:
+        the kernel updates a private copy, which is copied into the caller's buffer only once the launch has
+        completed — a launch that fails part-way (after some lanes stored their state) leaves it as it was.
     """
     enforce(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     kernel = gdn_cte if grid is None else gdn_cte[grid]
+    staged = None if recurrent_state is None else np.array(recurrent_state, order="C", copy=True)
     out, final_state = backend.simulate(kernel)(
         query, key, value, g_log, beta, scale=scale, algorithm=algorithm, mask_pack=mask_pack,
-        group_size=group_size, recurrent_state=recurrent_state,
+        group_size=group_size, recurrent_state=staged,
     )  # fmt: skip
-    if recurrent_state is not None:
-        return out, recurrent_state
-    return out, final_state
+    if recurrent_state is None:
+        return out, final_state
+    recurrent_state[...] = staged  # commit: the launch completed
+    return out, recurrent_state
 
 
 simulate.gdn_spec_capabilities = {  # read by gdn-spec's conformance suite
