@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from nki_cpu import isa as nisa
-from nki_cpu import opcodes, state
+from nki_cpu import loops, opcodes, state
 from nki_cpu.dtypes import (
     bfloat16,
     bool_,
@@ -283,12 +283,19 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> builtins
 sequential_range = affine_range
 static_range = affine_range
 range = affine_range
-dynamic_range = affine_range
+
+
+def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> Iterator[int]:
+    """Compiled loop over ``range(start, stop, step)`` (bounds may be registers): one body in the program, its
+    later iterations recorded as repeats (see :mod:`nki_cpu.loops`)."""
+    bounds = (start,) if stop is None else (start, stop, step)
+    return loops.compiled_iterations(affine_range(*bounds), "dynamic_range")
 
 
 def fori_loop(lower: int, upper: int, body_fun: Callable[[VirtualRegister], Any], step: int = 1) -> None:
-    """Runtime loop: ``body_fun(VirtualRegister(i))`` for i in range(lower, upper, step)."""
-    for i in affine_range(lower, upper, step):
+    """Compiled loop: ``body_fun(VirtualRegister(i))`` for i in range(lower, upper, step), one body in the program,
+    its later iterations recorded as repeats (see :mod:`nki_cpu.loops`)."""
+    for i in loops.compiled_iterations(affine_range(lower, upper, step), "fori_loop"):
         body_fun(VirtualRegister(i))
 
 

@@ -49,6 +49,9 @@ class Launch:
     # same tensor, as on LNC2 hardware where both cores see one shared HBM buffer).
     shared_pool: list[Any] = field(default_factory=list)
     shared_cursor: int = 0
+    # Compiled loops currently past their first iteration: their instructions repeat the loop's body
+    # (``nki_cpu.loops``) instead of adding to the program.
+    loop_repeats: int = 0
 
     def accumulator(self, engine: str) -> np.ndarray:
         """The per-lane fp32 accumulator registers of ``engine`` (``"vector"`` or ``"scalar"``), 128 lanes."""
@@ -57,7 +60,10 @@ class Launch:
         return self.accumulators[engine]
 
     def record(self, rec: InstructionRecord) -> InstructionRecord:
-        """Append one instruction record to this launch's trace."""
+        """Append one instruction record to this launch's trace (marked a repeat inside a compiled loop's later
+        iterations)."""
+        if self.loop_repeats:
+            rec.repeat = True
         self.trace.append(rec)
         return rec
 

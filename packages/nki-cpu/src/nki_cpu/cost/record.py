@@ -75,6 +75,8 @@ class InstructionRecord:
     queue: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)
     index: int = -1  # position in the trace, set by Trace.append
+    # A later iteration of a compiled loop's body (nki_cpu.loops): executed, but not a new instruction of the program.
+    repeat: bool = False
 
 
 @dataclass
@@ -84,6 +86,12 @@ class Trace:
     records: list[InstructionRecord] = field(default_factory=list)
     sbuf_high_water: int = 0  # bytes per partition
     psum_high_water: int = 0  # bytes per partition
+
+    @property
+    def static_instructions(self) -> int:
+        """Instructions the compiled program holds: each compiled loop's body counted once (``len(records)`` is
+        the dynamic count, every executed instruction)."""
+        return sum(1 for record in self.records if not record.repeat)
 
     def append(self, record: InstructionRecord) -> None:
         record.index = len(self.records)

@@ -50,8 +50,13 @@ class CostReport:
 
     @property
     def instructions(self) -> int:
-        """Number of scheduled instructions."""
+        """Number of scheduled instructions (the dynamic count: every executed instruction)."""
         return len(self.schedule.end_ns)
+
+    @property
+    def static_instructions(self) -> int:
+        """Instructions of the compiled program: each compiled loop's body once (``Trace.static_instructions``)."""
+        return self.trace.static_instructions
 
     @property
     def busy_share(self) -> dict[str, float]:
@@ -71,7 +76,7 @@ class CostReport:
     def _lines(self) -> list[str]:
         lines = [
             f"nki-cpu cost estimate ({self.target}): makespan {self.makespan_ns / 1000:.3f} us, "
-            f"{self.instructions} instructions",
+            f"{self.instructions} instructions executed, {self.static_instructions} in the program",
             f"{'engine':<12}{'instrs':>9}{'busy us':>12}{'share':>8}",
         ]
         share = self.busy_share
