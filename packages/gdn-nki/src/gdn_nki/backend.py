@@ -1,7 +1,8 @@
 """The NKI API this package's kernel is written against: the real ``nki`` when importable, nki-cpu otherwise.
 
 This is the only module of gdn-nki that knows two NKI implementations exist; every other module imports
-``nki``, ``nl`` and ``nisa`` from here and writes plain NKI.
+``nki``, ``nl`` and ``nisa`` from here and writes plain NKI. It also hands the host nki-cpu's framework-tensor
+helpers (numpy views of CPU torch tensors, bf16 by its bits), used whichever NKI runs the kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ else:
 
     simulate = nki.simulate
 
+from nki_cpu.frameworks import numpy_to_torch, torch_to_numpy  # noqa: E402 - host-side helpers, not NKI
+
 BACKEND_NAME = "nki" if USING_REAL_NKI else "nki-cpu"
 
-__all__ = ["BACKEND_NAME", "USING_REAL_NKI", "nisa", "nki", "nl", "simulate"]
+__all__ = ["BACKEND_NAME", "USING_REAL_NKI", "nisa", "nki", "nl", "numpy_to_torch", "simulate", "torch_to_numpy"]

@@ -10,9 +10,11 @@ from gdn_ref.masks import build_mask_pack
 
 from . import backend
 from .api import gdn_cte
+from .torch_io import accepts_torch
 from .varlen import cu_seqlens_violations, gdn_cte_varlen, pack_padded, padded_offsets, unpack_padded, varlen_violations
 
 
+@accepts_torch
 def simulate(
     query: np.ndarray,
     key: np.ndarray,
@@ -30,7 +32,8 @@ def simulate(
     """Run ``gdn_cte`` on the CPU with numpy arrays (``nki.simulate`` when installed, nki-cpu otherwise).
 
     Dimensions and Args:
-        As ``gdn_cte``; arrays are numpy (bfloat16 via ml_dtypes). ``grid`` launches ``gdn_cte[grid]``
+        As ``gdn_cte``; arrays are numpy (bfloat16 via ml_dtypes) or CPU torch tensors (then the outputs are
+        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` launches ``gdn_cte[grid]``
         (lanes split over programs).
 
     Returns:
@@ -63,6 +66,7 @@ simulate.gdn_spec_capabilities = {  # read by gdn-spec's conformance suite
 }
 
 
+@accepts_torch
 def prefill(
     query: np.ndarray,
     key: np.ndarray,

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from nki_cpu import state
+from nki_cpu import frameworks, state
 from nki_cpu.cost.record import Trace
 from nki_cpu.tensor import MemoryRegion, NkiTensor, wrap_array
 
@@ -86,7 +86,10 @@ def _wrap(value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.nd
 
 
 def _wrap_named(name: str, value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.ndarray]]) -> Any:
-    """``_wrap``, with an array whose dtype NKI lacks (numpy's default float64, say) reported by argument name."""
+    """``_wrap``, with an array whose dtype NKI lacks (numpy's default float64, say) reported by argument name; a
+    CPU torch tensor is wrapped through its numpy view (same memory)."""
+    if frameworks.is_torch_tensor(value):
+        value = frameworks.torch_to_numpy(name, value)
     try:
         return _wrap(value, buffer, copies)
     except TypeError as exc:
@@ -102,11 +105,11 @@ def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
     return [params[i] if i < len(params) else f"arg{i}" for i in range(count)]
 
 
-def _unwrap(value: Any) -> Any:
+def _unwrap(value: Any, as_torch: bool = False) -> Any:
     if isinstance(value, NkiTensor):
-        return value.read()
+        return frameworks.numpy_to_torch(value.read()) if as_torch else value.read()
     if isinstance(value, (tuple, list)):
-        return type(value)(_unwrap(v) for v in value)
+        return type(value)(_unwrap(v, as_torch) for v in value)
     return value
 
 
@@ -129,7 +132,8 @@ def simulate(
             made GDN-size launches 7-25× slower on 2 cores (README, "Speed").
 
     Returns:
-        A callable taking the kernel's arguments; numpy arrays become HBM tensors sharing the caller's memory.
+        A callable taking the kernel's arguments; numpy arrays (and CPU torch tensors, through their numpy view)
+        become HBM tensors sharing the caller's memory. Results are numpy, or torch when any argument was torch.
         Programs of a grid run one after another (program 0 first); the returned value is program 0's.
 
     Notes:
@@ -159,7 +163,8 @@ def simulate(
                 limits.restore_original_limits()
         for original, working in copies:
             original[...] = working
-        return _unwrap(results[0])
+        torch_in = any(frameworks.is_torch_tensor(v) for v in (*args, *kwargs.values()))
+        return _unwrap(results[0], torch_in)
 
     launch_kwargs = {
         "check_capacity": check_capacity,

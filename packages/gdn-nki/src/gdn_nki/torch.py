@@ -1,0 +1,183 @@
+"""gdn-nki for PyTorch model code: a drop-in for FLA's ``chunk_gated_delta_rule``, with state pools.
+
+Models (HF transformers' Qwen3-Next, vLLM, SGLang) call flash-linear-attention's
+``chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+cu_seqlens)`` with seq-first ``[B, T, H, D]`` tensors. This module takes the same call on CPU torch tensors and
+runs it as ONE launch of the NKI kernel (``gdn_cte_varlen``, simulated on the CPU): every sequence — a batch row,
+or a ``cu_seqlens`` range — is a set of lanes with its own token range and state. Changing the import is enough::
+
+    from gdn_nki.torch import chunk_gated_delta_rule   # was: from fla.ops.gated_delta_rule import ...
+
+Needs the optional extra ``gdn-nki[torch]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+
+from .host import prefill_varlen
+from .torch_io import as_numpy, as_torch, check_tensor, import_torch, rejection
+
+torch = import_torch()
+
+# FLA and HF normalize q and k as x / sqrt(sum(x^2) + eps) in fp32 with this eps.
+L2NORM_EPS = 1e-6
+_SEQ_FIRST = {"q": "[B, T, Hk, K]", "k": "[B, T, Hk, K]", "v": "[B, T, Hv, V]", "g": "[B, T, Hv]", "beta": "[B, T, Hv]"}
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    state_indices: torch.Tensor | None = None,
+    algorithm: str = DEFAULT_ALGORITHM,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
+
+    Dimensions:
+        B: batch (1 with ``cu_seqlens``). T: tokens per row. Hk: key/query heads. Hv: value heads, a multiple of
+        Hk (value head j reads key head j // (Hv // Hk)). K, V: head dims (<= 128). N: sequences (B, or
+        len(cu_seqlens) - 1). P: rows of a state pool.
+
+    Args:
+        q, k (torch.Tensor): [B, T, Hk, K] CPU, bfloat16 or float32 (q's dtype is the compute dtype; k and v
+            share it). L2-normalized, unless ``use_qk_l2norm_in_kernel``.
+        v (torch.Tensor): [B, T, Hv, V].
+        g (torch.Tensor): [B, T, Hv] log-decay (<= 0), float32 or bfloat16 (widened to fp32 exactly).
+        beta (torch.Tensor): [B, T, Hv] update strength in (0, 1), float32 or bfloat16.
+        scale (float | None): query scaling; None = K ** -0.5.
+        initial_state (torch.Tensor | None): [N, Hv, K, V] float32 initial states (read, not written). With
+            ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE at the named rows only.
+        output_final_state (bool): return the final states.
+        use_qk_l2norm_in_kernel (bool): L2-normalize q and k first (fp32, eps 1e-6, as FLA and HF).
+        cu_seqlens (torch.Tensor | None): [N + 1] integer boundaries of packed sequences in the one row (B == 1).
+        state_indices (torch.Tensor | None): [N] distinct pool rows, one per sequence (SGLang / TensorRT-LLM's
+            in-place pools). Not in FLA's signature.
+        algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
+        kwargs: accepted and ignored, as FLA does (HF passes its attention kwargs through).
+
+    Returns:
+        tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 when
+        ``output_final_state`` (with ``state_indices``: the pool itself), else None.
+
+    Notes:
+        All sequences run in ONE kernel launch, each padded exactly (g = 0, β = 0) to its own chunk multiple. Every
+        argument is checked before anything runs; a rejected or failed call writes nothing, the pool included.
+        The kernel runs simulated on the CPU (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
+    """
+    del kwargs
+    tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    _check_layout(tensors, cu_seqlens)
+    batch, seq_len, _, dk = q.shape
+    value_heads, dv = v.shape[2], v.shape[3]
+    cu = _boundaries(cu_seqlens, batch, seq_len)
+    n_seqs = len(cu) - 1
+    state, slots = _states(initial_state, state_indices, n_seqs, (value_heads, dk, dv))
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    query, key, value = (_head_major(x, x.dtype) for x in (q, k, v))
+    g_log, gate = (_head_major(x, torch.float32) for x in (g, beta))
+    out, final = prefill_varlen(
+        query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
+        algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots,
+    )  # fmt: skip
+    o = as_torch(out).transpose(1, 2).reshape(batch, seq_len, value_heads, dv).contiguous()
+    if not output_final_state:
+        return o, None
+    return o, (initial_state if slots is not None else as_torch(final))
+
+
+def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
+    """Device, dtype and FLA's seq-first shapes, each failure naming its argument."""
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor):
+            raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
+        check_tensor(name, x)
+    q, v = tensors["q"], tensors["v"]
+    for name in ("k", "v"):
+        if tensors[name].dtype != q.dtype:
+            raise rejection(name, f"dtype {tensors[name].dtype}", f"{name} must have q's dtype ({q.dtype})",
+                            f"pass {name}.to(q.dtype)")  # fmt: skip
+    rows = q.shape[:2] if q.dim() == 4 else None
+    expected = {"q": 4, "k": 4, "v": 4, "g": 3, "beta": 3}
+    for name, x in tensors.items():
+        ok = x.dim() == expected[name] and tuple(x.shape[:2]) == tuple(rows or ()) and all(d > 0 for d in x.shape)
+        if name == "k":
+            ok = ok and x.shape == q.shape
+        if name in ("g", "beta"):
+            ok = ok and v.dim() == 4 and x.shape[2] == v.shape[2]
+        if name == "v":
+            ok = ok and x.shape[2] % q.shape[2] == 0
+        if not ok:
+            raise rejection(
+                name,
+                f"shape {tuple(x.shape)}",
+                f"{name} must be seq-first {_SEQ_FIRST[name]} (q {tuple(q.shape)}; Hv a multiple of Hk)",
+                f"pass {name} laid out as {_SEQ_FIRST[name]}",
+            )
+    if cu_seqlens is not None and isinstance(cu_seqlens, torch.Tensor):
+        check_tensor("cu_seqlens", cu_seqlens, ("int32", "int64"))
+
+
+def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
+    """The packed row's sequence boundaries: ``cu_seqlens`` as given, or one sequence per batch row."""
+    if cu_seqlens is None:
+        return np.arange(batch + 1, dtype=np.int64) * seq_len
+    values = as_numpy(cu_seqlens) if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
+    if batch != 1:  # prefill_varlen checks the rest (start, increase, end) on the flattened row
+        raise rejection("cu_seqlens", f"with batch B={batch}", "with cu_seqlens the sequences are packed into one "
+                        "row, so B must be 1", "flatten the batch into [1, T_total, ...]")  # fmt: skip
+    return values.copy()
+
+
+def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int]) -> tuple[Any, Any]:
+    """The kernel's state buffer and slots: the caller's pool itself (in place) with ``state_indices``, else a
+    private fp32 copy of ``initial_state`` (FLA never writes it) or None."""
+    if initial_state is None:
+        if state_indices is not None:
+            raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
+                            "passed as initial_state", "pass the pool as initial_state")  # fmt: skip
+        return None, None
+    check_tensor("initial_state", initial_state, ("float32",))
+    rows = n_seqs if state_indices is None else None
+    shape = tuple(initial_state.shape)
+    if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
+        want = f"[{'P' if rows is None else rows}, {', '.join(map(str, tail))}]"
+        raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
+                        "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
+    if state_indices is None:
+        return np.array(as_numpy(initial_state), dtype=np.float32, order="C"), None
+    if not initial_state.is_contiguous():
+        raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
+                        "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
+    if isinstance(state_indices, torch.Tensor):
+        check_tensor("state_indices", state_indices, ("int32", "int64"))
+        state_indices = as_numpy(state_indices)
+    return as_numpy(initial_state), np.asarray(state_indices)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x²) + eps) over the head dim in fp32, rounded back to x's dtype (the kernel's operands)."""
+    wide = x.float()
+    return (wide * torch.rsqrt((wide * wide).sum(dim=-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+
+
+def _head_major(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """[B, T, H(, D)] seq-first -> [1, H, B·T(, D)] head-major numpy in ``dtype``: the batch rows become
+    consecutive sequences of the one packed row."""
+    flat = x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
+    return as_numpy(flat.transpose(1, 2).to(dtype).contiguous())

@@ -1,0 +1,130 @@
+"""CPU torch tensors at the host entry points: checked, viewed as numpy without a copy where possible, and the
+results handed back as torch.
+
+torch is imported lazily (only when a caller passes a torch tensor or calls a torch entry point), so gdn-nki works
+without it; ``pip install gdn-nki[torch]`` adds it. bfloat16 crosses between torch and ml_dtypes as its bits (a
+16-bit integer view), never through a float conversion. A CPU tensor's numpy view shares its memory, so a state
+updated in place through the view is updated in the caller's tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gdn_ref.contract import ContractError, Violation
+
+from .backend import numpy_to_torch, torch_to_numpy
+
+# torch dtypes the host entry points take, by name: the compute dtypes and fp32 (gates, states, masks).
+SUPPORTED_DTYPES = ("float32", "bfloat16")
+INSTALL_HINT = 'install the optional extra: pip install "gdn-nki[torch]"'
+
+
+def import_torch() -> Any:
+    """``torch``, or an ImportError that says how to install it."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised where torch is absent
+        raise ImportError(f"gdn-nki's torch entry points need PyTorch: {INSTALL_HINT}") from exc
+    return torch
+
+
+def is_torch_tensor(x: Any) -> bool:
+    """True for a torch tensor, without importing torch (a caller that has one has imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def rejection(argument: str, value: str, rule: str, fix: str) -> ContractError:
+    """A ContractError with one violation of a host rule about a torch argument."""
+    return ContractError([Violation(f"{argument}.torch", argument, value, rule, fix)])
+
+
+def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES) -> None:
+    """Reject a torch tensor the host cannot read: not on the CPU, or of a dtype outside ``dtypes``."""
+    if x.device.type != "cpu":
+        raise rejection(
+            name,
+            f"on device {x.device}",
+            "the host entry points run the kernel on the CPU and take CPU tensors",
+            f"pass {name}.cpu(); on a Neuron device call gdn_nki.gdn_cte with XLA tensors (README, 'torch')",
+        )
+    dtype = str(x.dtype).removeprefix("torch.")
+    if dtype not in dtypes:
+        raise rejection(
+            name,
+            f"dtype {dtype}",
+            f"{name} must be one of {dtypes}",
+            f"pass {name}.to(torch.{dtypes[0]})",
+        )
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """The numpy view of a CPU torch tensor (same memory, same strides); bfloat16 as ml_dtypes.bfloat16 bits."""
+    return torch_to_numpy("tensor", x)
+
+
+def as_torch(a: np.ndarray) -> Any:
+    """A torch tensor over a numpy array's memory (bfloat16 by its bits)."""
+    import_torch()
+    return numpy_to_torch(a)
+
+
+def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]:
+    """A numpy buffer the kernel may update in place for a torch state, and how to publish it on success.
+
+    A contiguous fp32 CPU tensor is its own buffer (its numpy view); any other strided layout gets a contiguous
+    copy that is written back only when the call succeeds, so a failed call leaves the caller's tensor as it was.
+    """
+    check_tensor(name, state, ("float32",))
+    view = as_numpy(state)
+    if view.flags.c_contiguous:
+        return view, lambda: None
+    if any(stride == 0 for stride, size in zip(state.stride(), state.shape, strict=True) if size > 1):
+        raise rejection(
+            name,
+            f"strides {tuple(state.stride())}",
+            "a state updated in place cannot be a broadcast (stride-0) view: its rows would alias",
+            f"pass {name}.contiguous() and read the returned state",
+        )
+    staged = np.ascontiguousarray(view)
+    return staged, lambda: view.__setitem__(Ellipsis, staged)
+
+
+def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[..., Any]:
+    """Let a numpy host entry point (``simulate``, ``prefill``) take CPU torch tensors and return torch.
+
+    Tensors are checked (CPU, float32 / bfloat16) and viewed as numpy; the numpy call then applies the whole
+    contract. The outputs come back as torch when any tensor argument was torch, and a supplied torch
+    ``recurrent_state`` is the returned state, updated in place.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        if not any(is_torch_tensor(v) for v in bound.arguments.values()):
+            return fn(*args, **kwargs)
+        publish = None
+        state = bound.arguments.get("recurrent_state")
+        for name, value in bound.arguments.items():
+            if not is_torch_tensor(value):
+                continue
+            if name == "recurrent_state":
+                bound.arguments[name], publish = state_buffer(name, value)
+            else:
+                check_tensor(name, value)
+                bound.arguments[name] = as_numpy(value)
+        out, final_state = fn(*bound.args, **bound.kwargs)
+        if publish is not None:
+            publish()
+            return as_torch(out), state
+        return as_torch(out), as_torch(final_state)
+
+    return wrapper

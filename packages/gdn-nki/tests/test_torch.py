@@ -1,0 +1,224 @@
+"""torch at the host entry points and the FLA-compatible ``gdn_nki.torch.chunk_gated_delta_rule``: torch in,
+torch out, in-place states and pools, varlen in one launch, FLA's semantics, and every bad input rejected by name
+with nothing written. Skipped, with the reason, where torch is not installed (``nox -s integration`` has it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
+
+import gdn_nki  # noqa: E402
+import nki_cpu  # noqa: E402
+from gdn_nki.torch import chunk_gated_delta_rule  # noqa: E402
+from gdn_nki.torch_io import as_numpy, as_torch  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
+from gdn_spec.regimes import Case, Geometry  # noqa: E402
+from nki_inputs import assert_matches_oracle, case, kernel_kwargs  # noqa: E402
+
+
+def _torch_kwargs(c: Case, algorithm: str = "schur") -> dict:
+    return {k: as_torch(v.copy()) if isinstance(v, np.ndarray) else v for k, v in kernel_kwargs(c, algorithm).items()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bfloat16_crosses_by_its_bits(dtype: str) -> None:
+    x = torch.randn(3, 5, dtype=getattr(torch, dtype))
+    a = as_numpy(x)
+    assert a.dtype.name == dtype and np.shares_memory(a, as_numpy(x))
+    assert torch.equal(as_torch(a), x)
+    assert np.array_equal(a.astype(np.float64), x.double().numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_simulate_and_prefill_take_torch_and_return_torch_with_the_state_in_place(dtype: str) -> None:
+    c = case(dtype, Geometry(B=2, Hk=1, Hv=2, S=128, Dk=32, Dv=16), seed=1, regime="initial_state")
+    want_out, want_state = gdn_nki.simulate(**kernel_kwargs(c, "schur"))
+    kwargs = _torch_kwargs(c)
+    state = kwargs["recurrent_state"]
+    out, got_state = gdn_nki.simulate(**kwargs)
+    assert isinstance(out, torch.Tensor) and out.dtype == getattr(torch, dtype)
+    assert got_state is state, "a supplied torch state is the returned object"
+    assert np.array_equal(as_numpy(out), want_out) and np.array_equal(state.numpy(), want_state)
+    kwargs = _torch_kwargs(c)
+    kwargs["query"] = kwargs["query"][:, :, :100]
+    for name in ("key", "value", "g_log", "beta"):
+        kwargs[name] = kwargs[name][:, :, :100]  # non-contiguous views: honoured by a copy
+    out, _ = gdn_nki.prefill(**{k: v for k, v in kwargs.items() if k != "mask_pack"})
+    assert tuple(out.shape) == (2, 2, 100, 16)
+
+
+def test_gdn_cte_called_directly_takes_torch_on_the_cpu() -> None:
+    c = case("bfloat16", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=32, Dv=16), seed=2, regime="initial_state")
+    want = gdn_nki.simulate(**kernel_kwargs(c, "schur"))
+    kwargs = _torch_kwargs(c)
+    state = kwargs["recurrent_state"]
+    out, final = gdn_nki.gdn_cte(**kwargs)
+    assert isinstance(out, torch.Tensor) and isinstance(final, torch.Tensor)
+    assert np.array_equal(as_numpy(out), want[0]) and np.array_equal(state.numpy(), want[1])
+
+
+def test_a_strided_torch_state_is_updated_through_a_staged_copy() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=128, Dk=16, Dv=16), seed=3, regime="initial_state")
+    want = gdn_nki.simulate(**kernel_kwargs(c, "schur"))[1]
+    kwargs = _torch_kwargs(c)
+    holder = torch.zeros(1, 2, 16, 16)
+    state = holder.transpose(2, 3)  # a strided view
+    state.copy_(kwargs["recurrent_state"])
+    kwargs["recurrent_state"] = state
+    _, got = gdn_nki.simulate(**kwargs)
+    assert got is state and np.array_equal(state.numpy(), want)
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "words"),
+    [
+        ("query", lambda x: x.to("meta"), "device"),
+        ("value", lambda x: x.half(), "dtype float16"),
+        ("recurrent_state", lambda x: x.to(torch.bfloat16), "dtype bfloat16"),
+        ("recurrent_state", lambda x: x[:, :1].expand(x.shape), "stride-0"),
+    ],
+)
+def test_host_entry_points_reject_unreadable_torch_tensors_by_name(name: str, bad, words: str) -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=128, Dk=16, Dv=16), seed=4, regime="initial_state")
+    kwargs = _torch_kwargs(c)
+    state_before = kwargs["recurrent_state"].clone()
+    kwargs[name] = bad(kwargs[name])
+    with pytest.raises(ContractError, match=f"`{name}`.*{words}"):
+        gdn_nki.simulate(**kwargs)
+    if name != "recurrent_state":
+        assert torch.equal(kwargs["recurrent_state"], state_before)
+
+
+# --- the FLA-compatible entry point ---
+
+
+def _seq_first(c: Case) -> dict:
+    """A head-major case as FLA's seq-first torch tensors (q/k [B, T, Hk, K], g/beta [B, T, Hv])."""
+    kernel = c.kernel
+    return {
+        "q": as_torch(kernel["query"].transpose(0, 2, 1, 3).copy()),
+        "k": as_torch(kernel["key"].transpose(0, 2, 1, 3).copy()),
+        "v": as_torch(kernel["value"].transpose(0, 2, 1, 3).copy()),
+        "g": as_torch(kernel["g_log"].transpose(0, 2, 1).copy()),
+        "beta": as_torch(kernel["beta"].transpose(0, 2, 1).copy()),
+    }
+
+
+def _head_major_out(o: torch.Tensor) -> np.ndarray:
+    return as_numpy(o.transpose(1, 2).contiguous())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fla_entry_matches_the_oracle_with_gqa_and_default_scale(dtype: str) -> None:
+    c = case(dtype, Geometry(B=2, Hk=2, Hv=4, S=150, Dk=32, Dv=16), seed=5, regime="initial_state")
+    assert c.scale == pytest.approx(32**-0.5)
+    initial = as_torch(c.kernel["recurrent_state"].copy())
+    before = initial.clone()
+    o, final = chunk_gated_delta_rule(**_seq_first(c), initial_state=initial, output_final_state=True)
+    assert o.shape == (2, 150, 4, 16) and o.dtype == getattr(torch, dtype)
+    assert final.dtype == torch.float32 and final.shape == (2, 4, 32, 16)
+    assert torch.equal(initial, before), "FLA never writes initial_state"
+    assert_matches_oracle(c, _head_major_out(o), final.numpy(), "fla entry")
+    _, none = chunk_gated_delta_rule(**_seq_first(c), initial_state=initial)
+    assert none is None, "the final state only when asked"
+
+
+def test_fla_entry_l2norm_in_kernel_equals_normalizing_first() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=64, Dk=32, Dv=16), seed=6)
+    args = _seq_first(c)
+    raw = dict(args, q=args["q"] * 3.0, k=args["k"] * 0.5)
+    o_norm, _ = chunk_gated_delta_rule(**raw, use_qk_l2norm_in_kernel=True)
+    o_plain, _ = chunk_gated_delta_rule(**args)
+    assert torch.allclose(o_norm, o_plain, rtol=1e-5, atol=1e-6)
+
+
+def test_fla_entry_varlen_is_one_launch_and_equals_batch_rows() -> None:
+    c = case("bfloat16", Geometry(B=3, Hk=1, Hv=2, S=100, Dk=32, Dv=16), seed=7, regime="initial_state")
+    args = _seq_first(c)
+    initial = as_torch(c.kernel["recurrent_state"].copy())
+    o_dense, s_dense = chunk_gated_delta_rule(**args, initial_state=initial, output_final_state=True)
+    packed = {k: v.reshape(1, 300, *v.shape[2:]) for k, v in args.items()}
+    cu = torch.tensor([0, 100, 200, 300])
+    o_var, s_var = chunk_gated_delta_rule(**packed, initial_state=initial, output_final_state=True, cu_seqlens=cu)
+    assert len(nki_cpu.last_traces()) == 1, "one kernel launch"
+    assert torch.equal(o_var.reshape(3, 100, 2, 16), o_dense) and torch.equal(s_var, s_dense)
+    for i in range(3):  # each sequence alone
+        alone = {k: v[i : i + 1] for k, v in args.items()}
+        o_i, s_i = chunk_gated_delta_rule(**alone, initial_state=initial[i : i + 1], output_final_state=True)
+        assert torch.equal(o_i[0], o_dense[i]) and torch.equal(s_i[0], s_dense[i])
+
+
+def test_fla_entry_state_pool_updates_named_slots_only() -> None:
+    c = case("bfloat16", Geometry(B=2, Hk=1, Hv=2, S=70, Dk=32, Dv=16), seed=8, regime="initial_state")
+    args = _seq_first(c)
+    pool = torch.randn(5, 2, 32, 16)
+    slots = torch.tensor([4, 1])
+    pool[slots] = as_torch(c.kernel["recurrent_state"].copy())
+    before = pool.clone()
+    o, final = chunk_gated_delta_rule(**args, initial_state=pool, state_indices=slots, output_final_state=True)
+    assert final is pool
+    o_ref, s_ref = chunk_gated_delta_rule(**args, initial_state=before[slots], output_final_state=True)
+    assert torch.equal(o, o_ref) and torch.equal(pool[slots], s_ref)
+    untouched = [0, 2, 3]
+    assert pool[untouched].numpy().tobytes() == before[untouched].numpy().tobytes()
+
+
+def _fla_call(**changes):
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=90, Dk=16, Dv=16), seed=9)
+    args = _seq_first(c)
+    args.update(
+        initial_state=torch.randn(3, 2, 16, 16),
+        state_indices=torch.tensor([2, 0]),
+        cu_seqlens=torch.tensor([0, 40, 90]),
+        output_final_state=True,
+    )
+    args.update(changes)
+    return args
+
+
+BAD_FLA = {
+    "q on another device": (dict(q=lambda a: a["q"].to("meta")), "q", "device"),
+    "v float16": (dict(v=lambda a: a["v"].half()), "v", "float16"),
+    "k of another dtype": (dict(k=lambda a: a["k"].to(torch.bfloat16)), "k", "dtype"),
+    "g head-first": (dict(g=lambda a: a["g"].transpose(1, 2).contiguous()), "g", "seq-first"),
+    "cu_seqlens from 1": (dict(cu_seqlens=lambda a: torch.tensor([1, 40, 90])), "cu_seqlens", "start at 0"),
+    "cu_seqlens flat": (dict(cu_seqlens=lambda a: torch.tensor([0, 40, 40, 90])), "cu_seqlens", "increasing"),
+    "cu_seqlens short": (dict(cu_seqlens=lambda a: torch.tensor([0, 40, 80])), "cu_seqlens", "end at"),
+    "cu_seqlens float": (dict(cu_seqlens=lambda a: torch.tensor([0.0, 40.0, 90.0])), "cu_seqlens", "int"),
+    "batch 2 with cu_seqlens": (
+        {n: (lambda a, n=n: torch.cat([a[n], a[n]])) for n in ("q", "k", "v", "g", "beta")},
+        "cu_seqlens",
+        "B must be 1",
+    ),
+    "slot out of range": (dict(state_indices=lambda a: torch.tensor([3, 0])), "state_indices", "range|index"),
+    "slot repeated": (dict(state_indices=lambda a: torch.tensor([1, 1])), "state_indices", "distinct"),
+    "state fp16": (dict(initial_state=lambda a: a["initial_state"].half()), "initial_state", "float16"),
+    "state shape": (dict(initial_state=lambda a: torch.zeros(3, 2, 16, 8)), "initial_state", "shape"),
+    "pool strided": (
+        dict(initial_state=lambda a: a["initial_state"].transpose(2, 3)),
+        "initial_state",
+        "contiguous",
+    ),
+    "N states without slots": (
+        dict(state_indices=lambda a: None, initial_state=lambda a: torch.zeros(3, 2, 16, 16)),
+        "initial_state",
+        "shape",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FLA))
+def test_fla_entry_rejects_bad_input_by_name_and_writes_nothing(name: str) -> None:
+    changes, argument, words = BAD_FLA[name]
+    args = _fla_call()
+    for key, make in changes.items():
+        args[key] = make(args)
+    pool = args["initial_state"]
+    before = pool.clone() if pool.device.type == "cpu" and pool.dtype == torch.float32 else None
+    with pytest.raises(ContractError, match=f"`{argument}`") as err:
+        chunk_gated_delta_rule(**args)
+    assert any(w in str(err.value) for w in words.split("|")), str(err.value)
+    if before is not None:
+        assert pool.numpy().tobytes() == before.numpy().tobytes(), "nothing written, the pool included"
