@@ -33,8 +33,8 @@ def simulate(
 
     Dimensions and Args:
         As ``gdn_cte``; arrays are numpy (bfloat16 via ml_dtypes) or CPU torch tensors (then the outputs are
-        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` launches ``gdn_cte[grid]``
-        (lanes split over programs).
+        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` launches
+        ``gdn_cte[grid]`` (lanes split over programs).
 
     Returns:
         tuple: (out [B, Hv, S, Dv] in query's dtype, final state [B, Hv, Dk, Dv] fp32). When ``recurrent_state``
