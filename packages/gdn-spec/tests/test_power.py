@@ -23,7 +23,7 @@ HERE = Path(__file__).parent
 def check(spec: str, areas: tuple[str, ...] = (), keyword: str = "", tmp_path: Path | None = None) -> dict:
     """Run ``gdn-spec check`` in a subprocess; return (exit code, JSON summary)."""
     out = (tmp_path or HERE) / f"summary-{spec.replace(':', '-')}.json"
-    cmd = [sys.executable, "-m", "gdn_spec.cli", "check", spec, "--profile", "quick", "--json", str(out)]
+    cmd = [sys.executable, "-m", "gdn_spec.cli", "check", spec, "--hypothesis", "quick", "--json", str(out)]
     for area in areas:
         cmd += ["--area", area]
     if keyword:

@@ -1,8 +1,11 @@
 """``gdn-spec check module:callable``: run the conformance suite and print what passed, per contract area.
 
-The suite runs through ``pytest.main`` with a collecting plugin; the summary is a table of contract area ×
-passed/failed/skipped, the worst numerics error per dtype and algorithm (as a fraction of its tolerance), the
-skip reasons and the failed tests. The exit code is non-zero on any failure, and when nothing ran.
+The suite runs through ``pytest.main`` with a collecting plugin; the summary names the implementation, the
+adapter it was called through and the contract profile, then a table of contract area × passed/failed/skipped,
+the worst numerics error per dtype and algorithm (as a fraction of its tolerance), the skip reasons, what
+``--area`` / ``-k`` / ``--algorithm`` / ``-x`` left out, and each failure's message. The exit code is non-zero on
+any failure, and when nothing ran. Arguments the CLI does not know (``-x``, ``--maxfail=3``, ...) go to pytest,
+with or without a ``--`` before them.
 """
 
 from __future__ import annotations
@@ -18,11 +21,18 @@ from typing import Any
 
 import pytest
 
-from .impl import ImplementationError, resolve
+from .adapters import ADAPTERS
+from .impl import Implementation, ImplementationError, registered, resolve
+from .plugin import PROFILES as HYPOTHESIS_PROFILES
+from .profiles import PROFILE_DOCS, PROFILES
 from .suite._support import NUMERICS_PROPERTY
 
 SUITE = "gdn_spec.suite"
+SUITE_DIR = Path(__file__).parent / "suite"
+# Contract areas: one suite module each (test_<area>.py).
+AREAS = tuple(sorted(p.stem.removeprefix("test_") for p in SUITE_DIR.glob("test_*.py")))
 _AREA_RE = re.compile(r"test_(\w+)\.py::")
+_FAILURE_CHARS = 600
 
 
 def area_of(nodeid: str) -> str:
@@ -33,12 +43,17 @@ def area_of(nodeid: str) -> str:
 
 @dataclass
 class Summary:
-    """Outcomes per test, skip reasons, failures, and the worst numerics error per (dtype, algorithm)."""
+    """Outcomes per test, skip reasons, failures, the worst numerics error per (dtype, algorithm), and the run's
+    identity (implementation, adapter, profile) and restrictions (what was left out)."""
 
     outcomes: dict[str, str] = field(default_factory=dict)
     skip_reasons: Counter = field(default_factory=Counter)
     failures: dict[str, str] = field(default_factory=dict)
     worst: dict[str, dict[str, Any]] = field(default_factory=dict)
+    collected: int = 0
+    deselected: int = 0
+    run: dict[str, Any] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
 
     def by_area(self) -> dict[str, Counter]:
         table: dict[str, Counter] = defaultdict(Counter)
@@ -46,13 +61,23 @@ class Summary:
             table[area_of(nodeid)][outcome] += 1
         return dict(sorted(table.items()))
 
+    def verdicts(self) -> dict[str, str]:
+        """Per area: "failed" if any test failed, "passed" if any passed, else "skipped" (never passed)."""
+        return {
+            area: "failed" if c["failed"] else "passed" if c["passed"] else "skipped"
+            for area, c in self.by_area().items()
+        }
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "run": self.run,
             "areas": {a: dict(c) for a, c in self.by_area().items()},
+            "verdicts": self.verdicts(),
             "totals": dict(Counter(self.outcomes.values())),
             "failures": self.failures,
             "skip_reasons": dict(self.skip_reasons),
             "worst": self.worst,
+            "left_out": self.left_out,
         }
 
 
@@ -62,11 +87,21 @@ class Collector:
     def __init__(self) -> None:
         self.summary = Summary()
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.summary.collected = max(self.summary.collected, len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.summary.collected = max(self.summary.collected, len(ids))
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.summary.deselected += len(items)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         s = self.summary
         if report.failed:
             s.outcomes[report.nodeid] = "failed"
-            s.failures.setdefault(report.nodeid, _short(report.longreprtext))
+            s.failures.setdefault(report.nodeid, failure_message(report))
         elif report.skipped and report.when in ("setup", "call"):
             s.outcomes[report.nodeid] = "skipped"
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -83,15 +118,25 @@ class Collector:
             self.summary.worst[key] = entry
 
 
-def _short(text: str, limit: int = 400) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    tail = lines[-1] if lines else ""
-    return tail[:limit]
+def failure_message(report: pytest.TestReport, limit: int = _FAILURE_CHARS) -> str:
+    """The failure's own message (the assertion's text, the exception and its message), not the traceback's last
+    line, without pytest's re-printing of the asserted expression (whole arrays)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    text = text.split("\nassert ", 1)[0]  # pytest's explanation of the expression repeats operands' reprs
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    message = " | ".join(lines)
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def format_summary(summary: Summary, title: str) -> str:
-    """The human-readable report: area table, worst errors, skip reasons, failures."""
-    lines = [f"gdn-spec conformance: {title}", "", f"{'area':<18}{'passed':>8}{'failed':>8}{'skipped':>9}"]
+    """The human-readable report: the run, area table, worst errors, skip reasons, what was left out, failures."""
+    lines = [f"gdn-spec conformance: {title}"]
+    run = summary.run
+    if run:
+        lines.append(f"  via:     {run.get('via') or 'called directly (gdn_cte signature, numpy)'}")
+        lines.append(f"  profile: {run['profile']} ({PROFILE_DOCS[run['profile']]})")
+    lines += ["", f"{'area':<18}{'passed':>8}{'failed':>8}{'skipped':>9}"]
     totals: Counter = Counter()
     for area, counts in summary.by_area().items():
         totals.update(counts)
@@ -111,6 +156,13 @@ def format_summary(summary: Summary, title: str) -> str:
     if summary.skip_reasons:
         lines += ["", "skipped (reason × tests):"]
         lines += [f"  {n:>4} × {reason}" for reason, n in summary.skip_reasons.most_common()]
+    not_run = summary.collected - len(summary.outcomes)
+    left_out = list(summary.left_out)
+    if not_run > 0:
+        left_out.append(f"{not_run} collected tests did not run (stopped early: -x / --maxfail)")
+    if left_out:
+        lines += ["", "left out of this run (not verified):"]
+        lines += [f"  {item}" for item in left_out]
     if summary.failures:
         lines += ["", "FAILED:"]
         lines += [f"  {nodeid.split('::', 1)[-1]}: {msg}" for nodeid, msg in sorted(summary.failures.items())]
@@ -121,7 +173,14 @@ def build_pytest_args(args: argparse.Namespace) -> list[str]:
     """pytest command line for a ``check`` invocation."""
     targets = [f"{SUITE}.test_{area}" for area in args.area] if args.area else [SUITE]
     argv = ["--pyargs", *targets, "--gdn-impl", args.impl, "--gdn-algorithm", args.algorithm]
-    argv += ["-p", "no:cacheprovider", "-q", "--no-header", "-rN", f"--hypothesis-profile={args.profile}"]
+    if args.adapter:
+        argv += ["--gdn-adapter", args.adapter]
+    if args.device:
+        argv += ["--gdn-device", args.device]
+    if args.profile:
+        argv += ["--gdn-profile", args.profile]
+    argv += ["-p", "no:cacheprovider", "-q", "--no-header", "-rN", "--tb=short"]
+    argv += [f"--hypothesis-profile={args.hypothesis}"]
     # The CLI imported gdn_spec (and so Hypothesis) before pytest could rewrite asserts in them: harmless.
     argv += ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
     if args.workers not in (None, "0"):
@@ -133,35 +192,98 @@ def build_pytest_args(args: argparse.Namespace) -> list[str]:
     return argv + list(args.pytest_args)
 
 
+def _left_out(args: argparse.Namespace) -> list[str]:
+    """What the run's restrictions leave out, said in the summary."""
+    items = []
+    if args.area:
+        rest = [a for a in AREAS if a not in args.area]
+        if rest:
+            items.append(f"--area: {', '.join(rest)}")
+    if args.algorithm != "all":
+        items.append(f"--algorithm {args.algorithm}: the other algorithm's tests")
+    return items
+
+
+def _epilog() -> str:
+    try:
+        names = ", ".join(f"{n} ({spec})" for n, spec in sorted(registered().items())) or "none"
+    except Exception as exc:  # a broken entry point must not break --help
+        names = f"unreadable ({exc})"
+    adapters = "\n".join(
+        f"  {name:<10} {kind.doc} [default profile {kind.default_profile}]" for name, kind in ADAPTERS.items()
+    )
+    profiles = "\n".join(f"  {name:<10} {doc}" for name, doc in PROFILE_DOCS.items())
+    return (
+        f"areas (--area):\n  {', '.join(AREAS)}\n"
+        f"contract profiles (--profile):\n{profiles}\n"
+        f"adapters (--adapter NAME[:key=value,...]):\n{adapters}\n"
+        "  seq-first options: scale=argument|internal|caller, gqa=native|repeat, state=kv|vk, varlen=no|yes\n"
+        f"registered implementations (gdn_spec.implementations): {names}\n"
+        "Any other argument goes to pytest, e.g. -x or --maxfail=3 (a '--' before them is accepted)."
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-spec", description="Conformance suite for gdn_cte GDN kernels.")
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="run the suite against an implementation")
+    check = sub.add_parser(
+        "check",
+        help="run the suite against an implementation",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("impl", help="module:callable (or a registered gdn_spec.implementations name)")
+    check.add_argument("--adapter", metavar="NAME[:OPTS]", help="call the kernel through an adapter (list below)")
+    check.add_argument("--device", help="torch device for the torch adapters (default: cuda when torch sees one)")
+    check.add_argument("--profile", choices=tuple(PROFILES), help="contract profile (default: the adapter's; api)")
     check.add_argument("--algorithm", default="all", choices=("schur", "neumann", "all"))
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
     check.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (e.g. auto, 2; 0 = none)")
-    check.add_argument("--profile", default="ci", help="Hypothesis profile: ci (default), dev or quick")
-    check.add_argument("--area", action="append", help="run only this contract area (repeatable), e.g. numerics")
+    check.add_argument(
+        "--hypothesis", default="ci", choices=tuple(HYPOTHESIS_PROFILES), help="Hypothesis profile (default ci)"
+    )
+    check.add_argument("--area", action="append", choices=AREAS, metavar="AREA", help="run only this area (repeatable)")
     check.add_argument("-k", dest="keyword", help="pytest -k expression to select tests")
     check.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
-    check.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The ``check`` arguments; anything unknown (``-x``, ``--maxfail=2``, after ``--`` or not) goes to pytest."""
+    args, extra = _parser().parse_known_args(argv)
+    args.pytest_args = [a for a in extra if a != "--"]
+    return args
+
+
+def _title(impl: Implementation | None, spec: str) -> str:
+    return f"{impl.capabilities.name} ({spec})" if impl else spec
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gdn-spec`` console script; returns the exit code."""
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     try:
-        impl = resolve(args.impl)
+        impl = resolve(args.impl, adapter=args.adapter, device=args.device)
     except ImplementationError as exc:
         print(f"gdn-spec: {exc}", file=sys.stderr)
         return 2
     collector = Collector()
-    code = int(pytest.main(build_pytest_args(args), plugins=[collector]))
     summary = collector.summary
-    title = f"{impl.capabilities.name} ({args.impl})" if impl else args.impl
-    print("\n" + format_summary(summary, title))
+    profile = args.profile or (impl.default_profile if impl else "api")
+    summary.run = {
+        "implementation": _title(impl, args.impl),
+        "spec": args.impl,
+        "via": impl.via if impl else "",
+        "profile": profile,
+    }
+    summary.left_out = _left_out(args)
+    code = int(pytest.main(build_pytest_args(args), plugins=[collector]))
+    if summary.deselected:
+        by = " and ".join(
+            x for x, on in ((f"-k {args.keyword!r}", args.keyword), ("--algorithm", args.algorithm != "all")) if on
+        )
+        summary.left_out.append(f"{summary.deselected} tests deselected by {by or 'pytest options'}")
+    print("\n" + format_summary(summary, summary.run["implementation"]))
     if args.json:
         Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2))
     if code == 0 and not summary.outcomes:

@@ -46,6 +46,12 @@ class Capabilities:
             e.g. 0.25 for a simulator that takes seconds per call.
         content_checks (bool): the implementation validates tensor *contents* (``HOST_ONLY_RULES``:
             mask_pack contents, read-only state). A traced kernel cannot; False skips those rejection cases.
+        validates_arguments (bool): it rejects invalid calls (naming the argument, changing no buffer); False
+            skips the rejection tests (``profiles``: the "validation" promise).
+        state_in_place (bool): a supplied ``recurrent_state`` is updated in place and returned as the same
+            object, an omitted one comes back fresh; False (a kernel returning a new state) skips those tests.
+        varlen (bool): it accepts ``cu_seqlens`` (int64 ``[N + 1]``, B = 1, one initial state per sequence),
+            checked by the ``varlen`` area.
     """
 
     name: str
@@ -56,6 +62,9 @@ class Capabilities:
     max_work: int | None = None
     example_scale: float = 1.0
     content_checks: bool = True
+    validates_arguments: bool = True
+    state_in_place: bool = True
+    varlen: bool = False
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, default_name: str) -> Capabilities:
@@ -101,11 +110,21 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Implementation:
-    """The callable under test, where it came from, and its capabilities."""
+    """The callable under test, where it came from, its capabilities, and how it is called.
+
+    Attributes:
+        spec (str): the ``module:callable`` it was loaded from.
+        fn (Callable): a callable with gdn_cte's numpy signature (the adapter's, when one is used).
+        capabilities (Capabilities): what it declares it supports.
+        via (str): the adapter between the suite and the kernel, reported in the summary ("" = called directly).
+        default_profile (str): the contract profile a run uses unless one is chosen (``profiles``).
+    """
 
     spec: str
     fn: Callable[..., Any]
     capabilities: Capabilities
+    via: str = ""
+    default_profile: str = "api"
 
     def __call__(self, **call: Any) -> Any:
         return self.fn(**call)
@@ -134,12 +153,19 @@ def registered() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve(option: str | None = None, environ: Mapping[str, str] | None = None) -> Implementation | None:
+def resolve(
+    option: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    adapter: str | None = None,
+    device: str | None = None,
+) -> Implementation | None:
     """The implementation requested by the option, the environment or the only registered entry point.
 
     Args:
         option (str | None): ``--gdn-impl`` value; a registered entry-point name is accepted too.
         environ (Mapping[str, str] | None): environment (default ``os.environ``).
+        adapter (str | None): ``NAME[:key=value,...]`` of a ``gdn_spec.adapters`` adapter to call it through.
+        device (str | None): torch device for the torch adapters (default: cuda when torch sees one, else cpu).
 
     Returns:
         Implementation | None: None when nothing was requested and nothing is registered.
@@ -159,4 +185,11 @@ def resolve(option: str | None = None, environ: Mapping[str, str] | None = None)
                 f"choose one with --gdn-impl NAME or {ENV_VAR}"
             )
         spec = next(iter(eps.values()))
-    return load(eps.get(spec, spec))
+    loaded = load(eps.get(spec, spec))
+    if adapter:
+        from .adapters import adapt  # torch / nki are imported only when an adapter needs them
+
+        return adapt(loaded, adapter, device)
+    if device:
+        raise ImplementationError(f"--device {device!r} applies to the torch adapters only; choose one with --adapter")
+    return loaded

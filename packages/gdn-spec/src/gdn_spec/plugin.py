@@ -1,8 +1,9 @@
-"""pytest11 plugin: ``--gdn-impl`` / ``--gdn-algorithm``, the implementation fixture, Hypothesis profiles.
+"""pytest11 plugin: ``--gdn-impl``, ``--gdn-adapter``, ``--gdn-profile``, ``--gdn-algorithm``, the implementation
+fixture, the contract profile's skips, Hypothesis profiles.
 
 Nothing here runs unless the suite is asked for: the suite lives in ``gdn_spec.suite`` and is collected only by
 ``pytest --pyargs gdn_spec.suite ...`` (or ``gdn-spec check``). With no implementation requested its tests are
-skipped with the reason; unrelated pytest runs see two extra options and nothing else.
+skipped with the reason; unrelated pytest runs see a few extra options and nothing else.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 if TYPE_CHECKING:
     from .impl import Implementation
@@ -23,6 +24,8 @@ ALGORITHMS = ("schur", "neumann")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 ENV_VAR = "GDN_SPEC_IMPL"
 ENTRY_POINT_GROUP = "gdn_spec.implementations"
+CONTRACT_PROFILES = ("api", "math")  # gdn_spec.profiles.PROFILES (names only, see above)
+ADAPTER_NAMES = ("fla", "fla-torch", "hf-torch", "torch", "nki")  # gdn_spec.adapters.ADAPTERS
 
 SUITE_DIR = Path(__file__).parent / "suite"
 _IMPL_KEY = pytest.StashKey["Implementation | None"]()
@@ -30,13 +33,17 @@ _IMPL_KEY = pytest.StashKey["Implementation | None"]()
 # Kernel-sized examples are slow and data generation is ours (numpy), so deadlines and the size/slowness
 # health checks mean nothing here; fixtures are function-scoped on purpose (numerics record per test).
 _SUPPRESSED = (HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large)
+# A verdict needs the first failing example, not the smallest: shrinking re-runs the kernel and the float64
+# oracle dozens of times per failing test (a broken kernel took minutes where a correct one takes seconds).
+_NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 PROFILES = {
     # CI: reproducible verdicts (derandomized, no example database), a bounded number of examples per test.
-    "ci": dict(derandomize=True, max_examples=6, deadline=None, database=None, print_blob=True),
-    # Development: random exploration with the example database, so failures found once are replayed first.
+    "ci": dict(derandomize=True, max_examples=6, deadline=None, database=None, print_blob=True, phases=_NO_SHRINK),
+    # Development: random exploration with the example database, so failures found once are replayed first;
+    # failures are shrunk to a small example.
     "dev": dict(max_examples=40, deadline=None),
     # Self-tests of the suite's power (mutants): the fewest examples that still exercise every regime.
-    "quick": dict(derandomize=True, max_examples=2, deadline=None, database=None),
+    "quick": dict(derandomize=True, max_examples=2, deadline=None, database=None, phases=_NO_SHRINK),
 }
 
 
@@ -55,11 +62,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"GDN implementation under test; else ${ENV_VAR}, else the only '{ENTRY_POINT_GROUP}' entry point.",
     )
     group.addoption(
+        "--gdn-adapter",
+        default=None,
+        metavar="NAME[:KEY=VALUE,...]",
+        help=f"call the implementation through an adapter of gdn_spec.adapters: {', '.join(ADAPTER_NAMES)}.",
+    )
+    group.addoption("--gdn-device", default=None, help="torch device for the torch adapters (default: cuda if any).")
+    group.addoption(
+        "--gdn-profile",
+        default=None,
+        choices=CONTRACT_PROFILES,
+        help="contract profile: api (gdn_cte's full contract) or math (numbers only); default: the adapter's.",
+    )
+    group.addoption(
         "--gdn-algorithm",
         default="all",
         choices=(*ALGORITHMS, "all"),
         help="run the suite for one algorithm only (default: every algorithm the implementation supports).",
     )
+
+
+_PROFILE_KEY = pytest.StashKey[str]()
 
 
 def _suite_requested(config: pytest.Config) -> bool:
@@ -73,6 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _suite_requested(config):
         config.stash[_IMPL_KEY] = None
         return
+    config.addinivalue_line("markers", "gdn_requires(promise): the test checks an API promise (gdn_spec.profiles)")
     register_profiles()
     # Conformance verdicts default to the reproducible profile; --hypothesis-profile dev opts into exploring.
     if not config.getoption("hypothesis_profile", default=None):
@@ -80,9 +104,13 @@ def pytest_configure(config: pytest.Config) -> None:
     from .impl import ImplementationError, resolve  # the suite was asked for: now gdn_ref may load
 
     try:
-        config.stash[_IMPL_KEY] = resolve(config.getoption("gdn_impl"))
+        impl = resolve(
+            config.getoption("gdn_impl"), adapter=config.getoption("gdn_adapter"), device=config.getoption("gdn_device")
+        )
     except ImplementationError as exc:
         raise pytest.UsageError(f"gdn-spec: {exc}") from exc
+    config.stash[_IMPL_KEY] = impl
+    config.stash[_PROFILE_KEY] = config.getoption("gdn_profile") or (impl.default_profile if impl else "api")
 
 
 def _in_suite(path: Path) -> bool:
@@ -111,6 +139,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not suite_items:
         return
     impl = config.stash.get(_IMPL_KEY, None)
+    profile = config.stash.get(_PROFILE_KEY, "api")
     chosen = config.getoption("gdn_algorithm")
     deselected = []
     for item in suite_items:
@@ -128,13 +157,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
             )
             continue
-        reason = impl.capabilities.unsupported(algorithm, dtype)
+        reason = impl.capabilities.unsupported(algorithm, dtype) or _unmet_promise(item, profile, impl)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         dropped = set(deselected)
         items[:] = [item for item in items if item not in dropped]
+
+
+def _unmet_promise(item: pytest.Item, profile: str, impl: Implementation) -> str | None:
+    from .profiles import MARKER, unmet
+
+    for mark in item.iter_markers(MARKER):
+        reason = unmet(mark.args[0], profile, impl.capabilities)
+        if reason:
+            return reason
+    return None
+
+
+def contract_profile(config: pytest.Config) -> str:
+    """The contract profile of this run (``--gdn-profile``, else the implementation's default)."""
+    return config.stash.get(_PROFILE_KEY, "api")
 
 
 @pytest.fixture(scope="session")

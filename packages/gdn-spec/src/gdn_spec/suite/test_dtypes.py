@@ -13,6 +13,7 @@ from gdn_spec.regimes import NUMPY_DTYPES, make_case
 from ._support import call_args, run
 
 
+@pytest.mark.gdn_requires("dtypes")
 @pytest.mark.parametrize("supply_state", [False, True], ids=["omitted", "supplied"])
 def test_output_dtypes(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, supply_state: bool) -> None:
     if supply_state and gdn_algorithm == ALGORITHM_NEUMANN:

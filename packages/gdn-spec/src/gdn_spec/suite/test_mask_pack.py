@@ -32,6 +32,7 @@ BAD_PACKS = {
 }
 
 
+@pytest.mark.gdn_requires("validation")
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
 @pytest.mark.parametrize("bad", list(BAD_PACKS))
 def test_schur_rejects_bad_pack(gdn_impl: Implementation, gdn_algorithm: str, bad: str) -> None:

@@ -24,12 +24,14 @@ def _assert_rejected(impl: Implementation, args: dict, argument: str) -> None:
 
 
 @NEUMANN
+@pytest.mark.gdn_requires("validation")
 def test_rejects_head_sharing(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
     args = call_args(make_case("random", Geometry(1, 1, 2, 64, 32, 16), gdn_dtype, 3), gdn_algorithm)
     _assert_rejected(gdn_impl, args, "value")
 
 
 @NEUMANN
+@pytest.mark.gdn_requires("validation")
 @pytest.mark.parametrize("contents", ["zeros", "random"])
 def test_rejects_supplied_state(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, contents: str) -> None:
     regime = "initial_state" if contents == "random" else "random"

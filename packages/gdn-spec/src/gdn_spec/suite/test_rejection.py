@@ -15,6 +15,8 @@ from gdn_spec.impl import Implementation
 
 from ._support import changed, snapshot
 
+pytestmark = pytest.mark.gdn_requires("validation")
+
 PAIRS = [(algorithm, case) for case in RULE_CASES for algorithm in case.algorithms]
 
 

@@ -1,0 +1,129 @@
+"""Adapters: call a kernel that does not have gdn_cte's numpy signature through the conformance suite.
+
+The suite always calls ``fn(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size,
+recurrent_state)`` with head-major numpy arrays. An adapter turns that call into the kernel's own convention and
+the kernel's results back, and is reported with the verdict ("via fla-torch adapter (...), torch 2.5 cpu"):
+
+| adapter | the kernel is | default profile |
+|---|---|---|
+| ``fla`` | a seq-first numpy function ``fn(q, k, v, g=, beta=, scale=, initial_state=, output_final_state=)`` | math |
+| ``fla-torch`` | the same with torch tensors (FLA's ``chunk_gated_delta_rule`` & co.) | math |
+| ``hf-torch`` | ``fla-torch`` with ``scale=internal``: HF transformers' ``torch_*_gated_delta_rule`` | math |
+| ``torch`` | gdn_cte's signature and layout with torch tensors | api |
+| ``nki`` | a raw ``@nki.jit`` kernel with gdn_cte's signature, run through ``nki.simulate`` (nki-cpu without the SDK) | api |
+
+Seq-first conventions are declared after a colon, e.g. ``fla-torch:scale=internal,gqa=repeat,state=vk``
+(``seqfirst.Conventions``). A wrong declaration is a wrong adapter, and the suite fails it: the self-tests hold
+one mutant each for scale applied twice, heads repeated wrongly and the state transposed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..impl import Implementation, ImplementationError
+
+
+@dataclass(frozen=True)
+class AdapterKind:
+    """One registered adapter: what it wraps, its default profile and what it forces in the capabilities."""
+
+    doc: str
+    default_profile: str
+    seq_first: bool
+    array_io: str  # "numpy", "torch" or "nki"
+    preset: tuple[tuple[str, str], ...] = ()
+
+
+ADAPTERS: dict[str, AdapterKind] = {
+    "fla": AdapterKind("seq-first numpy function (FLA calling convention)", "math", True, "numpy"),
+    "fla-torch": AdapterKind(
+        "seq-first torch function (FLA's chunk/fused_recurrent_gated_delta_rule)", "math", True, "torch"
+    ),
+    "hf-torch": AdapterKind(
+        "seq-first torch function that scales q by K**-0.5 itself (HF's torch_*_gated_delta_rule)",
+        "math",
+        True,
+        "torch",
+        (("scale", "internal"),),
+    ),
+    "torch": AdapterKind("gdn_cte's signature and layout with torch tensors", "api", False, "torch"),
+    "nki": AdapterKind("raw @nki.jit kernel with gdn_cte's signature, through nki.simulate", "api", False, "nki"),
+}
+
+
+def parse(spec: str) -> tuple[str, dict[str, str]]:
+    """``NAME[:key=value,...]`` -> (name, options); unknown names and malformed options are errors."""
+    name, _, raw = spec.partition(":")
+    if name not in ADAPTERS:
+        raise ImplementationError(f"unknown adapter {name!r}; choose one of {', '.join(ADAPTERS)}")
+    options: dict[str, str] = dict(ADAPTERS[name].preset)
+    for item in filter(None, raw.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise ImplementationError(f"adapter option {item!r} of {spec!r} must look like key=value")
+        options[key.strip()] = value.strip()
+    return name, options
+
+
+def adapt(impl: Implementation, spec: str, device: str | None = None) -> Implementation:
+    """``impl`` called through the adapter ``spec``: the wrapped callable, its capabilities and its description.
+
+    Args:
+        impl (Implementation): the loaded kernel (its ``fn`` has the kernel's own convention).
+        spec (str): ``NAME[:key=value,...]``, a key of ``ADAPTERS`` with options.
+        device (str | None): torch device for the torch adapters (default cuda when available, else cpu).
+
+    Returns:
+        Implementation: gdn_cte's numpy signature around the kernel; ``via`` describes the adapter.
+
+    Raises:
+        ImplementationError: unknown adapter or option, a missing optional dependency (torch, nki), or a
+            device given to an adapter that has none.
+    """
+    name, options = parse(spec)
+    kind = ADAPTERS[name]
+    if device and kind.array_io != "torch":
+        raise ImplementationError(f"--device applies to the torch adapters; {name!r} has no device")
+    caps = impl.capabilities
+    io_label = ""
+    if kind.array_io == "torch":
+        from .torch_io import TorchIO
+
+        io = TorchIO.create(device)
+        io_label = f", {io.describe()}"
+    else:
+        io = None
+    if kind.seq_first:
+        from .seqfirst import Conventions, wrap_seq_first
+
+        conventions = Conventions.from_options(options)
+        fn: Callable[..., Any] = wrap_seq_first(impl.fn, conventions, io)
+        caps = replace(caps, validates_arguments=False, state_in_place=False, varlen=conventions.takes_cu_seqlens)
+        label = f"{name} adapter ({conventions.describe()}){io_label}"
+    elif kind.array_io == "torch":
+        _no_options(name, options)
+        from .torch_io import wrap_torch_signature
+
+        fn = wrap_torch_signature(impl.fn, io)
+        label = f"{name} adapter{io_label}"
+    else:
+        _no_options(name, options)
+        from .nki_sim import simulator, wrap_nki
+
+        run, backend = simulator()
+        fn = wrap_nki(impl.fn, run)
+        # Traced: shapes, dtypes and scalars are known at trace time, tensor contents are not.
+        caps = replace(caps, content_checks=False)
+        label = f"{name} adapter, {backend}"
+    return replace(impl, fn=fn, capabilities=caps, via=label, default_profile=kind.default_profile)
+
+
+def _no_options(name: str, options: dict[str, str]) -> None:
+    if options:
+        raise ImplementationError(f"adapter {name!r} takes no options, got {sorted(options)}")
+
+
+__all__ = ["ADAPTERS", "AdapterKind", "adapt", "parse"]

@@ -1,0 +1,194 @@
+"""Layout glue for seq-first (FLA / HF style) GDN functions, declared conventions and all.
+
+The suite's call is head-major: q, k ``[B, Hk, S, Dk]``, v ``[B, Hv, S, Dv]``, g_log and beta ``[B, Hv, S]``, state
+``[B, Hv, Dk, Dv]``. A seq-first function takes ``[B, T, H, D]`` and ``[B, T, H]``, an ``initial_state`` plus
+``output_final_state=True``, and returns ``(o [B, T, Hv, Dv], final_state)``. What differs between such
+functions is declared, never guessed (``Conventions``); the adapter owns the transposes, the head repetition and
+the scale, which is where the bugs that matter hide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from ..impl import ImplementationError
+
+# Relative slack when checking that the suite's scale is the K**-0.5 an "internal"-scale kernel applies itself.
+_SCALE_RTOL = 1e-12
+
+
+class ArrayIO(Protocol):
+    """Moves numpy arrays into the kernel's array type and back (numpy itself, or torch on a device)."""
+
+    def to_kernel(self, x: np.ndarray) -> Any: ...
+    def index(self, x: np.ndarray) -> Any: ...
+    def from_kernel(self, x: Any) -> np.ndarray: ...
+
+
+class NumpyIO:
+    """The kernel takes numpy arrays: contiguous copies in, arrays out."""
+
+    def to_kernel(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x)
+
+    def index(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.int64)
+
+    def from_kernel(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What a seq-first kernel does itself, declared as adapter options (``fla-torch:scale=internal,...``).
+
+    Attributes:
+        scale (str): "argument" — the kernel takes ``scale=`` and applies it (FLA); "internal" — it multiplies q by
+            K**-0.5 itself and takes no scale (HF), so only the suite's default scale can be passed; "caller" — it
+            applies none, the adapter multiplies q by the scale (one rounding into the compute dtype).
+        gqa (str): "native" — value head h reads key head h // (Hv // Hk) inside the kernel (FLA's GVA, HF >= 5);
+            "repeat" — the kernel needs Hk == Hv, so the adapter repeats each key/query head Hv // Hk times.
+        state (str): "kv" — states are ``[N, H, K, V]``; "vk" — ``[N, H, V, K]`` (FLA's ``state_v_first``).
+        varlen (str): "yes" — the kernel takes ``cu_seqlens`` (packed sequences, B = 1); "no" — it does not.
+    """
+
+    scale: str = "argument"
+    gqa: str = "native"
+    state: str = "kv"
+    varlen: str = "no"
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "scale": ("argument", "internal", "caller"),
+        "gqa": ("native", "repeat"),
+        "state": ("kv", "vk"),
+        "varlen": ("no", "yes"),
+    }
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> Conventions:
+        """Validated conventions; an unknown key or value is an error naming the choices."""
+        known = {f.name for f in fields(cls)}
+        for key, value in options.items():
+            if key not in known:
+                raise ImplementationError(f"unknown seq-first adapter option {key!r}; options: {sorted(known)}")
+            if value not in cls.CHOICES[key]:
+                raise ImplementationError(f"adapter option {key}={value!r}: choose one of {cls.CHOICES[key]}")
+        return cls(**options)
+
+    @property
+    def takes_cu_seqlens(self) -> bool:
+        return self.varlen == "yes"
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+def seq_first(x: np.ndarray) -> np.ndarray:
+    """[B, H, S, ...] <-> [B, S, H, ...] (its own inverse)."""
+    return np.swapaxes(x, 1, 2)
+
+
+class Glue:
+    """The steps between the suite's head-major call and a seq-first kernel, each following the conventions.
+
+    One method per step, so a self-test can break exactly one (``tests/adapter_mutants.py``): the suite must fail
+    an adapter that applies the scale twice, repeats heads wrongly or transposes the state.
+    """
+
+    def __init__(self, conventions: Conventions) -> None:
+        self.conventions = conventions
+
+    def heads(self, x: np.ndarray, ratio: int) -> np.ndarray:
+        """Key/query heads [B, Hk, ...] for the kernel: repeated so value head h reads key head h // ratio."""
+        if self.conventions.gqa == "repeat" and ratio > 1:
+            return np.repeat(x, ratio, axis=1)
+        return x
+
+    def query(self, query: np.ndarray, scale: float) -> tuple[np.ndarray, dict[str, float]]:
+        """The query and the scale keyword for the kernel."""
+        dk = query.shape[-1]
+        if self.conventions.scale == "argument":
+            return query, {"scale": float(scale)}
+        if self.conventions.scale == "caller":  # one rounding of q·scale into the compute dtype
+            return (query.astype(np.float64) * scale).astype(query.dtype), {}
+        if not math.isclose(scale, dk**-0.5, rel_tol=_SCALE_RTOL):
+            raise ValueError(
+                f"scale={scale!r}: the kernel applies K**-0.5 = {dk**-0.5!r} itself (adapter option scale=internal) "
+                "and takes no scale; call it with scale=Dk**-0.5"
+            )
+        return query, {}
+
+    def state_in(self, state: np.ndarray) -> np.ndarray:
+        """gdn_cte's [N, H, Dk, Dv] state in the kernel's layout."""
+        return state if self.conventions.state == "kv" else np.swapaxes(state, -1, -2)
+
+    def state_out(self, state: np.ndarray) -> np.ndarray:
+        """The kernel's final state in gdn_cte's [N, H, Dk, Dv] layout."""
+        return np.ascontiguousarray(state if self.conventions.state == "kv" else np.swapaxes(state, -1, -2))
+
+
+def wrap_seq_first(
+    fn: Callable[..., Any], conventions: Conventions, io: ArrayIO | None = None, glue: Glue | None = None
+) -> Callable[..., Any]:
+    """gdn_cte's numpy signature around a seq-first kernel (see the module docstring and ``Conventions``).
+
+    Args:
+        fn (Callable): ``fn(q, k, v, g=, beta=, [scale=], initial_state=, output_final_state=True,
+            [cu_seqlens=]) -> (o, final_state)``.
+        conventions (Conventions): what the kernel does itself.
+        io (ArrayIO | None): the kernel's array type (None: numpy).
+        glue (Glue | None): the layout steps (None: ``Glue(conventions)``).
+
+    Returns:
+        Callable: gdn_cte(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size,
+        recurrent_state, cu_seqlens=None) -> (out [B, Hv, S, Dv], a NEW final state [B, Hv, Dk, Dv]).
+
+    Notes:
+        ``algorithm``, ``mask_pack`` and ``group_size`` are gdn_cte's own and are not passed on. The state comes
+        back as a new array (such kernels return a new state): ``state_in_place`` is declared False.
+    """
+    io = io or NumpyIO()
+    glue = glue or Glue(conventions)
+
+    def gdn_cte(
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        g_log: np.ndarray,
+        beta: np.ndarray,
+        scale: float = 1.0,
+        algorithm: str = "schur",
+        mask_pack: np.ndarray | None = None,
+        group_size: int = 8,
+        recurrent_state: np.ndarray | None = None,
+        cu_seqlens: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        del algorithm, mask_pack, group_size  # gdn_cte's own knobs: a seq-first kernel has its own chunking
+        ratio = value.shape[1] // max(1, query.shape[1])
+        query, key = glue.heads(query, ratio), glue.heads(key, ratio)
+        query, kwargs = glue.query(query, scale)
+        kwargs["g"] = io.to_kernel(seq_first(g_log))
+        kwargs["beta"] = io.to_kernel(seq_first(beta))
+        kwargs["initial_state"] = None if recurrent_state is None else io.to_kernel(glue.state_in(recurrent_state))
+        kwargs["output_final_state"] = True
+        if cu_seqlens is not None:
+            if not conventions.takes_cu_seqlens:
+                raise ValueError("cu_seqlens given, but the kernel is declared without it (adapter option varlen=no)")
+            kwargs["cu_seqlens"] = io.index(cu_seqlens)
+        result = fn(*(io.to_kernel(seq_first(x)) for x in (query, key, value)), **kwargs)
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise TypeError(f"a seq-first kernel returns (o, final_state); got {type(result).__name__}")
+        out, final = result
+        if final is None:
+            raise TypeError("the kernel returned final_state=None although output_final_state=True was passed")
+        return np.ascontiguousarray(seq_first(io.from_kernel(out))), glue.state_out(io.from_kernel(final))
+
+    return gdn_cte
+
+
+__all__ = ["ArrayIO", "Conventions", "Glue", "NumpyIO", "seq_first", "wrap_seq_first"]

@@ -1,0 +1,133 @@
+"""Seq-first GDN kernels in numpy (FLA and HF calling conventions) and broken adapters around them.
+
+The kernels are ``mutants.recurrence`` (float64, value head h reads key head h // (Hv // Hk)) behind the
+seq-first conventions the adapters declare: ``fla_style`` (scale argument, native GQA, [N, H, K, V] states,
+optional ``cu_seqlens``), ``hf_style`` (multiplies q by K**-0.5 itself, no GQA: the caller repeats heads),
+``v_first_style`` (states [N, H, V, K]) and ``leaky_varlen`` (a packed sequence starts from the previous
+sequence's final state instead of its own).
+
+The broken adapters are the correct layout glue with one step wrong each: the scale applied twice, heads
+repeated wrongly, the state transposed. Every one must fail the math profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gdn_spec.adapters.seqfirst import Conventions, Glue, seq_first, wrap_seq_first
+from mutants import recurrence
+
+CAPS = {"max_work": 1 << 22}
+
+
+def _run(q, k, v, g, beta, scale, initial_state, cu_seqlens, leak=False):
+    """Head-major recurrence over each packed sequence; returns (out in q's dtype, fp32 states [N, Hv, K, V])."""
+    B, Hv, S, Dv = v.shape
+    bounds = [0, S] if cu_seqlens is None else [int(b) for b in cu_seqlens]
+    n = len(bounds) - 1
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"cu_seqlens needs B == 1, got B={B}")
+    start = np.zeros((max(B, n), Hv, q.shape[-1], Dv)) if initial_state is None else initial_state.astype(np.float64)
+    out = np.empty(v.shape)
+    finals = []
+    for i in range(n):
+        a, b = bounds[i], bounds[i + 1]
+        first = finals[-1] if leak and finals else start[i : i + 1] if cu_seqlens is not None else start
+        o, final = recurrence(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], g[:, :, a:b], beta[:, :, a:b], scale, first)
+        out[:, :, a:b] = o
+        finals.append(final)
+    return out.astype(q.dtype), np.concatenate(finals).astype(np.float32)
+
+
+def fla_style(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    scale: float | None = None,
+    initial_state: np.ndarray | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """FLA convention: [B, T, H, D] in and out, native GQA, ``scale`` (default K**-0.5), [N, H, K, V] states."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o, final = _run(*(seq_first(x) for x in (q, k, v, g, beta)), scale, initial_state, cu_seqlens)
+    return seq_first(o), final if output_final_state else None
+
+
+def leaky_varlen(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """``fla_style`` whose packed sequences each start from the previous one's final state."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o, final = _run(*(seq_first(x) for x in (q, k, v, g, beta)), scale, initial_state, cu_seqlens, leak=True)
+    return seq_first(o), final if output_final_state else None
+
+
+def hf_style(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    initial_state: np.ndarray | None = None,
+    output_final_state: bool = False,
+    **kwargs: Any,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """HF convention: multiplies q by K**-0.5 itself, takes no scale, needs as many key heads as value heads."""
+    if query.shape[2] != value.shape[2]:
+        raise ValueError(f"query has {query.shape[2]} heads, value {value.shape[2]}: repeat the key heads first")
+    return fla_style(query, key, value, g, beta, query.shape[-1] ** -0.5, initial_state, output_final_state)
+
+
+def v_first_style(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """FLA convention with ``state_v_first``: states are [N, H, V, K]."""
+    state = None if initial_state is None else np.swapaxes(initial_state, -1, -2)
+    o, final = fla_style(q, k, v, g, beta, scale, state, output_final_state)
+    return o, None if final is None else np.ascontiguousarray(np.swapaxes(final, -1, -2))
+
+
+for _kernel in (fla_style, leaky_varlen, hf_style, v_first_style):
+    _kernel.gdn_spec_capabilities = dict(CAPS)
+
+
+class ScaleTwice(Glue):
+    """Multiplies q by the scale AND passes it to a kernel that applies it."""
+
+    def query(self, query: np.ndarray, scale: float) -> tuple[np.ndarray, dict[str, float]]:
+        return (query.astype(np.float64) * scale).astype(query.dtype), {"scale": float(scale)}
+
+
+class TiledHeads(Glue):
+    """Repeats key heads with np.tile (value head h reads key head h % Hk) instead of np.repeat."""
+
+    def heads(self, x: np.ndarray, ratio: int) -> np.ndarray:
+        return np.tile(x, (1, ratio, 1, 1))
+
+
+class TransposedState(Glue):
+    """Hands the kernel the state as [V, K] and reads it back as such, for a kernel that keeps [K, V]."""
+
+    def state_in(self, state: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.swapaxes(state, -1, -2))
+
+    def state_out(self, state: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.swapaxes(state, -1, -2))
+
+
+def _adapted(kernel, glue_type: type[Glue], **conventions: str):
+    conv = Conventions(**conventions)
+    fn = wrap_seq_first(kernel, conv, glue=glue_type(conv))
+    fn.gdn_spec_capabilities = {**CAPS, "validates_arguments": False, "state_in_place": False}
+    return fn
+
+
+# name -> (gdn_cte-signature callable, areas expected to fail, -k filter)
+BROKEN_ADAPTERS = {
+    "scale_twice": (_adapted(fla_style, ScaleTwice), ("numerics",), "float32 and random"),
+    "tiled_heads": (_adapted(hf_style, TiledHeads, scale="internal", gqa="repeat"), ("head_mapping",), ""),
+    "transposed_state": (_adapted(fla_style, TransposedState), ("numerics",), "float32 and initial_state"),
+}
+for _name, (_fn, _areas, _k) in BROKEN_ADAPTERS.items():
+    globals()[_name] = _fn
