@@ -78,6 +78,47 @@ def conformance(session: nox.Session) -> None:
         session.run("gdn-spec", "check", impl, "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS)
 
 
+HF_QWEN3_NEXT = "transformers.models.qwen3_next.modeling_qwen3_next"
+FLA_NAIVE = "fla.ops.gated_delta_rule.naive"
+VALIDATED_OUT = ROOT / "thirdparty-out"
+
+
+@nox.session
+def thirdparty(session: nox.Session) -> None:
+    """gdn-spec against third-party GDN kernels on CPU torch (math profile through the seq-first adapters), gdn-nki's
+    FLA-compatible torch entry point and its raw @nki.jit kernel; writes the README's "kernels validated" table."""
+    _install_repo(session, "torch>=2.4", "transformers>=5.24")
+    VALIDATED_OUT.mkdir(exist_ok=True)
+    summaries: list[str] = []
+
+    def check(label: str, spec: str, adapter: str) -> None:
+        summary = str(VALIDATED_OUT / f"{len(summaries) + 1:02d}.json")
+        session.run(
+            "gdn-spec", "check", spec, "--adapter", adapter, "--label", label, "--json", summary,
+            "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS,
+        )  # fmt: skip
+        summaries.append(summary)
+
+    # HF's functions dispatch to flash-linear-attention's Triton kernels when it is importable (and those need a
+    # GPU): the torch reference paths are checked before it is installed.
+    check("HF transformers torch_chunk_gated_delta_rule", f"{HF_QWEN3_NEXT}:torch_chunk_gated_delta_rule", "hf-torch")
+    check(
+        "HF transformers torch_recurrent_gated_delta_rule",
+        f"{HF_QWEN3_NEXT}:torch_recurrent_gated_delta_rule",
+        "hf-torch",
+    )
+    session.install("flash-linear-attention>=0.4")
+    # FLA's naive references: pure torch, one head count for q, k and v (the adapter repeats key heads).
+    check("FLA naive_chunk_gated_delta_rule", f"{FLA_NAIVE}:naive_chunk_gated_delta_rule", "fla-torch:gqa=repeat")
+    check(
+        "FLA naive_recurrent_gated_delta_rule", f"{FLA_NAIVE}:naive_recurrent_gated_delta_rule", "fla-torch:gqa=repeat"
+    )
+    check("gdn-nki FLA-compatible torch entry point", "gdn_nki.torch:chunk_gated_delta_rule", "fla-torch:varlen=yes")
+    check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki")
+    session.run("pytest", "-q", "-n", "0", "packages/gdn-spec/tests/test_adapters.py", env=SINGLE_THREAD_BLAS)
+    session.run("python", "-m", "gdn_spec.validated", "--readme", "README.md", *summaries)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff lint and format check over the whole repo."""

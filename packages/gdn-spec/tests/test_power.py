@@ -20,14 +20,17 @@ from mutants import FLAWS
 HERE = Path(__file__).parent
 
 
-def check(spec: str, areas: tuple[str, ...] = (), keyword: str = "", tmp_path: Path | None = None) -> dict:
-    """Run ``gdn-spec check`` in a subprocess; return (exit code, JSON summary)."""
+def check(
+    spec: str, areas: tuple[str, ...] = (), keyword: str = "", tmp_path: Path | None = None, extra: tuple = ()
+) -> dict:
+    """Run ``gdn-spec check`` in a subprocess (``extra``: more CLI arguments); return exit code, JSON, output."""
     out = (tmp_path or HERE) / f"summary-{spec.replace(':', '-')}.json"
     cmd = [sys.executable, "-m", "gdn_spec.cli", "check", spec, "--hypothesis", "quick", "--json", str(out)]
     for area in areas:
         cmd += ["--area", area]
     if keyword:
         cmd += ["-k", keyword]
+    cmd += list(extra)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)

@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--area", action="append", choices=AREAS, metavar="AREA", help="run only this area (repeatable)")
     check.add_argument("-k", dest="keyword", help="pytest -k expression to select tests")
     check.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    check.add_argument("--label", help="display name of the kernel in the summary and the JSON")
     return parser
 
 
@@ -275,15 +277,19 @@ def main(argv: list[str] | None = None) -> int:
         "spec": args.impl,
         "via": impl.via if impl else "",
         "profile": profile,
+        "label": args.label or "",
     }
     summary.left_out = _left_out(args)
+    started = time.perf_counter()
     code = int(pytest.main(build_pytest_args(args), plugins=[collector]))
+    summary.run["seconds"] = round(time.perf_counter() - started, 1)
     if summary.deselected:
         by = " and ".join(
             x for x, on in ((f"-k {args.keyword!r}", args.keyword), ("--algorithm", args.algorithm != "all")) if on
         )
         summary.left_out.append(f"{summary.deselected} tests deselected by {by or 'pytest options'}")
-    print("\n" + format_summary(summary, summary.run["implementation"]))
+    print("\n" + format_summary(summary, args.label or summary.run["implementation"]))
+    print(f"({summary.run['seconds']:.1f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2))
     if code == 0 and not summary.outcomes:

@@ -1,0 +1,111 @@
+"""Adapters: option parsing, the seq-first layout glue against a direct gdn_cte call, exact bf16 through torch,
+identity of in-place states through the torch and nki adapters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn_spec.adapters import adapt, parse
+from gdn_spec.adapters.seqfirst import Conventions
+from gdn_spec.contract import valid_call
+from gdn_spec.impl import ImplementationError, load
+from gdn_spec.regimes import Geometry, make_case
+from gdn_spec.suite._support import call_args
+from mutants import CORRECT
+
+
+@pytest.mark.parametrize(
+    "spec", ["nope", "fla:scale", "fla:scale=sometimes", "fla:heads=repeat", "torch:scale=internal", "nki:state=vk"]
+)
+def test_bad_adapter_specs_are_errors(spec: str) -> None:
+    with pytest.raises(ImplementationError):
+        adapt(load("adapter_kernels:fla_style"), spec)
+
+
+def test_presets_and_options() -> None:
+    assert parse("hf-torch") == ("hf-torch", {"scale": "internal"})
+    assert parse("fla:gqa=repeat,state=vk") == ("fla", {"gqa": "repeat", "state": "vk"})
+    assert Conventions.from_options({"varlen": "yes"}).takes_cu_seqlens
+
+
+def test_device_needs_a_torch_adapter() -> None:
+    with pytest.raises(ImplementationError, match="device"):
+        adapt(load("adapter_kernels:fla_style"), "fla", device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("spec", "adapter"),
+    [
+        ("adapter_kernels:fla_style", "fla"),
+        ("adapter_kernels:hf_style", "fla:scale=internal,gqa=repeat"),
+        ("adapter_kernels:v_first_style", "fla:state=vk"),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_seq_first_glue_equals_the_direct_call(spec: str, adapter: str, dtype: str) -> None:
+    case = make_case("initial_state", Geometry(2, 2, 6, 128, 32, 16), dtype, 3)
+    adapted = adapt(load(spec), adapter)
+    assert adapted.default_profile == "math" and "fla adapter" in adapted.via
+    out, state = adapted(**call_args(case, "schur"))
+    ref_out, ref_state = CORRECT(**call_args(case, "schur"))
+    assert out.shape == ref_out.shape and state.shape == ref_state.shape
+    assert out.tobytes() == ref_out.tobytes() and np.array_equal(state, ref_state)
+
+
+def test_internal_scale_rejects_another_scale() -> None:
+    adapted = adapt(load("adapter_kernels:hf_style"), "fla:scale=internal,gqa=repeat")
+    call = valid_call("schur", "float32", supply_state=False)
+    call["scale"] = 0.5
+    with pytest.raises(ValueError, match="scale"):
+        adapted(**call)
+
+
+# ---- torch: exact bf16 and identity of in-place states -------------------------------------------------------
+
+
+def test_torch_bf16_is_exact_both_ways() -> None:
+    torch = pytest.importorskip("torch")
+    from gdn_spec.adapters.torch_io import BF16, TorchIO
+
+    io = TorchIO.create("cpu")
+    bits = np.arange(-(2**15), 2**15, 7, dtype=np.int64).astype(np.int16)
+    x = bits.view(BF16)  # every 7th bf16 bit pattern, NaNs and infinities included
+    t = io.to_kernel(x)
+    assert t.dtype == torch.bfloat16 and t.view(torch.int16).numpy().tobytes() == bits.tobytes()
+    assert io.from_kernel(t).tobytes() == x.tobytes()
+    caller = np.zeros(4, np.float32)
+    io.to_kernel(caller).add_(1.0)  # on the CPU the tensor IS the caller's memory: in-place writes reach it
+    assert caller.tolist() == [1.0] * 4
+
+
+def test_torch_signature_returns_the_callers_state_object() -> None:
+    torch = pytest.importorskip("torch")
+    from gdn_spec.adapters.torch_io import TorchIO, wrap_torch_signature
+
+    def kernel(query, key, value, g_log, beta, scale, recurrent_state, **_):
+        assert isinstance(query, torch.Tensor)
+        recurrent_state.add_(1.0)  # in place, as gdn_cte's contract asks
+        return value.clone(), recurrent_state
+
+    call = valid_call("schur", "bfloat16")
+    buffer = call["recurrent_state"]
+    before = buffer.copy()
+    out, state = wrap_torch_signature(kernel, TorchIO.create("cpu"))(**call)
+    assert state is buffer and np.array_equal(buffer, before + 1.0)
+    assert out.dtype == call["value"].dtype and out.tobytes() == call["value"].tobytes()
+
+
+# ---- raw NKI: simulated, aliasing decided by value ------------------------------------------------------------
+
+
+def test_raw_nki_kernel_returns_the_callers_state_object() -> None:
+    pytest.importorskip("gdn_nki")
+    adapted = adapt(load("gdn_nki:gdn_cte"), "nki")
+    assert not adapted.capabilities.content_checks and "nki" in adapted.via
+    call = valid_call("schur", "float32", Geometry(1, 1, 1, 128, 16, 16), seed=5)
+    buffer = call["recurrent_state"]
+    out, state = adapted(**call)
+    assert state is buffer
+    ref_out, ref_state = CORRECT(**valid_call("schur", "float32", Geometry(1, 1, 1, 128, 16, 16), seed=5))
+    assert np.allclose(state, ref_state, rtol=1e-3, atol=1e-4) and np.allclose(out, ref_out, rtol=1e-3, atol=1e-4)

@@ -1,0 +1,77 @@
+"""The suite's power over adapters and the CLI: a broken adapter (scale applied twice, heads repeated wrongly,
+state transposed) fails the math profile; the correct glue around the same kernels passes the same runs; a leaky
+varlen kernel fails the varlen area; -x stops early and is reported; restrictions are reported as left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adapter_kernels import BROKEN_ADAPTERS
+from gdn_spec.cli import parse_args
+from test_power import check
+
+
+@pytest.mark.parametrize("name", list(BROKEN_ADAPTERS))
+def test_broken_adapter_is_caught(name: str, tmp_path: Path) -> None:
+    _, areas, keyword = BROKEN_ADAPTERS[name]
+    result = check(f"adapter_kernels:{name}", areas, keyword, tmp_path, extra=["--profile", "math"])
+    assert result["code"] != 0, f"broken adapter {name} passed:\n{result['output']}"
+    failed = {a for a, c in result["summary"]["areas"].items() if c.get("failed")}
+    assert failed & set(areas), f"{name} failed in {failed}, expected {areas}:\n{result['output']}"
+    assert result["summary"]["run"]["profile"] == "math"
+    for message in result["summary"]["failures"].values():  # the assertion's message, not a traceback line
+        assert "rel_rms" in message or "Hk=" in message, message
+
+
+# The same kernels through the correct glue, over the same runs.
+CORRECT_GLUE = [
+    ("adapter_kernels:fla_style", "fla"),
+    ("adapter_kernels:hf_style", "fla:scale=internal,gqa=repeat"),
+]
+RUNS = sorted({(areas, keyword) for _, areas, keyword in BROKEN_ADAPTERS.values()})
+
+
+@pytest.mark.parametrize(("spec", "adapter"), CORRECT_GLUE)
+@pytest.mark.parametrize(("areas", "keyword"), RUNS, ids=[f"{'+'.join(a)}[{k}]" for a, k in RUNS])
+def test_correct_glue_passes_the_same_runs(spec: str, adapter: str, areas, keyword: str, tmp_path: Path) -> None:
+    result = check(spec, areas, keyword, tmp_path, extra=["--adapter", adapter])
+    assert result["code"] == 0, result["output"]
+    summary = result["summary"]
+    assert summary["totals"].get("passed", 0) > 0 and "fla adapter" in summary["run"]["via"]
+
+
+def test_varlen_area(tmp_path: Path) -> None:
+    good = check("adapter_kernels:fla_style", ("varlen",), "", tmp_path, extra=["--adapter", "fla:varlen=yes"])
+    assert good["code"] == 0 and good["summary"]["verdicts"] == {"varlen": "passed"}, good["output"]
+    leaky = check("adapter_kernels:leaky_varlen", ("varlen",), "", tmp_path, extra=["--adapter", "fla:varlen=yes"])
+    assert leaky["code"] != 0 and leaky["summary"]["verdicts"] == {"varlen": "failed"}, leaky["output"]
+    undeclared = check("adapter_kernels:fla_style", ("varlen",), "", tmp_path, extra=["--adapter", "fla"])
+    assert undeclared["summary"]["verdicts"] == {"varlen": "skipped"}, undeclared["output"]
+
+
+def test_math_profile_skips_api_promises_never_passes_them(tmp_path: Path) -> None:
+    result = check("adapter_kernels:fla_style", ("rejection", "dtypes"), "", tmp_path, extra=["--adapter", "fla"])
+    assert result["summary"]["verdicts"] == {"dtypes": "skipped", "rejection": "skipped"}, result["output"]
+    assert all("profile 'math' leaves out" in reason for reason in result["summary"]["skip_reasons"])
+    assert "left out of this run" in result["output"] and "--area: aliasing" in result["output"]
+
+
+def test_stop_at_first_failure_is_honoured_and_reported(tmp_path: Path) -> None:
+    result = check("mutants:scale_twice", ("numerics",), "float32", tmp_path, extra=["--", "-x"])
+    assert result["code"] == 1 and result["summary"]["totals"].get("failed") == 1, result["output"]
+    assert "did not run (stopped early" in result["output"]
+
+
+@pytest.mark.parametrize("argv", [["check", "m:f", "-x"], ["check", "m:f", "--", "-x"], ["check", "-x", "m:f"]])
+def test_unknown_arguments_go_to_pytest(argv: list[str]) -> None:
+    args = parse_args(argv)
+    assert args.impl == "m:f" and args.pytest_args == ["-x"]
+
+
+@pytest.mark.parametrize("argv", [["check", "m:f", "--area", "bogus"], ["check", "m:f", "--profile", "bogus"]])
+def test_bad_choices_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2 and "invalid choice" in capsys.readouterr().err
