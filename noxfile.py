@@ -1,4 +1,4 @@
-"""Project sessions: tests, conformance, lint, bench.
+"""Project sessions: tests, conformance, integration, lint, bench.
 
 Every session installs the repo's packages into its own virtualenv; nothing is installed by hand.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance", "integration"]
 nox.options.error_on_missing_interpreters = False
 
 ROOT = Path(__file__).parent
@@ -117,6 +117,20 @@ def thirdparty(session: nox.Session) -> None:
     check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki")
     session.run("pytest", "-q", "-n", "0", "packages/gdn-spec/tests/test_adapters.py", env=SINGLE_THREAD_BLAS)
     session.run("python", "-m", "gdn_spec.validated", "--readme", "README.md", *summaries)
+
+
+# The PyTorch integration: torch (PyPI's wheel, run on the CPU) and the transformers release the Qwen3-Next
+# comparison was written against.
+INTEGRATION_DEPS = ("torch>=2.4", "transformers>=5.24")
+INTEGRATION_TESTS = ("packages/gdn-nki/tests/test_torch.py", "packages/gdn-nki/tests/test_qwen3_next.py")
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """gdn-nki in PyTorch model code: torch tensors at the host entry points, the FLA-compatible entry point
+    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path."""
+    _install_repo(session, *INTEGRATION_DEPS)
+    session.run("pytest", "-n", _xdist_workers(), "-q", *INTEGRATION_TESTS, *session.posargs, env=SINGLE_THREAD_BLAS)
 
 
 @nox.session

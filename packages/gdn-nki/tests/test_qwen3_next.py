@@ -1,0 +1,36 @@
+"""A Qwen3-Next layer and 2-layer model end to end on gdn-nki (``examples/qwen3_next_layer.py``): HF's own torch
+path against ours swapped in for it, fp32 and bf16, prefill then decode from our final state. Skipped, with the
+reason, without torch and transformers (``nox -s integration`` installs both)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (nox -s integration installs it)")
+pytest.importorskip("transformers", reason="transformers is not installed (nox -s integration installs it)")
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "qwen3_next_layer.py"
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("qwen3_next_layer", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_qwen3_next_layer_and_model_agree_with_hf_within_gdn_spec_bounds(dtype: str) -> None:
+    example = _example()
+    result = example.compare_dtype(dtype)
+    assert len(result.core) == 2, "the layer and the model's linear-attention layer each called gdn-nki once"
+    assert [call.tokens for call in result.core] == [example.PROMPT] * 2
+    assert len(result.core[1].errors) == 2, "the model's prefill asked for the final state (its cache)"
+    assert len(result.decode) == example.DECODE_STEPS
+    assert result.ok, example.report(result)
+    assert example.hf.torch_chunk_gated_delta_rule is example.HF_CORE, "HF's function is restored afterwards"
