@@ -9,6 +9,13 @@ Two lane layouts are measured:
   ``"neumann"`` requires Hk == Hv, so its row of that layout runs Hk = Hv = 4 (the same 4 lanes, no sharing);
 - Qwen3-Next's full head count (Hk = 16, Hv = 32: 32 lanes) at S = 128, a short prompt; neumann runs Hk = Hv = 32.
 
+A scale matrix (bf16, Dk = Dv = 128) runs lanes in {1, 8, 32, 64} x S in {128, 2048, 8192, 32768}, both
+algorithms: 32 lanes is Qwen3-Next's head count (schur Hk = 16 / Hv = 32; neumann Hk = Hv = 32), the other lane
+counts Hk = Hv. A cell whose estimated instruction count exceeds ``--max-instructions`` is not interpreted (the
+interpreter runs ~100-200 us per instruction); its row says so, with the estimate. Each cell gives makespan,
+tokens/s, PE share, SBUF/PSUM high-water and the static (program) and dynamic (executed) instruction counts, and
+Qwen3-Next's head count runs in fp32 as well at ``QWEN_FULL_FP32_SEQ_LENS``.
+
 Printed and written to ``--out``: a markdown table (estimated µs, schur-vs-neumann speedup, tokens/s per
 NeuronCore, per-engine busy share of the makespan, rel-RMS error of the very run vs the oracle), the issue's
 targets judged from the measured numbers, the worst error vs the oracle per algorithm and dtype over a few small
@@ -46,6 +53,21 @@ ENGINE_LABELS = {"pe": "PE", "vector": "DVE", "scalar": "ACT", "gpsimd": "POOL",
 TRACE_SEQ_LEN = 2048
 ALGORITHMS = ("schur", "neumann")
 
+# The scale matrix: lane counts x sequence lengths, each cell run unless its estimated instruction count exceeds
+# the budget (~200k instructions take about half a minute to interpret on this machine, plus the cost model).
+SCALE_LANES = (1, 8, 32, 64)
+SCALE_SEQ_LENS = (128, 2048, 8192, 32768)
+MAX_INSTRUCTIONS = 200_000
+QWEN_FULL_LANES = 32  # Hk = 16 key heads, Hv = 32 value heads
+QWEN_FULL_FP32_SEQ_LENS = (2048, 8192)
+# Instructions per chunk used to estimate a cell before running it (measured: 1 lane S = 8192, bf16, D = 128);
+# refined from the largest cell actually run.
+INSTRUCTIONS_PER_CHUNK = {"schur": 83.0, "neumann": 79.0}
+# The largest-footprint corner of the contract (fp32, group 16): 5 units of 16 chunks fill its pipeline.
+CAPACITY_CORNER_LEN = 5 * 16 * 128
+# Cells up to this many tokens (lanes x S) are also judged against the fp64 oracle (its cost grows with tokens).
+ORACLE_TOKENS = 65_536
+
 # The issue's targets (ratios AWS measured on hardware for its schur/neumann pair; PE as the physical limit).
 SPEEDUP_TARGET_SHORT = (128, 1.8)  # schur >= 1.8x neumann at S = 128
 SPEEDUP_TARGET_LONG = (2048, 3.7)  # schur >= 3.7x neumann at every S >= 2048
@@ -78,6 +100,24 @@ class Row:
     cost_target: str  # the generation whose figures the cost model used
     speedup: float | None = None  # neumann time / schur time, on the schur row
     trace_file: str | None = None
+    static_instructions: int = 0  # the program (compiled loops' bodies once); ``instructions`` is the dynamic count
+    sbuf_high_water: int = 0  # bytes per partition
+    psum_high_water: int = 0
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class Skipped:
+    """A scale-matrix cell that was not interpreted, and why."""
+
+    layout: str
+    seq_len: int
+    algorithm: str
+    heads: str
+    lanes: int
+    dtype: str
+    estimated_instructions: int
+    reason: str
 
 
 @dataclass
@@ -101,13 +141,13 @@ def launch_report() -> CostReport:
     return max(reports, key=lambda report: report.makespan_ns)
 
 
-def run_case(c: Case, algorithm: str) -> tuple[np.ndarray, np.ndarray, float]:
+def run_case(
+    c: Case, algorithm: str, group_size: int = gdn_nki.DEFAULT_GROUP_SIZE
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Simulate one case; returns out, final state and the interpreter's wall time in seconds."""
     pack = gdn_nki.build_mask_pack() if algorithm == "schur" else None
     start = time.perf_counter()
-    out, state = gdn_nki.simulate(
-        **c.kernel, scale=c.scale, algorithm=algorithm, mask_pack=pack, group_size=gdn_nki.DEFAULT_GROUP_SIZE
-    )
+    out, state = gdn_nki.simulate(**c.kernel, scale=c.scale, algorithm=algorithm, mask_pack=pack, group_size=group_size)
     return out, state, time.perf_counter() - start
 
 
@@ -116,12 +156,25 @@ def oracle_errors(c: Case, out: np.ndarray, state: np.ndarray) -> list[Error]:
     return errors_vs_oracle(c, out, state)
 
 
-def measure(layout: str, geometry: Geometry, algorithm: str, out_dir: Path | None) -> Row:
-    """Run, estimate and check one launch; write its Perfetto trace at ``TRACE_SEQ_LEN`` (one-lane layout)."""
-    c = make_case("random", geometry, "bfloat16", seed=geometry.S)
-    out, state, seconds = run_case(c, algorithm)
+def measure(
+    layout: str,
+    geometry: Geometry,
+    algorithm: str,
+    out_dir: Path | None,
+    dtype: str = "bfloat16",
+    judge: bool = True,
+    group_size: int = gdn_nki.DEFAULT_GROUP_SIZE,
+) -> Row:
+    """Run, estimate and check one launch (against the oracle unless ``judge`` is false: NaN errors); write its
+    Perfetto trace at ``TRACE_SEQ_LEN`` (one-lane layout)."""
+    c = make_case("random", geometry, dtype, seed=geometry.S)
+    out, state, seconds = run_case(c, algorithm, group_size)
     report = launch_report()
-    err_out, err_state = oracle_errors(c, out, state)
+    if judge:
+        err_out, err_state = (e.rel_rms for e in oracle_errors(c, out, state))
+    else:
+        assert np.isfinite(out.astype(np.float32)).all() and np.isfinite(state).all(), "non-finite kernel result"
+        err_out = err_state = float("nan")
     share = report.busy_share
     row = Row(
         layout=layout,
@@ -133,10 +186,14 @@ def measure(layout: str, geometry: Geometry, algorithm: str, out_dir: Path | Non
         time_us=report.makespan_ns / 1e3,
         tokens_per_s=geometry.S * geometry.lanes / (report.makespan_ns * 1e-9),
         busy_share={engine: share.get(engine, 0.0) for engine in ENGINES},
-        rel_rms_out=err_out.rel_rms,
-        rel_rms_state=err_state.rel_rms,
+        rel_rms_out=err_out,
+        rel_rms_state=err_state,
         interpret_s=seconds,
         cost_target=report.target,
+        static_instructions=report.static_instructions,
+        sbuf_high_water=report.sbuf_high_water,
+        psum_high_water=report.psum_high_water,
+        dtype=dtype,
     )
     if out_dir is not None and layout == "1 lane" and geometry.S == TRACE_SEQ_LEN:
         path = out_dir / f"{PREFIX}_trace_S{geometry.S}_{algorithm}.json"
@@ -159,19 +216,112 @@ def perf_rows(seq_lens: tuple[int, ...], qwen_seq_lens: tuple[int, ...], out_dir
         plan.append((FULL_HEADS, Geometry(B=1, Hk=32, Hv=32, S=SHORT_PROMPT_LEN, Dk=HEAD_DIM, Dv=HEAD_DIM), "neumann"))
     rows = []
     for layout, geometry, algorithm in plan:
-        row = measure(layout, geometry, algorithm, out_dir)
-        print(
-            f"  {layout:<9} S={row.seq_len:<5} {algorithm:<7} {row.instructions:>6} instr  "
-            f"{row.time_us:>9.1f} us  (interpreted in {row.interpret_s:.1f} s)",
-            flush=True,
-        )
-        rows.append(row)
+        rows.append(_progress(measure(layout, geometry, algorithm, out_dir)))
     by_key = {(r.layout, r.seq_len, r.algorithm): r for r in rows}
     for row in rows:
         other = by_key.get((row.layout, row.seq_len, "neumann"))
         if row.algorithm == "schur" and other is not None:
             row.speedup = other.time_us / row.time_us
     return rows
+
+
+def _progress(row: Row) -> Row:
+    print(
+        f"  {row.layout:<9} S={row.seq_len:<5} {row.algorithm:<7} {row.dtype:<8} {row.instructions:>7} instr  "
+        f"{row.time_us:>9.1f} us  (interpreted in {row.interpret_s:.1f} s)",
+        flush=True,
+    )
+    return row
+
+
+def scale_geometry(lanes: int, seq_len: int, algorithm: str) -> Geometry:
+    """A scale-matrix cell's shape: Qwen3-Next's heads at 32 lanes for schur (neumann needs Hk == Hv), else Hk = Hv."""
+    key_heads = lanes // 2 if lanes == QWEN_FULL_LANES and algorithm == "schur" else lanes
+    return Geometry(B=1, Hk=key_heads, Hv=lanes, S=seq_len, Dk=HEAD_DIM, Dv=HEAD_DIM)
+
+
+def estimated_instructions(geometry: Geometry, algorithm: str, per_chunk: dict[str, float]) -> int:
+    """Dynamic instruction count of a launch from an instructions-per-chunk figure."""
+    chunks = geometry.lanes * geometry.S // gdn_nki.CHUNK_BY_ALGORITHM[algorithm]
+    return int(chunks * per_chunk[algorithm])
+
+
+def scale_rows(
+    lane_counts: tuple[int, ...], seq_lens: tuple[int, ...], max_instructions: int, fp32_seq_lens: tuple[int, ...]
+) -> list[Row | Skipped]:
+    """The scale matrix, smallest cells first (they refine the per-chunk estimate the budget is judged by), then
+    Qwen3-Next's head count in fp32."""
+    group = gdn_nki.DEFAULT_GROUP_SIZE
+    plan = [
+        (lanes, seq_len, algorithm, "bfloat16", group)
+        for lanes in lane_counts
+        for seq_len in seq_lens
+        for algorithm in ALGORITHMS
+    ]
+    if QWEN_FULL_LANES in lane_counts:
+        plan += [(QWEN_FULL_LANES, seq_len, "schur", "float32", group) for seq_len in fp32_seq_lens]
+    if plan:  # the contract's largest on-chip footprint: fp32, D = 128, the largest group, the pipeline full
+        plan.append((1, CAPACITY_CORNER_LEN, "schur", "float32", gdn_nki.MAX_GROUP_SIZE))
+    plan.sort(key=lambda cell: cell[0] * cell[1])
+    per_chunk = dict(INSTRUCTIONS_PER_CHUNK)  # refined by each cell run (the largest so far: the plan is by size)
+    cells: list[Row | Skipped] = []
+    for lanes, seq_len, algorithm, dtype, group in plan:
+        geometry = scale_geometry(lanes, seq_len, algorithm)
+        layout = f"{lanes} lanes" if lanes > 1 else "1 lane"
+        if group != gdn_nki.DEFAULT_GROUP_SIZE:
+            layout += f", group {group}"
+        estimate_count = estimated_instructions(geometry, algorithm, per_chunk)
+        if estimate_count > max_instructions:
+            reason = f"not run: ~{estimate_count:,} instructions > --max-instructions {max_instructions:,}"
+            heads = f"{geometry.Hk}/{geometry.Hv}"
+            cells.append(Skipped(layout, seq_len, algorithm, heads, lanes, dtype, estimate_count, reason))
+            continue
+        judge = geometry.lanes * seq_len <= ORACLE_TOKENS
+        row = _progress(measure(layout, geometry, algorithm, None, dtype=dtype, judge=judge, group_size=group))
+        chunks = geometry.lanes * seq_len // gdn_nki.CHUNK_BY_ALGORITHM[algorithm]
+        per_chunk[algorithm] = row.instructions / chunks
+        cells.append(row)
+    # table order: bf16 cells by lanes, S and algorithm, then the fp32 ones
+    return sorted(
+        cells,
+        key=lambda c: (c.dtype != "bfloat16", c.lanes, c.seq_len, ALGORITHMS.index(c.algorithm)),
+    )
+
+
+def scale_table(cells: list[Row | Skipped]) -> str:
+    """The scale matrix as a markdown table (a row per cell, run or not)."""
+    lines = [
+        "| layout | Hk/Hv | S | algorithm | dtype | est. time (µs) | tokens/s per NC | PE | SBUF high-water (B/part.) "
+        "| PSUM high-water | static instr | dynamic instr | interpreted (s) | rel-RMS out / state |",
+        "|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in cells:
+        if isinstance(c, Skipped):
+            lines.append(f"| {c.layout} | {c.heads} | {c.seq_len} | {c.algorithm} | {c.dtype} | {c.reason} |||||||| |")
+            continue
+        error = "—" if np.isnan(c.rel_rms_out) else f"{c.rel_rms_out:.1e} / {c.rel_rms_state:.1e}"
+        lines.append(
+            f"| {c.layout} | {c.heads} | {c.seq_len} | {c.algorithm} | {c.dtype} | {c.time_us:,.1f} | "
+            f"{c.tokens_per_s / 1e6:.2f} M | {c.busy_share['pe']:.0%} | {c.sbuf_high_water:,} | "
+            f"{c.psum_high_water:,} | {c.static_instructions:,} | {c.instructions:,} | {c.interpret_s:.1f} | {error} |"
+        )
+    return "\n".join(lines)
+
+
+def high_water_summary(cells: list[Row | Skipped]) -> str:
+    """Per algorithm and dtype: the SBUF/PSUM high-water range over the cells that ran."""
+    lines = []
+    for algorithm in ALGORITHMS:
+        for dtype in ("bfloat16", "float32"):
+            run = [c for c in cells if isinstance(c, Row) and c.algorithm == algorithm and c.dtype == dtype]
+            if run:
+                sbuf = sorted({c.sbuf_high_water for c in run})
+                psum = sorted({c.psum_high_water for c in run})
+                lines.append(
+                    f"- {algorithm} {dtype}: SBUF {sbuf[0]:,}–{sbuf[-1]:,}, PSUM {psum[0]:,}–{psum[-1]:,} bytes per "
+                    f"partition over {len(run)} launches"
+                )
+    return "\n".join(lines)
 
 
 def judge_targets(rows: list[Row]) -> list[Target]:
@@ -307,9 +457,28 @@ def regime_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def markdown(rows: list[Row], targets: list[Target], records: list[dict[str, Any]], target_name: str) -> str:
+def markdown(
+    rows: list[Row],
+    targets: list[Target],
+    records: list[dict[str, Any]],
+    target_name: str,
+    scale: list[Row | Skipped] | None = None,
+) -> str:
     """The whole report."""
     traces = [r.trace_file for r in rows if r.trace_file]
+    scale_part = []
+    if scale:
+        scale_part = [
+            "## Scale matrix (bf16, Dk = Dv = 128; 32 lanes = Qwen3-Next's heads, Hk = 16 / Hv = 32 for schur)",
+            "Static instr = the program (compiled loops' bodies once); dynamic = every executed instruction. "
+            "Cells too large to interpret within the budget say so. rel-RMS vs the fp64 oracle for cells up to "
+            f"{ORACLE_TOKENS:,} tokens (others: checked finite only). Qwen3-Next's head count in fp32 below the bf16 "
+            "cells.",
+            scale_table(scale),
+            "On-chip high-water over the cells that ran (it must not depend on lanes or S once the pipeline is "
+            "full; cells with fewer units than the pipeline's depth sit lower):",
+            high_water_summary(scale),
+        ]
     return "\n\n".join(
         [
             "# gdn_cte kernel: cost-model estimates",
@@ -329,6 +498,7 @@ def markdown(rows: list[Row], targets: list[Target], records: list[dict[str, Any
             accuracy_table(records),
             "Worst error / tolerance per regime (<= 1 passes; n/a: neumann takes no initial state):",
             regime_table(records),
+            *scale_part,
             "Perfetto traces (open in ui.perfetto.dev): " + (", ".join(traces) or "none written"),
         ]
     )
@@ -341,6 +511,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=list(SEQ_LENS), help="one-lane sequence lengths")
     parser.add_argument("--qwen-seq-lens", type=int, nargs="*", default=list(QWEN_SEQ_LENS))
     parser.add_argument("--skip-accuracy", action="store_true", help="do not run the small-regime accuracy sweep")
+    parser.add_argument(
+        "--scale-lanes", type=int, nargs="*", default=list(SCALE_LANES), help="scale-matrix lane counts (none: skip)"
+    )
+    parser.add_argument("--scale-seq-lens", type=int, nargs="+", default=list(SCALE_SEQ_LENS))
+    parser.add_argument("--fp32-seq-lens", type=int, nargs="*", default=list(QWEN_FULL_FP32_SEQ_LENS))
+    parser.add_argument(
+        "--max-instructions", type=int, default=MAX_INSTRUCTIONS, help="largest scale cell interpreted (estimated)"
+    )
     args = parser.parse_args(argv)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -350,8 +528,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = perf_rows(tuple(args.seq_lens), tuple(args.qwen_seq_lens), args.out)
     targets = judge_targets(rows)
     records = [] if args.skip_accuracy else accuracy_sweep()
+    scale = scale_rows(
+        tuple(args.scale_lanes), tuple(args.scale_seq_lens), args.max_instructions, tuple(args.fp32_seq_lens)
+    )
     target_name = ", ".join(sorted({r.cost_target for r in rows}))
-    report = markdown(rows, targets, records, target_name)
+    report = markdown(rows, targets, records, target_name, scale)
     print(report)
     print(f"\n(total bench time {time.perf_counter() - start:.0f} s)")
     if args.out is not None:
@@ -360,6 +541,7 @@ def main(argv: list[str] | None = None) -> None:
             "backend": gdn_nki.BACKEND_NAME,
             "cost_target": target_name,
             "rows": [asdict(r) for r in rows],
+            "scale": [{"ran": isinstance(c, Row), **asdict(c)} for c in scale],
             "targets": [
                 {"name": t.name, "measured": t.measured, "threshold": t.threshold, "met": t.met} for t in targets
             ],

@@ -28,7 +28,9 @@ def bench() -> ModuleType:
 
 
 def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    bench.main(["--out", str(tmp_path), "--seq-lens", "128", "2048", "--qwen-seq-lens", "--skip-accuracy"])
+    bench.main(
+        ["--out", str(tmp_path), "--seq-lens", "128", "2048", "--qwen-seq-lens", "--skip-accuracy", "--scale-lanes"]
+    )
     printed = capsys.readouterr().out
     assert "| 1 lane | 2048 | schur |" in printed and "| 1 lane | 128 | neumann |" in printed
     data = json.loads((tmp_path / "bench_kernel.json").read_text())
@@ -53,3 +55,17 @@ def test_speedup_is_neumann_time_over_schur_time(bench: ModuleType) -> None:
     schur, neumann = (next(r for r in rows if r.algorithm == a) for a in ("schur", "neumann"))
     assert schur.speedup == pytest.approx(neumann.time_us / schur.time_us)
     assert neumann.speedup is None
+
+
+def test_scale_matrix_runs_cells_within_the_budget_and_says_why_not_for_the_others(bench: ModuleType) -> None:
+    cells = bench.scale_rows((1, 2), (128, 1024), max_instructions=1000, fp32_seq_lens=())
+    ran = {(c.lanes, c.seq_len, c.algorithm) for c in cells if isinstance(c, bench.Row)}
+    skipped = [c for c in cells if isinstance(c, bench.Skipped)]
+    assert len(cells) == 2 * 2 * 2 + 1, "every cell, run or not, and the capacity corner (fp32, largest group)"
+    assert ran >= {(1, 128, "schur"), (1, 128, "neumann"), (2, 128, "schur")}
+    assert skipped and all(c.estimated_instructions > 1000 and "not run" in c.reason for c in skipped)
+    for row in (c for c in cells if isinstance(c, bench.Row)):
+        assert row.instructions <= 1000 and row.static_instructions <= row.instructions
+        assert 0 < row.psum_high_water <= 16384 and 0 < row.sbuf_high_water <= 212984
+    table = bench.scale_table(cells)
+    assert table.count("\n") == len(cells) + 1 and "not run" in table
