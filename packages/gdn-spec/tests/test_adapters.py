@@ -109,3 +109,10 @@ def test_raw_nki_kernel_returns_the_callers_state_object() -> None:
     assert state is buffer
     ref_out, ref_state = CORRECT(**valid_call("schur", "float32", Geometry(1, 1, 1, 128, 16, 16), seed=5))
     assert np.allclose(state, ref_state, rtol=1e-3, atol=1e-4) and np.allclose(out, ref_out, rtol=1e-3, atol=1e-4)
+
+
+def test_torch_adapter_declares_what_it_cannot_express() -> None:
+    pytest.importorskip("torch")
+    adapted = adapt(load("mutants:CORRECT"), "torch", device="cpu")
+    assert adapted.capabilities.inexpressible_rules == ("recurrent_state.writable",)
+    assert adapted.default_profile == "api" and adapted.via.startswith("torch adapter, torch ")

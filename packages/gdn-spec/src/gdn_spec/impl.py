@@ -50,6 +50,9 @@ class Capabilities:
             skips the rejection tests (``profiles``: the "validation" promise).
         state_in_place (bool): a supplied ``recurrent_state`` is updated in place and returned as the same
             object, an omitted one comes back fresh; False (a kernel returning a new state) skips those tests.
+        inexpressible_rules (tuple[str, ...]): contract rule ids the call path cannot express (set by adapters:
+            torch tensors have no read-only flag, so "recurrent_state.writable" cannot reach a torch kernel);
+            their rejection cases are skipped with the reason.
         varlen (bool): it accepts ``cu_seqlens`` (int64 ``[N + 1]``, B = 1, one initial state per sequence),
             checked by the ``varlen`` area.
     """
@@ -64,6 +67,7 @@ class Capabilities:
     content_checks: bool = True
     validates_arguments: bool = True
     state_in_place: bool = True
+    inexpressible_rules: tuple[str, ...] = ()
     varlen: bool = False
 
     @classmethod

@@ -108,6 +108,8 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
         from .torch_io import wrap_torch_signature
 
         fn = wrap_torch_signature(impl.fn, io)
+        # A read-only numpy buffer becomes a writable tensor: the rule cannot reach the kernel.
+        caps = replace(caps, inexpressible_rules=(*caps.inexpressible_rules, "recurrent_state.writable"))
         label = f"{name} adapter{io_label}"
     else:
         _no_options(name, options)

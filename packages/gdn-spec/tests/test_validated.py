@@ -1,0 +1,41 @@
+"""The kernels-validated table: verdicts per area (a skipped area is never shown as passed), worst error, and
+the README section it replaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gdn_spec.validated import BEGIN, END, render, write_section
+
+WORST = {"ratio": 0.25, "dtype": "bfloat16", "output": "out", "regime": "collinear_keys", "rel_rms": 2.5e-3}
+
+
+def _summary(areas: dict, label: str) -> dict:
+    totals: dict[str, int] = {}
+    for counts in areas.values():
+        for outcome, n in counts.items():
+            totals[outcome] = totals.get(outcome, 0) + n
+    run = {"label": label, "spec": "m:f", "via": "hf-torch adapter", "profile": "math", "seconds": 12.0}
+    return {"run": run, "areas": areas, "totals": totals, "worst": {"bfloat16/schur/out": WORST}}
+
+
+def test_render_verdicts_and_worst_error() -> None:
+    good = _summary({"numerics": {"passed": 34, "skipped": 6}, "rejection": {"skipped": 52}}, "good")
+    bad = _summary({"numerics": {"passed": 30, "failed": 4}}, "bad")
+    table = render([good, bad])
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "passed 34 (+6 skipped)" in rows["numerics"] and "**FAILED** 4/34" in rows["numerics"]
+    assert "skipped 52" in rows["rejection"] and "passed" not in rows["rejection"]
+    assert "0.25 (bfloat16 out, collinear_keys" in table and "hf-torch adapter" in table and "12 s" in table
+
+
+def test_write_section_replaces_only_the_marked_part(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}\nold table\n{END}\noutro\n")
+    write_section(readme, "new table")
+    assert readme.read_text() == f"intro\n{BEGIN}\nnew table\n{END}\noutro\n"
+    readme.write_text("no markers")
+    with pytest.raises(SystemExit):
+        write_section(readme, "x")
