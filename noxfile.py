@@ -1,4 +1,4 @@
-"""Project sessions: tests, conformance, integration, lint, bench.
+"""Project sessions: tests, conformance, integration, lint, bench, thirdparty.
 
 Every session installs the repo's packages into its own virtualenv; nothing is installed by hand.
 """
