@@ -87,7 +87,7 @@ VALIDATED_OUT = ROOT / "thirdparty-out"
 def thirdparty(session: nox.Session) -> None:
     """gdn-spec against third-party GDN kernels on CPU torch (math profile through the seq-first adapters), gdn-nki's
     FLA-compatible torch entry point and its raw @nki.jit kernel; writes the README's "kernels validated" table."""
-    _install_repo(session, "torch>=2.4", "transformers>=5.24")
+    _install_repo(session, *INTEGRATION_DEPS)
     VALIDATED_OUT.mkdir(exist_ok=True)
     summaries: list[str] = []
 
