@@ -115,6 +115,7 @@ def thirdparty(session: nox.Session) -> None:
     )
     check("gdn-nki FLA-compatible torch entry point", "gdn_nki.torch:chunk_gated_delta_rule", "fla-torch:varlen=yes")
     check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki")
+    check("gdn-nki simulate with torch tensors", "gdn_nki:simulate", "torch")
     session.run("pytest", "-q", "-n", "0", "packages/gdn-spec/tests/test_adapters.py", env=SINGLE_THREAD_BLAS)
     session.run("python", "-m", "gdn_spec.validated", "--readme", "README.md", *summaries)
 
