@@ -118,3 +118,25 @@ def test_nested_loops_and_an_early_break_count_each_body_once() -> None:
     # the nested body once, the broken loop's one iteration, and the straight-line tail
     assert trace.static_instructions == 3 * BODY
     assert not trace.records[-1].repeat
+
+
+@nki_cpu.jit
+def keeps_a_dead_tile(x):
+    """Tile ``first`` is dead after its store, but a Python reference keeps it until the kernel returns."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    first = nl.ndarray((ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=first, src=x[0])
+    nisa.dma_copy(dst=out[0], src=first)
+    second = nl.ndarray((ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=second, src=x[1])
+    nisa.dma_copy(dst=out[1], src=second)
+    return out
+
+
+def test_liveness_high_water_counts_a_tile_from_its_first_to_its_last_use() -> None:
+    nki_cpu.simulate(keeps_a_dead_tile)(_input())
+    trace = nki_cpu.last_trace()
+    tile_bytes = COLS * 4
+    assert trace.sbuf_high_water == 2 * tile_bytes, "Python references keep both tiles"
+    assert trace.liveness_high_water("sbuf") == tile_bytes, "their uses do not overlap"
+    assert trace.liveness_high_water("psum") == 0

@@ -73,8 +73,9 @@ class Launch:
         Args:
             buffer: ``"sbuf"`` or ``"psum"``.
             bytes_per_partition: the allocation's bytes in each partition.
-            owner: the storage object; its garbage collection frees the bytes (``owner.release`` is set to a
-                callable that the owner's ``__del__`` calls: cheaper than a ``weakref.finalize`` per allocation).
+            owner: the storage object (its id keys ``Trace.allocations``); its garbage collection frees the
+                bytes (``owner.release`` is set to a callable that the owner's ``__del__`` calls: cheaper than a
+                ``weakref.finalize`` per allocation).
         """
         cap = self.sbuf_capacity if buffer == "sbuf" else self.psum_capacity
         live = self.live
@@ -89,6 +90,7 @@ class Launch:
         elif live[buffer] > self.trace.psum_high_water:
             self.trace.psum_high_water = live[buffer]
         owner.release = (self, buffer, bytes_per_partition)
+        self.trace.allocations[owner.id] = (buffer, bytes_per_partition)
 
     def free(self, buffer: str, nbytes: int) -> None:
         """Return ``nbytes`` per partition of ``buffer`` (called when an allocation is garbage-collected)."""

@@ -86,12 +86,35 @@ class Trace:
     records: list[InstructionRecord] = field(default_factory=list)
     sbuf_high_water: int = 0  # bytes per partition
     psum_high_water: int = 0  # bytes per partition
+    # storage id -> (buffer, bytes per partition) of every on-chip allocation of the launch
+    allocations: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def static_instructions(self) -> int:
         """Instructions the compiled program holds: each compiled loop's body counted once (``len(records)`` is
         the dynamic count, every executed instruction)."""
         return sum(1 for record in self.records if not record.repeat)
+
+    def liveness_high_water(self, buffer: str) -> int:
+        """Peak bytes per partition of ``buffer`` ("sbuf" or "psum") if each allocation lived only from the first
+        to the last instruction touching it — what liveness-based placement needs, against ``*_high_water``'s
+        Python-reference lifetime (an upper bound of it). Allocations no instruction touches count for nothing."""
+        span: dict[int, list[int]] = {}
+        for record in self.records:
+            for region in (*record.reads, *record.writes):
+                if region.buffer == buffer and region.storage_id in self.allocations:
+                    first_last = span.setdefault(region.storage_id, [record.index, record.index])
+                    first_last[1] = record.index
+        change = [0] * (len(self.records) + 1)
+        for storage_id, (first, last) in span.items():
+            nbytes = self.allocations[storage_id][1]
+            change[first] += nbytes
+            change[last + 1] -= nbytes
+        live = peak = 0
+        for delta in change:
+            live += delta
+            peak = max(peak, live)
+        return peak
 
     def append(self, record: InstructionRecord) -> None:
         record.index = len(self.records)
