@@ -50,3 +50,15 @@ def test_pipeline_depths_keep_at_most_five_units_between_load_and_chain():
         assert 1 + prepare_depth(group_size) + load_ahead(group_size) <= 5
     # the largest groups hold the most per unit: they keep one unit in preparation and one loaded ahead
     assert prepare_depth(gdn_nki.MAX_GROUP_SIZE) == load_ahead(gdn_nki.MAX_GROUP_SIZE) == 1
+
+
+def test_the_contracts_largest_footprint_fits_on_chip():
+    """fp32, Dk = Dv = 128, the largest group, the pipeline full (8 units): the most on-chip memory a valid call
+    holds (measured 205,248 of 212,984 bytes per partition). It fits, so no valid call is rejected for capacity;
+    a change that grows the footprint fails here, not in a user's launch."""
+    group_size = gdn_nki.MAX_GROUP_SIZE
+    seq_len = 8 * group_size * gdn_nki.CHUNK_BY_ALGORITHM["schur"]
+    geometry = Geometry(B=1, Hk=1, Hv=1, S=seq_len, Dk=gdn_nki.MAX_HEAD_DIM, Dv=gdn_nki.MAX_HEAD_DIM)
+    run(case("float32", geometry, seed=0), "schur", group_size=group_size)  # capacity is checked per allocation
+    trace = nki_cpu.last_trace()
+    assert trace.sbuf_high_water <= 212_984 and trace.psum_high_water <= 16_384
