@@ -233,3 +233,39 @@ def test_opt_in_refuses_when_a_real_nki_is_importable(tmp_path: Path):
     )
     assert result.returncode == 0, result.stderr
     assert "REFUSED" in result.stdout and "real 'nki' package is importable" in result.stdout
+
+
+@nki_cpu.jit
+def copy_into(src, dst):
+    """Loads ``src`` and stores it into the caller's ``dst`` (an in/out argument)."""
+    tile = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=src)
+    nisa.dma_copy(dst=dst, src=tile)
+    return dst
+
+
+def test_read_only_argument_the_kernel_writes_is_refused_by_name():
+    src = np.arange(32, dtype=np.float32).reshape(4, 8)
+    src.setflags(write=False)  # read-only and only read: fine
+    dst = np.zeros((4, 8), np.float32)
+    copy_into(src, dst)
+    np.testing.assert_array_equal(dst, src)
+    frozen = np.zeros((4, 8), np.float32)
+    frozen.setflags(write=False)
+    try:
+        copy_into(src, dst=frozen)
+    except ValueError as exc:
+        assert "`dst`" in str(exc) and "read-only" in str(exc)
+    else:
+        raise AssertionError("a write into a read-only argument must be refused, not made on a copy")
+
+
+def test_launch_grid_must_be_a_positive_int():
+    for bad in ("2", 2.7, True, 0, -1):
+        try:
+            tensor_add[bad]
+        except ValueError as exc:
+            assert "positive int" in str(exc) and repr(bad) in str(exc)
+        else:
+            raise AssertionError(f"grid {bad!r} must be refused")
+    assert tensor_add[np.int64(2)].grid == 2 and tensor_add[(3,)].grid == 3

@@ -49,6 +49,11 @@ class Kernel:
             if len(grid) != 1:
                 raise ValueError(f"nki-cpu: the launch bracket holds exactly one number, got {grid!r}")
             grid = grid[0]
+        if not isinstance(grid, (int, np.integer)) or isinstance(grid, bool) or grid < 1:
+            raise ValueError(
+                f"nki-cpu: the launch grid must be a positive int (kernel[n]), got {grid!r}; a string, float or "
+                "bool is not converted"
+            )
         return Kernel(self.fn, int(grid), self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -72,16 +77,21 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     return Kernel(fn, None, options)
 
 
-def _wrap(value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+def _wrap(value: Any, buffer: MemoryRegion, copies: list[tuple[np.ndarray, np.ndarray]], name: str = "") -> Any:
     if isinstance(value, np.ndarray):
         array = value
-        if not value.flags.c_contiguous or not value.flags.writeable:
+        if not value.flags.c_contiguous:
             array = np.ascontiguousarray(value).copy()
             if value.flags.writeable:
                 copies.append((value, array))
-        return wrap_array(array, buffer)
+        tensor = wrap_array(array, buffer)
+        if not value.flags.writeable:
+            # No silent copy for a read-only array: the kernel could not update the caller's memory, so a write
+            # into it is an error naming the argument (``NkiTensor.write``).
+            tensor.storage.read_only_argument = name or "?"
+        return tensor
     if isinstance(value, tuple) and any(isinstance(v, np.ndarray) for v in value):
-        return tuple(_wrap(v, buffer, copies) for v in value)
+        return tuple(_wrap(v, buffer, copies, f"{name}[{i}]") for i, v in enumerate(value))
     return value
 
 
@@ -91,7 +101,7 @@ def _wrap_named(name: str, value: Any, buffer: MemoryRegion, copies: list[tuple[
     if frameworks.is_torch_tensor(value):
         value = frameworks.torch_to_numpy(name, value)
     try:
-        return _wrap(value, buffer, copies)
+        return _wrap(value, buffer, copies, name)
     except TypeError as exc:
         raise TypeError(f"nki-cpu: kernel argument `{name}`: {exc}; cast it before the launch") from exc
 

@@ -85,6 +85,17 @@ class Storage:
 
     # (launch, buffer, bytes per partition) of an on-chip allocation, set by ``Launch.allocate``.
     release: tuple[Any, str, int] | None = None
+    # The kernel argument's name when it wraps a caller's read-only numpy array (set by the launch).
+    read_only_argument: str | None = None
+
+    def check_writable(self) -> None:
+        """Raise when this is a caller's read-only array: the write could never reach the caller."""
+        if self.read_only_argument is not None:
+            raise ValueError(
+                f"nki-cpu: the kernel writes kernel argument `{self.read_only_argument}`, but the caller passed a "
+                "read-only numpy array, so the update could not reach the caller. Fix: pass a writable array "
+                "(e.g. a copy)"
+            )
 
     def __del__(self) -> None:
         release = self.release
@@ -301,6 +312,8 @@ class NkiTensor:
 
     def write(self, values: np.ndarray) -> None:
         """Round ``values`` once into this view's dtype and store them (values reshaped to the view's shape)."""
+        if self.storage.read_only_argument is not None:
+            self.storage.check_writable()
         values = np.asarray(values)
         if self._row_offsets is None and values.dtype.kind == "f" and self.dtype.kind not in "iu":
             # Float into float (incl. ml_dtypes): one cast straight into the view — the same RNE conversion as
@@ -316,6 +329,8 @@ class NkiTensor:
 
     def write_raw(self, values: np.ndarray) -> None:
         """Store values already in this view's dtype (bit-exact copies)."""
+        if self.storage.read_only_argument is not None:
+            self.storage.check_writable()
         values = np.asarray(values).reshape(self.shape)
         if self._row_offsets is not None:
             self.storage.raw.view(self.dtype)[self._index_array()] = values
