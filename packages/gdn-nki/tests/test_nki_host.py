@@ -50,6 +50,53 @@ def test_prefill_rejects_what_simulate_rejects() -> None:
         gdn_nki.prefill(**kernel_kwargs(c, "schur", g_log=c.kernel["g_log"].astype(np.float64)))
 
 
+def _prefill_call() -> dict:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=100, Dk=32, Dv=16), seed=13, regime="initial_state")
+    return kernel_kwargs(c, "schur", mask_pack=None)
+
+
+def test_prefill_reports_the_callers_sizes_before_padding() -> None:
+    call = _prefill_call()
+    call["key"] = np.ascontiguousarray(call["key"][:, :, :99])
+    with pytest.raises(gdn_nki.ContractError, match=r"`key` shape \(1, 1, 99, 32\)") as info:
+        gdn_nki.prefill(**call)
+    assert "100" in str(info.value) and "127" not in str(info.value) and "128" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "argument"),
+    [
+        (lambda c: c.update(g_log=c["g_log"][0]), "g_log"),  # 2-D
+        (lambda c: c.update(algorithm=["schur"]), "algorithm"),  # unhashable
+        (lambda c: c["g_log"].__setitem__((0, 1, 50), 0.01), "g_log"),  # a decay above 1
+        (lambda c: c["value"].__setitem__((0, 0, 3, 1), np.nan), "value"),
+    ],
+    ids=["g_log_2d", "algorithm_list", "g_log_positive", "value_nan"],
+)
+def test_prefill_rejects_bad_arguments_by_name_and_writes_nothing(change, argument: str) -> None:
+    call = _prefill_call()
+    change(call)
+    before = call["recurrent_state"].tobytes()
+    with pytest.raises(gdn_nki.ContractError, match=f"`{argument}`"):
+        gdn_nki.prefill(**call)
+    assert call["recurrent_state"].tobytes() == before
+
+
+@pytest.mark.parametrize("grid", ["2", 2.7, True, 0, -1])
+def test_simulate_grid_must_be_a_positive_int(grid: object) -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=128, Dk=16, Dv=16), seed=14)
+    with pytest.raises(ValueError, match=r"`grid` value .* must be a positive int"):
+        gdn_nki.simulate(**kernel_kwargs(c, "schur"), grid=grid)
+
+
+def test_raw_kernel_refuses_a_read_only_state_by_name() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=16, Dv=16), seed=15, regime="initial_state")
+    kwargs = kernel_kwargs(c, "schur")
+    kwargs["recurrent_state"].setflags(write=False)
+    with pytest.raises(ValueError, match="`recurrent_state`"):
+        backend.simulate(gdn_nki.gdn_cte)(**kwargs)
+
+
 # (B, Hv) with Hk = 1: lanes split evenly (4 lanes / 2 programs), unevenly (6 / 4: the last program gets none)
 # and with more programs than some splits need (4 / 3: programs of 2, 2, 0 lanes).
 GRID_CASES = [((1, 4), 2), ((1, 4), 3), ((2, 3), 2), ((2, 3), 3), ((2, 3), 4)]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, enforce
+from gdn_ref.contract import ContractError, enforce, validate
 from gdn_ref.masks import build_mask_pack
 
 from . import backend
@@ -28,25 +30,32 @@ def simulate(
     recurrent_state: np.ndarray | None = None,
     *,
     grid: int | None = None,
+    check_values: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_cte`` on the CPU with numpy arrays (``nki.simulate`` when installed, nki-cpu otherwise).
 
     Dimensions and Args:
         As ``gdn_cte``; arrays are numpy (bfloat16 via ml_dtypes) or CPU torch tensors (then the outputs are
-        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` launches
-        ``gdn_cte[grid]`` (lanes split over programs).
+        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` (a positive int)
+        launches ``gdn_cte[grid]`` (lanes split over programs). ``check_values`` scans every input element first
+        (``gdn_ref.contract.check_values``: g_log <= 0 and not NaN, everything else finite; g_log = -inf is a
+        reset and accepted); default on, pass False only when the caller guarantees its data.
 
     Returns:
         tuple: (out [B, Hv, S, Dv] in query's dtype, final state [B, Hv, Dk, Dv] fp32). When ``recurrent_state``
         is supplied, the second output IS that array, updated in place.
 
     Notes:
-        The whole contract, including the host-only rules (mask pack contents, writable state), is checked
-        before the kernel runs, so a rejected call changes no buffer. A supplied state is also all or nothing:
-        the kernel updates a private copy, which is copied into the caller's buffer only once the launch has
-        completed — a launch that fails part-way (after some lanes stored their state) leaves it as it was.
+        The whole contract, including the host-only rules (mask pack contents, writable state, the value
+        scans), is checked before the kernel runs, so a rejected call changes no buffer. A supplied state is also
+        all or nothing: the kernel updates a private copy, which is copied into the caller's buffer only once the
+        launch has completed — a launch that fails part-way (after some lanes stored their state) leaves it as
+        it was.
     """
-    enforce(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    _check_grid(grid)
+    enforce(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, values=check_values
+    )
     kernel = gdn_cte if grid is None else gdn_cte[grid]
     staged = None if recurrent_state is None else np.array(recurrent_state, order="C", copy=True)
     out, final_state = backend.simulate(kernel)(
@@ -78,6 +87,8 @@ def prefill(
     mask_pack: np.ndarray | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
     recurrent_state: np.ndarray | None = None,
+    *,
+    check_values: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``simulate`` for any sequence length: pad to the algorithm's chunk multiple, return the real tokens.
 
@@ -89,17 +100,33 @@ def prefill(
 
     Notes:
         Padding tokens carry g = 0 and β = 0 (q, k, v = 0): they neither decay nor write the state, so the final
-        state and the real tokens' outputs are exactly those of the unpadded sequence.
+        state and the real tokens' outputs are exactly those of the unpadded sequence. The caller's arguments are
+        checked before padding (every rule but the sequence-length one), so an error reports the caller's sizes.
     """
-    if mask_pack is None and algorithm == ALGORITHM_SCHUR:
+    if mask_pack is None and isinstance(algorithm, str) and algorithm == ALGORITHM_SCHUR:
         mask_pack = build_mask_pack()
-    seq_len = query.shape[2] if getattr(query, "ndim", 0) == 4 else 0
-    chunk = CHUNK_BY_ALGORITHM.get(algorithm, 1)
-    pad = -seq_len % chunk
+    call = (query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    violations = [v for v in validate(*call, values=check_values) if v.rule_id != "seq.divisible"]
+    if violations:
+        raise ContractError(violations)
+    seq_len = query.shape[2]
+    pad = -seq_len % CHUNK_BY_ALGORITHM[algorithm]
     if pad:
         query, key, value, g_log, beta = (_pad_tokens(x, pad) for x in (query, key, value, g_log, beta))
-    out, state = simulate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    out, state = simulate(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, check_values=False
+    )  # the caller's values were scanned above; the padding is zeros
     return out[:, :, :seq_len], state
+
+
+def _check_grid(grid: object) -> None:
+    """``grid`` is None or a positive int (no silent conversion of "2", 2.7 or True)."""
+    if grid is None or (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1):
+        return
+    raise ValueError(
+        f"simulate: `grid` value {grid!r} must be a positive int (programs of the launch gdn_cte[grid]). "
+        "Fix: pass grid=2, say, or None for one program"
+    )
 
 
 def _pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:

@@ -24,6 +24,8 @@ def gdn_cte(
     mask_pack: np.ndarray | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
     recurrent_state: np.ndarray | None = None,
+    *,
+    check_values: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Chunked gated delta-rule (GDN) prefill on the host, with the kernel's contract and precision.
 
@@ -35,7 +37,7 @@ def gdn_cte(
         query (np.ndarray): [B, Hk, S, Dk] float32 or bfloat16, L2-normalized; its dtype is the compute dtype.
         key (np.ndarray): [B, Hk, S, Dk], L2-normalized, query's dtype.
         value (np.ndarray): [B, Hv, S, Dv], query's dtype.
-        g_log (np.ndarray): [B, Hv, S] float32 per-token log-decay (negative).
+        g_log (np.ndarray): [B, Hv, S] float32 per-token log-decay, <= 0; -inf is a reset (decay exactly 0).
         beta (np.ndarray): [B, Hv, S] float32 per-token update strength in (0, 1).
         scale (float): query scaling, typically Dk^-0.5.
         algorithm (str): "schur" (default) or "neumann".
@@ -46,6 +48,8 @@ def gdn_cte(
         recurrent_state (np.ndarray | None): [B, Hv, Dk, Dv] float32, optional in/out. Supplied: its contents
             are the initial state, it is updated in place and returned as the second output (same object).
             Omitted: the state starts at zero and a fresh array is returned. "neumann" takes only the omitted form.
+        check_values (bool): scan every input element first (``contract.check_values``: g_log <= 0 and not
+            NaN, everything else finite). Default on; pass False only when the caller guarantees its data.
 
     Returns:
         tuple[np.ndarray, np.ndarray]: out [B, Hv, S, Dv] in query's dtype (head-major, un-normalized) and the
@@ -53,7 +57,7 @@ def gdn_cte(
 
     Notes:
         Every documented rule is checked by ``contract.enforce`` before anything is read or written, so a
-        rejected call leaves ``recurrent_state`` untouched. The math runs in float32; with bfloat16 inputs every
+        rejected call leaves ``recurrent_state`` untouched. Any g_log <= 0, -inf included, matches the oracle. The math runs in float32; with bfloat16 inputs every
         matmul operand is rounded to bfloat16 (fp32 accumulation, fp32 master state), predicting the kernel.
     """
     contract.enforce(
@@ -67,6 +71,7 @@ def gdn_cte(
         mask_pack=mask_pack,
         group_size=group_size,
         recurrent_state=recurrent_state,
+        values=check_values,
     )
     out, final_state = chunked(
         query,

@@ -51,7 +51,7 @@ def check_inputs(**call: Any) -> list[Violation]:
 
     Args:
         **call: gdn_cte's arguments by name; tensors need only ``.shape`` and ``.dtype`` (plus contents for
-            the host-only rules ``mask_pack.contents`` and ``recurrent_state.writable``).
+            the host-only rules: mask_pack contents, a writable state, and the value scans).
 
     Returns:
         list[Violation]: each names the argument, the offending value, the rule and the fix.
@@ -182,6 +182,18 @@ def _neumann_with_state(call: Call) -> Call:
     return _with(call, recurrent_state=np.zeros((g.B, g.Hv, g.Dk, g.Dv), np.float32))
 
 
+def _poke(name: str, value: float) -> Builder:
+    """One element of ``name`` set to ``value`` (mid-tensor, in a later head and token: a scan must reach it)."""
+
+    def build(call: Call) -> Call:
+        x = call[name].copy()
+        index = tuple(d - 1 if axis == 1 else d // 2 for axis, d in enumerate(x.shape))
+        x[index] = value
+        return _with(call, **{name: x})
+
+    return build
+
+
 @dataclass(frozen=True)
 class RuleCase:
     """A rule paired with a builder of a call breaking it.
@@ -274,6 +286,19 @@ _CASES: dict[str, tuple[Builder, str, tuple[str, ...], frozenset[str]]] = {
     "recurrent_state.writable": (_state_read_only, "a read-only state array", SCHUR_ONLY, frozenset()),
     "neumann.no_gqa": (_neumann_with_gqa, "neumann with Hk = 1, Hv = 2", NEUMANN_ONLY, frozenset()),
     "neumann.no_state": (_neumann_with_state, "neumann with a supplied zero state", NEUMANN_ONLY, frozenset()),
+    # The value scans (host only): the contract requires a host entry point to reject these; a traced kernel
+    # (content_checks=False) cannot read values, and what it computes from them is undefined.
+    "g_log.domain": (_poke("g_log", 0.05), "one g_log = +0.05 (a decay above 1)", ALGORITHMS, frozenset()),
+    "query.finite": (_poke("query", float("nan")), "one NaN in query", ALGORITHMS, frozenset()),
+    "key.finite": (_poke("key", float("inf")), "one +Inf in key", ALGORITHMS, frozenset()),
+    "value.finite": (_poke("value", float("-inf")), "one -Inf in value", ALGORITHMS, frozenset()),
+    "beta.finite": (_poke("beta", float("nan")), "one NaN in beta", ALGORITHMS, frozenset()),
+    "recurrent_state.finite": (
+        _poke("recurrent_state", float("nan")),
+        "one NaN in the initial state",
+        SCHUR_ONLY,
+        frozenset(),
+    ),
 }
 
 RULE_CASES: tuple[RuleCase, ...] = tuple(RuleCase(rule, *_CASES[rule.id]) for rule in RULES if rule.id in _CASES)
