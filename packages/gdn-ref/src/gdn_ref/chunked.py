@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 
 from .constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, ALGORITHMS, CHUNK_BY_ALGORITHM, SUBBLOCK_NEUMANN
 from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
-from .masks import PLANE_UPPER_NEG, build_mask_pack
+from .masks import PLANE_TRIL_STRICT, PLANE_UPPER_NEG, build_mask_pack
 from .recurrent import value_head_to_key_head
 from .rounding import RoundFn, keep, operand_rounding
 
@@ -62,13 +62,26 @@ class _ChunkedInputs:
     beta: np.ndarray  # [L, G, N, C]
 
 
+# Every gate is floored here before any sum (``_gate_terms``): e^(−1e4) is 0 in fp32 and in fp64 (whose
+# smallest subnormal is e^(−744.4)), so a decay spanning a floored gate is exactly what it would have been.
+LOG_DECAY_FLOOR = -1e4
+
+
+@dataclass(frozen=True)
+class _GateMasks:
+    """The two chunk-sized masks the decays need, in the compute dtype."""
+
+    strict_lower: np.ndarray  # [C, C] 1 where j < i
+    upper_neg: np.ndarray  # [C, C] −1e9 where j > i, else 0
+
+
 @dataclass
 class _GateTerms:
-    """Everything derived from the chunk-local cumulative log-decay γ (all values ≤ 1, none overflow)."""
+    """The chunk's decays (all values ≤ 1 for g ≤ 0, none overflow)."""
 
-    decay: np.ndarray  # [L, G, N, C, C] Γ_ij = exp(γ_i − γ_j) for i ≥ j, else exactly 0
+    decay: np.ndarray  # [L, G, N, C, C] Γ_ij = exp(Σ_{j<t≤i} g_t) for i ≥ j, else exactly 0
     exp_gamma: np.ndarray  # [L, G, N, C] e^{γ_i}: decay from chunk entry to token i
-    to_end: np.ndarray  # [L, G, N, C] e^{γ_C − γ_j}: decay from token j to the chunk's end
+    to_end: np.ndarray  # [L, G, N, C] e^{Σ_{j<t≤C} g_t}: decay from token j to the chunk's end
     total: np.ndarray  # [L, G, N] e^{γ_C}: decay over the whole chunk
 
 
@@ -87,26 +100,31 @@ def _split_chunks(x: np.ndarray, chunk: int, dtype: np.dtype) -> np.ndarray:
     return x.reshape(L, G, n_chunks, chunk, *x.shape[3:])
 
 
-def _gate_terms(g_log: np.ndarray, upper_neg: np.ndarray, ws: _Workspace) -> _GateTerms:
-    """Chunk-local cumsum of the log-decay and the decays built from it.
+def _gate_terms(g_log: np.ndarray, masks: _GateMasks, ws: _Workspace) -> _GateTerms:
+    """The chunk's decays, each an exponential of a sum of exactly the gates it spans.
 
-    Never exponentiates a positive number: the pairwise difference γ_i − γ_j is positive above the diagonal
-    (thousands of nats under strong gates), so it is capped by the mask pack's upper plane (−1e9 above the
-    diagonal, 0 elsewhere) BEFORE exp, making those entries exactly 0 rather than inf (and 0·inf = NaN later).
-    Below the diagonal the difference is ≤ 0 anyway, because a cumsum of non-positive terms is non-increasing
-    even after rounding; the cap at 0 guards inputs outside the documented g ≤ 0, as the kernel's
-    ``min(log_decay, 0)`` does. The cumsum restarts every chunk, so |γ| ≤ C·max|g| and the difference of two
-    fp32 cumsums loses only ~|γ|·2^-24.
+    Γ_ij = exp(Σ_{j<t≤i} g_t) is summed directly (a masked cumulative sum down each column), never taken as the
+    difference γ_i − γ_j of two prefix sums: after one huge gate the prefix sums are huge and their difference
+    loses every later small gate (g = −1e7 mid-chunk: rel-RMS 2.5), and after g = −inf it is −inf − (−inf) =
+    NaN. Only decays that start at the chunk's first token use the prefix sum γ, which has no such cancellation.
+    The anti-causal half is pushed to −1e9 before exp (added, so a decay above 1 from an out-of-contract g > 0
+    is kept, not capped): exactly 0, never inf.
+
+    Every gate is first floored at ``LOG_DECAY_FLOOR``: a decay spanning a floored gate is e^(≤ −1e4), which is 0
+    in fp32 and fp64 exactly as e^(−1e30) or e^(−inf) is, and a decay not spanning one is untouched, so the floor
+    changes no value, while keeping every sum finite (−inf · 0 would be NaN).
     """
-    gamma = np.cumsum(g_log, axis=-1)
+    g = np.maximum(g_log, LOG_DECAY_FLOOR)
+    gamma = np.cumsum(g, axis=-1)
     decay = ws.take("decay", (*gamma.shape, gamma.shape[-1]), gamma.dtype)
-    np.subtract(gamma[..., :, None], gamma[..., None, :], out=decay)
-    np.minimum(decay, upper_neg, out=decay)  # both guards in one pass: upper → ≤ −1e9, lower → ≤ 0
+    np.multiply(g[..., :, None], masks.strict_lower, out=decay)  # [i, j] = g_i where i > j, else 0
+    np.cumsum(decay, axis=-2, out=decay)  # [i, j] = Σ_{j<t≤i} g_t (0 on and above the diagonal)
+    decay += masks.upper_neg
     np.exp(decay, out=decay)
     return _GateTerms(
         decay=decay,
         exp_gamma=np.exp(gamma),
-        to_end=np.exp(gamma[..., -1:] - gamma),
+        to_end=decay[..., -1, :].copy(),  # Γ_{C−1, j}: from token j to the chunk's end
         total=np.exp(gamma[..., -1]),
     )
 
@@ -200,7 +218,7 @@ def _state_chain(
             as matmul operands. One product with the entry state gives the output's Q S₀ and the X S₀ the
             writes need: one tall matmul instead of two short ones, and no stored entry states.
         write_of_chunk (WriteFn): (n, X S₀ [L, G, C, Dv]) → chunk n's effective writes V_new (rounded).
-        key_to_end (np.ndarray): [L, G, N, C, Dk] e^{γ_C − γ_j} k_j, as a matmul operand.
+        key_to_end (np.ndarray): [L, G, N, C, Dk] e^{Σ_{j<t≤C} g_t} k_j (decay to the chunk's end), as a matmul operand.
         total (np.ndarray): [L, G, N] e^{γ_C}.
         rnd (RoundFn): operand rounding of everything but the state, which the kernel keeps fp32 even as an operand.
         ws (_Workspace): where the products and writes live.
@@ -232,8 +250,9 @@ def _slab(
 ) -> np.ndarray:
     """The whole chunked computation for one slab of lanes; updates ``state`` in place, returns [L, G, N, C, Dv]."""
     chunk = inputs.key.shape[-2]
-    upper_neg = build_mask_pack(chunk)[PLANE_UPPER_NEG].astype(state.dtype)
-    gates = _gate_terms(inputs.g_log, upper_neg, ws)
+    pack = build_mask_pack(chunk)
+    masks = _GateMasks(pack[PLANE_TRIL_STRICT].astype(state.dtype), pack[PLANE_UPPER_NEG].astype(state.dtype))
+    gates = _gate_terms(inputs.g_log, masks, ws)
     system, scores = _system_and_scores(inputs, gates, scale, rnd, ws)
     inverse = ws.take("inverse", system.shape, system.dtype)
     if algorithm == ALGORITHM_NEUMANN:
@@ -291,7 +310,7 @@ def chunked(
         query (np.ndarray): [B, Hk, S, Dk], any float dtype (bfloat16 included).
         key (np.ndarray): [B, Hk, S, Dk].
         value (np.ndarray): [B, Hv, S, Dv].
-        g_log (np.ndarray): [B, Hv, S] per-token log-decay (≤ 0).
+        g_log (np.ndarray): [B, Hv, S] per-token log-decay (≤ 0; −inf is a reset: decay exactly 0).
         beta (np.ndarray): [B, Hv, S] per-token update strength.
         scale (float): output scale (typically Dk^-0.5).
         initial_state (np.ndarray | None): [B, Hv, Dk, Dv]; None means zeros. Never modified.
@@ -308,7 +327,8 @@ def chunked(
         tuple[np.ndarray, np.ndarray]: out [B, Hv, S, Dv] and final state [B, Hv, Dk, Dv], both compute_dtype.
 
     Notes:
-        Per chunk with entry state S₀ (gdn-math §2.1): γ = chunk-local cumsum of g; Γ_ij = e^{γ_i−γ_j} (i ≥ j);
+        Per chunk with entry state S₀ (gdn-math §2.1): γ = chunk-local cumsum of g; Γ_ij = e^{Σ_{j<t≤i} g_t}
+        (i ≥ j; summed directly, never as γ_i − γ_j, so a huge or −inf gate mid-chunk costs nothing);
         A = strictly_lower(diag(β)(KKᵀ∘Γ)); T = (I + A)^{-1};
         V_new = T·(diag(β)V − diag(βe^γ) K S₀)  (schur applies T on the state chain, as the kernel does;
         neumann forms W = T diag(βe^γ)K and U = T diag(β)V first and takes V_new = U − W S₀, as FLA does);
