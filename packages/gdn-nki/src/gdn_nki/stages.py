@@ -22,14 +22,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gdn_ref.masks import PLANE_EYE, PLANE_UPPER_NEG
+from gdn_ref.chunked import LOG_DECAY_FLOOR
+from gdn_ref.masks import PLANE_EYE, PLANE_TRIL_STRICT
 
 from . import engines, tiles
 from .backend import nisa, nl
 from .tiles import FP32
-
-# exp(−1e9) is exactly 0 in fp32 and bf16: added before exp, it zeroes the anti-causal half of Γ.
-MASK_FILL = -1e9
 
 
 @dataclass
@@ -39,13 +37,15 @@ class Constants:
     Attributes:
         eye32: [C, C] fp32 identity (moving operand of the gate broadcast).
         eye: [C, C] identity in the compute dtype (seeds and transposes of the inverse).
-        lower_neg: [C, C] fp32, −1e9 where column < row: in the transposed decay Γᵀ[j, i] it masks i < j.
+        after: [C, C] fp32, 1 where row t > column j: the gates a decay from token j spans start after j.
+        through: [C, C] fp32, 1 where row t <= column i: ... and end at token i (the moving operand, 0/1).
         planes: algorithm-specific masks (schur: off-block planes; neumann: block masks).
     """
 
     eye32: Any
     eye: Any
-    lower_neg: Any
+    after: Any
+    through: Any
     planes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,10 +54,8 @@ def constants_from_pack(mask_pack: Any, chunk: int, dtype: Any) -> Constants:
     eye32 = nl.load(mask_pack[PLANE_EYE, 0:chunk, 0:chunk], dtype=FP32)
     eye = tiles.sbuf((chunk, chunk), dtype)
     tiles.copy_to(eye, eye32)
-    # The pack holds the mask above the diagonal; Γᵀ needs it below, so it is transposed on the load.
-    lower_neg = tiles.sbuf((chunk, chunk), FP32)
-    nisa.dma_transpose(dst=lower_neg, src=mask_pack[PLANE_UPPER_NEG, 0:chunk, 0:chunk])
-    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
+    after = nl.load(mask_pack[PLANE_TRIL_STRICT, 0:chunk, 0:chunk], dtype=FP32)  # 1 where column < row
+    return Constants(eye32=eye32, eye=eye, after=after, through=_complement(after))
 
 
 def constants_on_device(chunk: int, dtype: Any) -> Constants:
@@ -66,19 +64,26 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
     nisa.memset(dst=ones, value=1.0)
     eye32 = tiles.select_by_diagonal(tiles.sbuf((chunk, chunk), FP32), ones, 0.0, nl.equal)
     eye = tiles.copy_to(tiles.sbuf((chunk, chunk), dtype), eye32)
-    zeros = tiles.sbuf((chunk, chunk), FP32)
-    nisa.memset(dst=zeros, value=0.0)
-    # 0 on and above the diagonal, the mask fill below it
-    lower_neg = tiles.select_by_diagonal(tiles.sbuf((chunk, chunk), FP32), zeros, MASK_FILL, nl.greater_equal)
-    return Constants(eye32=eye32, eye=eye, lower_neg=lower_neg)
+    after = tiles.select_by_diagonal(tiles.sbuf((chunk, chunk), FP32), ones, 0.0, nl.less)
+    return Constants(eye32=eye32, eye=eye, after=after, through=_complement(after))
+
+
+def _complement(mask: Any) -> Any:
+    """1 − mask for a 0/1 tile (exact), in one SBUF instruction."""
+    out = tiles.sbuf(tuple(mask.shape), FP32)
+    engines.BALANCER.charge(engines.GPSIMD, engines.stream_ns(engines.GPSIMD, mask.shape[1]))
+    nisa.tensor_scalar(
+        dst=out, data=mask, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0, engine=engines.GPSIMD
+    )
+    return out
 
 
 @dataclass
 class Gates:
     """Per-token gate columns of one group of chunks ([C, n] tiles, column j = chunk j of the group)."""
 
-    gamma: Any  # chunk-local inclusive prefix sum of g_log, fp32
-    minus_gamma: Any  # −γ (the bias that turns exp(bcast) into exp(γ_i − γ_j'))
+    g: Any  # g_log floored at LOG_DECAY_FLOOR (exact, see gate_columns), fp32
+    gamma: Any  # chunk-local inclusive prefix sum of g, fp32: only ever exponentiated as a decay from chunk start
     beta: Any  # β, fp32
     beta_decay: Any  # β e^γ
 
@@ -96,22 +101,29 @@ def load_gate_rows(g_log: Any, beta: Any, lane: Lane, first: int, width: int) ->
 
 
 def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
-    """Prefix-sum the gate rows in fp32 (one vector scan for the whole group) and turn them into the
-    token-on-partition columns later stages scale rows with (two fp32 PE transposes)."""
+    """Floor and prefix-sum the gate rows in fp32 (one vector op and one scan for the whole group) and turn them
+    into the token-on-partition columns later stages scale rows with (three fp32 PE transposes).
+
+    The floor at LOG_DECAY_FLOOR = −1e4 is exact: a decay spanning a floored gate is e^(≤ −1e4), which is 0 in
+    fp32 and bf16 just as e^(−1e30) or e^(−inf) is, and a decay not spanning one does not read it. It keeps every
+    sum finite, so the masked products of ``chunk_operands`` never meet −inf · 0 = NaN.
+    """
     n_chunks, chunk = g_rows.shape
+    g_floored = tiles.sbuf((n_chunks, chunk), FP32)
+    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
+    nisa.tensor_scalar(dst=g_floored, data=g_rows, op0=nl.maximum, operand0=LOG_DECAY_FLOOR, engine=engines.VECTOR)
     gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
     engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
-    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_rows, op0=nl.multiply, op1=nl.add, imm0=1.0)
+    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_floored, op0=nl.multiply, op1=nl.add, imm0=1.0)
 
-    columns_psum = tiles.psum((chunk, 2 * n_chunks))
-    nisa.nc_transpose(dst=columns_psum[:, 0:n_chunks], data=gamma_rows, engine=nisa.tensor_engine)
-    nisa.nc_transpose(dst=columns_psum[:, n_chunks : 2 * n_chunks], data=beta_rows, engine=nisa.tensor_engine)
+    columns_psum = tiles.psum((chunk, 3 * n_chunks))
+    for k, rows in enumerate((gamma_rows, beta_rows, g_floored)):
+        nisa.nc_transpose(dst=columns_psum[:, k * n_chunks : (k + 1) * n_chunks], data=rows, engine=nisa.tensor_engine)
     columns = tiles.evacuate(columns_psum, FP32)
-    gamma, beta_cols = columns[:, 0:n_chunks], columns[:, n_chunks : 2 * n_chunks]
+    gamma, beta_cols, g = (columns[:, k * n_chunks : (k + 1) * n_chunks] for k in range(3))
 
     beta_decay = tiles.multiply(tiles.exp(gamma), beta_cols, FP32)
-    minus_gamma = tiles.evacuate(gamma, FP32, scale=-1.0)
-    return Gates(gamma=gamma, minus_gamma=minus_gamma, beta=beta_cols, beta_decay=beta_decay)
+    return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay)
 
 
 @dataclass
@@ -210,23 +222,28 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     c, dtype, consts = lane.chunk, lane.dtype, lane.consts
     dk = chunk.k_t.shape[0]
     gamma = gates.gamma[:, j : j + 1]
-    minus_gamma = gates.minus_gamma[:, j : j + 1]
 
-    # rows[p, j'] = γ_j' on every partition p: a stride-0 stationary against the identity. It spans
-    # max(C, Dk) partitions because e^γ is also needed along the free axis of the [Dk, C] query tile.
-    rows = tiles.matmul(gamma.broadcast(1, max(c, dk)), consts.eye32, moving_onezero=True)
-    bcast = rows[0:c, :]
+    # Γᵀ[j', i] = exp(Σ_{j'<t≤i} g_t): every decay is summed from exactly the gates it spans, by the tensor
+    # engine (Σ_t [g_t·1(t > j')] · 1(t ≤ i)), never taken as a difference γ_i − γ_j' of prefix sums: after a
+    # huge gate those are huge and their difference loses every later small gate (−1e7 mid-chunk: rel-RMS 2.5),
+    # and after −inf it is NaN. The 0/1 mask is the moving operand (the fast fp32 mode).
+    spans_lhs = tiles.scale_rows(consts.after, gates.g[:, j : j + 1], FP32)
+    # rows[p, i] = γ_i on each of Dk partitions (a stride-0 stationary against the identity): e^γ along the free
+    # axis of the [Dk, C] query tile. γ only ever enters decays from the chunk's start, which cannot cancel.
+    rows = tiles.matmul(gamma.broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
-    # Γᵀ[j', i] = exp(γ_i − γ_j') read straight from PSUM; the anti-causal half (i < j') may overflow to inf
-    # and is then *selected* away (never multiplied) by the GpSimd select, leaving exact zeros.
-    decay_t = tiles.exp(bcast, bias=minus_gamma)
+    q_decay = tiles.exp(rows)  # e^{γ_i} along the free axis
+    chunk.decay_last = tiles.exp(rows[:, c - 1 : c])
+    del rows
+    # Made once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
+    spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
+    del spans_lhs
+    yield
+    # The anti-causal half (i < j') sums no gate, so it reads exp(0) = 1 and is *selected* away by GpSimd.
+    decay_t = tiles.exp(spans_t)
     tiles.select_upper(decay_t)
-    gamma_last = rows[:, c - 1 : c]
-    q_decay = tiles.exp(rows[0:dk, :])  # e^{γ_i} along the free axis
-    ratio = tiles.exp(gamma, bias=gamma_last[0:c, :], scale=-1.0)  # e^{γ_last − γ}
-    chunk.decay_last = tiles.exp(gamma_last[0:dk, :])
-    del rows, bcast, gamma_last
-    # Transposed only once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
+    ratio = decay_t[:, c - 1 : c]  # Γᵀ[j', C−1]: the decay from token j' to the chunk's end
+    del spans_t
     chunk.key = tiles.transpose(chunk.k_t)
     yield
     # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
