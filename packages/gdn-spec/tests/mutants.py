@@ -16,6 +16,20 @@ from gdn_ref.contract import ContractError, validate
 from gdn_spec.regimes import NUMPY_DTYPES
 
 CAPS = {"max_work": 1 << 22}
+PREFIX_CHUNK = 64  # the chunk of the prefix-difference flaw (neumann's; schur's 128 fails the same way)
+
+
+def prefix_difference_gates(g: np.ndarray) -> np.ndarray:
+    """Per-token log-decays as a chunked kernel gets them from differences of fp32 chunk-local prefix sums:
+    γ_t − γ_{t−1}, which a huge gate earlier in the chunk swamps, and which is NaN after a −inf."""
+    g32 = g.astype(np.float32)
+    gamma = np.empty_like(g32)
+    for start in range(0, g.shape[-1], PREFIX_CHUNK):
+        gamma[..., start : start + PREFIX_CHUNK] = np.cumsum(g32[..., start : start + PREFIX_CHUNK], axis=-1)
+    before = np.concatenate([np.zeros_like(gamma[..., :1]), gamma[..., :-1]], axis=-1)
+    before[..., ::PREFIX_CHUNK] = 0.0
+    with np.errstate(invalid="ignore"):
+        return gamma.astype(np.float64) - before.astype(np.float64)
 
 
 def recurrence(
@@ -32,6 +46,10 @@ def recurrence(
     Hk, Hv = q.shape[1], v.shape[1]
     heads = np.arange(Hv) % Hk if flaw == "h_mod_hk" else np.arange(Hv) // (Hv // Hk)
     q, k = q.astype(np.float64)[:, heads], k.astype(np.float64)[:, heads]
+    if flaw == "prefix_difference":
+        g = prefix_difference_gates(g)
+    elif flaw == "clamp_g_at_minus_5":
+        g = np.maximum(g, -5.0)
     v, alpha, b = v.astype(np.float64), np.exp(g.astype(np.float64)), beta.astype(np.float64)
     if flaw == "beta_ignored":
         b = np.ones_like(b)
@@ -78,7 +96,10 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
     ) -> tuple[np.ndarray, np.ndarray]:
         if api == "mutates_state_on_reject" and recurrent_state is not None and recurrent_state.flags.writeable:
             recurrent_state[...] = 0.0  # "clears the slot" before checking the call
-        violations = validate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+        violations = validate(
+            query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
+            values=api != "no_value_checks",
+        )  # fmt: skip
         skipped = {
             "no_divisibility_check": {"seq.divisible"},
             "neumann_accepts_state": {"neumann.no_state"},
@@ -113,6 +134,14 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
             out, final = np.concatenate(outs), np.concatenate(finals)
         else:
             out, final = recurrence(query, key, value, g_log, beta, eff_scale, start, flaw)
+        if api == "zero_state_when_large" and np.abs(start).max() > 1e3:
+            final = np.zeros_like(final)  # "the big incoming state was erased anyway"
+        if api == "triple_bf16_error":  # 3× the error of gdn-ref's faithful bf16 emulation of a kernel
+            faithful = _gdn_ref_call(query, key, value, g_log, beta, scale, algorithm, mask_pack, recurrent_state)
+            out, final = (
+                exact + 3.0 * (np.asarray(f, np.float64) - exact)
+                for f, exact in zip(faithful, (out, final), strict=True)
+            )
         if api == "nondeterministic":
             out = out * (1.0 + 1e-7 * np.random.default_rng().standard_normal(out.shape))
         out_dtype = np.float32 if api == "out_fp32" else NUMPY_DTYPES[np.dtype(query.dtype).name]
@@ -124,6 +153,13 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
 
     gdn_cte.gdn_spec_capabilities = {**CAPS, "name": f"mutant:{api or flaw or 'none'}"}
     return gdn_cte
+
+
+def _gdn_ref_call(query, key, value, g_log, beta, scale, algorithm, mask_pack, state) -> tuple:
+    from gdn_ref import gdn_cte
+
+    start = None if state is None else state.copy()
+    return gdn_cte(query, key, value, g_log, beta, scale, algorithm, mask_pack, 8, start)
 
 
 CORRECT = make()
@@ -148,6 +184,15 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "vague_errors": (make(api="vague_errors"), ("rejection",), "schur"),
     "out_fp32": (make(api="out_fp32"), ("dtypes",), ""),
     "nondeterministic": (make(api="nondeterministic"), ("determinism",), ""),
+    # issue 8: decays from differences of fp32 prefix sums (huge gates mid-chunk; NaN after -inf), a clamp of g
+    # at -5, no value scans, a zero final state where the large incoming state is mostly erased, and 3x the
+    # error of a faithful bf16 kernel on ill-conditioned keys.
+    "prefix_difference": (make("prefix_difference"), ("numerics",), "schur and float32 and huge_gates"),
+    "prefix_difference_resets": (make("prefix_difference"), ("numerics",), "neumann and float32 and document_resets"),
+    "clamp_g_at_minus_5": (make("clamp_g_at_minus_5"), ("numerics",), "schur and bfloat16 and strong_gates"),
+    "no_value_checks": (make(api="no_value_checks"), ("rejection",), "finite or domain"),
+    "zero_state_when_large": (make(api="zero_state_when_large"), ("numerics",), "schur and bfloat16 and large_state"),
+    "triple_bf16_error": (make(api="triple_bf16_error"), ("numerics",), "schur and bfloat16 and collinear_keys"),
 }
 
 for _name, (_fn, _areas, _k) in FLAWS.items():

@@ -77,3 +77,28 @@ def test_scale_floor_judges_against_the_larger_scale() -> None:
     assert floored.rel_rms == pytest.approx(1.0 / rms(initial))
     assert floored.max_rel == pytest.approx(1.0 / np.max(np.abs(initial)))
     assert floored.ok
+
+
+def test_condition_multiplier_is_capped() -> None:
+    from gdn_spec.metrics import MAX_CONDITION
+
+    ref = np.random.default_rng(5).standard_normal(1024)
+    capped = compare("out", np.zeros_like(ref), ref, "bfloat16", condition=1e6)
+    assert capped.tolerance.rel_rms == pytest.approx(MAX_CONDITION * TOLERANCES["bfloat16"]["out"].rel_rms)
+    assert not capped.ok, "a zero output must fail whatever the measured condition"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_zero_or_doubled_final_state_fails_where_the_large_state_is_erased(dtype: str) -> None:
+    """At the issue's shape the delta rule erases the 1e5 incoming state ~25 000× over 384 tokens: judged against
+    the incoming state, a zero final state passed. Against the state carried into the last chunk it fails."""
+    from gdn_spec.oracle import errors_vs_oracle, oracle
+    from gdn_spec.regimes import Geometry, make_case
+
+    case = make_case("large_state", Geometry(B=2, Hk=2, Hv=2, S=384, Dk=16, Dv=100), dtype, seed=1)
+    ref_out, ref_state = oracle(case)
+    initial = case.oracle["initial_state"]
+    assert rms(initial) / rms(ref_state) > 1e4  # the erasure that hid the flaw
+    for wrong in (np.zeros_like(ref_state), 2 * ref_state):
+        assert not errors_vs_oracle(case, ref_out, wrong)[1].ok
+    assert all(e.ok for e in errors_vs_oracle(case, ref_out, ref_state))

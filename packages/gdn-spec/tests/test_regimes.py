@@ -6,7 +6,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gdn_spec.regimes import LARGE_STATE_MAGNITUDE, REGIMES, Geometry, make_case, model_gates, softplus
+from gdn_spec.regimes import (
+    HUGE_GATES,
+    LARGE_STATE_MAGNITUDE,
+    REGIMES,
+    STRONG_GATE_RANGE,
+    Geometry,
+    make_case,
+    model_gates,
+    softplus,
+)
 
 GEO = Geometry(B=2, Hk=2, Hv=4, S=256, Dk=64, Dv=32)
 
@@ -97,3 +106,27 @@ def test_measured_condition_separates_well_and_ill_conditioned_regimes() -> None
         conditions[regime] = oracle_conditions(case, *oracle(case))
     assert all(0.3 < c < 2.0 for c in conditions["random"])
     assert all(c > 2.5 for c in conditions["collinear_keys"])
+
+
+def test_huge_gates_sit_mid_chunk_among_normal_ones() -> None:
+    g = make_case("huge_gates", GEO, "float32", 9).kernel["g_log"]
+    huge = g <= HUGE_GATES[0]
+    positions = np.nonzero(huge)[-1]
+    assert np.any(positions % 64 != 0)  # mid-chunk, not only at chunk starts
+    assert np.all(huge.reshape(*huge.shape[:-1], -1, 64).any(axis=-1))  # at least one in every 64 tokens
+    assert np.any(g < -1e29) and np.any(g == -88.0) and np.mean(g > -1) > 0.5  # mostly normal gates
+
+
+def test_document_resets_cut_every_head_at_the_same_tokens() -> None:
+    g = make_case("document_resets", GEO, "bfloat16", 10).kernel["g_log"]
+    resets = np.isneginf(g)
+    assert resets.any() and np.all(resets == resets[:, :1])
+    assert np.all(np.isfinite(g[~resets]))
+
+
+def test_strong_gates_lie_past_a_clamp_at_minus_five() -> None:
+    case = make_case("strong_gates", GEO, "float32", 11)
+    g = case.kernel["g_log"]
+    strong = g < -5
+    assert 0.1 < strong.mean() < 0.15 and np.all(g[strong] >= STRONG_GATE_RANGE[0])
+    assert case.kernel["recurrent_state"] is not None

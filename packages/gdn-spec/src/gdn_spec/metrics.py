@@ -12,13 +12,16 @@ the oracle alone, never from the implementation under test:
   oracle is re-run with q, k, v and the initial state each perturbed by independent relative noise uniform in
   [−u, u], and the rel-RMS change of an output, divided by u, is its condition. Well-conditioned regimes measure
   ≈ 1 (random keys: 0.97 for out, 0.84 for the state, at bf16); near-collinear keys ≈ 4 (ill-conditioned I + A,
-  gdn-math §3.3). Both bounds of an output are multiplied by ``max(1, condition)``, so well-conditioned cases are
-  held to the table exactly.
+  gdn-math §3.3). Both bounds of an output are multiplied by ``min(MAX_CONDITION, max(1, condition))``, so
+  well-conditioned cases are held to the table exactly and no case's bound grows past MAX_CONDITION = 8 times
+  the table (bf16: 8e-2 rel-RMS, 0.32 max; fp32: 1.6e-3, 1.6e-2): a wrong result (a zero output is rel-RMS 1)
+  always fails. The table itself budgets no ill-conditioning, so nothing is counted twice.
 - **The state's scale.** The state error of any implementation whose transitions are built from compute-dtype
-  operands is about u times the magnitude of the state it carries, and the delta rule can erase most of a large
-  initial state (the large_state regime: final RMS ~20× below the initial), which a relative-to-final metric would
-  then charge as a 20× larger error. The state's errors are therefore taken relative to the larger of the final
-  and the initial state.
+  operands is about u times the magnitude of the state its last chunk multiplies, and the delta rule can erase
+  most of a large initial state (large_state at Dk = 16: 25 000× over 384 tokens). The state's errors are
+  therefore taken relative to the larger of the final state and the oracle's state entering the last CHUNK
+  tokens (``oracle.carried_state``), never the initial state itself: erasure within one chunk is at most ~30×
+  at the suite's shapes, so a zero or doubled final state still fails (measured in tests/test_metrics.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ REF_RMS_FLOOR = 1e-6
 FP32_UNIT_ROUNDOFF = 2.0**-24
 BF16_UNIT_ROUNDOFF = 2.0**-8
 CHUNK = 128  # the longest chunk of either algorithm: sums and the triangular solve run over this many terms
+# The largest multiplier a measured condition can apply to the table. The suite's regimes measure at most ~5
+# (near-collinear keys); 8 leaves room for draws a little worse while every bound stays far below a wrong answer.
+MAX_CONDITION = 8.0
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,10 @@ class Tolerance:
 
 TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "float32": {
-        # u = 6e-8. A chunk sums up to C = 128 terms (worst case C·u = 7.6e-6) and the triangular inverse on
-        # near-collinear keys amplifies errors by up to ~‖(I+A)⁻¹‖ ≈ 10–30: ~2e-4 rel-RMS. FLA's 0.002 for
-        # "fp32" paths includes TF32 matmuls (u = 4.9e-4, i.e. 4u); true fp32 matmuls earn a 10× tighter bound.
+        # u = 6e-8. A chunk sums up to C = 128 terms (worst case C·u = 7.6e-6) and the result passes a handful
+        # of such sums and the triangular solve: ~2e-4 rel-RMS. FLA's 0.002 for "fp32" paths includes TF32
+        # matmuls (u = 4.9e-4, i.e. 4u); true fp32 matmuls earn a 10× tighter bound. The measured condition,
+        # not this entry, accounts for ill-conditioned keys.
         "out": Tolerance(rel_rms=2e-4, max_rel=2e-3),
         # The state is the same sums without the readout; its error is the same order. The max bound is 10×
         # the RMS bound: the largest of ~1e5 errors sits ~4σ out, with margin for the collinear regime's tails.
@@ -57,8 +64,9 @@ TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "bfloat16": {
         # u = 3.9e-3, so one bf16 rounding costs ~u/√3 = 2.3e-3 RMS. The output meets about five independent
         # roundings (q, the staged state, the decayed QKᵀ block, V_new, the final cast): √5·2.3e-3 = 5e-3,
-        # FLA's bf16/fp16 ratio. 1e-2 leaves 2× for the inverse's amplification on ill-conditioned keys; the
-        # inputs' own rounding is excluded because the oracle runs on the rounded inputs.
+        # FLA's bf16/fp16 ratio; 1e-2 is a 2× margin over that estimate. Ill-conditioning is NOT budgeted here:
+        # the measured condition widens the bound (module docstring). The inputs' own rounding is excluded
+        # because the oracle runs on the rounded inputs.
         "out": Tolerance(rel_rms=1e-2, max_rel=4e-2),
         # The fp32 state accumulates kᵀV_new products with bf16 operands: the same few roundings, no final cast.
         # max_rel = 10u: a single element may see several roundings of the same sign.
@@ -131,15 +139,15 @@ def compare(
         ref (np.ndarray): the reference, same shape.
         dtype (str): compute dtype of the call ("float32" or "bfloat16").
         condition (float): the case's measured condition for this output (module docstring); the bounds are
-            multiplied by ``max(1, condition)``.
+            multiplied by ``min(MAX_CONDITION, max(1, condition))``.
         scale_floor (np.ndarray): an array whose RMS and max-abs floor ``ref``'s in the relative errors
-            (the initial state, for the state output); None for none.
+            (the state carried into the last chunk, for the state output); None for none.
 
     Returns:
         Error: the numbers; a shape mismatch counts as non-finite (it can never pass).
     """
     base = TOLERANCES[dtype][output]
-    widen = max(1.0, float(condition))
+    widen = min(MAX_CONDITION, max(1.0, float(condition)))
     tolerance = Tolerance(rel_rms=base.rel_rms * widen, max_rel=base.max_rel * widen)
     got64, ref64 = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if got64.shape != ref64.shape:

@@ -19,6 +19,9 @@ those rounded values, widened to float64: the comparison measures the implementa
 | ``initial_state`` | incoming state is the starting point | normalized N | N(0,1) | −U(0.001, 0.5) | U(0.05, 0.95) | N(0,1) |
 | ``small_delta`` | v ≈ S·k: the delta v − Sᵀk cancels | normalized N | S0ᵀk + 1e-3·N | −U(0, 0.01) | U(0.05, 0.95) | N(0,1) |
 | ``large_state`` | state beyond fp16 range (staging overflow) | normalized N | N(0,1) | −U(0, 0.01) | U(0.05, 0.95) | 1e5·N(0,1) |
+| ``huge_gates`` | decays after a huge gate mid-chunk (prefix-sum cancellation) | normalized N | N(0,1) | −U(0.001, 0.5), one huge gate (−1e4 … fp32's lowest) per 64 tokens at a mid-chunk offset, a stretch of −1e4 on every other token, a run of −88 | U(0.05, 0.95) | omitted or zeros |
+| ``document_resets`` | −inf gates: packed documents, the state cut between them | normalized N | N(0,1) | −U(0.001, 0.5), −inf at 1–3 tokens per batch item (every head) | U(0.05, 0.95) | omitted or zeros |
+| ``strong_gates`` | a clamp of g (e.g. at −5) | normalized N | N(0,1) | −U(0, 0.05), every 8th token U(−12, −6) | U(0.05, 0.95) | 100·N(0,1) |
 
 Shape families (``HEAD_GEOMETRIES``, ``HEAD_DIMS``, ``GROUP_SIZES``) are Qwen3-Next/3.5 head layouts scaled down
 (Hk = 2 key heads shared by Hv ∈ {2, 4, 6, 8} value heads) and FLA's head dims including the masked 100.
@@ -47,6 +50,16 @@ GROUP_SIZES = (1, 2, 3, 8)
 
 EXTREME_GATE_NORMALIZER = 0.01  # FLA's strongest gate setting: logsigmoid(U(0,1))/0.01 ∈ [−69.3, −31.3]
 LARGE_STATE_MAGNITUDE = 1e5  # above fp16's max (65504): an fp16-staged state overflows to inf
+# Gates a serving stack produces mid-chunk: large finite ones (−1e4 already swamps an fp32 prefix sum of normal
+# gates; −3.4e38 is fp32's lowest) and −inf, the usual cut between packed documents (decay exactly 0).
+HUGE_GATES = (-1e4, -1e7, -1e30, float(np.finfo(np.float32).min))
+HUGE_GATE_SPACING = 64  # the shorter chunk (neumann's): one huge gate per chunk of either algorithm
+EDGE_GATE = -88.0  # e^−88 ≈ 6e-39: at fp32's normal/subnormal edge, below any single-gate threshold ≤ 88
+# Strong but ordinary gates (well inside what Qwen's −exp(A_log)·softplus(·) produces): a kernel that clamps g at
+# −5 keeps e^5 ≈ 150× too much of the state across each, which the 100× incoming state makes visible in bf16.
+STRONG_GATE_RANGE = (-12.0, -6.0)
+STRONG_GATE_EVERY = 8
+STRONG_GATE_STATE = 100.0
 SMALL_DELTA_NOISE = 1e-3
 COLLINEAR_NOISE = 0.05
 
@@ -219,6 +232,35 @@ def _large_state(rng: np.random.Generator, geo: Geometry) -> dict[str, np.ndarra
     return _plain(rng, geo, g=g, state=_state(rng, geo, LARGE_STATE_MAGNITUDE))
 
 
+def _huge_gates(rng: np.random.Generator, geo: Geometry) -> dict[str, np.ndarray | None]:
+    g = -rng.uniform(0.001, 0.5, _per_token(geo))
+    B, Hv, S = _per_token(geo)
+    run = rng.integers(0, max(1, S - 24))
+    g[..., run : run + 24] = EDGE_GATE
+    stretch = rng.integers(0, max(1, S - 32))
+    g[..., stretch : stretch + 32 : 2] = HUGE_GATES[0]  # alternating huge / normal
+    windows = np.arange(0, S, HUGE_GATE_SPACING)
+    offsets = rng.integers(1, HUGE_GATE_SPACING, (B, Hv, windows.size))  # never a chunk's first token
+    positions = np.minimum(windows + offsets, S - 1)
+    np.put_along_axis(g, positions, rng.choice(HUGE_GATES, positions.shape), axis=-1)
+    return _plain(rng, geo, g=g)
+
+
+def _document_resets(rng: np.random.Generator, geo: Geometry) -> dict[str, np.ndarray | None]:
+    g = -rng.uniform(0.001, 0.5, _per_token(geo))
+    for b in range(geo.B):  # documents are packed per batch item: every head is cut at the same tokens
+        cuts = rng.choice(np.arange(1, geo.S), size=min(geo.S - 1, rng.integers(1, 4)), replace=False)
+        g[b, :, cuts] = -np.inf
+    return _plain(rng, geo, g=g)
+
+
+def _strong_gates(rng: np.random.Generator, geo: Geometry) -> dict[str, np.ndarray | None]:
+    g = -rng.uniform(0.0, 0.05, _per_token(geo))
+    first = rng.integers(0, STRONG_GATE_EVERY)
+    g[..., first::STRONG_GATE_EVERY] = rng.uniform(*STRONG_GATE_RANGE, g[..., first::STRONG_GATE_EVERY].shape)
+    return _plain(rng, geo, g=g, state=_state(rng, geo, STRONG_GATE_STATE))
+
+
 REGIMES: dict[str, Regime] = {
     r.name: r
     for r in (
@@ -232,6 +274,9 @@ REGIMES: dict[str, Regime] = {
         Regime("initial_state", "N(0,1) incoming state", True, _initial_state),
         Regime("small_delta", "v ≈ S0ᵀk: the delta cancels", True, _small_delta),
         Regime("large_state", "incoming state of magnitude 1e5 (beyond fp16)", True, _large_state),
+        Regime("huge_gates", "huge gates (−1e4 … fp32 lowest) mid-chunk, alternating, runs of −88", False, _huge_gates),
+        Regime("document_resets", "g = −inf between packed documents", False, _document_resets),
+        Regime("strong_gates", "every 8th g in [−12, −6] with a 100× incoming state", True, _strong_gates),
     )
 }
 
