@@ -174,3 +174,15 @@ def test_only_backend_knows_nki_cpu(path: Path) -> None:
         else:
             continue
         assert not {"nki", "nki_cpu"} & set(roots), f"{path.name}:{node.lineno} imports {roots} (use .backend)"
+
+
+def test_prefill_varlen_scans_values_and_checks_grid() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=100, Dk=16, Dv=16), seed=16)
+    kwargs = kernel_kwargs(c, "schur", mask_pack=None)
+    kwargs.pop("recurrent_state")
+    kwargs["value"][0, 0, 70, 2] = np.nan
+    with pytest.raises(gdn_nki.ContractError, match=r"`value` value nan at index \[0, 0, 70, 2\]"):
+        gdn_nki.prefill_varlen(**kwargs, cu_seqlens=np.array([0, 40, 100]))
+    kwargs["value"][0, 0, 70, 2] = 0.0
+    with pytest.raises(ValueError, match="`grid`"):
+        gdn_nki.prefill_varlen(**kwargs, cu_seqlens=np.array([0, 40, 100]), grid=2.0)

@@ -150,6 +150,7 @@ def prefill_varlen(
     state_indices: np.ndarray | None = None,
     *,
     grid: int | None = None,
+    check_values: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences of any lengths in ONE kernel launch (``gdn_cte_varlen``), each from its own state.
 
@@ -164,7 +165,8 @@ def prefill_varlen(
         recurrent_state: optional fp32 state, updated IN PLACE: [N, Hv, Dk, Dv] (row i = sequence i), or with
             ``state_indices`` a pool [P, Hv, Dk, Dv] of which only the named rows are read and written.
         state_indices: optional [N] distinct pool rows, one per sequence.
-        grid: launch ``gdn_cte_varlen[grid]``.
+        grid: launch ``gdn_cte_varlen[grid]`` (a positive int).
+        check_values: scan every element first, as ``simulate`` does (default on).
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, final states): the supplied state/pool itself, updated, or a
@@ -175,6 +177,7 @@ def prefill_varlen(
         Every rule is checked before anything runs, and a launch that fails restores the named rows, so a call
         either completes or changes nothing.
     """
+    _check_grid(grid)
     if mask_pack is None and algorithm == ALGORITHM_SCHUR:
         mask_pack = build_mask_pack()
     shape = getattr(query, "shape", ())
@@ -187,7 +190,7 @@ def prefill_varlen(
     if not violations:
         violations = varlen_violations(
             query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, seq_chunks,
-            slots, padded=False,
+            slots, padded=False, values=check_values,
         )  # fmt: skip
     if violations:
         raise ContractError(violations)

@@ -49,6 +49,7 @@ def varlen_violations(
     *,
     host: bool = True,
     padded: bool = True,
+    values: bool = True,
 ) -> list[Violation]:
     """Every broken rule of a packed-varlen launch: gdn_cte's documented rules on the packed tensors, plus the
     layout (``seq_chunks`` cover the tokens of batch row 0) and the pool (``state_slots`` distinct rows of it).
@@ -57,6 +58,7 @@ def varlen_violations(
         padded (bool): the tensors are already packed with each sequence padded (the kernel's view); False on the
             host before padding, where the token count need not be a chunk multiple and is not checked against
             ``seq_chunks``.
+        values (bool): on the host, also scan every element (``gdn_ref.contract.check_values``).
 
     Returns:
         list[Violation]: empty when the launch is valid.
@@ -65,7 +67,18 @@ def varlen_violations(
     found = [
         v
         for v in validate(
-            query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, host=host
+            query,
+            key,
+            value,
+            g_log,
+            beta,
+            scale,
+            algorithm,
+            mask_pack,
+            group_size,
+            recurrent_state,
+            host=host,
+            values=values,
         )
         if v.rule_id not in skipped
     ]
