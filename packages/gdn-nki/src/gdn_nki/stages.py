@@ -233,7 +233,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     rows = tiles.matmul(gamma.broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
     q_decay = tiles.exp(rows)  # e^{γ_i} along the free axis
-    chunk.decay_last = tiles.exp(rows[:, c - 1 : c])
+    chunk.decay_last = q_decay[:, c - 1 : c]  # e^{γ_last}: its last column
     del rows
     # Made once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
     spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
