@@ -94,6 +94,8 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
         group_size: int = 8,
         recurrent_state: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
+        if api == "divides_by_key_heads":  # sizes derived before the call is checked: Hk = 0 divides by zero
+            _ = value.shape[1] // query.shape[1]
         if api == "mutates_state_on_reject" and recurrent_state is not None and recurrent_state.flags.writeable:
             recurrent_state[...] = 0.0  # "clears the slot" before checking the call
         violations = validate(
@@ -192,6 +194,7 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "clamp_g_at_minus_5": (make("clamp_g_at_minus_5"), ("numerics",), "schur and bfloat16 and strong_gates"),
     "no_value_checks": (make(api="no_value_checks"), ("rejection",), "finite or domain"),
     "zero_state_when_large": (make(api="zero_state_when_large"), ("numerics",), "schur and bfloat16 and large_state"),
+    "divides_by_key_heads": (make(api="divides_by_key_heads"), ("rejection",), "empty_launch"),
     "triple_bf16_error": (make(api="triple_bf16_error"), ("numerics",), "schur and bfloat16 and collinear_keys"),
 }
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
-from gdn_spec.contract import RULE_CASES, RuleCase, valid_call
+from gdn_spec.contract import RULE_CASES, RuleCase, check_inputs, valid_call
 from gdn_spec.impl import Implementation
 
 from ._support import changed, snapshot
@@ -37,3 +38,41 @@ def test_rejects_invalid_call(gdn_impl: Implementation, gdn_algorithm: str, case
         f"[{case.id}] rejection must name the argument `{argument}`: {message!r}"
     )
     assert not changed(before, bad), f"[{case.id}] rejected call modified {changed(before, bad)}"
+
+
+# Launch sizes with an empty axis: every tensor carrying the axis has size 0 along it. The call must be refused
+# with an error naming an argument — not crash on the empty size (e.g. Hv // Hk with Hk = 0).
+EMPTY_AXES = {"batch": {"B": 0}, "key_heads": {"Hk": 0}, "tokens": {"S": 0}}
+_AXIS_OF = {"B": 0, "Hk": 1, "S": 2}
+
+
+def _emptied(call: dict, sizes: dict[str, int]) -> dict:
+    out = dict(call)
+    for size_name in sizes:
+        axis = _AXIS_OF[size_name]
+        for name in ("query", "key", "value", "g_log", "beta", "recurrent_state"):
+            x = call.get(name)
+            if x is None or (size_name == "S" and name == "recurrent_state"):
+                continue
+            if size_name == "Hk" and name not in ("query", "key"):
+                continue
+            index = [slice(None)] * x.ndim
+            index[axis] = slice(0, 0)
+            out[name] = np.ascontiguousarray(x[tuple(index)])
+    return out
+
+
+@pytest.mark.parametrize("axis", list(EMPTY_AXES))
+def test_rejects_an_empty_launch(gdn_impl: Implementation, gdn_algorithm: str, axis: str) -> None:
+    bad = _emptied(valid_call(gdn_algorithm, gdn_impl.capabilities.dtypes[0], seed=43), EMPTY_AXES[axis])
+    expected = {v.argument for v in check_inputs(**bad)}
+    assert expected, f"an empty {axis} axis must break a rule"
+    before = snapshot(bad)
+    with pytest.raises(Exception) as info:
+        gdn_impl(**bad)
+    message = str(info.value)
+    assert any(re.search(rf"\b{re.escape(a)}\b", message) for a in expected), (
+        f"an empty {axis} axis must be refused naming one of {sorted(expected)}, got {type(info.value).__name__}: "
+        f"{message!r}"
+    )
+    assert not changed(before, bad)
