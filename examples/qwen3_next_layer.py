@@ -113,11 +113,12 @@ def _oracle_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 
 @contextlib.contextmanager
 def gdn_nki_core(record: list[CoreCall], dtype: str) -> Iterator[None]:
-    """Swap gdn-nki's FLA-compatible entry point in for HF's torch path, judging each call against the oracle."""
+    """Swap gdn-nki's FLA-compatible entry point in for HF's torch path, judging each call against the oracle.
+
+    A model needs only ``hf.torch_chunk_gated_delta_rule = chunk_gated_delta_rule``; the wrapper records calls."""
 
     def core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
              **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        kwargs.pop("chunk_size", None)  # HF's torch path's own knob; FLA's signature has none
         o, state = chunk_gated_delta_rule(query, key, value, g, beta, **kwargs)
         ref_out, ref_state = _oracle_core(query, key, value, g, beta, kwargs.get("initial_state"))
         errors = [compare("out", as_numpy(o.transpose(1, 2).contiguous()), ref_out, dtype)]

@@ -16,6 +16,11 @@ interpreter runs ~100-200 us per instruction); its row says so, with the estimat
 tokens/s, PE share, SBUF/PSUM high-water and the static (program) and dynamic (executed) instruction counts, and
 Qwen3-Next's head count runs in fp32 as well at ``QWEN_FULL_FP32_SEQ_LENS``.
 
+Varlen: a vLLM-like batch of prompts (lengths 37, 512, 1000, 2900, 130) at Qwen3-Next's head count, schur, in ONE
+launch (``prefill_varlen``: each sequence padded only to its own chunk multiple, units spanning sequences) against
+the same sequences launched one by one (``prefill``, estimated times summed); the outputs and final states of the
+two must be bit-identical.
+
 Printed and written to ``--out``: a markdown table (estimated µs, schur-vs-neumann speedup, tokens/s per
 NeuronCore, per-engine busy share of the makespan, rel-RMS error of the very run vs the oracle), the issue's
 targets judged from the measured numbers, the worst error vs the oracle per algorithm and dtype over a few small
@@ -52,6 +57,8 @@ ENGINES = ("pe", "vector", "scalar", "gpsimd", "dma")
 ENGINE_LABELS = {"pe": "PE", "vector": "DVE", "scalar": "ACT", "gpsimd": "POOL", "dma": "DMA"}
 TRACE_SEQ_LEN = 2048
 ALGORITHMS = ("schur", "neumann")
+VARLEN_LENGTHS = (37, 512, 1000, 2900, 130)
+VARLEN_HEADS = (16, 32)  # Qwen3-Next's Hk, Hv
 
 # The scale matrix: lane counts x sequence lengths, each cell run unless its estimated instruction count exceeds
 # the budget (~200k instructions take about half a minute to interpret on this machine, plus the cost model).
@@ -120,6 +127,28 @@ class Skipped:
     dtype: str
     estimated_instructions: int
     reason: str
+
+
+@dataclass
+class VarlenRow:
+    """One packed-varlen launch against the same sequences launched one by one."""
+
+    lengths: tuple[int, ...]
+    heads: str
+    lanes: int
+    tokens: int  # real tokens over all sequences
+    padded_tokens: int  # after padding each sequence to its chunk multiple
+    time_one_launch_us: float
+    time_separate_us: float  # sum over the sequences' own launches
+    separate_us: list[float]
+    time_padded_to_longest_us: float  # one dense launch, every sequence padded to the longest
+    instructions_one_launch: int
+    bit_identical: bool
+    interpret_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.time_separate_us / self.time_one_launch_us
 
 
 @dataclass
@@ -311,6 +340,75 @@ def scale_table(cells: list[Row | Skipped]) -> str:
     return "\n".join(lines)
 
 
+def measure_varlen(lengths: tuple[int, ...], key_heads: int, value_heads: int) -> VarlenRow:
+    """The batch in one ``prefill_varlen`` launch and one ``prefill`` launch per sequence (bf16, schur)."""
+    cases = [
+        make_case("random", Geometry(B=1, Hk=key_heads, Hv=value_heads, S=n, Dk=HEAD_DIM, Dv=HEAD_DIM), "bfloat16", n)
+        for n in lengths
+    ]
+    names = ("query", "key", "value", "g_log", "beta")
+    packed = {name: np.concatenate([c.kernel[name] for c in cases], axis=2) for name in names}
+    cu = np.cumsum((0, *lengths))
+    start = time.perf_counter()
+    out, state = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale)
+    one = launch_report()
+    separate, identical = [], True
+    for i, c in enumerate(cases):
+        alone_out, alone_state = gdn_nki.prefill(**{name: c.kernel[name] for name in names}, scale=c.scale)
+        separate.append(launch_report().makespan_ns / 1e3)
+        identical &= np.array_equal(out[:, :, cu[i] : cu[i + 1]], alone_out)
+        identical &= np.array_equal(state[i : i + 1], alone_state)
+    longest = max(lengths)
+    dense = {name: np.concatenate([_pad_tokens(c.kernel[name], longest) for c in cases], axis=0) for name in names}
+    dense_out, dense_state = gdn_nki.prefill(**dense, scale=cases[0].scale)
+    padded = launch_report()
+    identical &= np.array_equal(dense_state, state)
+    identical &= all(
+        np.array_equal(dense_out[i : i + 1, :, :n], out[:, :, cu[i] : cu[i + 1]]) for i, n in enumerate(lengths)
+    )
+    chunk = gdn_nki.CHUNK
+    return VarlenRow(
+        lengths=tuple(lengths),
+        heads=f"{key_heads}/{value_heads}",
+        lanes=len(lengths) * value_heads,
+        tokens=int(sum(lengths)),
+        padded_tokens=sum(-(-n // chunk) * chunk for n in lengths),
+        time_one_launch_us=one.makespan_ns / 1e3,
+        time_separate_us=float(sum(separate)),
+        separate_us=separate,
+        time_padded_to_longest_us=padded.makespan_ns / 1e3,
+        instructions_one_launch=one.instructions,
+        bit_identical=bool(identical),
+        interpret_s=time.perf_counter() - start,
+    )
+
+
+def _pad_tokens(x: np.ndarray, length: int) -> np.ndarray:
+    """Zero tokens appended on axis 2 up to ``length`` (g = 0, β = 0 for the gates: exact padding)."""
+    widths = [(0, 0)] * x.ndim
+    widths[2] = (0, length - x.shape[2])
+    return np.pad(x, widths)
+
+
+def varlen_table(rows: list[VarlenRow]) -> str:
+    """The varlen launches as a markdown table."""
+    lines = [
+        "| lengths | Hk/Hv | lanes | tokens (padded) | one launch µs | one by one µs (per sequence) | speedup "
+        "| all padded to the longest, one launch µs | tokens/s per NC, one launch | outputs and states bit-identical |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        per_seq = " + ".join(f"{t:.0f}" for t in r.separate_us)
+        lines.append(
+            f"| {', '.join(map(str, r.lengths))} | {r.heads} | {r.lanes} | {r.tokens} ({r.padded_tokens}) | "
+            f"{r.time_one_launch_us:.1f} | {r.time_separate_us:.1f} ({per_seq}) | {r.speedup:.2f}x | "
+            f"{r.time_padded_to_longest_us:.1f} | "
+            f"{r.tokens * int(r.heads.split('/')[1]) / (r.time_one_launch_us * 1e-6) / 1e6:.1f} M | "
+            f"{'yes' if r.bit_identical else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def high_water_summary(cells: list[Row | Skipped]) -> str:
     """Per algorithm and dtype: the SBUF/PSUM high-water range over the cells that ran."""
     lines = []
@@ -466,6 +564,7 @@ def markdown(
     records: list[dict[str, Any]],
     target_name: str,
     scale: list[Row | Skipped] | None = None,
+    varlen_rows: list[VarlenRow] | None = None,
 ) -> str:
     """The whole report."""
     traces = [r.trace_file for r in rows if r.trace_file]
@@ -484,6 +583,16 @@ def markdown(
             "full; cells with fewer units than the pipeline's depth sit lower):",
             high_water_summary(scale),
         ]
+    varlen = []
+    if varlen_rows:
+        varlen = [
+            "## Varlen: a batch of prompts in one launch vs one launch per prompt (schur, bf16)",
+            "Each sequence padded only to its own chunk multiple; tokens/s counts real tokens × value heads. One by "
+            "one = the sequences' own launches, estimated times summed (the cost model has no per-launch overhead, "
+            "so this understates what separate launches cost). Bit-identical: the one launch against both the "
+            "separate launches and the padded-to-the-longest launch.",
+            varlen_table(varlen_rows),
+        ]
     return "\n\n".join(
         [
             "# gdn_cte kernel: cost-model estimates",
@@ -496,6 +605,7 @@ def markdown(
             "schur time at the same S and layout. The last column is the error of that very run vs the fp64 oracle "
             "(random regime).",
             perf_table(rows),
+            *varlen,
             "## Targets (issue 4), judged on the one-lane rows",
             targets_table(targets),
             "## Worst error vs the fp64 oracle (small shapes, every regime, seeds "
@@ -524,6 +634,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-instructions", type=int, default=MAX_INSTRUCTIONS, help="largest scale cell interpreted (estimated)"
     )
+    parser.add_argument("--varlen-lengths", type=int, nargs="*", default=list(VARLEN_LENGTHS),
+                        help="prompt lengths of the varlen row (none: skip it)")  # fmt: skip
+    parser.add_argument("--varlen-heads", type=int, nargs=2, default=list(VARLEN_HEADS), metavar=("HK", "HV"))
     args = parser.parse_args(argv)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -532,12 +645,18 @@ def main(argv: list[str] | None = None) -> None:
     print("gdn_cte cost-model benchmark", flush=True)
     rows = perf_rows(tuple(args.seq_lens), tuple(args.qwen_seq_lens), args.out)
     targets = judge_targets(rows)
+    varlen_rows = []
+    if args.varlen_lengths:
+        varlen_rows.append(measure_varlen(tuple(args.varlen_lengths), *args.varlen_heads))
+        v = varlen_rows[-1]
+        print(f"  varlen {v.lengths} {v.heads}: one launch {v.time_one_launch_us:.1f} us, one by one "
+              f"{v.time_separate_us:.1f} us (interpreted in {v.interpret_s:.0f} s)", flush=True)  # fmt: skip
     records = [] if args.skip_accuracy else accuracy_sweep()
     scale = scale_rows(
         tuple(args.scale_lanes), tuple(args.scale_seq_lens), args.max_instructions, tuple(args.fp32_seq_lens)
     )
     target_name = ", ".join(sorted({r.cost_target for r in rows}))
-    report = markdown(rows, targets, records, target_name, scale)
+    report = markdown(rows, targets, records, target_name, scale, varlen_rows)
     print(report)
     print(f"\n(total bench time {time.perf_counter() - start:.0f} s)")
     if args.out is not None:
@@ -547,6 +666,7 @@ def main(argv: list[str] | None = None) -> None:
             "cost_target": target_name,
             "rows": [asdict(r) for r in rows],
             "scale": [{"ran": isinstance(c, Row), **asdict(c)} for c in scale],
+            "varlen": [{**asdict(v), "speedup": v.speedup} for v in varlen_rows],
             "targets": [
                 {"name": t.name, "measured": t.measured, "threshold": t.threshold, "met": t.met} for t in targets
             ],

@@ -28,8 +28,19 @@ def bench() -> ModuleType:
 
 
 def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    small_varlen = ["--varlen-lengths", "37", "200", "--varlen-heads", "1", "2"]
     bench.main(
-        ["--out", str(tmp_path), "--seq-lens", "128", "2048", "--qwen-seq-lens", "--skip-accuracy", "--scale-lanes"]
+        [
+            "--out",
+            str(tmp_path),
+            "--seq-lens",
+            "128",
+            "2048",
+            "--qwen-seq-lens",
+            "--skip-accuracy",
+            "--scale-lanes",
+            *small_varlen,
+        ]
     )
     printed = capsys.readouterr().out
     assert "| 1 lane | 2048 | schur |" in printed and "| 1 lane | 128 | neumann |" in printed
@@ -48,6 +59,11 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         trace = json.loads((tmp_path / f"bench_kernel_trace_S2048_{algorithm}.json").read_text())
         assert trace["traceEvents"], f"empty Perfetto trace for {algorithm}"
     assert (tmp_path / "bench_kernel.md").read_text().startswith("# gdn_cte kernel")
+    (varlen,) = data["varlen"]
+    assert varlen["lengths"] == [37, 200] and varlen["lanes"] == 4 and varlen["padded_tokens"] == 384
+    assert varlen["bit_identical"], "one launch must reproduce the separate launches exactly"
+    assert varlen["time_separate_us"] == pytest.approx(sum(varlen["separate_us"]))
+    assert varlen["speedup"] == pytest.approx(varlen["time_separate_us"] / varlen["time_one_launch_us"])
 
 
 def test_speedup_is_neumann_time_over_schur_time(bench: ModuleType) -> None:

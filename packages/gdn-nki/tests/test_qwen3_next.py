@@ -34,3 +34,24 @@ def test_qwen3_next_layer_and_model_agree_with_hf_within_gdn_spec_bounds(dtype: 
     assert len(result.decode) == example.DECODE_STEPS
     assert result.ok, example.report(result)
     assert example.hf.torch_chunk_gated_delta_rule is example.HF_CORE, "HF's function is restored afterwards"
+
+
+def test_the_swap_is_one_assignment_of_the_fla_entry_point() -> None:
+    import torch
+
+    from gdn_nki.torch import chunk_gated_delta_rule
+    from gdn_spec.metrics import compare
+
+    example = _example()
+    layer, model, ids = example._layer_and_model(torch.float32)
+    hidden = model.layers[0].input_layernorm(model.embed_tokens(ids[:, :40]))
+    with torch.no_grad():
+        theirs = layer(hidden)
+        example.hf.torch_chunk_gated_delta_rule = chunk_gated_delta_rule  # the whole change
+        try:
+            ours = layer(hidden)
+        finally:
+            example.hf.torch_chunk_gated_delta_rule = example.HF_CORE
+    assert not torch.equal(ours, theirs), "the layer ran on gdn-nki, not HF's torch path"
+    error = compare("out", ours.numpy(), theirs.numpy(), "float32")
+    assert error.ok, str(error)

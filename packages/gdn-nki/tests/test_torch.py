@@ -125,6 +125,17 @@ def test_fla_entry_matches_the_oracle_with_gqa_and_default_scale(dtype: str) -> 
     assert none is None, "the final state only when asked"
 
 
+def test_fla_entry_reads_a_bfloat16_initial_state_widened_exactly() -> None:
+    c = case("bfloat16", Geometry(B=1, Hk=1, Hv=2, S=40, Dk=16, Dv=16), seed=12, regime="initial_state")
+    narrow = as_torch(c.kernel["recurrent_state"]).to(torch.bfloat16)
+    got = chunk_gated_delta_rule(**_seq_first(c), initial_state=narrow, output_final_state=True)
+    want = chunk_gated_delta_rule(**_seq_first(c), initial_state=narrow.float(), output_final_state=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    pool = narrow.clone()
+    with pytest.raises(ContractError, match=r"`initial_state`.*bfloat16"):  # a pool is written: fp32 only
+        chunk_gated_delta_rule(**_seq_first(c), initial_state=pool, state_indices=torch.tensor([0]))
+
+
 def test_fla_entry_l2norm_in_kernel_equals_normalizing_first() -> None:
     c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=64, Dk=32, Dv=16), seed=6)
     args = _seq_first(c)

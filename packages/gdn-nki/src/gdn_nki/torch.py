@@ -20,7 +20,7 @@ import numpy as np
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 
 from .host import prefill_varlen
-from .torch_io import as_numpy, as_torch, check_tensor, import_torch, rejection
+from .torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, import_torch, rejection
 
 torch = import_torch()
 
@@ -60,8 +60,9 @@ def chunk_gated_delta_rule(
         g (torch.Tensor): [B, T, Hv] log-decay (<= 0), float32 or bfloat16 (widened to fp32 exactly).
         beta (torch.Tensor): [B, T, Hv] update strength in (0, 1), float32 or bfloat16.
         scale (float | None): query scaling; None = K ** -0.5.
-        initial_state (torch.Tensor | None): [N, Hv, K, V] float32 initial states (read, not written). With
-            ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE at the named rows only.
+        initial_state (torch.Tensor | None): [N, Hv, K, V] float32 (or bfloat16, widened exactly) initial states,
+            read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE
+            at the named rows only.
         output_final_state (bool): return the final states.
         use_qk_l2norm_in_kernel (bool): L2-normalize q and k first (fp32, eps 1e-6, as FLA and HF).
         cu_seqlens (torch.Tensor | None): [N + 1] integer boundaries of packed sequences in the one row (B == 1).
@@ -152,7 +153,9 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
             raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
                             "passed as initial_state", "pass the pool as initial_state")  # fmt: skip
         return None, None
-    check_tensor("initial_state", initial_state, ("float32",))
+    # A state read once may be bf16 (FLA's own example passes one; it widens exactly); a pool written in place
+    # holds the fp32 final states, so it must be fp32.
+    check_tensor("initial_state", initial_state, ("float32",) if state_indices is not None else SUPPORTED_DTYPES)
     rows = n_seqs if state_indices is None else None
     shape = tuple(initial_state.shape)
     if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
@@ -160,7 +163,7 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
         raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:
-        return np.array(as_numpy(initial_state), dtype=np.float32, order="C"), None
+        return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
     if not initial_state.is_contiguous():
         raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
                         "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
