@@ -1,6 +1,7 @@
 """Rejected calls: every documented rule (``gdn_ref.contract.RULES``, violated by gdn-spec's builders and by a
-few more bad inputs of our own) raises ``gdn_nki.ContractError`` naming the argument, and writes nothing — through
-the host ``gdn_nki.simulate`` (all rules) and through the jitted kernel itself (the trace-time, host=False rules)."""
+few more bad inputs of our own) is reported naming the argument, and nothing is written — through the host
+``gdn_nki.simulate`` (all rules, ``ContractError``) and through the jitted kernel itself (the trace-time,
+host=False rules, stopped by the kernel's assert-style check: the NKI tracer accepts no ``raise``)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,19 @@ def _assert_rejected(entry: str, call: Call, rule_id: str, argument: str) -> Non
             ENTRY_POINTS[entry](call)
         assert _snapshot(call) == before, f"{entry}: a refused launch changed an array"
         return
-    with pytest.raises(gdn_nki.ContractError) as info:
-        ENTRY_POINTS[entry](call)
-    ids = [v.rule_id for v in info.value.violations]
-    assert rule_id in ids, f"{entry}: expected [{rule_id}], got {ids}"
-    assert f"`{argument}`" in str(info.value), f"{entry}: the message does not name {argument}: {info.value}"
+    if entry == "traced":
+        with pytest.raises(AssertionError) as assertion:
+            ENTRY_POINTS[entry](call)
+        message = str(assertion.value)
+        assert f"[{rule_id}]" in message, f"{entry}: expected [{rule_id}] in {message}"
+        assert "Fix:" in message, f"{entry}: the message gives no fix: {message}"
+    else:
+        with pytest.raises(gdn_nki.ContractError) as info:
+            ENTRY_POINTS[entry](call)
+        ids = [v.rule_id for v in info.value.violations]
+        assert rule_id in ids, f"{entry}: expected [{rule_id}], got {ids}"
+        message = str(info.value)
+    assert f"`{argument}`" in message, f"{entry}: the message does not name {argument}: {message}"
     assert _snapshot(call) == before, f"{entry}: a rejected call changed an array (recurrent_state or an input)"
 
 
@@ -169,3 +178,52 @@ def test_valid_base_calls_are_accepted(entry: str) -> None:
         call = valid_call(algorithm, "float32", seed=3)
         out, state = ENTRY_POINTS[entry](call)
         assert out.shape == call["value"].shape and np.isfinite(out).all() and np.isfinite(state).all()
+
+
+class _NkiStyleDtype:
+    """A dtype object as a real NKI tensor handle may carry: not numpy, a ``name`` and a dotted ``str``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"nki.language.{self.name}"
+
+
+class _StrOnlyDtype:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __str__(self) -> str:
+        return f"nki.language.{self._name}"
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16", "int32", "uint8", "float8_e4m3"])
+def test_dtype_reading_matches_nki_cpu(name: str) -> None:
+    """``validate`` reads a tensor's dtype the same way whether it is nki-cpu's (a numpy dtype), a numpy / ml_dtypes
+    type, a name string, or an NKI-style dtype object."""
+    from gdn_ref.contract import dtype_name
+
+    interpreter = getattr(backend.nl, name)  # nki-cpu's nl dtype: a numpy dtype
+    assert dtype_name(interpreter) == name
+    assert dtype_name(interpreter.type) == name  # the scalar type (np.float32, ml_dtypes.bfloat16, ...)
+    for stand_in in (name, f"nki.language.{name}", _NkiStyleDtype(name), _StrOnlyDtype(name)):
+        assert dtype_name(stand_in) == name, stand_in
+
+
+def test_validate_reads_nki_style_dtypes() -> None:
+    """The trace-time contract check rejects a bf16 ``beta`` whose dtype is an NKI-style object, naming it."""
+    from types import SimpleNamespace
+
+    from gdn_ref.contract import validate
+
+    call = valid_call("schur", "bfloat16")
+    handles = {
+        name: SimpleNamespace(shape=x.shape, dtype=_NkiStyleDtype(np.dtype(x.dtype).name))
+        for name, x in call.items()
+        if isinstance(x, np.ndarray)
+    }
+    assert validate(**{**call, **handles}, host=False) == []
+    handles["beta"] = SimpleNamespace(shape=call["beta"].shape, dtype=_NkiStyleDtype("bfloat16"))
+    ids = [v.rule_id for v in validate(**{**call, **handles}, host=False)]
+    assert ids == ["beta.dtype"], ids

@@ -97,9 +97,9 @@ def test_raw_kernel_refuses_a_read_only_state_by_name() -> None:
         backend.simulate(gdn_nki.gdn_cte)(**kwargs)
 
 
-# (B, Hv) with Hk = 1: lanes split evenly (4 lanes / 2 programs), unevenly (6 / 4: the last program gets none)
-# and with more programs than some splits need (4 / 3: programs of 2, 2, 0 lanes).
-GRID_CASES = [((1, 4), 2), ((1, 4), 3), ((2, 3), 2), ((2, 3), 3), ((2, 3), 4)]
+# (B, Hv) with Hk = 1 over the LNC degrees a Trn2/Trn3 launch may use (1 or 2): lanes split evenly (4 lanes / 2
+# programs, 6 / 2), unevenly (3 / 2: programs of 2 and 1 lanes) and with a program left without lanes (1 / 2).
+GRID_CASES = [((1, 4), 2), ((2, 3), 2), ((1, 3), 2), ((1, 1), 2), ((1, 4), 1)]
 
 
 @pytest.mark.parametrize(("lanes", "grid"), GRID_CASES, ids=[f"B{b}Hv{h}-grid{g}" for (b, h), g in GRID_CASES])
@@ -126,9 +126,10 @@ def test_launch_grid_splits_the_lanes() -> None:
     assert halves[0] == halves[1] and halves[0] < 0.6 * whole, (whole, halves)
 
 
-@pytest.mark.parametrize("grid", [2, 3])
-def test_launch_grid_neumann(grid: int) -> None:
-    c = case("float32", Geometry(B=1, Hk=4, Hv=4, S=128, Dk=32, Dv=16), seed=15)
+@pytest.mark.parametrize("heads", [4, 3])
+def test_launch_grid_neumann(heads: int) -> None:
+    c = case("float32", Geometry(B=1, Hk=heads, Hv=heads, S=128, Dk=32, Dv=16), seed=15)
+    grid = 2
     plain, split = run(c, "neumann"), run(c, "neumann", grid=grid)
     np.testing.assert_array_equal(split[0], plain[0])
     np.testing.assert_array_equal(split[1], plain[1])
@@ -186,3 +187,31 @@ def test_prefill_varlen_scans_values_and_checks_grid() -> None:
     kwargs["value"][0, 0, 70, 2] = 0.0
     with pytest.raises(ValueError, match="`grid`"):
         gdn_nki.prefill_varlen(**kwargs, cu_seqlens=np.array([0, 40, 100]), grid=2.0)
+
+
+@pytest.mark.parametrize("grid", [3, 4])
+def test_launch_grid_outside_the_lnc_degrees_is_rejected_before_launch(grid: int) -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=4, S=128, Dk=32, Dv=16), seed=16, regime="initial_state")
+    buffer = c.kernel["recurrent_state"].copy()
+    before = buffer.copy()
+    with pytest.raises(gdn_nki.ContractError, match="`grid`") as info:
+        run(c, "schur", recurrent_state=buffer, grid=grid)
+    assert "grid=None, 1 or 2" in str(info.value)
+    np.testing.assert_array_equal(buffer, before)
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"), [("0.7.0", True), ("0.7.1+g1234", True), ("1.0", True), ("0.6.0", False), ("0.5.2", False)]
+)
+def test_nki_version_check(version: str, ok: bool) -> None:
+    """The real nki is refused below NKI 0.7.0 (SDK 2.33) with an error naming both versions and the upgrade."""
+    if ok:
+        backend.check_nki_version(version)
+        return
+    with pytest.raises(ImportError, match=rf"Neuron SDK 2\.33 \(NKI 0\.7\.0\).*{version}.*pip install"):
+        backend.check_nki_version(version)
+
+
+def test_nki_version_unknown_warns() -> None:
+    with pytest.warns(RuntimeWarning, match="cannot read the installed nki version"):
+        backend.check_nki_version(None)

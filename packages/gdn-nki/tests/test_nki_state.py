@@ -81,7 +81,7 @@ def test_non_contiguous_state_view_is_updated_in_place() -> None:
     assert np.all(backing[..., 1::2] == 7.0), "elements between the view's were written"
 
 
-@pytest.mark.parametrize("grid", [2, 4])
+@pytest.mark.parametrize("grid", [1, 2])
 def test_supplied_state_in_place_under_a_launch_grid(grid: int) -> None:
     c = case("float32", GEOMETRY, seed=5, regime="initial_state")
     buffer = c.kernel["recurrent_state"].copy()

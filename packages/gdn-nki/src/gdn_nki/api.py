@@ -13,10 +13,11 @@ from gdn_ref.constants import (
     DEFAULT_ALGORITHM,
     DEFAULT_GROUP_SIZE,
 )
-from gdn_ref.contract import ContractError, validate
+from gdn_ref.contract import validate
 
 from . import engines, neumann, schur, stages
 from .backend import nki, nl
+from .kernel_assert import assert_valid_call
 from .lanes import LaneInputs, Span, dense_spans, program_lanes, run_lanes
 from .tiles import FP32
 
@@ -60,15 +61,16 @@ def gdn_cte(
         [B, Hv, Dk, Dv] fp32 (the caller's ``recurrent_state`` buffer when one was supplied).
 
     Notes:
-        Every documented rule is checked before anything is allocated or written (``gdn_ref.contract``).
+        Every documented rule a trace can see is checked before anything is allocated or written
+        (``gdn_ref.contract``); a violation stops the trace with an ``AssertionError`` listing each broken rule,
+        argument and fix (``kernel_assert``: the tracer does not accept ``raise`` in a kernel). The host entry
+        points raise ``ContractError`` for the same calls before launching.
         The state is fp32 whatever the compute dtype; the gate prefix sum is fp32. Lanes (b, h) are split
         evenly over an SPMD launch grid (``gdn_cte[n](...)``).
     """
-    violations = validate(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, host=False
+    assert_valid_call(
+        validate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, host=False)
     )
-    if violations:
-        raise ContractError(violations)
 
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]

@@ -7,13 +7,16 @@ import numbers
 import numpy as np
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, enforce, validate
+from gdn_ref.contract import ContractError, Violation, enforce, validate
 from gdn_ref.masks import build_mask_pack
 
 from . import backend
 from .api import gdn_cte
 from .torch_io import accepts_torch
 from .varlen import cu_seqlens_violations, gdn_cte_varlen, pack_padded, padded_offsets, unpack_padded, varlen_violations
+
+# Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
+LNC_DEGREES = (1, 2)
 
 
 @accepts_torch
@@ -36,10 +39,11 @@ def simulate(
 
     Dimensions and Args:
         As ``gdn_cte``; arrays are numpy (bfloat16 via ml_dtypes) or CPU torch tensors (then the outputs are
-        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` (a positive int)
-        launches ``gdn_cte[grid]`` (lanes split over programs). ``check_values`` scans every input element first
-        (``gdn_ref.contract.check_values``: g_log <= 0 and not NaN, everything else finite; g_log = -inf is a
-        reset and accepted); default on, pass False only when the caller guarantees its data.
+        torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` launches
+        ``gdn_cte[grid]`` (lanes split over programs): the logical-NeuronCore degree, 1 or 2 (``LNC_DEGREES``).
+        ``check_values`` scans every input element first (``gdn_ref.contract.check_values``: g_log <= 0 and not
+        NaN, everything else finite; g_log = -inf is a reset and accepted); default on, pass False only when the
+        caller guarantees its data.
 
     Returns:
         tuple: (out [B, Hv, S, Dv] in query's dtype, final state [B, Hv, Dk, Dv] fp32). When ``recurrent_state``
@@ -120,13 +124,26 @@ def prefill(
 
 
 def _check_grid(grid: object) -> None:
-    """``grid`` is None or a positive int (no silent conversion of "2", 2.7 or True)."""
-    if grid is None or (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1):
+    """``grid`` is None or a positive int (no silent conversion of "2", 2.7 or True) that is an LNC degree."""
+    if grid is None:
         return
-    raise ValueError(
-        f"simulate: `grid` value {grid!r} must be a positive int (programs of the launch gdn_cte[grid]). "
-        "Fix: pass grid=2, say, or None for one program"
-    )
+    if not (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1):
+        raise ValueError(
+            f"simulate: `grid` value {grid!r} must be a positive int (programs of the launch gdn_cte[grid]). "
+            "Fix: pass grid=2, say, or None for one program"
+        )
+    if grid not in LNC_DEGREES:
+        raise ContractError(
+            [
+                Violation(
+                    "launch.grid",
+                    "grid",
+                    f"= {grid!r}",
+                    "the launch grid is the logical-NeuronCore degree: 1 or 2 on Trn2/Trn3 (docs/nki-sources.md §1.3)",
+                    "pass grid=None, 1 or 2; the kernel splits the lanes over the programs itself",
+                )
+            ]
+        )
 
 
 def _pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:
@@ -165,7 +182,7 @@ def prefill_varlen(
         recurrent_state: optional fp32 state, updated IN PLACE: [N, Hv, Dk, Dv] (row i = sequence i), or with
             ``state_indices`` a pool [P, Hv, Dk, Dv] of which only the named rows are read and written.
         state_indices: optional [N] distinct pool rows, one per sequence.
-        grid: launch ``gdn_cte_varlen[grid]`` (a positive int).
+        grid: launch ``gdn_cte_varlen[grid]``: the logical-NeuronCore degree, 1 or 2 (``LNC_DEGREES``).
         check_values: scan every element first, as ``simulate`` does (default on).
 
     Returns:

@@ -5,9 +5,9 @@ the block-diagonal inverses of the current block size, the merged inverse is ``I
 ``R̃ = A ∘ (−off)`` keeps A's off-diagonal quadrant of every merged block, pre-negated (mask pack planes 4..9).
 Level 0 (2×2 blocks) is elementwise: ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128.
 
-No power of A is ever formed, so nothing here depends on A being small. The fp32 PSUM tile holding Invᵀ is the
-accumulator of all levels (each level adds ``(Inv R̃ Inv)ᵀ`` with ``accumulate=True``), so the merge sums in fp32
-even when its operands are bf16.
+No power of A is ever formed, so nothing here depends on A being small. Each level's ``(Inv R̃ Inv)ᵀ`` is one fp32
+matmul, added from PSUM to the previous Invᵀ (``_merge``); as the two terms never overlap, every element of Invᵀ is
+one fp32 value rounded once into the operand dtype — the bits an fp32 accumulator over all levels would give.
 
 Every level runs over all chunks of the group before the next level starts (level-major): each step issues
 ``group_size`` independent same-kind instructions, which hides each instruction's dependency latency behind its
@@ -43,22 +43,36 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level."""
     level0 = [_level0(chunk.a, consts, dtype) for chunk in chunks]
     inverse = [inv for inv, _ in level0]
-    inverse_t_psum = [acc for _, acc in level0]
-    inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
+    inverse_t = [tiles.evacuate(acc, dtype) for _, acc in level0]
     yield
     for level in range(1, N_MERGE_LEVELS + 1):
         plane_t = consts.planes[level]
         mid = [
             _off_block_product(chunk.a, plane_t, inv_t, dtype) for chunk, inv_t in zip(chunks, inverse_t, strict=True)
         ]
-        for inv, m, acc in zip(inverse, mid, inverse_t_psum, strict=True):
-            tiles.matmul(inv, m, dst=acc, accumulate=True)  # Invᵀ += (Inv R̃ Inv)ᵀ
-        inverse_t = [tiles.evacuate(acc, dtype) for acc in inverse_t_psum]
+        products = [tiles.matmul(inv, m) for inv, m in zip(inverse, mid, strict=True)]  # (Inv R̃ Inv)ᵀ
+        inverse_t = [_merge(inv_t, product, dtype) for inv_t, product in zip(inverse_t, products, strict=True)]
+        del products  # free their PSUM before the transposes allocate theirs
         if level < N_MERGE_LEVELS:
             inverse = [tiles.evacuate(tiles.transpose(t), dtype) for t in inverse_t]
         yield
     for chunk, inv_t in zip(chunks, inverse_t, strict=True):
         chunk.inverse_t = inv_t
+
+
+def _merge(inverse_t: Any, product: Any, dtype: Any) -> Any:
+    """The merged Invᵀ = Invᵀ + (Inv R̃ Inv)ᵀ into a new tile of ``dtype``: the fp32 product, read from PSUM, plus
+    the previous level's Invᵀ.
+
+    The two terms never overlap: Inv is block-diagonal with this level's half-blocks and the product lives only in
+    the off quadrant of each merged block, where Inv is zero (and the product is exactly zero elsewhere: its sums
+    run over the masked zeros of R̃). So each element of the sum is one term plus an exact zero, and adding the
+    fp32 product to an Invᵀ already rounded to ``dtype`` gives the bits of summing every level in fp32 and rounding
+    once. That is what lets each level's product be one matmul into a fresh PSUM tile: an fp32 PSUM accumulator
+    per chunk over all levels would hold one matmul accumulation group open per chunk for the whole inverse — 16 at
+    once with two units in preparation, where TensorE has 8, one per PSUM bank (docs/nki-sources.md §4.2).
+    """
+    return tiles.combine(tiles.sbuf(tuple(inverse_t.shape), dtype), product, inverse_t, nl.add)
 
 
 def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
@@ -74,7 +88,7 @@ def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
 
 
 def _level0(a: Any, consts: Constants, dtype: Any) -> tuple[Any, Any]:
-    """Inverse of every 2×2 diagonal block, I − A ∘ off0, and the fp32 PSUM accumulator of its transpose."""
+    """Inverse of every 2×2 diagonal block, I − A ∘ off0, and its transpose in an fp32 PSUM tile."""
     inverse = tiles.sbuf(tuple(a.shape), dtype)
     tiles.combine(inverse, consts.eye, tiles.multiply(a, consts.planes["off0"], dtype), nl.subtract)
     return inverse, tiles.matmul(inverse, consts.eye)

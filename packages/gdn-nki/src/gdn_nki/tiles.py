@@ -50,11 +50,15 @@ def evacuate(src: Any, dtype: Any, scale: float = 1.0) -> Any:
 
 
 def copy_to(dst: Any, src: Any, scale: float = 1.0, engine: Any = None) -> Any:
-    """``dst = scale * src`` on ``engine``, or else on whichever of the scalar or vector engine (GpSimd too when
-    nothing is in PSUM) has the least work queued."""
+    """``dst = scale * src`` on ``engine``, or else on whichever of the scalar or vector engine (GpSimd too for a
+    plain copy with nothing in PSUM) has the least work queued.
+
+    GpSimd only copies: its ``tensor_scalar`` is documented for rsqrt alone (ISA ``tensor_scalar``, ``engine``
+    parameter, v2.33.0; docs/nki-sources.md §3.7), so a scaled copy never goes there.
+    """
     n = free_elements(src)
     options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(src, dst))]
-    if not in_psum(src):
+    if not in_psum(src) and scale == 1.0:
         options.append((GPSIMD, stream_ns(GPSIMD, n)))
     if engine is not None:
         options = [option for option in options if option[0] == engine]
@@ -112,12 +116,11 @@ def multiply(a: Any, b: Any, dtype: Any) -> Any:
 
 
 def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
-    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is [P, 1]; ``x`` in SBUF or PSUM)."""
+    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in SBUF or
+    PSUM), on the scalar or vector engine (GpSimd's ``tensor_scalar`` is rsqrt only)."""
     dst = sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
     options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
-    if not in_psum(x):
-        options.append((GPSIMD, stream_ns(GPSIMD, n)))
     engine = BALANCER.pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)

@@ -53,8 +53,13 @@ class ContractError(ValueError):
 
     def __init__(self, violations: list[Violation]):
         self.violations = violations
-        lines = "\n".join(f"  - {v}" for v in violations)
-        super().__init__(f"gdn_cte rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}")
+        super().__init__(rejection_message(violations))
+
+
+def rejection_message(violations: list[Violation]) -> str:
+    """The text of a rejected call: how many rules broke, then each violation (argument, value, rule, fix)."""
+    lines = "\n".join(f"  - {v}" for v in violations)
+    return f"gdn_cte rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,25 @@ class Violation:
 
 
 def dtype_name(dtype: Any) -> str:
-    """Canonical dtype name ("float32", "bfloat16", ...) for numpy, ml_dtypes and NKI dtype objects."""
-    try:
+    """Canonical dtype name ("float32", "bfloat16", ...) of a numpy / ml_dtypes dtype or an NKI dtype object.
+
+    Read explicitly, in this order, because a traced kernel hands ``validate`` the real NKI's tensor handles, whose
+    ``.dtype`` is an NKI dtype object (or a name string such as ``"bfloat16"`` or ``"nki.language.bfloat16"``), not
+    a numpy dtype:
+
+    1. a ``numpy.dtype``, or a numpy / ml_dtypes scalar type: ``numpy.dtype(x).name`` (nki-cpu's ``nl`` dtypes are
+       numpy dtypes);
+    2. a string: its last dotted component;
+    3. any other object: its ``name`` attribute if it is a string, else ``str(x)``, last dotted component.
+    """
+    if isinstance(dtype, np.dtype):
+        return dtype.name
+    if isinstance(dtype, type) and issubclass(dtype, np.generic):
         return np.dtype(dtype).name
-    except TypeError:
-        name = getattr(dtype, "name", None) or str(dtype)
-        return name.rsplit(".", 1)[-1]
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
+    if not isinstance(name, str):
+        name = str(dtype)
+    return name.rsplit(".", 1)[-1]
 
 
 def _shape(x: Any) -> tuple[int, ...] | None:
