@@ -1,4 +1,5 @@
-"""Project sessions: tests, conformance, integration, lint, bench, thirdparty.
+"""Project sessions: tests, conformance, integration, lint, bench, thirdparty, neuron (the real Neuron SDK; skips
+cleanly without it).
 
 Every session installs the repo's packages into its own virtualenv; nothing is installed by hand.
 """
@@ -150,3 +151,50 @@ def bench(session: nox.Session) -> None:
     out.mkdir(exist_ok=True)
     for script in sorted(ROOT.glob("packages/*/bench/bench_*.py")):
         session.run("python", str(script), "--out", str(out), *session.posargs)
+
+
+# AWS's package index for the Neuron SDK (the real `nki` / `neuronx-cc`; PyPI's packages of those names are
+# placeholders). Override with GDN_NEURON_INDEX (a mirror, say).
+NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
+# The kernel needs NKI 0.7.0 = Neuron SDK 2.33 (gdn_nki.backend.MIN_NKI_VERSION).
+NEURON_PACKAGES = ["nki>=0.7.0", "neuronx-cc>=2.0"]
+
+
+def _neuron_machine() -> bool:
+    """A Trainium/Inferentia host: a NeuronDevice is attached or the Neuron tools are installed."""
+    return any(Path("/dev").glob("neuron[0-9]*")) or shutil.which("neuron-ls") is not None
+
+
+@nox.session
+def neuron(session: nox.Session) -> None:
+    """On the real Neuron SDK: gdn-nki's tests and the gdn-spec suite through nki.simulate, then both algorithms
+    compiled and (with a device) benchmarked at Qwen3-Next shapes into bench-out/. Prints "skipped: Neuron SDK not
+    installed" and succeeds where the SDK cannot be had (no Neuron host and no GDN_NEURON_INDEX)."""
+    if not (_neuron_machine() or os.environ.get("GDN_NEURON_INDEX")):
+        session.log("skipped: Neuron SDK not installed")
+        return
+    _install_repo(session)
+    session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_PACKAGES)
+    if not _real_nki_in_session(session):
+        session.log("skipped: Neuron SDK not installed")
+        return
+    env = {
+        **SINGLE_THREAD_BLAS,
+        "NEURON_PLATFORM_TARGET_OVERRIDE": os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2"),
+    }
+    out = ROOT / "bench-out"
+    out.mkdir(exist_ok=True)
+    session.run("pytest", "-q", "-n", _xdist_workers(), str(ROOT / "packages/gdn-nki/tests"), env=env)
+    session.run("gdn-spec", "check", "gdn_nki:simulate", "-n", _xdist_workers(), env=env)
+    session.run("python", str(ROOT / "packages/gdn-nki/bench/bench_kernel.py"), "--out", str(out), env=env)
+    session.run("python", str(ROOT / "packages/gdn-nki/bench/neuron_kernel.py"), "--out", str(out), env=env)
+
+
+def _real_nki_in_session(session: nox.Session) -> bool:
+    """True when the session's interpreter runs gdn-nki on the real nki (which also passed its version check)."""
+    probe = "import gdn_nki.backend as b, sys; sys.exit(0 if b.USING_REAL_NKI else 1)"
+    try:
+        session.run("python", "-c", probe, silent=True)
+    except nox.command.CommandFailed:
+        return False
+    return True

@@ -53,7 +53,7 @@ def test_tensor_scalar_forms():
     )
     np.testing.assert_allclose(dst.read(), 1.0 - data * col, rtol=1e-6)
     pos = np.abs(data) + 0.5
-    nisa.tensor_scalar(dst, tile(pos), nl.rsqrt, None, engine=nisa.engine.scalar)
+    nisa.tensor_scalar(dst, tile(pos), nl.rsqrt, None, engine=nisa.engine.gpsimd)
     np.testing.assert_allclose(dst.read(), 1 / np.sqrt(pos), rtol=1e-6)
     one = tile(data[:1, :])
     nisa.tensor_scalar(one, one, nl.add, tile(data)[0:1, 3:4])

@@ -7,10 +7,11 @@ raises; none of them changes state.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from nki_cpu import dtypes
+from nki_cpu import dtypes, state
 from nki_cpu.tensor import NkiTensor
 
 PMAX = 128  # partitions per SBUF/PSUM operand (nl.tile_size.pmax)
@@ -25,9 +26,34 @@ PSUM_ONLY = frozenset({"psum"})
 HBM_OR_SBUF = frozenset({"hbm", "sbuf"})
 
 
+# The documented constraints nki-cpu enforces by name (README, "What is enforced"). ``simulate(kernel,
+# relax={...})`` turns named rules into RuntimeWarnings for one launch: switchable, never silent.
+RULES = frozenset(
+    {
+        "gpsimd_tensor_scalar",  # GpSimd runs tensor_scalar only for rsqrt
+        "scalar_tensor_scalar_ops",  # trn2 ScalarE tensor_scalar: (multiply, add), (multiply, -), (add, -)
+        "fp32_scalar_operands",  # tensor_scalar operand tiles and activation's scale tile are float32
+        "activation_reduce_add",  # activation's reduce_op is nl.add
+        "tensor_tensor_engine",  # tensor_tensor runs on the vector or GpSimd engine
+        "psum_bank",  # a PSUM tile one instruction writes stays inside one 2 KiB bank per partition (v2/v3)
+        "accumulation_groups",  # at most 8 matmul accumulation groups outstanding
+        "lnc_grid",  # kernel[n]: n is the LNC degree, 1 or 2
+        "buffer_strings",  # buffers are nl.* objects, not strings (NKI 0.3.0+)
+    }
+)
+
+
 def fail(message: str) -> None:
     """Raise the simulator-style error."""
     raise AssertionError(message)
+
+
+def rule(name: str, message: str, relaxed: frozenset[str] | None = None) -> None:
+    """A documented rule is violated: raise, or warn when the running launch (or ``relaxed``) relaxes ``name``."""
+    if name in (state.current().relaxed if relaxed is None else relaxed):
+        warnings.warn(f"{message} (rule {name!r} relaxed for this launch)", RuntimeWarning, stacklevel=3)
+        return
+    fail(message)
 
 
 def tensor(instr: str, name: str, value: Any) -> NkiTensor:
@@ -121,12 +147,38 @@ def at_most(instr: str, name: str, what: str, value: int, limit: int) -> None:
 
 
 def psum_bank(instr: str, name: str, t: NkiTensor) -> None:
-    """A PSUM operand of TensorE fits one 2 KiB bank per partition and does not straddle two banks."""
+    """A PSUM tile one instruction writes fits one 2 KiB bank per partition and does not straddle two banks.
+
+    ``nl.tile_size.psum_bank_fmax_bytes`` = 2048 and ``nc_matmul``'s moving free size ≤ 512 on NeuronCore-v2/v3
+    (ISA ``nc_matmul`` / ``tile_size`` pages, v2.33.0); NeuronCore-v4 matmuls may span all 8 banks, so the rule
+    applies to gen2/gen3 targets only.
+    """
+    from nki_cpu.isa.enums import get_nc_version  # late: the isa package imports this module
+
+    if get_nc_version().value >= 4:
+        return
     region = t.region()
     lo, hi = region.byte_range
-    at_most(instr, name, "bytes per partition", hi - lo, PSUM_BANK_BYTES)
-    if lo // PSUM_BANK_BYTES != (hi - 1) // PSUM_BANK_BYTES:
-        fail(f"{instr} {name} byte range [{lo}, {hi}) per partition crosses a {PSUM_BANK_BYTES}-byte PSUM bank")
+    if hi - lo > PSUM_BANK_BYTES:
+        rule(
+            "psum_bank",
+            f"{instr} {name} bytes per partition {hi - lo} exceeds maximum {PSUM_BANK_BYTES} (one PSUM bank)",
+        )
+    elif lo // PSUM_BANK_BYTES != (hi - 1) // PSUM_BANK_BYTES:
+        rule(
+            "psum_bank",
+            f"{instr} {name} byte range [{lo}, {hi}) per partition crosses a {PSUM_BANK_BYTES}-byte PSUM bank",
+        )
+
+
+def fp32_operand(instr: str, name: str, value: Any) -> None:
+    """A tile given where the ISA wants an fp32 scalar operand (tensor_scalar operands, activation scale)."""
+    if isinstance(value, NkiTensor) and value.dtype != dtypes.float32:
+        rule(
+            "fp32_scalar_operands",
+            f"{instr} {name} dtype {dtypes.name(value.dtype)} must be float32 (a [P, 1] float32 tile or a Python "
+            "number)",
+        )
 
 
 def capacity(buffer_name: str, live: int, cap: int, requested: int) -> None:

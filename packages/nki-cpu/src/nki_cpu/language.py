@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from nki_cpu import checks, opcodes, state
 from nki_cpu import isa as nisa
-from nki_cpu import loops, opcodes, state
+from nki_cpu import checks, loops, opcodes, state
 from nki_cpu.dtypes import (
     bfloat16,
     bool_,
@@ -161,6 +162,11 @@ def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = ""
     Returns:
         The new tensor, with storage independent of every other allocation.
     """
+    if isinstance(buffer, str) and not isinstance(buffer, MemoryRegion):
+        checks.rule(
+            "buffer_strings",
+            f"ndarray buffer {buffer!r} is a string; pass nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm (NKI 0.3.0+)",
+        )
     return allocate(shape, dtype, MemoryRegion(buffer), name)
 
 

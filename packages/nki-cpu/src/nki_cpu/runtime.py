@@ -12,13 +12,13 @@ import importlib.util
 import inspect
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from nki_cpu import frameworks, state
+from nki_cpu import checks, frameworks, state
 from nki_cpu.cost.record import Trace
 from nki_cpu.tensor import MemoryRegion, NkiTensor, wrap_array
 
@@ -129,6 +129,7 @@ def simulate(
     check_capacity: bool = True,
     sbuf_bytes_per_partition: int = state.SBUF_BYTES_PER_PARTITION,
     blas_threads: int | None = 1,
+    relax: Iterable[str] = (),
 ) -> Callable[..., Any]:
     """Run a kernel on the CPU: numpy arrays in, numpy arrays out (like ``nki.simulate``).
 
@@ -140,6 +141,8 @@ def simulate(
             the process setting alone. One thread is the default: an interpreted ``nc_matmul`` is at most
             128×128×512, too small to gain from BLAS threads, and busy-waiting BLAS threads on a loaded machine
             made GDN-size launches 7-25× slower on 2 cores (README, "Speed").
+        relax: names of documented rules (``checks.RULES``; README, "What is enforced") to report as
+            ``RuntimeWarning`` instead of raising, for this launch only. Nothing is ever skipped silently.
 
     Returns:
         A callable taking the kernel's arguments; numpy arrays (and CPU torch tensors, through their numpy view)
@@ -153,11 +156,18 @@ def simulate(
         fn, grid = kernel.fn, kernel.grid
     else:
         fn, grid = kernel, None
+    relaxed = frozenset(relax)
+    unknown = relaxed - checks.RULES
+    if unknown:
+        raise ValueError(
+            f"nki-cpu: simulate relax names unknown rules {sorted(unknown)}; known: {sorted(checks.RULES)}"
+        )
 
     def run(*args: Any, **kwargs: Any) -> Any:
         if state.in_kernel():
             return fn(*args, **kwargs)
         programs = grid or 1
+        _check_grid(programs, relaxed)
         buffer = MemoryRegion.shared_hbm if programs > 1 else MemoryRegion.private_hbm
         traces: list[Trace] = []
         results: list[Any] = []
@@ -180,6 +190,7 @@ def simulate(
         "check_capacity": check_capacity,
         "sbuf_capacity": sbuf_bytes_per_partition,
         "program_ndim": 0 if grid is None else 1,
+        "relaxed": relaxed,
     }
 
     def _run_programs(
@@ -202,6 +213,28 @@ def simulate(
                 _last_traces[:] = traces
 
     return run
+
+
+def lnc_degrees() -> tuple[int, ...]:
+    """Launch-grid sizes the target accepts: the LNC degree, 1 or 2 on Trn2/Trn3, 1 on Trn1/Inf2.
+
+    The SDK supports an LNC degree of 1 or 2, and since NKI 0.7.0 (SDK 2.33) a grid that differs from the
+    compiler's LNC degree is an error (LNC page, v2.33.1; docs/nki-sources.md §1.3).
+    """
+    from nki_cpu.isa.enums import get_nc_version
+
+    return (1,) if get_nc_version().value <= 2 else (1, 2)
+
+
+def _check_grid(programs: int, relaxed: frozenset[str]) -> None:
+    allowed = lnc_degrees()
+    if programs not in allowed:
+        checks.rule(
+            "lnc_grid",
+            f"launch grid {programs} is not an LNC degree of this target (allowed: {', '.join(map(str, allowed))}); "
+            "launch kernel[1] or kernel[2] and split the work inside the kernel",
+            relaxed,
+        )
 
 
 def last_trace() -> Trace:

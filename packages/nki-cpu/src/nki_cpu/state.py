@@ -40,6 +40,10 @@ class Launch:
     program_ndim: int = 0
     trace: Trace = field(default_factory=Trace)
     check_capacity: bool = True
+    # documented rules turned into warnings for this launch (checks.RULES names; simulate(relax=...))
+    relaxed: frozenset[str] = frozenset()
+    # open matmul accumulation groups (nki_cpu.accumulation.Groups), created on the first nc_matmul
+    accumulation: Any = None
     sbuf_capacity: int = SBUF_BYTES_PER_PARTITION
     psum_capacity: int = PSUM_BYTES_PER_PARTITION
     live: dict[str, int] = field(default_factory=lambda: {"sbuf": 0, "psum": 0})

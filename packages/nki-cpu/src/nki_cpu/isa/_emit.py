@@ -132,6 +132,10 @@ def emit(
         attrs: instruction-specific facts for the cost model.
     """
     dsts = [dst] if isinstance(dst, NkiTensor) else [d for d in dst if isinstance(d, NkiTensor)]
+    if eng is not Engine.PE:  # TensorE checks its PSUM dst before writing (tensor_engine.py)
+        for d in dsts:
+            if d.storage.kind == "psum":
+                checks.psum_bank(opcode, "dst", d)
     ins = [t for t in inputs if isinstance(t, NkiTensor)]
     main = dsts[0]
     rec = InstructionRecord(

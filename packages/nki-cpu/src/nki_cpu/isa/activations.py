@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import dtypes
+from nki_cpu import checks, dtypes
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, compute_into, emit, engine_buffers, resolve_engine
 from nki_cpu.isa._lanewise import RC, apply_unary, lane_attrs, lane_operands, read_out, reduce_into_acc
@@ -54,6 +54,13 @@ def activation(
     instr = "activation"
     op = require_op(op, instr, "op")
     dst, data = lane_operands(instr, dst, data=data)
+    if reduce_op is not None and require_op(reduce_op, instr, "reduce_op").name != "add":
+        checks.rule(
+            "activation_reduce_add",
+            f"{instr} reduce_op {require_op(reduce_op, instr, 'reduce_op').name} is not allowed (reduce_op must be "
+            "nl.add; reduce with nisa.tensor_reduce instead)",
+        )
+    checks.fp32_operand(instr, "scale", scale)
     eng = resolve_engine(instr, engine, Engine.SCALAR, (Engine.SCALAR, Engine.GPSIMD))
     engine_buffers(instr, eng, dst=dst, data=data)
     unit_scale = isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale == 1.0

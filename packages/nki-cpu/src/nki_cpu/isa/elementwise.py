@@ -21,7 +21,7 @@ from nki_cpu.isa._lanewise import (
     require_ops,
     scalar_stage,
 )
-from nki_cpu.isa.enums import NkiInstruction, engine
+from nki_cpu.isa.enums import NkiInstruction, engine, get_nc_version
 from nki_cpu.opcodes import Op, require_op
 from nki_cpu.tensor import NkiTensor
 
@@ -56,6 +56,8 @@ def tensor_tensor(
     any_psum = any(t.buffer.kind == "psum" for t in (dst, data1, data2))
     default = Engine.GPSIMD if (op.name == "power" or all_int) and not any_psum else Engine.VECTOR
     eng = resolve_engine(instr, engine, default, LANE_ENGINES)
+    if eng is Engine.SCALAR:
+        checks.rule("tensor_tensor_engine", f"{instr} engine scalar is not allowed (vector or gpsimd)")
     engine_buffers(instr, eng, dst=dst, data1=data1, data2=data2)
     if op.bitvec or (all_int and eng is Engine.GPSIMD):
         result = apply(op, int_values(instr, "data1", data1), int_values(instr, "data2", data2), instr)
@@ -134,6 +136,7 @@ def tensor_scalar(
     eng = resolve_engine(instr, engine, Engine.VECTOR, LANE_ENGINES)
     engine_buffers(instr, eng, dst=dst, data=data)
     op0 = require_op(op0, instr, "op0")
+    _tensor_scalar_rules(instr, eng, op0, op1, operand0, operand1)
     if not _tensor_scalar_into(dst, data, op0, operand0, reverse0, op1, operand1, reverse1):
         values: np.ndarray = int_values(instr, "data", data) if op0.bitvec else data.peek_pf()
         values = scalar_stage(instr, values, op0, operand0, reverse0, dst, "operand0")
@@ -142,6 +145,31 @@ def tensor_scalar(
     attrs = lane_attrs(op0, data, dst)
     attrs["op1"] = op1.name if isinstance(op1, Op) else None
     return emit(instr, eng, dst, [data, operand0, operand1], attrs=attrs)
+
+
+# Operator pairs the trn2 (NeuronCore-v3) Scalar engine runs as tensor_scalar (ISA tensor_scalar, v2.33.0); v4
+# supports tensor_scalar natively.
+SCALAR_ENGINE_PAIRS = frozenset({("multiply", "add"), ("multiply", None), ("add", None)})
+
+
+def _tensor_scalar_rules(instr: str, eng: Engine, op0: Op, op1: Any, operand0: Any, operand1: Any) -> None:
+    """The documented engine and operand constraints of ``tensor_scalar`` (README, "What is enforced")."""
+    op1_name = op1.name if isinstance(op1, Op) else None
+    if eng is Engine.GPSIMD and (op0.name != "rsqrt" or op1 is not None):
+        checks.rule(
+            "gpsimd_tensor_scalar",
+            f"{instr} engine gpsimd op0={op0.name} op1={op1_name} is not allowed (gpsimd runs tensor_scalar only "
+            "for op0=rsqrt, op1=None); use the vector or scalar engine",
+        )
+    if eng is Engine.SCALAR and get_nc_version().value <= 3 and (op0.name, op1_name) not in SCALAR_ENGINE_PAIRS:
+        checks.rule(
+            "scalar_tensor_scalar_ops",
+            f"{instr} engine scalar op0={op0.name} op1={op1_name} is not supported on this target (scalar engine "
+            "pairs: (multiply, add), (multiply, None), (add, None))",
+        )
+    if not op0.bitvec:
+        checks.fp32_operand(instr, "operand0", operand0)
+        checks.fp32_operand(instr, "operand1", operand1)
 
 
 def scalar_tensor_tensor(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import accumulation, checks, dtypes, state
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import emit, resolve_engine
 from nki_cpu.isa.enums import NkiInstruction, engine, matmul_perf_mode
@@ -108,10 +108,14 @@ def nc_matmul(
             dst.write_raw(raw)
         else:
             dst.write(raw.astype(np.float32))
+        track_group(instr, dst, accumulates=False)
         dst.mark_matmul_written()
     else:
         if dst.dtype != dtypes.float32:
             checks.fail(f"{instr} dst dtype {dtypes.name(dst.dtype)} must be float32 in PSUM (Trn2)")
+        flags = dst.matmul_written()
+        earlier = flags is not None and bool(flags.any())
+        track_group(instr, dst, accumulates=bool(accumulate) or (accumulate is None and earlier))
         _accumulate_into(instr, dst, np.matmul(st.T, mv, dtype=np.float32), accumulate)
         dst.mark_matmul_written()
     return emit(
@@ -131,6 +135,26 @@ def nc_matmul(
             "double_row": double_row,
         },
     )
+
+
+def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
+    """Count the matmul accumulation groups outstanding after this PE write into ``dst`` (at most 8).
+
+    Raises (rule ``accumulation_groups``) at the matmul that makes a ninth group outstanding (README, known
+    unknown 20 for what a group is).
+    """
+    launch = state.current()
+    if launch.accumulation is None:
+        launch.accumulation = accumulation.Groups()
+    region = dst.region()
+    key = (region.storage_id, region.partitions, region.byte_range)
+    outstanding = launch.accumulation.matmul(key, dst.storage, len(launch.trace.records), accumulates)
+    if outstanding > accumulation.LIMIT:
+        checks.rule(
+            "accumulation_groups",
+            f"{instr} dst outstanding accumulation groups {outstanding} exceeds maximum {accumulation.LIMIT} "
+            "(one per PSUM bank; a group runs from its first to its last accumulating nc_matmul into one region)",
+        )
 
 
 def _accumulate_into(instr: str, dst: NkiTensor, product: np.ndarray, accumulate: bool | None) -> None:
@@ -195,6 +219,7 @@ def nc_transpose(
         checks.fail(f"{instr} dst shape {dst.shape} must be [{f}, {p}] for data shape {data.shape}")
     dst.write_raw(data.np().reshape(p, f).T)  # overlap-safe numpy assignment
     if eng is Engine.PE:
+        track_group(instr, dst, accumulates=False)
         attrs = {"stationary_free": f, "moving_free": p, "fp32": data.dtype == dtypes.float32, "is_transpose": True}
         return emit(instr, eng, dst, [data], partitions=p, free_elems=p, attrs=attrs)
     return emit(
