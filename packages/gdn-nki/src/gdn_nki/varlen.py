@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, Violation, validate
+from gdn_ref.contract import Violation, validate
 
 from .api import emit
 from .backend import nki, nl
+from .kernel_assert import assert_valid_call
 from .lanes import packed_spans
 from .tiles import FP32
 
@@ -191,14 +192,14 @@ def gdn_cte_varlen(
 
     Notes:
         Each (sequence, value head) is a lane with its own token range and state row; lanes are split over the
-        launch grid like gdn_cte's. Every rule is checked before anything is allocated or written.
+        launch grid like gdn_cte's. Every rule a trace can see is checked before anything is allocated or written;
+        a violation stops the trace with an ``AssertionError`` listing each rule, argument and fix.
     """
     violations = varlen_violations(
         query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, seq_chunks,
         state_slots, host=False,
     )  # fmt: skip
-    if violations:
-        raise ContractError(violations)
+    assert_valid_call(violations)  # the tracer accepts no raise in a kernel (kernel_assert.py)
     value_heads, seq_len, dk, dv = value.shape[1], query.shape[2], query.shape[3], value.shape[3]
     out = nl.ndarray((1, value_heads, seq_len, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     slots = tuple(range(len(seq_chunks))) if state_slots is None else state_slots

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, opcodes, state
-from nki_cpu import isa as nisa
 from nki_cpu import checks, loops, opcodes, state
+from nki_cpu import isa as nisa
 from nki_cpu.dtypes import (
     bfloat16,
     bool_,
