@@ -1,8 +1,10 @@
 """gdn-spec: the documented gdn_cte contract, executable, and a reusable conformance suite for GDN kernels.
 
 Modules: ``contract`` (rules + violation builders), ``regimes`` (input regimes), ``metrics`` (errors and the
-tolerance table), ``impl`` (resolving the implementation under test), ``suite`` (the pytest modules),
-``plugin`` (pytest11 options and fixtures), ``cli`` (``gdn-spec check``).
+tolerance table), ``impl`` (resolving the implementation under test), ``profiles`` (the api / math contract
+profiles), ``adapters`` (kernels of other conventions: seq-first, torch, raw NKI), ``suite`` (the pytest
+modules), ``plugin`` (pytest11 options and fixtures), ``cli`` (``gdn-spec check``), ``validated`` (the README's
+kernels-validated table).
 """
 
 from __future__ import annotations
