@@ -233,7 +233,9 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     rows = tiles.matmul(gamma.broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
     q_decay = tiles.exp(rows)  # e^{γ_i} along the free axis
-    chunk.decay_last = q_decay[:, c - 1 : c]  # e^{γ_last}: its last column
+    # e^{γ_last}: its last column, copied to a tile of its own — a view would keep the whole [Dk, C] tile alive
+    # until the chain reads it, two units later (16 KB per partition in flight at fp32, group 16)
+    chunk.decay_last = tiles.evacuate(q_decay[:, c - 1 : c], FP32)
     del rows
     # Made once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
     spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
