@@ -44,6 +44,7 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     level0 = [_level0(chunk.a, consts, dtype) for chunk in chunks]
     inverse = [inv for inv, _ in level0]
     inverse_t = [tiles.evacuate(acc, dtype) for _, acc in level0]
+    del level0  # its PSUM tiles are dead once evacuated; held, they would stay live through every level
     yield
     for level in range(1, N_MERGE_LEVELS + 1):
         plane_t = consts.planes[level]
