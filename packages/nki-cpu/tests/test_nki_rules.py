@@ -89,6 +89,22 @@ def test_activation_reduce_add_runs():
     np.testing.assert_allclose(res.read()[:, 0], data.sum(axis=1), rtol=1e-5)
 
 
+# --- activation on GpSimd: NeuronCore-v4 and newer only ----------------------------------------------------------
+def test_activation_on_gpsimd_is_rejected_on_trn2():
+    with pytest.raises(AssertionError, match="activation engine gpsimd is not available on this target"):
+        nisa.activation(empty((128, 64)), nl.exp, tile(_data()), engine=nisa.engine.gpsimd)
+
+
+def test_activation_on_gpsimd_runs_on_trn3_and_on_scalar_everywhere(monkeypatch):
+    data = _data()
+    dst = empty((128, 64))
+    nisa.activation(dst, nl.exp, tile(data), engine=nisa.engine.scalar)
+    np.testing.assert_allclose(dst.read(), np.exp(data), rtol=1e-6)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    nisa.activation(dst, nl.tanh, tile(data), engine=nisa.engine.gpsimd)
+    np.testing.assert_allclose(dst.read(), np.tanh(data), rtol=1e-6)
+
+
 # --- tensor_tensor on vector / gpsimd -----------------------------------------------------------------------------
 def test_tensor_tensor_on_the_scalar_engine_is_rejected():
     with pytest.raises(AssertionError, match="tensor_tensor engine scalar is not allowed"):

@@ -34,6 +34,7 @@ RULES = frozenset(
         "scalar_tensor_scalar_ops",  # trn2 ScalarE tensor_scalar: (multiply, add), (multiply, -), (add, -)
         "fp32_scalar_operands",  # tensor_scalar operand tiles and activation's scale tile are float32
         "activation_reduce_add",  # activation's reduce_op is nl.add
+        "activation_engine",  # activation on GpSimd only on NeuronCore-v4 (Trn3) and newer
         "tensor_tensor_engine",  # tensor_tensor runs on the vector or GpSimd engine
         "psum_bank",  # a PSUM tile one instruction writes stays inside one 2 KiB bank per partition (v2/v3)
         "accumulation_groups",  # at most 8 matmul accumulation groups outstanding

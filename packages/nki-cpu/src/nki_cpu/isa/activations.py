@@ -10,7 +10,7 @@ from nki_cpu import checks, dtypes
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, compute_into, emit, engine_buffers, resolve_engine
 from nki_cpu.isa._lanewise import RC, apply_unary, lane_attrs, lane_operands, read_out, reduce_into_acc
-from nki_cpu.isa.enums import NkiInstruction, engine
+from nki_cpu.isa.enums import NkiInstruction, engine, get_nc_version
 from nki_cpu.opcodes import Op, add, require_op
 from nki_cpu.tensor import NkiTensor
 
@@ -41,7 +41,7 @@ def activation(
         reduce_op: ``nl.add`` for the accumulator reduction.
         reduce_res: [P, 1] tile receiving the accumulator after the instruction.
         reduce_cmd: idle / reset / reduce / reset_reduce for the ScalarE accumulators.
-        engine: scalar (default) or gpsimd.
+        engine: scalar (default) or gpsimd (NeuronCore-v4 and newer).
         name: debug label.
 
     Returns:
@@ -62,6 +62,12 @@ def activation(
         )
     checks.fp32_operand(instr, "scale", scale)
     eng = resolve_engine(instr, engine, Engine.SCALAR, (Engine.SCALAR, Engine.GPSIMD))
+    if eng is Engine.GPSIMD and get_nc_version().value <= 3:
+        checks.rule(
+            "activation_engine",
+            f"{instr} engine gpsimd is not available on this target (NeuronCore-v4 and newer only); use the scalar "
+            "engine",
+        )
     engine_buffers(instr, eng, dst=dst, data=data)
     unit_scale = isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale == 1.0
     plain = unit_scale and bias is None and data.dtype in dtypes.EXACT_IN_F32
