@@ -186,7 +186,6 @@ def neuron(session: nox.Session) -> None:
     out.mkdir(exist_ok=True)
     session.run("pytest", "-q", "-n", _xdist_workers(), str(ROOT / "packages/gdn-nki/tests"), env=env)
     session.run("gdn-spec", "check", "gdn_nki:simulate", "-n", _xdist_workers(), env=env)
-    session.run("python", str(ROOT / "packages/gdn-nki/bench/bench_kernel.py"), "--out", str(out), env=env)
     session.run("python", str(ROOT / "packages/gdn-nki/bench/neuron_kernel.py"), "--out", str(out), env=env)
 
 

@@ -11,6 +11,7 @@ from types import ModuleType
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_kernel.py"
+pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
 
 def _load_bench() -> ModuleType:

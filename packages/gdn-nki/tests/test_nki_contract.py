@@ -198,6 +198,7 @@ class _StrOnlyDtype:
         return f"nki.language.{self._name}"
 
 
+@pytest.mark.nki_cpu_only
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "float16", "int32", "uint8", "float8_e4m3"])
 def test_dtype_reading_matches_nki_cpu(name: str) -> None:
     """``validate`` reads a tensor's dtype the same way whether it is nki-cpu's (a numpy dtype), a numpy / ml_dtypes

@@ -109,12 +109,14 @@ def test_launch_grid_gives_the_same_result(lanes: tuple[int, int], grid: int, dt
     c = case(dtype, Geometry(B=B, Hk=1, Hv=Hv, S=256, Dk=32, Dv=16), seed=13 + grid, regime="initial_state")
     plain = run(c, "schur")
     split = run(c, "schur", grid=grid)
-    assert len(nki_cpu.last_traces()) == grid, "one trace per program"
+    if not backend.USING_REAL_NKI:
+        assert len(nki_cpu.last_traces()) == grid, "one trace per program"
     np.testing.assert_array_equal(split[0], plain[0], err_msg=f"out with grid={grid}")
     np.testing.assert_array_equal(split[1], plain[1], err_msg=f"state with grid={grid}")
     assert_matches_oracle(c, *split, f"grid={grid}")
 
 
+@pytest.mark.nki_cpu_only
 def test_launch_grid_splits_the_lanes() -> None:
     """Each program traces only its own lanes: two programs each issue about half the instructions of one."""
     c = case("float32", Geometry(B=1, Hk=1, Hv=4, S=256, Dk=32, Dv=16), seed=14)
@@ -142,6 +144,7 @@ def _real_nki_importable() -> bool:
         return False
 
 
+@pytest.mark.nki_cpu_only
 def test_backend_reports_nki_cpu_here() -> None:
     if _real_nki_importable():
         pytest.skip("a real Neuron nki is installed: the backend is expected to use it")

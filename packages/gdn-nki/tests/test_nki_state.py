@@ -60,6 +60,7 @@ def _hbm_loads() -> int:
     return sum(1 for r in nki_cpu.last_trace().records if r.engine is Engine.DMA and r.attrs.get("src") == "hbm")
 
 
+@pytest.mark.nki_cpu_only
 def test_omitted_state_emits_no_state_load() -> None:
     """Supplying a state costs exactly one HBM load per lane; omitting it costs none."""
     c = case("float32", GEOMETRY, seed=10)

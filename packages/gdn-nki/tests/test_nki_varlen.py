@@ -35,7 +35,8 @@ def test_one_launch_equals_separate_calls_bit_for_bit(dtype: str) -> None:
     pool = states.copy()
     out, final = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool)
     assert final is pool, "the supplied state is updated in place and returned"
-    assert len(nki_cpu.last_traces()) == 1
+    if not gdn_nki.backend.USING_REAL_NKI:
+        assert len(nki_cpu.last_traces()) == 1
     for i, c in enumerate(cases):
         alone_state = states[i : i + 1].copy()
         alone = gdn_nki.prefill(**{k: c.kernel[k] for k in packed}, scale=c.scale, recurrent_state=alone_state)

@@ -153,7 +153,8 @@ def test_fla_entry_varlen_is_one_launch_and_equals_batch_rows() -> None:
     packed = {k: v.reshape(1, 300, *v.shape[2:]) for k, v in args.items()}
     cu = torch.tensor([0, 100, 200, 300])
     o_var, s_var = chunk_gated_delta_rule(**packed, initial_state=initial, output_final_state=True, cu_seqlens=cu)
-    assert len(nki_cpu.last_traces()) == 1, "one kernel launch"
+    if not gdn_nki.backend.USING_REAL_NKI:
+        assert len(nki_cpu.last_traces()) == 1, "one kernel launch"
     assert torch.equal(o_var.reshape(3, 100, 2, 16), o_dense) and torch.equal(s_var, s_dense)
     for i in range(3):  # each sequence alone
         alone = {k: v[i : i + 1] for k, v in args.items()}
