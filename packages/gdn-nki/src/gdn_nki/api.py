@@ -4,18 +4,23 @@ with the packed-varlen kernel (``varlen.py``)."""
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
+
+import numpy as np
 
 from gdn_ref.constants import (
     ALGORITHM_NEUMANN,
     ALGORITHM_SCHUR,
     CHUNK_BY_ALGORITHM,
+    CHUNK_SCHUR,
     DEFAULT_ALGORITHM,
     DEFAULT_GROUP_SIZE,
 )
 from gdn_ref.contract import validate
+from gdn_ref.masks import N_MASKS, build_mask_pack
 
-from . import engines, neumann, schur, stages
+from . import backend, engines, neumann, schur, stages
 from .backend import nki, nl
 from .kernel_assert import assert_valid_call
 from .lanes import LaneInputs, Span, dense_spans, program_lanes, run_lanes
@@ -71,6 +76,7 @@ def gdn_cte(
     assert_valid_call(
         validate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, host=False)
     )
+    _warn_once_if_pack_differs(mask_pack)
 
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]
@@ -140,3 +146,25 @@ def emit(
         for span, h in program_lanes(spans, value.shape[1])
     ]
     run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group, deferred))
+
+
+_PACK_WARNED: list[bool] = []
+
+
+def _warn_once_if_pack_differs(mask_pack: Any) -> None:
+    """Where the NKI running the kernel can read the mask pack at trace time (nki-cpu), say once per process that
+    its contents differ from ``build_mask_pack()``: the kernel would compute garbage from it. The contract leaves
+    content checks to the host entry points, so this is a warning, not a rejection."""
+    if mask_pack is None or _PACK_WARNED:
+        return
+    contents = backend.hbm_contents(mask_pack)
+    if contents is None or getattr(contents, "shape", None) != (N_MASKS, CHUNK_SCHUR, CHUNK_SCHUR):
+        return
+    if not np.array_equal(contents, build_mask_pack()):
+        _PACK_WARNED.append(True)
+        warnings.warn(
+            "gdn_cte: `mask_pack` differs from build_mask_pack(); the kernel computes garbage from it (said once). "
+            "Fix: pass mask_pack=build_mask_pack(), or call gdn_nki.simulate, which rejects it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
