@@ -89,6 +89,7 @@ def test_simulate_grid_must_be_a_positive_int(grid: object) -> None:
         gdn_nki.simulate(**kernel_kwargs(c, "schur"), grid=grid)
 
 
+@pytest.mark.nki_cpu_only  # nki-cpu's refusal / its readable arguments
 def test_raw_kernel_refuses_a_read_only_state_by_name() -> None:
     c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=16, Dv=16), seed=15, regime="initial_state")
     kwargs = kernel_kwargs(c, "schur")
@@ -220,6 +221,7 @@ def test_nki_version_unknown_warns() -> None:
         backend.check_nki_version(None)
 
 
+@pytest.mark.nki_cpu_only  # nki-cpu's refusal / its readable arguments
 def test_raw_kernel_says_once_that_a_mask_pack_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
