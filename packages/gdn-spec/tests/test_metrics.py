@@ -35,6 +35,13 @@ def test_shape_mismatch_fails() -> None:
     assert not compare("out", np.ones(3), np.ones(4), "float32").ok
 
 
+def test_shape_mismatch_is_reported_as_one_not_as_non_finite() -> None:
+    """A transposed [Dv, Dk] state is a layout bug; calling it NON-FINITE sends its author hunting for NaNs."""
+    e = compare("state", np.ones((1, 2, 8, 4)), np.ones((1, 2, 4, 8)), "float32")
+    assert "shape (1, 2, 8, 4), expected (1, 2, 4, 8)" in str(e)
+    assert "NON-FINITE" not in str(e) and str(e).endswith("FAIL")
+
+
 def test_tiny_reference_is_judged_absolutely() -> None:
     e = compare("out", np.full(5, 1e-12), np.zeros(5), "float32")
     assert e.rel_rms == pytest.approx(1e-12 / REF_RMS_FLOOR)

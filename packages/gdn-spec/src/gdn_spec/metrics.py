@@ -85,6 +85,8 @@ class Error:
     max_rel: float
     finite: bool
     tolerance: Tolerance
+    # "got (a, b), expected (b, a)" when the shapes differ (no number is then meaningful); "" otherwise.
+    shape_mismatch: str = ""
 
     @property
     def ok(self) -> bool:
@@ -106,6 +108,8 @@ class Error:
         return d
 
     def __str__(self) -> str:
+        if self.shape_mismatch:
+            return f"{self.output}: shape {self.shape_mismatch} FAIL"
         status = "ok" if self.ok else "FAIL"
         finite = "" if self.finite else " NON-FINITE"
         return (
@@ -144,14 +148,15 @@ def compare(
             (the state carried into the last chunk, for the state output); None for none.
 
     Returns:
-        Error: the numbers; a shape mismatch counts as non-finite (it can never pass).
+        Error: the numbers; a shape mismatch never passes (its numbers are inf and it says which shapes).
     """
     base = TOLERANCES[dtype][output]
     widen = min(MAX_CONDITION, max(1.0, float(condition)))
     tolerance = Tolerance(rel_rms=base.rel_rms * widen, max_rel=base.max_rel * widen)
     got64, ref64 = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if got64.shape != ref64.shape:
-        return Error(output, float("inf"), float("inf"), float("inf"), False, tolerance)
+        mismatch = f"{got64.shape}, expected {ref64.shape}"
+        return Error(output, float("inf"), float("inf"), float("inf"), False, tolerance, shape_mismatch=mismatch)
     finite = bool(np.isfinite(got64).all())
     diff = np.where(np.isfinite(got64), got64 - ref64, np.inf)
     max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
