@@ -234,3 +234,30 @@ def test_fla_entry_rejects_bad_input_by_name_and_writes_nothing(name: str) -> No
     assert any(w in str(err.value) for w in words.split("|")), str(err.value)
     if before is not None:
         assert pool.numpy().tobytes() == before.numpy().tobytes(), "nothing written, the pool included"
+
+
+def test_fla_entry_is_forward_only_and_says_so_at_backward_instead_of_dropping_gradients() -> None:
+    """FLA's kernel has a backward; ours has none. Handing back a detached ``o`` would let a training loop run
+    with no gradient through the GDN layers and no error: the outputs stay on the graph and backward raises."""
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=40, Dk=16, Dv=16), seed=9, regime="initial_state")
+    kwargs = _seq_first(c)
+    kwargs["q"].requires_grad_()
+    o, final = chunk_gated_delta_rule(**kwargs, output_final_state=True)
+    want, _ = chunk_gated_delta_rule(**{k: v.detach() for k, v in kwargs.items()})
+    assert o.requires_grad and final.requires_grad and torch.equal(o.detach(), want)
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        o.sum().backward()
+    with torch.no_grad():
+        o, final = chunk_gated_delta_rule(**kwargs, output_final_state=True)
+    assert not o.requires_grad and not final.requires_grad
+
+
+def test_host_entry_points_are_forward_only_too() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=16, Dv=16), seed=10, regime="initial_state")
+    kwargs = _torch_kwargs(c)
+    kwargs["value"].requires_grad_()
+    state = kwargs["recurrent_state"]
+    out, final = gdn_nki.simulate(**kwargs)
+    assert final is state, "the caller's state is still the returned object"
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        out.sum().backward()

@@ -20,7 +20,7 @@ import numpy as np
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 
 from .host import prefill_varlen
-from .torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, import_torch, rejection
+from .torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, forward_only, import_torch, rejection
 
 torch = import_torch()
 
@@ -78,6 +78,8 @@ def chunk_gated_delta_rule(
     Notes:
         All sequences run in ONE kernel launch, each padded exactly (g = 0, β = 0) to its own chunk multiple. Every
         argument is checked before anything runs; a rejected or failed call writes nothing, the pool included.
+        Forward only: with inputs that require grad, the outputs stay on the autograd graph and backward raises
+        NotImplementedError (FLA's kernel has a backward; silently detached outputs would train nothing).
         The kernel runs simulated on the CPU (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
     del kwargs
@@ -96,10 +98,11 @@ def chunk_gated_delta_rule(
         query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
         algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots,
     )  # fmt: skip
-    o = as_torch(out).transpose(1, 2).reshape(batch, seq_len, value_heads, dv).contiguous()
+    inputs = (*tensors.values(), initial_state)
+    o = forward_only(as_torch(out).transpose(1, 2).reshape(batch, seq_len, value_heads, dv).contiguous(), inputs)
     if not output_final_state:
         return o, None
-    return o, (initial_state if slots is not None else as_torch(final))
+    return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
 
 
 def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:

@@ -76,6 +76,46 @@ def as_torch(a: np.ndarray) -> Any:
     return numpy_to_torch(a)
 
 
+FORWARD_ONLY = (
+    "gdn-nki is a forward-only prefill kernel: it has no backward pass, so no gradient flows to its inputs. "
+    "Train with a differentiable implementation (FLA's chunk_gated_delta_rule, HF's torch path); for inference, "
+    "run under torch.no_grad() or torch.inference_mode()"
+)
+
+
+@functools.cache
+def _forward_only_function() -> Any:
+    """The autograd node of a forward-only result (built on first use: torch is imported lazily)."""
+    torch = import_torch()
+
+    class ForwardOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, result: Any, *inputs: Any) -> Any:
+            del ctx, inputs
+            return result.view_as(result)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            raise NotImplementedError(FORWARD_ONLY)
+
+    return ForwardOnly
+
+
+def forward_only(result: Any, inputs: Any) -> Any:
+    """``result`` (a fresh tensor), put on the autograd graph of ``inputs`` when grad mode is on and any input
+    requires grad, by a node whose backward raises ``NotImplementedError`` saying the kernel is forward-only.
+
+    The kernel runs on numpy, which detaches: without this a training step through a model using it would run
+    with no gradient through its GDN layers and no error. Inference, no_grad or not, is unaffected (same values,
+    same memory).
+    """
+    torch = sys.modules.get("torch")
+    grads = [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
+    if result is None or not grads or not torch.is_grad_enabled():
+        return result
+    return _forward_only_function().apply(result, *grads)
+
+
 def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]:
     """A numpy buffer the kernel may update in place for a torch state, and how to publish it on success.
 
@@ -122,9 +162,10 @@ def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[
                 check_tensor(name, value)
                 bound.arguments[name] = as_numpy(value)
         out, final_state = fn(*bound.args, **bound.kwargs)
+        inputs = args + tuple(kwargs.values())
         if publish is not None:
             publish()
-            return as_torch(out), state
-        return as_torch(out), as_torch(final_state)
+            return forward_only(as_torch(out), inputs), state
+        return forward_only(as_torch(out), inputs), forward_only(as_torch(final_state), inputs)
 
     return wrapper
