@@ -21,9 +21,15 @@ HERE = Path(__file__).parent
 
 
 def check(
-    spec: str, areas: tuple[str, ...] = (), keyword: str = "", tmp_path: Path | None = None, extra: tuple = ()
+    spec: str,
+    areas: tuple[str, ...] = (),
+    keyword: str = "",
+    tmp_path: Path | None = None,
+    extra: tuple = (),
+    cwd: Path | None = None,
 ) -> dict:
-    """Run ``gdn-spec check`` in a subprocess (``extra``: more CLI arguments); return exit code, JSON, output."""
+    """Run ``gdn-spec check`` in a subprocess (``extra``: more CLI arguments; ``cwd``: where it runs, default
+    pytest's); return exit code, JSON, output."""
     out = (tmp_path or HERE) / f"summary-{spec.replace(':', '-')}.json"
     cmd = [sys.executable, "-m", "gdn_spec.cli", "check", spec, "--hypothesis", "quick", "--json", str(out)]
     for area in areas:
@@ -33,7 +39,7 @@ def check(
     cmd += list(extra)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False, cwd=cwd)
     summary = json.loads(out.read_text()) if out.exists() else {}
     return {"code": proc.returncode, "summary": summary, "output": proc.stdout[-3000:] + proc.stderr[-3000:]}
 
@@ -103,3 +109,12 @@ def test_the_registered_entry_point_is_found_without_a_flag(tmp_path: Path) -> N
         assert proc.returncode != 0  # ambiguity must be an error, never a silent pick
     else:
         assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_areas_are_named_when_run_outside_the_repository(tmp_path: Path) -> None:
+    """A user runs ``gdn-spec check`` from their own project: pytest then ids the suite's tests by name only
+    ("::test_x", no file), and every test used to land in an area called "other", counted by a bare name that two
+    areas can share."""
+    got = check("gdn_ref:gdn_cte", ("head_mapping", "determinism"), tmp_path=tmp_path, cwd=tmp_path)
+    assert got["code"] == 0, got["output"]
+    assert set(got["summary"]["areas"]) == {"head_mapping", "determinism"}, got["output"]

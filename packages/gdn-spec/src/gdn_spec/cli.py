@@ -36,6 +36,15 @@ _AREA_RE = re.compile(r"test_(\w+)\.py::")
 _FAILURE_CHARS = 600
 
 
+def test_id(report: pytest.TestReport) -> str:
+    """The report's test id, always with its module: run from outside the repository (a user's own project),
+    pytest ids a ``--pyargs`` module's tests by name only ("::test_x"), which names no area and can repeat
+    across areas; the module then comes from the report's location."""
+    if report.nodeid.startswith("::"):
+        return Path(report.location[0]).name + report.nodeid
+    return report.nodeid
+
+
 def area_of(nodeid: str) -> str:
     """Contract area of a suite test id: its module name without ``test_``."""
     match = _AREA_RE.search(nodeid)
@@ -100,15 +109,16 @@ class Collector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         s = self.summary
+        nodeid = test_id(report)
         if report.failed:
-            s.outcomes[report.nodeid] = "failed"
-            s.failures.setdefault(report.nodeid, failure_message(report))
+            s.outcomes[nodeid] = "failed"
+            s.failures.setdefault(nodeid, failure_message(report))
         elif report.skipped and report.when in ("setup", "call"):
-            s.outcomes[report.nodeid] = "skipped"
+            s.outcomes[nodeid] = "skipped"
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             s.skip_reasons[reason.removeprefix("Skipped: ")] += 1
         elif report.when == "call" and report.passed:
-            s.outcomes.setdefault(report.nodeid, "passed")
+            s.outcomes.setdefault(nodeid, "passed")
         for name, value in report.user_properties:
             if str(name).startswith(NUMERICS_PROPERTY):
                 self._record(json.loads(value))
