@@ -92,11 +92,13 @@ def thirdparty(session: nox.Session) -> None:
     VALIDATED_OUT.mkdir(exist_ok=True)
     summaries: list[str] = []
 
-    def check(label: str, spec: str, adapter: str) -> None:
+    def check(label: str, spec: str, adapter: str, third_party: bool = True) -> None:
+        # A third-party kernel's failed tests (exit 1) are findings for the table; anything else (usage error,
+        # internal error, nothing ran) and any failure of this repo's own kernels fails the session.
         summary = str(VALIDATED_OUT / f"{len(summaries) + 1:02d}.json")
         session.run(
             "gdn-spec", "check", spec, "--adapter", adapter, "--label", label, "--json", summary,
-            "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS,
+            "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS, success_codes=[0, 1] if third_party else [0],
         )  # fmt: skip
         summaries.append(summary)
 
@@ -114,9 +116,14 @@ def thirdparty(session: nox.Session) -> None:
     check(
         "FLA naive_recurrent_gated_delta_rule", f"{FLA_NAIVE}:naive_recurrent_gated_delta_rule", "fla-torch:gqa=repeat"
     )
-    check("gdn-nki FLA-compatible torch entry point", "gdn_nki.torch:chunk_gated_delta_rule", "fla-torch:varlen=yes")
-    check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki")
-    check("gdn-nki simulate with torch tensors", "gdn_nki:simulate", "torch")
+    check(
+        "gdn-nki FLA-compatible torch entry point",
+        "gdn_nki.torch:chunk_gated_delta_rule",
+        "fla-torch:varlen=yes",
+        third_party=False,
+    )
+    check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki", third_party=False)
+    check("gdn-nki simulate with torch tensors", "gdn_nki:simulate", "torch", third_party=False)
     session.run("pytest", "-q", "-n", "0", "packages/gdn-spec/tests/test_adapters.py", env=SINGLE_THREAD_BLAS)
     session.run("python", "-m", "gdn_spec.validated", "--readme", "README.md", *summaries)
 
