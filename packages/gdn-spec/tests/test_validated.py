@@ -24,10 +24,12 @@ def _summary(areas: dict, label: str) -> dict:
 def test_render_verdicts_and_worst_error() -> None:
     good = _summary({"numerics": {"passed": 34, "skipped": 6}, "rejection": {"skipped": 52}}, "good")
     bad = _summary({"numerics": {"passed": 30, "failed": 4}}, "bad")
+    bad["failures"] = {"gdn_spec/suite/test_numerics.py::test_matches_oracle[schur-float32-document_resets]": "inf"}
     table = render([good, bad])
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "passed 34 (+6 skipped)" in rows["numerics"] and "**FAILED** 4/34" in rows["numerics"]
     assert "skipped 52" in rows["rejection"] and "passed" not in rows["rejection"]
+    assert "- #2: `test_matches_oracle[schur-float32-document_resets]`" in table
     assert "0.25 (bfloat16 out, collinear_keys" in table and "hf-torch adapter" in table and "12 s" in table
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 BEGIN = "<!-- kernels-validated:begin -->"
 END = "<!-- kernels-validated:end -->"
+_LISTED = 8  # failed tests named per kernel
 
 
 def _cell(counts: dict[str, int] | None) -> str:
@@ -39,8 +40,8 @@ def _worst(summary: dict[str, Any]) -> str:
 
 
 def render(summaries: list[dict[str, Any]]) -> str:
-    """Two markdown tables: the kernels (how each was called, profile, totals, worst error, time) and the
-    verdict per contract area."""
+    """Two markdown tables — the kernels (how each was called, profile, totals, worst error, time) and the
+    verdict per contract area — and the failed tests of each kernel that has any."""
     lines = [
         "| # | kernel | called via | profile | passed | failed | skipped | worst error / tolerance | time |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -59,6 +60,13 @@ def render(summaries: list[dict[str, Any]]) -> str:
     lines.append("|---|" + "---|" * len(summaries))
     for area in areas:
         lines.append(f"| {area} | " + " | ".join(_cell(s.get("areas", {}).get(area)) for s in summaries) + " |")
+    failing = [(i, s["failures"]) for i, s in enumerate(summaries, 1) if s.get("failures")]
+    if failing:
+        lines += ["", "Failed tests:", ""]
+        for i, failures in failing:
+            names = sorted(nodeid.split("::", 1)[-1] for nodeid in failures)
+            more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
+            lines.append(f"- #{i}: " + ", ".join(f"`{n}`" for n in names[:_LISTED]) + more)
     return "\n".join(lines)
 
 
