@@ -120,7 +120,7 @@ def test_batch_of_two_with_cu_seqlens_is_rejected() -> None:
         gdn_nki.prefill_varlen(**doubled, cu_seqlens=np.array([0, 64, 128]), scale=cases[0].scale)
 
 
-def test_a_failing_launch_restores_the_named_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     packed, cu, _, cases = _packed("float32", lengths=(130, 20), seed=11)
     pool = np.random.default_rng(2).standard_normal((3, HV, DK, DV)).astype(np.float32)
     before = pool.copy()
@@ -134,8 +134,46 @@ def test_a_failing_launch_restores_the_named_slots(monkeypatch: pytest.MonkeyPat
         return original(*args, **kwargs)
 
     monkeypatch.setattr(gdn_nki.stages, "advance_state", fail_late)
+    writes = []
+    watched = _WriteWatch(pool, writes)
     with pytest.raises(RuntimeError, match="injected"):
         gdn_nki.prefill_varlen(
-            **packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool, state_indices=np.array([2, 0])
+            **packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=watched, state_indices=np.array([2, 0])
         )
+    assert len(calls) > 4, "the failure was injected after the first lane's state store"
+    assert writes == [], "the launch wrote the caller's pool (staged rows are committed only on success)"
     assert pool.tobytes() == before.tobytes()
+
+
+class _WriteWatch(np.ndarray):
+    """A view of a pool that records every item assignment made through it (the host's commit)."""
+
+    def __new__(cls, base: np.ndarray, writes: list) -> _WriteWatch:
+        view = base.view(cls)
+        view.writes = writes
+        return view
+
+    def __array_finalize__(self, obj: object) -> None:
+        self.writes = getattr(obj, "writes", None)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        if self.writes is not None:
+            self.writes.append(key)
+        super().__setitem__(key, value)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the opt-out run computes with Inf
+def test_nan_in_a_named_pool_row_is_rejected_and_free_rows_are_not_scanned() -> None:
+    packed, cu, _, cases = _packed("float32", lengths=(130, 20), seed=12)
+    pool = np.random.default_rng(3).standard_normal((4, HV, DK, DV)).astype(np.float32)
+    pool[1, 0, 3, 5] = np.nan  # a free slot: never read by this call
+    kwargs = dict(cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool)
+    gdn_nki.prefill_varlen(**packed, **kwargs, state_indices=np.array([2, 0]))
+    pool[3, 1, 0, 2] = np.inf
+    before = pool.copy()
+    with pytest.raises(ContractError, match="pool row 3") as err:
+        gdn_nki.prefill_varlen(**packed, **kwargs, state_indices=np.array([0, 3]))
+    assert {v.rule_id for v in err.value.violations} == {"recurrent_state.finite"}
+    assert "[3, 1, 0, 2]" in str(err.value)
+    assert np.array_equal(pool, before, equal_nan=True), "a rejected call writes nothing"
+    gdn_nki.prefill_varlen(**packed, **kwargs, state_indices=np.array([0, 3]), check_values=False)  # opt-out

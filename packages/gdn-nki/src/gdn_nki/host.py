@@ -13,7 +13,15 @@ from gdn_ref.masks import build_mask_pack
 from . import backend
 from .api import gdn_cte
 from .torch_io import accepts_torch
-from .varlen import cu_seqlens_violations, gdn_cte_varlen, pack_padded, padded_offsets, unpack_padded, varlen_violations
+from .varlen import (
+    cu_seqlens_violations,
+    gdn_cte_varlen,
+    pack_padded,
+    padded_offsets,
+    pool_row_violations,
+    unpack_padded,
+    varlen_violations,
+)
 
 # Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
 LNC_DEGREES = (1, 2)
@@ -191,8 +199,9 @@ def prefill_varlen(
 
     Notes:
         Each sequence is padded exactly (g = 0, β = 0, zero q/k/v) to its own chunk multiple, never to the longest.
-        Every rule is checked before anything runs, and a launch that fails restores the named rows, so a call
-        either completes or changes nothing.
+        Every rule is checked before anything runs (the values of the named pool rows only: the rest of a pool is
+        never read), and the kernel updates a staged copy of the named rows that is committed at the end, so a
+        call either completes or changes nothing.
     """
     _check_grid(grid)
     if mask_pack is None and algorithm == ALGORITHM_SCHUR:
@@ -211,18 +220,22 @@ def prefill_varlen(
         )  # fmt: skip
     if violations:
         raise ContractError(violations)
+    rows = list(slots if slots is not None else range(len(seq_chunks)))
+    # Stage the named rows: the kernel reads and writes a private [N, Hv, Dk, Dv] copy, committed to the caller's
+    # state only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
+    staged = None if recurrent_state is None else np.ascontiguousarray(recurrent_state[rows])
+    if staged is not None and check_values:
+        violations = pool_row_violations(staged, rows)
+        if violations:
+            raise ContractError(violations)
     padded_len = sum(seq_chunks) * chunk
     packed = [pack_padded(x, cu, starts, padded_len) for x in (query, key, value, g_log, beta)]
     kernel = gdn_cte_varlen if grid is None else gdn_cte_varlen[grid]
-    rows = list(slots if slots is not None else range(len(seq_chunks)))
-    saved = None if recurrent_state is None else recurrent_state[rows].copy()
-    try:
-        out, final_state = backend.simulate(kernel)(
-            *packed, scale=scale, algorithm=algorithm, mask_pack=mask_pack, group_size=group_size,
-            recurrent_state=recurrent_state, seq_chunks=seq_chunks, state_slots=slots,
-        )  # fmt: skip
-    except BaseException:
-        if saved is not None:
-            recurrent_state[rows] = saved
-        raise
-    return unpack_padded(out, cu, starts), (final_state if recurrent_state is None else recurrent_state)
+    out, final_state = backend.simulate(kernel)(
+        *packed, scale=scale, algorithm=algorithm, mask_pack=mask_pack, group_size=group_size,
+        recurrent_state=staged, seq_chunks=seq_chunks, state_slots=None,
+    )  # fmt: skip
+    if recurrent_state is None:
+        return unpack_padded(out, cu, starts), final_state
+    recurrent_state[rows] = staged  # commit: the launch completed
+    return unpack_padded(out, cu, starts), recurrent_state

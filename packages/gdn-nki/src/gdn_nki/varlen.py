@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Violation, validate
+from gdn_ref.contract import Violation, first_bad_index, validate
 
 from .api import emit
 from .backend import nki, nl
@@ -90,6 +90,29 @@ def varlen_violations(
     if not found:
         found += _pool_violations(shape, value.shape, recurrent_state, len(seq_chunks), state_slots)
     return found
+
+
+def pool_row_violations(rows_state: np.ndarray, rows: Sequence[int]) -> list[Violation]:
+    """The values rule of ``recurrent_state`` on the rows a launch reads: a pool's shape is not the dense
+    [B, Hv, Dk, Dv] the contract's scan expects, and its other rows are never read, so only the named ones are
+    scanned (a NaN left in a free slot by an earlier request must not fail this one).
+
+    Args:
+        rows_state (np.ndarray): [N, Hv, Dk, Dv] fp32, the named rows in sequence order.
+        rows (Sequence[int]): the pool row of each sequence (for the message).
+
+    Returns:
+        list[Violation]: one violation naming the pool row and index of the first NaN/±Inf, or nothing.
+    """
+    where = first_bad_index(rows_state, lambda block: ~np.isfinite(block))
+    if where is None:
+        return []
+    row = rows[where[0]]
+    return [_violation("recurrent_state.finite", "recurrent_state", f"value {float(rows_state[where])} at pool row "
+                       f"{row} (sequence {where[0]}), index {[row, *where[1:]]}",
+                       "the initial state of every sequence must hold finite numbers: NaN and ±Inf reach every "
+                       "token of the sequence through the state",
+                       "reset that slot (zeros) before reusing it, or find where the previous request overflowed")]  # fmt: skip
 
 
 def _violation(rule_id: str, argument: str, value: str, rule: str, fix: str) -> Violation:
