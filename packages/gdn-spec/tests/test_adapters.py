@@ -29,6 +29,12 @@ def test_presets_and_options() -> None:
     assert Conventions.from_options({"varlen": "yes"}).takes_cu_seqlens
 
 
+def test_an_option_given_twice_is_an_error_naming_both_values() -> None:
+    with pytest.raises(ImplementationError, match=r"'gqa' given twice .*'native' and 'repeat'"):
+        parse("fla:gqa=native,state=vk,gqa=repeat")
+    assert parse("hf-torch:scale=external") == ("hf-torch", {"scale": "external"}), "an option overrides a preset"
+
+
 def test_device_needs_a_torch_adapter() -> None:
     with pytest.raises(ImplementationError, match="device"):
         adapt(load("adapter_kernels:fla_style"), "fla", device="cpu")

@@ -59,13 +59,18 @@ def parse(spec: str) -> tuple[str, dict[str, str]]:
     name, _, raw = spec.partition(":")
     if name not in ADAPTERS:
         raise ImplementationError(f"unknown adapter {name!r}; choose one of {', '.join(ADAPTERS)}")
-    options: dict[str, str] = dict(ADAPTERS[name].preset)
+    given: dict[str, str] = {}
     for item in filter(None, raw.split(",")):
         key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
         if not eq or not key or not value:
             raise ImplementationError(f"adapter option {item!r} of {spec!r} must look like key=value")
-        options[key.strip()] = value.strip()
-    return name, options
+        if key in given:  # the last one would silently win: say which of the two was meant
+            raise ImplementationError(
+                f"adapter option {key!r} given twice in {spec!r} ({given[key]!r} and {value!r}); keep one"
+            )
+        given[key] = value
+    return name, {**dict(ADAPTERS[name].preset), **given}
 
 
 def adapt(impl: Implementation, spec: str, device: str | None = None) -> Implementation:
