@@ -110,3 +110,26 @@ def test_onezero_hint_is_recorded_and_halves_the_fp32_matmul_estimate():
     plain, hinted = [r for r in nki_cpu.last_trace().records if r.opcode == "nc_matmul"]
     assert (plain.attrs["onezero"], hinted.attrs["onezero"]) == (False, True)
     assert duration_ns(hinted, TRN2) == duration_ns(plain, TRN2) / 2
+
+
+@nki_cpu.jit
+def _tiled_matmuls(x):
+    a = nl.ndarray((64, 64), nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    plain = nl.ndarray((64, 64), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(plain, a, a)
+    tiled = nl.ndarray((64, 64), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(tiled, a, a, tile_position=(64, 64), tile_size=(64, 64))
+    res = nl.ndarray((64, 64), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(res, tiled)
+    out = nl.ndarray((64, 64), nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=res)
+    return out
+
+
+def test_matmul_tiling_is_recorded_only_when_set():
+    x = np.ones((64, 64), dtype=np.float32).astype(nl.bfloat16)
+    nki_cpu.simulate(_tiled_matmuls)(x)
+    plain, tiled = [r for r in nki_cpu.last_trace().records if r.opcode == "nc_matmul"]
+    assert "tile_position" not in plain.attrs and "tile_size" not in plain.attrs
+    assert (tiled.attrs["tile_position"], tiled.attrs["tile_size"]) == ((64, 64), (64, 64))

@@ -7,7 +7,7 @@ The interpreter appends one :class:`InstructionRecord` per executed instruction 
 from nki_cpu.cost.durations import duration_ns
 from nki_cpu.cost.figures import DEFAULT_TARGET, FIGURES, TRN1, TRN2, TRN3, Figures, get_figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Region, Trace
-from nki_cpu.cost.report import CostReport, estimate
+from nki_cpu.cost.report import CostReport, PeKind, PeKindTime, estimate, pe_breakdown
 from nki_cpu.cost.scheduler import Schedule, schedule
 from nki_cpu.cost.trace_export import write_chrome_trace, write_png_timeline
 
@@ -21,12 +21,15 @@ __all__ = [
     "Engine",
     "Figures",
     "InstructionRecord",
+    "PeKind",
+    "PeKindTime",
     "Region",
     "Schedule",
     "Trace",
     "duration_ns",
     "estimate",
     "get_figures",
+    "pe_breakdown",
     "schedule",
     "write_chrome_trace",
     "write_png_timeline",

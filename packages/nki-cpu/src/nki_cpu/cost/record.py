@@ -59,9 +59,9 @@ class InstructionRecord:
     - ``dtypes``: dtype names of (inputs..., dst), e.g. ("bfloat16", "bfloat16", "float32").
     - ``nbytes``: bytes moved (DMA) or written (compute).
     - ``attrs``: instruction-specific facts, e.g. nc_matmul: {"stationary_free": int, "moving_free": int,
-      "fp32": bool, "is_transpose": bool}; dma: {"transpose": bool, "contiguous_bytes": int (per-descriptor run),
-      "descriptors": int, "src": "hbm"|"sbuf", "dst": ...}; vector ops: {"psum_input": bool, "unit_stride": bool,
-      "op": opcode name}.
+      "fp32": bool, "is_transpose": bool, "tile_position" / "tile_size": tuple (only when set)}; dma: {"transpose":
+      bool, "contiguous_bytes": int (per-descriptor run), "descriptors": int, "src": "hbm"|"sbuf", "dst": ...};
+      vector ops: {"psum_input": bool, "unit_stride": bool, "op": opcode name}.
     """
 
     opcode: str

@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 
 from nki_cpu.cost.durations import opcode_name
 from nki_cpu.cost.figures import DEFAULT_TARGET, Figures, get_figures
-from nki_cpu.cost.record import Engine, Trace
+from nki_cpu.cost.record import Engine, InstructionRecord, Trace
 from nki_cpu.cost.scheduler import Schedule, schedule
 
 COMPUTE_TRACKS = ("pe", "vector", "scalar", "gpsimd")
 DMA_ANY = "dma"  # the union of all DMA queues in the per-engine view
+PE_TRACK = "pe"
+# Short dtype names for instruction-kind labels (others print as recorded).
+SHORT_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16", "tfloat32": "tf32"}
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -70,6 +73,10 @@ class CostReport:
         span = self.makespan_ns or 1.0
         return {name: busy / span for name, busy in self.track_busy_ns.items()}
 
+    def pe_breakdown(self) -> list[PeKindTime]:
+        """Tensor-engine busy time grouped by instruction kind, largest first (:func:`pe_breakdown`)."""
+        return pe_breakdown(self)
+
     def __str__(self) -> str:
         return "\n".join(self._lines())
 
@@ -102,6 +109,104 @@ class CostReport:
     @staticmethod
     def _memory_line(name: str, high_water: int, capacity: int) -> str:
         return f"{name} high water {high_water:,} B/partition ({high_water / capacity:.1%} of {capacity:,})"
+
+
+@dataclass(frozen=True)
+class PeKind:
+    """A kind of tensor-engine instruction: the facts its cost-model duration depends on.
+
+    Notes:
+        ``contraction`` is K (the partitions of both operands), ``stationary_free`` M and ``moving_free`` N (elements
+        per partition). A PE transpose is the matmul of its data (stationary) with a [K, K] identity (moving).
+        ``tile_position`` / ``tile_size`` are the PE tiling of ``nc_matmul`` when the instruction set them, else None.
+    """
+
+    opcode: str
+    dtype: str  # the operands' dtype, short name ("bf16", "fp32", ...)
+    transpose: bool
+    contraction: int
+    stationary_free: int
+    moving_free: int
+    hints: tuple[str, ...] = ()  # speed hints that change the duration: "onezero", "double_row"
+    tile_position: tuple[int, ...] | None = None
+    tile_size: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        words = [self.opcode, self.dtype]
+        if self.transpose:
+            words.append("transpose")
+        words.append(
+            f"stationary {self.contraction}x{self.stationary_free} moving {self.contraction}x{self.moving_free}"
+        )
+        words.extend(self.hints)
+        if self.tile_position is not None:
+            words.append(f"tile_position {self.tile_position}")
+        if self.tile_size is not None:
+            words.append(f"tile_size {self.tile_size}")
+        return " ".join(words)
+
+    @classmethod
+    def of(cls, record: InstructionRecord) -> PeKind:
+        """The kind of one tensor-engine record (``nc_matmul``, PE ``nc_transpose`` and other PE opcodes)."""
+        attrs = record.attrs
+        dtype = record.dtypes[0] if record.dtypes else "?"
+        hints = tuple(hint for hint in ("onezero", "double_row") if attrs.get(hint))
+        return cls(
+            opcode=opcode_name(record),
+            dtype=SHORT_DTYPES.get(dtype, dtype),
+            transpose=bool(attrs.get("is_transpose", False)),
+            contraction=record.partitions,
+            stationary_free=int(attrs.get("stationary_free", 0)),
+            moving_free=int(attrs.get("moving_free", record.free_elems)),
+            hints=hints,
+            tile_position=_tiling(attrs.get("tile_position")),
+            tile_size=_tiling(attrs.get("tile_size")),
+        )
+
+
+def _tiling(value: object) -> tuple[int, ...] | None:
+    """A recorded ``tile_position`` / ``tile_size`` as a tuple of ints; None when unset (absent or empty)."""
+    if not value:
+        return None
+    return tuple(int(v) for v in value)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class PeKindTime:
+    """The tensor-engine time of one :class:`PeKind` in a launch."""
+
+    kind: PeKind
+    count: int  # instructions of this kind (dynamic count)
+    busy_ns: float  # their summed scheduled durations
+    share: float  # busy_ns as a fraction of the launch's PE busy time
+
+
+def pe_breakdown(report: CostReport) -> list[PeKindTime]:
+    """Tensor-engine busy time of a launch grouped by instruction kind, largest first.
+
+    Args:
+        report: an :func:`estimate` result.
+
+    Returns:
+        One entry per :class:`PeKind` that ran on the PE track; the busy times add up to
+        ``report.engine_busy_ns["pe"]`` and the shares to 1 (an empty list when no PE instruction ran).
+
+    Notes:
+        To report per unit of work (per chunk, per tile), divide ``count`` and ``busy_ns`` by the number of units.
+    """
+    placed = report.schedule
+    counts: Counter[PeKind] = Counter()
+    busy: dict[PeKind, float] = {}
+    for record in report.trace.records:
+        i = record.index
+        if placed.track[i] != PE_TRACK:
+            continue
+        kind = PeKind.of(record)
+        counts[kind] += 1
+        busy[kind] = busy.get(kind, 0.0) + (placed.end_ns[i] - placed.start_ns[i])
+    total = sum(busy.values()) or 1.0
+    ranked = sorted(busy, key=lambda kind: (-busy[kind], str(kind)))
+    return [PeKindTime(kind, counts[kind], busy[kind], busy[kind] / total) for kind in ranked]
 
 
 def _track_order(name: str) -> tuple[int, int]:

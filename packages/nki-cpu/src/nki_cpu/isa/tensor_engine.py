@@ -118,23 +118,20 @@ def nc_matmul(
         track_group(instr, dst, accumulates=bool(accumulate) or (accumulate is None and earlier))
         _accumulate_into(instr, dst, np.matmul(st.T, mv, dtype=np.float32), accumulate)
         dst.mark_matmul_written()
-    return emit(
-        instr,
-        Engine.PE,
-        dst,
-        [stationary, moving],
-        partitions=k,
-        free_elems=n,
-        attrs={
-            "stationary_free": m,
-            "moving_free": n,
-            "fp32": stationary.dtype == dtypes.float32,
-            "is_transpose": bool(is_transpose),
-            "onezero": bool(is_stationary_onezero or is_moving_onezero),
-            "accumulate": accumulate,
-            "double_row": double_row,
-        },
+    attrs = {
+        "stationary_free": m,
+        "moving_free": n,
+        "fp32": stationary.dtype == dtypes.float32,
+        "is_transpose": bool(is_transpose),
+        "onezero": bool(is_stationary_onezero or is_moving_onezero),
+        "accumulate": accumulate,
+        "double_row": double_row,
+    }
+    # the PE tiling, recorded only when set (cost reports group instructions by it)
+    attrs.update(
+        {key: tuple(value) for key, value in (("tile_position", tile_position), ("tile_size", tile_size)) if value}
     )
+    return emit(instr, Engine.PE, dst, [stationary, moving], partitions=k, free_elems=n, attrs=attrs)
 
 
 def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
