@@ -161,6 +161,8 @@ def test_png_timeline(tmp_path):
     pytest.importorskip("matplotlib")
     path = write_png_timeline(estimate(small_kernel()), tmp_path / "timeline.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    titled = write_png_timeline(estimate(small_kernel()), tmp_path / "titled.png", title="small kernel, S = 1")
+    assert titled.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def pe_record(opcode: str, dtype: str, stationary: int, moving: int, *, sid: int, **attrs) -> InstructionRecord:
@@ -186,6 +188,7 @@ def mixed_pe_kernel() -> Trace:
         *(pe_record("nc_matmul", BF16, 128, 128, sid=i) for i in range(3)),
         *(pe_record("nc_matmul", FP32, 128, 64, sid=10 + i, fp32=True) for i in range(2)),
         pe_record("nc_transpose", BF16, 128, 128, sid=20, is_transpose=True),
+        pe_record("nc_matmul", BF16, 128, 128, sid=21, is_transpose=True),
         pe_record("nc_matmul", BF16, 64, 128, sid=30, tile_position=(0, 0), tile_size=(64, 64)),
         pe_record("nc_matmul", BF16, 64, 128, sid=31, tile_position=(64, 64), tile_size=(64, 64)),
         InstructionRecord("tensor_copy", Engine.VECTOR, 128, 512, (FP32, BF16), 1 << 17, (sbuf(40),), (sbuf(41),)),
@@ -200,7 +203,7 @@ def test_pe_breakdown_groups_pe_time_by_instruction_kind():
     by_label = {str(row.kind): row for row in rows}
     bf16_full = by_label["nc_matmul bf16 stationary 128x128 moving 128x128"]
     fp32_half = by_label["nc_matmul fp32 stationary 128x128 moving 128x64"]
-    transpose = by_label["nc_transpose bf16 transpose stationary 128x128 moving 128x128"]
+    transpose = by_label["nc_transpose bf16 stationary 128x128 moving 128x128"]
     tiled = [row for row in rows if row.kind.tile_position is not None]
     assert (bf16_full.count, fp32_half.count, transpose.count) == (3, 2, 1)
     assert bf16_full.busy_ns == pytest.approx(3 * duration_ns(trace.records[0], TRN2))
@@ -208,7 +211,8 @@ def test_pe_breakdown_groups_pe_time_by_instruction_kind():
     # the two tiled matmuls are separate kinds, each labelled with its tiling
     assert sorted(row.kind.tile_position for row in tiled) == [(0, 0), (64, 64)]
     assert "tile_position (64, 64) tile_size (64, 64)" in str(tiled[0].kind) + str(tiled[1].kind)
-    assert len(rows) == 5  # the vector op is no PE kind
+    assert by_label["nc_matmul bf16 transpose stationary 128x128 moving 128x128"].count == 1
+    assert len(rows) == 6  # the vector op is no PE kind
     assert sum(row.busy_ns for row in rows) == pytest.approx(report.engine_busy_ns["pe"])
     assert sum(row.share for row in rows) == pytest.approx(1.0)
     assert [row.busy_ns for row in rows] == sorted((row.busy_ns for row in rows), reverse=True)

@@ -133,7 +133,7 @@ class PeKind:
 
     def __str__(self) -> str:
         words = [self.opcode, self.dtype]
-        if self.transpose:
+        if self.transpose and self.opcode != "nc_transpose":  # nc_matmul in transpose mode
             words.append("transpose")
         words.append(
             f"stationary {self.contraction}x{self.stationary_free} moving {self.contraction}x{self.moving_free}"

@@ -89,13 +89,14 @@ def write_chrome_trace(report: CostReport, path: str | Path) -> Path:
     return out
 
 
-def write_png_timeline(report: CostReport, path: str | Path, max_events: int = 20000) -> Path:
+def write_png_timeline(report: CostReport, path: str | Path, max_events: int = 20000, title: str | None = None) -> Path:
     """Draw the schedule as one horizontal lane per track and save it as PNG.
 
     Args:
         report: an :func:`~nki_cpu.cost.estimate` result.
         path: output file; parent directories are created.
         max_events: bars drawn per track at most (the first ones), to keep huge traces drawable.
+        title: what the kernel launch was (a first title line); the makespan line is always drawn.
 
     Returns:
         The written path.
@@ -122,7 +123,8 @@ def write_png_timeline(report: CostReport, path: str | Path, max_events: int = 2
     axes.set_yticks(range(len(tracks)), labels=tracks)
     axes.invert_yaxis()
     axes.set_xlabel("time (us)")
-    axes.set_title(f"{report.target}: makespan {report.makespan_ns / NS_PER_US:.3f} us")
+    heading = f"{report.target}: makespan {report.makespan_ns / NS_PER_US:.3f} us"
+    axes.set_title(heading if title is None else f"{title}\n{heading}")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
