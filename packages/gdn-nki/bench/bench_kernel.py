@@ -2,9 +2,9 @@
 
 For each sequence length (bf16, Dk = Dv = 128, B = 1) the kernel runs through ``gdn_nki.simulate`` on the CPU
 interpreter; the recorded instruction trace is scheduled by ``nki_cpu.cost.estimate`` (Trn2 figures by default).
-Two lane layouts are measured:
+Three lane layouts are measured:
 
-- one lane (Hk = Hv = 1) at every S;
+- one lane (Hk = Hv = 1) at every S, and in fp32 as well at ``ONE_LANE_FP32_SEQ_LENS``;
 - a Qwen-like lane count (TP-sharded Qwen3-Next: Hk = 2 key heads, Hv = 4 value heads) at S in {1024, 4096}.
   ``"neumann"`` requires Hk == Hv, so its row of that layout runs Hk = Hv = 4 (the same 4 lanes, no sharing);
 - Qwen3-Next's full head count (Hk = 16, Hv = 32: 32 lanes) at S = 128, a short prompt; neumann runs Hk = Hv = 32.
@@ -21,10 +21,16 @@ launch (``prefill_varlen``: each sequence padded only to its own chunk multiple,
 the same sequences launched one by one (``prefill``, estimated times summed); the outputs and final states of the
 two must be bit-identical.
 
+Long-prompt errors: one lane at S = 32768 (``LONG_ERROR_SEQ_LEN``), schur, bf16 and fp32, no decay (zero_gate)
+and Qwen3-Next-like gates (model_gates): out and state rel-RMS and max-abs vs the fp64 oracle (~2 s per oracle run
+at that length, three per case; ~4 s to interpret each launch).
+
 Printed and written to ``--out``: a markdown table (estimated µs, schur-vs-neumann speedup, tokens/s per
-NeuronCore, per-engine busy share of the makespan, rel-RMS error of the very run vs the oracle), the issue's
-targets judged from the measured numbers, the worst error vs the oracle per algorithm and dtype over a few small
-input regimes, a JSON file with every number, and a Perfetto trace per algorithm at S = 2048.
+NeuronCore, tensor-engine µs per chunk, per-engine busy share of the makespan, rel-RMS error of the very run vs the
+oracle), the PE time of each one-lane launch at S = 2048 broken down by instruction kind (nki-cpu's
+``CostReport.pe_breakdown``), the issues' targets judged from the measured numbers, the worst error vs the oracle
+per algorithm and dtype over a few small input regimes, the long-prompt errors, a JSON file with every number, and
+a Perfetto trace and a PNG timeline (matplotlib, ``nki-cpu[plot]``) per one-lane launch at S = 2048.
 
     python packages/gdn-nki/bench/bench_kernel.py --out bench-out
 """
@@ -45,7 +51,7 @@ import nki_cpu
 from gdn_spec.metrics import Error
 from gdn_spec.oracle import errors_vs_oracle
 from gdn_spec.regimes import REGIMES, Case, Geometry, make_case
-from nki_cpu.cost import CostReport, estimate, write_chrome_trace
+from nki_cpu.cost import CostReport, estimate, write_chrome_trace, write_png_timeline
 
 PREFIX = "bench_kernel"  # every file this script writes starts with it (--out is shared by all benches)
 SEQ_LENS = (128, 512, 1024, 2048, 4096, 8192)
@@ -55,7 +61,10 @@ SHORT_PROMPT_LEN = 128
 HEAD_DIM = 128
 ENGINES = ("pe", "vector", "scalar", "gpsimd", "dma")
 ENGINE_LABELS = {"pe": "PE", "vector": "DVE", "scalar": "ACT", "gpsimd": "POOL", "dma": "DMA"}
-TRACE_SEQ_LEN = 2048
+SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
+TRACE_SEQ_LEN = 2048  # one-lane launches at this S get a Perfetto trace, a PNG timeline and a PE breakdown
+# One-lane fp32 launches (both algorithms) beside the bf16 rows: the fp32 compute path's numbers and PE breakdown.
+ONE_LANE_FP32_SEQ_LENS = (2048,)
 ALGORITHMS = ("schur", "neumann")
 VARLEN_LENGTHS = (37, 512, 1000, 2900, 130)
 VARLEN_HEADS = (16, 32)  # Qwen3-Next's Hk, Hv
@@ -76,10 +85,20 @@ CAPACITY_CORNER_LEN = 8 * 16 * 128
 # Cells up to this many tokens (lanes x S) are also judged against the fp64 oracle (its cost grows with tokens).
 ORACLE_TOKENS = 65_536
 
-# The issue's targets (ratios AWS measured on hardware for its schur/neumann pair; PE as the physical limit).
+# Issue 4's targets still in force (AWS's hardware ratio for its schur/neumann pair at a short prompt; PE share).
 SPEEDUP_TARGET_SHORT = (128, 1.8)  # schur >= 1.8x neumann at S = 128
-SPEEDUP_TARGET_LONG = (2048, 3.7)  # schur >= 3.7x neumann at every S >= 2048
 PE_SHARE_TARGET = (2048, 0.60)  # schur's PE busy >= 60 % of the makespan at every S >= 2048
+# Issue 12's targets (one lane, bf16 schur, the cost model's Trn2 figures).
+PE_PER_CHUNK_TARGET = (2048, 1.25)  # PE busy time per chunk <= 1.25 µs at every S >= 2048
+MAKESPAN_TARGETS = ((2048, 34.0), (8192, 118.0))  # makespan (µs) at most this at that S
+PE_SHARE_TARGET_12 = (2048, 0.80)  # PE busy >= 80 % of the makespan at every S >= 2048
+# Issue 7's program-size target: a launch's static instruction count at the longest S of the scale matrix within
+# this factor of its count at TRACE_SEQ_LEN (same lanes, same algorithm), the program not growing with S.
+STATIC_GROWTH_TARGET = 1.05
+
+# Long-prompt errors (issue 12): one lane, Dk = Dv = 128, schur, both compute dtypes, no decay and model-like gates.
+LONG_ERROR_SEQ_LEN = 32768
+LONG_ERROR_REGIMES = ("zero_gate", "model_gates")
 
 # Accuracy sweep: small shapes, every regime (state regimes on schur only), both dtypes, a few seeds.
 ACCURACY_GEOMETRIES = {
@@ -113,6 +132,16 @@ class Row:
     psum_high_water: int = 0
     sbuf_liveness: int = 0  # SBUF peak if each tile lived only from its first to its last use (nki-cpu Trace)
     dtype: str = "bfloat16"
+    chunks: int = 0  # chunks of the launch over all lanes (CHUNK_BY_ALGORITHM tokens each)
+    pe_busy_us: float = 0.0
+    # PE time by instruction kind (one-lane launches at TRACE_SEQ_LEN): nki-cpu's pe_breakdown, per chunk
+    pe_kinds: list[dict[str, Any]] = field(default_factory=list)
+    timeline_file: str | None = None
+
+    @property
+    def pe_us_per_chunk(self) -> float:
+        """Tensor-engine busy time per chunk of the launch."""
+        return self.pe_busy_us / self.chunks
 
 
 @dataclass
@@ -153,16 +182,24 @@ class VarlenRow:
 
 @dataclass
 class Target:
-    """One of the issue's performance targets, judged from measured rows."""
+    """One of the issues' performance targets, judged from measured rows."""
 
     name: str
-    measured: list[tuple[int, float]] = field(default_factory=list)  # (S, value)
+    measured: list[tuple[str, float]] = field(default_factory=list)  # (where, e.g. "S=2048", value)
     threshold: float = 0.0
+    at_most: bool = False  # the value must not exceed the threshold (else: must reach it)
+    unit: str = ""  # "%" prints values as percentages, anything else is appended to "{value:.2f}"
 
     @property
     def met(self) -> bool:
-        """Every measured value reaches the threshold (and there is at least one)."""
+        """Every measured value is on the right side of the threshold (and there is at least one)."""
+        if self.at_most:
+            return bool(self.measured) and all(value <= self.threshold for _, value in self.measured)
         return bool(self.measured) and all(value >= self.threshold for _, value in self.measured)
+
+    def format(self, value: float) -> str:
+        """A value in the target's unit."""
+        return f"{value:.0%}" if self.unit == "%" else f"{value:.2f}{self.unit}"
 
 
 def launch_report() -> CostReport:
@@ -196,8 +233,9 @@ def measure(
     judge: bool = True,
     group_size: int = gdn_nki.DEFAULT_GROUP_SIZE,
 ) -> Row:
-    """Run, estimate and check one launch (against the oracle unless ``judge`` is false: NaN errors); write its
-    Perfetto trace at ``TRACE_SEQ_LEN`` (one-lane layout)."""
+    """Run, estimate and check one launch (against the oracle unless ``judge`` is false: NaN errors); at
+    ``TRACE_SEQ_LEN`` in the one-lane layout, break its PE time down by instruction kind and write its Perfetto trace
+    and PNG timeline."""
     c = make_case("random", geometry, dtype, seed=geometry.S)
     out, state, seconds = run_case(c, algorithm, group_size)
     report = launch_report()
@@ -226,32 +264,68 @@ def measure(
         psum_high_water=report.psum_high_water,
         sbuf_liveness=report.trace.liveness_high_water("sbuf"),
         dtype=dtype,
+        chunks=geometry.lanes * -(-geometry.S // gdn_nki.CHUNK_BY_ALGORITHM[algorithm]),
+        pe_busy_us=report.engine_busy_ns.get("pe", 0.0) / 1e3,
     )
-    if out_dir is not None and layout == "1 lane" and geometry.S == TRACE_SEQ_LEN:
-        path = out_dir / f"{PREFIX}_trace_S{geometry.S}_{algorithm}.json"
-        write_chrome_trace(report, path)
-        row.trace_file = path.name
+    if layout == "1 lane" and geometry.S == TRACE_SEQ_LEN:
+        row.pe_kinds = pe_kinds(report, row.chunks)
+        if out_dir is not None:
+            stem = f"S{geometry.S}_{algorithm}" + ("" if dtype == "bfloat16" else f"_{SHORT_DTYPE[dtype]}")
+            row.trace_file = write_chrome_trace(report, out_dir / f"{PREFIX}_trace_{stem}.json").name
+            title = (
+                f"gdn_cte {algorithm} {dtype}, S = {geometry.S}, one lane, Dk = Dv = {HEAD_DIM} (nki-cpu cost model)"
+            )
+            row.timeline_file = write_timeline(report, out_dir / f"{PREFIX}_timeline_{stem}.png", title)
     return row
 
 
-def perf_rows(seq_lens: tuple[int, ...], qwen_seq_lens: tuple[int, ...], out_dir: Path | None) -> list[Row]:
-    """Every measured launch, with the schur rows carrying their speedup over the matching neumann row."""
-    plan: list[tuple[str, Geometry, str]] = []
-    for S in seq_lens:
-        for algorithm in ALGORITHMS:
-            plan.append(("1 lane", Geometry(B=1, Hk=1, Hv=1, S=S, Dk=HEAD_DIM, Dv=HEAD_DIM), algorithm))
+def pe_kinds(report: CostReport, chunks: int) -> list[dict[str, Any]]:
+    """The launch's PE time by instruction kind (nki-cpu's ``pe_breakdown``), per chunk, largest first."""
+    return [
+        {
+            "kind": str(entry.kind),
+            **asdict(entry.kind),
+            "count": entry.count,
+            "per_chunk": entry.count / chunks,
+            "us_per_chunk": entry.busy_ns / 1e3 / chunks,
+            "share": entry.share,
+        }
+        for entry in report.pe_breakdown()
+    ]
+
+
+def write_timeline(report: CostReport, path: Path, title: str) -> str | None:
+    """Draw the launch's schedule as a PNG (nki-cpu's ``write_png_timeline``); None without matplotlib."""
+    try:
+        return write_png_timeline(report, path, title=title).name
+    except ImportError as error:  # the bench session installs it; a bare run may not have it
+        print(f"  no PNG timeline: {error}", flush=True)
+        return None
+
+
+def perf_rows(
+    seq_lens: tuple[int, ...], qwen_seq_lens: tuple[int, ...], out_dir: Path | None, fp32_seq_lens: tuple[int, ...] = ()
+) -> list[Row]:
+    """Every measured launch (bf16; one-lane fp32 rows at ``fp32_seq_lens``), with the schur rows carrying their
+    speedup over the matching neumann row."""
+    plan: list[tuple[str, Geometry, str, str]] = []
+    for dtype, lengths in (("bfloat16", seq_lens), ("float32", fp32_seq_lens)):
+        for S in lengths:
+            for algorithm in ALGORITHMS:
+                plan.append(("1 lane", Geometry(B=1, Hk=1, Hv=1, S=S, Dk=HEAD_DIM, Dv=HEAD_DIM), algorithm, dtype))
     for S in qwen_seq_lens:
-        plan.append(("Qwen-like", Geometry(B=1, Hk=2, Hv=4, S=S, Dk=HEAD_DIM, Dv=HEAD_DIM), "schur"))
-        plan.append(("Qwen-like", Geometry(B=1, Hk=4, Hv=4, S=S, Dk=HEAD_DIM, Dv=HEAD_DIM), "neumann"))
+        plan.append(("Qwen-like", Geometry(B=1, Hk=2, Hv=4, S=S, Dk=HEAD_DIM, Dv=HEAD_DIM), "schur", "bfloat16"))
+        plan.append(("Qwen-like", Geometry(B=1, Hk=4, Hv=4, S=S, Dk=HEAD_DIM, Dv=HEAD_DIM), "neumann", "bfloat16"))
     if SHORT_PROMPT_LEN in seq_lens:
-        plan.append((FULL_HEADS, Geometry(B=1, Hk=16, Hv=32, S=SHORT_PROMPT_LEN, Dk=HEAD_DIM, Dv=HEAD_DIM), "schur"))
-        plan.append((FULL_HEADS, Geometry(B=1, Hk=32, Hv=32, S=SHORT_PROMPT_LEN, Dk=HEAD_DIM, Dv=HEAD_DIM), "neumann"))
+        for algorithm, key_heads in (("schur", 16), ("neumann", 32)):  # neumann needs Hk == Hv
+            geometry = Geometry(B=1, Hk=key_heads, Hv=32, S=SHORT_PROMPT_LEN, Dk=HEAD_DIM, Dv=HEAD_DIM)
+            plan.append((FULL_HEADS, geometry, algorithm, "bfloat16"))
     rows = []
-    for layout, geometry, algorithm in plan:
-        rows.append(_progress(measure(layout, geometry, algorithm, out_dir)))
-    by_key = {(r.layout, r.seq_len, r.algorithm): r for r in rows}
+    for layout, geometry, algorithm, dtype in plan:
+        rows.append(_progress(measure(layout, geometry, algorithm, out_dir, dtype=dtype)))
+    by_key = {(r.layout, r.seq_len, r.algorithm, r.dtype): r for r in rows}
     for row in rows:
-        other = by_key.get((row.layout, row.seq_len, "neumann"))
+        other = by_key.get((row.layout, row.seq_len, "neumann", row.dtype))
         if row.algorithm == "schur" and other is not None:
             row.speedup = other.time_us / row.time_us
     return rows
@@ -425,39 +499,84 @@ def high_water_summary(cells: list[Row | Skipped]) -> str:
     return "\n".join(lines)
 
 
-def judge_targets(rows: list[Row]) -> list[Target]:
-    """The issue's targets from the one-lane schur rows (the layout the targets are stated for), plus the short-S
-    speedup at Qwen3-Next's head count."""
-    schur = [r for r in rows if r.layout == "1 lane" and r.algorithm == "schur"]
+def judge_targets(rows: list[Row], scale: list[Row | Skipped] | None = None) -> list[Target]:
+    """The issues' targets from the one-lane bf16 schur rows (the layout they are stated for), the short-S speedup
+    at Qwen3-Next's head count, and (issue 7) the program's growth with S over the scale matrix's cells."""
+    schur = [r for r in rows if r.layout == "1 lane" and r.algorithm == "schur" and r.dtype == "bfloat16"]
     short_s, short_ratio = SPEEDUP_TARGET_SHORT
-    long_s, long_ratio = SPEEDUP_TARGET_LONG
     pe_s, pe_share = PE_SHARE_TARGET
-    return [
+    chunk_s, chunk_us = PE_PER_CHUNK_TARGET
+    pe_s_12, pe_share_12 = PE_SHARE_TARGET_12
+    targets = [
         Target(
-            f"schur >= {short_ratio}x neumann at S = {short_s}",
-            [(r.seq_len, r.speedup) for r in schur if r.seq_len == short_s and r.speedup is not None],
+            f"schur >= {short_ratio}x neumann at S = {short_s} (issue 4)",
+            [(f"S={r.seq_len}", r.speedup) for r in schur if r.seq_len == short_s and r.speedup is not None],
             short_ratio,
+            unit="x",
         ),
         Target(
-            f"schur >= {short_ratio}x neumann at S = {short_s}, Qwen3-Next heads ({FULL_HEADS})",
+            f"schur >= {short_ratio}x neumann at S = {short_s}, Qwen3-Next heads ({FULL_HEADS}) (issue 4)",
             [
-                (r.seq_len, r.speedup)
+                (f"S={r.seq_len}", r.speedup)
                 for r in rows
                 if r.layout == FULL_HEADS and r.algorithm == "schur" and r.speedup is not None
             ],
             short_ratio,
+            unit="x",
         ),
         Target(
-            f"schur >= {long_ratio}x neumann at S >= {long_s}",
-            [(r.seq_len, r.speedup) for r in schur if r.seq_len >= long_s and r.speedup is not None],
-            long_ratio,
-        ),
-        Target(
-            f"schur PE busy >= {pe_share:.0%} of the makespan at S >= {pe_s}",
-            [(r.seq_len, r.busy_share["pe"]) for r in schur if r.seq_len >= pe_s],
+            f"schur PE busy >= {pe_share:.0%} of the makespan at S >= {pe_s} (issue 4)",
+            [(f"S={r.seq_len}", r.busy_share["pe"]) for r in schur if r.seq_len >= pe_s],
             pe_share,
+            unit="%",
+        ),
+        Target(
+            f"schur PE time <= {chunk_us} µs per chunk at S >= {chunk_s} (issue 12)",
+            [(f"S={r.seq_len}", r.pe_us_per_chunk) for r in schur if r.seq_len >= chunk_s],
+            chunk_us,
+            at_most=True,
+            unit=" µs",
+        ),
+        *(
+            Target(
+                f"schur makespan <= {limit:g} µs at S = {seq_len} (issue 12)",
+                [(f"S={r.seq_len}", r.time_us) for r in schur if r.seq_len == seq_len],
+                limit,
+                at_most=True,
+                unit=" µs",
+            )
+            for seq_len, limit in MAKESPAN_TARGETS
+        ),
+        Target(
+            f"schur PE busy >= {pe_share_12:.0%} of the makespan at S >= {pe_s_12} (issue 12)",
+            [(f"S={r.seq_len}", r.busy_share["pe"]) for r in schur if r.seq_len >= pe_s_12],
+            pe_share_12,
+            unit="%",
         ),
     ]
+    if scale:
+        targets.append(static_growth_target(scale))
+    return targets
+
+
+def static_growth_target(scale: list[Row | Skipped]) -> Target:
+    """Issue 7: static instructions at the matrix's longest S over those at TRACE_SEQ_LEN, per lanes and algorithm
+    (bf16 cells that ran at both lengths)."""
+    ran = {(c.lanes, c.algorithm, c.seq_len): c for c in scale if isinstance(c, Row) and c.dtype == "bfloat16"}
+    longest = max(seq_len for _, _, seq_len in ran) if ran else 0
+    measured = []
+    for (lanes, algorithm, seq_len), cell in sorted(ran.items()):
+        base = ran.get((lanes, algorithm, TRACE_SEQ_LEN))
+        if seq_len == longest and longest > TRACE_SEQ_LEN and base is not None:
+            measured.append((f"{cell.layout} {algorithm}", cell.static_instructions / base.static_instructions))
+    return Target(
+        f"static instructions at S = {longest} <= {STATIC_GROWTH_TARGET}x those at S = {TRACE_SEQ_LEN}, same lanes "
+        "(issue 7)",
+        measured,
+        STATIC_GROWTH_TARGET,
+        at_most=True,
+        unit="x",
+    )
 
 
 def accuracy_sweep() -> list[dict[str, Any]]:
@@ -487,6 +606,55 @@ def accuracy_sweep() -> list[dict[str, Any]]:
     return records
 
 
+def long_errors(seq_len: int) -> list[dict[str, Any]]:
+    """Errors of one-lane schur launches at ``seq_len`` (Dk = Dv = 128) vs the fp64 oracle, both compute dtypes,
+    in the no-decay and model-like gate regimes: one record per output, with the launch's estimated time."""
+    records = []
+    geometry = Geometry(B=1, Hk=1, Hv=1, S=seq_len, Dk=HEAD_DIM, Dv=HEAD_DIM)
+    for dtype in ("bfloat16", "float32"):
+        for regime in LONG_ERROR_REGIMES:
+            c = make_case(regime, geometry, dtype, seed=seq_len)
+            out, state, seconds = run_case(c, "schur")
+            time_us = launch_report().makespan_ns / 1e3
+            start = time.perf_counter()
+            errors = oracle_errors(c, out, state)
+            oracle_s = time.perf_counter() - start
+            rel_rms = ", ".join(f"{e.output} {e.rel_rms:.1e}" for e in errors)
+            print(f"  S={seq_len} schur {dtype:<8} {regime:<11} {rel_rms} (interpreted in {seconds:.1f} s, oracle "
+                  f"{oracle_s:.1f} s)", flush=True)  # fmt: skip
+            for err in errors:
+                records.append(
+                    {
+                        "algorithm": "schur",
+                        "dtype": dtype,
+                        "regime": regime,
+                        "geometry": asdict(geometry),
+                        "seed": c.seed,
+                        **err.as_dict(),
+                        "ok": err.ok,
+                        "time_us": time_us,
+                        "interpret_s": seconds,
+                        "oracle_s": oracle_s,
+                    }
+                )
+    return records
+
+
+def long_error_table(records: list[dict[str, Any]]) -> str:
+    """The long-prompt errors, a row per dtype, regime and output."""
+    lines = [
+        "| dtype | regime | output | rel-RMS (tol) | max-abs | max-rel (tol) | ratio | status | est. time (µs) |",
+        "|---|---|---|---|---:|---|---:|---|---:|",
+    ]
+    for r in records:
+        lines.append(
+            f"| {SHORT_DTYPE[r['dtype']]} | {r['regime']} | {r['output']} | {r['rel_rms']:.2e} ({r['tol_rel_rms']:.0e}) "
+            f"| {r['max_abs']:.2e} | {r['max_rel']:.2e} ({r['tol_max_rel']:.0e}) | {r['ratio']:.3f} | "
+            f"{'ok' if r['ok'] else 'FAIL'} | {r['time_us']:,.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def worst_by(records: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[tuple, dict[str, Any]]:
     """The record with the largest error/tolerance ratio for each value of ``keys``, in first-seen order."""
     worst: dict[tuple, dict[str, Any]] = {}
@@ -501,25 +669,49 @@ def perf_table(rows: list[Row]) -> str:
     """The measured launches as a markdown table."""
     engines = " | ".join(ENGINE_LABELS[e] for e in ENGINES)
     lines = [
-        f"| layout | S | algorithm | Hk/Hv | instr | est. time (µs) | schur speedup | tokens/s per NC | {engines} "
-        "| rel-RMS out / state vs oracle |",
-        "|---|---:|---|---|---:|---:|---:|---:|" + "---:|" * len(ENGINES) + "---|",
+        f"| layout | S | algorithm | dtype | Hk/Hv | instr | est. time (µs) | schur speedup | tokens/s per NC "
+        f"| PE µs per chunk | {engines} | rel-RMS out / state vs oracle |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(ENGINES) + "---|",
     ]
     for r in rows:
         speedup = f"{r.speedup:.2f}x" if r.speedup is not None else ""
         shares = " | ".join(f"{r.busy_share[e]:.0%}" for e in ENGINES)
         lines.append(
-            f"| {r.layout} | {r.seq_len} | {r.algorithm} | {r.heads} | {r.instructions} | {r.time_us:.1f} | "
-            f"{speedup} | {r.tokens_per_s / 1e6:.2f} M | {shares} | {r.rel_rms_out:.1e} / {r.rel_rms_state:.1e} |"
+            f"| {r.layout} | {r.seq_len} | {r.algorithm} | {SHORT_DTYPE[r.dtype]} | {r.heads} | {r.instructions} | "
+            f"{r.time_us:.1f} | {speedup} | {r.tokens_per_s / 1e6:.2f} M | {r.pe_us_per_chunk:.3f} | {shares} | "
+            f"{r.rel_rms_out:.1e} / {r.rel_rms_state:.1e} |"
         )
     return "\n".join(lines)
+
+
+def pe_breakdown_tables(rows: list[Row]) -> str:
+    """For each launch with a PE breakdown: its PE time by instruction kind, per chunk and as share of PE time."""
+    parts = []
+    for r in rows:
+        if not r.pe_kinds:
+            continue
+        parts.append(
+            f"**{r.algorithm} {SHORT_DTYPE[r.dtype]}, S = {r.seq_len}, {r.layout}** ({r.chunks} chunks of "
+            f"{gdn_nki.CHUNK_BY_ALGORITHM[r.algorithm]} tokens): makespan {r.time_us:.1f} µs, PE busy "
+            f"{r.pe_busy_us:.1f} µs ({r.busy_share['pe']:.0%}), **{r.pe_us_per_chunk:.3f} µs of PE time per chunk**"
+        )
+        lines = [
+            "| instructions per chunk | PE µs per chunk | share of PE time | instruction kind |",
+            "|---:|---:|---:|---|",
+        ]
+        for kind in r.pe_kinds:
+            lines.append(
+                f"| {kind['per_chunk']:.2f} | {kind['us_per_chunk']:.3f} | {kind['share']:.1%} | `{kind['kind']}` |"
+            )
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def targets_table(targets: list[Target]) -> str:
     """Each target with its measured values and met / NOT met."""
     lines = ["| target | measured | status |", "|---|---|---|"]
     for t in targets:
-        values = ", ".join(f"S={s}: {v:.2f}" for s, v in t.measured) or "no measurement"
+        values = ", ".join(f"{where}: {t.format(v)}" for where, v in t.measured) or "no measurement"
         lines.append(f"| {t.name} | {values} | {'met' if t.met else 'NOT met'} |")
     return "\n".join(lines)
 
@@ -565,9 +757,30 @@ def markdown(
     target_name: str,
     scale: list[Row | Skipped] | None = None,
     varlen_rows: list[VarlenRow] | None = None,
+    long_records: list[dict[str, Any]] | None = None,
 ) -> str:
     """The whole report."""
     traces = [r.trace_file for r in rows if r.trace_file]
+    timelines = [r.timeline_file for r in rows if r.timeline_file]
+    breakdown = []
+    if any(r.pe_kinds for r in rows):
+        breakdown = [
+            f"## Where the PE time goes: one lane, S = {TRACE_SEQ_LEN}",
+            "PE busy time grouped by instruction kind (nki-cpu's `CostReport.pe_breakdown`: opcode, operand dtype, "
+            "transpose, stationary [K, M] and moving [K, N] sizes, speed hints and tile_position when set), per "
+            "chunk of the launch and as a share of the PE busy time.",
+            pe_breakdown_tables(rows),
+        ]
+    long_part = []
+    if long_records:
+        S = long_records[0]["geometry"]["S"]
+        long_part = [
+            f"## Long-prompt errors vs the fp64 oracle: S = {S}, one lane, Dk = Dv = 128, schur",
+            "zero_gate: g = 0 (no decay: the state carries every token); model_gates: Qwen3-Next-style gates. "
+            "Tolerances from gdn_spec.metrics (adapted to each case's measured condition); max-rel = max-abs / "
+            "max|ref|.",
+            long_error_table(long_records),
+        ]
     scale_part = []
     if scale:
         scale_part = [
@@ -603,18 +816,22 @@ def markdown(
             'Qwen3-Next, Hk = 2 key heads shared by Hv = 4 value heads; "neumann" requires Hk == Hv, so its '
             "Qwen-like row runs Hk = Hv = 4 (the same 4 lanes without head sharing). Speedup = neumann time / "
             "schur time at the same S and layout. The last column is the error of that very run vs the fp64 oracle "
-            "(random regime).",
+            "(random regime). PE µs per chunk = the tensor engine's busy time / the launch's chunks (128 tokens "
+            "for schur, 64 for neumann, over all lanes).",
             perf_table(rows),
+            *breakdown,
             *varlen,
-            "## Targets (issue 4), judged on the one-lane rows",
+            "## Targets, judged on the one-lane bf16 schur rows (issue 7's on the scale matrix)",
             targets_table(targets),
             "## Worst error vs the fp64 oracle (small shapes, every regime, seeds "
             f"{', '.join(map(str, ACCURACY_SEEDS))}; tolerances from gdn_spec.metrics)",
             accuracy_table(records),
             "Worst error / tolerance per regime (<= 1 passes; n/a: neumann takes no initial state):",
             regime_table(records),
+            *long_part,
             *scale_part,
             "Perfetto traces (open in ui.perfetto.dev): " + (", ".join(traces) or "none written"),
+            "PNG timelines: " + (", ".join(timelines) or "none written"),
         ]
     )
 
@@ -637,14 +854,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--varlen-lengths", type=int, nargs="*", default=list(VARLEN_LENGTHS),
                         help="prompt lengths of the varlen row (none: skip it)")  # fmt: skip
     parser.add_argument("--varlen-heads", type=int, nargs=2, default=list(VARLEN_HEADS), metavar=("HK", "HV"))
+    parser.add_argument("--one-lane-fp32-seq-lens", type=int, nargs="*", default=list(ONE_LANE_FP32_SEQ_LENS),
+                        help="one-lane fp32 rows (both algorithms) in the perf table")  # fmt: skip
+    parser.add_argument("--long-error-seq-len", type=int, default=LONG_ERROR_SEQ_LEN,
+                        help="S of the long-prompt error rows (0: skip them)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
 
     start = time.perf_counter()
     print("gdn_cte cost-model benchmark", flush=True)
-    rows = perf_rows(tuple(args.seq_lens), tuple(args.qwen_seq_lens), args.out)
-    targets = judge_targets(rows)
+    rows = perf_rows(tuple(args.seq_lens), tuple(args.qwen_seq_lens), args.out, tuple(args.one_lane_fp32_seq_lens))
     varlen_rows = []
     if args.varlen_lengths:
         varlen_rows.append(measure_varlen(tuple(args.varlen_lengths), *args.varlen_heads))
@@ -652,11 +872,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  varlen {v.lengths} {v.heads}: one launch {v.time_one_launch_us:.1f} us, one by one "
               f"{v.time_separate_us:.1f} us (interpreted in {v.interpret_s:.0f} s)", flush=True)  # fmt: skip
     records = [] if args.skip_accuracy else accuracy_sweep()
+    long_records = long_errors(args.long_error_seq_len) if args.long_error_seq_len else []
     scale = scale_rows(
         tuple(args.scale_lanes), tuple(args.scale_seq_lens), args.max_instructions, tuple(args.fp32_seq_lens)
     )
+    targets = judge_targets(rows, scale)
     target_name = ", ".join(sorted({r.cost_target for r in rows}))
-    report = markdown(rows, targets, records, target_name, scale, varlen_rows)
+    report = markdown(rows, targets, records, target_name, scale, varlen_rows, long_records)
     print(report)
     print(f"\n(total bench time {time.perf_counter() - start:.0f} s)")
     if args.out is not None:
@@ -664,12 +886,14 @@ def main(argv: list[str] | None = None) -> None:
         payload = {
             "backend": gdn_nki.BACKEND_NAME,
             "cost_target": target_name,
-            "rows": [asdict(r) for r in rows],
+            "rows": [{**asdict(r), "pe_us_per_chunk": r.pe_us_per_chunk} for r in rows],
             "scale": [{"ran": isinstance(c, Row), **asdict(c)} for c in scale],
             "varlen": [{**asdict(v), "speedup": v.speedup} for v in varlen_rows],
             "targets": [
-                {"name": t.name, "measured": t.measured, "threshold": t.threshold, "met": t.met} for t in targets
+                {"name": t.name, "measured": t.measured, "threshold": t.threshold, "at_most": t.at_most, "met": t.met}
+                for t in targets
             ],
+            "long_errors": long_records,
             "accuracy_worst": list(worst_by(records, ("algorithm", "dtype", "output")).values()),
             "accuracy_all": records,
         }

@@ -40,25 +40,51 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
             "--qwen-seq-lens",
             "--skip-accuracy",
             "--scale-lanes",
+            "--one-lane-fp32-seq-lens",
+            "2048",
+            "--long-error-seq-len",
+            "256",
             *small_varlen,
         ]
     )
     printed = capsys.readouterr().out
-    assert "| 1 lane | 2048 | schur |" in printed and "| 1 lane | 128 | neumann |" in printed
+    assert "| 1 lane | 2048 | schur | bf16 |" in printed and "| 1 lane | 128 | neumann | bf16 |" in printed
     data = json.loads((tmp_path / "bench_kernel.json").read_text())
-    assert {(r["seq_len"], r["algorithm"]) for r in data["rows"]} == {
-        (s, a) for s in (128, 2048) for a in ("schur", "neumann")
+    assert {(r["seq_len"], r["algorithm"], r["dtype"]) for r in data["rows"]} == {
+        *((s, a, "bfloat16") for s in (128, 2048) for a in ("schur", "neumann")),
+        *((2048, a, "float32") for a in ("schur", "neumann")),
     }
     for row in data["rows"]:
         assert row["time_us"] > 0 and row["instructions"] > 0
         assert 0 < row["busy_share"]["pe"] <= 1
         assert row["rel_rms_out"] < 1e-2, "the benchmarked run must also be correct"
+        assert row["pe_us_per_chunk"] == pytest.approx(row["pe_busy_us"] / row["chunks"])
+        assert row["pe_busy_us"] == pytest.approx(row["busy_share"]["pe"] * row["time_us"])
+        if row["seq_len"] == 2048:  # the PE breakdown adds up to the PE time per chunk
+            assert sum(kind["us_per_chunk"] for kind in row["pe_kinds"]) == pytest.approx(row["pe_us_per_chunk"])
+            assert sum(kind["share"] for kind in row["pe_kinds"]) == pytest.approx(1.0)
+        else:
+            assert row["pe_kinds"] == []
     for target in data["targets"]:
-        assert target["measured"], target["name"]
-        assert target["met"] == all(value >= target["threshold"] for _, value in target["measured"])
-    for algorithm in ("schur", "neumann"):
-        trace = json.loads((tmp_path / f"bench_kernel_trace_S2048_{algorithm}.json").read_text())
-        assert trace["traceEvents"], f"empty Perfetto trace for {algorithm}"
+        if not target["measured"]:  # only a target at an S this plan did not run
+            assert "S = 8192" in target["name"] and not target["met"], target["name"]
+            continue
+        within = (
+            v <= target["threshold"] if target["at_most"] else v >= target["threshold"] for _, v in target["measured"]
+        )
+        assert target["met"] == all(within), target["name"]
+    assert sum("(issue 12)" in target["name"] for target in data["targets"]) == 4
+    for stem in ("S2048_schur", "S2048_neumann", "S2048_schur_fp32", "S2048_neumann_fp32"):
+        trace = json.loads((tmp_path / f"bench_kernel_trace_{stem}.json").read_text())
+        assert trace["traceEvents"], f"empty Perfetto trace for {stem}"
+        if importlib.util.find_spec("matplotlib") is not None:
+            png = (tmp_path / f"bench_kernel_timeline_{stem}.png").read_bytes()
+            assert png.startswith(b"\x89PNG"), f"no PNG timeline for {stem}"
+    long_errors = data["long_errors"]
+    assert {(e["dtype"], e["regime"], e["output"]) for e in long_errors} == {
+        (d, r, o) for d in ("bfloat16", "float32") for r in ("zero_gate", "model_gates") for o in ("out", "state")
+    }
+    assert all(e["geometry"]["S"] == 256 and e["ok"] for e in long_errors)
     assert (tmp_path / "bench_kernel.md").read_text().startswith("# gdn_cte kernel")
     (varlen,) = data["varlen"]
     assert varlen["lengths"] == [37, 200] and varlen["lanes"] == 4 and varlen["padded_tokens"] == 384
@@ -86,3 +112,19 @@ def test_scale_matrix_runs_cells_within_the_budget_and_says_why_not_for_the_othe
         assert 0 < row.psum_high_water <= 16384 and 0 < row.sbuf_high_water <= 212984
     table = bench.scale_table(cells)
     assert table.count("\n") == len(cells) + 1 and "not run" in table
+
+
+def test_static_growth_target_compares_the_longest_s_with_the_trace_length(bench: ModuleType) -> None:
+    def cell(lanes: int, seq_len: int, static: int, dtype: str = "bfloat16") -> object:
+        return bench.Row(
+            layout=f"{lanes} lanes", seq_len=seq_len, algorithm="schur", heads=f"{lanes}/{lanes}", lanes=lanes,
+            instructions=static, time_us=1.0, tokens_per_s=1.0, busy_share={}, rel_rms_out=0.0, rel_rms_state=0.0,
+            interpret_s=0.0, cost_target="trn2", static_instructions=static, dtype=dtype,
+        )  # fmt: skip
+
+    base = bench.TRACE_SEQ_LEN
+    flat = bench.static_growth_target([cell(8, base, 1000), cell(8, 4 * base, 1040), cell(8, 128, 90)])
+    assert flat.measured == [("8 lanes schur", pytest.approx(1.04))] and flat.met
+    grown = bench.static_growth_target([cell(8, base, 1000), cell(8, 4 * base, 4000), cell(8, 4 * base, 1, "float32")])
+    assert grown.measured == [("8 lanes schur", pytest.approx(4.0))] and not grown.met
+    assert not bench.static_growth_target([cell(8, 4 * base, 4000)]).met, "no base cell: nothing measured, not met"
