@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -220,3 +221,25 @@ def test_pe_breakdown_groups_pe_time_by_instruction_kind():
 
 def test_pe_breakdown_without_pe_work_is_empty():
     assert estimate(Trace()).pe_breakdown() == []
+
+
+def test_pe_busy_counts_concurrent_tiles_once():
+    """Matmuls on disjoint PE tiles overlap in time: the PE is busy for one tile's duration, not the sum."""
+
+    def tiled(j):
+        attrs = {
+            "stationary_free": 32,
+            "moving_free": 32,
+            "fp32": False,
+            "pe_rows": (32 * j, 32 * j + 32),
+            "pe_cols": (32 * j, 32 * j + 32),
+        }
+        write = Region(j, "psum", (0, 32), (0, 128))
+        return InstructionRecord(
+            "nc_matmul", Engine.PE, 32, 32, ("bfloat16",) * 2 + ("float32",), 0, (), (write,), attrs=attrs
+        )
+
+    figures = dataclasses.replace(TRN2, dependency_latency_cycles=dict.fromkeys(Engine, 0))
+    report = estimate(Trace([tiled(j) for j in range(4)]), figures=figures)
+    assert report.engine_busy_ns["pe"] == pytest.approx(report.makespan_ns)
+    assert report.makespan_ns == pytest.approx(32 / 2.4)

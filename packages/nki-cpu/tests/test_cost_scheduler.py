@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from nki_cpu.cost import TRN2, Engine, InstructionRecord, Region, Trace, duration_ns, schedule
+from nki_cpu.cost import TRN1, TRN2, Engine, InstructionRecord, Region, Trace, duration_ns, schedule
 from nki_cpu.cost.scheduler import MAX_BOXES
 
 FP32 = "float32"
@@ -196,3 +196,42 @@ def test_large_trace_schedules():
     placed = place(*records)
     assert len(placed.end_ns) == 5000
     assert all(end >= start for start, end in zip(placed.start_ns, placed.end_ns, strict=True))
+
+
+def pe_matmul(writes, rows=None, cols=None, n: int = 32, stationary: int = 32) -> InstructionRecord:
+    attrs = {"stationary_free": stationary, "moving_free": n, "fp32": False}
+    if rows is not None:
+        attrs.update(pe_rows=rows, pe_cols=cols)
+    return InstructionRecord("nc_matmul", Engine.PE, 32, n, ("bfloat16", "bfloat16", FP32), 0, (), writes, attrs=attrs)
+
+
+def test_matmuls_on_disjoint_pe_tiles_run_at_the_same_time():
+    # the merge's diagonal 32x32 blocks: four tiles, disjoint in rows and columns
+    tiles = [pe_matmul([box(j)], (32 * j, 32 * j + 32), (32 * j, 32 * j + 32)) for j in range(4)]
+    s = schedule(Trace(tiles), NO_LATENCY)
+    one = duration_ns(tiles[0], NO_LATENCY)
+    assert s.start_ns == [0.0] * 4
+    assert s.makespan_ns == pytest.approx(one)
+
+
+def test_pe_tiles_sharing_cells_serialize_and_the_whole_array_waits_for_all():
+    quadrant = pe_matmul([box(1)], (0, 64), (0, 64), n=64, stationary=64)
+    # rows 32..63 overlap the first tile's cells; the third (another quadrant) is free but issued after the second
+    overlapping = pe_matmul([box(2)], (32, 64), (32, 64))
+    other = pe_matmul([box(3)], (64, 128), (64, 128), n=64, stationary=64)
+    full = pe_matmul([box(4)], n=128, stationary=128)
+    s = schedule(Trace([quadrant, overlapping, other, full]), NO_LATENCY)
+    d = [duration_ns(r, NO_LATENCY) for r in (quadrant, overlapping, other, full)]
+    assert s.start_ns[1] == pytest.approx(d[0])  # waits for the shared cells
+    assert s.start_ns[2] == pytest.approx(s.start_ns[1])  # in-order issue: not before the second started
+    assert s.start_ns[3] == pytest.approx(max(s.end_ns[:3]))  # the whole array: after every tile
+    assert s.makespan_ns == pytest.approx(s.start_ns[3] + d[3])
+
+
+def test_trn1_tiles_are_at_least_64_wide():
+
+    trn1 = dataclasses.replace(TRN1, dependency_latency_cycles=dict.fromkeys(Engine, 0), dma_fixed_latency_ns=0.0)
+    # 32-row tiles 0 and 1 fall in the same 64-row tile of NeuronCore-v2: they serialize
+    tiles = [pe_matmul([box(j)], (32 * j, 32 * j + 32), (32 * j, 32 * j + 32)) for j in range(2)]
+    s = schedule(Trace(tiles), trn1)
+    assert s.start_ns[1] == pytest.approx(s.end_ns[0])

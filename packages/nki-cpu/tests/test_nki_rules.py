@@ -232,3 +232,63 @@ def test_relax_names_only_known_rules():
     with pytest.raises(ValueError, match=r"unknown rules.*'no_such_rule'"):
         nki_cpu.simulate(_programs, relax={"no_such_rule"})
     assert "accumulation_groups" in checks.RULES
+
+
+# --- nc_matmul tiling mode: both tile arguments, aligned, inside the PE array -------------------------------------
+def _tiled(tile_position, tile_size, k=32, m=32, **kwargs):
+    """A [k, m] x [k, 8] matmul with the given tiling arguments; returns its result."""
+    stationary = rng(60).standard_normal((k, m)).astype(np.float32)
+    moving = rng(61).standard_normal((k, 8)).astype(np.float32)
+    dst = empty((m, 8), buffer=nl.psum)
+    nisa.nc_matmul(dst, tile(stationary), tile(moving), tile_position=tile_position, tile_size=tile_size, **kwargs)
+    return dst.read(), stationary.T @ moving
+
+
+@pytest.mark.parametrize(
+    ("position", "size", "message"),
+    [
+        ((32, 0), (), r"tile_position \(32, 0\) and tile_size \(\) must both be set"),
+        ((), (32, 32), r"tile_position \(\) and tile_size \(32, 32\) must both be set"),
+        ((16, 0), (32, 32), "tile_position start row 16 must be a multiple of the row size 32"),
+        ((0, 96), (32, 64), r"start column 96 must be a multiple of the column size 64 with start \+ size <= 128"),
+        ((0, 0), (256, 128), "tile_size row size 256 must be in"),
+    ],
+)
+def test_misplaced_pe_tiles_are_rejected(position, size, message):
+    with pytest.raises(AssertionError, match=message):
+        _tiled(position, size)
+
+
+def test_stationary_larger_than_its_tile_is_rejected():
+    with pytest.raises(AssertionError, match=r"stationary \[64, 32\] does not fit tile_size \(32, 128\)"):
+        _tiled((0, 0), (32, 128), k=64)
+
+
+def test_double_row_with_column_tiling_is_rejected():
+    stationary = tile(np.ones((32, 2, 16), np.float32), nl.float8_e4m3)
+    moving = tile(np.ones((32, 2, 8), np.float32), nl.float8_e4m3)
+    with pytest.raises(AssertionError, match="double_row cannot be combined with column tiling"):
+        nisa.nc_matmul(
+            empty((16, 8), buffer=nl.psum),
+            stationary,
+            moving,
+            perf_mode="double_row",
+            tile_position=(0, 64),
+            tile_size=(64, 64),
+        )
+
+
+@pytest.mark.parametrize(
+    ("position", "size"), [((96, 96), (32, 32)), ((64, 0), (64, 128)), ((0, 0), (48, 48)), ((0, 64), (128, 64))]
+)
+def test_documented_pe_tiles_run_with_the_untiled_result(position, size):
+    got, expected = _tiled(position, size)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_relaxed_pe_tiling_warns_and_runs():
+    def misplaced():
+        _tiled((16, 0), (32, 32))
+
+    with pytest.warns(RuntimeWarning, match="start row 16 must be a multiple.*relaxed"):
+        nki_cpu.simulate(misplaced, relax={"pe_tiling"})()

@@ -40,6 +40,7 @@ RULES = frozenset(
         "accumulation_groups",  # at most 8 matmul accumulation groups outstanding
         "lnc_grid",  # kernel[n]: n is the LNC degree, 1 or 2
         "buffer_strings",  # buffers are nl.* objects, not strings (NKI 0.3.0+)
+        "pe_tiling",  # nc_matmul tiling mode: both tile_position and tile_size, aligned, inside the PE array
     }
 )
 

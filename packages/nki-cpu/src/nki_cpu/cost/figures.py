@@ -76,6 +76,8 @@ class Figures:
     dma_efficiency_points: tuple[tuple[int, float], ...] = DMA_EFFICIENCY_POINTS
     dma_queues: int = DMA_QUEUES  # DMA §4.4; queues DMA instructions are assigned to round-robin (scheduler)
     partitions: int = 128  # ARCH §4.1 PE array 128×128, 128 SBUF partitions
+    # Smallest PE tile of nc_matmul's tiling mode (matmuls on disjoint tiles may overlap in time).
+    pe_tile_quantum: int = 32  # ISA §3.3 "Tiling mode" v2.33.0: 4×32 row/column tiles from NeuronCore-v3
 
     def clock(self, engine: Engine) -> float:
         """Return the clock of ``engine`` in GHz (cycles per ns); DMA has none and returns 1.0."""
@@ -116,6 +118,7 @@ PSUM_PER_PARTITION = 16 * KIB  # ARCH/TRN2/TRN3/MIG §4.1 "128 × 16 KiB = 8 ban
 
 TRN1 = Figures(
     name="trn1",
+    pe_tile_quantum=64,  # ISA §3.3 tiling mode: 2×64 row/column tiles on NeuronCore-v2 (4×32 from v3)
     nc_version=2,  # ISA §1.2 nc_version.gen2
     clock_ghz={
         Engine.PE: 2.8,  # ARCH §4.1 TensorE clock

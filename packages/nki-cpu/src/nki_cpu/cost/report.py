@@ -188,8 +188,9 @@ def pe_breakdown(report: CostReport) -> list[PeKindTime]:
         report: an :func:`estimate` result.
 
     Returns:
-        One entry per :class:`PeKind` that ran on the PE track; the busy times add up to
-        ``report.engine_busy_ns["pe"]`` and the shares to 1 (an empty list when no PE instruction ran).
+        One entry per :class:`PeKind` that ran on the PE track; the busy times (summed durations) add up to
+        ``report.engine_busy_ns["pe"]`` — to more when matmuls on disjoint PE tiles ran at the same time, which
+        that figure counts once — and the shares to 1 (an empty list when no PE instruction ran).
 
     Notes:
         To report per unit of work (per chunk, per tile), divide ``count`` and ``busy_ns`` by the number of units.
@@ -229,11 +230,16 @@ def build_report(trace: Trace, figures: Figures, placed: Schedule) -> CostReport
     busy: dict[str, float] = {}
     counts: Counter[str] = Counter()
     dma_intervals: list[tuple[float, float]] = []
+    pe_intervals: list[tuple[float, float]] = []
     for start, end, track in zip(placed.start_ns, placed.end_ns, placed.track, strict=True):
         busy[track] = busy.get(track, 0.0) + (end - start)
         counts[track] += 1
         if track.startswith("dma."):
             dma_intervals.append((start, end))
+        elif track == Engine.PE.value:
+            pe_intervals.append((start, end))
+    if pe_intervals:  # matmuls on disjoint PE tiles overlap: busy is the time at least one runs
+        busy[Engine.PE.value] = _union_length(pe_intervals)
     tracks = sorted(busy, key=_track_order)
     engine_busy = {name: busy[name] for name in tracks if name in COMPUTE_TRACKS}
     engine_counts = {name: counts[name] for name in tracks if name in COMPUTE_TRACKS}

@@ -5,6 +5,13 @@ per DMA queue, each in program order — and (b) the ready time of every earlier
 RAW, WAR or WAW conflict on overlapping :class:`~nki_cpu.cost.record.Region` boxes. The ready time of an
 instruction is its end plus the producing engine's dependency latency (semaphore + pipeline drain; figures).
 
+TensorE tiling (ISA ``nc_matmul`` "Tiling mode", v2.33.0; docs/nki-sources.md §3.3): a matmul recorded with a PE
+tile (``pe_rows`` / ``pe_cols`` attrs) occupies only the cells of the 128×128 array its tile covers, rounded out to
+``figures.pe_tile_quantum``; every other PE instruction occupies the whole array. PE instructions are still issued
+in program order (none starts before the previous one started), but one may run while an earlier one still runs on
+disjoint cells — "multiple nc_matmul instructions … run in parallel" in the doc's words. Each keeps its own
+documented duration (known unknown 21: whether concurrent tiles share an input or output datapath is not stated).
+
 DMA (INFER from DMA §4.4, see COST_MODEL.md "DMA queues and engines"):
 
 - **Queues.** The interpreter records no queue; the scheduler assigns each DMA instruction to one of
@@ -159,6 +166,36 @@ class _EnginePool:
         return k + 1
 
 
+class _PeArray:
+    """Free time of each cell (a ``quantum``-square block) of the PE array, and the start of the last PE instruction."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.quantum = max(1, figures.pe_tile_quantum)
+        self.side = max(1, figures.partitions // self.quantum)
+        self.free = [0.0] * (self.side * self.side)
+        self.last_start = 0.0
+
+    def cells(self, record: InstructionRecord) -> list[int]:
+        """Cells a PE instruction occupies: its recorded tile rounded out to whole cells, else the whole array."""
+        rows, cols = record.attrs.get("pe_rows"), record.attrs.get("pe_cols")
+        if rows is None or cols is None:
+            return list(range(len(self.free)))
+        r0, r1 = rows[0] // self.quantum, -(-rows[1] // self.quantum)
+        c0, c1 = cols[0] // self.quantum, -(-cols[1] // self.quantum)
+        return [r * self.side + c for r in range(r0, min(r1, self.side)) for c in range(c0, min(c1, self.side))]
+
+    def earliest(self, cells: list[int]) -> float:
+        """When all ``cells`` are free and the previous PE instruction has been issued."""
+        return max(self.last_start, max(self.free[c] for c in cells))
+
+    def occupy(self, cells: list[int], start: float, end: float) -> float:
+        """Mark ``cells`` busy until ``end``; returns when the whole array is free."""
+        self.last_start = start
+        for c in cells:
+            self.free[c] = end
+        return max(self.free)
+
+
 class _Conflicts:
     """Recent reader and writer boxes per storage id."""
 
@@ -214,6 +251,7 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
     free: dict[str, float] = {}
     issued: dict[str, float] = {}
     pool = _EnginePool(figures.dma_engines)
+    pe_array = _PeArray(figures)
     queues = max(1, figures.dma_queues)
     dma_seen = 0
     out = Schedule()
@@ -237,12 +275,19 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
             if dma_queues == "round_robin" and dma_seen % queues == 0 and dma_seen >= queues:
                 # every queue has issued: no later transfer can start before the earliest of their issue times
                 pool.prune(min(issued.values()))
+        elif record.engine is Engine.PE:
+            track = track_name(record)
+            cells = pe_array.cells(record)
+            track_free = pe_array.earliest(cells)
+            issue = start = max(deps_ready, track_free)
+            end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
+            end_all = pe_array.occupy(cells, start, end)
         else:
             track = track_name(record)
             track_free = free.get(track, 0.0)
             issue = start = max(deps_ready, track_free)
             end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
-        free[track] = end
+        free[track] = end_all if record.engine is Engine.PE else end
         conflicts.add(record, end + latency_ns.get(record.engine, 0.0))
         out.start_ns.append(start)
         out.end_ns.append(end)

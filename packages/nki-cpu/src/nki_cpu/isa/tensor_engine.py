@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any
 
@@ -44,8 +45,10 @@ def nc_matmul(
         is_transpose: transpose mode: dst = stationaryᵀ bit-exactly (moving must be the [K, K] identity).
         accumulate: False overwrites, True adds, None adds only onto elements an earlier nc_matmul wrote since
             the PSUM tile was allocated (README, known unknown 3).
-        tile_position: PE tiling hint (no numeric effect).
-        tile_size: PE tiling hint; only checked for the stationary fitting in it.
+        tile_position: ``(start_row, start_column)`` of the PE tile this matmul runs on (tiling mode, with
+            ``tile_size``); no numeric effect.
+        tile_size: ``(row_size, column_size)`` of that tile; the stationary [K, M] must fit (K ≤ row_size,
+            M ≤ column_size).
         perf_mode: ``'double_row'``: fp8 inputs [K, 2, M] / [K, 2, N], contraction over K×2.
         name: debug label.
 
@@ -54,6 +57,10 @@ def nc_matmul(
 
     Notes:
         Operands are multiplied at their stored precision (converted exactly to fp32) and accumulated in fp32.
+        Tiling mode (``tile_position`` and ``tile_size`` both set) runs the matmul on a sub-rectangle of the
+        128×128 PE array; matmuls on disjoint tiles may run at the same time (ISA ``nc_matmul``, "Tiling mode",
+        v2.33.0). The record carries the tile as ``pe_rows`` / ``pe_cols`` for the cost model; the result is the
+        same as untiled (README, known unknown 17).
     """
     instr = "nc_matmul"
     stationary = checks.compute_operand(instr, "stationary", stationary, checks.SBUF_ONLY)
@@ -90,10 +97,7 @@ def nc_matmul(
         checks.fail(f"{instr} dst partition dimension {dst.shape[0]} does not match stationary free size {m}")
     if dst.free_elems != n:
         checks.fail(f"{instr} dst elements per partition {dst.free_elems} do not match moving free size {n}")
-    if tile_size and tile_position:
-        rows, cols = tile_size
-        if k > rows or m > cols:
-            checks.fail(f"{instr} stationary [{k}, {m}] does not fit tile_size {tuple(tile_size)}")
+    pe_tile = pe_tiling(instr, k, m, tile_position, tile_size, double_row)
     checks.psum_bank(instr, "dst", dst)
     if is_transpose:
         if mv.shape != (k, k):
@@ -126,12 +130,62 @@ def nc_matmul(
         "onezero": bool(is_stationary_onezero or is_moving_onezero),
         "accumulate": accumulate,
         "double_row": double_row,
+        **pe_tile,
     }
     # the PE tiling, recorded only when set (cost reports group instructions by it)
     attrs.update(
         {key: tuple(value) for key, value in (("tile_position", tile_position), ("tile_size", tile_size)) if value}
     )
     return emit(instr, Engine.PE, dst, [stationary, moving], partitions=k, free_elems=n, attrs=attrs)
+
+
+def pe_tiling(instr: str, k: int, m: int, tile_position: Any, tile_size: Any, double_row: bool) -> dict[str, Any]:
+    """Check a tiling-mode request and return the PE tile as record attrs (``{}`` for the whole array).
+
+    The documented rules (ISA ``nki.isa.nc_matmul``, "Tiling mode" and "Tile size", v2.33.0; docs/nki-sources.md
+    §3.3): ``tile_position`` and ``tile_size`` must both be set to enable tiling mode; ``start_row`` is a multiple
+    of ``row_size`` and the tile stays inside the 128 PE rows, the same for columns; the stationary [K, M] fits
+    (K ≤ row_size, M ≤ column_size); ``double_row`` cannot be combined with column tiling. Sizes other than
+    32/64/128 are accepted (known unknown 17); the cost model rounds a tile out to the generation's smallest tile.
+    """
+    if not tile_position and not tile_size:
+        return {}
+    if not tile_position or not tile_size:
+        checks.rule(
+            "pe_tiling",
+            f"{instr} tile_position {tuple(tile_position)} and tile_size {tuple(tile_size)} must both be set to "
+            "enable tiling mode (or both left empty for the whole PE array)",
+        )
+        return {}
+    position, size = _pair(instr, "tile_position", tile_position), _pair(instr, "tile_size", tile_size)
+    pe = checks.PMAX
+    for axis, start, extent in (("row", position[0], size[0]), ("column", position[1], size[1])):
+        if not 0 < extent <= pe:
+            checks.rule("pe_tiling", f"{instr} tile_size {axis} size {extent} must be in [1, {pe}]")
+        elif start < 0 or start % extent or start + extent > pe:
+            checks.rule(
+                "pe_tiling",
+                f"{instr} tile_position start {axis} {start} must be a multiple of the {axis} size {extent} with "
+                f"start + size <= {pe}",
+            )
+    if k > size[0] or m > size[1]:
+        checks.fail(f"{instr} stationary [{k}, {m}] does not fit tile_size {size}")
+    if double_row and size[1] < pe:
+        checks.rule("pe_tiling", f"{instr} perf_mode double_row cannot be combined with column tiling {size}")
+    return {
+        "pe_rows": (position[0], min(pe, position[0] + size[0])),
+        "pe_cols": (position[1], min(pe, position[1] + size[1])),
+    }
+
+
+def _pair(instr: str, name: str, value: Any) -> tuple[int, int]:
+    """A 2-tuple of integers (ints, numpy integers or registers: anything with ``__index__``)."""
+    try:
+        first, second = value
+        return operator.index(first), operator.index(second)
+    except (TypeError, ValueError):
+        checks.fail(f"{instr} {name} must be a pair of integers, got {value!r}")
+        raise AssertionError from None  # unreachable
 
 
 def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
