@@ -288,6 +288,7 @@ def pe_kinds(report: CostReport, chunks: int) -> list[dict[str, Any]]:
             "count": entry.count,
             "per_chunk": entry.count / chunks,
             "us_per_chunk": entry.busy_ns / 1e3 / chunks,
+            "instruction_us_per_chunk": entry.duration_ns / 1e3 / chunks,
             "share": entry.share,
         }
         for entry in report.pe_breakdown()
@@ -696,12 +697,13 @@ def pe_breakdown_tables(rows: list[Row]) -> str:
             f"{r.pe_busy_us:.1f} µs ({r.busy_share['pe']:.0%}), **{r.pe_us_per_chunk:.3f} µs of PE time per chunk**"
         )
         lines = [
-            "| instructions per chunk | PE µs per chunk | share of PE time | instruction kind |",
-            "|---:|---:|---:|---|",
+            "| instructions per chunk | PE µs per chunk | share of PE time | instruction µs per chunk | instruction kind |",
+            "|---:|---:|---:|---:|---|",
         ]
         for kind in r.pe_kinds:
             lines.append(
-                f"| {kind['per_chunk']:.2f} | {kind['us_per_chunk']:.3f} | {kind['share']:.1%} | `{kind['kind']}` |"
+                f"| {kind['per_chunk']:.2f} | {kind['us_per_chunk']:.3f} | {kind['share']:.1%} | "
+                f"{kind['instruction_us_per_chunk']:.3f} | `{kind['kind']}` |"
             )
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
@@ -768,7 +770,9 @@ def markdown(
             f"## Where the PE time goes: one lane, S = {TRACE_SEQ_LEN}",
             "PE busy time grouped by instruction kind (nki-cpu's `CostReport.pe_breakdown`: opcode, operand dtype, "
             "transpose, stationary [K, M] and moving [K, N] sizes, speed hints and tile_position when set), per "
-            "chunk of the launch and as a share of the PE busy time.",
+            "chunk of the launch and as a share of the PE busy time. Matmuls on disjoint PE tiles can run at the "
+            "same time: PE µs counts each instant of PE busy time once, split evenly among the instructions running "
+            "then; instruction µs is their durations summed (larger where a kind ran beside others).",
             pe_breakdown_tables(rows),
         ]
     long_part = []

@@ -63,6 +63,7 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         if row["seq_len"] == 2048:  # the PE breakdown adds up to the PE time per chunk
             assert sum(kind["us_per_chunk"] for kind in row["pe_kinds"]) == pytest.approx(row["pe_us_per_chunk"])
             assert sum(kind["share"] for kind in row["pe_kinds"]) == pytest.approx(1.0)
+            assert all(k["instruction_us_per_chunk"] >= k["us_per_chunk"] * (1 - 1e-9) for k in row["pe_kinds"])
         else:
             assert row["pe_kinds"] == []
     for target in data["targets"]:

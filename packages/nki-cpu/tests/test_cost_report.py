@@ -223,23 +223,46 @@ def test_pe_breakdown_without_pe_work_is_empty():
     assert estimate(Trace()).pe_breakdown() == []
 
 
+def tiled(j: int) -> InstructionRecord:
+    """A 32x32x32 bf16 matmul on the j-th diagonal 32x32 tile of the PE array."""
+    attrs = {
+        "stationary_free": 32,
+        "moving_free": 32,
+        "fp32": False,
+        "pe_rows": (32 * j, 32 * j + 32),
+        "pe_cols": (32 * j, 32 * j + 32),
+    }
+    write = Region(j, "psum", (0, 32), (0, 128))
+    return InstructionRecord(
+        "nc_matmul", Engine.PE, 32, 32, ("bfloat16",) * 2 + ("float32",), 0, (), (write,), attrs=attrs
+    )
+
+
+NO_LATENCY = dataclasses.replace(TRN2, dependency_latency_cycles=dict.fromkeys(Engine, 0))
+
+
 def test_pe_busy_counts_concurrent_tiles_once():
     """Matmuls on disjoint PE tiles overlap in time: the PE is busy for one tile's duration, not the sum."""
-
-    def tiled(j):
-        attrs = {
-            "stationary_free": 32,
-            "moving_free": 32,
-            "fp32": False,
-            "pe_rows": (32 * j, 32 * j + 32),
-            "pe_cols": (32 * j, 32 * j + 32),
-        }
-        write = Region(j, "psum", (0, 32), (0, 128))
-        return InstructionRecord(
-            "nc_matmul", Engine.PE, 32, 32, ("bfloat16",) * 2 + ("float32",), 0, (), (write,), attrs=attrs
-        )
-
-    figures = dataclasses.replace(TRN2, dependency_latency_cycles=dict.fromkeys(Engine, 0))
-    report = estimate(Trace([tiled(j) for j in range(4)]), figures=figures)
+    report = estimate(Trace([tiled(j) for j in range(4)]), figures=NO_LATENCY)
     assert report.engine_busy_ns["pe"] == pytest.approx(report.makespan_ns)
     assert report.makespan_ns == pytest.approx(32 / 2.4)
+
+
+def test_concurrent_pe_time_is_split_evenly_among_the_instructions_running():
+    from nki_cpu.cost.report import _split_among_concurrent
+
+    # 0 runs alone for 2 ns, beside 1 for 2 ns, then 1 alone for 2 ns; 2 starts as 1 ends; 3 lies inside 1
+    parts = _split_among_concurrent({0: (0.0, 4.0), 1: (2.0, 6.0), 2: (6.0, 7.0), 3: (4.0, 5.0)})
+    assert parts == pytest.approx({0: 2.0 + 1.0, 1: 1.0 + 0.5 + 1.0, 2: 1.0, 3: 0.5})
+    assert sum(parts.values()) == pytest.approx(7.0)  # the union
+
+
+def test_pe_breakdown_counts_concurrent_tiles_once():
+    # four tiled matmuls side by side, then a full-array one: the kinds' busy times add up to the PE busy time
+    full = pe_record("nc_matmul", BF16, 128, 128, sid=50)
+    report = estimate(trace_of([*(tiled(j) for j in range(4)), full]), figures=NO_LATENCY)
+    tiles, whole = sorted(report.pe_breakdown(), key=lambda row: row.count, reverse=True)
+    assert tiles.count == 4 and whole.count == 1
+    assert tiles.duration_ns == pytest.approx(4 * tiles.busy_ns)  # each ran beside three others
+    assert tiles.busy_ns == pytest.approx(32 / 2.4) and whole.busy_ns == pytest.approx(whole.duration_ns)
+    assert tiles.busy_ns + whole.busy_ns == pytest.approx(report.engine_busy_ns["pe"])

@@ -177,7 +177,8 @@ class PeKindTime:
 
     kind: PeKind
     count: int  # instructions of this kind (dynamic count)
-    busy_ns: float  # their summed scheduled durations
+    busy_ns: float  # its part of the PE busy time (time shared with concurrent PE tiles split evenly)
+    duration_ns: float  # its instructions' summed durations (more than busy_ns when they ran beside others)
     share: float  # busy_ns as a fraction of the launch's PE busy time
 
 
@@ -188,26 +189,51 @@ def pe_breakdown(report: CostReport) -> list[PeKindTime]:
         report: an :func:`estimate` result.
 
     Returns:
-        One entry per :class:`PeKind` that ran on the PE track; the busy times (summed durations) add up to
-        ``report.engine_busy_ns["pe"]`` — to more when matmuls on disjoint PE tiles ran at the same time, which
-        that figure counts once — and the shares to 1 (an empty list when no PE instruction ran).
+        One entry per :class:`PeKind` that ran on the PE track; the busy times add up to
+        ``report.engine_busy_ns["pe"]`` and the shares to 1 (an empty list when no PE instruction ran).
 
     Notes:
-        To report per unit of work (per chunk, per tile), divide ``count`` and ``busy_ns`` by the number of units.
+        Matmuls on disjoint PE tiles can run at the same time (``nc_matmul`` tiling mode): every instant of PE
+        busy time is split evenly among the instructions running then, so a kind's ``busy_ns`` is what it adds
+        to the PE's busy time and ``duration_ns`` what its instructions would take one after another. To report
+        per unit of work (per chunk, per tile), divide ``count`` and the times by the number of units.
     """
     placed = report.schedule
-    counts: Counter[PeKind] = Counter()
-    busy: dict[PeKind, float] = {}
-    for record in report.trace.records:
-        i = record.index
-        if placed.track[i] != PE_TRACK:
-            continue
-        kind = PeKind.of(record)
-        counts[kind] += 1
-        busy[kind] = busy.get(kind, 0.0) + (placed.end_ns[i] - placed.start_ns[i])
+    kinds = {
+        record.index: PeKind.of(record) for record in report.trace.records if placed.track[record.index] == PE_TRACK
+    }
+    counts: Counter[PeKind] = Counter(kinds.values())
+    busy: dict[PeKind, float] = dict.fromkeys(counts, 0.0)
+    duration: dict[PeKind, float] = dict.fromkeys(counts, 0.0)
+    attributed = _split_among_concurrent({i: (placed.start_ns[i], placed.end_ns[i]) for i in kinds})
+    for i, kind in kinds.items():
+        busy[kind] += attributed[i]
+        duration[kind] += placed.end_ns[i] - placed.start_ns[i]
     total = sum(busy.values()) or 1.0
-    ranked = sorted(busy, key=lambda kind: (-busy[kind], str(kind)))
-    return [PeKindTime(kind, counts[kind], busy[kind], busy[kind] / total) for kind in ranked]
+    ranked = sorted(counts, key=lambda kind: (-busy[kind], str(kind)))
+    return [PeKindTime(kind, counts[kind], busy[kind], duration[kind], busy[kind] / total) for kind in ranked]
+
+
+def _split_among_concurrent(intervals: dict[int, tuple[float, float]]) -> dict[int, float]:
+    """Each interval's part of their union: every instant goes in equal parts to the intervals covering it."""
+    events = sorted(
+        [(start, 1, key) for key, (start, _) in intervals.items()]
+        + [(end, 0, key) for key, (_, end) in intervals.items()]
+    )  # at equal times ends (0) come before starts (1)
+    part = dict.fromkeys(intervals, 0.0)
+    active: set[int] = set()
+    previous = 0.0
+    for time, starts, key in events:
+        if active and time > previous:
+            each = (time - previous) / len(active)
+            for running in active:
+                part[running] += each
+        previous = time
+        if starts:
+            active.add(key)
+        else:
+            active.discard(key)
+    return part
 
 
 def _track_order(name: str) -> tuple[int, int]:
