@@ -813,7 +813,7 @@ def markdown(
     return "\n\n".join(
         [
             "# gdn_cte kernel: cost-model estimates",
-            f"nki-cpu cost model, {target_name} figures; backend {gdn_nki.BACKEND_NAME}; bf16, Dk = Dv = 128, B = 1, "
+            f"nki-cpu cost model, {target_name} figures; backend {gdn_nki.BACKEND_NAME}; Dk = Dv = 128, B = 1, "
             f"group_size = {gdn_nki.DEFAULT_GROUP_SIZE}. One program (one NeuronCore); tokens/s = S·lanes / "
             "estimated time. Engine columns: busy time as a share of the makespan (PE = tensor engine, DVE = "
             "vector, ACT = scalar, POOL = GpSimd, DMA = any queue transferring). Qwen-like = TP-sharded "
