@@ -1,8 +1,9 @@
-"""Compiled loops (``nl.fori_loop``, ``nl.dynamic_range``): one body in the program, every iteration executed.
+"""Compiled loops (``nl.fori_loop``): one body in the program, traced once, every iteration executed.
 
 The static count (what the program holds) counts a compiled loop's body once; the dynamic count (the trace) every
 executed instruction. Unrolled loops (Python ``range`` and the deprecated ``affine_range``/``sequential_range``)
-count every iteration in both. A body whose instructions depend on the iteration is rejected.
+count every iteration in both. A body whose instructions or tiles depend on the iteration, or that reads a tile an
+earlier iteration allocated, is rejected: the real tracer runs the body's Python once (NKI 0.7, SDK 2.33).
 """
 
 from __future__ import annotations
@@ -18,13 +19,23 @@ from nki_cpu.cost import estimate
 ROWS, COLS, TILES = 128, 64, 5
 
 
+def _tile(hbm, index):
+    """HBM tile ``index`` of a [TILES, ROWS, COLS] tensor, addressed by the run-time iteration value."""
+    return hbm.ap(pattern=[[COLS, ROWS], [1, COLS]], scalar_offset=index, indirect_dim=0)
+
+
+def _loaded(x, index):
+    """A fresh SBUF tile holding x's tile ``index``."""
+    t = nl.ndarray((ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=_tile(x, index))
+    return t
+
+
 def _scale_tiles(x, out, index) -> None:
     """The loop body: out[tile index] = 2 · x[tile index]; the index only offsets the HBM accesses."""
-    rows = x.ap(pattern=[[COLS, ROWS], [1, COLS]], scalar_offset=index, indirect_dim=0)
-    t = nl.ndarray((ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=rows)
+    t = _loaded(x, index)
     nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
-    nisa.dma_copy(dst=out.ap(pattern=[[COLS, ROWS], [1, COLS]], scalar_offset=index, indirect_dim=0), src=t)
+    nisa.dma_copy(dst=_tile(out, index), src=t)
 
 
 @nki_cpu.jit
@@ -35,10 +46,17 @@ def doubled_fori(x):
 
 
 @nki_cpu.jit
-def doubled_dynamic_range(x):
+def doubled_fori_ds(x):
+    """The same body addressing HBM with nl.ds(i, 1) on the tile axis, the iteration value stepped by 1."""
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    for i in nl.dynamic_range(x.shape[0]):
-        _scale_tiles(x, out, i)
+
+    def body(i):
+        t = nl.ndarray((1, ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[nl.ds(i, 1)])
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+        nisa.dma_copy(dst=out[nl.ds(i, 1)], src=t)
+
+    nl.fori_loop(0, x.shape[0], body)
     return out
 
 
@@ -54,9 +72,12 @@ def doubled_sequential_range(x):
 def body_depends_on_iteration(x):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
 
+    calls = []
+
     def body(i):
         _scale_tiles(x, out, i)
-        if int(i) == 2:  # Python control flow on the index: not expressible as one compiled body
+        calls.append(i)
+        if len(calls) == 3:  # Python state that changes per iteration: the tracer would run this body once
             _scale_tiles(x, out, i)
 
     nl.fori_loop(0, x.shape[0], body)
@@ -66,12 +87,8 @@ def body_depends_on_iteration(x):
 @nki_cpu.jit
 def nested_then_straight(x):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    for _ in nl.dynamic_range(2):
-        for i in nl.dynamic_range(x.shape[0]):
-            _scale_tiles(x, out, i)
-    for i in nl.dynamic_range(x.shape[0]):
-        _scale_tiles(x, out, i)
-        break  # leaving a compiled loop early ends its repeats
+    nl.fori_loop(0, 2, lambda _: nl.fori_loop(0, x.shape[0], lambda i: _scale_tiles(x, out, i)))
+    nl.fori_loop(0, 1, lambda i: _scale_tiles(x, out, i))
     _scale_tiles(x, out, 0)
     return out
 
@@ -83,7 +100,7 @@ def _input() -> np.ndarray:
 BODY = 3  # load, multiply, store
 
 
-@pytest.mark.parametrize("kernel", [doubled_fori, doubled_dynamic_range], ids=["fori_loop", "dynamic_range"])
+@pytest.mark.parametrize("kernel", [doubled_fori, doubled_fori_ds], ids=["ap_scalar_offset", "ds"])
 def test_compiled_loop_runs_every_iteration_and_holds_its_body_once(kernel) -> None:
     x = _input()
     np.testing.assert_array_equal(nki_cpu.simulate(kernel)(x), 2 * x)
@@ -115,7 +132,7 @@ def test_nested_loops_and_an_early_break_count_each_body_once() -> None:
     nki_cpu.simulate(nested_then_straight)(x)
     trace = nki_cpu.last_trace()
     assert len(trace.records) == (2 * TILES + 1 + 1) * BODY
-    # the nested body once, the broken loop's one iteration, and the straight-line tail
+    # the nested body once, the one-iteration loop's body, and the straight-line tail
     assert trace.static_instructions == 3 * BODY
     assert not trace.records[-1].repeat
 
@@ -140,3 +157,132 @@ def test_liveness_high_water_counts_a_tile_from_its_first_to_its_last_use() -> N
     assert trace.sbuf_high_water == 2 * tile_bytes, "Python references keep both tiles"
     assert trace.liveness_high_water("sbuf") == tile_bytes, "their uses do not overlap"
     assert trace.liveness_high_water("psum") == 0
+
+
+# --- what a body traced once can and cannot do ---------------------------------------------------------------------
+@nki_cpu.jit
+def running_sum(x):
+    """out[i] = x[0] + … + x[i]: the running sum crosses iterations in a tile allocated before the loop."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    total = nl.ndarray((ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=total, value=0.0)
+
+    def body(i):
+        nisa.tensor_tensor(dst=total, data1=total, data2=_loaded(x, i), op=nl.add)
+        nisa.dma_copy(dst=_tile(out, i), src=total)
+
+    nl.fori_loop(0, x.shape[0], body)
+    return out
+
+
+@nki_cpu.jit
+def running_sum_in_a_body_tile(x):
+    """The same sum carried in a tile the previous iteration allocated: wrong on hardware (one allocation)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    carried = []
+
+    def body(i):
+        t = _loaded(x, i)
+        if carried:
+            nisa.tensor_tensor(dst=t, data1=t, data2=carried.pop(), op=nl.add)
+        carried.append(t)
+
+    nl.fori_loop(0, x.shape[0], body)
+    nisa.dma_copy(dst=out[0], src=carried[0])
+    return out
+
+
+@nki_cpu.jit
+def reads_an_early_iteration_after_the_loop(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    made = []
+
+    def body(i):
+        made.append(_loaded(x, i))
+
+    nl.fori_loop(0, x.shape[0], body)
+    nisa.dma_copy(dst=out[1], src=made[-1])  # the last iteration's tile: what the program holds after the loop
+    nisa.dma_copy(dst=out[0], src=made[0])
+    return out
+
+
+@nki_cpu.jit
+def rotates_tiles_by_python_state(x):
+    """Two pre-loop tiles used alternately by a Python counter: one traced body would use one of them."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    slots = [nl.ndarray((ROWS, COLS), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
+    calls = []
+
+    def body(i):
+        t = slots[len(calls) % 2]
+        calls.append(i)
+        nisa.dma_copy(dst=t, src=_tile(x, i))
+        nisa.dma_copy(dst=_tile(out, i), src=t)
+
+    nl.fori_loop(0, x.shape[0], body)
+    return out
+
+
+def test_a_value_carried_in_a_tile_allocated_before_the_loop_crosses_iterations() -> None:
+    x = _input()
+    np.testing.assert_allclose(nki_cpu.simulate(running_sum)(x), np.cumsum(x, axis=0), rtol=1e-6)
+    assert nki_cpu.last_trace().static_instructions == 1 + 3
+
+
+def test_reading_a_tile_an_earlier_iteration_allocated_is_rejected() -> None:
+    with pytest.raises(AssertionError, match=r"tensor_tensor: touches a tile allocated in iteration 0 .* iteration 1"):
+        nki_cpu.simulate(running_sum_in_a_body_tile)(_input())
+
+
+def test_after_the_loop_only_the_last_iterations_tiles_are_readable() -> None:
+    with pytest.raises(
+        AssertionError, match=r"allocated in iteration 0 of a compiled loop that ended after iteration 4"
+    ):
+        nki_cpu.simulate(reads_an_early_iteration_after_the_loop)(_input())
+
+
+def test_a_body_choosing_tiles_by_python_state_is_rejected() -> None:
+    with pytest.raises(
+        AssertionError, match=r"fori_loop body: iteration 1 issued 2 instructions, .* differ at instruction 0"
+    ):
+        nki_cpu.simulate(rotates_tiles_by_python_state)(_input())
+
+
+def test_the_iteration_value_is_a_run_time_scalar() -> None:
+    """Arithmetic is traced (here: evaluated) and stays a scalar; Python cannot read it, index with it or branch on
+    it; loop bounds must be 32-bit (nki.isa.NkiScalar, nki.language.fori_loop, SDK 2.33)."""
+    seen = []
+
+    def body(i):
+        assert isinstance(i, nisa.NkiScalar)
+        j = 3 * (i + 1) - 2
+        seen.append(nl.ds(j, 4).as_slice())
+        for use in (int, bool, lambda v: [0, 1][v]):
+            with pytest.raises(TypeError, match="NkiScalar"):
+                use(i)
+        with pytest.raises(TypeError, match="cannot be used"):
+            bool(i < 3)
+
+    nl.fori_loop(0, 2, body)
+    assert seen == [slice(1, 5), slice(4, 8)]
+    assert (nisa.NkiScalar(2**31 - 1) + 1).value == -(2**31), "32-bit arithmetic wraps"
+    with pytest.raises(TypeError, match="must be 32-bit"):
+        nl.fori_loop(0, nisa.NkiScalar(4, "int64"), lambda i: None)
+    with pytest.raises(TypeError, match="positive trace-time int"):
+        nl.fori_loop(0, 4, lambda i: None, step=0)
+    assert not hasattr(nl, "dynamic_range"), "removed in NKI 0.7.0 (SDK 2.33)"
+
+
+def test_scalar_load_and_store_round_trip_at_the_tiles_width() -> None:
+    tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=7)
+    scalar = nisa.scalar_load(tile) * 4 + 1
+    out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.scalar_store(out, scalar)
+    assert int(out.read()[0, 0]) == 29
+    with pytest.raises(TypeError, match="1x1 int32 or int64"):
+        nisa.scalar_load(nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf))
+    with pytest.raises(TypeError, match="must be an NkiScalar"):
+        nisa.scalar_store(out, 29)
+    with pytest.raises(TypeError, match="1x1 int32 tile"):
+        nisa.scalar_store(nl.ndarray((1, 1), dtype=nl.int64, buffer=nl.sbuf), scalar)

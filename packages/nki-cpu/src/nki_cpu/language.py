@@ -102,6 +102,7 @@ from nki_cpu.opcodes import (
     tanh,
     trunc,
 )
+from nki_cpu.scalar import NkiScalar, runtime_value
 from nki_cpu.tensor import DynamicSlice, MemoryRegion, NkiTensor, allocate
 
 bool = bool_
@@ -139,8 +140,12 @@ class NKIObject:
     """Base class for user dataclasses passed into kernels (no behaviour)."""
 
 
-def ds(start: int, size: int) -> DynamicSlice:
-    """The slice ``start : start + size`` (``nl.ds``)."""
+def ds(start: Any, size: int) -> DynamicSlice:
+    """The slice ``start : start + size`` (``nl.ds``): ``size`` a trace-time int, ``start`` an int or a run-time
+    value (``NkiScalar``, ``VirtualRegister``, 1x1 tensor), e.g. a ``fori_loop`` iteration value (nki.language.ds,
+    SDK 2.33)."""
+    if not isinstance(size, builtins.int) or isinstance(size, builtins.bool):
+        raise TypeError(f"nl.ds: size must be a trace-time int (the access pattern needs a static count), got {size!r}")
     return DynamicSlice(start, size)
 
 
@@ -290,18 +295,23 @@ static_range = affine_range
 range = affine_range
 
 
-def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> Iterator[int]:
-    """Compiled loop over ``range(start, stop, step)`` (bounds may be registers): one body in the program, its
-    later iterations recorded as repeats (see :mod:`nki_cpu.loops`)."""
-    bounds = (start,) if stop is None else (start, stop, step)
-    return loops.compiled_iterations(affine_range(*bounds), "dynamic_range")
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
+    """Compiled loop: ``body_fun(i)`` for i in range(lower, upper, step), one body in the program, its later
+    iterations recorded as repeats (see :mod:`nki_cpu.loops`).
 
-
-def fori_loop(lower: int, upper: int, body_fun: Callable[[VirtualRegister], Any], step: int = 1) -> None:
-    """Compiled loop: ``body_fun(VirtualRegister(i))`` for i in range(lower, upper, step), one body in the program,
-    its later iterations recorded as repeats (see :mod:`nki_cpu.loops`)."""
-    for i in loops.compiled_iterations(affine_range(lower, upper, step), "fori_loop"):
-        body_fun(VirtualRegister(i))
+    As in NKI 0.7 (nki.language.fori_loop, SDK 2.33), ``i`` is an ``NkiScalar`` (a ``VirtualRegister`` when a bound
+    is one): usable as an offset and in +, -, * arithmetic, never as a Python int. Bounds are ints, registers or
+    32-bit scalars; ``step`` is a positive trace-time int.
+    """
+    if not isinstance(step, builtins.int) or isinstance(step, builtins.bool) or step <= 0:
+        raise TypeError(f"fori_loop: step must be a positive trace-time int, got {step!r}")
+    for name, bound in (("lower", lower), ("upper", upper)):
+        if isinstance(bound, NkiScalar) and bound.dtype != "int32":
+            raise TypeError(f"fori_loop: {name} is a {bound.dtype} scalar; a loop bound must be 32-bit")
+    as_register = any(isinstance(bound, VirtualRegister) for bound in (lower, upper))
+    values = builtins.range(runtime_value(lower), runtime_value(upper), step)
+    for i in loops.compiled_iterations(values, "fori_loop"):
+        body_fun(VirtualRegister(i) if as_register else NkiScalar(i))
 
 
 def while_loop(init_reg: Any, body_fun: Callable[[Any], Any]) -> None:
@@ -596,7 +606,6 @@ __all__ = [
     "divide",
     "dropout",
     "ds",
-    "dynamic_range",
     "empty_like",
     "equal",
     "erf",

@@ -56,6 +56,12 @@ class Launch:
     # Compiled loops currently past their first iteration: their instructions repeat the loop's body
     # (``nki_cpu.loops``) instead of adding to the program.
     loop_repeats: int = 0
+    # Compiled loops being run, innermost last (``nki_cpu.loops.LoopFrame``), and the on-chip allocations made
+    # inside their bodies: storage id -> ((loop id, iteration), ...) of every loop running at the allocation.
+    loops: list[Any] = field(default_factory=list)
+    body_allocations: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # Compiled loops that have ended: loop id -> index of their last iteration.
+    ended_loops: dict[int, int] = field(default_factory=dict)
 
     def accumulator(self, engine: str) -> np.ndarray:
         """The per-lane fp32 accumulator registers of ``engine`` (``"vector"`` or ``"scalar"``), 128 lanes."""
@@ -68,6 +74,10 @@ class Launch:
         iterations)."""
         if self.loop_repeats:
             rec.repeat = True
+        if self.body_allocations:
+            from nki_cpu import loops  # late: loops imports this module
+
+            loops.check_body_tiles(self, rec)
         self.trace.append(rec)
         return rec
 
@@ -95,10 +105,15 @@ class Launch:
             self.trace.psum_high_water = live[buffer]
         owner.release = (self, buffer, bytes_per_partition)
         self.trace.allocations[owner.id] = (buffer, bytes_per_partition)
+        if self.loops:
+            self.body_allocations[owner.id] = tuple((frame.id, frame.iteration) for frame in self.loops)
+            for frame in self.loops:
+                frame.allocated(owner.id)
 
-    def free(self, buffer: str, nbytes: int) -> None:
+    def free(self, buffer: str, nbytes: int, storage_id: int = 0) -> None:
         """Return ``nbytes`` per partition of ``buffer`` (called when an allocation is garbage-collected)."""
         self.live[buffer] -= nbytes
+        self.body_allocations.pop(storage_id, None)
 
 
 _local = threading.local()

@@ -18,6 +18,7 @@ import numpy as np
 
 from nki_cpu import dtypes, state
 from nki_cpu.cost.record import Region
+from nki_cpu.scalar import runtime_value
 
 
 class MemoryRegion(str, enum.Enum):
@@ -46,12 +47,13 @@ class MemoryRegion(str, enum.Enum):
 class DynamicSlice:
     """``nl.ds(start, size)``: the window ``start : start + size`` of one dimension."""
 
-    start: int
+    start: Any  # an int, or a run-time value (NkiScalar, VirtualRegister, 1x1 tensor) read when the view is made
     size: int
 
     def as_slice(self) -> slice:
-        """The equivalent Python slice."""
-        return slice(self.start, self.start + self.size)
+        """The equivalent Python slice (a run-time start at its current value)."""
+        start = _scalar_value(self.start)
+        return slice(start, start + self.size)
 
 
 class Storage:
@@ -100,7 +102,7 @@ class Storage:
     def __del__(self) -> None:
         release = self.release
         if release is not None:
-            release[0].free(release[1], release[2])
+            release[0].free(release[1], release[2], self.id)
 
     def written_flags(self) -> np.ndarray:
         """The per-word 'written by nc_matmul since allocation' flags (created on first use)."""
@@ -434,11 +436,9 @@ class NkiTensor:
         last_dropped_stride = 1
         for dim, (k, n, s) in enumerate(zip(key, self.shape, self.strides, strict=True)):
             if isinstance(k, DynamicSlice):
-                if not isinstance(k.start, (int, np.integer)):
-                    raise NotImplementedError("nki-cpu: nl.ds with a runtime start is not supported")
-                if k.start < 0 or k.start + k.size > n:
-                    raise IndexError(f"nl.ds({k.start}, {k.size}) out of range for dim {dim} of size {n}")
                 k = k.as_slice()
+                if k.start < 0 or k.stop > n:
+                    raise IndexError(f"nl.ds({k.start}, {k.stop - k.start}) out of range for dim {dim} of size {n}")
             if isinstance(k, slice):
                 start, stop, step = k.indices(n)
                 count = len(range(start, stop, step))
@@ -632,9 +632,7 @@ class NkiTensor:
 def _scalar_value(value: Any) -> int:
     if isinstance(value, NkiTensor):
         return int(value.read().reshape(-1)[0])
-    if hasattr(value, "value"):
-        return int(value.value)
-    return int(value)
+    return runtime_value(value)
 
 
 def _reshape_strides(

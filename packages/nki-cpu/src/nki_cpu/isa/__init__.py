@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from nki_cpu.isa.activations import activation, activation_reduce, exponential
 from nki_cpu.isa.dma import dma_compute, dma_copy, dma_transpose
@@ -37,6 +40,7 @@ from nki_cpu.isa.reductions import (
 )
 from nki_cpu.isa.select_move import memset, nc_stream_shuffle, range_select, select_reduce, tensor_copy_predicated
 from nki_cpu.isa.tensor_engine import nc_matmul, nc_transpose
+from nki_cpu.scalar import NkiScalar
 from nki_cpu.tensor import NkiTensor
 
 # The submodule import above bound ``isa.tensor_engine`` to the module; the NKI name is the engine constant.
@@ -62,9 +66,29 @@ def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
 
 def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
     """Store a register into a 1x1 tensor."""
-    import numpy as np
-
     dst.write(np.full(dst.shape, int(src), dtype=np.int64))
+
+
+def scalar_load(src: NkiTensor) -> NkiScalar:
+    """Read a 1x1 ``nl.int32`` / ``nl.int64`` tile into a run-time scalar of the tile's width (SDK 2.33)."""
+    if src.dtype.name not in ("int32", "int64") or math.prod(src.shape) != 1:
+        raise TypeError(
+            f"scalar_load: src must be a 1x1 int32 or int64 tile, got {src.dtype.name} {tuple(src.shape)}. Fix: "
+            "load from a [1, 1] nl.int32 (or nl.int64) tile"
+        )
+    return NkiScalar(int(src.read().reshape(-1)[0]), src.dtype.name)
+
+
+def scalar_store(dst: NkiTensor, value: NkiScalar) -> None:
+    """Write a run-time scalar to a 1x1 tile of the same width (SDK 2.33: a Python int is not accepted)."""
+    if not isinstance(value, NkiScalar):
+        raise TypeError(f"scalar_store: value must be an NkiScalar, got {value!r}. Fix: nisa.memset for a constant")
+    if dst.dtype.name != value.dtype or math.prod(dst.shape) != 1:
+        raise TypeError(
+            f"scalar_store: dst must be a 1x1 {value.dtype} tile (the scalar's width), got {dst.dtype.name} "
+            f"{tuple(dst.shape)}"
+        )
+    dst.write(np.full(dst.shape, value.value, dtype=dst.dtype))
 
 
 def core_barrier(data: Any = None, cores: Any = (0, 1), engine: Any = engine.gpsimd, name: str | None = None) -> None:
@@ -78,6 +102,7 @@ def sendrecv(*args: Any, **kwargs: Any) -> None:
 
 __all__ = [
     "NkiInstruction",
+    "NkiScalar",
     "NkiValidationError",
     "VirtualRegister",
     "activation",
@@ -112,6 +137,8 @@ __all__ = [
     "register_move",
     "register_store",
     "scalar_engine",
+    "scalar_load",
+    "scalar_store",
     "scalar_tensor_tensor",
     "select_reduce",
     "sendrecv",
