@@ -161,12 +161,12 @@ def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iter
     for seg in unit:
         lane = seg.lane
         if seg.starts_lane:
-            dk, dv = lane.key.shape[3], lane.value.shape[3]
-            carried[0] = stages.initial_state(inputs.recurrent_state, lane, dk, dv)
+            carried[0] = stages.initial_state(inputs.recurrent_state, lane)
         pending = None
         for chunk in seg.chunks:
             entry = carried[0]
-            carried[0] = stages.advance_state(lane, chunk, entry)
+            final = seg.ends_lane and chunk is seg.chunks[-1]
+            carried[0] = stages.advance_state(lane, chunk, entry, final)
             if pending is not None:
                 stages.emit_output(lane, *pending)
             pending = (chunk, entry)

@@ -166,6 +166,13 @@ def select_upper(tile: Any) -> None:
     select_by_diagonal(tile, tile, 0.0, nl.greater_equal)
 
 
+def high_half(tile: Any) -> Any:
+    """The bf16 view of an fp32 tile's elements truncated to bf16: the upper 16 bits of each (little-endian
+    storage: the second bf16 of each fp32), read in place through ``view(dtype)`` and a step-2 slice."""
+    halves = tile.view(nl.bfloat16)
+    return halves[:, 1 : halves.shape[1] : 2]
+
+
 def matmul(
     stationary: Any, moving: Any, dst: Any | None = None, accumulate: bool = False, moving_onezero: bool = False
 ) -> Any:
