@@ -60,8 +60,9 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         assert row["rel_rms_out"] < 1e-2, "the benchmarked run must also be correct"
         assert row["pe_us_per_chunk"] == pytest.approx(row["pe_busy_us"] / row["chunks"])
         assert row["pe_busy_us"] == pytest.approx(row["busy_share"]["pe"] * row["time_us"])
-        if row["seq_len"] == 2048:  # the PE breakdown adds up to the PE time per chunk
-            assert sum(kind["us_per_chunk"] for kind in row["pe_kinds"]) == pytest.approx(row["pe_us_per_chunk"])
+        if row["seq_len"] == 2048:  # the PE breakdown adds up to at least the PE time per chunk (more when
+            # matmuls on disjoint PE tiles overlap: the PE time counts them once, the breakdown each)
+            assert sum(kind["us_per_chunk"] for kind in row["pe_kinds"]) >= row["pe_us_per_chunk"] - 1e-6
             assert sum(kind["share"] for kind in row["pe_kinds"]) == pytest.approx(1.0)
             assert all(k["instruction_us_per_chunk"] >= k["us_per_chunk"] * (1 - 1e-9) for k in row["pe_kinds"])
         else:

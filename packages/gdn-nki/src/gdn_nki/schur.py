@@ -1,13 +1,27 @@
 """The schur intra-chunk inverse: (I + A)⁻¹ by recursive Schur-complement block merge, level-major over a group.
 
 For a lower block-triangular matrix, inv([[P, 0], [R, Q]]) = [[P⁻¹, 0], [−Q⁻¹ R P⁻¹, Q⁻¹]]. With ``Inv`` holding
-the block-diagonal inverses of the current block size, the merged inverse is ``Inv + Inv·R̃·Inv`` where
-``R̃ = A ∘ (−off)`` keeps A's off-diagonal quadrant of every merged block, pre-negated (mask pack planes 4..9).
-Level 0 (2×2 blocks) is elementwise: ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128.
+the block-diagonal inverses of the current block size h, the merged inverse (blocks 2h) is ``Inv + Inv·R̃·Inv``
+where ``R̃ = A ∘ (−off)`` keeps A's lower-left h×h quadrant of every merged block, negated (mask pack planes
+4..9). Level 0 (2×2 blocks) is elementwise: ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128. The
+kernel carries ``Invᵀ`` (the transposed orientation the later stages multiply with).
 
-No power of A is ever formed, so nothing here depends on A being small. Each level's ``(Inv R̃ Inv)ᵀ`` is one fp32
-matmul, added from PSUM to the previous Invᵀ (``_merge``); as the two terms never overlap, every element of Invᵀ is
-one fp32 value rounded once into the operand dtype — the bits an fp32 accumulator over all levels would give.
+Block-sparse levels. Everything a level computes lives inside its merged blocks, and the product ``Inv·R̃·Inv`` only
+in their off quadrants, so no level needs the whole 128×128 tensor-engine array:
+
+- Levels 1..4 (merged blocks of 4..32) work on the four diagonal 32×32 blocks only. Their tiles are *compact*:
+  [C, 32], row p holding the 32 columns of p's own diagonal block (``compact[p, f] = full[p, 32·(p//32) + f]``).
+  Each matmul is four 32×32×32 matmuls on the four disjoint diagonal PE tiles (``nc_matmul`` tiling mode,
+  ``tile_position`` / ``tile_size``: ISA ``nki.isa.nc_matmul``, "Tiling mode", v2.33.0), which the tensor engine
+  runs side by side; the elementwise work streams 32 elements per partition instead of 128.
+- Levels 5 and 6 compute only the off quadrant: ``(Inv R̃ Inv)ᵀ`` restricted to it is ``Inv_upᵀ · (−A_lowᵀ
+  Invᵀ_low)``, two 32×32 blocks (level 5) or one 64×64 block (level 6), contracting only the h rows that are
+  nonzero — no mask, the contraction itself selects A's off quadrant. Each block is written into its place of the
+  full ``Invᵀ`` tile, whose other entries the earlier levels already hold (zeros in the off quadrants).
+
+Precision: every element of ``Invᵀ`` is one fp32 PSUM value rounded once into the operand dtype, as before —
+the compact levels add the fp32 product to the previous ``Invᵀ`` where the two never overlap (one term is an
+exact zero), and the off-quadrant blocks are new entries.
 
 Every level runs over all chunks of the group before the next level starts (level-major): each step issues
 ``group_size`` independent same-kind instructions, which hides each instruction's dependency latency behind its
@@ -19,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gdn_ref.masks import N_MERGE_LEVELS, PLANE_OFF0, off_neg_plane
+from gdn_ref.masks import PLANE_OFF0, off_neg_plane
 
 from . import tiles
 from .backend import nisa, nl
@@ -27,57 +41,114 @@ from .stages import Chunk, Constants
 from .tiles import FP32
 
 CHUNK = 128
+QUAD = 32  # the smallest PE tile (4×32 rows/columns from NeuronCore-v3) and the compact tiles' width
+N_QUADS = CHUNK // QUAD
+COMPACT_LEVELS = range(1, 5)  # merged blocks of 4..32: inside the diagonal 32×32 blocks
 
 
 def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
-    """Load the level-0 plane, and the pre-negated off-block planes TRANSPOSED (see ``_off_block_product``),
-    into ``consts.planes`` (fp32: they multiply an fp32 PSUM product)."""
+    """Load the level-0 plane, and the compact levels' pre-negated off-block planes TRANSPOSED (see
+    ``_off_block_product``) as compact [C, 32] tiles, into ``consts.planes`` (fp32: they multiply an fp32 PSUM
+    product). Each diagonal 32×32 block of a plane is DMA-transposed into its rows."""
     consts.planes["off0"] = nl.load(mask_pack[PLANE_OFF0, :, :], dtype=dtype)
-    for level in range(1, N_MERGE_LEVELS + 1):
-        plane_t = tiles.sbuf((CHUNK, CHUNK), FP32)
-        nisa.dma_transpose(dst=plane_t, src=mask_pack[off_neg_plane(level), :, :])
+    for level in COMPACT_LEVELS:
+        plane_t = tiles.sbuf((CHUNK, QUAD), FP32)
+        for q in range(N_QUADS):
+            block = slice(q * QUAD, (q + 1) * QUAD)
+            nisa.dma_transpose(dst=plane_t[block, :], src=mask_pack[off_neg_plane(level), block, block])
         consts.planes[level] = plane_t
 
 
 def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
-    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level."""
-    level0 = [_level0(chunk.a, consts, dtype) for chunk in chunks]
-    inverse = [inv for inv, _ in level0]
-    inverse_t = [tiles.evacuate(acc, dtype) for _, acc in level0]
-    del level0  # its PSUM tiles are dead once evacuated; held, they would stay live through every level
+    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level.
+
+    Within a level each step runs over all chunks before the next step (its PE instructions, then its elementwise
+    ones), so no engine's queue holds an instruction that waits on the step just before it for the same chunk.
+    """
+    a_list = [chunk.a for chunk in chunks]
+    inverse = [_level0(a, consts, dtype) for a in a_list]  # level 0: the full tile; then compact
+    inverse_t = [_compact_transpose(inv, consts.eye, dtype) for inv in inverse]
     yield
-    for level in range(1, N_MERGE_LEVELS + 1):
+    for level in COMPACT_LEVELS:
         plane_t = consts.planes[level]
-        mid = [
-            _off_block_product(chunk.a, plane_t, inv_t, dtype) for chunk, inv_t in zip(chunks, inverse_t, strict=True)
-        ]
-        products = [tiles.matmul(inv, m) for inv, m in zip(inverse, mid, strict=True)]  # (Inv R̃ Inv)ᵀ
+        mid = [_off_block_product(a, plane_t, inv_t, dtype) for a, inv_t in zip(a_list, inverse_t, strict=True)]
+        products = [_diagonal_product(inv, m) for inv, m in zip(inverse, mid, strict=True)]  # (Inv R̃ Inv)ᵀ
         inverse_t = [_merge(inv_t, product, dtype) for inv_t, product in zip(inverse_t, products, strict=True)]
         del products  # free their PSUM before the transposes allocate theirs
-        if level < N_MERGE_LEVELS:
-            inverse = [tiles.evacuate(tiles.transpose(t), dtype) for t in inverse_t]
+        inverse = [_compact_transpose(inv_t, consts.eye, dtype) for inv_t in inverse_t]
         yield
-    for chunk, inv_t in zip(chunks, inverse_t, strict=True):
+    full_t = [_expand_transposed(inv, consts.eye, dtype) for inv in inverse]
+    yield
+    for step in _level5(a_list, inverse, inverse_t, full_t, dtype):
+        yield step
+    for step in _level6(a_list, full_t, consts.eye, dtype):
+        yield step
+    for chunk, inv_t in zip(chunks, full_t, strict=True):
         chunk.inverse_t = inv_t
 
 
-def _merge(inverse_t: Any, product: Any, dtype: Any) -> Any:
-    """The merged Invᵀ = Invᵀ + (Inv R̃ Inv)ᵀ into a new tile of ``dtype``: the fp32 product, read from PSUM, plus
-    the previous level's Invᵀ.
+def _quad(q: int, size: int = QUAD) -> slice:
+    return slice(q * size, (q + 1) * size)
 
-    The two terms never overlap: Inv is block-diagonal with this level's half-blocks and the product lives only in
-    the off quadrant of each merged block, where Inv is zero (and the product is exactly zero elsewhere: its sums
-    run over the masked zeros of R̃). So each element of the sum is one term plus an exact zero, and adding the
-    fp32 product to an Invᵀ already rounded to ``dtype`` gives the bits of summing every level in fp32 and rounding
-    once. That is what lets each level's product be one matmul into a fresh PSUM tile: an fp32 PSUM accumulator
-    per chunk over all levels would hold one matmul accumulation group open per chunk for the whole inverse — 16 at
-    once with two units in preparation, where TensorE has 8, one per PSUM bank (docs/nki-sources.md §4.2).
+
+def _block(t: Any, q: int) -> Any:
+    """Diagonal 32×32 block ``q`` of a compact [C, 32] or a full [C, C] tile."""
+    return t[_quad(q), :] if t.shape[1] == QUAD else t[_quad(q), _quad(q)]
+
+
+def _tile_matmul(dst: Any, stationary: Any, moving: Any, row: int, col: int, transpose: bool = False) -> None:
+    """``dst = stationaryᵀ · moving`` on the PE tile at (``row``, ``col``) sized to the stationary (K × M)."""
+    k, m = stationary.shape
+    nisa.nc_matmul(
+        dst=dst,
+        stationary=stationary,
+        moving=moving,
+        is_transpose=transpose,
+        tile_position=(row, col),
+        tile_size=(k, m),
+    )
+
+
+def _compact_transpose(data: Any, eye: Any, dtype: Any) -> Any:
+    """Each diagonal 32×32 block of ``data`` (compact or full) transposed, as a compact tile of ``dtype``: four PE
+    transposes on the four diagonal tiles (bit-exact, in ``data``'s dtype)."""
+    out = tiles.psum((CHUNK, QUAD), data.dtype)
+    for q in range(N_QUADS):
+        _tile_matmul(out[_quad(q), :], _block(data, q), _block(eye, q), q * QUAD, q * QUAD, transpose=True)
+    return tiles.evacuate(out, dtype)
+
+
+def _level0(a: Any, consts: Constants, dtype: Any) -> Any:
+    """Inverse of every 2×2 diagonal block, I − A ∘ off0, as a full tile."""
+    inverse = tiles.sbuf(tuple(a.shape), dtype)
+    return tiles.combine(inverse, consts.eye, tiles.multiply(a, consts.planes["off0"], dtype), nl.subtract)
+
+
+def _diagonal_product(inverse: Any, mid: Any) -> Any:
+    """``Invᵀ · mid`` on the diagonal 32×32 blocks (``Inv`` compact or full, ``mid`` compact), into compact PSUM."""
+    product = tiles.psum((CHUNK, QUAD))
+    for q in range(N_QUADS):
+        _tile_matmul(product[_quad(q), :], _block(inverse, q), mid[_quad(q), :], q * QUAD, q * QUAD)
+    return product
+
+
+def _merge(inverse_t: Any, product: Any, dtype: Any) -> Any:
+    """The merged compact ``Invᵀ`` = ``Invᵀ + (Inv R̃ Inv)ᵀ`` into a new tile of ``dtype``.
+
+    The fp32 product, read from PSUM, is added to the previous ``Invᵀ`` into a new tile of ``dtype``. The two
+    terms never overlap (``Inv`` is block-diagonal with this level's half-blocks, the product lives only in the
+    off quadrant of each merged block, and it is exactly zero elsewhere: its sums run over the masked zeros of
+    R̃), so each element of the sum is one term plus an exact zero — the bits of summing every level in fp32 and
+    rounding once. That is what lets each level's product be a matmul into a fresh PSUM tile: an fp32 PSUM
+    accumulator per chunk over all levels would hold one matmul accumulation group open per chunk for the whole
+    inverse — 16 at once with two units in preparation, where TensorE has 8, one per PSUM bank
+    (docs/nki-sources.md §4.2).
     """
-    return tiles.combine(tiles.sbuf(tuple(inverse_t.shape), dtype), product, inverse_t, nl.add)
+    return tiles.combine(tiles.sbuf((CHUNK, QUAD), dtype), product, inverse_t, nl.add)
 
 
 def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
-    """(Inv R̃)ᵀ = R̃ᵀ Invᵀ with R̃ = A ∘ (−off), as an SBUF tile of ``dtype``.
+    """(Inv R̃)ᵀ = R̃ᵀ Invᵀ with R̃ = A ∘ (−off) on the diagonal 32×32 blocks, as a compact tile of ``dtype``.
 
     Computed as (Aᵀ Invᵀ) ∘ (−off)ᵀ: the mask is applied to the product, on its PSUM evacuation, instead of to A.
     Exact, because Inv is block-diagonal with the half-blocks of this level: entry [j, m] of Aᵀ Invᵀ sums
@@ -85,11 +156,64 @@ def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
     half of one merged block) the sum covers exactly A's off quadrant, and elsewhere it is discarded. This saves
     masking A at every level; A's upper part only ever lands in discarded entries.
     """
-    return tiles.multiply(tiles.matmul(a, inverse_t), plane_t, dtype)
+    product = tiles.psum((CHUNK, QUAD))
+    for q in range(N_QUADS):
+        _tile_matmul(product[_quad(q), :], _block(a, q), inverse_t[_quad(q), :], q * QUAD, q * QUAD)
+    return tiles.multiply(product, plane_t, dtype)
 
 
-def _level0(a: Any, consts: Constants, dtype: Any) -> tuple[Any, Any]:
-    """Inverse of every 2×2 diagonal block, I − A ∘ off0, and its transpose in an fp32 PSUM tile."""
-    inverse = tiles.sbuf(tuple(a.shape), dtype)
-    tiles.combine(inverse, consts.eye, tiles.multiply(a, consts.planes["off0"], dtype), nl.subtract)
-    return inverse, tiles.matmul(inverse, consts.eye)
+def _expand_transposed(inverse: Any, eye: Any, dtype: Any) -> Any:
+    """The full [C, C] ``Invᵀ`` from the compact ``Inv`` (32-blocks): each block transposed into its place and
+    exact zeros elsewhere, by multiplying it with its 32 rows of the identity (the whole 128 columns)."""
+    full = tiles.psum((CHUNK, CHUNK))
+    for q in range(N_QUADS):
+        nisa.nc_matmul(
+            dst=full[_quad(q), :],
+            stationary=inverse[_quad(q), :],
+            moving=eye[_quad(q), :],
+            is_moving_onezero=True,
+            tile_position=(q * QUAD, q * QUAD),
+            tile_size=(QUAD, QUAD),
+        )
+    return tiles.evacuate(full, dtype)
+
+
+def _level5(
+    a_list: list[Any], inverse: list[Any], inverse_t: list[Any], full_t: list[Any], dtype: Any
+) -> Iterator[None]:
+    """Merge 32-blocks into 64-blocks: the off quadrant of merged block j (rows of 32-block u = 2j, columns of
+    v = 2j + 1) of ``Invᵀ`` is ``Inv_uᵀ · (−A[v, u]ᵀ Invᵀ_v)``, written into the full ``Invᵀ``; yields once."""
+    pairs = ((0, 1), (2, 3))
+    mids = []
+    for a, inv_t in zip(a_list, inverse_t, strict=True):
+        mid_psum = tiles.psum((CHUNK, QUAD))
+        mid = tiles.sbuf((CHUNK, QUAD), dtype)
+        for u, v in pairs:
+            _tile_matmul(mid_psum[_quad(u), :], a[_quad(v), _quad(u)], inv_t[_quad(v), :], v * QUAD, u * QUAD)
+            tiles.copy_to(mid[_quad(u), :], mid_psum[_quad(u), :], scale=-1.0)
+        mids.append(mid)
+    for inv, mid, full in zip(inverse, mids, full_t, strict=True):
+        product = tiles.psum((CHUNK, QUAD))
+        for u, v in pairs:
+            _tile_matmul(product[_quad(u), :], inv[_quad(u), :], mid[_quad(u), :], u * QUAD, u * QUAD)
+            tiles.copy_to(full[_quad(u), _quad(v)], product[_quad(u), :])
+    yield
+
+
+def _level6(a_list: list[Any], full_t: list[Any], eye: Any, dtype: Any) -> Iterator[None]:
+    """Merge the two 64-blocks: the off quadrant (rows 0..63, columns 64..127) of ``Invᵀ`` is
+    ``Inv_upᵀ · (−A_lowᵀ Invᵀ_low)``, with ``Inv_up`` the transpose of ``Invᵀ``'s upper 64-block; yields once."""
+    half = CHUNK // 2
+    up, low = slice(0, half), slice(half, CHUNK)
+    operands = []
+    for a, full in zip(a_list, full_t, strict=True):
+        inverse_up = tiles.psum((half, half), full.dtype)
+        _tile_matmul(inverse_up, full[up, up], eye[up, up], 0, 0, transpose=True)
+        mid_psum = tiles.psum((half, half))
+        _tile_matmul(mid_psum, a[low, up], full[low, low], half, 0)
+        operands.append((tiles.evacuate(inverse_up, dtype), tiles.evacuate(mid_psum, dtype, scale=-1.0)))
+    for (inverse_up, mid), full in zip(operands, full_t, strict=True):
+        product = tiles.psum((half, half))
+        _tile_matmul(product, inverse_up, mid, 0, 0)
+        tiles.copy_to(full[up, low], product)
+    yield
