@@ -30,8 +30,9 @@ from .stages import Chunk, Constants, Lane
 # DMA rings run in issue order, so loads issued a unit early are not queued behind the previous unit's output
 # stores. At least one unit, at most two, so the loaded-but-unprepared tiles stay within the on-chip budget.
 LOAD_AHEAD_CHUNKS = 16
-# PSUM budget for the grouped inverse's fp32 accumulators, in chunks: 8 banks x 2 KiB hold 32 [C, C] fp32 tiles
-# per partition; half is left for everything else in flight.
+# PSUM budget for the grouped inverse, in chunks: a chunk holds at most one fp32 [C, C] tile's worth of PSUM at a
+# time there (half a bank; each level's products are fresh tiles, no accumulation group stays open), 8 banks x 2 KiB
+# hold 32 such tiles per partition, and half is left for everything else in flight.
 PSUM_INVERSE_CHUNKS = 16
 
 InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
@@ -187,8 +188,8 @@ def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
 
 
 def prepare_depth(group_size: int) -> int:
-    """How many units may be in preparation at once: two, unless their inverse accumulators (group_size fp32
-    [C, C] PSUM tiles each, half a bank per chunk) would then take more than half of PSUM."""
+    """How many units may be in preparation at once: two, unless their grouped inverses (at most one fp32 [C, C]
+    PSUM tile per chunk at a time, half a bank) would then take more than half of PSUM."""
     return 2 if 2 * group_size <= PSUM_INVERSE_CHUNKS else 1
 
 
