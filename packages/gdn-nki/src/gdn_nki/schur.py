@@ -10,7 +10,8 @@ Block-sparse levels. Everything a level computes lives inside its merged blocks,
 in their off quadrants, so no level needs the whole 128×128 tensor-engine array:
 
 - Levels 1..4 (merged blocks of 4..32) work on the four diagonal 32×32 blocks only. Their tiles are *compact*:
-  [C, 32], row p holding the 32 columns of p's own diagonal block (``compact[p, f] = full[p, 32·(p//32) + f]``).
+  [C, 32] per chunk, row p holding the 32 columns of p's own diagonal block (``compact[p, f] = full[p, 32·(p//32)
+  + f]``), and ``BATCH`` chunks share one [C, BATCH, 32] tile, so one elementwise instruction serves them all.
   Each matmul is four 32×32×32 matmuls on the four disjoint diagonal PE tiles (``nc_matmul`` tiling mode,
   ``tile_position`` / ``tile_size``: ISA ``nki.isa.nc_matmul``, "Tiling mode", v2.33.0), which the tensor engine
   runs side by side; the elementwise work streams 32 elements per partition instead of 128.
@@ -43,18 +44,23 @@ from .tiles import FP32
 CHUNK = 128
 QUAD = 32  # the smallest PE tile (4×32 rows/columns from NeuronCore-v3) and the compact tiles' width
 N_QUADS = CHUNK // QUAD
-COMPACT_LEVELS = range(1, 5)  # merged blocks of 4..32: inside the diagonal 32×32 blocks
+COMPACT_LEVELS = range(1, 5)
+# Chunks per batch-compact tile: one elementwise instruction of 32·BATCH elements per partition instead of BATCH
+# MIN_II-bound ones of 32. Measured (one lane, bf16): 2 is best — larger batches make each level's elementwise step
+# wait for more matmuls (S=2048: 49.5 µs at 1, 48.9 at 2, 51.1 at 4, 53.1 at 8).
+BATCH = 2
 
 
 def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
     """Load the level-0 plane, and the compact levels' pre-negated off-block planes TRANSPOSED (see
     ``_off_block_product``) as compact [C, 32] tiles, into ``consts.planes`` (fp32: they multiply an fp32 PSUM
-    product). Each diagonal 32×32 block of a plane is DMA-transposed into its rows."""
+    product; a batch reads one through a stride-0 view repeating it per chunk). Each diagonal 32×32 block of a
+    plane is DMA-transposed into its rows."""
     consts.planes["off0"] = nl.load(mask_pack[PLANE_OFF0, :, :], dtype=dtype)
     for level in COMPACT_LEVELS:
         plane_t = tiles.sbuf((CHUNK, QUAD), FP32)
         for q in range(N_QUADS):
-            block = slice(q * QUAD, (q + 1) * QUAD)
+            block = _quad(q)
             nisa.dma_transpose(dst=plane_t[block, :], src=mask_pack[off_neg_plane(level), block, block])
         consts.planes[level] = plane_t
 
@@ -62,21 +68,31 @@ def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
 def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
     """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per level.
 
-    Within a level each step runs over all chunks before the next step (its PE instructions, then its elementwise
-    ones), so no engine's queue holds an instruction that waits on the step just before it for the same chunk.
+    Within a level each step runs over all batches of ``BATCH`` chunks before the next step (its PE instructions,
+    then its elementwise ones), so no engine's queue holds an instruction that waits on the step just before it for
+    the same batch.
     """
     a_list = [chunk.a for chunk in chunks]
-    inverse = [_level0(a, consts, dtype) for a in a_list]  # level 0: the full tile; then compact
-    inverse_t = [_compact_transpose(inv, consts.eye, dtype) for inv in inverse]
+    batches = [slice(i, i + BATCH) for i in range(0, len(a_list), BATCH)]
+    inverse_full = [_level0(a, consts, dtype) for a in a_list]  # level 0: full tiles; then batch-compact
+    full_blocks = [[inv[_quad(q), _quad(q)] for q in range(N_QUADS)] for inv in inverse_full]
+    inverse_t = [_group_transpose(full_blocks[b], consts.eye, dtype) for b in batches]
+    inverse = [full_blocks[b] for b in batches]
     yield
     for level in COMPACT_LEVELS:
-        plane_t = consts.planes[level]
-        mid = [_off_block_product(a, plane_t, inv_t, dtype) for a, inv_t in zip(a_list, inverse_t, strict=True)]
+        plane = consts.planes[level]
+        mid = [
+            _off_block_product(a_list[b], plane.expand_dim(1).broadcast(1, len(a_list[b])), inv_t, dtype)
+            for b, inv_t in zip(batches, inverse_t, strict=True)
+        ]
         products = [_diagonal_product(inv, m) for inv, m in zip(inverse, mid, strict=True)]  # (Inv R̃ Inv)ᵀ
-        inverse_t = [_merge(inv_t, product, dtype) for inv_t, product in zip(inverse_t, products, strict=True)]
+        inverse_t = [_merge(inv_t, p, dtype) for inv_t, p in zip(inverse_t, products, strict=True)]
         del products  # free their PSUM before the transposes allocate theirs
-        inverse = [_compact_transpose(inv_t, consts.eye, dtype) for inv_t in inverse_t]
+        compact = [_group_transpose(_blocks(inv_t), consts.eye, dtype) for inv_t in inverse_t]
+        inverse = [_blocks(x) for x in compact]
         yield
+    inverse = [x[:, c, :] for x in compact for c in range(x.shape[1])]
+    inverse_t = [x[:, c, :] for x in inverse_t for c in range(x.shape[1])]
     full_t = [_expand_transposed(inv, consts.eye, dtype) for inv in inverse]
     yield
     for step in _level5(a_list, inverse, inverse_t, full_t, dtype):
@@ -91,9 +107,9 @@ def _quad(q: int, size: int = QUAD) -> slice:
     return slice(q * size, (q + 1) * size)
 
 
-def _block(t: Any, q: int) -> Any:
-    """Diagonal 32×32 block ``q`` of a compact [C, 32] or a full [C, C] tile."""
-    return t[_quad(q), :] if t.shape[1] == QUAD else t[_quad(q), _quad(q)]
+def _blocks(group: Any) -> list[list[Any]]:
+    """The diagonal 32×32 blocks of every chunk of a batch-compact [C, n, 32] tile: ``[chunk][quadrant]``."""
+    return [[group[_quad(q), c, :] for q in range(N_QUADS)] for c in range(group.shape[1])]
 
 
 def _tile_matmul(dst: Any, stationary: Any, moving: Any, row: int, col: int, transpose: bool = False) -> None:
@@ -109,12 +125,14 @@ def _tile_matmul(dst: Any, stationary: Any, moving: Any, row: int, col: int, tra
     )
 
 
-def _compact_transpose(data: Any, eye: Any, dtype: Any) -> Any:
-    """Each diagonal 32×32 block of ``data`` (compact or full) transposed, as a compact tile of ``dtype``: four PE
-    transposes on the four diagonal tiles (bit-exact, in ``data``'s dtype)."""
-    out = tiles.psum((CHUNK, QUAD), data.dtype)
-    for q in range(N_QUADS):
-        _tile_matmul(out[_quad(q), :], _block(data, q), _block(eye, q), q * QUAD, q * QUAD, transpose=True)
+def _group_transpose(blocks: list[list[Any]], eye: Any, dtype: Any) -> Any:
+    """Each chunk's diagonal 32×32 blocks transposed, as a batch-compact [C, n, 32] tile of ``dtype``: four PE
+    transposes per chunk on the four diagonal tiles (bit-exact) and one evacuation for the whole batch."""
+    out = tiles.psum((CHUNK, len(blocks), QUAD), blocks[0][0].dtype)
+    for c, chunk_blocks in enumerate(blocks):
+        for q, block in enumerate(chunk_blocks):
+            eye_q = eye[_quad(q), _quad(q)]
+            _tile_matmul(out[_quad(q), c, :], block, eye_q, q * QUAD, q * QUAD, transpose=True)
     return tiles.evacuate(out, dtype)
 
 
@@ -124,16 +142,18 @@ def _level0(a: Any, consts: Constants, dtype: Any) -> Any:
     return tiles.combine(inverse, consts.eye, tiles.multiply(a, consts.planes["off0"], dtype), nl.subtract)
 
 
-def _diagonal_product(inverse: Any, mid: Any) -> Any:
-    """``Invᵀ · mid`` on the diagonal 32×32 blocks (``Inv`` compact or full, ``mid`` compact), into compact PSUM."""
-    product = tiles.psum((CHUNK, QUAD))
-    for q in range(N_QUADS):
-        _tile_matmul(product[_quad(q), :], _block(inverse, q), mid[_quad(q), :], q * QUAD, q * QUAD)
+def _diagonal_product(inverse: list[list[Any]], mid: Any) -> Any:
+    """``Invᵀ · mid`` on every chunk's diagonal 32×32 blocks (``inverse[chunk][quadrant]``), into batch-compact
+    PSUM."""
+    product = tiles.psum(tuple(mid.shape))
+    for c, chunk_blocks in enumerate(inverse):
+        for q, block in enumerate(chunk_blocks):
+            _tile_matmul(product[_quad(q), c, :], block, mid[_quad(q), c, :], q * QUAD, q * QUAD)
     return product
 
 
 def _merge(inverse_t: Any, product: Any, dtype: Any) -> Any:
-    """The merged compact ``Invᵀ`` = ``Invᵀ + (Inv R̃ Inv)ᵀ`` into a new tile of ``dtype``.
+    """The merged batch-compact ``Invᵀ`` = ``Invᵀ + (Inv R̃ Inv)ᵀ`` into a new tile of ``dtype``.
 
     The fp32 product, read from PSUM, is added to the previous ``Invᵀ`` into a new tile of ``dtype``. The two
     terms never overlap (``Inv`` is block-diagonal with this level's half-blocks, the product lives only in the
@@ -144,11 +164,12 @@ def _merge(inverse_t: Any, product: Any, dtype: Any) -> Any:
     inverse — 16 at once with two units in preparation, where TensorE has 8, one per PSUM bank
     (docs/nki-sources.md §4.2).
     """
-    return tiles.combine(tiles.sbuf((CHUNK, QUAD), dtype), product, inverse_t, nl.add)
+    return tiles.combine(tiles.sbuf(tuple(inverse_t.shape), dtype), product, inverse_t, nl.add)
 
 
-def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
-    """(Inv R̃)ᵀ = R̃ᵀ Invᵀ with R̃ = A ∘ (−off) on the diagonal 32×32 blocks, as a compact tile of ``dtype``.
+def _off_block_product(a_list: list[Any], plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
+    """(Inv R̃)ᵀ = R̃ᵀ Invᵀ with R̃ = A ∘ (−off) on the diagonal 32×32 blocks of every chunk, as a batch-compact
+    [C, n, 32] tile of ``dtype`` (one mask multiply for the whole batch).
 
     Computed as (Aᵀ Invᵀ) ∘ (−off)ᵀ: the mask is applied to the product, on its PSUM evacuation, instead of to A.
     Exact, because Inv is block-diagonal with the half-blocks of this level: entry [j, m] of Aᵀ Invᵀ sums
@@ -156,9 +177,10 @@ def _off_block_product(a: Any, plane_t: Any, inverse_t: Any, dtype: Any) -> Any:
     half of one merged block) the sum covers exactly A's off quadrant, and elsewhere it is discarded. This saves
     masking A at every level; A's upper part only ever lands in discarded entries.
     """
-    product = tiles.psum((CHUNK, QUAD))
-    for q in range(N_QUADS):
-        _tile_matmul(product[_quad(q), :], _block(a, q), inverse_t[_quad(q), :], q * QUAD, q * QUAD)
+    product = tiles.psum(tuple(inverse_t.shape))
+    for c, a in enumerate(a_list):
+        for q in range(N_QUADS):
+            _tile_matmul(product[_quad(q), c, :], a[_quad(q), _quad(q)], inverse_t[_quad(q), c, :], q * QUAD, q * QUAD)
     return tiles.multiply(product, plane_t, dtype)
 
 
