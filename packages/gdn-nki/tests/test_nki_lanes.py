@@ -1,4 +1,5 @@
-"""The issue plan: how lanes' chunks are cut into units (gdn_nki.lanes)."""
+"""The issue plan: how lanes' chunks are cut into units, which periods become a compiled loop, and the order of
+a looping lane's state tiles (gdn_nki.lanes)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gdn_nki.lanes import lane_units, prepare_depth
+from gdn_nki.lanes import STATE_RING, lane_units, state_ring_order, steady_states
 
 
 def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:
-    return SimpleNamespace(name=name, chunk=chunk, n_chunks=n_chunks)
+    return SimpleNamespace(name=name, chunk=chunk, n_chunks=n_chunks, offset=0)
 
 
 def _plan(units):
@@ -36,6 +37,37 @@ def test_every_chunk_of_every_lane_is_in_exactly_one_unit_in_order(group_size: i
     assert seen == [(lane.name, j) for lane in lanes for j in range(lane.n_chunks)]
 
 
-def test_two_units_prepare_at_once_only_while_their_inverse_accumulators_fit_psum():
-    assert prepare_depth(8) == 2
-    assert prepare_depth(16) == 1
+def _loops(lanes, group_size):
+    return [(run.lane.name, run.first, run.last) for run in steady_states(lane_units(lanes, group_size), group_size)]
+
+
+def test_each_lane_loops_over_its_whole_units_after_the_first():
+    """Period p chains unit p-1 and prepares unit p: a lane's loop runs while both are whole units of it."""
+    lanes = [_lane("a", 12), _lane("b", 8), _lane("c", 5), _lane("d", 9)]
+    # units 0-2 are a's, 3-4 b's, then c's first four chunks, c's last with d's first three, ...
+    assert _plan(lane_units(lanes, 4))[5:] == [
+        [("c", 0, 4, True, False)],
+        [("c", 4, 1, False, True), ("d", 0, 3, True, False)],
+        [("d", 3, 4, False, False)],
+        [("d", 7, 2, False, True)],
+    ]
+    # a: units 0..2 -> periods 1..2; b: units 3..4 -> period 4; c starts whole but its second unit is shared;
+    # d does not start at a unit boundary
+    assert _loops(lanes, 4) == [("a", 1, 2), ("b", 4, 4)]
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_groups_too_small_for_a_state_ring_stay_unrolled(group_size: int):
+    assert state_ring_order(group_size) is None
+    assert _loops([_lane("a", 8 * group_size)], group_size) == []
+
+
+@pytest.mark.parametrize("group_size", range(3, 17))
+def test_the_state_ring_never_overwrites_a_state_still_read(group_size: int):
+    """The chain writes the state after chunk j+1 while the output of chunk j-1 still reads the state before chunk
+    j, and every unit starts and ends in tile 0 (so every loop iteration is the same)."""
+    order = state_ring_order(group_size)
+    assert order is not None and len(order) == group_size + 1
+    assert order[0] == order[-1] == 0 and set(order) <= set(range(STATE_RING))
+    for j in range(1, group_size):
+        assert order[j + 1] not in (order[j], order[j - 1]), (group_size, j, order)

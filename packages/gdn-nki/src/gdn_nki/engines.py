@@ -13,7 +13,8 @@ They only rank engines; the cost model, not this module, is what measures the ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .backend import nisa
@@ -36,10 +37,40 @@ def stream_ns(engine: Any, elements: int, passes: float = 1.0, start: int = 0) -
 
 
 class Balancer:
-    """Running per-engine load estimates (ns of issued work) for one kernel trace."""
+    """Running per-engine load estimates (ns of issued work) for one kernel trace.
+
+    Inside a compiled loop's body the balancer decides once: the tracer runs the body's Python once, so every
+    iteration runs the engines chosen then (``fixed``).
+    """
 
     def __init__(self) -> None:
         self.load = dict.fromkeys(CLOCK_GHZ, 0.0)
+        self._recording: list[Any] | None = None
+        self._replaying: Iterator[Any] | None = None
+
+    @contextlib.contextmanager
+    def fixed(self, decisions: list[Any]) -> Iterator[None]:
+        """Decide as usual and append each decision to ``decisions`` when it is empty (the body's one trace);
+        otherwise hand back the recorded decisions in order and leave the estimates untouched (nki-cpu running the
+        same body again for a later iteration)."""
+        if decisions:
+            self._replaying = iter(decisions)
+        else:
+            self._recording = decisions
+            busiest = max(self.load.values())
+            self.load = dict.fromkeys(self.load, busiest)
+        try:
+            yield
+        finally:
+            self._recording = self._replaying = None
+
+    def decide(self, choice: Any) -> Any:
+        """``choice`` (computed from the estimates), or the recorded one when replaying a compiled body."""
+        if self._replaying is not None:
+            return next(self._replaying)
+        if self._recording is not None:
+            self._recording.append(choice)
+        return choice
 
     def charge(self, engine: Any, ns: float) -> Any:
         """Record ``ns`` of work issued to a fixed ``engine``; returns the engine.
@@ -48,6 +79,8 @@ class Balancer:
         this, an engine left idle through one phase would be handed a long burst of the next phase's work, and the
         other engines, waiting on its results in issue order, would idle in turn.
         """
+        if self._replaying is not None:
+            return engine
         self.load[engine] += ns
         floor = max(self.load.values()) - IDLE_CREDIT_NS
         for other in self.load:
@@ -57,6 +90,7 @@ class Balancer:
     def pick(self, options: Sequence[tuple[Any, float]]) -> Any:
         """Choose the engine among ``(engine, estimated ns)`` options that would finish first, and charge it."""
         engine, ns = min(options, key=lambda option: self.load[option[0]] + option[1])
+        engine = self.decide(engine)
         return self.charge(engine, ns)
 
 

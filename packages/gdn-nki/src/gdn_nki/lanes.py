@@ -1,19 +1,24 @@
-"""Emitting the work of all lanes as a software pipeline, and splitting lanes over an SPMD launch grid.
+"""Emitting the work of all lanes as a software pipeline of periods, each lane's steady state one compiled loop,
+and splitting lanes over an SPMD launch grid.
 
-The chunks of all lanes are cut into *units* of ``group_size`` chunks (a unit may span lanes). A unit has two
+The chunks of all lanes are cut into *units* of ``group_size`` chunks (a unit may span lanes). A unit has three
 parts:
 
-- ``load`` and ``prepare``: loads, per-chunk operands, the grouped inverse and the chunk transitions — all state
-  independent;
-- ``advance``: the sequential state chain over the unit's chunks (and the state load/store at lane ends).
+- ``load`` and ``prepare``: loads, per-chunk operands and the grouped inverse — all state independent;
+- ``publish``: the chunk transitions (U, W, Tᵀ, Q_effᵀ) written into the chain slots, tiles allocated once per
+  launch that hold what the chain reads of each chunk position of a unit;
+- ``advance``: the sequential state chain over the unit's chunks (and the state store at a lane's end).
 
 Each engine executes its instructions in the order they are issued, so issuing a unit's chain right after its
-own preparation would leave the tensor engine waiting on every link of the chain. Instead the next units'
-preparation is issued interleaved with ``advance(i)``: while one unit's chain waits on a vector-engine op, the
-engines have independent work queued behind it. Units run across lane boundaries too, so short sequences with
-many lanes pipeline as well as long ones. Both parts are generators that yield between steps; :func:`run_lanes`
-decides the issue order (and :func:`lockstep` runs the chunks of one unit step-major). Only the order changes —
-every instruction and its operands are the same as in a plain prepare-then-advance loop.
+own preparation would leave the tensor engine waiting on every link of the chain. Instead period p issues unit
+p's loads, then its preparation step by step interleaved with the chain of unit p − 1 (``run_period``): while
+one unit's chain waits on a vector-engine op, the engines have independent work queued behind it. Units run
+across lane boundaries too, so short sequences with many lanes pipeline as well as long ones.
+
+Every period issues the same steps in the same order, so the periods of a lane's steady state — the chain of
+one whole unit of the lane and the preparation of the next — are one ``nl.fori_loop`` body (``run_lanes``): the
+program holds them once, whatever the sequence's length. Only the order of instructions differs from a plain
+prepare-then-advance loop, not the instructions or their operands' values.
 """
 
 from __future__ import annotations
@@ -22,18 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stages
+from . import engines, stages, tiles
 from .backend import nl
 from .stages import Chunk, Constants, Lane
-
-# Chunks whose loads are in flight ahead of the unit being prepared (two units at the default group size): the
-# DMA rings run in issue order, so loads issued a unit early are not queued behind the previous unit's output
-# stores. At least one unit, at most two, so the loaded-but-unprepared tiles stay within the on-chip budget.
-LOAD_AHEAD_CHUNKS = 16
-# PSUM budget for the grouped inverse, in chunks: a chunk holds at most one fp32 [C, C] tile's worth of PSUM at a
-# time there (half a bank; each level's products are fresh tiles, no accumulation group stays open), 8 banks x 2 KiB
-# hold 32 such tiles per partition, and half is left for everything else in flight.
-PSUM_INVERSE_CHUNKS = 16
 
 InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
 
@@ -76,7 +72,10 @@ def program_lanes(spans: list[Span], value_heads: int) -> list[tuple[Span, int]]
 
 @dataclass
 class Segment:
-    """Consecutive chunks of one lane inside a unit."""
+    """Consecutive chunks of one lane inside a unit.
+
+    Its first token is ``lane.offset + first·chunk``, or ``start`` when that is a compiled loop's run-time value.
+    """
 
     lane: Lane
     first: int
@@ -85,6 +84,14 @@ class Segment:
     ends_lane: bool
     chunks: list[Chunk] = field(default_factory=list)
     gate_rows: tuple = ()
+    state: stages.State | None = None  # the lane's initial state, loaded with the unit that starts the lane
+    start: Any = None
+    stage1_copied: bool = False  # its chunks' stage-1 chain values are in the chain slots
+
+    @property
+    def token(self) -> Any:
+        """The segment's first token in q/k/v, the gates and out."""
+        return self.start if self.start is not None else self.lane.offset + self.first * self.lane.chunk
 
 
 @dataclass
@@ -126,17 +133,34 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
     return [unit for unit in units if unit]
 
 
-def load(unit: Unit, inputs: LaneInputs) -> None:
-    """Issue every DMA load of a unit (gates and all chunks' q, k, v) and nothing else: compute that waited on
-    these loads would block its engine's queue while they are in flight."""
+@dataclass
+class Pipeline:
+    """What one launch's periods share: the kernel's inputs, the chain slots (one per chunk position of a unit),
+    the state rings of the lanes that run a compiled loop, and the state the chain carries."""
+
+    inputs: LaneInputs
+    group_size: int
+    slots: list[stages.ChainSlot]
+    rings: dict[int, list[stages.State]] = field(default_factory=dict)  # id(lane) -> its state tiles
+    ring_order: list[int] = field(default_factory=list)  # which ring tile holds the state after chunk j of a unit
+    carried: list[stages.State | None] = field(default_factory=lambda: [None])
+    deferred: Callable[[], None] | None = None
+
+
+def load(unit: Unit, pipe: Pipeline) -> None:
+    """Issue every DMA load of a unit: gates, q, k, v, and the initial state of each lane the unit starts."""
+    inputs = pipe.inputs
     for seg in unit:
         lane = seg.lane
-        seg.gate_rows = stages.load_gate_rows(inputs.g_log, inputs.beta, lane, seg.first, seg.width)
-        seg.chunks = stages.load_chunks(lane, seg.first, seg.width)
+        seg.gate_rows = stages.load_gate_rows(inputs.g_log, inputs.beta, lane, seg.token, seg.width)
+        seg.chunks = stages.load_chunks(lane, seg.token, seg.width)
+        if seg.starts_lane:
+            ring = pipe.rings.get(id(lane))
+            seg.state = stages.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
 
 
 def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
-    """State-independent compute of a loaded unit; yields between steps."""
+    """State-independent compute of a loaded unit up to its inverses; yields between steps."""
     gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
     for seg in unit:
         seg.gate_rows = ()  # the rows are dead once turned into columns
@@ -150,30 +174,73 @@ def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
     chunks = [chunk for seg in unit for chunk in seg.chunks]
     lane = unit[0].lane  # constants and dtypes are the same for every lane of a launch
     yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
-    yield from lockstep([stages.chunk_transition(seg.lane, chunk) for seg in unit for chunk in seg.chunks])
 
 
-def advance(unit: Unit, inputs: LaneInputs, carried: list[stages.State]) -> Iterator[None]:
-    """The state chain of a unit's chunks in order; ``carried[0]`` holds the current lane's state.
+def publish(unit: Unit, pipe: Pipeline) -> None:
+    """Finish a prepared unit into the chain slots: stage 3 (U, W, Tᵀ, Q_effᵀ) writes its results there, and the
+    stage-1 values the chain reads are copied there (if ``copy_stage1`` did not already); the unit's chunks become
+    views of the slots.
+
+    Called once the previous unit's chain is done: until then it reads the same slots.
+    """
+    chunks = [chunk for seg in unit for chunk in seg.chunks]
+    for chunk, slot in zip(chunks, pipe.slots, strict=False):
+        chunk.slot = slot
+    for _ in lockstep([stages.chunk_transition(seg.lane, chunk) for seg in unit for chunk in seg.chunks]):
+        pass
+    copy_stage1(unit, pipe)
+    _renumber_slots(unit, pipe)
+
+
+def copy_stage1(unit: Unit, pipe: Pipeline) -> None:
+    """Copy the stage-1 values the chain reads into the unit's chain slots, if they are all made and not yet
+    copied. Only once the previous unit's chain is done: it reads the same slots."""
+    chunks = [chunk for seg in unit for chunk in seg.chunks]
+    values = [[getattr(chunk, name) for name in stages.STAGE1_CHAIN_VALUES] for chunk in chunks]
+    if any(value is None for row in values for value in row) or any(seg.stage1_copied for seg in unit):
+        return
+    for row, slot in zip(values, pipe.slots, strict=False):
+        for name, value in zip(stages.STAGE1_CHAIN_VALUES, row, strict=True):
+            tiles.copy_to(getattr(slot, name), value)
+    for seg in unit:
+        seg.stage1_copied = True
+
+
+def _renumber_slots(unit: Unit, pipe: Pipeline) -> None:
+    """Point each segment's chunks at the unit's consecutive slots (segment k starts after segments 0..k−1)."""
+    position = 0
+    for seg in unit:
+        seg.chunks = [pipe.slots[position + j].chunk(chunk.token) for j, chunk in enumerate(seg.chunks)]
+        position += seg.width
+
+
+def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
+    """The state chain of a unit's chunks in order; ``pipe.carried[0]`` holds the current lane's state.
 
     Each chunk's output is issued after the NEXT chunk's state update (software-pipelined one chunk behind), so
-    the chain's links follow each other on the engines without the output's instructions between them.
+    the chain's links follow each other on the engines without the output's instructions between them. A lane
+    with a state ring writes the state after chunk j to tile ``ring_order[j + 1]`` (every unit starts from tile 0).
     """
+    final_state = pipe.inputs.final_state
+    order = pipe.ring_order
     for seg in unit:
         lane = seg.lane
+        ring = pipe.rings.get(id(lane))
         if seg.starts_lane:
-            carried[0] = stages.initial_state(inputs.recurrent_state, lane)
+            pipe.carried[0] = seg.state
+            seg.state = None
         pending = None
-        for chunk in seg.chunks:
-            entry = carried[0]
-            final = seg.ends_lane and chunk is seg.chunks[-1]
-            carried[0] = stages.advance_state(lane, chunk, entry, final)
+        for k, chunk in enumerate(seg.chunks):
+            entry = pipe.carried[0]
+            final = seg.ends_lane and k == len(seg.chunks) - 1
+            dst = ring[order[k + 1]] if ring else None
+            pipe.carried[0] = stages.advance_state(lane, chunk, entry, final, dst)
             if pending is not None:
                 stages.emit_output(lane, *pending)
             pending = (chunk, entry)
             yield
         if seg.ends_lane:  # the final state is ready before the last output: store it first
-            stages.store_state(inputs.final_state, lane, carried[0])
+            stages.store_state(final_state, lane, pipe.carried[0])
         if pending is not None:
             stages.emit_output(lane, *pending)
         seg.chunks = []  # the segment's tiles are dead once its chain has read them
@@ -187,53 +254,147 @@ def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
         yield
 
 
-def prepare_depth(group_size: int) -> int:
-    """How many units may be in preparation at once: two, unless their grouped inverses (at most one fp32 [C, C]
-    PSUM tile per chunk at a time, half a bank) would then take more than half of PSUM."""
-    return 2 if 2 * group_size <= PSUM_INVERSE_CHUNKS else 1
+def run_period(pipe: Pipeline, chain_unit: Unit | None, prep_unit: Unit | None) -> None:
+    """One period of the pipeline: the loads and preparation of ``prep_unit`` interleaved step by step with the
+    state chain of ``chain_unit`` (the unit before it), then ``prep_unit``'s results published to the chain slots.
+
+    While one unit's chain waits on a vector-engine op, the engines have the next unit's independent work queued
+    behind it. Every period issues the same steps in the same order, whatever the units: that is what lets the
+    periods of a lane's steady state be one compiled loop body (``run_lanes``).
+    """
+    if prep_unit is not None:
+        load(prep_unit, pipe)
+    if pipe.deferred is not None:
+        pipe.deferred()
+        pipe.deferred = None
+    chain = advance(chain_unit, pipe) if chain_unit is not None else None
+    prep = prepare(prep_unit, pipe.inputs) if prep_unit is not None else None
+    while chain is not None or prep is not None:
+        if chain is not None and next(chain, StopIteration) is StopIteration:
+            chain = None
+        if prep is not None and next(prep, StopIteration) is StopIteration:
+            prep = None
+    if prep_unit is not None:
+        publish(prep_unit, pipe)
 
 
-def load_ahead(group_size: int) -> int:
-    """How many units' loads are issued ahead of the unit being prepared: ``LOAD_AHEAD_CHUNKS`` worth, one or two."""
-    return min(2, max(1, LOAD_AHEAD_CHUNKS // group_size))
+@dataclass(frozen=True)
+class SteadyState:
+    """Periods ``first .. last`` (inclusive) of one lane, each the chain of a full unit of the lane and the
+    preparation of the next: one compiled loop."""
+
+    lane: Lane
+    first: int
+    last: int
+
+
+def steady_states(units: list[Unit], group_size: int) -> list[SteadyState]:
+    """The runs of periods that can be one compiled loop body each.
+
+    Period p (chain of unit p − 1, preparation of unit p) qualifies when both units are one full segment of the
+    same lane, and the lane's first unit is such a unit too (its state then starts in tile 0 of its ring, and so
+    does every unit's chain: ``state_ring_order``). Lane starts and ends, and units shared by lanes, stay unrolled.
+    """
+    if state_ring_order(group_size) is None:
+        return []
+
+    def whole(unit: Unit) -> Lane | None:
+        return unit[0].lane if len(unit) == 1 and unit[0].width == group_size else None
+
+    found: list[SteadyState] = []
+    p = 1
+    while p < len(units):
+        lane = whole(units[p - 1])
+        starts_whole = lane is not None and units[p - 1][0].first % group_size == 0
+        if not (starts_whole and whole(units[p]) is lane):
+            p += 1
+            continue
+        last = p
+        while last + 1 < len(units) and whole(units[last + 1]) is lane:
+            last += 1
+        found.append(SteadyState(lane, p, last))
+        p = last + 1
+    return found
+
+
+STATE_RING = 4  # state tiles per lane in a compiled loop
+
+
+def state_ring_order(group_size: int) -> list[int] | None:
+    """Which of ``STATE_RING`` tiles holds the state after each chunk of a unit (entry 0: before the first), from
+    tile 0 back to tile 0, or None when there is no such order (``group_size`` 1 and 2).
+
+    The chain writes the state after chunk j + 1 while the output of chunk j − 1, issued next, still reads the
+    state before chunk j: three states are live at once, so each tile must differ from the two before it. Among
+    the tiles allowed, the least recently written is taken (the longest time for its readers to finish).
+    """
+
+    def extend(order: list[int]) -> list[int] | None:
+        if len(order) == group_size + 1:
+            return order if order[-1] == 0 else None
+        recent = order[-2:]
+        candidates = [t for t in range(STATE_RING) if t not in recent]
+        candidates.sort(key=lambda t: max((i for i, u in enumerate(order) if u == t), default=-1))
+        for tile in candidates:
+            found = extend([*order, tile])
+            if found is not None:
+                return found
+        return None
+
+    return extend([0]) if group_size > 2 else None
 
 
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
-    """Issue all units as a software pipeline.
+    """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state as one
+    ``nl.fori_loop`` whose body is one period.
 
-    Each round issues one step of every unit in preparation (up to :func:`prepare_depth` of them) and one step
-    of the state chain of the oldest prepared unit. Loads run :func:`load_ahead` units ahead of preparation. The
-    chain takes units strictly in order, so each lane's state passes from unit to unit as in a plain loop.
+    Period p prepares unit p while unit p − 1's chain runs, so at most two units are between their loads and their
+    chain: on-chip memory does not depend on the launch's length. The chain takes units strictly in order, so each
+    lane's state passes from unit to unit as in a plain loop.
 
-    On-chip memory is bounded by the pipeline's depth, not by the launch's length: a unit holds its tiles from
-    its loads until its chain, and at any time at most ``1 + depth + load_ahead`` units are between the two (the
-    one in its chain, ``depth`` prepared or in preparation, the loaded ones). Preparation therefore never runs
-    more than ``depth`` units ahead of the chain, however much faster it is.
+    The loop's iteration value is the token offset of the unit it prepares (step: one unit of tokens), so its HBM
+    accesses need no other arithmetic; what crosses iterations lives in tiles allocated before the loop (the chain
+    slots and the lane's state ring); the engine balancer decides once for the body. The program therefore holds
+    each lane's steady state once, whatever its length.
     """
     units = lane_units(lanes, group_size)
-    depth, ahead = prepare_depth(group_size), load_ahead(group_size)
-    carried: list[stages.State] = [None]  # type: ignore[list-item]
-    loaded = prepared_upto = next_prepare = next_chain = 0
-    preparing: list[tuple[int, Iterator[None]]] = []
-    chain: Iterator[None] | None = None
-    deferred = inputs.deferred_loads
-    while next_chain < len(units) or chain is not None:
-        while len(preparing) < depth and next_prepare < min(len(units), next_chain + depth + 1):
-            while loaded < min(len(units), next_prepare + ahead + 1):
-                load(units[loaded], inputs)
-                loaded += 1
-            if deferred is not None:
-                deferred()
-                deferred = None
-            preparing.append((next_prepare, prepare(units[next_prepare], inputs)))
-            next_prepare += 1
-        if chain is None and next_chain < prepared_upto:
-            chain = advance(units[next_chain], inputs, carried)
-            next_chain += 1
-        for index, gen in list(preparing):
-            if next(gen, StopIteration) is StopIteration:
-                preparing.remove((index, gen))
-                # every unit before the oldest one still in preparation is ready for its chain
-                prepared_upto = min((i for i, _ in preparing), default=next_prepare)
-        if chain is not None and next(chain, StopIteration) is StopIteration:
-            chain = None
+    if not units:
+        return
+    pipe = Pipeline(inputs, group_size, stages.chain_slots(group_size, lanes[0]), deferred=inputs.deferred_loads)
+    loops = {run.first: run for run in steady_states(units, group_size)}
+    if loops:
+        pipe.ring_order = state_ring_order(group_size) or []
+        rings = [[stages.state_tile(lanes[0], reused=True) for _ in range(STATE_RING)] for _ in range(2)]
+        for run in loops.values():  # consecutive loop lanes alternate: one loads its state while one chains
+            pipe.rings.setdefault(id(run.lane), rings[len(pipe.rings) % 2])
+    p = 0
+    while p <= len(units):
+        run = loops.get(p)
+        if run is None:
+            run_period(pipe, units[p - 1] if p > 0 else None, units[p] if p < len(units) else None)
+            p += 1
+            continue
+        _compiled_steady_state(pipe, run, units)
+        p = run.last + 1
+
+
+def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) -> None:
+    """Periods ``run.first .. run.last`` as one ``nl.fori_loop`` over the token offsets of the units prepared."""
+    lane, group = run.lane, pipe.group_size
+    unit_tokens = group * lane.chunk
+    ring = pipe.rings[id(lane)]
+    decisions: list[Any] = []
+
+    def period(token: Any) -> None:
+        chain = Segment(lane, -1, group, False, False, start=token - unit_tokens)
+        chain.chunks = [pipe.slots[j].chunk(chain.token + j * lane.chunk) for j in range(group)]
+        pipe.carried[0] = ring[0]
+        with engines.BALANCER.fixed(decisions):
+            run_period(pipe, [chain], [Segment(lane, -1, group, False, False, start=token)])
+
+    first = units[run.first][0].token
+    nl.fori_loop(first, first + (run.last - run.first + 1) * unit_tokens, period, step=unit_tokens)
+    # After the loop the last prepared unit waits in the slots and the lane's state in its ring's tile 0.
+    (seg,) = units[run.last]
+    seg.chunks = [pipe.slots[j].chunk(seg.token + j * lane.chunk) for j in range(seg.width)]
+    pipe.carried[0] = ring[0]

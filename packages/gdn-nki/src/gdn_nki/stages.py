@@ -89,11 +89,11 @@ class Gates:
     beta_decay: Any  # β e^γ
 
 
-def load_gate_rows(g_log: Any, beta: Any, lane: Lane, first: int, width: int) -> tuple:
-    """DMA ``width`` chunks' g_log and β as rows (one row per chunk): the chunk-local cumsum then runs on the
-    free axis."""
+def load_gate_rows(g_log: Any, beta: Any, lane: Lane, start: Any, width: int) -> tuple:
+    """DMA ``width`` chunks' g_log and β from token ``start`` (an int, or a compiled loop's run-time scalar) as
+    rows (one row per chunk): the chunk-local cumsum then runs on the free axis."""
     chunk = lane.chunk
-    tokens = nl.ds(lane.offset + first * chunk, width * chunk)
+    tokens = nl.ds(start, width * chunk)
     g_rows = tiles.sbuf((width, chunk), FP32)
     nisa.dma_copy(dst=g_rows, src=g_log[lane.b, lane.h, tokens])
     beta_rows = tiles.sbuf((width, chunk), FP32)
@@ -131,7 +131,7 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
 class Chunk:
     """The tiles of one chunk, filled stage by stage (names follow the module docstring)."""
 
-    index: int  # chunk index within the sequence
+    token: Any  # the chunk's first token in q/k/v/out: an int, or a compiled loop's run-time scalar
     q_t: Any = None  # [Dk, C] query, compute dtype
     k_t: Any = None  # [Dk, C] key
     a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ) in Lane.system_dtype; only its strictly-lower part is read
@@ -147,6 +147,7 @@ class Chunk:
     q_eff_t: Any = None  # [Dk, C] Q_effᵀ, compute dtype
     key: Any = None  # [C, Dk] token-major key, a PSUM transpose of k_t (stage 1 only)
     value: Any = None  # [C, Dv] (stage 1 only)
+    slot: ChainSlot | None = None  # where stage 3 writes what the chain reads (None: fresh tiles)
 
     def release(self, *names: str) -> None:
         """Drop tiles no later stage reads, so their on-chip memory is free for the chunks behind."""
@@ -180,24 +181,25 @@ class Lane:
     consts: Constants
 
 
-def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
-    """DMA ``width`` consecutive chunks with one load per tensor: q and k transposed (the permute rides on the
-    load) and v token-major as [C, width, Dv] (chunk j on free-axis slot j); the chunks get views.
+def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
+    """DMA ``width`` consecutive chunks from token ``start`` (an int, or a compiled loop's run-time scalar) with one
+    load per tensor: q and k transposed (the permute rides on the load) and v token-major as [C, width, Dv] (chunk
+    j on free-axis slot j); the chunks get views.
 
     k is not loaded token-major as well: its 256-byte token rows make that DMA ~2× slower per byte than the
     transposing one, so the token-major key is a tensor-engine transpose of k_t instead (``chunk_operands``)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
-    tokens = nl.ds(lane.offset + first * c, width * c)
+    tokens = nl.ds(start, width * c)
     q_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=q_t, src=lane.query[lane.b, lane.kh, tokens, :])
     k_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=k_t, src=lane.key[lane.b, lane.kh, tokens, :])
     value = tiles.sbuf((c, width, dv), dtype)
-    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], lane.offset + first * c, width, c))
+    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], start, width, c))
     return [
         Chunk(
-            index=first + j,
+            token=start + j * c,
             q_t=q_t[:, j * c : (j + 1) * c],
             k_t=k_t[:, j * c : (j + 1) * c],
             value=value[:, j, :],
@@ -206,11 +208,14 @@ def load_chunks(lane: Lane, first: int, width: int) -> list[Chunk]:
     ]
 
 
-def _chunk_major(tokens_by_dim: Any, start: int, width: int, chunk: int) -> Any:
+def _chunk_major(tokens_by_dim: Any, start: Any, width: int, chunk: int) -> Any:
     """View of a token-major [S, D] HBM tensor from token ``start`` as [chunk, width, D]: token t of chunk j at
-    [t, j, :]."""
+    [t, j, :]. A run-time ``start`` is the access pattern's scalar offset (in rows: ``indirect_dim=0``)."""
     dim = tokens_by_dim.shape[1]
-    return tokens_by_dim.ap(pattern=[[dim, chunk], [chunk * dim, width], [1, dim]], offset=start * dim)
+    pattern = [[dim, chunk], [chunk * dim, width], [1, dim]]
+    if isinstance(start, int):
+        return tokens_by_dim.ap(pattern=pattern, offset=start * dim)
+    return tokens_by_dim.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=0)
 
 
 def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[None]:
@@ -271,16 +276,76 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
     Each product is evacuated right after it is made, so a chunk holds at most one PSUM tile at a time.
     """
     dtype = lane.dtype
-    chunk.u = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.v_beta), dtype)
+    u = tiles.matmul(chunk.inverse_t, chunk.v_beta)
+    chunk.u = tiles.copy_to(_chain_tile(chunk, "u", u, dtype), u)
     w = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.k_beta), dtype)
     yield
     # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free. Tᵀ and Q_effᵀ multiply the state's
     # parts, so they take the parts' dtype (see State).
-    chunk.transition_t = tiles.evacuate(tiles.matmul(w, chunk.k_decay), dtype, scale=-1.0)
+    transition_t = tiles.matmul(w, chunk.k_decay)
+    chunk.transition_t = tiles.copy_to(_chain_tile(chunk, "transition_t", transition_t, dtype), transition_t, -1.0)
     attn_w_t = tiles.matmul(w, chunk.attn_t)  # (attn W)ᵀ
-    chunk.q_eff_t = tiles.sbuf(tuple(chunk.q_decay_t.shape), dtype)
+    chunk.q_eff_t = _chain_tile(chunk, "q_eff_t", chunk.q_decay_t, dtype)
     tiles.combine(chunk.q_eff_t, chunk.q_decay_t, attn_w_t, nl.subtract)
     chunk.release("a", "inverse_t", "k_beta", "v_beta", "q_decay_t")
+
+
+@dataclass
+class ChainSlot:
+    """What the state chain and the output read of the chunk at one position of a unit, in tiles allocated once per
+    launch (``chain_slots``) and reused by every unit.
+
+    In a compiled loop each value that crosses from one iteration to the next must live in a tile allocated before
+    the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration and its chain runs in
+    the next. Stage 3 writes ``u``, ``transition_t`` and ``q_eff_t`` here directly; the stage-1 values are copied
+    here once the previous unit's chain has read the slot (``lanes.publish``).
+    """
+
+    k_decay: Any  # [C, Dk] compute dtype
+    decay_last: Any  # [Dk, 1] fp32
+    attn_t: Any  # [C, C] compute dtype
+    u: Any  # [C, Dv] compute dtype
+    transition_t: Any  # [Dk, Dk] compute dtype
+    q_eff_t: Any  # [Dk, C] compute dtype
+
+    def chunk(self, token: Any) -> Chunk:
+        """The chunk starting at ``token`` as the chain sees it: its values read from this slot."""
+        return Chunk(
+            token=token,
+            k_decay=self.k_decay,
+            decay_last=self.decay_last,
+            attn_t=self.attn_t,
+            u=self.u,
+            transition_t=self.transition_t,
+            q_eff_t=self.q_eff_t,
+        )
+
+
+STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.publish`` copies into a ChainSlot
+
+
+def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
+    """``count`` chain slots for chunks of ``lane``'s shapes and dtypes (every lane of a launch has the same)."""
+    c, dtype = lane.chunk, lane.dtype
+    dk, dv = lane.key.shape[3], lane.value.shape[3]
+    return [
+        ChainSlot(
+            k_decay=tiles.sbuf((c, dk), dtype),
+            decay_last=tiles.sbuf((dk, 1), FP32),
+            attn_t=tiles.sbuf((c, c), dtype),
+            u=tiles.sbuf((c, dv), dtype),
+            transition_t=tiles.sbuf((dk, dk), dtype),
+            q_eff_t=tiles.sbuf((dk, c), dtype),
+        )
+        for _ in range(count)
+    ]
+
+
+def _chain_tile(chunk: Chunk, name: str, like: Any, dtype: Any) -> Any:
+    """The chunk's slot tile ``name`` when it has a slot, else a fresh SBUF tile shaped like ``like``."""
+    if chunk.slot is not None:
+        return getattr(chunk.slot, name)
+    return tiles.sbuf(tuple(like.shape), dtype)
 
 
 @dataclass
@@ -295,22 +360,31 @@ class State:
     one half starts while the vector engine still updates the other, halving the chain's exposed latency.
 
     A lane without an initial state starts from a state known to be zero: its products vanish and are not issued.
+
+    A state tile reused by a compiled loop (``lanes.py``'s state ring, ``state_tile(reused=True)``) also holds the
+    tiles its parts are made in (``lo``), so nothing it holds is allocated inside the loop.
     """
 
     blocks: list[Any] | None  # the master's column blocks (views of ``whole``); None for the zero state
     whole: Any = None  # [Dk, Dv] fp32 tile
     operand_dtype: Any = FP32  # dtype of the products' state operands: the compute dtype
     _parts: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+    lo: list[Any] | None = None  # per block, the tile its low part is made in (None: a fresh tile)
 
     @property
     def zero(self) -> bool:
         return self.blocks is None
 
     def parts(self, j: int) -> list[Any]:
-        """Block j's matmul operands, made on first use."""
+        """Block j's matmul operands, made on first use (after the state is written: ``written``)."""
         if j not in self._parts:
-            self._parts[j] = split_block(self.blocks[j], self.operand_dtype)
+            self._parts[j] = split_block(self.blocks[j], self.operand_dtype, self.lo[j] if self.lo else None)
         return self._parts[j]
+
+    def written(self) -> State:
+        """Forget the parts made from the tile's previous contents (a reused tile was just written)."""
+        self._parts.clear()
+        return self
 
 
 def column_blocks(dv: int) -> list[slice]:
@@ -325,24 +399,50 @@ def column_blocks(dv: int) -> list[slice]:
 STATE_BLOCK_MIN = 32
 
 
-def split_block(block: Any, dtype: Any) -> list[Any]:
+def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
     """The matmul operands of an fp32 state block for the compute ``dtype``, which sum to the block.
 
     fp32: ``[block]``. bf16: ``[hi, lo]`` with ``hi`` the block truncated to bf16 — the upper half of each fp32
     element, read in place (``tiles.high_half``, no instruction) — and ``lo = bf16(block − hi)``, one GpSimd
     instruction (``block − hi`` is exact in fp32; its rounding to bf16 is the split's only error, below 2⁻¹⁶ of
     the element). GpSimd: the one engine with room in the chain's period (measured: on the vector engine, in
-    line with the chain's update, a chain link takes 0.75 µs instead of 0.3 µs).
+    line with the chain's update, a chain link takes 0.75 µs instead of 0.3 µs). ``lo`` is made in the given tile
+    (else a fresh one).
     """
     if dtype == FP32:
         return [block]
     hi = tiles.high_half(block)
-    lo = tiles.combine(tiles.sbuf(tuple(block.shape), dtype), block, hi, nl.subtract, engine=engines.GPSIMD)
-    return [hi, lo]
+    lo = lo if lo is not None else tiles.sbuf(tuple(block.shape), dtype)
+    return [hi, tiles.combine(lo, block, hi, nl.subtract, engine=engines.GPSIMD)]
 
 
-def initial_state(recurrent_state: Any, lane: Lane) -> State:
-    """Load the lane's row of the caller's state (aliased in/out), or the zero state (nothing emitted)."""
+def state_tile(lane: Lane, reused: bool = False) -> State:
+    """A fresh [Dk, Dv] fp32 state tile for ``lane``'s shapes; ``reused``: with its parts' tiles too (for a tile a
+    compiled loop writes again and again)."""
+    dk, dv = lane.key.shape[3], lane.value.shape[3]
+    whole = tiles.sbuf((dk, dv), FP32)
+    blocks = [whole[:, cols] for cols in column_blocks(dv)]
+    lo = None
+    if reused and lane.dtype != FP32:
+        lo = [tiles.sbuf((dk, cols.stop - cols.start), lane.dtype) for cols in column_blocks(dv)]
+    return State(blocks, whole, lane.dtype, lo=lo)
+
+
+def initial_state(recurrent_state: Any, lane: Lane, dst: State | None = None) -> State:
+    """Load the lane's row of the caller's state (aliased in/out), or the zero state (nothing emitted).
+
+    Into ``dst`` (a reused state tile), the zero state is written (memset) and the parts are made at once, so a
+    compiled loop finds the same state tile, parts made, at the start of every iteration.
+    """
+    if dst is not None:
+        if recurrent_state is None:
+            nisa.memset(dst=dst.whole, value=0.0)
+        else:
+            nisa.dma_copy(dst=dst.whole, src=recurrent_state[lane.slot, lane.h, :, :])
+        dst.written()
+        for j in range(len(dst.blocks)):
+            dst.parts(j)
+        return dst
     if recurrent_state is None:
         return State(None, operand_dtype=lane.dtype)
     whole = nl.load(recurrent_state[lane.slot, lane.h, :, :], dtype=FP32)
@@ -362,18 +462,17 @@ def _state_product(dst: Any, stationary: Any, state: State, j: int) -> None:
         tiles.matmul(stationary, part, dst=dst, accumulate=True)
 
 
-def advance_state(lane: Lane, chunk: Chunk, state: State, final: bool = False) -> State:
-    """Stage 4, the sequential chain: S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S.
+def advance_state(lane: Lane, chunk: Chunk, state: State, final: bool = False, dst: State | None = None) -> State:
+    """Stage 4, the sequential chain: S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S, into ``dst``
+    (a reused state tile; else a fresh one).
 
     Each new block is split into its matmul parts right after its update (measured: issued at first use instead,
     the split waits in GpSimd's queue behind later work, +4% at S = 8192) — except the lane's ``final`` state,
     which is only stored.
     """
-    dk, dv = chunk.transition_t.shape[0], lane.value.shape[3]
-    whole = tiles.sbuf((dk, dv), FP32)
-    blocks = [whole[:, cols] for cols in column_blocks(dv)]
-    following = State(blocks, whole, lane.dtype)
-    for j, (cols, new) in enumerate(zip(column_blocks(dv), blocks, strict=True)):
+    dv = lane.value.shape[3]
+    following = dst.written() if dst is not None else state_tile(lane)
+    for j, (cols, new) in enumerate(zip(column_blocks(dv), following.blocks, strict=True)):
         update = tiles.matmul(chunk.k_decay, chunk.u[:, cols])
         _state_product(update, chunk.transition_t, state, j)
         # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
@@ -399,4 +498,4 @@ def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
         out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
         _state_product(out_psum, chunk.q_eff_t, entry_state, j)
         tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale, engine=tiles.VECTOR)
-    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(lane.offset + chunk.index * c, c), :], src=out_tile)
+    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.token, c), :], src=out_tile)

@@ -90,7 +90,7 @@ def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
         return dst
     direct = BALANCER.load[VECTOR] + stream_ns(VECTOR, n)
     staged = max(BALANCER.load[SCALAR] + stream_ns(SCALAR, n), BALANCER.load[GPSIMD]) + stream_ns(GPSIMD, n)
-    if direct <= staged:
+    if BALANCER.decide(direct <= staged):
         BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=VECTOR)
         return dst

@@ -1,0 +1,67 @@
+"""Program size: each lane's steady state is one compiled loop (``nl.fori_loop``), so the program a launch holds
+does not grow with S, and the loop computes exactly what the unrolled periods compute.
+
+nki-cpu counts a compiled loop's body once (``Trace.static_instructions``) and checks that running it per
+iteration is what the traced-once body computes (nki-cpu README, "compiled loop bodies"). Small head dims and
+groups of 4 chunks keep the launches to a few seconds; production shapes are in ``nox -s bench``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nki_cpu
+from gdn_nki import lanes
+from gdn_spec.regimes import Geometry
+from nki_inputs import assert_matches_oracle, case, run
+
+pytestmark = pytest.mark.nki_cpu_only  # reads nki-cpu's trace
+
+GROUP = 4  # chunks per unit: a lane of 3+ units has a loop of 2+ iterations
+
+
+def _geometry(lanes_: int, seq_len: int, key_heads: int = 1) -> Geometry:
+    return Geometry(B=1, Hk=key_heads, Hv=lanes_, S=seq_len, Dk=32, Dv=16)
+
+
+def _counts(algorithm: str, lanes_: int, seq_len: int) -> tuple[int, int]:
+    """(static, dynamic) instruction counts of one launch."""
+    run(case("bfloat16", _geometry(lanes_, seq_len, key_heads=lanes_), seed=0), algorithm, group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    return trace.static_instructions, len(trace.records)
+
+
+@pytest.mark.parametrize(("algorithm", "chunk"), [("schur", 128), ("neumann", 64)])
+@pytest.mark.parametrize("lanes_", [1, 2])
+def test_the_program_does_not_grow_with_the_sequence(algorithm: str, chunk: int, lanes_: int) -> None:
+    units = GROUP if algorithm == "schur" else 8  # neumann's units are 8 chunks whatever group_size says
+    short = 2 * units * chunk  # two units per lane: the loop runs once
+    static_short, dynamic_short = _counts(algorithm, lanes_, short)
+    static_long, dynamic_long = _counts(algorithm, lanes_, 4 * short)
+    assert static_long == static_short, "the program grew with S"
+    assert dynamic_long > 3 * dynamic_short, "every chunk still runs"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("group_size", [GROUP, 5])  # 5: an odd unit, whose state ring is not a plain rotation
+def test_the_compiled_steady_state_matches_the_oracle(dtype: str, group_size: int) -> None:
+    """Two lanes (GQA) of three units each, from a supplied state: each lane loops twice, the lanes' state rings
+    alternate, and the lane ends and the step between the lanes are unrolled."""
+    c = case(dtype, _geometry(2, 3 * group_size * 128), seed=3, regime="initial_state")
+    out, state = run(c, "schur", group_size=group_size)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
+    assert_matches_oracle(c, out, state, f"group {group_size}")
+
+
+def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = case("bfloat16", _geometry(2, 3 * GROUP * 128), seed=4, regime="initial_state")
+    looped = run(c, "schur", group_size=GROUP)
+    assert nki_cpu.last_trace().static_instructions < len(nki_cpu.last_trace().records)
+    monkeypatch.setattr(lanes, "steady_states", lambda units, group_size: [])
+    unrolled = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions == len(trace.records)
+    for got, want in zip(looped, unrolled, strict=True):
+        np.testing.assert_array_equal(got, want)
