@@ -145,6 +145,7 @@ class NkiTensor:
         offset: int,
         name: str = "",
         row_offsets: np.ndarray | None = None,
+        runtime_start: bool = False,
     ) -> None:
         self.storage = storage
         self.dtype = dtype
@@ -153,6 +154,10 @@ class NkiTensor:
         self.offset = int(offset)
         self.name = name
         self._row_offsets = row_offsets  # indirect (vector_offset) views: per-index-0 start offsets
+        # Addressed from a run-time value (nl.ds with a run-time start, .ap(scalar_offset=) of one): the docs call
+        # such a view indirect (nki.language.ds, SDK 2.33); nki-cpu resolves the value now, so it keeps this fact
+        # for the instructions whose documented limits depend on it (dma_transpose).
+        self.runtime_start = runtime_start
         # A tensor never changes after construction, so its numpy view, region and sizes are computed once.
         self._on_chip: bool = storage.on_chip
         self._view: np.ndarray | None = None
@@ -208,6 +213,10 @@ class NkiTensor:
     def is_indirect(self) -> bool:
         """True for views with a runtime (vector) offset."""
         return self._row_offsets is not None
+
+    def is_runtime_addressed(self) -> bool:
+        """True for views whose start or rows come from a run-time value (a scalar or a vector offset)."""
+        return self.runtime_start or self._row_offsets is not None
 
     def get_pattern(self) -> list[list[int]]:
         """``[[stride, count], ...]`` per dim, in shape order."""
@@ -408,6 +417,7 @@ class NkiTensor:
         offset: int,
         dtype: np.dtype | None = None,
         row_offsets: np.ndarray | None = None,
+        runtime_start: bool = False,
     ) -> NkiTensor:
         return NkiTensor(
             self.storage,
@@ -417,6 +427,7 @@ class NkiTensor:
             offset,
             self.name,
             row_offsets if row_offsets is not None else self._row_offsets,
+            runtime_start or self.runtime_start,
         )
 
     def __getitem__(self, key: Any) -> NkiTensor:
@@ -434,8 +445,10 @@ class NkiTensor:
         offset = self.offset
         on_chip = self._on_chip
         last_dropped_stride = 1
+        runtime_start = False
         for dim, (k, n, s) in enumerate(zip(key, self.shape, self.strides, strict=True)):
             if isinstance(k, DynamicSlice):
+                runtime_start = runtime_start or not isinstance(k.start, (int, np.integer))
                 k = k.as_slice()
                 if k.start < 0 or k.stop > n:
                     raise IndexError(f"nl.ds({k.start}, {k.stop - k.start}) out of range for dim {dim} of size {n}")
@@ -464,7 +477,7 @@ class NkiTensor:
         while len(shape) < min_rank:
             shape.append(1)
             strides.append(last_dropped_stride)
-        return self._make(shape, strides, offset)
+        return self._make(shape, strides, offset, runtime_start=runtime_start)
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
         """View of ``start:end:step`` along ``dim``."""
@@ -626,7 +639,15 @@ class NkiTensor:
             if idx.size != pairs[0][1]:
                 raise AssertionError(f"ap vector_offset has {idx.size} indices, pattern dim 0 has {pairs[0][1]}")
             row_offsets = idx * math.prod(self.shape[1:])
-        return self._make([n for _, n in pairs], [s for s, _ in pairs], start, dtype=new, row_offsets=row_offsets)
+        runtime_start = scalar_offset is not None and not isinstance(scalar_offset, (int, np.integer))
+        return self._make(
+            [n for _, n in pairs],
+            [s for s, _ in pairs],
+            start,
+            dtype=new,
+            row_offsets=row_offsets,
+            runtime_start=runtime_start,
+        )
 
 
 def _scalar_value(value: Any) -> int:
