@@ -145,7 +145,8 @@ class Chunk:
     u: Any = None  # [C, Dv]
     transition_t: Any = None  # [Dk, Dk] Tᵀ, compute dtype (the dtype of the state's parts)
     q_eff_t: Any = None  # [Dk, C] Q_effᵀ, compute dtype
-    key: Any = None  # [C, Dk] token-major key, a PSUM transpose of k_t (stage 1 only)
+    key: Any = None  # [C, Dk] token-major key, a PSUM transpose of k_t or loaded so (stage 1 only)
+    query: Any = None  # [C, Dk] token-major query, loaded so in an fp32 compiled loop (stage 1's start only)
     value: Any = None  # [C, Dv] (stage 1 only)
     slot: ChainSlot | None = None  # where stage 3 writes what the chain reads (None: fresh tiles)
 
@@ -187,16 +188,30 @@ def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
     j on free-axis slot j); the chunks get views.
 
     k is not loaded token-major as well: its 256-byte token rows make that DMA ~2× slower per byte than the
-    transposing one, so the token-major key is a tensor-engine transpose of k_t instead (``chunk_operands``)."""
+    transposing one, so the token-major key is a tensor-engine transpose of k_t instead (``chunk_operands``).
+
+    A transpose from a run-time start is an indirect transpose, which the docs allow only for 2-byte dtypes (ISA
+    ``dma_transpose``, "DMA Indirect Transpose Constraints", v2.33.0). So in a compiled loop with fp32 compute, q
+    and k are loaded token-major like v (``dma_copy`` documents dynamic start addresses) and ``chunk_operands``
+    transposes them on the tensor engine (exact)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
+    value = tiles.sbuf((c, width, dv), dtype)
+    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], start, width, c))
+    if not isinstance(start, int) and dtype not in tiles.BF16_LIKE:
+        query = tiles.sbuf((c, width, dk), dtype)
+        nisa.dma_copy(dst=query, src=_chunk_major(lane.query[lane.b, lane.kh], start, width, c))
+        key = tiles.sbuf((c, width, dk), dtype)
+        nisa.dma_copy(dst=key, src=_chunk_major(lane.key[lane.b, lane.kh], start, width, c))
+        return [
+            Chunk(token=start + j * c, query=query[:, j, :], key=key[:, j, :], value=value[:, j, :])
+            for j in range(width)
+        ]
     tokens = nl.ds(start, width * c)
     q_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=q_t, src=lane.query[lane.b, lane.kh, tokens, :])
     k_t = tiles.sbuf((dk, width * c), dtype)
     nisa.dma_transpose(dst=k_t, src=lane.key[lane.b, lane.kh, tokens, :])
-    value = tiles.sbuf((c, width, dv), dtype)
-    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], start, width, c))
     return [
         Chunk(
             token=start + j * c,
@@ -226,6 +241,10 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     each PSUM tile is consumed in the phase after the one that produced it.
     """
     c, dtype, consts = lane.chunk, lane.dtype, lane.consts
+    if chunk.k_t is None:  # loaded token-major (``load_chunks``): the tensor engine makes the transposed tiles
+        chunk.k_t = tiles.evacuate(tiles.transpose(chunk.key), dtype)
+        chunk.q_t = tiles.evacuate(tiles.transpose(chunk.query), dtype)
+        chunk.release("query")
     dk = chunk.k_t.shape[0]
     gamma = gates.gamma[:, j : j + 1]
 
@@ -252,7 +271,8 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     tiles.select_upper(decay_t)
     ratio = decay_t[:, c - 1 : c]  # Γᵀ[j', C−1]: the decay from token j' to the chunk's end
     del spans_t
-    chunk.key = tiles.transpose(chunk.k_t)
+    if chunk.key is None:
+        chunk.key = tiles.transpose(chunk.k_t)
     yield
     # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
     # scales the rows by β.
