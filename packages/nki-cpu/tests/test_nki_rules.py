@@ -294,46 +294,44 @@ def test_relaxed_pe_tiling_warns_and_runs():
         nki_cpu.simulate(misplaced, relax={"pe_tiling"})()
 
 
-# --- dma_transpose from a run-time-addressed source: the software-DGE indirect transpose's limits ---------------
+# --- dma_transpose from a run-time-addressed source: not a documented form -------------------------------------
 def _hbm(values: np.ndarray, dtype: object) -> object:
     t = nl.ndarray(values.shape, dtype, buffer=nl.hbm)
     t.write(values)
     return t
 
 
-def _transpose_at_run_time(dtype: object, runtime: bool = True, dge=None) -> tuple[np.ndarray, np.ndarray]:
+def _transpose_tokens(dtype: object, runtime: bool) -> tuple[np.ndarray, np.ndarray]:
     """Transpose tokens [32, 64) of a [128, 64] HBM tensor: from a run-time start (an ``NkiScalar``, as a compiled
     loop's iteration value is) through ``nl.ds``, or from the same start as a Python int."""
-    values = _data((128, 64))
-    src = _hbm(values, dtype)
+    src = _hbm(_data((128, 64)), dtype)
     start = nki_cpu.isa.NkiScalar(32) if runtime else 32
     dst = empty((64, 32), dtype)
-    kwargs = {} if dge is None else {"dge_mode": dge}
-    nisa.dma_transpose(dst=dst, src=src[nl.ds(start, 32), :], **kwargs)
+    nisa.dma_transpose(dst=dst, src=src[nl.ds(start, 32), :])
     return dst.read(), np.asarray(src.read())[32:64].T
 
 
-def test_indirect_transpose_of_a_four_byte_dtype_is_rejected():
-    with pytest.raises(AssertionError, match=r"dma_transpose src dtype must be a 2-byte dtype, got float32: a run"):
-        _transpose_at_run_time(nl.float32)
+@pytest.mark.parametrize("dtype", [nl.bfloat16, nl.float32])
+def test_transpose_from_a_run_time_start_is_rejected(dtype):
+    with pytest.raises(AssertionError, match=r"dma_transpose src addressed at run time .* load it with dma_copy"):
+        _transpose_tokens(dtype, runtime=True)
 
 
-def test_indirect_transpose_with_hardware_dge_is_rejected():
-    with pytest.raises(AssertionError, match=r"dge_mode must be unknown or swdge, got hwdge"):
-        _transpose_at_run_time(nl.bfloat16, dge=nisa.dge_mode.hwdge)
-
-
-def test_indirect_transpose_of_an_sbuf_source_is_rejected():
-    src = tile(_data((128, 64)), nl.bfloat16)
+def test_transpose_from_a_run_time_scalar_offset_is_rejected():
+    src = _hbm(_data((128, 64)), nl.bfloat16)
     view = src.ap(pattern=[[64, 32], [1, 64]], offset=0, scalar_offset=nki_cpu.isa.NkiScalar(1), indirect_dim=0)
-    with pytest.raises(AssertionError, match=r"dma_transpose src must be in hbm, got sbuf"):
+    with pytest.raises(AssertionError, match=r"dma_transpose src addressed at run time"):
         nisa.dma_transpose(dst=empty((64, 32), nl.bfloat16), src=view)
 
 
-def test_documented_transposes_run_bit_exact():
-    for dtype, runtime in ((nl.bfloat16, True), (nl.float32, False), (nl.bfloat16, False)):
-        got, expected = _transpose_at_run_time(dtype, runtime)
-        np.testing.assert_array_equal(got, expected)
+@pytest.mark.parametrize("dtype", [nl.bfloat16, nl.float32])
+def test_transpose_from_a_static_start_and_a_run_time_copy_run_bit_exact(dtype):
+    got, expected = _transpose_tokens(dtype, runtime=False)
+    np.testing.assert_array_equal(got, expected)
+    src = _hbm(_data((128, 64)), dtype)
+    dst = empty((32, 64), dtype)
+    nisa.dma_copy(dst=dst, src=src[nl.ds(nki_cpu.isa.NkiScalar(32), 32), :])  # dynamic starts: documented for copies
+    np.testing.assert_array_equal(dst.read(), np.asarray(src.read())[32:64])
 
 
 def test_views_of_a_run_time_view_stay_run_time_addressed():
@@ -341,13 +339,14 @@ def test_views_of_a_run_time_view_stay_run_time_addressed():
     window = src[nl.ds(nki_cpu.isa.NkiScalar(0), 64), :]
     assert window.is_runtime_addressed() and window[0:32, :].is_runtime_addressed()
     assert not src[nl.ds(0, 64), :].is_runtime_addressed()
-    with pytest.raises(AssertionError, match="2-byte dtype"):
+    with pytest.raises(AssertionError, match="addressed at run time"):
         nisa.dma_transpose(dst=empty((64, 32), nl.float32), src=window[0:32, :])
 
 
 def test_relaxed_indirect_transpose_warns_and_runs():
-    def four_byte():
-        _transpose_at_run_time(nl.float32)
+    def from_run_time_start():
+        got, expected = _transpose_tokens(nl.bfloat16, runtime=True)
+        np.testing.assert_array_equal(got, expected)
 
-    with pytest.warns(RuntimeWarning, match="2-byte dtype.*relaxed"):
-        nki_cpu.simulate(four_byte, relax={"indirect_transpose"})()
+    with pytest.warns(RuntimeWarning, match="addressed at run time.*relaxed"):
+        nki_cpu.simulate(from_run_time_start, relax={"indirect_transpose"})()

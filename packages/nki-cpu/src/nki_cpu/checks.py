@@ -41,7 +41,7 @@ RULES = frozenset(
         "lnc_grid",  # kernel[n]: n is the LNC degree, 1 or 2
         "buffer_strings",  # buffers are nl.* objects, not strings (NKI 0.3.0+)
         "pe_tiling",  # nc_matmul tiling mode: both tile_position and tile_size, aligned, inside the PE array
-        "indirect_transpose",  # dma_transpose of a run-time-addressed src: software DGE, 2-byte, HBM, last dim <= 128
+        "indirect_transpose",  # no dma_transpose of a src addressed at run time (nl.ds run-time start, offsets)
     }
 )
 

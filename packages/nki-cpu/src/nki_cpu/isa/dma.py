@@ -140,7 +140,7 @@ def dma_transpose(
         axes: the permutation (default per rank as above).
         priority: QoS hint (no effect).
         dge_mode: ``hwdge`` adds the hardware-DGE shape limits (src.shape[0] == 16 for 2-D, ...); a src addressed
-            at run time is an indirect transpose, with the software-DGE limits (rule ``indirect_transpose``).
+            at run time is rejected (rule ``indirect_transpose``).
         oob_mode: indirect out-of-bounds behaviour.
         name: debug label.
 
@@ -163,7 +163,7 @@ def dma_transpose(
     if dst.shape != expected:
         checks.fail(f"{instr} dst shape {dst.shape} must equal the transposed src shape {expected}")
     if src.is_runtime_addressed():
-        _indirect_transpose_limits(instr, src, dge_mode)
+        _runtime_addressed_transpose(instr, src)
     if dge_mode == _enums.dge_mode.hwdge:
         if src.itemsize != 2:
             checks.fail(f"{instr} hwdge needs a 2-byte dtype, got {dtypes.name(src.dtype)}")
@@ -174,29 +174,20 @@ def dma_transpose(
     return _emit_dma(instr, dst, [src], True, dge_mode)
 
 
-def _indirect_transpose_limits(instr: str, src: NkiTensor, mode: Any) -> None:
-    """A transpose whose source is addressed at run time (``nl.ds`` with a run-time start, a scalar or vector offset:
-    an indirect view, nki.language.ds) is lowered to the software-DGE gather transpose, whose documented limits are
-    checked here (ISA ``dma_transpose``, "DMA Indirect Transpose Constraints", v2.29.1-v2.33.0; rule
-    ``indirect_transpose``). The index-tensor limits of that list have nothing to check for a scalar start."""
-    mode_name = getattr(mode, "name", str(mode))
-    why = "a run-time-addressed src is an indirect transpose (software DGE)"
-    if mode not in (_enums.dge_mode.unknown, _enums.dge_mode.swdge):
-        checks.rule("indirect_transpose", f"{instr} dge_mode must be unknown or swdge, got {mode_name}: {why}")
-    if src.storage.kind != "hbm":
-        checks.rule("indirect_transpose", f"{instr} src must be in hbm, got {src.storage.kind}: {why}")
-    if src.itemsize != 2:
-        checks.rule(
-            "indirect_transpose",
-            f"{instr} src dtype must be a 2-byte dtype, got {dtypes.name(src.dtype)}: {why}; load it with dma_copy "
-            "(dynamic start addresses are documented there) and transpose on chip",
-        )
-    if src.shape[-1] > 128:
-        checks.rule("indirect_transpose", f"{instr} src last dim {src.shape[-1]} exceeds maximum 128: {why}")
-    if src.shape[0] % 16:
-        checks.rule("indirect_transpose", f"{instr} src.shape[0] must be divisible by 16, got {src.shape[0]}: {why}")
-    if src.ndim == 4 and 1 not in (src.shape[1], src.shape[2]):
-        checks.rule("indirect_transpose", f"{instr} 4-D src needs shape[1] or shape[2] == 1, got {src.shape}: {why}")
+def _runtime_addressed_transpose(instr: str, src: NkiTensor) -> None:
+    """A transpose whose source is addressed at run time (``nl.ds`` with a run-time start, a scalar or vector offset)
+    is rejected (rule ``indirect_transpose``). Such a view is indirect (nki.language.ds, v2.33.0); the ISA
+    ``dma_transpose`` page documents a direct form (hardware DGE: ``src.shape[0] == 16``) and an indirect form that
+    gathers rows through an index tensor in SBUF (software DGE, 2-byte dtypes), not a run-time start address
+    ("DMA Direct / Indirect Transpose Constraints", v2.29.1-v2.33.0); AWS's nki-library loads such sources with
+    ``dma_copy`` and transposes them on the tensor engine, noting that dma_transpose does not support dynamic access
+    (MLP TKG ``_load_transposed_tile``, NKI-415)."""
+    checks.rule(
+        "indirect_transpose",
+        f"{instr} src addressed at run time (nl.ds with a run-time start or a scalar/vector offset) is not a "
+        "documented dma_transpose form: load it with dma_copy (dynamic start addresses are documented there) "
+        "and transpose it on the tensor engine",
+    )
 
 
 def dma_compute(
