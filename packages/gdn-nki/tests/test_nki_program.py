@@ -57,9 +57,9 @@ def test_the_compiled_steady_state_matches_the_oracle(dtype: str, group_size: in
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
-    """Also in fp32, whose loop body loads q and k token-major and transposes them on the tensor engine (a DMA
-    transpose from a run-time start is documented for 2-byte dtypes only) where the unrolled periods transpose them
-    on the load: both transposes are exact."""
+    """The loop body loads q and k token-major and transposes them on the tensor engine (a DMA transpose from a
+    run-time start is not a documented form) where the unrolled periods transpose them on the load: both are
+    exact, in bf16 and in fp32."""
     c = case(dtype, _geometry(2, 3 * GROUP * 128), seed=4, regime="initial_state")
     looped = run(c, "schur", group_size=GROUP)
     assert nki_cpu.last_trace().static_instructions < len(nki_cpu.last_trace().records)

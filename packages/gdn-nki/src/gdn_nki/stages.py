@@ -146,7 +146,7 @@ class Chunk:
     transition_t: Any = None  # [Dk, Dk] Tᵀ, compute dtype (the dtype of the state's parts)
     q_eff_t: Any = None  # [Dk, C] Q_effᵀ, compute dtype
     key: Any = None  # [C, Dk] token-major key, a PSUM transpose of k_t or loaded so (stage 1 only)
-    query: Any = None  # [C, Dk] token-major query, loaded so in an fp32 compiled loop (stage 1's start only)
+    query: Any = None  # [C, Dk] token-major query, loaded so in a compiled loop (stage 1's start only)
     value: Any = None  # [C, Dv] (stage 1 only)
     slot: ChainSlot | None = None  # where stage 3 writes what the chain reads (None: fresh tiles)
 
@@ -190,15 +190,14 @@ def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
     k is not loaded token-major as well: its 256-byte token rows make that DMA ~2× slower per byte than the
     transposing one, so the token-major key is a tensor-engine transpose of k_t instead (``chunk_operands``).
 
-    A transpose from a run-time start is an indirect transpose, which the docs allow only for 2-byte dtypes (ISA
-    ``dma_transpose``, "DMA Indirect Transpose Constraints", v2.33.0). So in a compiled loop with fp32 compute, q
-    and k are loaded token-major like v (``dma_copy`` documents dynamic start addresses) and ``chunk_operands``
-    transposes them on the tensor engine (exact)."""
+    A DMA transpose from a run-time start is not a documented form (nki-cpu README, rule ``indirect_transpose``):
+    in a compiled loop q and k are loaded token-major like v (``dma_copy`` documents dynamic start addresses) and
+    ``chunk_operands`` transposes them on the tensor engine (exact)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
     value = tiles.sbuf((c, width, dv), dtype)
     nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], start, width, c))
-    if not isinstance(start, int) and dtype not in tiles.BF16_LIKE:
+    if not isinstance(start, int):
         query = tiles.sbuf((c, width, dk), dtype)
         nisa.dma_copy(dst=query, src=_chunk_major(lane.query[lane.b, lane.kh], start, width, c))
         key = tiles.sbuf((c, width, dk), dtype)
