@@ -266,9 +266,11 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
     del spans_lhs
     yield
-    # The anti-causal half (i < j') sums no gate, so it reads exp(0) = 1 and is *selected* away by GpSimd.
+    # The anti-causal half (i < j') sums no gate (every term is an exact 0·g), so it reads exp(0) = 1 exactly —
+    # finite — and a multiply by the causal 0/1 mask zeroes it exactly (1·0 = 0, x·1 = x: the bits of a select, at
+    # half the cost of GpSimd's affine_select).
     decay_t = tiles.exp(spans_t)
-    tiles.select_upper(decay_t)
+    tiles.combine(decay_t, decay_t, consts.through, nl.multiply)
     ratio = decay_t[:, c - 1 : c]  # Γᵀ[j', C−1]: the decay from token j' to the chunk's end
     del spans_t
     if chunk.key is None:

@@ -161,11 +161,6 @@ def select_by_diagonal(dst: Any, on_true_tile: Any, on_false_value: float, cmp_o
     return dst
 
 
-def select_upper(tile: Any) -> None:
-    """Zero, in place, every element of a square tile below the diagonal (keep column − row >= 0)."""
-    select_by_diagonal(tile, tile, 0.0, nl.greater_equal)
-
-
 def high_half(tile: Any) -> Any:
     """The bf16 view of an fp32 tile's elements truncated to bf16: the upper 16 bits of each (little-endian
     storage: the second bf16 of each fp32), read in place through ``view(dtype)`` and a step-2 slice."""
