@@ -20,9 +20,15 @@ in their off quadrants, so no level needs the whole 128×128 tensor-engine array
   nonzero — no mask, the contraction itself selects A's off quadrant. Each block is written into its place of the
   full ``Invᵀ`` tile, whose other entries the earlier levels already hold (zeros in the off quadrants).
 
+- With bf16 operands the compact levels carry ``Inv`` beside ``Invᵀ``: ``Inv R̃ Inv = (Inv R̃)·Inv`` is one more
+  matmul from the same ``mid = (Inv R̃)ᵀ`` that gives ``(Inv R̃ Inv)ᵀ = Invᵀ·mid``, merged into the compact ``Inv``
+  like its transpose, so a level never waits on a transpose of the previous level's ``Invᵀ`` (one tensor ->
+  elementwise round trip less per level; fp32 keeps the transposes, its extra products cost more than they save).
+
 Precision: every element of ``Invᵀ`` is one fp32 PSUM value rounded once into the operand dtype, as before —
 the compact levels add the fp32 product to the previous ``Invᵀ`` where the two never overlap (one term is an
-exact zero), and the off-quadrant blocks are new entries.
+exact zero), and the off-quadrant blocks are new entries. The carried ``Inv`` is rounded the same way from the same
+products summed in the other orientation, so it may differ from the transpose of ``Invᵀ`` in the last bit.
 
 Every level runs over all chunks of the group before the next level starts (level-major): each step issues
 ``group_size`` independent same-kind instructions, which hides each instruction's dependency latency behind its
@@ -77,7 +83,12 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     inverse_full = [_level0(a, consts, dtype) for a in a_list]  # level 0: full tiles; then batch-compact
     full_blocks = [[inv[_quad(q), _quad(q)] for q in range(N_QUADS)] for inv in inverse_full]
     inverse_t = [_group_transpose(full_blocks[b], consts.eye, dtype) for b in batches]
-    inverse = [full_blocks[b] for b in batches]
+    both = dtype != FP32  # carry Inv beside Invᵀ (see below); with fp32 operands its products cost more than the
+    if both:  # transposes they replace (measured: fp32 S=2048 77.8 -> 78.5 µs), so fp32 transposes each level
+        compact = [_group_transpose(full_blocks[b], consts.eye, dtype, transpose=False) for b in batches]
+        inverse = [_blocks(x) for x in compact]
+    else:
+        inverse = [full_blocks[b] for b in batches]
     yield
     for level in COMPACT_LEVELS:
         plane = consts.planes[level]
@@ -87,8 +98,14 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         ]
         products = [_diagonal_product(inv, m) for inv, m in zip(inverse, mid, strict=True)]  # (Inv R̃ Inv)ᵀ
         inverse_t = [_merge(inv_t, p, dtype) for inv_t, p in zip(inverse_t, products, strict=True)]
+        if both:
+            # Inv R̃ Inv = (Inv R̃)·Inv from the same mid, merged into the compact Inv: the next level's Inv without
+            # waiting on a transpose of this level's Invᵀ (one PE -> elementwise round trip less per level).
+            products = [_diagonal_product(_blocks(m), x) for x, m in zip(compact, mid, strict=True)]
+            compact = [_merge(x, p, dtype) for x, p in zip(compact, products, strict=True)]
         del products  # free their PSUM before the transposes allocate theirs
-        compact = [_group_transpose(_blocks(inv_t), consts.eye, dtype) for inv_t in inverse_t]
+        if not both:
+            compact = [_group_transpose(_blocks(inv_t), consts.eye, dtype) for inv_t in inverse_t]
         inverse = [_blocks(x) for x in compact]
         yield
     inverse = [x[:, c, :] for x in compact for c in range(x.shape[1])]
@@ -125,14 +142,18 @@ def _tile_matmul(dst: Any, stationary: Any, moving: Any, row: int, col: int, tra
     )
 
 
-def _group_transpose(blocks: list[list[Any]], eye: Any, dtype: Any) -> Any:
-    """Each chunk's diagonal 32×32 blocks transposed, as a batch-compact [C, n, 32] tile of ``dtype``: four PE
-    transposes per chunk on the four diagonal tiles (bit-exact) and one evacuation for the whole batch."""
-    out = tiles.psum((CHUNK, len(blocks), QUAD), blocks[0][0].dtype)
+def _group_transpose(blocks: list[list[Any]], eye: Any, dtype: Any, transpose: bool = True) -> Any:
+    """Each chunk's diagonal 32×32 blocks transposed (or, ``transpose=False``, as they are), as a batch-compact
+    [C, n, 32] tile of ``dtype``: four PE transposes (identity matmuls) per chunk on the four diagonal tiles
+    (bit-exact) and one evacuation for the whole batch."""
+    out = tiles.psum((CHUNK, len(blocks), QUAD), blocks[0][0].dtype if transpose else FP32)
     for c, chunk_blocks in enumerate(blocks):
         for q, block in enumerate(chunk_blocks):
             eye_q = eye[_quad(q), _quad(q)]
-            _tile_matmul(out[_quad(q), c, :], block, eye_q, q * QUAD, q * QUAD, transpose=True)
+            if transpose:
+                _tile_matmul(out[_quad(q), c, :], block, eye_q, q * QUAD, q * QUAD, transpose=True)
+            else:
+                _tile_matmul(out[_quad(q), c, :], eye_q, block, q * QUAD, q * QUAD)
     return tiles.evacuate(out, dtype)
 
 
