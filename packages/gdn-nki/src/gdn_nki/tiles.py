@@ -76,7 +76,8 @@ def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
     """``dst = a op b`` elementwise (on ``engine`` when given).
 
     All in SBUF: on GpSimd or the vector engine. One input in PSUM: either directly on the vector engine, or as a
-    scalar-engine evacuation of the PSUM input followed by the op on GpSimd — whichever finishes first.
+    scalar-engine evacuation of the PSUM input followed by the op on GpSimd — whichever finishes first, the staged
+    form charged one dependency latency more (its result waits on two instructions in a row, not one).
     """
     n = free_elements(a)
     if engine is not None:
@@ -90,6 +91,7 @@ def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
         return dst
     direct = BALANCER.load[VECTOR] + stream_ns(VECTOR, n)
     staged = max(BALANCER.load[SCALAR] + stream_ns(SCALAR, n), BALANCER.load[GPSIMD]) + stream_ns(GPSIMD, n)
+    staged += engines.DEPENDENCY_NS  # one hop more (scalar -> GpSimd) on the op's dependency path
     if BALANCER.decide(direct <= staged):
         BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=VECTOR)
