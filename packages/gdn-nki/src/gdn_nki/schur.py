@@ -3,7 +3,8 @@
 For a lower block-triangular matrix, inv([[P, 0], [R, Q]]) = [[P⁻¹, 0], [−Q⁻¹ R P⁻¹, Q⁻¹]]. With ``Inv`` holding
 the block-diagonal inverses of the current block size h, the merged inverse (blocks 2h) is ``Inv + Inv·R̃·Inv``
 where ``R̃ = A ∘ (−off)`` keeps A's lower-left h×h quadrant of every merged block, negated (mask pack planes
-4..9). Level 0 (2×2 blocks) is elementwise: ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128. The
+4..9). Level 0 (2×2 blocks) is ``Inv = I − A ∘ off0`` (with bf16 operands made straight into the compact tiles,
+see below). Levels 1..6 double the block size to 128. The
 kernel carries ``Invᵀ`` (the transposed orientation the later stages multiply with).
 
 Block-sparse levels. Everything a level computes lives inside its merged blocks, and the product ``Inv·R̃·Inv`` only
@@ -24,6 +25,8 @@ in their off quadrants, so no level needs the whole 128×128 tensor-engine array
   matmul from the same ``mid = (Inv R̃)ᵀ`` that gives ``(Inv R̃ Inv)ᵀ = Invᵀ·mid``, merged into the compact ``Inv``
   like its transpose, so a level never waits on a transpose of the previous level's ``Invᵀ`` (one tensor ->
   elementwise round trip less per level; fp32 keeps the transposes, its extra products cost more than they save).
+  Level 0 then makes both compact orientations straight from ``A ∘ (−off0)``: identity matmuls of its diagonal
+  blocks (one of them transposing), the identity added on their evacuations — no full-tile inverse, no subtract.
 
 Precision: every element of ``Invᵀ`` is one fp32 PSUM value rounded once into the operand dtype, as before —
 the compact levels add the fp32 product to the previous ``Invᵀ`` where the two never overlap (one term is an
@@ -40,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gdn_ref.masks import PLANE_OFF0, off_neg_plane
+from gdn_ref.masks import PLANE_EYE, PLANE_OFF0, off_neg_plane
 
 from . import tiles
 from .backend import nisa, nl
@@ -63,6 +66,12 @@ def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
     product; a batch reads one through a stride-0 view repeating it per chunk). Each diagonal 32×32 block of a
     plane is DMA-transposed into its rows."""
     consts.planes["off0"] = nl.load(mask_pack[PLANE_OFF0, :, :], dtype=dtype)
+    if dtype != FP32:  # the compact level 0 (``invert_group``) adds A ∘ (−off0) to the identity
+        consts.planes["off0_neg"] = tiles.copy_to(tiles.sbuf((CHUNK, CHUNK), dtype), consts.planes["off0"], -1.0)
+        eye_compact = tiles.sbuf((CHUNK, QUAD), FP32)
+        for q in range(N_QUADS):
+            nisa.dma_copy(dst=eye_compact[_quad(q), :], src=mask_pack[PLANE_EYE, _quad(q), _quad(q)])
+        consts.planes["eye_compact"] = eye_compact
     for level in COMPACT_LEVELS:
         plane_t = tiles.sbuf((CHUNK, QUAD), FP32)
         for q in range(N_QUADS):
@@ -80,14 +89,19 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     """
     a_list = [chunk.a for chunk in chunks]
     batches = [slice(i, i + BATCH) for i in range(0, len(a_list), BATCH)]
-    inverse_full = [_level0(a, consts, dtype) for a in a_list]  # level 0: full tiles; then batch-compact
-    full_blocks = [[inv[_quad(q), _quad(q)] for q in range(N_QUADS)] for inv in inverse_full]
-    inverse_t = [_group_transpose(full_blocks[b], consts.eye, dtype) for b in batches]
     both = dtype != FP32  # carry Inv beside Invᵀ (see below); with fp32 operands its products cost more than the
     if both:  # transposes they replace (measured: fp32 S=2048 77.8 -> 78.5 µs), so fp32 transposes each level
-        compact = [_group_transpose(full_blocks[b], consts.eye, dtype, transpose=False) for b in batches]
+        # Level 0 straight into the compact tiles: I + (A ∘ (−off0)) summed by the tensor engine (exact: the two
+        # terms never overlap), each orientation beside the other; no full-tile inverse and no subtract.
+        off0 = [tiles.multiply(a, consts.planes["off0_neg"], dtype) for a in a_list]
+        blocks = [[m[_quad(q), _quad(q)] for q in range(N_QUADS)] for m in off0]
+        inverse_t = [_identity_plus(blocks[b], consts, dtype, transpose=True) for b in batches]
+        compact = [_identity_plus(blocks[b], consts, dtype, transpose=False) for b in batches]
         inverse = [_blocks(x) for x in compact]
     else:
+        inverse_full = [_level0(a, consts, dtype) for a in a_list]  # level 0: full tiles; then batch-compact
+        full_blocks = [[inv[_quad(q), _quad(q)] for q in range(N_QUADS)] for inv in inverse_full]
+        inverse_t = [_group_transpose(full_blocks[b], consts.eye, dtype) for b in batches]
         inverse = [full_blocks[b] for b in batches]
     yield
     for level in COMPACT_LEVELS:
@@ -142,19 +156,32 @@ def _tile_matmul(dst: Any, stationary: Any, moving: Any, row: int, col: int, tra
     )
 
 
-def _group_transpose(blocks: list[list[Any]], eye: Any, dtype: Any, transpose: bool = True) -> Any:
-    """Each chunk's diagonal 32×32 blocks transposed (or, ``transpose=False``, as they are), as a batch-compact
-    [C, n, 32] tile of ``dtype``: four PE transposes (identity matmuls) per chunk on the four diagonal tiles
-    (bit-exact) and one evacuation for the whole batch."""
-    out = tiles.psum((CHUNK, len(blocks), QUAD), blocks[0][0].dtype if transpose else FP32)
+def _group_transpose(blocks: list[list[Any]], eye: Any, dtype: Any) -> Any:
+    """Each chunk's diagonal 32×32 blocks transposed, as a batch-compact [C, n, 32] tile of ``dtype``: four PE
+    transposes per chunk on the four diagonal tiles (bit-exact) and one evacuation for the whole batch."""
+    out = tiles.psum((CHUNK, len(blocks), QUAD), blocks[0][0].dtype)
     for c, chunk_blocks in enumerate(blocks):
         for q, block in enumerate(chunk_blocks):
             eye_q = eye[_quad(q), _quad(q)]
-            if transpose:
-                _tile_matmul(out[_quad(q), c, :], block, eye_q, q * QUAD, q * QUAD, transpose=True)
-            else:
-                _tile_matmul(out[_quad(q), c, :], eye_q, block, q * QUAD, q * QUAD)
+            _tile_matmul(out[_quad(q), c, :], block, eye_q, q * QUAD, q * QUAD, transpose=True)
     return tiles.evacuate(out, dtype)
+
+
+def _identity_plus(blocks: list[list[Any]], consts: Constants, dtype: Any, transpose: bool) -> Any:
+    """I + each chunk's diagonal 32×32 blocks (transposed when ``transpose``), as a batch-compact [C, n, 32] tile of
+    ``dtype``: identity matmuls on the four diagonal PE tiles (exact), the identity added on the evacuation (exact:
+    the blocks' diagonals are zero)."""
+    out = tiles.psum((CHUNK, len(blocks), QUAD))
+    eye = consts.eye
+    for c, chunk_blocks in enumerate(blocks):
+        for q, block in enumerate(chunk_blocks):
+            eye_q, dst, at = eye[_quad(q), _quad(q)], out[_quad(q), c, :], q * QUAD
+            if transpose:
+                _tile_matmul(dst, block, eye_q, at, at)
+            else:
+                _tile_matmul(dst, eye_q, block, at, at)
+    identity = consts.planes["eye_compact"].expand_dim(1).broadcast(1, len(blocks))
+    return tiles.combine(tiles.sbuf((CHUNK, len(blocks), QUAD), dtype), out, identity, nl.add)
 
 
 def _level0(a: Any, consts: Constants, dtype: Any) -> Any:
