@@ -87,6 +87,7 @@ class Gates:
     gamma: Any  # chunk-local inclusive prefix sum of g, fp32: only ever exponentiated as a decay from chunk start
     beta: Any  # β, fp32
     beta_decay: Any  # β e^γ
+    decay: Any = None  # e^γ, fp32
 
 
 def load_gate_rows(g_log: Any, beta: Any, lane: Lane, start: Any, width: int) -> tuple:
@@ -123,8 +124,9 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     columns = tiles.evacuate(columns_psum, FP32)
     gamma, beta_cols, g = (columns[:, k * n_chunks : (k + 1) * n_chunks] for k in range(3))
 
-    beta_decay = tiles.multiply(tiles.exp(gamma), beta_cols, FP32)
-    return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay)
+    decay = tiles.exp(gamma)
+    beta_decay = tiles.multiply(decay, beta_cols, FP32)
+    return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay, decay=decay)
 
 
 @dataclass
@@ -246,21 +248,21 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
         chunk.q_t = tiles.evacuate(tiles.transpose(chunk.query), dtype)
         chunk.release("query")
     dk = chunk.k_t.shape[0]
-    gamma = gates.gamma[:, j : j + 1]
 
     # Γᵀ[j', i] = exp(Σ_{j'<t≤i} g_t): every decay is summed from exactly the gates it spans, by the tensor
     # engine (Σ_t [g_t·1(t > j')] · 1(t ≤ i)), never taken as a difference γ_i − γ_j' of prefix sums: after a
     # huge gate those are huge and their difference loses every later small gate (−1e7 mid-chunk: rel-RMS 2.5),
     # and after −inf it is NaN. The 0/1 mask is the moving operand (the fast fp32 mode).
     spans_lhs = tiles.scale_rows(consts.after, gates.g[:, j : j + 1], FP32)
-    # rows[p, i] = γ_i on each of Dk partitions (a stride-0 stationary against the identity): e^γ along the free
-    # axis of the [Dk, C] query tile. γ only ever enters decays from the chunk's start, which cannot cancel.
-    rows = tiles.matmul(gamma.broadcast(1, dk), consts.eye32, moving_onezero=True)
+    # rows[p, i] = e^{γ_i} on each of Dk partitions (a stride-0 stationary of the group's e^γ column against the
+    # identity, exact): e^γ along the free axis of the [Dk, C] query tile, without an exp per chunk. γ only ever
+    # enters decays from the chunk's start, which cannot cancel.
+    rows = tiles.matmul(gates.decay[:, j : j + 1].broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
-    q_decay = tiles.exp(rows)  # e^{γ_i} along the free axis
+    chunk.q_decay_t = tiles.multiply(chunk.q_t, rows, FP32)
     # e^{γ_last}: its last column, copied to a tile of its own — a view would keep the whole [Dk, C] tile alive
     # until the chain reads it, two units later (16 KB per partition in flight at fp32, group 16)
-    chunk.decay_last = tiles.evacuate(q_decay[:, c - 1 : c], FP32)
+    chunk.decay_last = tiles.evacuate(rows[:, c - 1 : c], FP32)
     del rows
     # Made once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
     spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
@@ -279,7 +281,6 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
     # scales the rows by β.
     beta_decay = tiles.scale_rows(tiles.transpose(decay_t), gates.beta[:, j : j + 1], FP32)
-    chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, FP32)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
     chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
     chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
