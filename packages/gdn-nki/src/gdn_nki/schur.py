@@ -124,7 +124,10 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         yield
     inverse = [x[:, c, :] for x in compact for c in range(x.shape[1])]
     inverse_t = [x[:, c, :] for x in inverse_t for c in range(x.shape[1])]
-    full_t = [_expand_transposed(inv, consts.eye, dtype) for inv in inverse]
+    full_t = [
+        _expand_transposed(inv, consts.eye, dtype, chunk.slot.inverse_t if chunk.slot is not None else None)
+        for inv, chunk in zip(inverse, chunks, strict=True)
+    ]
     yield
     for step in _level5(a_list, inverse, inverse_t, full_t, dtype):
         yield step
@@ -232,9 +235,10 @@ def _off_block_product(a_list: list[Any], plane_t: Any, inverse_t: Any, dtype: A
     return tiles.multiply(product, plane_t, dtype)
 
 
-def _expand_transposed(inverse: Any, eye: Any, dtype: Any) -> Any:
-    """The full [C, C] ``Invᵀ`` from the compact ``Inv`` (32-blocks): each block transposed into its place and
-    exact zeros elsewhere, by multiplying it with its 32 rows of the identity (the whole 128 columns)."""
+def _expand_transposed(inverse: Any, eye: Any, dtype: Any, dst: Any = None) -> Any:
+    """The full [C, C] ``Invᵀ`` from the compact ``Inv`` (32-blocks), into ``dst`` or a new tile: each block
+    transposed into its place and exact zeros elsewhere, by multiplying it with its 32 rows of the identity (the
+    whole 128 columns)."""
     full = tiles.psum((CHUNK, CHUNK))
     for q in range(N_QUADS):
         nisa.nc_matmul(
@@ -245,7 +249,7 @@ def _expand_transposed(inverse: Any, eye: Any, dtype: Any) -> Any:
             tile_position=(q * QUAD, q * QUAD),
             tile_size=(QUAD, QUAD),
         )
-    return tiles.evacuate(full, dtype)
+    return tiles.copy_to(dst, full) if dst is not None else tiles.evacuate(full, dtype)
 
 
 def _level5(

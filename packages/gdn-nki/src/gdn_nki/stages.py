@@ -259,7 +259,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # enters decays from the chunk's start, which cannot cancel.
     rows = tiles.matmul(gates.decay[:, j : j + 1].broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
-    chunk.q_decay_t = tiles.multiply(chunk.q_t, rows, FP32)
+    chunk.q_decay_t = tiles.combine(_chain_tile(chunk, "q_decay_t", chunk.q_t, FP32), chunk.q_t, rows, nl.multiply)
     # e^{γ_last}: its last column, copied to a tile of its own — a view would keep the whole [Dk, C] tile alive
     # until the chain reads it, two units later (16 KB per partition in flight at fp32, group 16)
     chunk.decay_last = tiles.evacuate(rows[:, c - 1 : c], FP32)
@@ -282,8 +282,9 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # scales the rows by β.
     beta_decay = tiles.scale_rows(tiles.transpose(decay_t), gates.beta[:, j : j + 1], FP32)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
-    chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
-    chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
+    k_beta, v_beta = _chain_tile(chunk, "k_beta", chunk.key, dtype), _chain_tile(chunk, "v_beta", chunk.value, dtype)
+    chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype, dst=k_beta)
+    chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype, dst=v_beta)
     chunk.release("key", "value")
     yield
     # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
@@ -319,9 +320,11 @@ class ChainSlot:
     launch (``chain_slots``) and reused by every unit.
 
     In a compiled loop each value that crosses from one iteration to the next must live in a tile allocated before
-    the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration and its chain runs in
-    the next. Stage 3 writes ``u``, ``transition_t`` and ``q_eff_t`` here directly; the stage-1 values are copied
-    here once the previous unit's chain has read the slot (``lanes.publish``).
+    the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration, and its stage 3 and
+    chain run in the next. The preparation writes what stage 3 reads (``inverse_t``, ``v_beta``, ``k_beta``,
+    ``q_decay_t``) here directly — after the previous unit's stage 3, issued earlier in the period, has read them —
+    and the stage-1 values the chain reads are copied here at the end of the period, once the previous unit's chain
+    has read the slot (``lanes.copy_stage1``); stage 3 writes ``u``, ``transition_t`` and ``q_eff_t`` here.
     """
 
     k_decay: Any  # [C, Dk] compute dtype
@@ -330,6 +333,25 @@ class ChainSlot:
     u: Any  # [C, Dv] compute dtype
     transition_t: Any  # [Dk, Dk] compute dtype
     q_eff_t: Any  # [Dk, C] compute dtype
+    inverse_t: Any  # [C, C] compute dtype
+    v_beta: Any  # [C, Dv] compute dtype
+    k_beta: Any  # [C, Dk] compute dtype
+    q_decay_t: Any  # [Dk, C] fp32
+
+    def prepared(self, token: Any) -> Chunk:
+        """The chunk starting at ``token`` as its stage 3 sees it: prepared into this slot, its stage-1 chain values
+        copied here."""
+        return Chunk(
+            token=token,
+            k_decay=self.k_decay,
+            decay_last=self.decay_last,
+            attn_t=self.attn_t,
+            inverse_t=self.inverse_t,
+            v_beta=self.v_beta,
+            k_beta=self.k_beta,
+            q_decay_t=self.q_decay_t,
+            slot=self,
+        )
 
     def chunk(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as the chain sees it: its values read from this slot."""
@@ -344,7 +366,7 @@ class ChainSlot:
         )
 
 
-STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.publish`` copies into a ChainSlot
+STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.copy_stage1`` copies into a ChainSlot
 
 
 def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
@@ -359,6 +381,10 @@ def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
             u=tiles.sbuf((c, dv), dtype),
             transition_t=tiles.sbuf((dk, dk), dtype),
             q_eff_t=tiles.sbuf((dk, c), dtype),
+            inverse_t=tiles.sbuf((c, c), dtype),
+            v_beta=tiles.sbuf((c, dv), dtype),
+            k_beta=tiles.sbuf((c, dk), dtype),
+            q_decay_t=tiles.sbuf((dk, c), FP32),
         )
         for _ in range(count)
     ]

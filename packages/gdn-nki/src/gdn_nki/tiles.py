@@ -117,10 +117,10 @@ def multiply(a: Any, b: Any, dtype: Any) -> Any:
     return combine(sbuf(tuple(a.shape), dtype), a, b, nl.multiply)
 
 
-def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
-    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in SBUF or
-    PSUM), on the scalar or vector engine (GpSimd's ``tensor_scalar`` is rsqrt only)."""
-    dst = sbuf(tuple(x.shape), dtype)
+def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None) -> Any:
+    """``x[p, :] * column[p]`` into ``dst`` or a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in
+    SBUF or PSUM), on the scalar or vector engine (GpSimd's ``tensor_scalar`` is rsqrt only)."""
+    dst = dst if dst is not None else sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
     options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
     engine = BALANCER.pick(options)
