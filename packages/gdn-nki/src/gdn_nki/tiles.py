@@ -119,13 +119,19 @@ def multiply(a: Any, b: Any, dtype: Any) -> Any:
 
 def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None) -> Any:
     """``x[p, :] * column[p]`` into ``dst`` or a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in
-    SBUF or PSUM), on the scalar or vector engine (GpSimd's ``tensor_scalar`` is rsqrt only)."""
+    SBUF or PSUM), on the scalar or vector engine, or — ``x`` a [P, n] SBUF tile — on GpSimd as a ``tensor_tensor``
+    multiply by the column broadcast along the free axis (a stride-0 view; GpSimd's ``tensor_scalar`` is rsqrt
+    only)."""
     dst = dst if dst is not None else sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
     options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
+    if not in_psum(x) and len(x.shape) == 2:
+        options.append((GPSIMD, stream_ns(GPSIMD, n)))
     engine = BALANCER.pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
+    elif engine == GPSIMD:
+        nisa.tensor_tensor(dst=dst, data1=x, data2=column.broadcast(1, x.shape[1]), op=nl.multiply, engine=engine)
     else:
         nisa.tensor_scalar(dst=dst, data=x, op0=nl.multiply, operand0=column, engine=engine)
     return dst
