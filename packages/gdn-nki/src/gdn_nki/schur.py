@@ -125,8 +125,10 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     inverse = [x[:, c, :] for x in compact for c in range(x.shape[1])]
     inverse_t = [x[:, c, :] for x in inverse_t for c in range(x.shape[1])]
     full_t = [
-        _expand_transposed(inv, consts.eye, dtype, chunk.slot.inverse_t if chunk.slot is not None else None)
-        for inv, chunk in zip(inverse, chunks, strict=True)
+        _place_diagonal(inv_t, chunk.slot.inverse_t)
+        if chunk.slot is not None
+        else _expand_transposed(inv, consts.eye, dtype)
+        for inv, inv_t, chunk in zip(inverse, inverse_t, chunks, strict=True)
     ]
     yield
     for step in _level5(a_list, inverse, inverse_t, full_t, dtype):
@@ -235,10 +237,19 @@ def _off_block_product(a_list: list[Any], plane_t: Any, inverse_t: Any, dtype: A
     return tiles.multiply(product, plane_t, dtype)
 
 
-def _expand_transposed(inverse: Any, eye: Any, dtype: Any, dst: Any = None) -> Any:
-    """The full [C, C] ``Invᵀ`` from the compact ``Inv`` (32-blocks), into ``dst`` or a new tile: each block
-    transposed into its place and exact zeros elsewhere, by multiplying it with its 32 rows of the identity (the
-    whole 128 columns)."""
+def _place_diagonal(inverse_t: Any, full: Any) -> Any:
+    """The full [C, C] ``Invᵀ`` in a chain slot's tile from the compact ``Invᵀ``: each diagonal 32×32 block copied
+    into its place (row p of the compact tile holds row p of its block, so a copy keeps the partitions). The slot's
+    strictly lower blocks are zero from the launch on (``stages.chain_slots``) and no level writes them; the upper
+    ones are written by levels 5 and 6."""
+    for q in range(N_QUADS):
+        tiles.copy_to(full[_quad(q), _quad(q)], inverse_t[_quad(q), :])
+    return full
+
+
+def _expand_transposed(inverse: Any, eye: Any, dtype: Any) -> Any:
+    """The full [C, C] ``Invᵀ`` from the compact ``Inv`` (32-blocks): each block transposed into its place and
+    exact zeros elsewhere, by multiplying it with its 32 rows of the identity (the whole 128 columns)."""
     full = tiles.psum((CHUNK, CHUNK))
     for q in range(N_QUADS):
         nisa.nc_matmul(
@@ -249,7 +260,7 @@ def _expand_transposed(inverse: Any, eye: Any, dtype: Any, dst: Any = None) -> A
             tile_position=(q * QUAD, q * QUAD),
             tile_size=(QUAD, QUAD),
         )
-    return tiles.copy_to(dst, full) if dst is not None else tiles.evacuate(full, dtype)
+    return tiles.evacuate(full, dtype)
 
 
 def _level5(

@@ -373,7 +373,7 @@ def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
     """``count`` chain slots for chunks of ``lane``'s shapes and dtypes (every lane of a launch has the same)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
-    return [
+    slots = [
         ChainSlot(
             k_decay=tiles.sbuf((c, dk), dtype),
             decay_last=tiles.sbuf((dk, 1), FP32),
@@ -388,6 +388,9 @@ def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
         )
         for _ in range(count)
     ]
+    for slot in slots:  # zero once: schur writes only the diagonal and upper blocks of Invᵀ (schur._place_diagonal)
+        nisa.memset(dst=slot.inverse_t, value=0.0)
+    return slots
 
 
 def _chain_tile(chunk: Chunk, name: str, like: Any, dtype: Any) -> Any:
