@@ -111,12 +111,14 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     sum finite, so the masked products of ``chunk_operands`` never meet −inf · 0 = NaN.
     """
     n_chunks, chunk = g_rows.shape
+    # The scan floors each gate itself (op0), so it does not wait on the floored rows (the same values, summed in
+    # the same order).
+    gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
+    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
+    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_rows, op0=nl.maximum, op1=nl.add, imm0=LOG_DECAY_FLOOR)
     g_floored = tiles.sbuf((n_chunks, chunk), FP32)
     engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
     nisa.tensor_scalar(dst=g_floored, data=g_rows, op0=nl.maximum, operand0=LOG_DECAY_FLOOR, engine=engines.VECTOR)
-    gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
-    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
-    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_floored, op0=nl.multiply, op1=nl.add, imm0=1.0)
 
     columns_psum = tiles.psum((chunk, 3 * n_chunks))
     for k, rows in enumerate((gamma_rows, beta_rows, g_floored)):
