@@ -123,10 +123,10 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     columns_psum = tiles.psum((chunk, 3 * n_chunks))
     for k, rows in enumerate((gamma_rows, beta_rows, g_floored)):
         nisa.nc_transpose(dst=columns_psum[:, k * n_chunks : (k + 1) * n_chunks], data=rows, engine=nisa.tensor_engine)
+    decay = tiles.exp(columns_psum[:, 0:n_chunks])  # e^γ straight from PSUM, beside the evacuation
     columns = tiles.evacuate(columns_psum, FP32)
     gamma, beta_cols, g = (columns[:, k * n_chunks : (k + 1) * n_chunks] for k in range(3))
 
-    decay = tiles.exp(gamma)
     beta_decay = tiles.multiply(decay, beta_cols, FP32)
     return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay, decay=decay)
 
