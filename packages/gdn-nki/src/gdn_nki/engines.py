@@ -26,9 +26,17 @@ GPSIMD = nisa.engine.gpsimd
 MIN_II = 64  # cycles, minimum initiation interval of a streaming instruction (§4.2)
 CLOCK_GHZ = {VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}  # Trn2 engine clocks (§4.1)
 GPSIMD_START = 150  # cycles before a GpSimd select/iota streams (§4.5)
-# How far an engine's issued work may trail the busiest engine's (about ten 128-element instructions): enough to
-# absorb the next step's burst, too little to bank a whole phase of idleness (measured best of 0.5–8 µs).
-IDLE_CREDIT_NS = 1000.0
+# Time from an instruction's end to a dependent instruction's start on another engine (semaphore + pipeline drain):
+# PERF measured dependent ScalarE instructions every ~264 cycles, MIN_II of them streaming (§4.2), so ~200 cycles,
+# ~200 ns at these clocks (INFER; nki-cpu charges the same). Used to rank a form that waits on one instruction more.
+# Measured (one lane, bf16, S=2048 / 8192): 0 ns 50.4 / 183.1 µs, 100 ns 49.5 / 181.8, 200 ns 49.2 / 180.4,
+# 400 ns 49.7 / 181.6, 1000 ns 50.4 / 187.8.
+DEPENDENCY_NS = 200.0
+# How far an engine's issued work may trail the busiest engine's (about twenty 128-element instructions): enough to
+# absorb the next step's burst, too little to bank a whole phase of idleness. Measured (one lane, bf16 schur,
+# S=2048 / 8192): 500 ns 49.1 / 166.4 µs, 1000 ns 49.0 / 167.8, 1500 ns 48.8 / 166.8, 2000 ns (and up to 1e5 ns)
+# 48.3 / 163.8; fp32 S=2048 76.8 µs at 1000 ns, 77.4 at 2000.
+IDLE_CREDIT_NS = 2000.0
 
 
 def stream_ns(engine: Any, elements: int, passes: float = 1.0, start: int = 0) -> float:

@@ -74,7 +74,10 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, FP32)
     inverse = yield from _block_substitution(a_list, diag_inverse, consts, FP32)
     for chunk, inv in zip(chunks, inverse, strict=True):
-        chunk.inverse_t = _transposed(inv, dtype)
+        if chunk.slot is not None:  # its unit's chain slot (``stages.ChainSlot``), which stage 3 reads
+            chunk.inverse_t = tiles.copy_to(chunk.slot.inverse_t, tiles.transpose(inv))
+        else:
+            chunk.inverse_t = _transposed(inv, dtype)
 
 
 def _transposed(x: Any, dtype: Any) -> Any:

@@ -3,7 +3,8 @@
 For a lower block-triangular matrix, inv([[P, 0], [R, Q]]) = [[P⁻¹, 0], [−Q⁻¹ R P⁻¹, Q⁻¹]]. With ``Inv`` holding
 the block-diagonal inverses of the current block size h, the merged inverse (blocks 2h) is ``Inv + Inv·R̃·Inv``
 where ``R̃ = A ∘ (−off)`` keeps A's lower-left h×h quadrant of every merged block, negated (mask pack planes
-4..9). Level 0 (2×2 blocks) is elementwise: ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128. The
+4..9). Level 0 (2×2 blocks) is ``Inv = I − A ∘ off0`` (with bf16 operands made straight into the compact tiles,
+see below). Levels 1..6 double the block size to 128. The
 kernel carries ``Invᵀ`` (the transposed orientation the later stages multiply with).
 
 Block-sparse levels. Everything a level computes lives inside its merged blocks, and the product ``Inv·R̃·Inv`` only
@@ -20,9 +21,17 @@ in their off quadrants, so no level needs the whole 128×128 tensor-engine array
   nonzero — no mask, the contraction itself selects A's off quadrant. Each block is written into its place of the
   full ``Invᵀ`` tile, whose other entries the earlier levels already hold (zeros in the off quadrants).
 
+- With bf16 operands the compact levels carry ``Inv`` beside ``Invᵀ``: ``Inv R̃ Inv = (Inv R̃)·Inv`` is one more
+  matmul from the same ``mid = (Inv R̃)ᵀ`` that gives ``(Inv R̃ Inv)ᵀ = Invᵀ·mid``, merged into the compact ``Inv``
+  like its transpose, so a level never waits on a transpose of the previous level's ``Invᵀ`` (one tensor ->
+  elementwise round trip less per level; fp32 keeps the transposes, its extra products cost more than they save).
+  Level 0 then makes both compact orientations straight from ``A ∘ (−off0)``: identity matmuls of its diagonal
+  blocks (one of them transposing), the identity added on their evacuations — no full-tile inverse, no subtract.
+
 Precision: every element of ``Invᵀ`` is one fp32 PSUM value rounded once into the operand dtype, as before —
 the compact levels add the fp32 product to the previous ``Invᵀ`` where the two never overlap (one term is an
-exact zero), and the off-quadrant blocks are new entries.
+exact zero), and the off-quadrant blocks are new entries. The carried ``Inv`` is rounded the same way from the same
+products summed in the other orientation, so it may differ from the transpose of ``Invᵀ`` in the last bit.
 
 Every level runs over all chunks of the group before the next level starts (level-major): each step issues
 ``group_size`` independent same-kind instructions, which hides each instruction's dependency latency behind its
@@ -34,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gdn_ref.masks import PLANE_OFF0, off_neg_plane
+from gdn_ref.masks import PLANE_EYE, PLANE_OFF0, off_neg_plane
 
 from . import tiles
 from .backend import nisa, nl
@@ -57,6 +66,12 @@ def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> None:
     product; a batch reads one through a stride-0 view repeating it per chunk). Each diagonal 32×32 block of a
     plane is DMA-transposed into its rows."""
     consts.planes["off0"] = nl.load(mask_pack[PLANE_OFF0, :, :], dtype=dtype)
+    if dtype != FP32:  # the compact level 0 (``invert_group``) adds A ∘ (−off0) to the identity
+        consts.planes["off0_neg"] = tiles.copy_to(tiles.sbuf((CHUNK, CHUNK), dtype), consts.planes["off0"], -1.0)
+        eye_compact = tiles.sbuf((CHUNK, QUAD), FP32)
+        for q in range(N_QUADS):
+            nisa.dma_copy(dst=eye_compact[_quad(q), :], src=mask_pack[PLANE_EYE, _quad(q), _quad(q)])
+        consts.planes["eye_compact"] = eye_compact
     for level in COMPACT_LEVELS:
         plane_t = tiles.sbuf((CHUNK, QUAD), FP32)
         for q in range(N_QUADS):
@@ -74,10 +89,20 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     """
     a_list = [chunk.a for chunk in chunks]
     batches = [slice(i, i + BATCH) for i in range(0, len(a_list), BATCH)]
-    inverse_full = [_level0(a, consts, dtype) for a in a_list]  # level 0: full tiles; then batch-compact
-    full_blocks = [[inv[_quad(q), _quad(q)] for q in range(N_QUADS)] for inv in inverse_full]
-    inverse_t = [_group_transpose(full_blocks[b], consts.eye, dtype) for b in batches]
-    inverse = [full_blocks[b] for b in batches]
+    both = dtype != FP32  # carry Inv beside Invᵀ (see below); with fp32 operands its products cost more than the
+    if both:  # transposes they replace (measured: fp32 S=2048 77.8 -> 78.5 µs), so fp32 transposes each level
+        # Level 0 straight into the compact tiles: I + (A ∘ (−off0)) summed by the tensor engine (exact: the two
+        # terms never overlap), each orientation beside the other; no full-tile inverse and no subtract.
+        off0 = [tiles.multiply(a, consts.planes["off0_neg"], dtype) for a in a_list]
+        blocks = [[m[_quad(q), _quad(q)] for q in range(N_QUADS)] for m in off0]
+        inverse_t = [_identity_plus(blocks[b], consts, dtype, transpose=True) for b in batches]
+        compact = [_identity_plus(blocks[b], consts, dtype, transpose=False) for b in batches]
+        inverse = [_blocks(x) for x in compact]
+    else:
+        inverse_full = [_level0(a, consts, dtype) for a in a_list]  # level 0: full tiles; then batch-compact
+        full_blocks = [[inv[_quad(q), _quad(q)] for q in range(N_QUADS)] for inv in inverse_full]
+        inverse_t = [_group_transpose(full_blocks[b], consts.eye, dtype) for b in batches]
+        inverse = [full_blocks[b] for b in batches]
     yield
     for level in COMPACT_LEVELS:
         plane = consts.planes[level]
@@ -87,13 +112,24 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         ]
         products = [_diagonal_product(inv, m) for inv, m in zip(inverse, mid, strict=True)]  # (Inv R̃ Inv)ᵀ
         inverse_t = [_merge(inv_t, p, dtype) for inv_t, p in zip(inverse_t, products, strict=True)]
+        if both:
+            # Inv R̃ Inv = (Inv R̃)·Inv from the same mid, merged into the compact Inv: the next level's Inv without
+            # waiting on a transpose of this level's Invᵀ (one PE -> elementwise round trip less per level).
+            products = [_diagonal_product(_blocks(m), x) for x, m in zip(compact, mid, strict=True)]
+            compact = [_merge(x, p, dtype) for x, p in zip(compact, products, strict=True)]
         del products  # free their PSUM before the transposes allocate theirs
-        compact = [_group_transpose(_blocks(inv_t), consts.eye, dtype) for inv_t in inverse_t]
+        if not both:
+            compact = [_group_transpose(_blocks(inv_t), consts.eye, dtype) for inv_t in inverse_t]
         inverse = [_blocks(x) for x in compact]
         yield
     inverse = [x[:, c, :] for x in compact for c in range(x.shape[1])]
     inverse_t = [x[:, c, :] for x in inverse_t for c in range(x.shape[1])]
-    full_t = [_expand_transposed(inv, consts.eye, dtype) for inv in inverse]
+    full_t = [
+        _place_diagonal(inv_t, chunk.slot.inverse_t)
+        if chunk.slot is not None
+        else _expand_transposed(inv, consts.eye, dtype)
+        for inv, inv_t, chunk in zip(inverse, inverse_t, chunks, strict=True)
+    ]
     yield
     for step in _level5(a_list, inverse, inverse_t, full_t, dtype):
         yield step
@@ -134,6 +170,23 @@ def _group_transpose(blocks: list[list[Any]], eye: Any, dtype: Any) -> Any:
             eye_q = eye[_quad(q), _quad(q)]
             _tile_matmul(out[_quad(q), c, :], block, eye_q, q * QUAD, q * QUAD, transpose=True)
     return tiles.evacuate(out, dtype)
+
+
+def _identity_plus(blocks: list[list[Any]], consts: Constants, dtype: Any, transpose: bool) -> Any:
+    """I + each chunk's diagonal 32×32 blocks (transposed when ``transpose``), as a batch-compact [C, n, 32] tile of
+    ``dtype``: identity matmuls on the four diagonal PE tiles (exact), the identity added on the evacuation (exact:
+    the blocks' diagonals are zero)."""
+    out = tiles.psum((CHUNK, len(blocks), QUAD))
+    eye = consts.eye
+    for c, chunk_blocks in enumerate(blocks):
+        for q, block in enumerate(chunk_blocks):
+            eye_q, dst, at = eye[_quad(q), _quad(q)], out[_quad(q), c, :], q * QUAD
+            if transpose:
+                _tile_matmul(dst, block, eye_q, at, at)
+            else:
+                _tile_matmul(dst, eye_q, block, at, at)
+    identity = consts.planes["eye_compact"].expand_dim(1).broadcast(1, len(blocks))
+    return tiles.combine(tiles.sbuf((CHUNK, len(blocks), QUAD), dtype), out, identity, nl.add)
 
 
 def _level0(a: Any, consts: Constants, dtype: Any) -> Any:
@@ -182,6 +235,16 @@ def _off_block_product(a_list: list[Any], plane_t: Any, inverse_t: Any, dtype: A
         for q in range(N_QUADS):
             _tile_matmul(product[_quad(q), c, :], a[_quad(q), _quad(q)], inverse_t[_quad(q), c, :], q * QUAD, q * QUAD)
     return tiles.multiply(product, plane_t, dtype)
+
+
+def _place_diagonal(inverse_t: Any, full: Any) -> Any:
+    """The full [C, C] ``Invᵀ`` in a chain slot's tile from the compact ``Invᵀ``: each diagonal 32×32 block copied
+    into its place (row p of the compact tile holds row p of its block, so a copy keeps the partitions). The slot's
+    strictly lower blocks are zero from the launch on (``stages.chain_slots``) and no level writes them; the upper
+    ones are written by levels 5 and 6."""
+    for q in range(N_QUADS):
+        tiles.copy_to(full[_quad(q), _quad(q)], inverse_t[_quad(q), :])
+    return full
 
 
 def _expand_transposed(inverse: Any, eye: Any, dtype: Any) -> Any:

@@ -87,6 +87,7 @@ class Gates:
     gamma: Any  # chunk-local inclusive prefix sum of g, fp32: only ever exponentiated as a decay from chunk start
     beta: Any  # β, fp32
     beta_decay: Any  # β e^γ
+    decay: Any = None  # e^γ, fp32
 
 
 def load_gate_rows(g_log: Any, beta: Any, lane: Lane, start: Any, width: int) -> tuple:
@@ -110,21 +111,24 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     sum finite, so the masked products of ``chunk_operands`` never meet −inf · 0 = NaN.
     """
     n_chunks, chunk = g_rows.shape
+    # The scan floors each gate itself (op0), so it does not wait on the floored rows (the same values, summed in
+    # the same order).
+    gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
+    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
+    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_rows, op0=nl.maximum, op1=nl.add, imm0=LOG_DECAY_FLOOR)
     g_floored = tiles.sbuf((n_chunks, chunk), FP32)
     engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
     nisa.tensor_scalar(dst=g_floored, data=g_rows, op0=nl.maximum, operand0=LOG_DECAY_FLOOR, engine=engines.VECTOR)
-    gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
-    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
-    nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_floored, op0=nl.multiply, op1=nl.add, imm0=1.0)
 
     columns_psum = tiles.psum((chunk, 3 * n_chunks))
     for k, rows in enumerate((gamma_rows, beta_rows, g_floored)):
         nisa.nc_transpose(dst=columns_psum[:, k * n_chunks : (k + 1) * n_chunks], data=rows, engine=nisa.tensor_engine)
+    decay = tiles.exp(columns_psum[:, 0:n_chunks])  # e^γ straight from PSUM, beside the evacuation
     columns = tiles.evacuate(columns_psum, FP32)
     gamma, beta_cols, g = (columns[:, k * n_chunks : (k + 1) * n_chunks] for k in range(3))
 
-    beta_decay = tiles.multiply(tiles.exp(gamma), beta_cols, FP32)
-    return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay)
+    beta_decay = tiles.multiply(decay, beta_cols, FP32)
+    return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay, decay=decay)
 
 
 @dataclass
@@ -245,29 +249,31 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
         chunk.q_t = tiles.evacuate(tiles.transpose(chunk.query), dtype)
         chunk.release("query")
     dk = chunk.k_t.shape[0]
-    gamma = gates.gamma[:, j : j + 1]
 
     # Γᵀ[j', i] = exp(Σ_{j'<t≤i} g_t): every decay is summed from exactly the gates it spans, by the tensor
     # engine (Σ_t [g_t·1(t > j')] · 1(t ≤ i)), never taken as a difference γ_i − γ_j' of prefix sums: after a
     # huge gate those are huge and their difference loses every later small gate (−1e7 mid-chunk: rel-RMS 2.5),
     # and after −inf it is NaN. The 0/1 mask is the moving operand (the fast fp32 mode).
     spans_lhs = tiles.scale_rows(consts.after, gates.g[:, j : j + 1], FP32)
-    # rows[p, i] = γ_i on each of Dk partitions (a stride-0 stationary against the identity): e^γ along the free
-    # axis of the [Dk, C] query tile. γ only ever enters decays from the chunk's start, which cannot cancel.
-    rows = tiles.matmul(gamma.broadcast(1, dk), consts.eye32, moving_onezero=True)
+    # rows[p, i] = e^{γ_i} on each of Dk partitions (a stride-0 stationary of the group's e^γ column against the
+    # identity, exact): e^γ along the free axis of the [Dk, C] query tile, without an exp per chunk. γ only ever
+    # enters decays from the chunk's start, which cannot cancel.
+    rows = tiles.matmul(gates.decay[:, j : j + 1].broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
-    q_decay = tiles.exp(rows)  # e^{γ_i} along the free axis
+    chunk.q_decay_t = tiles.combine(_chain_tile(chunk, "q_decay_t", chunk.q_t, FP32), chunk.q_t, rows, nl.multiply)
     # e^{γ_last}: its last column, copied to a tile of its own — a view would keep the whole [Dk, C] tile alive
     # until the chain reads it, two units later (16 KB per partition in flight at fp32, group 16)
-    chunk.decay_last = tiles.evacuate(q_decay[:, c - 1 : c], FP32)
+    chunk.decay_last = tiles.evacuate(rows[:, c - 1 : c], FP32)
     del rows
     # Made once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
     spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
     del spans_lhs
     yield
-    # The anti-causal half (i < j') sums no gate, so it reads exp(0) = 1 and is *selected* away by GpSimd.
+    # The anti-causal half (i < j') sums no gate (every term is an exact 0·g), so it reads exp(0) = 1 exactly —
+    # finite — and a multiply by the causal 0/1 mask zeroes it exactly (1·0 = 0, x·1 = x: the bits of a select, at
+    # half the cost of GpSimd's affine_select).
     decay_t = tiles.exp(spans_t)
-    tiles.select_upper(decay_t)
+    tiles.combine(decay_t, decay_t, consts.through, nl.multiply)
     ratio = decay_t[:, c - 1 : c]  # Γᵀ[j', C−1]: the decay from token j' to the chunk's end
     del spans_t
     if chunk.key is None:
@@ -276,10 +282,10 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
     # scales the rows by β.
     beta_decay = tiles.scale_rows(tiles.transpose(decay_t), gates.beta[:, j : j + 1], FP32)
-    chunk.q_decay_t = tiles.multiply(chunk.q_t, q_decay, FP32)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
-    chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype)
-    chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype)
+    k_beta, v_beta = _chain_tile(chunk, "k_beta", chunk.key, dtype), _chain_tile(chunk, "v_beta", chunk.value, dtype)
+    chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype, dst=k_beta)
+    chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype, dst=v_beta)
     chunk.release("key", "value")
     yield
     # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
@@ -315,9 +321,11 @@ class ChainSlot:
     launch (``chain_slots``) and reused by every unit.
 
     In a compiled loop each value that crosses from one iteration to the next must live in a tile allocated before
-    the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration and its chain runs in
-    the next. Stage 3 writes ``u``, ``transition_t`` and ``q_eff_t`` here directly; the stage-1 values are copied
-    here once the previous unit's chain has read the slot (``lanes.publish``).
+    the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration, and its stage 3 and
+    chain run in the next. The preparation writes what stage 3 reads (``inverse_t``, ``v_beta``, ``k_beta``,
+    ``q_decay_t``) here directly — after the previous unit's stage 3, issued earlier in the period, has read them —
+    and the stage-1 values the chain reads are copied here at the end of the period, once the previous unit's chain
+    has read the slot (``lanes.copy_stage1``); stage 3 writes ``u``, ``transition_t`` and ``q_eff_t`` here.
     """
 
     k_decay: Any  # [C, Dk] compute dtype
@@ -326,6 +334,25 @@ class ChainSlot:
     u: Any  # [C, Dv] compute dtype
     transition_t: Any  # [Dk, Dk] compute dtype
     q_eff_t: Any  # [Dk, C] compute dtype
+    inverse_t: Any  # [C, C] compute dtype
+    v_beta: Any  # [C, Dv] compute dtype
+    k_beta: Any  # [C, Dk] compute dtype
+    q_decay_t: Any  # [Dk, C] fp32
+
+    def prepared(self, token: Any) -> Chunk:
+        """The chunk starting at ``token`` as its stage 3 sees it: prepared into this slot, its stage-1 chain values
+        copied here."""
+        return Chunk(
+            token=token,
+            k_decay=self.k_decay,
+            decay_last=self.decay_last,
+            attn_t=self.attn_t,
+            inverse_t=self.inverse_t,
+            v_beta=self.v_beta,
+            k_beta=self.k_beta,
+            q_decay_t=self.q_decay_t,
+            slot=self,
+        )
 
     def chunk(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as the chain sees it: its values read from this slot."""
@@ -340,14 +367,14 @@ class ChainSlot:
         )
 
 
-STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.publish`` copies into a ChainSlot
+STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.copy_stage1`` copies into a ChainSlot
 
 
 def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
     """``count`` chain slots for chunks of ``lane``'s shapes and dtypes (every lane of a launch has the same)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
-    return [
+    slots = [
         ChainSlot(
             k_decay=tiles.sbuf((c, dk), dtype),
             decay_last=tiles.sbuf((dk, 1), FP32),
@@ -355,9 +382,16 @@ def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
             u=tiles.sbuf((c, dv), dtype),
             transition_t=tiles.sbuf((dk, dk), dtype),
             q_eff_t=tiles.sbuf((dk, c), dtype),
+            inverse_t=tiles.sbuf((c, c), dtype),
+            v_beta=tiles.sbuf((c, dv), dtype),
+            k_beta=tiles.sbuf((c, dk), dtype),
+            q_decay_t=tiles.sbuf((dk, c), FP32),
         )
         for _ in range(count)
     ]
+    for slot in slots:  # zero once: schur writes only the diagonal and upper blocks of Invᵀ (schur._place_diagonal)
+        nisa.memset(dst=slot.inverse_t, value=0.0)
+    return slots
 
 
 def _chain_tile(chunk: Chunk, name: str, like: Any, dtype: Any) -> Any:

@@ -76,7 +76,8 @@ def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
     """``dst = a op b`` elementwise (on ``engine`` when given).
 
     All in SBUF: on GpSimd or the vector engine. One input in PSUM: either directly on the vector engine, or as a
-    scalar-engine evacuation of the PSUM input followed by the op on GpSimd — whichever finishes first.
+    scalar-engine evacuation of the PSUM input followed by the op on GpSimd — whichever finishes first, the staged
+    form charged one dependency latency more (its result waits on two instructions in a row, not one).
     """
     n = free_elements(a)
     if engine is not None:
@@ -90,6 +91,7 @@ def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
         return dst
     direct = BALANCER.load[VECTOR] + stream_ns(VECTOR, n)
     staged = max(BALANCER.load[SCALAR] + stream_ns(SCALAR, n), BALANCER.load[GPSIMD]) + stream_ns(GPSIMD, n)
+    staged += engines.DEPENDENCY_NS  # one hop more (scalar -> GpSimd) on the op's dependency path
     if BALANCER.decide(direct <= staged):
         BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=VECTOR)
@@ -115,15 +117,21 @@ def multiply(a: Any, b: Any, dtype: Any) -> Any:
     return combine(sbuf(tuple(a.shape), dtype), a, b, nl.multiply)
 
 
-def scale_rows(x: Any, column: Any, dtype: Any) -> Any:
-    """``x[p, :] * column[p]`` into a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in SBUF or
-    PSUM), on the scalar or vector engine (GpSimd's ``tensor_scalar`` is rsqrt only)."""
-    dst = sbuf(tuple(x.shape), dtype)
+def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None) -> Any:
+    """``x[p, :] * column[p]`` into ``dst`` or a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in
+    SBUF or PSUM), on the scalar or vector engine, or — ``x`` a [P, n] SBUF tile — on GpSimd as a ``tensor_tensor``
+    multiply by the column broadcast along the free axis (a stride-0 view; GpSimd's ``tensor_scalar`` is rsqrt
+    only)."""
+    dst = dst if dst is not None else sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
     options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
+    if not in_psum(x) and len(x.shape) == 2:
+        options.append((GPSIMD, stream_ns(GPSIMD, n)))
     engine = BALANCER.pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
+    elif engine == GPSIMD:
+        nisa.tensor_tensor(dst=dst, data1=x, data2=column.broadcast(1, x.shape[1]), op=nl.multiply, engine=engine)
     else:
         nisa.tensor_scalar(dst=dst, data=x, op0=nl.multiply, operand0=column, engine=engine)
     return dst
@@ -159,11 +167,6 @@ def select_by_diagonal(dst: Any, on_true_tile: Any, on_false_value: float, cmp_o
         cmp_op=cmp_op,
     )
     return dst
-
-
-def select_upper(tile: Any) -> None:
-    """Zero, in place, every element of a square tile below the diagonal (keep column − row >= 0)."""
-    select_by_diagonal(tile, tile, 0.0, nl.greater_equal)
 
 
 def high_half(tile: Any) -> Any:
