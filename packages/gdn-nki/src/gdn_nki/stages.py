@@ -342,32 +342,19 @@ class ChainSlot:
     def prepared(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as its stage 3 sees it: prepared into this slot, its stage-1 chain values
         copied here."""
-        return Chunk(
-            token=token,
-            k_decay=self.k_decay,
-            decay_last=self.decay_last,
-            attn_t=self.attn_t,
-            inverse_t=self.inverse_t,
-            v_beta=self.v_beta,
-            k_beta=self.k_beta,
-            q_decay_t=self.q_decay_t,
-            slot=self,
-        )
+        return self._view(token, (*STAGE1_CHAIN_VALUES, *STAGE3_INPUTS), slot=self)
 
     def chunk(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as the chain sees it: its values read from this slot."""
-        return Chunk(
-            token=token,
-            k_decay=self.k_decay,
-            decay_last=self.decay_last,
-            attn_t=self.attn_t,
-            u=self.u,
-            transition_t=self.transition_t,
-            q_eff_t=self.q_eff_t,
-        )
+        return self._view(token, (*STAGE1_CHAIN_VALUES, *CHAIN_INPUTS))
+
+    def _view(self, token: Any, names: tuple[str, ...], **extra: Any) -> Chunk:
+        return Chunk(token=token, **{name: getattr(self, name) for name in names}, **extra)
 
 
 STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.copy_stage1`` copies into a ChainSlot
+STAGE3_INPUTS = ("inverse_t", "v_beta", "k_beta", "q_decay_t")  # what the preparation writes for stage 3
+CHAIN_INPUTS = ("u", "transition_t", "q_eff_t")  # what stage 3 writes for the chain
 
 
 def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
