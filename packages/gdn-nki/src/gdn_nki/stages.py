@@ -376,7 +376,7 @@ def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
         )
         for _ in range(count)
     ]
-    for slot in slots:  # zero once: schur writes only the diagonal and upper blocks of Invᵀ (schur._place_diagonal)
+    for slot in slots:  # zero once: schur never writes the lower-left 64-block of Invᵀ (schur._level5)
         nisa.memset(dst=slot.inverse_t, value=0.0)
     return slots
 
