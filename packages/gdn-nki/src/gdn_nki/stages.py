@@ -537,5 +537,7 @@ def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
     for j, cols in enumerate(column_blocks(dv)):
         out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
         _state_product(out_psum, chunk.q_eff_t, entry_state, j)
-        tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale, engine=tiles.VECTOR)
+        # Either engine (the balancer's choice): fixed on the vector engine it queued behind the chain's updates
+        # (measured: S = 8192 148.4 -> 147.1 µs free)
+        tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale)
     nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.token, c), :], src=out_tile)
