@@ -32,11 +32,13 @@ GPSIMD_START = 150  # cycles before a GpSimd select/iota streams (§4.5)
 # Measured (one lane, bf16, S=2048 / 8192): 0 ns 50.4 / 183.1 µs, 100 ns 49.5 / 181.8, 200 ns 49.2 / 180.4,
 # 400 ns 49.7 / 181.6, 1000 ns 50.4 / 187.8.
 DEPENDENCY_NS = 200.0
-# How far an engine's issued work may trail the busiest engine's (about twenty 128-element instructions): enough to
-# absorb the next step's burst, too little to bank a whole phase of idleness. Measured (one lane, bf16 schur,
-# S=2048 / 8192): 500 ns 49.1 / 166.4 µs, 1000 ns 49.0 / 167.8, 1500 ns 48.8 / 166.8, 2000 ns (and up to 1e5 ns)
-# 48.3 / 163.8; fp32 S=2048 76.8 µs at 1000 ns, 77.4 at 2000.
-IDLE_CREDIT_NS = 2000.0
+# How far an engine's issued work may trail the busiest engine's (about ten 128-element instructions): enough to
+# absorb the next step's burst, too little to bank a whole phase of idleness. Re-measured on the current kernel (one
+# lane; bf16 schur S=2048 / 8192, fp32 schur S=2048 / 8192, 32 lanes S=128, neumann S=2048, µs): 500 ns 44.8 / 148.9,
+# 71.9 / 261.1, 81.3, 102.7; 750 ns 43.7 / 141.6, 72.7 / 264.2, 79.1, 101.9; 1000 ns 43.9 / 142.3, 72.0 / 260.2, 79.5,
+# 102.5; 1500 ns 43.9 / 142.9, 72.2 / 259.9, 78.8, 102.7; 2000 ns 44.1 / 144.5, 72.4 / 261.9, 78.7, 103.6; 4000 ns
+# 44.1 / 145.7 (bf16).
+IDLE_CREDIT_NS = 1000.0
 
 
 def stream_ns(engine: Any, elements: int, passes: float = 1.0, start: int = 0) -> float:
