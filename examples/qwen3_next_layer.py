@@ -182,10 +182,12 @@ def _run(model: hf.Qwen3NextModel, layer: torch.nn.Module, ids: torch.Tensor) ->
     with torch.no_grad():
         layer_out = layer(model.layers[0].input_layernorm(model.embed_tokens(ids[:, :PROMPT])))
         prefill = model(ids[:, :PROMPT], use_cache=True)
-        cache, steps = prefill.past_key_values, []
+        # ``cache``, not ``past_key_values``: transformers 5.24 (our floor) renamed the argument and the output
+        # field and drops the old names in 5.40.
+        cache, steps = prefill.cache, []
         for t in range(PROMPT, PROMPT + DECODE_STEPS):
-            step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-            cache = step.past_key_values
+            step = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            cache = step.cache
             steps.append(step.last_hidden_state)
     return layer_out, prefill.last_hidden_state, *steps
 
