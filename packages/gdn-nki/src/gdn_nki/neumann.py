@@ -34,9 +34,11 @@ SUBSTITUTION_SWEEPS = CHUNK // SUBBLOCK - 1
 GROUP_SIZE = 8  # chunks per level-major group (the group_size knob is schur's)
 
 
-def build_block_planes(consts: Constants, dtype: Any) -> None:
+def build_block_planes(consts: Constants, dtype: Any) -> Iterator[None]:
     """Build the block masks on device: ``neg_diag`` = −1 on the diagonal blocks' strictly-lower part,
-    ``below`` = 1 on the strictly block-lower part."""
+    ``below`` = 1 on the strictly block-lower part. A step generator like schur's merge planes
+    (``lanes.LaneInputs.deferred_loads``): nothing to load, so all of it comes after the one yield."""
+    yield
     row_block = _block_index(channel_multiplier=1, step=0)
     col_block = _block_index(channel_multiplier=0, step=1)
     same_block = tiles.sbuf((CHUNK, CHUNK), FP32)

@@ -61,15 +61,15 @@ COMPACT_LEVELS = range(1, 5)
 BATCH = 2
 
 
-def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any, group_size: int) -> None:
+def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any, group_size: int) -> Iterator[None]:
     """Load the level-0 plane, and the compact levels' pre-negated off-block planes TRANSPOSED (see
     ``_off_block_product``) as compact [C, 32] tiles, into ``consts.planes`` (fp32: they multiply an fp32 PSUM
     product; a batch reads one through a stride-0 view repeating it per chunk). Each diagonal 32×32 block of a
-    plane is DMA-transposed into its rows. Also the ``group_size`` assembly tiles of level 5 (``_level5``), one per
-    chunk position of a unit, each the identity until level 5 writes its two off blocks."""
+    plane is DMA-transposed into its rows. Then (after one yield: ``lanes.LaneInputs.deferred_loads``) the on-chip
+    work: the negated level-0 plane and the ``group_size`` assembly tiles of level 5 (``_level5``), one per chunk
+    position of a unit, each the identity until level 5 writes its two off blocks."""
     consts.planes["off0"] = nl.load(mask_pack[PLANE_OFF0, :, :], dtype=dtype)
     if dtype != FP32:  # the compact level 0 (``invert_group``) adds A ∘ (−off0) to the identity
-        consts.planes["off0_neg"] = tiles.copy_to(tiles.sbuf((CHUNK, CHUNK), dtype), consts.planes["off0"], -1.0)
         eye_compact = tiles.sbuf((CHUNK, QUAD), FP32)
         for q in range(N_QUADS):
             nisa.dma_copy(dst=eye_compact[_quad(q), :], src=mask_pack[PLANE_EYE, _quad(q), _quad(q)])
@@ -80,6 +80,9 @@ def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any, group_size:
             block = _quad(q)
             nisa.dma_transpose(dst=plane_t[block, :], src=mask_pack[off_neg_plane(level), block, block])
         consts.planes[level] = plane_t
+    yield
+    if dtype != FP32:
+        consts.planes["off0_neg"] = tiles.copy_to(tiles.sbuf((CHUNK, CHUNK), dtype), consts.planes["off0"], -1.0)
     consts.planes["assembly"] = [
         tiles.copy_to(tiles.sbuf((CHUNK, CHUNK), dtype), consts.eye) for _ in range(group_size)
     ]
