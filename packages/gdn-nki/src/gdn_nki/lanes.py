@@ -292,7 +292,8 @@ def run_period(pipe: Pipeline, chain_unit: Unit | None, prep_unit: Unit | None) 
     rounds = 0
     while chain is not None or prep is not None:
         if rounds == DEFERRED_ROUNDS and deferred is not None:
-            deferred = _finish(deferred)
+            _finish(deferred)
+            deferred = None
         if chain is not None and next(chain, StopIteration) is StopIteration:
             chain = None
         if prep is not None and next(prep, StopIteration) is StopIteration:

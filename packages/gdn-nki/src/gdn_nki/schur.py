@@ -276,8 +276,9 @@ def _level5(
         for q in range(N_QUADS):
             cols = _quad(q // 2, half)
             _tile_matmul(product[_quad(q), :], inv[_quad(q), :], moving[_quad(q), cols], q * QUAD, q * QUAD)
-        for h in range(2):  # on the vector engine: the mid copies above go to the scalar one (measured: S = 8192
-            # 148.4 -> 147.2 µs with the output's evacuations free too, against the balancer's choice for both)
+        # On the vector engine: the mid copies above go to the scalar one (measured: S = 8192 148.4 -> 147.2 µs with
+        # the output's evacuations free too, against the balancer's choice for both).
+        for h in range(2):
             tiles.copy_to(full[_quad(h, half), _quad(h, half)], product[_quad(h, half), :], engine=tiles.VECTOR)
     yield
 
