@@ -90,6 +90,7 @@ class Segment:
     state: stages.State | None = None  # the lane's initial state, loaded with the unit that starts the lane
     start: Any = None
     stage1_copied: bool = False  # its chunks' stage-1 chain values are in the chain slots
+    beta: Any = None  # [C, width] β columns of its chunks (stage 3 reads them, from the chain slots)
 
     @property
     def token(self) -> Any:
@@ -164,11 +165,24 @@ def load(unit: Unit, pipe: Pipeline) -> None:
             seg.state = stages.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
 
 
-def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
-    """State-independent compute of a loaded unit up to its inverses; yields between steps."""
-    gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
+def prepare(unit: Unit, pipe: Pipeline) -> Iterator[None]:
+    """State-independent compute of a loaded unit up to its inverses; yields between steps.
+
+    Its first step loads the unit's v straight into the chain slots (``stages.load_values``): issued after the
+    first step of the previous unit's stage 3 (``run_period``), the one that reads them.
+    """
+    inputs = pipe.inputs
+    position = 0
     for seg in unit:
+        values = pipe.slots[0].values[:, position : position + seg.width, :]
+        stages.load_values(seg.lane, seg.token, seg.width, values)
+        for j, chunk in enumerate(seg.chunks):
+            chunk.value = values[:, j, :]
+        position += seg.width
+    gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
+    for seg, seg_gates in zip(unit, gates, strict=True):
         seg.gate_rows = ()  # the rows are dead once turned into columns
+        seg.beta = seg_gates.beta
     yield
     operands = [
         stages.chunk_operands(seg.lane, chunk, seg_gates, j)
@@ -180,7 +194,7 @@ def prepare(unit: Unit, inputs: LaneInputs) -> Iterator[None]:
     lane = unit[0].lane  # constants and dtypes are the same for every lane of a launch
     yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
     for chunk in chunks:  # A is dead once inverted: free it before the next period's preparation makes its own
-        chunk.release("a")
+        chunk.release("a_t")
 
 
 def assign_slots(unit: Unit, pipe: Pipeline) -> None:
@@ -211,7 +225,13 @@ def copy_stage1(unit: Unit, pipe: Pipeline) -> None:
     for chunk, row, slot in zip(chunks, values, pipe.slots, strict=False):
         for name, value in zip(stages.STAGE1_CHAIN_VALUES, row, strict=True):
             setattr(chunk, name, tiles.copy_to(getattr(slot, name), value))
-    for seg in unit:
+    position = 0
+    for seg in unit:  # β: one copy of each segment's gate columns, not one per chunk
+        betas = pipe.slots[0].betas
+        tiles.copy_to(betas[:, position : position + seg.width], seg.beta)
+        for j, chunk in enumerate(seg.chunks):
+            chunk.beta = pipe.slots[position + j].beta
+        position += seg.width
         seg.stage1_copied = True
 
 
@@ -288,7 +308,7 @@ def run_period(pipe: Pipeline, chain_unit: Unit | None, prep_unit: Unit | None) 
         next(deferred, None)  # its loads
         pipe.deferred = None
     chain = chain_of(chain_unit, pipe) if chain_unit is not None else None
-    prep = prepare(prep_unit, pipe.inputs) if prep_unit is not None else None
+    prep = prepare(prep_unit, pipe) if prep_unit is not None else None
     rounds = 0
     while chain is not None or prep is not None:
         if rounds == DEFERRED_ROUNDS and deferred is not None:

@@ -1,14 +1,15 @@
 """The neumann intra-chunk inverse (chunk 64): 16-row diagonal sub-blocks by recursive doubling, joined by block
-forward substitution.
+substitution.
 
-With ``A = A_d + N`` (``A_d`` the strictly-lower parts of the four 16×16 diagonal blocks, ``N`` the strictly
-block-lower rest):
+It inverts the upper-triangular system it is given, ``I + Aᵀ`` (``stages.Chunk.a_t``), and the result is the
+``Invᵀ = (I + Aᵀ)⁻¹`` stage 3 multiplies with — no transpose at the end. With ``Aᵀ = A_d + N`` (``A_d`` the
+strictly-upper parts of the four 16×16 diagonal blocks, ``N`` the strictly block-upper rest):
 
 - ``X_d = (I + A_d)⁻¹ = (I + P)(I + P²)(I + P⁴)(I + P⁸)`` with ``P = −A_d`` (nilpotent: P¹⁶ = 0, so exact).
   Doubling works on 16-row blocks only: on whole 64-chunks its intermediates reach 1e13+ (gdn-math §3.3).
-- Block forward substitution ``Inv_i = X_ii (E_i − Σ_{m<i} A_im Inv_m)`` for the four block rows, run on all
-  rows at once as ``Inv ← X_d − (X_d N) Inv`` starting from ``X_d``: sweep t makes block row t exact, so three
-  sweeps give the exact inverse.
+- Block back substitution ``Inv_i = X_ii (E_i − Σ_{m>i} N_im Inv_m)`` for the four block rows, run on all rows
+  at once as ``Inv ← X_d − (X_d N) Inv`` starting from ``X_d``: sweep t makes one more block row exact (X_d N is
+  nilpotent of index 4), so three sweeps give the exact inverse.
 
 Chunks of a group run level-major, like schur's merge, so independent same-kind instructions are issued together.
 
@@ -35,30 +36,30 @@ GROUP_SIZE = 8  # chunks per level-major group (the group_size knob is schur's)
 
 
 def build_block_planes(consts: Constants, dtype: Any) -> Iterator[None]:
-    """Build the block masks on device: ``neg_diag`` = −1 on the diagonal blocks' strictly-lower part,
-    ``below`` = 1 on the strictly block-lower part. A step generator like schur's merge planes
+    """Build the block masks on device: ``neg_diag`` = −1 on the diagonal blocks' strictly-upper part,
+    ``above`` = 1 on the strictly block-upper part. A step generator like schur's merge planes
     (``lanes.LaneInputs.deferred_loads``): nothing to load, so all of it comes after the one yield."""
     yield
     row_block = _block_index(channel_multiplier=1, step=0)
     col_block = _block_index(channel_multiplier=0, step=1)
     same_block = tiles.sbuf((CHUNK, CHUNK), FP32)
     nisa.tensor_tensor(dst=same_block, data1=row_block, data2=col_block, op=nl.equal)
-    below = tiles.sbuf((CHUNK, CHUNK), FP32)
-    nisa.tensor_tensor(dst=below, data1=row_block, data2=col_block, op=nl.greater)
+    above = tiles.sbuf((CHUNK, CHUNK), FP32)
+    nisa.tensor_tensor(dst=above, data1=row_block, data2=col_block, op=nl.less)
     neg_same = tiles.sbuf((CHUNK, CHUNK), FP32)
     nisa.tensor_scalar(dst=neg_same, data=same_block, op0=nl.multiply, operand0=-1.0)
     neg_diag = tiles.sbuf((CHUNK, CHUNK), FP32)
-    # keep where row − column − 1 >= 0 (strictly lower)
+    # keep where column − row − 1 >= 0 (strictly upper)
     nisa.affine_select(
         dst=neg_diag,
-        pattern=[[-1, CHUNK]],
-        channel_multiplier=1,
+        pattern=[[1, CHUNK]],
+        channel_multiplier=-1,
         offset=-1,
         on_true_tile=neg_same,
         on_false_value=0.0,
         cmp_op=nl.greater_equal,
     )
-    consts.planes["neg_diag"], consts.planes["below"] = neg_diag, below
+    consts.planes["neg_diag"], consts.planes["above"] = neg_diag, above
 
 
 def _block_index(channel_multiplier: int, step: int) -> Any:
@@ -71,15 +72,14 @@ def _block_index(channel_multiplier: int, step: int) -> Any:
 
 
 def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator[None]:
-    """Set ``chunk.inverse_t = ((I + A)⁻¹)ᵀ`` for every chunk of the group, level-major; yields per step."""
-    a_list = [chunk.a for chunk in chunks]
+    """Set ``chunk.inverse_t = (I + Aᵀ)⁻¹`` for every chunk of the group, level-major; yields per step."""
+    a_list = [chunk.a_t for chunk in chunks]
     diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, FP32)
     inverse = yield from _block_substitution(a_list, diag_inverse, consts, FP32)
     for chunk, inv in zip(chunks, inverse, strict=True):
-        if chunk.slot is not None:  # its unit's chain slot (``stages.ChainSlot``), which stage 3 reads
-            chunk.inverse_t = tiles.copy_to(chunk.slot.inverse_t, tiles.transpose(inv))
-        else:
-            chunk.inverse_t = _transposed(inv, dtype)
+        # into its unit's chain slot (``stages.ChainSlot``), which stage 3 reads, rounded to the compute dtype
+        dst = chunk.slot.inverse_t if chunk.slot is not None else tiles.sbuf(tuple(inv.shape), dtype)
+        chunk.inverse_t = tiles.copy_to(dst, inv)
 
 
 def _transposed(x: Any, dtype: Any) -> Any:
@@ -113,11 +113,11 @@ def _add_product(base: Any, stationary: Any, moving: Any, dtype: Any) -> Any:
 
 
 def _block_substitution(a_list: list[Any], diag_inverse: list[Any], consts: Constants, dtype: Any) -> Iterator[None]:
-    """Inv = (I + A)⁻¹ from X_d by three sweeps of Inv ← X_d − (X_d N) Inv."""
-    below = [tiles.multiply(a, consts.planes["below"], dtype) for a in a_list]  # N
+    """Inv = (I + Aᵀ)⁻¹ from X_d by three sweeps of Inv ← X_d − (X_d N) Inv."""
+    above = [tiles.multiply(a, consts.planes["above"], dtype) for a in a_list]  # N
     diag_t = [_transposed(x, dtype) for x in diag_inverse]
     # (−X_d N)ᵀ = −Nᵀ X_dᵀ, the stationary operand of every sweep
-    coupling_t = [tiles.evacuate(tiles.matmul(n, xt), dtype, scale=-1.0) for n, xt in zip(below, diag_t, strict=True)]
+    coupling_t = [tiles.evacuate(tiles.matmul(n, xt), dtype, scale=-1.0) for n, xt in zip(above, diag_t, strict=True)]
     inverse = diag_inverse
     for _ in range(SUBSTITUTION_SWEEPS):
         sweep = []

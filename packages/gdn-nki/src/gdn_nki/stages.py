@@ -3,7 +3,7 @@
 The kernel uses the *transition form* of the chunked delta rule. For a chunk with entry state ``S`` (fp32 master,
 [Dk, Dv]) everything except two products is state independent:
 
-    U  = Inv · diag(β) V                 W  = Inv · diag(β e^γ) K            (Inv = (I + A)⁻¹)
+    U  = Inv · diag(β) V                 W  = Inv · diag(β e^γ) K            (Inv = (I + A)⁻¹, A = diag(β)(K Kᵀ ∘ Γ))
     out = scale · (Q_eff S + attn U)     Q_eff = diag(e^γ) Q − attn W        attn = (Q Kᵀ) ∘ Γ (causal, incl. diag)
     S'  = e^{γ_last} S + T S + H          T = −K_decᵀ W                       H = K_decᵀ U,  K_dec = diag(e^{γ_last−γ}) K
 
@@ -12,6 +12,17 @@ state, see State), and all the rest (the inverse, U, W, T, H, Q_eff) can run ahe
 is algebraically the WY form (δ = U − W S is the per-token write) with δ substituted into the output and state
 updates. The state's master is fp32 throughout; as a matmul operand it is split into two bf16 parts when the
 compute dtype is bf16 (see State).
+
+U and W are computed through the other ordering of β, ``Inv · diag(β) = diag(β) · (I + Ã)⁻¹`` with
+``Ã = (K Kᵀ ∘ Γ) diag(β)`` (push-through: ``(I + D M)⁻¹ D = D (I + M D)⁻¹``): ``U = diag(β) (I + Ã)⁻¹ V`` and
+``W = diag(β) (I + Ã)⁻¹ diag(e^γ) K``, β applied on the evacuation of each fp32 product. The system the inverse
+is handed is then ``Ãᵀ = diag(β)(K Kᵀ ∘ Γᵀ)`` (``Chunk.a_t``), made from Γᵀ — the orientation attnᵀ and K_dec
+use — with no transpose of Γᵀ, and the inverse it returns, ``(I + Ã)⁻ᵀ = (I + Ãᵀ)⁻¹``, is the stationary operand
+of both products. V enters unscaled (no rounding of diag(β) V) and so does diag(e^γ) K. Measured, one lane bf16
+schur, against ``A = diag(β)(K Kᵀ ∘ Γ)`` from a tensor-engine transpose of Γᵀ: PE time per chunk 1.32 -> 1.20
+µs, S = 8192 139.0 -> 136.1 µs, and every numerics regime's error as small or smaller (zero gates: state rel-RMS
+3.60e-3 -> 2.98e-3). Moving β into attn and K_dec instead (no β in stage 3) was faster, 133.9 µs, but rounds
+diag(β) K_dec where K_dec is otherwise exact (zero gates: 3.60e-3 -> 3.80e-3).
 
 Layout conventions: ``*_t`` tiles are transposed ([head dim, tokens]); columns are [tokens, 1] per-partition
 scalars; ``nc_matmul(stationary=X, moving=Y)`` computes ``Xᵀ Y`` contracting the partition axis.
@@ -86,7 +97,6 @@ class Gates:
     g: Any  # g_log floored at LOG_DECAY_FLOOR (exact, see gate_columns), fp32
     gamma: Any  # chunk-local inclusive prefix sum of g, fp32: only ever exponentiated as a decay from chunk start
     beta: Any  # β, fp32
-    beta_decay: Any  # β e^γ
     decay: Any = None  # e^γ, fp32
 
 
@@ -127,8 +137,7 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     columns = tiles.evacuate(columns_psum, FP32)
     gamma, beta_cols, g = (columns[:, k * n_chunks : (k + 1) * n_chunks] for k in range(3))
 
-    beta_decay = tiles.multiply(decay, beta_cols, FP32)
-    return Gates(g=g, gamma=gamma, beta=beta_cols, beta_decay=beta_decay, decay=decay)
+    return Gates(g=g, gamma=gamma, beta=beta_cols, decay=decay)
 
 
 @dataclass
@@ -138,19 +147,19 @@ class Chunk:
     token: Any  # the chunk's first token in q/k/v/out: an int, or a compiled loop's run-time scalar
     q_t: Any = None  # [Dk, C] query, compute dtype
     k_t: Any = None  # [Dk, C] key
-    a: Any = None  # [C, C] A = diag(β)(K Kᵀ ∘ Γ) in Lane.system_dtype; only its strictly-lower part is read
+    a_t: Any = None  # [C, C] Ãᵀ = diag(β)(K Kᵀ ∘ Γᵀ) in Lane.system_dtype; only its strictly-upper part is read
     attn_t: Any = None  # [C, C] attnᵀ (causal incl. diagonal), compute dtype
     q_decay_t: Any = None  # [Dk, C] (diag(e^γ) Q)ᵀ, fp32
     k_decay: Any = None  # [C, Dk] K_dec
-    k_beta: Any = None  # [C, Dk] diag(β e^γ) K
-    v_beta: Any = None  # [C, Dv] diag(β) V
+    k_gamma: Any = None  # [C, Dk] diag(e^γ) K
     decay_last: Any = None  # [Dk, 1] e^{γ_last}
-    inverse_t: Any = None  # [C, C] Invᵀ, compute dtype
+    beta: Any = None  # [C, 1] β
+    inverse_t: Any = None  # [C, C] (I + Ã)⁻ᵀ = (I + Ãᵀ)⁻¹, compute dtype
     u: Any = None  # [C, Dv]
     transition_t: Any = None  # [Dk, Dk] Tᵀ, compute dtype (the dtype of the state's parts)
     q_eff_t: Any = None  # [Dk, C] Q_effᵀ, compute dtype
     key: Any = None  # [C, Dk] token-major key, a PSUM transpose of k_t or loaded so (stage 1 only)
-    value: Any = None  # [C, Dv] (stage 1 only)
+    value: Any = None  # [C, Dv] V, loaded into the chain slot (stage 3 only: ``load_values``)
     slot: ChainSlot | None = None  # where stage 3 writes what the chain reads (None: fresh tiles)
 
     def release(self, *names: str) -> None:
@@ -180,45 +189,35 @@ class Lane:
     out: Any
     chunk: int
     dtype: Any  # compute dtype
-    system_dtype: Any  # dtype of A: what the algorithm's inverse takes as operands
+    system_dtype: Any  # dtype of Ãᵀ: what the algorithm's inverse takes as operands
     scale: float
     consts: Constants
 
 
 def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
-    """DMA ``width`` consecutive chunks from token ``start`` (an int, or a compiled loop's run-time scalar): q and k
-    transposed ([Dk, width·C]), v token-major as [C, width, Dv] (chunk j on free-axis slot j); the chunks get views.
+    """DMA ``width`` consecutive chunks of q and k from token ``start`` (an int, or a compiled loop's run-time
+    scalar), transposed ([Dk, width·C]); the chunks get views. (v goes straight to the chain slots: ``load_values``.)
 
     From a trace-time start, q and k are transposed on the way in from HBM, and the token-major key is a
     tensor-engine transpose of k_t (``chunk_operands``): its 256-byte token rows would make a second, token-major
     load ~2× slower per byte than the transposing one. A DMA transpose from a run-time start is not a documented
     form (nki-cpu README, rule ``indirect_transpose``), so from a compiled loop's start q and k are loaded
-    token-major like v (``dma_copy`` documents dynamic start addresses) and transposed SBUF to SBUF by a second
+    token-major (``dma_copy`` documents dynamic start addresses) and transposed SBUF to SBUF by a second
     DMA, from a tile whose address is fixed (ISA ``dma_transpose``: src "a tile in HBM or SBUF", v2.33.0). The
     token-major key is then kept, so the tensor engine transposes nothing. Measured (one lane, bf16 schur, against
     tensor-engine transposes of both loads): S = 8192 163.8 -> 157.1 µs, S = 2048 47.2 -> 46.3 µs; fp32 S = 8192
     283.4 -> 269.5 µs.
-
-    v is loaded last, in the order the stages read them (q in stage 1's second phase, k in its third, v in its
-    fourth; measured: fp32 S = 2048 72.2 -> 70.1 µs, bf16 S = 2048 41.1 -> 40.6 µs).
     """
     c, dtype = lane.chunk, lane.dtype
-    dk, dv = lane.key.shape[3], lane.value.shape[3]
-    value = tiles.sbuf((c, width, dv), dtype)
+    dk = lane.key.shape[3]
     if isinstance(start, int):
         tokens = nl.ds(start, width * c)
         q_t = tiles.sbuf((dk, width * c), dtype)
         nisa.dma_transpose(dst=q_t, src=lane.query[lane.b, lane.kh, tokens, :])
         k_t = tiles.sbuf((dk, width * c), dtype)
         nisa.dma_transpose(dst=k_t, src=lane.key[lane.b, lane.kh, tokens, :])
-        nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], start, width, c))
         return [
-            Chunk(
-                token=start + j * c,
-                q_t=q_t[:, j * c : (j + 1) * c],
-                k_t=k_t[:, j * c : (j + 1) * c],
-                value=value[:, j, :],
-            )
+            Chunk(token=start + j * c, q_t=q_t[:, j * c : (j + 1) * c], k_t=k_t[:, j * c : (j + 1) * c])
             for j in range(width)
         ]
     query, key = (tiles.sbuf((c, width, dk), dtype) for _ in range(2))
@@ -227,11 +226,13 @@ def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
     q_t, k_t = (tiles.sbuf((dk, width, c), dtype) for _ in range(2))  # [d, j, t]: chunk j's transposed tile
     nisa.dma_transpose(dst=q_t, src=query)
     nisa.dma_transpose(dst=k_t, src=key)
-    nisa.dma_copy(dst=value, src=_chunk_major(lane.value[lane.b, lane.h], start, width, c))
-    return [
-        Chunk(token=start + j * c, q_t=q_t[:, j, :], k_t=k_t[:, j, :], key=key[:, j, :], value=value[:, j, :])
-        for j in range(width)
-    ]
+    return [Chunk(token=start + j * c, q_t=q_t[:, j, :], k_t=k_t[:, j, :], key=key[:, j, :]) for j in range(width)]
+
+
+def load_values(lane: Lane, start: Any, width: int, dst: Any) -> None:
+    """DMA ``width`` chunks of v from token ``start`` token-major into ``dst`` ([C, width, Dv], chunk j at free-axis
+    slot j): views of the chain slots (``ChainSlot.values``), where stage 3 reads them — v is read nowhere else."""
+    nisa.dma_copy(dst=dst, src=_chunk_major(lane.value[lane.b, lane.h], start, width, lane.chunk))
 
 
 def _chunk_major(tokens_by_dim: Any, start: Any, width: int, chunk: int) -> Any:
@@ -274,26 +275,26 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     del spans_lhs
     yield
     # The anti-causal half (i < j') sums no gate (every term is an exact 0·g), so it reads exp(0) = 1 exactly —
-    # finite — and a multiply by the causal 0/1 mask zeroes it exactly (1·0 = 0, x·1 = x: the bits of a select, at
+    # finite — and a multiply by the causal mask zeroes it exactly (x·0 = 0 for finite x: the bits of a select, at
     # half the cost of GpSimd's affine_select).
     decay_t = tiles.exp(spans_t)
     tiles.combine(decay_t, decay_t, consts.through, nl.multiply)
     ratio = decay_t[:, c - 1 : c]  # Γᵀ[j', C−1]: the decay from token j' to the chunk's end
+    chunk.beta = gates.beta[:, j : j + 1]
     del spans_t
     if chunk.key is None:
         chunk.key = tiles.transpose(chunk.k_t)
     yield
-    # diag(β) Γ for A: the tensor engine transposes Γᵀ back (exact; it is idle in this stage) and the evacuation
-    # scales the rows by β.
-    beta_decay = tiles.scale_rows(tiles.transpose(decay_t), gates.beta[:, j : j + 1], FP32)
     chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
-    k_beta, v_beta = _chain_tile(chunk, "k_beta", chunk.key, dtype), _chain_tile(chunk, "v_beta", chunk.value, dtype)
-    chunk.k_beta = tiles.scale_rows(chunk.key, gates.beta_decay[:, j : j + 1], dtype, dst=k_beta)
-    chunk.v_beta = tiles.scale_rows(chunk.value, gates.beta[:, j : j + 1], dtype, dst=v_beta)
-    chunk.release("key", "value")
+    k_gamma = _chain_tile(chunk, "k_gamma", chunk.key, dtype)
+    chunk.k_gamma = tiles.scale_rows(chunk.key, gates.decay[:, j : j + 1], dtype, dst=k_gamma)
+    chunk.release("key")
     yield
-    # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here.
-    chunk.a = tiles.multiply(tiles.matmul(chunk.k_t, chunk.k_t), beta_decay, lane.system_dtype)
+    # Each product is consumed right after it is made, so one chunk holds at most one PSUM tile here. Ãᵀ =
+    # diag(β)(K Kᵀ ∘ Γᵀ): β on the evacuation of K Kᵀ, then the mask multiply, each on whichever engine is free
+    # (measured against one two-pass vector-engine scalar_tensor_tensor of both: S = 8192 137.1 -> 146.3 µs).
+    kk_beta = tiles.scale_rows(tiles.matmul(chunk.k_t, chunk.k_t), chunk.beta, FP32)
+    chunk.a_t = tiles.multiply(kk_beta, decay_t, lane.system_dtype)
     qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
     chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype)
     chunk.release("q_t", "k_t")
@@ -305,9 +306,10 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
     Each product is evacuated right after it is made, so a chunk holds at most one PSUM tile at a time.
     """
     dtype = lane.dtype
-    u = tiles.matmul(chunk.inverse_t, chunk.v_beta)
-    chunk.u = tiles.copy_to(_chain_tile(chunk, "u", u, dtype), u)
-    w = tiles.evacuate(tiles.matmul(chunk.inverse_t, chunk.k_beta), dtype)
+    # β on the evacuations: U = diag(β)(I + Ã)⁻¹ V, W = diag(β)(I + Ã)⁻¹ diag(e^γ) K (module docstring)
+    u = tiles.matmul(chunk.inverse_t, chunk.value)
+    chunk.u = tiles.scale_rows(u, chunk.beta, dtype, dst=_chain_tile(chunk, "u", u, dtype))
+    w = tiles.scale_rows(tiles.matmul(chunk.inverse_t, chunk.k_gamma), chunk.beta, dtype)
     yield
     # Tᵀ = −Wᵀ K_dec; the sign is applied on the evacuation for free. Tᵀ and Q_effᵀ multiply the state's
     # parts, so they take the parts' dtype (see State).
@@ -316,7 +318,7 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
     attn_w_t = tiles.matmul(w, chunk.attn_t)  # (attn W)ᵀ
     chunk.q_eff_t = _chain_tile(chunk, "q_eff_t", chunk.q_decay_t, dtype)
     tiles.combine(chunk.q_eff_t, chunk.q_decay_t, attn_w_t, nl.subtract)
-    chunk.release("a", "inverse_t", "k_beta", "v_beta", "q_decay_t")
+    chunk.release("a_t", "inverse_t", "k_gamma", "value", "q_decay_t")
 
 
 @dataclass
@@ -326,27 +328,31 @@ class ChainSlot:
 
     In a compiled loop each value that crosses from one iteration to the next must live in a tile allocated before
     the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration, and its stage 3 and
-    chain run in the next. The preparation writes what stage 3 reads (``inverse_t``, ``v_beta``, ``k_beta``,
+    chain run in the next. The preparation writes what stage 3 reads (``inverse_t``, ``value``, ``k_gamma``,
     ``q_decay_t``) here directly — after the previous unit's stage 3, issued earlier in the period, has read them —
-    and the stage-1 values the chain reads are copied here at the end of the period, once the previous unit's chain
-    has read the slot (``lanes.copy_stage1``); stage 3 writes ``u``, ``transition_t`` and ``q_eff_t`` here.
+    and the stage-1 values the chain reads (and β, which stage 3 reads) are copied here at the end of the period,
+    once the previous unit's chain has read the slot (``lanes.copy_stage1``); stage 3 writes ``u``,
+    ``transition_t`` and ``q_eff_t`` here. v is loaded here straight from HBM (``load_values``).
     """
 
     k_decay: Any  # [C, Dk] compute dtype
     decay_last: Any  # [Dk, 1] fp32
+    beta: Any  # [C, 1] fp32, column j of ``betas`` (slot j of the unit)
+    betas: Any  # [C, count] fp32, the β columns of every slot: ``lanes.copy_stage1`` fills them one segment at a time
+    values: Any  # [C, count, Dv] compute dtype, the v of every slot: ``load_values`` fills them one segment at a time
     attn_t: Any  # [C, C] compute dtype
     u: Any  # [C, Dv] compute dtype
     transition_t: Any  # [Dk, Dk] compute dtype
     q_eff_t: Any  # [Dk, C] compute dtype
     inverse_t: Any  # [C, C] compute dtype
-    v_beta: Any  # [C, Dv] compute dtype
-    k_beta: Any  # [C, Dk] compute dtype
+    value: Any  # [C, Dv] compute dtype, slot j of ``values``
+    k_gamma: Any  # [C, Dk] compute dtype, diag(e^γ) K
     q_decay_t: Any  # [Dk, C] fp32
 
     def prepared(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as its stage 3 sees it: prepared into this slot, its stage-1 chain values
         copied here."""
-        return self._view(token, (*STAGE1_CHAIN_VALUES, *STAGE3_INPUTS), slot=self)
+        return self._view(token, (*STAGE1_CHAIN_VALUES, "beta", *STAGE3_INPUTS), slot=self)
 
     def chunk(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as the chain sees it: its values read from this slot."""
@@ -357,7 +363,7 @@ class ChainSlot:
 
 
 STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.copy_stage1`` copies into a ChainSlot
-STAGE3_INPUTS = ("inverse_t", "v_beta", "k_beta", "q_decay_t")  # what the preparation writes for stage 3
+STAGE3_INPUTS = ("inverse_t", "value", "k_gamma", "q_decay_t")  # what the preparation writes for stage 3
 CHAIN_INPUTS = ("u", "transition_t", "q_eff_t")  # what stage 3 writes for the chain
 
 
@@ -365,20 +371,25 @@ def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
     """``count`` chain slots for chunks of ``lane``'s shapes and dtypes (every lane of a launch has the same)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
+    betas = tiles.sbuf((c, count), FP32)
+    values = tiles.sbuf((c, count, dv), dtype)
     slots = [
         ChainSlot(
             k_decay=tiles.sbuf((c, dk), dtype),
             decay_last=tiles.sbuf((dk, 1), FP32),
+            beta=betas[:, j : j + 1],
+            betas=betas,
+            values=values,
             attn_t=tiles.sbuf((c, c), dtype),
             u=tiles.sbuf((c, dv), dtype),
             transition_t=tiles.sbuf((dk, dk), dtype),
             q_eff_t=tiles.sbuf((dk, c), dtype),
             inverse_t=tiles.sbuf((c, c), dtype),
-            v_beta=tiles.sbuf((c, dv), dtype),
-            k_beta=tiles.sbuf((c, dk), dtype),
+            value=values[:, j, :],
+            k_gamma=tiles.sbuf((c, dk), dtype),
             q_decay_t=tiles.sbuf((dk, c), FP32),
         )
-        for _ in range(count)
+        for j in range(count)
     ]
     for slot in slots:  # zero once: schur never writes the lower-left 64-block of Invᵀ (schur._level5)
         nisa.memset(dst=slot.inverse_t, value=0.0)
