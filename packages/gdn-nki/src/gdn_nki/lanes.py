@@ -109,8 +109,8 @@ class LaneInputs:
     invert_group: InvertGroup
     # Constants the operand stage does not need (e.g. schur's merge planes), as a step generator: its first step
     # issues the loads, right after the first burst of unit loads so they do not delay the pipeline's start on the
-    # DMA rings; the rest (on-chip work on what they loaded) is issued ``DEFERRED_ROUNDS`` rounds into the first
-    # period, behind the first unit's first steps in every engine's queue, not ahead of them waiting on the DMAs.
+    # DMA rings; the rest (on-chip work on what they loaded) is issued right before the first unit's inverse, which
+    # reads it: behind the first unit's stage 1 in every engine's queue, not ahead of it waiting on the DMAs.
     deferred_loads: Callable[[], Iterator[None]] | None = None
 
 
@@ -165,11 +165,14 @@ def load(unit: Unit, pipe: Pipeline) -> None:
             seg.state = stages.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
 
 
-def prepare(unit: Unit, pipe: Pipeline) -> Iterator[None]:
+def prepare(unit: Unit, pipe: Pipeline, before_inverse: Iterator[None] | None = None) -> Iterator[None]:
     """State-independent compute of a loaded unit up to its inverses; yields between steps.
 
     Its first step loads the unit's v straight into the chain slots (``stages.load_values``): issued after the
-    first step of the previous unit's stage 3 (``run_period``), the one that reads them.
+    first step of the previous unit's stage 3 (``run_period``), the one that reads them. ``before_inverse`` (the
+    deferred constants' on-chip work, ``LaneInputs.deferred_loads``) is run to its end right before the inverse.
+    Measured against issuing it after the first unit's gate columns and two stage-1 phases (one lane bf16 schur,
+    S = 2048 / 8192 µs; 32 lanes S = 128): 39.9 / 135.8, 72.1 -> 38.8 / 134.8, 71.8; fp32 S = 2048 70.0 both.
     """
     inputs = pipe.inputs
     position = 0
@@ -192,6 +195,8 @@ def prepare(unit: Unit, pipe: Pipeline) -> Iterator[None]:
     yield from lockstep(operands)
     chunks = [chunk for seg in unit for chunk in seg.chunks]
     lane = unit[0].lane  # constants and dtypes are the same for every lane of a launch
+    if before_inverse is not None:
+        _finish(before_inverse)
     yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
     for chunk in chunks:  # A is dead once inverted: free it before the next period's preparation makes its own
         chunk.release("a_t")
@@ -308,28 +313,18 @@ def run_period(pipe: Pipeline, chain_unit: Unit | None, prep_unit: Unit | None) 
         next(deferred, None)  # its loads
         pipe.deferred = None
     chain = chain_of(chain_unit, pipe) if chain_unit is not None else None
-    prep = prepare(prep_unit, pipe) if prep_unit is not None else None
-    rounds = 0
+    prep = None
+    if prep_unit is not None:
+        prep, deferred = prepare(prep_unit, pipe, before_inverse=deferred), None
     while chain is not None or prep is not None:
-        if rounds == DEFERRED_ROUNDS and deferred is not None:
-            _finish(deferred)
-            deferred = None
         if chain is not None and next(chain, StopIteration) is StopIteration:
             chain = None
         if prep is not None and next(prep, StopIteration) is StopIteration:
             prep = None
-        rounds += 1
-    if deferred is not None:
+    if deferred is not None:  # a launch with nothing to prepare
         _finish(deferred)
     if prep_unit is not None:
         copy_stage1(prep_unit, pipe)
-
-
-# Rounds of the first period before the deferred constants' on-chip work is issued: after the first unit's gate
-# columns and its first stage-1 phases, before the inverse that reads them. Measured (one lane bf16 schur, S = 2048 /
-# 8192 µs; 32 lanes S = 128; fp32 S = 2048; neumann S = 2048): 0 rounds 43.9 / 142.3, 79.5, 70.1, 102.5; 2 rounds
-# 41.8 / 140.2, 76.8, 69.8, 101.4; 4 rounds 40.6 / 139.0, 76.4, 70.1, 102.2; 6 rounds 40.6 / 139.0, 76.6, 70.3, 103.0.
-DEFERRED_ROUNDS = 4
 
 
 def _finish(steps: Iterator[None]) -> None:
