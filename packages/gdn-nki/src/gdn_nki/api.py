@@ -117,7 +117,7 @@ def emit(
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     if algorithm == ALGORITHM_SCHUR:
         consts = stages.constants_from_pack(mask_pack, chunk, dtype)
-        deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype, group_size)
+        deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
         invert_group, group, system_dtype = schur.invert_group, group_size, dtype
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else

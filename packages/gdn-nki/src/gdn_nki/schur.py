@@ -65,13 +65,12 @@ COMPACT_LEVELS = range(1, 5)
 BATCH = 2
 
 
-def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any, group_size: int) -> Iterator[None]:
+def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> Iterator[None]:
     """Load the merge's masks into ``consts.planes``, transposed where the kernel reads the system transposed
     (module docstring): the level-0 plane ``off0ᵀ`` (DMA-transposed), and the compact levels' pre-negated
     off-block planes as compact [C, 32] tiles, each diagonal 32×32 block copied into its rows (fp32: they multiply
     an fp32 PSUM product; a batch reads one through a stride-0 view repeating it per chunk). Then (after one yield:
-    ``lanes.LaneInputs.deferred_loads``) the on-chip work: the negated level-0 plane. ``group_size`` is the
-    deferred-loads signature's; the merge keeps nothing per chunk position."""
+    ``lanes.LaneInputs.deferred_loads``) the on-chip work: the negated level-0 plane."""
     off0_t = tiles.sbuf((CHUNK, CHUNK), FP32)
     nisa.dma_transpose(dst=off0_t, src=mask_pack[PLANE_OFF0, :, :])
     consts.planes["off0_t"] = off0_t
