@@ -57,7 +57,7 @@ def test_neumann_high_water_is_the_same_for_1_or_4_lanes():
 
 def test_the_contracts_largest_footprint_fits_on_chip():
     """fp32, Dk = Dv = 128, the largest group, the pipeline full (8 units): the most on-chip memory a valid call
-    holds (measured 205,248 of 212,984 bytes per partition). It fits, so no valid call is rejected for capacity;
+    holds (measured 129,152 of 212,984 bytes per partition). It fits, so no valid call is rejected for capacity;
     a change that grows the footprint fails here, not in a user's launch."""
     group_size = gdn_nki.MAX_GROUP_SIZE
     seq_len = 8 * group_size * gdn_nki.CHUNK_BY_ALGORITHM["schur"]
