@@ -126,7 +126,12 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         # (measured, one lane bf16: S = 8192 146.1 -> 144.5 µs)
         yield
         products = [_diagonal_product(inv_t, m) for inv_t, m in zip(blocks_t, mid, strict=True)]  # Inv R̃ Inv
-        inverse = [_merge(inv, p, dtype) for inv, p in zip(inverse, products, strict=True)]
+        # Inv's merge on the vector engine straight from PSUM, one instruction: the next level's mid waits on it,
+        # and the balancer's staged form (a scalar-engine evacuation, then GpSimd's add) is one dependency more
+        # on every level's path; the Invᵀ merge, read a step later, stays the balancer's (measured, one lane bf16
+        # schur: S = 2048 38.3 µs either way, S = 8192 134.3 -> 134.1, fp32 S = 2048 69.7 -> 68.4, S = 8192
+        # 257.6 -> 252.4, 32 lanes S = 128 71.8 -> 71.1; both merges forced: 38.8 / 136.4, 32 lanes 73.2).
+        inverse = [_merge(inv, p, dtype, engine=tiles.VECTOR) for inv, p in zip(inverse, products, strict=True)]
         if both:
             # (Inv R̃ Inv)ᵀ = (R̃ Inv)ᵀ·Invᵀ from the same mid, merged into the compact Invᵀ: the next level's Invᵀ
             # without waiting on a transpose of this level's Inv (one PE -> elementwise round trip less per level).
@@ -215,7 +220,7 @@ def _diagonal_product(stationary: list[list[Any]], moving: Any) -> Any:
     return product
 
 
-def _merge(inverse: Any, product: Any, dtype: Any) -> Any:
+def _merge(inverse: Any, product: Any, dtype: Any, engine: Any = None) -> Any:
     """The merged batch-compact inverse (either orientation), ``Inv + Inv R̃ Inv``, into a new tile of ``dtype``.
 
     The fp32 product, read from PSUM, is added to the previous inverse into a new tile of ``dtype``. The two
@@ -227,7 +232,7 @@ def _merge(inverse: Any, product: Any, dtype: Any) -> Any:
     inverse — 16 at once with two units in preparation, where TensorE has 8, one per PSUM bank
     (docs/nki-sources.md §4.2).
     """
-    return tiles.combine(tiles.sbuf(tuple(inverse.shape), dtype), product, inverse, nl.add)
+    return tiles.combine(tiles.sbuf(tuple(inverse.shape), dtype), product, inverse, nl.add, engine=engine)
 
 
 def _off_block_product(a_t: list[Any], plane: Any, inverse: Any, dtype: Any) -> Any:
@@ -243,7 +248,7 @@ def _off_block_product(a_t: list[Any], plane: Any, inverse: Any, dtype: Any) -> 
     The multiply runs on the vector engine straight from PSUM, never staged (a scalar-engine evacuation, then
     GpSimd's multiply) as the balancer may prefer when the vector engine is busy: it sits on each level's critical
     path, where a second instruction costs one more dependency latency (measured, one lane bf16 schur: S = 2048
-    45.0 -> 44.5 µs, S = 8192 151.5 -> 148.4 µs; forcing the merges onto the vector engine too was slower, 149.4).
+    45.0 -> 44.5 µs, S = 8192 151.5 -> 148.4 µs). So does the merge of Inv (``invert_group``).
     """
     product = tiles.psum(tuple(inverse.shape))
     for c, x_t in enumerate(a_t):
