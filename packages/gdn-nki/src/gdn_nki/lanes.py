@@ -198,7 +198,7 @@ def prepare(unit: Unit, pipe: Pipeline, before_inverse: Iterator[None] | None = 
     if before_inverse is not None:
         _finish(before_inverse)
     yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
-    for chunk in chunks:  # A is dead once inverted: free it before the next period's preparation makes its own
+    for chunk in chunks:  # Ãᵀ is dead once inverted: free it before the next period's preparation makes its own
         chunk.release("a_t")
 
 
