@@ -287,7 +287,11 @@ def _level5(
         off = tiles.sbuf((CHUNK, QUAD), dtype)  # n_v in the rows of block v
         for u, v in pairs:
             _tile_matmul(off_psum[_quad(v), :], x_t[_quad(u), _quad(v)], inv[_quad(u), :], u * QUAD, v * QUAD)
-            tiles.copy_to(off[_quad(v), :], off_psum[_quad(v), :], scale=-1.0)
+            # One pair's copies on each engine: the balancer put all sixteen of a unit on the scalar engine, one
+            # queue on the path (measured, one lane bf16 schur: S = 2048 38.3 -> 37.4 µs, S = 8192 134.1 -> 132.7,
+            # 32 lanes S = 128 71.1 -> 70.6; fp32 unchanged; all on the vector engine: 38.5 / 136.9, 72.7)
+            engine = (tiles.SCALAR, tiles.VECTOR)[v // 2]
+            tiles.copy_to(off[_quad(v), :], off_psum[_quad(v), :], scale=-1.0, engine=engine)
         offs.append(off)
     for inv, inv_t, off, full in zip(inverse, inverse_t, offs, full_t, strict=True):
         product = tiles.psum((CHUNK, half))
@@ -296,8 +300,9 @@ def _level5(
             _tile_matmul(product[_quad(u), :QUAD], inv[_quad(u), :], eye[_quad(u), _quad(u)], u * QUAD, u * QUAD)
             _tile_matmul(product[_quad(u), QUAD:], off[_quad(v), :], inv_t[_quad(v), :], v * QUAD, u * QUAD)
             _tile_matmul(product[_quad(v), :], inv[_quad(v), :], eye[_quad(v), cols], v * QUAD, v * QUAD)
-        # On the vector engine: the n_v copies above go to the scalar one (measured: S = 8192 148.4 -> 147.2 µs with
-        # the output's evacuations free too, against the balancer's choice for both).
+        # On the vector engine (measured before the n_v copies were split: S = 8192 148.4 -> 147.2 µs with the
+        # output's evacuations free too, against the balancer's choice for both; after: one of the two on the
+        # scalar engine, 134.1 against 132.7).
         for h in range(2):
             tiles.copy_to(full[_quad(h, half), _quad(h, half)], product[_quad(h, half), :], engine=tiles.VECTOR)
         upper_psum = tiles.psum((half, half))
