@@ -175,13 +175,11 @@ def prepare(unit: Unit, pipe: Pipeline, before_inverse: Iterator[None] | None = 
     S = 2048 / 8192 µs; 32 lanes S = 128): 39.9 / 135.8, 72.1 -> 38.8 / 134.8, 71.8; fp32 S = 2048 70.0 both.
     """
     inputs = pipe.inputs
-    position = 0
-    for seg in unit:
-        values = pipe.slots[0].values[:, position : position + seg.width, :]
+    for seg, positions in _slot_ranges(unit):
+        values = pipe.slots[0].values[:, positions, :]
         stages.load_values(seg.lane, seg.token, seg.width, values)
         for j, chunk in enumerate(seg.chunks):
             chunk.value = values[:, j, :]
-        position += seg.width
     gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
     for seg, seg_gates in zip(unit, gates, strict=True):
         seg.gate_rows = ()  # the rows are dead once turned into columns
@@ -200,6 +198,14 @@ def prepare(unit: Unit, pipe: Pipeline, before_inverse: Iterator[None] | None = 
     yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
     for chunk in chunks:  # Ãᵀ is dead once inverted: free it before the next period's preparation makes its own
         chunk.release("a_t")
+
+
+def _slot_ranges(unit: Unit) -> Iterator[tuple[Segment, slice]]:
+    """Each segment of a unit with the chain-slot positions its chunks take (segment k after segments 0..k−1)."""
+    position = 0
+    for seg in unit:
+        yield seg, slice(position, position + seg.width)
+        position += seg.width
 
 
 def assign_slots(unit: Unit, pipe: Pipeline) -> None:
@@ -230,22 +236,17 @@ def copy_stage1(unit: Unit, pipe: Pipeline) -> None:
     for chunk, row, slot in zip(chunks, values, pipe.slots, strict=False):
         for name, value in zip(stages.STAGE1_CHAIN_VALUES, row, strict=True):
             setattr(chunk, name, tiles.copy_to(getattr(slot, name), value))
-    position = 0
-    for seg in unit:  # β: one copy of each segment's gate columns, not one per chunk
-        betas = pipe.slots[0].betas
-        tiles.copy_to(betas[:, position : position + seg.width], seg.beta)
-        for j, chunk in enumerate(seg.chunks):
-            chunk.beta = pipe.slots[position + j].beta
-        position += seg.width
+    for seg, positions in _slot_ranges(unit):  # β: one copy of each segment's gate columns, not one per chunk
+        tiles.copy_to(pipe.slots[0].betas[:, positions], seg.beta)
+        for chunk, slot in zip(seg.chunks, pipe.slots[positions], strict=True):
+            chunk.beta = slot.beta
         seg.stage1_copied = True
 
 
 def _renumber_slots(unit: Unit, pipe: Pipeline) -> None:
     """Point each segment's chunks at the unit's consecutive slots (segment k starts after segments 0..k−1)."""
-    position = 0
-    for seg in unit:
-        seg.chunks = [pipe.slots[position + j].chunk(chunk.token) for j, chunk in enumerate(seg.chunks)]
-        position += seg.width
+    for seg, positions in _slot_ranges(unit):
+        seg.chunks = [slot.chunk(chunk.token) for chunk, slot in zip(seg.chunks, pipe.slots[positions], strict=True)]
 
 
 def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
