@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gdn_nki.lanes import STATE_RING, lane_units, state_ring_order, steady_states
+from gdn_nki.lanes import PIPELINE_DEPTH, STATE_RING, lane_units, state_ring_order, steady_states
 
 
 def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:
@@ -37,23 +37,33 @@ def test_every_chunk_of_every_lane_is_in_exactly_one_unit_in_order(group_size: i
     assert seen == [(lane.name, j) for lane in lanes for j in range(lane.n_chunks)]
 
 
-def _loops(lanes, group_size):
-    return [(run.lane.name, run.first, run.last) for run in steady_states(lane_units(lanes, group_size), group_size)]
+def _loops(lanes, group_size, depth=PIPELINE_DEPTH):
+    units = lane_units(lanes, group_size)
+    return [(run.lane.name, run.first, run.last) for run in steady_states(units, group_size, depth)]
 
 
-def test_each_lane_loops_over_its_whole_units_after_the_first():
-    """Period p chains unit p-1 and prepares unit p: a lane's loop runs while both are whole units of it."""
-    lanes = [_lane("a", 12), _lane("b", 8), _lane("c", 5), _lane("d", 9)]
-    # units 0-2 are a's, 3-4 b's, then c's first four chunks, c's last with d's first three, ...
-    assert _plan(lane_units(lanes, 4))[5:] == [
+@pytest.mark.parametrize(
+    ("depth", "loops"),
+    [
+        # a: units 0..5 -> steady periods 2..5, one iteration of three; b: units 6..9 -> periods 8..9, too few
+        (3, [("a", 2, 4)]),
+        # a: periods 1..5, two iterations of two; b: periods 7..9, one
+        (2, [("a", 1, 4), ("b", 7, 8)]),
+    ],
+)
+def test_each_lane_loops_over_whole_iterations_of_its_whole_units(depth: int, loops: list):
+    """Period p issues stage 1 of unit p and the chain of unit p - depth + 1: a lane's loop runs while all units in
+    between are whole units of it, in whole iterations of ``depth`` periods (the rest stays unrolled)."""
+    lanes = [_lane("a", 24), _lane("b", 16), _lane("c", 5), _lane("d", 9)]
+    # units 0-5 are a's, 6-9 b's, then c's first four chunks, c's last with d's first three, ...
+    assert _plan(lane_units(lanes, 4))[10:] == [
         [("c", 0, 4, True, False)],
         [("c", 4, 1, False, True), ("d", 0, 3, True, False)],
         [("d", 3, 4, False, False)],
         [("d", 7, 2, False, True)],
     ]
-    # a: units 0..2 -> periods 1..2; b: units 3..4 -> period 4; c starts whole but its second unit is shared;
-    # d does not start at a unit boundary
-    assert _loops(lanes, 4) == [("a", 1, 2), ("b", 4, 4)]
+    # c starts whole but its second unit is shared; d does not start at a unit boundary
+    assert _loops(lanes, 4, depth) == loops
 
 
 @pytest.mark.parametrize("group_size", [1, 2])

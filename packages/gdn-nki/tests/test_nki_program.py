@@ -18,7 +18,11 @@ from nki_inputs import assert_matches_oracle, case, run
 
 pytestmark = pytest.mark.nki_cpu_only  # reads nki-cpu's trace
 
-GROUP = 4  # chunks per unit: a lane of 3+ units has a loop of 2+ iterations
+GROUP = 4  # chunks per unit
+# Units per lane for a loop of one iteration: the first depth - 1 periods fill the pipeline, then one iteration of
+# depth periods (lanes.steady_states)
+ONE_ITERATION = 2 * lanes.PIPELINE_DEPTH - 1
+TWO_ITERATIONS = ONE_ITERATION + lanes.PIPELINE_DEPTH
 
 
 def _geometry(lanes_: int, seq_len: int, key_heads: int = 1) -> Geometry:
@@ -35,20 +39,22 @@ def _counts(algorithm: str, lanes_: int, seq_len: int) -> tuple[int, int]:
 @pytest.mark.parametrize(("algorithm", "chunk"), [("schur", 128), ("neumann", 64)])
 @pytest.mark.parametrize("lanes_", [1, 2])
 def test_the_program_does_not_grow_with_the_sequence(algorithm: str, chunk: int, lanes_: int) -> None:
-    units = GROUP if algorithm == "schur" else 8  # neumann's units are 8 chunks whatever group_size says
-    short = 2 * units * chunk  # two units per lane: the loop runs once
+    unit = (GROUP if algorithm == "schur" else 8) * chunk  # neumann's units are 8 chunks whatever group_size says
+    short = ONE_ITERATION * unit  # the loop runs once
+    long = short + 3 * lanes.PIPELINE_DEPTH * unit  # four times, and as many periods left over (none)
     static_short, dynamic_short = _counts(algorithm, lanes_, short)
-    static_long, dynamic_long = _counts(algorithm, lanes_, 4 * short)
+    static_long, dynamic_long = _counts(algorithm, lanes_, long)
     assert static_long == static_short, "the program grew with S"
-    assert dynamic_long > 3 * dynamic_short, "every chunk still runs"
+    assert dynamic_long > 2 * dynamic_short, "every chunk still runs"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("group_size", [GROUP, 5])  # 5: an odd unit, whose state ring is not a plain rotation
 def test_the_compiled_steady_state_matches_the_oracle(dtype: str, group_size: int) -> None:
-    """Two lanes (GQA) of three units each, from a supplied state: each lane loops twice, the lanes' state rings
-    alternate, and the lane ends and the step between the lanes are unrolled."""
-    c = case(dtype, _geometry(2, 3 * group_size * 128), seed=3, regime="initial_state")
+    """Two lanes (GQA) of two iterations' units and one more each, from a supplied state: each lane loops twice,
+    the lanes' state rings alternate, and the lane ends, the period left over and the step between the lanes are
+    unrolled."""
+    c = case(dtype, _geometry(2, (TWO_ITERATIONS + 1) * group_size * 128), seed=3, regime="initial_state")
     out, state = run(c, "schur", group_size=group_size)
     trace = nki_cpu.last_trace()
     assert trace.static_instructions < len(trace.records), "no compiled loop ran"
@@ -60,12 +66,27 @@ def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.Mon
     """The loop body loads q and k token-major and transposes them on the tensor engine (a DMA transpose from a
     run-time start is not a documented form) where the unrolled periods transpose them on the load: both are
     exact, in bf16 and in fp32."""
-    c = case(dtype, _geometry(2, 3 * GROUP * 128), seed=4, regime="initial_state")
+    c = case(dtype, _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=4, regime="initial_state")
     looped = run(c, "schur", group_size=GROUP)
     assert nki_cpu.last_trace().static_instructions < len(nki_cpu.last_trace().records)
-    monkeypatch.setattr(lanes, "steady_states", lambda units, group_size: [])
+    monkeypatch.setattr(lanes, "steady_states", lambda *plan: [])
     unrolled = run(c, "schur", group_size=GROUP)
     trace = nki_cpu.last_trace()
     assert trace.static_instructions == len(trace.records)
     for got, want in zip(looped, unrolled, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_both_pipeline_depths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """The two-stage pipeline (what a launch whose three slot sets would not fit runs, ``lanes.pipeline_depth``)
+    issues the same instructions on the same values as the three-stage one, in another order: the same bits, and
+    its compiled loop runs too."""
+    c = case(dtype, _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=5, regime="initial_state")
+    deep = run(c, "schur", group_size=GROUP)
+    monkeypatch.setattr(lanes, "pipeline_depth", lambda lane, group_size: 2)
+    shallow = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
+    for got, want in zip(shallow, deep, strict=True):
         np.testing.assert_array_equal(got, want)

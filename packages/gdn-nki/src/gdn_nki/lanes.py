@@ -1,27 +1,31 @@
 """Emitting the work of all lanes as a software pipeline of periods, each lane's steady state one compiled loop,
 and splitting lanes over an SPMD launch grid.
 
-The chunks of all lanes are cut into *units* of ``group_size`` chunks (a unit may span lanes). A unit has three
-parts:
+The chunks of all lanes are cut into *units* of ``group_size`` chunks (a unit may span lanes). A unit passes
+through three stages, one per period, each reading what the one before wrote into the unit's *slot set* (tiles
+allocated once per launch, one slot per chunk position of a unit, ``stages.ChainSlot``):
 
-- ``load`` and ``prepare``: loads, per-chunk operands and the grouped inverse — all state independent — written
-  into the chain slots (tiles allocated once per launch, one per chunk position of a unit) where stage 3 reads
-  them, and the stage-1 values the chain reads copied there (``copy_stage1``);
-- ``publish``: the chunk transitions (U, W, Tᵀ, Q_effᵀ), from the chain slots into them;
-- ``advance``: the sequential state chain over the unit's chunks (and the state store at a lane's end).
+- ``load`` and ``stage1``: the loads and the per-chunk operands (decays, Ãᵀ, attnᵀ, scaled q and k), all state
+  independent;
+- ``invert``: the grouped inverse of the unit's Ãᵀ, latency bound (a chain of tensor ↔ elementwise round trips);
+- ``chain_of``: stage 3, the chunk transitions (U, W, Tᵀ, Q_effᵀ), then the sequential state chain over the
+  unit's chunks (and the state store at a lane's end).
 
-Each engine executes its instructions in the order they are issued, so issuing a unit's chain right after its
-own preparation would leave the tensor engine waiting on every link of the chain. Instead period p issues unit
-p's loads, then its preparation step by step interleaved with the stage 3 and chain of unit p − 1
-(``run_period``): while one unit's chain waits on a vector-engine op, the engines have independent work queued
-behind it, and unit p − 1's stage 3 runs beside unit p's first, latency-bound, steps instead of closing period
-p − 1 on its own (measured, one lane bf16 S=8192: 163.8 -> 159.4 µs). Units run across lane boundaries too, so
-short sequences with many lanes pipeline as well as long ones.
+Period p issues stage 1 of unit p, the inverse of unit p − 1 and the chain of unit p − 2, step by step
+interleaved (``run_period``). Each engine executes its instructions in the order they are issued, so one unit's
+stages issued back to back would leave the engines waiting on each dependency in turn; three units' independent
+stages side by side give every engine work queued behind each wait: the inverse's latency-bound steps run beside
+stage 1's throughput-bound ones and the chain's links (measured, one lane bf16 schur, against stage 1 and the
+inverse of unit p beside the chain of unit p − 1: S = 2048 37.4 -> 35.4 µs, S = 8192 132.7 -> 118.2 µs). Units
+p, p + 3, p + 6, … share a slot set, so a unit's tiles live until its chain without any copy; a launch whose
+three sets would not fit in SBUF runs the two-stage form (stage 1 and the inverse of unit p in one period,
+``pipeline_depth``). Units run across lane boundaries too, so short sequences with many lanes pipeline as well
+as long ones.
 
-Every period issues the same steps in the same order, so the periods of a lane's steady state — the chain of
-one whole unit of the lane and the preparation of the next — are one ``nl.fori_loop`` body (``run_lanes``): the
-program holds them once, whatever the sequence's length. Only the order of instructions differs from a plain
-prepare-then-advance loop, not the instructions or their operands' values.
+Every period issues the same steps in the same order, so ``depth`` consecutive periods of a lane's steady state
+are one ``nl.fori_loop`` body (``run_lanes``): the program holds them once, whatever the sequence's length.
+Only the order of instructions differs from a plain unit-by-unit loop, not the instructions or their operands'
+values.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engines, stages, tiles
+from . import engines, stages
 from .backend import nl
 from .stages import Chunk, Constants, Lane
 
@@ -85,17 +89,19 @@ class Segment:
     width: int
     starts_lane: bool
     ends_lane: bool
-    chunks: list[Chunk] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)  # the stage at hand's view of its chunks
     gate_rows: tuple = ()
     state: stages.State | None = None  # the lane's initial state, loaded with the unit that starts the lane
     start: Any = None
-    stage1_copied: bool = False  # its chunks' stage-1 chain values are in the chain slots
-    beta: Any = None  # [C, width] β columns of its chunks (stage 3 reads them, from the chain slots)
 
     @property
     def token(self) -> Any:
         """The segment's first token in q/k/v, the gates and out."""
         return self.start if self.start is not None else self.lane.offset + self.first * self.lane.chunk
+
+    def token_of(self, j: int) -> Any:
+        """The first token of the segment's chunk j."""
+        return self.token + j * self.lane.chunk
 
 
 @dataclass
@@ -139,65 +145,86 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
     return [unit for unit in units if unit]
 
 
+PIPELINE_DEPTH = 3  # periods from a unit's stage 1 to its chain: stage 1, the inverse, stage 3 and the chain
+
+
 @dataclass
 class Pipeline:
-    """What one launch's periods share: the kernel's inputs, the chain slots (one per chunk position of a unit),
-    the state rings of the lanes that run a compiled loop, and the state the chain carries."""
+    """What one launch's periods share: the kernel's inputs, the slot sets (unit p's tiles are ``slots(p)``), the
+    state rings of the lanes that run a compiled loop, and the state the chain carries."""
 
     inputs: LaneInputs
     group_size: int
-    slots: list[stages.ChainSlot]
+    sets: list[list[stages.ChainSlot]]
     rings: dict[int, list[stages.State]] = field(default_factory=dict)  # id(lane) -> its state tiles
     ring_order: list[int] = field(default_factory=list)  # which ring tile holds the state after chunk j of a unit
     carried: list[stages.State | None] = field(default_factory=lambda: [None])
     deferred: Callable[[], Iterator[None]] | None = None
+    before_inverse: Iterator[None] | None = None  # the deferred constants' on-chip work, until the first inverse
+
+    @property
+    def depth(self) -> int:
+        """Periods from a unit's stage 1 to its chain (one slot set per unit in flight)."""
+        return len(self.sets)
+
+    def slots(self, unit_index: int) -> list[stages.ChainSlot]:
+        """The slot set of the unit with this index (in the launch's order of units)."""
+        return self.sets[unit_index % self.depth]
 
 
-def load(unit: Unit, pipe: Pipeline) -> None:
-    """Issue every DMA load of a unit: gates, q, k, v, and the initial state of each lane the unit starts."""
+@dataclass(frozen=True)
+class Work:
+    """One unit and its slot set, as one stage of a period sees it."""
+
+    unit: Unit
+    slots: list[stages.ChainSlot]
+
+
+def load(work: Work, pipe: Pipeline) -> None:
+    """Issue the DMA loads stage 1 reads (gates, q, k) and the initial state of each lane the unit starts; give
+    each chunk its chain slot (by position in the unit)."""
     inputs = pipe.inputs
-    for seg in unit:
+    for seg, positions in _slot_ranges(work.unit):
         lane = seg.lane
         seg.gate_rows = stages.load_gate_rows(inputs.g_log, inputs.beta, lane, seg.token, seg.width)
         seg.chunks = stages.load_chunks(lane, seg.token, seg.width)
+        for chunk, slot in zip(seg.chunks, work.slots[positions], strict=True):
+            chunk.slot = slot
         if seg.starts_lane:
             ring = pipe.rings.get(id(lane))
             seg.state = stages.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
 
 
-def prepare(unit: Unit, pipe: Pipeline, before_inverse: Iterator[None] | None = None) -> Iterator[None]:
-    """State-independent compute of a loaded unit up to its inverses; yields between steps.
-
-    Its first step loads the unit's v straight into the chain slots (``stages.load_values``): issued after the
-    first step of the previous unit's stage 3 (``run_period``), the one that reads them. ``before_inverse`` (the
-    deferred constants' on-chip work, ``LaneInputs.deferred_loads``) is run to its end right before the inverse.
-    Measured against issuing it after the first unit's gate columns and two stage-1 phases (one lane bf16 schur,
-    S = 2048 / 8192 µs; 32 lanes S = 128): 39.9 / 135.8, 72.1 -> 38.8 / 134.8, 71.8; fp32 S = 2048 70.0 both.
-    """
-    inputs = pipe.inputs
-    for seg, positions in _slot_ranges(unit):
-        values = pipe.slots[0].values[:, positions, :]
-        stages.load_values(seg.lane, seg.token, seg.width, values)
-        for j, chunk in enumerate(seg.chunks):
-            chunk.value = values[:, j, :]
-    gates = [stages.gate_columns(*seg.gate_rows) for seg in unit]
-    for seg, seg_gates in zip(unit, gates, strict=True):
+def stage1(work: Work) -> Iterator[None]:
+    """Stage 1 of a loaded unit, into its slots: v loaded, the gate columns, every chunk's operands (phases in
+    lockstep); yields between steps."""
+    slots = work.slots
+    gates = []
+    for seg, positions in _slot_ranges(work.unit):
+        stages.load_values(seg.lane, seg.token, seg.width, slots[0].values[:, positions, :])
+        gates.append(stages.gate_columns(*seg.gate_rows, dst=slots[0].gates[:, :, positions]))
         seg.gate_rows = ()  # the rows are dead once turned into columns
-        seg.beta = seg_gates.beta
     yield
     operands = [
         stages.chunk_operands(seg.lane, chunk, seg_gates, j)
-        for seg, seg_gates in zip(unit, gates, strict=True)
+        for seg, seg_gates in zip(work.unit, gates, strict=True)
         for j, chunk in enumerate(seg.chunks)
     ]
     yield from lockstep(operands)
-    chunks = [chunk for seg in unit for chunk in seg.chunks]
-    lane = unit[0].lane  # constants and dtypes are the same for every lane of a launch
-    if before_inverse is not None:
-        _finish(before_inverse)
-    yield from inputs.invert_group(chunks, lane.consts, lane.dtype)
-    for chunk in chunks:  # Ãᵀ is dead once inverted: free it before the next period's preparation makes its own
-        chunk.release("a_t")
+    for seg in work.unit:
+        seg.chunks = []  # what later stages read is in the slots
+
+
+def invert(work: Work, pipe: Pipeline) -> Iterator[None]:
+    """The grouped inverse of a unit from its slots' Ãᵀ into their ``inverse_t``; yields between steps. The
+    deferred constants' on-chip work (``LaneInputs.deferred_loads``) is issued first if it is still pending."""
+    if pipe.before_inverse is not None:
+        _finish(pipe.before_inverse)
+        pipe.before_inverse = None
+    width = sum(seg.width for seg in work.unit)
+    chunks = [slot.system(None) for slot in work.slots[:width]]
+    lane = work.unit[0].lane  # constants and dtypes are the same for every lane of a launch
+    yield from pipe.inputs.invert_group(chunks, lane.consts, lane.dtype)
 
 
 def _slot_ranges(unit: Unit) -> Iterator[tuple[Segment, slice]]:
@@ -208,45 +235,15 @@ def _slot_ranges(unit: Unit) -> Iterator[tuple[Segment, slice]]:
         position += seg.width
 
 
-def assign_slots(unit: Unit, pipe: Pipeline) -> None:
-    """Give each chunk of a loaded unit its chain slot (by position in the unit): the preparation writes what stage
-    3 reads there (``stages.ChainSlot``)."""
-    chunks = [chunk for seg in unit for chunk in seg.chunks]
-    for chunk, slot in zip(chunks, pipe.slots, strict=False):
-        chunk.slot = slot
+def publish(work: Work) -> Iterator[None]:
+    """Stage 3 of an inverted unit (U, W, Tᵀ, Q_effᵀ) from its slots into them; yields between steps.
 
-
-def publish(unit: Unit) -> Iterator[None]:
-    """Stage 3 of a prepared unit (U, W, Tᵀ, Q_effᵀ) from its chain slots into them; yields between steps.
-
-    Issued in the period after the unit's preparation, ahead of its chain (the same generator, ``chain_of``): the
-    previous unit's chain is done, and its instructions interleave with the next unit's first preparation steps
-    instead of closing the period on their own.
+    Issued in the period of the unit's chain, ahead of it (the same generator, ``chain_of``); its instructions
+    interleave with the other units' steps instead of closing the period on their own.
     """
-    yield from lockstep([stages.chunk_transition(seg.lane, chunk) for seg in unit for chunk in seg.chunks])
-
-
-def copy_stage1(unit: Unit, pipe: Pipeline) -> None:
-    """Copy the stage-1 values the chain reads into the unit's chain slots (and read them from there on), if they
-    are all made and not yet copied. Only once the previous unit's chain is done: it reads the same slots."""
-    chunks = [chunk for seg in unit for chunk in seg.chunks]
-    values = [[getattr(chunk, name) for name in stages.STAGE1_CHAIN_VALUES] for chunk in chunks]
-    if any(value is None for row in values for value in row) or any(seg.stage1_copied for seg in unit):
-        return
-    for chunk, row, slot in zip(chunks, values, pipe.slots, strict=False):
-        for name, value in zip(stages.STAGE1_CHAIN_VALUES, row, strict=True):
-            setattr(chunk, name, tiles.copy_to(getattr(slot, name), value))
-    for seg, positions in _slot_ranges(unit):  # β: one copy of each segment's gate columns, not one per chunk
-        tiles.copy_to(pipe.slots[0].betas[:, positions], seg.beta)
-        for chunk, slot in zip(seg.chunks, pipe.slots[positions], strict=True):
-            chunk.beta = slot.beta
-        seg.stage1_copied = True
-
-
-def _renumber_slots(unit: Unit, pipe: Pipeline) -> None:
-    """Point each segment's chunks at the unit's consecutive slots (segment k starts after segments 0..k−1)."""
-    for seg, positions in _slot_ranges(unit):
-        seg.chunks = [slot.chunk(chunk.token) for chunk, slot in zip(seg.chunks, pipe.slots[positions], strict=True)]
+    for seg, positions in _slot_ranges(work.unit):
+        seg.chunks = [slot.prepared(seg.token_of(j)) for j, slot in enumerate(work.slots[positions])]
+    yield from lockstep([stages.chunk_transition(seg.lane, chunk) for seg in work.unit for chunk in seg.chunks])
 
 
 def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
@@ -278,14 +275,13 @@ def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
             stages.store_state(final_state, lane, pipe.carried[0])
         if pending is not None:
             stages.emit_output(lane, *pending)
-        seg.chunks = []  # the segment's tiles are dead once its chain has read them
+        seg.chunks = []
 
 
-def chain_of(unit: Unit, pipe: Pipeline) -> Iterator[None]:
-    """A prepared unit's stage 3 (``publish``), then its state chain (``advance``), as one step generator."""
-    yield from publish(unit)
-    _renumber_slots(unit, pipe)
-    yield from advance(unit, pipe)
+def chain_of(work: Work, pipe: Pipeline) -> Iterator[None]:
+    """An inverted unit's stage 3 (``publish``), then its state chain (``advance``), as one step generator."""
+    yield from publish(work)
+    yield from advance(work.unit, pipe)
 
 
 def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
@@ -296,36 +292,40 @@ def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
         yield
 
 
-def run_period(pipe: Pipeline, chain_unit: Unit | None, prep_unit: Unit | None) -> None:
-    """One period of the pipeline: the loads and preparation of ``prep_unit`` interleaved step by step with stage 3
-    and the state chain of ``chain_unit`` (the unit before it), then ``prep_unit``'s stage-1 chain values copied to
-    the chain slots.
+def _in_order(*steps: Iterator[None]) -> Iterator[None]:
+    """One step generator running the given ones one after another."""
+    for gen in steps:
+        yield from gen
 
-    While one unit's chain waits on a vector-engine op, the engines have the next unit's independent work queued
-    behind it. Every period issues the same steps in the same order, whatever the units: that is what lets the
-    periods of a lane's steady state be one compiled loop body (``run_lanes``).
+
+def run_period(pipe: Pipeline, first: Work | None, middle: Work | None, last: Work | None) -> None:
+    """One period of the pipeline: the loads and stage 1 of ``first`` (the newest unit), the inverse of ``middle``
+    and stage 3 and the chain of ``last`` (the oldest), their steps interleaved round by round.
+
+    With ``depth`` 3 the three are consecutive units, so a unit's latency-bound inverse runs beside the next
+    unit's throughput-bound stage 1 and the previous unit's chain; with ``depth`` 2 ``middle`` is ``first``,
+    inverted right after its stage 1. Every period issues the same steps in the same order, whatever the units:
+    that is what lets a lane's steady-state periods be one compiled loop body (``run_lanes``).
     """
-    if prep_unit is not None:
-        load(prep_unit, pipe)
-        assign_slots(prep_unit, pipe)
-    deferred = None
+    if first is not None:
+        load(first, pipe)
     if pipe.deferred is not None:
-        deferred = pipe.deferred()
-        next(deferred, None)  # its loads
+        pipe.before_inverse = pipe.deferred()
+        next(pipe.before_inverse, None)  # its loads
         pipe.deferred = None
-    chain = chain_of(chain_unit, pipe) if chain_unit is not None else None
-    prep = None
-    if prep_unit is not None:
-        prep, deferred = prepare(prep_unit, pipe, before_inverse=deferred), None
-    while chain is not None or prep is not None:
-        if chain is not None and next(chain, StopIteration) is StopIteration:
-            chain = None
-        if prep is not None and next(prep, StopIteration) is StopIteration:
-            prep = None
-    if deferred is not None:  # a launch with nothing to prepare
-        _finish(deferred)
-    if prep_unit is not None:
-        copy_stage1(prep_unit, pipe)
+    if first is not None and middle is first:
+        steps = [_in_order(stage1(first), invert(first, pipe))]
+    else:
+        # The chain first, then the inverse, then stage 1, in every round (measured, one lane bf16 schur, S = 2048
+        # / 8192 µs, against chain, stage 1, inverse: 36.4 / 120.1 -> 35.4 / 118.2; the other four orders 34.9 /
+        # 124.6 to 36.4 / 126.7)
+        steps = [invert(middle, pipe)] if middle is not None else []
+        if first is not None:
+            steps.append(stage1(first))
+    if last is not None:
+        steps.insert(0, chain_of(last, pipe))
+    for _ in lockstep(steps):
+        pass
 
 
 def _finish(steps: Iterator[None]) -> None:
@@ -334,22 +334,35 @@ def _finish(steps: Iterator[None]) -> None:
         pass
 
 
+def period_work(units: list[Unit], p: int, pipe: Pipeline) -> tuple[Work | None, Work | None, Work | None]:
+    """What period ``p`` issues: stage 1 of unit p, the inverse of unit p − depth + 2, the chain of unit
+    p − depth + 1 (None where there is no such unit)."""
+
+    def work(index: int) -> Work | None:
+        return Work(units[index], pipe.slots(index)) if 0 <= index < len(units) else None
+
+    first, last = work(p), work(p - pipe.depth + 1)
+    middle = first if pipe.depth == 2 else work(p - pipe.depth + 2)
+    return first, middle, last
+
+
 @dataclass(frozen=True)
 class SteadyState:
-    """Periods ``first .. last`` (inclusive) of one lane, each the chain of a full unit of the lane and the
-    preparation of the next: one compiled loop."""
+    """Periods ``first .. last`` (inclusive) of one lane, each issuing the stages of whole units of the lane: one
+    compiled loop of ``(last − first + 1) / depth`` iterations of ``depth`` periods."""
 
     lane: Lane
     first: int
     last: int
 
 
-def steady_states(units: list[Unit], group_size: int) -> list[SteadyState]:
-    """The runs of periods that can be one compiled loop body each.
+def steady_states(units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH) -> list[SteadyState]:
+    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth`` periods.
 
-    Period p (chain of unit p − 1, preparation of unit p) qualifies when both units are one full segment of the
-    same lane, and the lane's first unit is such a unit too (its state then starts in tile 0 of its ring, and so
-    does every unit's chain: ``state_ring_order``). Lane starts and ends, and units shared by lanes, stay unrolled.
+    Period p (stage 1 of unit p, the chain of unit p − depth + 1) qualifies when units p − depth + 1 .. p are all
+    one full segment of the same lane and the oldest starts at a unit boundary of the lane (its state then starts
+    in tile 0 of the lane's ring, and so does every unit's chain: ``state_ring_order``). Lane starts and ends, units
+    shared by lanes, and the periods left over after whole iterations stay unrolled.
     """
     if state_ring_order(group_size) is None:
         return []
@@ -357,18 +370,25 @@ def steady_states(units: list[Unit], group_size: int) -> list[SteadyState]:
     def whole(unit: Unit) -> Lane | None:
         return unit[0].lane if len(unit) == 1 and unit[0].width == group_size else None
 
+    def steady(p: int) -> Lane | None:
+        lane = whole(units[p - depth + 1])
+        if lane is None or units[p - depth + 1][0].first % group_size:
+            return None
+        return lane if all(whole(units[q]) is lane for q in range(p - depth + 2, p + 1)) else None
+
     found: list[SteadyState] = []
-    p = 1
+    p = depth - 1
     while p < len(units):
-        lane = whole(units[p - 1])
-        starts_whole = lane is not None and units[p - 1][0].first % group_size == 0
-        if not (starts_whole and whole(units[p]) is lane):
+        lane = steady(p)
+        if lane is None:
             p += 1
             continue
         last = p
-        while last + 1 < len(units) and whole(units[last + 1]) is lane:
+        while last + 1 < len(units) and steady(last + 1) is lane:
             last += 1
-        found.append(SteadyState(lane, p, last))
+        iterations = (last - p + 1) // depth
+        if iterations:
+            found.append(SteadyState(lane, p, p + iterations * depth - 1))
         p = last + 1
     return found
 
@@ -402,55 +422,80 @@ def state_ring_order(group_size: int) -> list[int] | None:
 
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
     """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state as one
-    ``nl.fori_loop`` whose body is one period.
+    ``nl.fori_loop`` whose body is ``depth`` periods.
 
-    Period p prepares unit p while unit p − 1's chain runs, so at most two units are between their loads and their
-    chain: on-chip memory does not depend on the launch's length. The chain takes units strictly in order, so each
+    At most ``depth`` units are between their loads and their chain, each in its own slot set, so on-chip memory
+    does not depend on the launch's length (``pipeline_depth``). The chain takes units strictly in order, so each
     lane's state passes from unit to unit as in a plain loop.
 
-    The loop's iteration value is the token offset of the unit it prepares (step: one unit of tokens), so its HBM
-    accesses need no other arithmetic; what crosses iterations lives in tiles allocated before the loop (the chain
-    slots and the lane's state ring); the engine balancer decides once for the body. The program therefore holds
-    each lane's steady state once, whatever its length.
+    The loop's iteration value is the token offset of the unit its first period loads (step: ``depth`` units of
+    tokens), so its HBM accesses need no other arithmetic; what crosses periods lives in tiles allocated before
+    the loop (the slot sets and the lane's state ring); the engine balancer decides once for the body. The
+    program therefore holds each lane's steady state once, whatever its length.
     """
     units = lane_units(lanes, group_size)
     if not units:
         return
-    pipe = Pipeline(inputs, group_size, stages.chain_slots(group_size, lanes[0]), deferred=inputs.deferred_loads)
-    loops = {run.first: run for run in steady_states(units, group_size)}
+    depth = pipeline_depth(lanes[0], group_size)
+    sets = stages.chain_slots(group_size, lanes[0], depth)
+    pipe = Pipeline(inputs, group_size, sets, deferred=inputs.deferred_loads)
+    loops = {run.first: run for run in steady_states(units, group_size, depth)}
     if loops:
         pipe.ring_order = state_ring_order(group_size) or []
         rings = [[stages.state_tile(lanes[0], reused=True) for _ in range(STATE_RING)] for _ in range(2)]
         for run in loops.values():  # consecutive loop lanes alternate: one loads its state while one chains
             pipe.rings.setdefault(id(run.lane), rings[len(pipe.rings) % 2])
-    p = 0
-    while p <= len(units):
+    p, periods = 0, len(units) + depth - 1
+    while p < periods:
         run = loops.get(p)
         if run is None:
-            run_period(pipe, units[p - 1] if p > 0 else None, units[p] if p < len(units) else None)
+            run_period(pipe, *period_work(units, p, pipe))
             p += 1
             continue
         _compiled_steady_state(pipe, run, units)
         p = run.last + 1
+    if pipe.before_inverse is not None:  # a launch with nothing to invert
+        _finish(pipe.before_inverse)
+
+
+def pipeline_depth(lane: Lane, group_size: int) -> int:
+    """``PIPELINE_DEPTH`` slot sets when they fit beside the rest of a launch's on-chip memory, else two.
+
+    Three sets of fp32 slots for 16-chunk groups at head dim 128 (57.6 KB each) and the loads and working tiles
+    beside them would not fit in SBUF; the two-stage pipeline needs one set less.
+    """
+    set_bytes = group_size * stages.slot_bytes(lane)
+    return PIPELINE_DEPTH if PIPELINE_DEPTH * set_bytes <= SLOT_SETS_BUDGET else 2
+
+
+# Per-partition SBUF bytes the slot sets may take (of 212,984): the rest holds the shared stage-3 tiles, the loads
+# and every stage's working tiles — measured at most ~70 KB at head dim 128 and group 16 in fp32.
+SLOT_SETS_BUDGET = 120 * 1024
 
 
 def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) -> None:
-    """Periods ``run.first .. run.last`` as one ``nl.fori_loop`` over the token offsets of the units prepared."""
-    lane, group = run.lane, pipe.group_size
+    """Periods ``run.first .. run.last`` as one ``nl.fori_loop`` over the token offsets of the units whose stage 1
+    opens each iteration."""
+    lane, group, depth = run.lane, pipe.group_size, pipe.depth
     unit_tokens = group * lane.chunk
     ring = pipe.rings[id(lane)]
     decisions: list[Any] = []
 
-    def period(token: Any) -> None:
-        chain = Segment(lane, -1, group, False, False, start=token - unit_tokens)
-        chain.chunks = [pipe.slots[j].prepared(chain.token + j * lane.chunk) for j in range(group)]
-        pipe.carried[0] = ring[0]
-        with engines.BALANCER.fixed(decisions):
-            run_period(pipe, [chain], [Segment(lane, -1, group, False, False, start=token)])
+    def unit_at(token: Any, offset: int) -> Unit:
+        return [Segment(lane, -1, group, False, False, start=token + offset * unit_tokens)]
 
-    first = units[run.first][0].token
-    nl.fori_loop(first, first + (run.last - run.first + 1) * unit_tokens, period, step=unit_tokens)
-    # After the loop the last prepared unit waits in the slots and the lane's state in its ring's tile 0.
-    (seg,) = units[run.last]
-    seg.chunks = [pipe.slots[j].prepared(seg.token + j * lane.chunk) for j in range(seg.width)]
-    pipe.carried[0] = ring[0]
+    def body(token: Any) -> None:
+        with engines.BALANCER.fixed(decisions):
+            for k in range(depth):
+                p = run.first + k
+                pipe.carried[0] = ring[0]
+                first = Work(unit_at(token, k), pipe.slots(p))
+                oldest = p - depth + 1
+                last = Work(unit_at(token, k - depth + 1), pipe.slots(oldest))
+                middle = first if depth == 2 else Work(unit_at(token, k - 1), pipe.slots(p - 1))
+                run_period(pipe, first, middle, last)
+
+    start = units[run.first][0].token
+    periods = run.last - run.first + 1
+    nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
+    pipe.carried[0] = ring[0]  # after the loop the lane's state is in its ring's tile 0

@@ -112,9 +112,10 @@ def load_gate_rows(g_log: Any, beta: Any, lane: Lane, start: Any, width: int) ->
     return g_rows, beta_rows
 
 
-def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
+def gate_columns(g_rows: Any, beta_rows: Any, dst: Any = None) -> Gates:
     """Floor and prefix-sum the gate rows in fp32 (one vector op and one scan for the whole group) and turn them
-    into the token-on-partition columns later stages scale rows with (three fp32 PE transposes).
+    into the token-on-partition columns later stages scale rows with (three fp32 PE transposes), written into
+    ``dst`` ([C, 3, n] fp32: γ, β, g; the chain slots' ``ChainSlot.gates``, where stage 3 reads β) or a new tile.
 
     The floor at LOG_DECAY_FLOOR = −1e4 is exact: a decay spanning a floored gate is e^(≤ −1e4), which is 0 in
     fp32 and bf16 just as e^(−1e30) or e^(−inf) is, and a decay not spanning one does not read it. It keeps every
@@ -130,12 +131,12 @@ def gate_columns(g_rows: Any, beta_rows: Any) -> Gates:
     engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
     nisa.tensor_scalar(dst=g_floored, data=g_rows, op0=nl.maximum, operand0=LOG_DECAY_FLOOR, engine=engines.VECTOR)
 
-    columns_psum = tiles.psum((chunk, 3 * n_chunks))
+    columns_psum = tiles.psum((chunk, 3, n_chunks))
     for k, rows in enumerate((gamma_rows, beta_rows, g_floored)):
-        nisa.nc_transpose(dst=columns_psum[:, k * n_chunks : (k + 1) * n_chunks], data=rows, engine=nisa.tensor_engine)
-    decay = tiles.exp(columns_psum[:, 0:n_chunks])  # e^γ straight from PSUM, beside the evacuation
-    columns = tiles.evacuate(columns_psum, FP32)
-    gamma, beta_cols, g = (columns[:, k * n_chunks : (k + 1) * n_chunks] for k in range(3))
+        nisa.nc_transpose(dst=columns_psum[:, k, :], data=rows, engine=nisa.tensor_engine)
+    decay = tiles.exp(columns_psum[:, 0, :])  # e^γ straight from PSUM, beside the evacuation
+    columns = tiles.copy_to(dst if dst is not None else tiles.sbuf((chunk, 3, n_chunks), FP32), columns_psum)
+    gamma, beta_cols, g = (columns[:, k, :] for k in range(3))
 
     return Gates(g=g, gamma=gamma, beta=beta_cols, decay=decay)
 
@@ -266,9 +267,8 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     rows = tiles.matmul(gates.decay[:, j : j + 1].broadcast(1, dk), consts.eye32, moving_onezero=True)
     yield
     chunk.q_decay_t = tiles.combine(_chain_tile(chunk, "q_decay_t", chunk.q_t, FP32), chunk.q_t, rows, nl.multiply)
-    # e^{γ_last}: its last column, copied to a tile of its own — a view would keep the whole [Dk, C] tile alive
-    # until the chain reads it, two units later (16 KB per partition in flight at fp32, group 16)
-    chunk.decay_last = tiles.evacuate(rows[:, c - 1 : c], FP32)
+    # e^{γ_last}: its last column, copied into the slot's tile of its own (the chain reads it two periods later)
+    chunk.decay_last = tiles.copy_to(_chain_tile(chunk, "decay_last", rows[:, c - 1 : c], FP32), rows[:, c - 1 : c])
     del rows
     # Made once ``rows`` is dead, so a chunk never holds more than one PSUM tile across a phase.
     spans_t = tiles.matmul(spans_lhs, consts.through, moving_onezero=True)
@@ -285,7 +285,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     if chunk.key is None:
         chunk.key = tiles.transpose(chunk.k_t)
     yield
-    chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype)
+    chunk.k_decay = tiles.scale_rows(chunk.key, ratio, dtype, dst=_chain_tile(chunk, "k_decay", chunk.key, dtype))
     k_gamma = _chain_tile(chunk, "k_gamma", chunk.key, dtype)
     chunk.k_gamma = tiles.scale_rows(chunk.key, gates.decay[:, j : j + 1], dtype, dst=k_gamma)
     chunk.release("key")
@@ -294,9 +294,9 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     # diag(β)(K Kᵀ ∘ Γᵀ): β on the evacuation of K Kᵀ, then the mask multiply, each on whichever engine is free
     # (measured against one two-pass vector-engine scalar_tensor_tensor of both: S = 8192 137.1 -> 146.3 µs).
     kk_beta = tiles.scale_rows(tiles.matmul(chunk.k_t, chunk.k_t), chunk.beta, FP32)
-    chunk.a_t = tiles.multiply(kk_beta, decay_t, lane.system_dtype)
+    chunk.a_t = tiles.combine(_chain_tile(chunk, "a_t", kk_beta, lane.system_dtype), kk_beta, decay_t, nl.multiply)
     qk_t = tiles.matmul(chunk.k_t, chunk.q_t)  # [j', i] = k_j' · q_i
-    chunk.attn_t = tiles.multiply(qk_t, decay_t, dtype)
+    chunk.attn_t = tiles.combine(_chain_tile(chunk, "attn_t", qk_t, dtype), qk_t, decay_t, nl.multiply)
     chunk.release("q_t", "k_t")
 
 
@@ -323,35 +323,39 @@ def chunk_transition(lane: Lane, chunk: Chunk) -> Iterator[None]:
 
 @dataclass
 class ChainSlot:
-    """What the state chain and the output read of the chunk at one position of a unit, in tiles allocated once per
-    launch (``chain_slots``) and reused by every unit.
+    """Every tile of the chunk at one position of a unit, allocated once per launch (``chain_slots``) and reused by
+    the units of one slot set (``lanes.Pipeline``: units p, p + depth, p + 2·depth, … share a set).
 
-    In a compiled loop each value that crosses from one iteration to the next must live in a tile allocated before
-    the loop (nki-cpu README, "compiled loop bodies"): a unit is prepared in one iteration, and its stage 3 and
-    chain run in the next. The preparation writes what stage 3 reads (``inverse_t``, ``value``, ``k_gamma``,
-    ``q_decay_t``) here directly — after the previous unit's stage 3, issued earlier in the period, has read them —
-    and the stage-1 values the chain reads (and β, which stage 3 reads) are copied here at the end of the period,
-    once the previous unit's chain has read the slot (``lanes.copy_stage1``); stage 3 writes ``u``,
-    ``transition_t`` and ``q_eff_t`` here. v is loaded here straight from HBM (``load_values``).
+    In a compiled loop each value that crosses from one period to the next must live in a tile allocated before
+    the loop (nki-cpu README, "compiled loop bodies"), and a unit's stages run in consecutive periods: stage 1
+    writes its outputs here (``a_t`` for the inverse; ``k_gamma``, ``q_decay_t`` and the gate columns for stage 3;
+    ``k_decay``, ``decay_last``, ``attn_t`` for the chain) and v is DMA'd here (``load_values``); the inverse writes
+    ``inverse_t``; stage 3 writes ``u``, ``transition_t`` and ``q_eff_t``, which the chain reads in the same period
+    — those three are one tile per position shared by every set. Each stage reads its inputs back from the slot
+    (``system``, ``prepared``, ``chunk``), so nothing but tiles passes from one period to the next.
     """
 
+    a_t: Any  # [C, C] Ãᵀ, the lane's system dtype
     k_decay: Any  # [C, Dk] compute dtype
     decay_last: Any  # [Dk, 1] fp32
-    beta: Any  # [C, 1] fp32, column j of ``betas`` (slot j of the unit)
-    betas: Any  # [C, count] fp32, the β columns of every slot: ``lanes.copy_stage1`` fills them one segment at a time
+    beta: Any  # [C, 1] fp32, β of slot j: a view of ``gates``
+    gates: Any  # [C, 3, count] fp32, γ, β and g of every slot of the set: ``gate_columns`` fills them per segment
     values: Any  # [C, count, Dv] compute dtype, the v of every slot: ``load_values`` fills them one segment at a time
     attn_t: Any  # [C, C] compute dtype
-    u: Any  # [C, Dv] compute dtype
-    transition_t: Any  # [Dk, Dk] compute dtype
-    q_eff_t: Any  # [Dk, C] compute dtype
+    u: Any  # [C, Dv] compute dtype (shared by the sets)
+    transition_t: Any  # [Dk, Dk] compute dtype (shared)
+    q_eff_t: Any  # [Dk, C] compute dtype (shared)
     inverse_t: Any  # [C, C] compute dtype
     value: Any  # [C, Dv] compute dtype, slot j of ``values``
     k_gamma: Any  # [C, Dk] compute dtype, diag(e^γ) K
     q_decay_t: Any  # [Dk, C] fp32
 
+    def system(self, token: Any) -> Chunk:
+        """The chunk starting at ``token`` as the inverse sees it: Ãᵀ from stage 1, its inverse written here."""
+        return Chunk(token=token, a_t=self.a_t, slot=self)
+
     def prepared(self, token: Any) -> Chunk:
-        """The chunk starting at ``token`` as its stage 3 sees it: prepared into this slot, its stage-1 chain values
-        copied here."""
+        """The chunk starting at ``token`` as its stage 3 sees it: stage 1's outputs and the inverse, from here."""
         return self._view(token, (*STAGE1_CHAIN_VALUES, "beta", *STAGE3_INPUTS), slot=self)
 
     def chunk(self, token: Any) -> Chunk:
@@ -362,41 +366,63 @@ class ChainSlot:
         return Chunk(token=token, **{name: getattr(self, name) for name in names}, **extra)
 
 
-STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what ``lanes.copy_stage1`` copies into a ChainSlot
-STAGE3_INPUTS = ("inverse_t", "value", "k_gamma", "q_decay_t")  # what the preparation writes for stage 3
+STAGE1_CHAIN_VALUES = ("k_decay", "decay_last", "attn_t")  # what stage 1 writes for the chain (and stage 3)
+STAGE3_INPUTS = ("inverse_t", "value", "k_gamma", "q_decay_t")  # what stage 3 reads besides those and β
 CHAIN_INPUTS = ("u", "transition_t", "q_eff_t")  # what stage 3 writes for the chain
 
 
-def chain_slots(count: int, lane: Lane) -> list[ChainSlot]:
-    """``count`` chain slots for chunks of ``lane``'s shapes and dtypes (every lane of a launch has the same)."""
+def chain_slots(count: int, lane: Lane, sets: int) -> list[list[ChainSlot]]:
+    """``sets`` sets of ``count`` chain slots for chunks of ``lane``'s shapes and dtypes (every lane of a launch has
+    the same); stage 3's outputs are one tile per position, shared by the sets."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
-    betas = tiles.sbuf((c, count), FP32)
-    values = tiles.sbuf((c, count, dv), dtype)
-    slots = [
-        ChainSlot(
-            k_decay=tiles.sbuf((c, dk), dtype),
-            decay_last=tiles.sbuf((dk, 1), FP32),
-            beta=betas[:, j : j + 1],
-            betas=betas,
-            values=values,
-            attn_t=tiles.sbuf((c, c), dtype),
-            u=tiles.sbuf((c, dv), dtype),
-            transition_t=tiles.sbuf((dk, dk), dtype),
-            q_eff_t=tiles.sbuf((dk, c), dtype),
-            inverse_t=tiles.sbuf((c, c), dtype),
-            value=values[:, j, :],
-            k_gamma=tiles.sbuf((c, dk), dtype),
-            q_decay_t=tiles.sbuf((dk, c), FP32),
-        )
-        for j in range(count)
+    shared = [
+        {
+            "u": tiles.sbuf((c, dv), dtype),
+            "transition_t": tiles.sbuf((dk, dk), dtype),
+            "q_eff_t": tiles.sbuf((dk, c), dtype),
+        }
+        for _ in range(count)
     ]
-    # Zero once: schur never writes the lower-left 64-block of Invᵀ (schur._level5). On GpSimd, idle at the launch's
-    # start: on the vector engine these eight memsets sat ahead of the first unit's gate columns (measured, one lane
-    # bf16 schur: S = 2048 38.8 -> 38.3 µs, S = 8192 134.8 -> 134.3; fp32 S = 2048 70.0 -> 69.7).
-    for slot in slots:
-        nisa.memset(dst=slot.inverse_t, value=0.0, engine=engines.GPSIMD)
-    return slots
+    result = []
+    for _ in range(sets):
+        gates = tiles.sbuf((c, 3, count), FP32)
+        values = tiles.sbuf((c, count, dv), dtype)
+        slots = [
+            ChainSlot(
+                a_t=tiles.sbuf((c, c), lane.system_dtype),
+                k_decay=tiles.sbuf((c, dk), dtype),
+                decay_last=tiles.sbuf((dk, 1), FP32),
+                beta=gates[:, 1, j : j + 1],
+                gates=gates,
+                values=values,
+                attn_t=tiles.sbuf((c, c), dtype),
+                inverse_t=tiles.sbuf((c, c), dtype),
+                value=values[:, j, :],
+                k_gamma=tiles.sbuf((c, dk), dtype),
+                q_decay_t=tiles.sbuf((dk, c), FP32),
+                **shared[j],
+            )
+            for j in range(count)
+        ]
+        # Zero once: schur never writes the lower-left 64-block of Invᵀ (schur._level5). On GpSimd, idle at the
+        # launch's start: on the vector engine these memsets sat ahead of the first unit's gate columns (measured,
+        # one lane bf16 schur: S = 2048 38.8 -> 38.3 µs, S = 8192 134.8 -> 134.3; fp32 S = 2048 70.0 -> 69.7).
+        for slot in slots:
+            nisa.memset(dst=slot.inverse_t, value=0.0, engine=engines.GPSIMD)
+        result.append(slots)
+    return result
+
+
+def slot_bytes(lane: Lane) -> int:
+    """SBUF bytes per partition of one chain slot's own tiles (``chain_slots``; not the shared stage-3 ones)."""
+    c, dk, dv = lane.chunk, lane.key.shape[3], lane.value.shape[3]
+
+    def size(dtype: Any) -> int:
+        return 4 if dtype == FP32 else 2
+
+    compute = size(lane.dtype) * (c + dk + dv + c + dk)  # attn_t, k_decay, v, inverse_t, k_gamma
+    return compute + size(lane.system_dtype) * c + 4 * (c + 1 + 3)  # a_t; q_decay_t, e^γ_last, the gate columns
 
 
 def _chain_tile(chunk: Chunk, name: str, like: Any, dtype: Any) -> Any:
