@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import lanes
+from gdn_nki import lanes, schur
 from gdn_spec.regimes import Geometry
 from nki_inputs import assert_matches_oracle, case, run
 
@@ -89,4 +89,19 @@ def test_both_pipeline_depths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch
     trace = nki_cpu.last_trace()
     assert trace.static_instructions < len(trace.records), "no compiled loop ran"
     for got, want in zip(shallow, deep, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("idle_rounds", [0, 3])
+def test_stage1_idle_rounds_change_only_the_order(monkeypatch: pytest.MonkeyPatch, idle_rounds: int) -> None:
+    """Rounds the operand stage sits out (``schur.STAGE1_IDLE_ROUNDS``) reorder the issued instructions only: the
+    same bits as the default, with the compiled loop running."""
+    c = case("bfloat16", _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=7, regime="initial_state")
+    default = run(c, "schur", group_size=GROUP)
+    assert schur.STAGE1_IDLE_ROUNDS not in (0, 3), "pick other values to compare against"
+    monkeypatch.setattr(schur, "STAGE1_IDLE_ROUNDS", idle_rounds)
+    reordered = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
+    for got, want in zip(reordered, default, strict=True):
         np.testing.assert_array_equal(got, want)

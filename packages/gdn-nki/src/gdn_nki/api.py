@@ -119,11 +119,13 @@ def emit(
         consts = stages.constants_from_pack(mask_pack, chunk, dtype)
         deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
         invert_group, group, system_dtype = schur.invert_group, group_size, dtype
+        idle_rounds = schur.STAGE1_IDLE_ROUNDS
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
         consts = stages.constants_on_device(chunk, dtype)
         deferred = functools.partial(neumann.build_block_planes, consts, dtype)
         invert_group, group, system_dtype = neumann.invert_group, neumann.GROUP_SIZE, FP32
+        idle_rounds = neumann.STAGE1_IDLE_ROUNDS
 
     lanes = [
         stages.Lane(
@@ -145,7 +147,8 @@ def emit(
         )
         for span, h in program_lanes(spans, value.shape[1])
     ]
-    run_lanes(lanes, group, LaneInputs(g_log, beta, recurrent_state, final_state, invert_group, deferred))
+    inputs = LaneInputs(g_log, beta, recurrent_state, final_state, invert_group, deferred, idle_rounds)
+    run_lanes(lanes, group, inputs)
 
 
 _PACK_WARNED: list[bool] = []

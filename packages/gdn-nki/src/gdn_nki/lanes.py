@@ -118,6 +118,10 @@ class LaneInputs:
     # DMA rings; the rest (on-chip work on what they loaded) is issued right before the first unit's inverse, which
     # reads it: behind the first unit's stage 1 in every engine's queue, not ahead of it waiting on the DMAs.
     deferred_loads: Callable[[], Iterator[None]] | None = None
+    # Rounds stage 1 sits out after its first operand phase (the inverse's choice: it depends on how its steps
+    # line up with stage 1's), so its later phases queue behind the inverse's and the chain's next steps instead
+    # of ahead of them — those are latency-bound and bound the period, stage 1 has slack.
+    stage1_idle_rounds: int = 0
 
 
 Unit = list[Segment]
@@ -195,9 +199,10 @@ def load(work: Work, pipe: Pipeline) -> None:
             seg.state = stages.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
 
 
-def stage1(work: Work) -> Iterator[None]:
+def stage1(work: Work, idle_rounds: int = 0) -> Iterator[None]:
     """Stage 1 of a loaded unit, into its slots: v loaded, the gate columns, every chunk's operands (phases in
-    lockstep); yields between steps."""
+    lockstep); yields between steps, and ``idle_rounds`` times more after the first operand phase
+    (``LaneInputs.stage1_idle_rounds``)."""
     slots = work.slots
     gates = []
     for seg, positions in _slot_ranges(work.unit):
@@ -210,7 +215,10 @@ def stage1(work: Work) -> Iterator[None]:
         for seg, seg_gates in zip(work.unit, gates, strict=True)
         for j, chunk in enumerate(seg.chunks)
     ]
-    yield from lockstep(operands)
+    for phase, _ in enumerate(lockstep(operands)):
+        yield
+        if phase == 0:
+            yield from range(idle_rounds)  # rounds in which stage 1 issues nothing
     for seg in work.unit:
         seg.chunks = []  # what later stages read is in the slots
 
@@ -314,14 +322,14 @@ def run_period(pipe: Pipeline, first: Work | None, middle: Work | None, last: Wo
         next(pipe.before_inverse, None)  # its loads
         pipe.deferred = None
     if first is not None and middle is first:
-        steps = [_in_order(stage1(first), invert(first, pipe))]
+        steps = [_in_order(stage1(first, pipe.inputs.stage1_idle_rounds), invert(first, pipe))]
     else:
         # The chain first, then the inverse, then stage 1, in every round (measured, one lane bf16 schur, S = 2048
         # / 8192 µs, against chain, stage 1, inverse: 36.4 / 120.1 -> 35.4 / 118.2; the other four orders 34.9 /
         # 124.6 to 36.4 / 126.7)
         steps = [invert(middle, pipe)] if middle is not None else []
         if first is not None:
-            steps.append(stage1(first))
+            steps.append(stage1(first, pipe.inputs.stage1_idle_rounds))
     if last is not None:
         steps.insert(0, chain_of(last, pipe))
     for _ in lockstep(steps):
