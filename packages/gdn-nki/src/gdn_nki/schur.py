@@ -235,8 +235,8 @@ def _merge(inverse: Any, product: Any, dtype: Any, engine: Any = None) -> Any:
     R̃), so each element of the sum is one term plus an exact zero — the bits of summing every level in fp32 and
     rounding once. That is what lets each level's product be a matmul into a fresh PSUM tile: an fp32 PSUM
     accumulator per chunk over all levels would hold one matmul accumulation group open per chunk for the whole
-    inverse — 16 at once with two units in preparation, where TensorE has 8, one per PSUM bank
-    (docs/nki-sources.md §4.2).
+    inverse — sixteen at once for a unit of sixteen chunks (the API's largest group), beside the other stages'
+    groups, where TensorE has 8, one per PSUM bank (docs/nki-sources.md §4.2).
     """
     return tiles.combine(tiles.sbuf(tuple(inverse.shape), dtype), product, inverse, nl.add, engine=engine)
 
