@@ -77,19 +77,27 @@ def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.Mon
         np.testing.assert_array_equal(got, want)
 
 
+def _assert_same_bits_when_patched(
+    c: object, monkeypatch: pytest.MonkeyPatch, target: object, name: str, value: object
+) -> None:
+    """Run ``c`` (schur, group ``GROUP``) as it is, then with ``target.name`` set to ``value``: the same bits, and
+    the patched launch runs its compiled loop."""
+    default = run(c, "schur", group_size=GROUP)
+    monkeypatch.setattr(target, name, value)
+    patched = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
+    for got, want in zip(patched, default, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_both_pipeline_depths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     """The two-stage pipeline (what a launch whose three slot sets would not fit runs, ``lanes.pipeline_depth``)
     issues the same instructions on the same values as the three-stage one, in another order: the same bits, and
     its compiled loop runs too."""
     c = case(dtype, _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=5, regime="initial_state")
-    deep = run(c, "schur", group_size=GROUP)
-    monkeypatch.setattr(lanes, "pipeline_depth", lambda lane, group_size: 2)
-    shallow = run(c, "schur", group_size=GROUP)
-    trace = nki_cpu.last_trace()
-    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
-    for got, want in zip(shallow, deep, strict=True):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_bits_when_patched(c, monkeypatch, lanes, "pipeline_depth", lambda lane, group_size: 2)
 
 
 @pytest.mark.parametrize("idle_rounds", [0, 3])
@@ -97,11 +105,5 @@ def test_stage1_idle_rounds_change_only_the_order(monkeypatch: pytest.MonkeyPatc
     """Rounds the operand stage sits out (``schur.STAGE1_IDLE_ROUNDS``) reorder the issued instructions only: the
     same bits as the default, with the compiled loop running."""
     c = case("bfloat16", _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=7, regime="initial_state")
-    default = run(c, "schur", group_size=GROUP)
     assert schur.STAGE1_IDLE_ROUNDS not in (0, 3), "pick other values to compare against"
-    monkeypatch.setattr(schur, "STAGE1_IDLE_ROUNDS", idle_rounds)
-    reordered = run(c, "schur", group_size=GROUP)
-    trace = nki_cpu.last_trace()
-    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
-    for got, want in zip(reordered, default, strict=True):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_bits_when_patched(c, monkeypatch, schur, "STAGE1_IDLE_ROUNDS", idle_rounds)

@@ -63,9 +63,8 @@ COMPACT_LEVELS = range(1, 5)
 # MIN_II-bound ones of 32. Measured (one lane, bf16): 2 is best — larger batches make each level's elementwise step
 # wait for more matmuls (S=2048: 49.5 µs at 1, 48.9 at 2, 51.1 at 4, 53.1 at 8).
 BATCH = 2
-# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``): its exps,
-# transposes and 128-wide products then queue behind this inverse's next steps and the chain's links, which bound
-# the period. Measured, one lane bf16, S = 2048 / 8192 / 32768: 0 rounds 35.4 / 118.2 / 457.9 µs, 1 round 36.0 /
+# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``, which says
+# why). Measured, one lane bf16, S = 2048 / 8192 / 32768: 0 rounds 35.4 / 118.2 / 457.9 µs, 1 round 36.0 /
 # 121.5, 2 rounds 35.3 / 114.9 / 433.4, 3 rounds 35.2 / 116.0; the two after a later phase instead: 118.7 to 121.9
 # at S = 8192; fp32 and 32 lanes at S = 128 unchanged.
 STAGE1_IDLE_ROUNDS = 2
