@@ -6,36 +6,9 @@ import dataclasses
 
 import pytest
 
+from _records import FP32, NO_LATENCY, box, op
 from nki_cpu.cost import TRN1, TRN2, Engine, InstructionRecord, Region, Trace, duration_ns, schedule
-from nki_cpu.cost.scheduler import MAX_BOXES
-
-FP32 = "float32"
-# Latencies off: start times then equal exactly the ends of the instructions waited for.
-NO_LATENCY = dataclasses.replace(
-    TRN2,
-    dependency_latency_cycles=dict.fromkeys(Engine, 0),
-    dma_fixed_latency_ns=0.0,
-)
-
-
-def box(sid: int, lo: int = 0, hi: int = 1024, parts: tuple[int, int] = (0, 128)) -> Region:
-    return Region(sid, "sbuf", parts, (lo, hi))
-
-
-def op(engine: Engine, reads=(), writes=(), n: int = 512, queue: int = 0, partitions: int = 128) -> InstructionRecord:
-    opcode = "dma_copy" if engine is Engine.DMA else "tensor_copy"
-    return InstructionRecord(
-        opcode=opcode,
-        engine=engine,
-        partitions=partitions,
-        free_elems=n,
-        dtypes=(FP32, FP32),
-        nbytes=partitions * n * 4,
-        reads=tuple(reads),
-        writes=tuple(writes),
-        queue=queue,
-        attrs={"contiguous_bytes": n * 4},
-    )
+from nki_cpu.cost.scheduler import MAX_BOXES, dependency_bound_ns
 
 
 def place(*records: InstructionRecord, figures=NO_LATENCY, dma_queues: str = "round_robin"):
@@ -235,3 +208,41 @@ def test_trn1_tiles_are_at_least_64_wide():
     tiles = [pe_matmul([box(j)], (32 * j, 32 * j + 32), (32 * j, 32 * j + 32)) for j in range(2)]
     s = schedule(Trace(tiles), trn1)
     assert s.start_ns[1] == pytest.approx(s.end_ns[0])
+
+
+def test_queued_behind_names_the_instruction_holding_the_track():
+    first, second = op(Engine.VECTOR, [box(1)], [box(2)]), op(Engine.VECTOR, [box(3)], [box(4)])
+    consumer = op(Engine.SCALAR, [box(4)], [box(5)])
+    placed = place(first, second, consumer)
+    assert placed.queued_behind == [-1, 0, -1]  # the consumer waited on data, not on its (idle) engine
+    assert placed.waited_on == [-1, -1, 1]
+
+
+def test_queued_behind_on_the_pe_array_is_the_cell_holder_or_the_issue_order():
+    quadrant = pe_matmul([box(1)], (0, 64), (0, 64), n=64, stationary=64)
+    overlapping = pe_matmul([box(2)], (32, 64), (32, 64))
+    other = pe_matmul([box(3)], (64, 128), (64, 128), n=64, stationary=64)
+    s = schedule(Trace([quadrant, overlapping, other]), NO_LATENCY)
+    assert s.queued_behind == [-1, 0, 1]  # shared cells held by 0; 2's cells were free but 1 issued first
+
+
+def test_dependency_bound_ignores_engine_queues_and_memory_reuse():
+    # two independent ops on one engine, then a WAR on the first one's input: only the RAW chain counts
+    a = op(Engine.VECTOR, [box(1)], [box(2)], n=4096)
+    b = op(Engine.VECTOR, [box(3)], [box(4)], n=4096)
+    overwrite = op(Engine.SCALAR, [box(5)], [box(1)], n=64)
+    trace = Trace([a, b, overwrite])
+    one = duration_ns(a, NO_LATENCY)
+    assert schedule(trace, NO_LATENCY).makespan_ns == pytest.approx(2 * one)
+    assert dependency_bound_ns(trace, NO_LATENCY) == pytest.approx(one)
+
+
+def test_dependency_bound_is_the_longest_raw_chain_with_latencies():
+    producer = op(Engine.VECTOR, [box(1)], [box(2)])
+    consumer = op(Engine.SCALAR, [box(2)], [box(3)])
+    side = op(Engine.GPSIMD, [box(7)], [box(8)], n=16)
+    trace = Trace([producer, consumer, side])
+    latency = TRN2.cycles_to_ns(TRN2.dependency_latency_cycles[Engine.VECTOR], Engine.VECTOR)
+    chain = duration_ns(producer, TRN2) + latency + duration_ns(consumer, TRN2)
+    assert dependency_bound_ns(trace, TRN2) == pytest.approx(chain)
+    assert schedule(trace, TRN2).makespan_ns >= dependency_bound_ns(trace, TRN2)

@@ -4,11 +4,12 @@ The interpreter appends one :class:`InstructionRecord` per executed instruction 
 :func:`estimate` turns the trace into a :class:`CostReport` for a target generation (Trn2 by default).
 """
 
+from nki_cpu.cost.critical import PathStep, critical_path, path_summary
 from nki_cpu.cost.durations import duration_ns
 from nki_cpu.cost.figures import DEFAULT_TARGET, FIGURES, TRN1, TRN2, TRN3, Figures, get_figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Region, Trace
 from nki_cpu.cost.report import CostReport, PeKind, PeKindTime, estimate, pe_breakdown
-from nki_cpu.cost.scheduler import Schedule, schedule
+from nki_cpu.cost.scheduler import Schedule, dependency_bound_ns, schedule
 from nki_cpu.cost.trace_export import write_chrome_trace, write_png_timeline
 
 __all__ = [
@@ -21,14 +22,18 @@ __all__ = [
     "Engine",
     "Figures",
     "InstructionRecord",
+    "PathStep",
     "PeKind",
     "PeKindTime",
     "Region",
     "Schedule",
     "Trace",
+    "critical_path",
+    "dependency_bound_ns",
     "duration_ns",
     "estimate",
     "get_figures",
+    "path_summary",
     "pe_breakdown",
     "schedule",
     "write_chrome_trace",

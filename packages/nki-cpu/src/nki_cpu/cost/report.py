@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
+from nki_cpu.cost.critical import PathStep, critical_path
 from nki_cpu.cost.durations import opcode_name
 from nki_cpu.cost.figures import DEFAULT_TARGET, Figures, get_figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Trace
-from nki_cpu.cost.scheduler import Schedule, schedule
+from nki_cpu.cost.scheduler import Schedule, dependency_bound_ns, schedule
 
 COMPUTE_TRACKS = ("pe", "vector", "scalar", "gpsimd")
 DMA_ANY = "dma"  # the union of all DMA queues in the per-engine view
@@ -76,6 +78,17 @@ class CostReport:
     def pe_breakdown(self) -> list[PeKindTime]:
         """Tensor-engine busy time grouped by instruction kind, largest first (:func:`pe_breakdown`)."""
         return pe_breakdown(self)
+
+    @cached_property
+    def dependency_bound_ns(self) -> float:
+        """The makespan with every instruction started as soon as its operands were ready
+        (``scheduler.dependency_bound_ns``; computed on first use: one more pass over the trace)."""
+        return dependency_bound_ns(self.trace, self.figures)
+
+    @cached_property
+    def critical_path(self) -> list[PathStep]:
+        """The instructions the makespan waited on, and why (``critical.critical_path``)."""
+        return critical_path(self.schedule)
 
     def __str__(self) -> str:
         return "\n".join(self._lines())

@@ -58,7 +58,10 @@ class Schedule:
     Notes:
         Lists are indexed by ``InstructionRecord.index``. ``issue_ns`` equals ``start_ns`` for compute
         instructions; for DMA it is when the transfer was issued (``start - issue`` ≥ the fixed latency).
-        ``waited_on`` is the instruction whose ready time set the start (-1 if the track's free time did).
+        ``waited_on`` is the instruction whose ready time set the start (-1 if the track's free time did);
+        ``queued_behind`` the instruction that held the track when its free time set the start (-1 if the data did,
+        or nothing held it): the previous instruction of the engine or DMA queue, for the tensor engine the one
+        whose PE cells were freed last, or the previous PE instruction when in-order issue held it.
     """
 
     start_ns: list[float] = field(default_factory=list)
@@ -66,6 +69,7 @@ class Schedule:
     issue_ns: list[float] = field(default_factory=list)
     track: list[str] = field(default_factory=list)
     waited_on: list[int] = field(default_factory=list)
+    queued_behind: list[int] = field(default_factory=list)
 
     @property
     def makespan_ns(self) -> float:
@@ -167,13 +171,16 @@ class _EnginePool:
 
 
 class _PeArray:
-    """Free time of each cell (a ``quantum``-square block) of the PE array, and the start of the last PE instruction."""
+    """Free time of each cell (a ``quantum``-square block) of the PE array and the instruction holding it, and the
+    start of the last PE instruction."""
 
     def __init__(self, figures: Figures) -> None:
         self.quantum = max(1, figures.pe_tile_quantum)
         self.side = max(1, figures.partitions // self.quantum)
         self.free = [0.0] * (self.side * self.side)
+        self.owner = [-1] * (self.side * self.side)
         self.last_start = 0.0
+        self.last = -1
 
     def cells(self, record: InstructionRecord) -> list[int]:
         """Cells a PE instruction occupies: its recorded tile rounded out to whole cells, else the whole array."""
@@ -184,15 +191,20 @@ class _PeArray:
         c0, c1 = cols[0] // self.quantum, -(-cols[1] // self.quantum)
         return [r * self.side + c for r in range(r0, min(r1, self.side)) for c in range(c0, min(c1, self.side))]
 
-    def earliest(self, cells: list[int]) -> float:
-        """When all ``cells`` are free and the previous PE instruction has been issued."""
-        return max(self.last_start, max(self.free[c] for c in cells))
+    def earliest(self, cells: list[int]) -> tuple[float, int]:
+        """When all ``cells`` are free and the previous PE instruction has been issued, and the instruction whose
+        end (cells) or start (issue order) that is."""
+        cell = max(cells, key=self.free.__getitem__)
+        if self.free[cell] >= self.last_start:
+            return self.free[cell], self.owner[cell]
+        return self.last_start, self.last
 
-    def occupy(self, cells: list[int], start: float, end: float) -> float:
-        """Mark ``cells`` busy until ``end``; returns when the whole array is free."""
-        self.last_start = start
+    def occupy(self, cells: list[int], start: float, end: float, index: int) -> float:
+        """Mark ``cells`` busy until ``end`` by instruction ``index``; returns when the whole array is free."""
+        self.last_start, self.last = start, index
         for c in cells:
             self.free[c] = end
+            self.owner[c] = index
         return max(self.free)
 
 
@@ -203,11 +215,13 @@ class _Conflicts:
         self.readers: dict[int, list[Box]] = {}
         self.writers: dict[int, list[Box]] = {}
 
-    def ready_time(self, record: InstructionRecord) -> tuple[float, int]:
-        """Latest ready time among the RAW, WAW and WAR predecessors of ``record``."""
+    def ready_time(self, record: InstructionRecord, raw_only: bool = False) -> tuple[float, int]:
+        """Latest ready time among the RAW, WAW and WAR predecessors of ``record`` (``raw_only``: RAW only)."""
         ready, waited = 0.0, -1
         for region in record.reads:
             ready, waited = _latest(self.writers.get(region.storage_id, ()), region, ready, waited)
+        if raw_only:
+            return ready, waited
         for region in record.writes:
             ready, waited = _latest(self.writers.get(region.storage_id, ()), region, ready, waited)
             ready, waited = _latest(self.readers.get(region.storage_id, ()), region, ready, waited)
@@ -249,6 +263,7 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
         raise ValueError(f"dma_queues must be one of {DMA_QUEUE_POLICIES}, got {dma_queues!r}")
     conflicts = _Conflicts()
     free: dict[str, float] = {}
+    last_on: dict[str, int] = {}
     issued: dict[str, float] = {}
     pool = _EnginePool(figures.dma_engines)
     pe_array = _PeArray(figures)
@@ -264,7 +279,7 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
             queue = record.queue if dma_queues == "recorded" else dma_seen % queues
             dma_seen += 1
             track = track_name(record, queue)
-            track_free = free.get(track, 0.0)
+            track_free, holder = free.get(track, 0.0), last_on.get(track, -1)
             fixed, transfer = dma_times(record, figures)
             issue = max(deps_ready, issued.get(track, 0.0))
             issued[track] = issue
@@ -278,20 +293,47 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
         elif record.engine is Engine.PE:
             track = track_name(record)
             cells = pe_array.cells(record)
-            track_free = pe_array.earliest(cells)
+            track_free, holder = pe_array.earliest(cells)
             issue = start = max(deps_ready, track_free)
             end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
-            end_all = pe_array.occupy(cells, start, end)
+            end_all = pe_array.occupy(cells, start, end, position)
         else:
             track = track_name(record)
-            track_free = free.get(track, 0.0)
+            track_free, holder = free.get(track, 0.0), last_on.get(track, -1)
             issue = start = max(deps_ready, track_free)
             end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
         free[track] = end_all if record.engine is Engine.PE else end
+        last_on[track] = position
         conflicts.add(record, end + latency_ns.get(record.engine, 0.0))
         out.start_ns.append(start)
         out.end_ns.append(end)
         out.issue_ns.append(issue)
         out.track.append(track)
         out.waited_on.append(waited if deps_ready >= track_free else -1)
+        out.queued_behind.append(holder if deps_ready < track_free else -1)
     return out
+
+
+def dependency_bound_ns(trace: Trace, figures: Figures) -> float:
+    """The makespan if every instruction started as soon as the data it reads was ready: the longest chain of RAW
+    dependencies, each link the producer's duration plus its engine's dependency latency (DMA: plus the fixed
+    latency).
+
+    A lower bound on any schedule of the same instructions: engine queues, program order, engine and DMA capacity,
+    and the WAR / WAW conflicts of reused memory (which more memory would remove) are all left out. Its distance
+    from the makespan is what ordering and placement could still win; its distance from zero is what only fewer
+    dependent steps can.
+    """
+    conflicts = _Conflicts()
+    latency_ns = {e: figures.cycles_to_ns(c, e) for e, c in figures.dependency_latency_cycles.items()}
+    bound = 0.0
+    for record in trace.records:
+        start, _ = conflicts.ready_time(record, raw_only=True)
+        if record.engine is Engine.DMA:
+            fixed, transfer = dma_times(record, figures)
+            end = start + fixed + transfer
+        else:
+            end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
+        conflicts.add(record, end + latency_ns.get(record.engine, 0.0))
+        bound = max(bound, end)
+    return bound
