@@ -51,7 +51,7 @@ import nki_cpu
 from gdn_spec.metrics import Error
 from gdn_spec.oracle import errors_vs_oracle
 from gdn_spec.regimes import REGIMES, Case, Geometry, make_case
-from nki_cpu.cost import CostReport, estimate, write_chrome_trace, write_png_timeline
+from nki_cpu.cost import CostReport, estimate, path_summary, write_chrome_trace, write_png_timeline
 
 PREFIX = "bench_kernel"  # every file this script writes starts with it (--out is shared by all benches)
 SEQ_LENS = (128, 512, 1024, 2048, 4096, 8192)
@@ -62,6 +62,7 @@ HEAD_DIM = 128
 ENGINES = ("pe", "vector", "scalar", "gpsimd", "dma")
 ENGINE_LABELS = {"pe": "PE", "vector": "DVE", "scalar": "ACT", "gpsimd": "POOL", "dma": "DMA"}
 SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
+CAUSE_LABELS = {"data": "an operand", "queue": "its queue", "start": "(first step)"}
 TRACE_SEQ_LEN = 2048  # one-lane launches at this S get a Perfetto trace, a PNG timeline and a PE breakdown
 # One-lane fp32 launches (both algorithms) beside the bf16 rows: the fp32 compute path's numbers and PE breakdown.
 ONE_LANE_FP32_SEQ_LENS = (2048,)
@@ -138,6 +139,11 @@ class Row:
     # PE time by instruction kind (one-lane launches at TRACE_SEQ_LEN): nki-cpu's pe_breakdown, per chunk
     pe_kinds: list[dict[str, Any]] = field(default_factory=list)
     timeline_file: str | None = None
+    # The makespan if only data dependencies held instructions back (nki-cpu's dependency bound; None where the
+    # bench skipped it: the scale matrix's multi-lane cells)
+    dependency_bound_us: float | None = None
+    # One-lane launches at TRACE_SEQ_LEN: the critical path's time per (engine, cause) (nki-cpu's path_summary)
+    critical_path: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def pe_us_per_chunk(self) -> float:
@@ -233,10 +239,12 @@ def measure(
     dtype: str = "bfloat16",
     judge: bool = True,
     group_size: int = gdn_nki.DEFAULT_GROUP_SIZE,
+    bound: bool = True,
 ) -> Row:
-    """Run, estimate and check one launch (against the oracle unless ``judge`` is false: NaN errors); at
-    ``TRACE_SEQ_LEN`` in the one-lane layout, break its PE time down by instruction kind and write its Perfetto trace
-    and PNG timeline."""
+    """Run, estimate and check one launch (against the oracle unless ``judge`` is false: NaN errors), with its
+    dependency bound unless ``bound`` is false (one more pass over the trace); at ``TRACE_SEQ_LEN`` in the one-lane
+    layout, break its PE time down by instruction kind, sum up its critical path and write its Perfetto trace and
+    PNG timeline."""
     c = make_case("random", geometry, dtype, seed=geometry.S)
     out, state, seconds = run_case(c, algorithm, group_size)
     report = launch_report()
@@ -268,8 +276,11 @@ def measure(
         chunks=geometry.lanes * -(-geometry.S // gdn_nki.CHUNK_BY_ALGORITHM[algorithm]),
         pe_busy_us=report.engine_busy_ns.get("pe", 0.0) / 1e3,
     )
+    if bound:
+        row.dependency_bound_us = report.dependency_bound_ns / 1e3
     if layout == "1 lane" and geometry.S == TRACE_SEQ_LEN:
         row.pe_kinds = pe_kinds(report, row.chunks)
+        row.critical_path = critical_path_summary(report)
         if out_dir is not None:
             stem = f"S{geometry.S}_{algorithm}" + ("" if dtype == "bfloat16" else f"_{SHORT_DTYPE[dtype]}")
             row.trace_file = write_chrome_trace(report, out_dir / f"{PREFIX}_trace_{stem}.json").name
@@ -293,6 +304,14 @@ def pe_kinds(report: CostReport, chunks: int) -> list[dict[str, Any]]:
             "share": entry.share,
         }
         for entry in report.pe_breakdown()
+    ]
+
+
+def critical_path_summary(report: CostReport) -> list[dict[str, Any]]:
+    """The launch's critical path (nki-cpu's ``critical_path``): steps and µs per engine and cause, largest first."""
+    return [
+        {"engine": track, "cause": cause, "steps": steps, "us": ns / 1e3}
+        for (track, cause), (steps, ns) in path_summary(report.critical_path).items()
     ]
 
 
@@ -385,7 +404,9 @@ def scale_rows(
             cells.append(Skipped(layout, seq_len, algorithm, heads, lanes, dtype, estimate_count, reason))
             continue
         judge = geometry.lanes * seq_len <= ORACLE_TOKENS
-        row = _progress(measure(layout, geometry, algorithm, None, dtype=dtype, judge=judge, group_size=group))
+        row = _progress(
+            measure(layout, geometry, algorithm, None, dtype=dtype, judge=judge, group_size=group, bound=lanes == 1)
+        )
         chunks = geometry.lanes * seq_len // gdn_nki.CHUNK_BY_ALGORITHM[algorithm]
         per_chunk[algorithm] = row.instructions / chunks
         cells.append(row)
@@ -672,15 +693,16 @@ def perf_table(rows: list[Row]) -> str:
     engines = " | ".join(ENGINE_LABELS[e] for e in ENGINES)
     lines = [
         f"| layout | S | algorithm | dtype | Hk/Hv | instr | est. time (µs) | schur speedup | tokens/s per NC "
-        f"| PE µs per chunk | {engines} | rel-RMS out / state vs oracle |",
-        "|---|---:|---|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(ENGINES) + "---|",
+        f"| dependency bound (µs) | PE µs per chunk | {engines} | rel-RMS out / state vs oracle |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ENGINES) + "---|",
     ]
     for r in rows:
         speedup = f"{r.speedup:.2f}x" if r.speedup is not None else ""
+        bound = f"{r.dependency_bound_us:.1f}" if r.dependency_bound_us is not None else ""
         shares = " | ".join(f"{r.busy_share[e]:.0%}" for e in ENGINES)
         lines.append(
             f"| {r.layout} | {r.seq_len} | {r.algorithm} | {SHORT_DTYPE[r.dtype]} | {r.heads} | {r.instructions} | "
-            f"{r.time_us:.1f} | {speedup} | {r.tokens_per_s / 1e6:.2f} M | {r.pe_us_per_chunk:.3f} | {shares} | "
+            f"{r.time_us:.1f} | {speedup} | {r.tokens_per_s / 1e6:.2f} M | {bound} | {r.pe_us_per_chunk:.3f} | {shares} | "
             f"{r.rel_rms_out:.1e} / {r.rel_rms_state:.1e} |"
         )
     return "\n".join(lines)
@@ -705,6 +727,27 @@ def pe_breakdown_tables(rows: list[Row]) -> str:
             lines.append(
                 f"| {kind['per_chunk']:.2f} | {kind['us_per_chunk']:.3f} | {kind['share']:.1%} | "
                 f"{kind['instruction_us_per_chunk']:.3f} | `{kind['kind']}` |"
+            )
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def critical_path_tables(rows: list[Row]) -> str:
+    """For each launch with a critical path: the path's time per engine and cause beside its makespan and bound."""
+    parts = []
+    for r in rows:
+        if not r.critical_path:
+            continue
+        parts.append(
+            f"**{r.algorithm} {SHORT_DTYPE[r.dtype]}, S = {r.seq_len}, {r.layout}**: makespan {r.time_us:.1f} µs, "
+            f"dependency bound {r.dependency_bound_us:.1f} µs"
+        )
+        lines = ["| engine | waited for | steps | µs on the path | share of the makespan |", "|---|---|---:|---:|---:|"]
+        for entry in r.critical_path:
+            label = ENGINE_LABELS.get(entry["engine"], entry["engine"])
+            cause = CAUSE_LABELS.get(entry["cause"], entry["cause"])
+            lines.append(
+                f"| {label} | {cause} | {entry['steps']} | {entry['us']:.2f} | {entry['us'] / r.time_us:.0%} |"
             )
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
@@ -775,6 +818,13 @@ def markdown(
             "same time: PE µs counts each instant of PE busy time once, split evenly among the instructions running "
             "then; instruction µs is their durations summed (larger where a kind ran beside others).",
             pe_breakdown_tables(rows),
+            f"## What the makespan waits on: one lane, S = {TRACE_SEQ_LEN}",
+            "The dependency bound is the makespan if every instruction started as soon as the data it reads was "
+            "ready (nki-cpu's `dependency_bound_ns`: engine queues, program order and memory reuse left out), a lower "
+            "bound on any order of the same instructions. The critical path (nki-cpu's `critical_path`) walks back "
+            "from the last instruction through what set each start: an operand's producer (the time charged is the "
+            "dependency latency and the instruction) or the previous instruction of its engine's in-order queue.",
+            critical_path_tables(rows),
         ]
     long_part = []
     if long_records:

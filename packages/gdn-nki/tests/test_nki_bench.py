@@ -60,13 +60,21 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         assert row["rel_rms_out"] < 1e-2, "the benchmarked run must also be correct"
         assert row["pe_us_per_chunk"] == pytest.approx(row["pe_busy_us"] / row["chunks"])
         assert row["pe_busy_us"] == pytest.approx(row["busy_share"]["pe"] * row["time_us"])
-        if row["seq_len"] == 2048:  # the PE breakdown adds up to at least the PE time per chunk (more when
+        assert 0 < row["dependency_bound_us"] <= row["time_us"], "a lower bound on the makespan"
+        if row["seq_len"] == 2048:
+            # the critical path's charges sum to the makespan
+            assert sum(step["us"] for step in row["critical_path"]) == pytest.approx(row["time_us"])
+            assert {step["cause"] for step in row["critical_path"]} <= {
+                "data",
+                "queue",
+                "start",
+            }  # the PE breakdown adds up to at least the PE time per chunk (more when
             # matmuls on disjoint PE tiles overlap: the PE time counts them once, the breakdown each)
             assert sum(kind["us_per_chunk"] for kind in row["pe_kinds"]) >= row["pe_us_per_chunk"] - 1e-6
             assert sum(kind["share"] for kind in row["pe_kinds"]) == pytest.approx(1.0)
             assert all(k["instruction_us_per_chunk"] >= k["us_per_chunk"] * (1 - 1e-9) for k in row["pe_kinds"])
         else:
-            assert row["pe_kinds"] == []
+            assert row["pe_kinds"] == [] and row["critical_path"] == []
     for target in data["targets"]:
         if not target["measured"]:  # only a target at an S this plan did not run
             assert "S = 8192" in target["name"] and not target["met"], target["name"]
@@ -87,7 +95,8 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         (d, r, o) for d in ("bfloat16", "float32") for r in ("zero_gate", "model_gates") for o in ("out", "state")
     }
     assert all(e["geometry"]["S"] == 256 and e["ok"] for e in long_errors)
-    assert (tmp_path / "bench_kernel.md").read_text().startswith("# gdn_cte kernel")
+    report = (tmp_path / "bench_kernel.md").read_text()
+    assert report.startswith("# gdn_cte kernel") and "## What the makespan waits on" in report
     (varlen,) = data["varlen"]
     assert varlen["lengths"] == [37, 200] and varlen["lanes"] == 4 and varlen["padded_tokens"] == 384
     assert varlen["bit_identical"], "one launch must reproduce the separate launches exactly"
