@@ -167,7 +167,11 @@ def test_more_bad_inputs_are_rejected(
 
 def test_host_only_rules_are_the_documented_pair() -> None:
     """The traced kernel skips exactly the rules that need tensor contents; simulate runs them (tested above)."""
-    scans = {"g_log.domain", *(f"{n}.finite" for n in ("query", "key", "value", "beta", "recurrent_state"))}
+    scans = {
+        "g_log.domain",
+        "beta.domain",
+        *(f"{n}.finite" for n in ("query", "key", "value", "beta", "recurrent_state")),
+    }
     assert frozenset({"mask_pack.contents", "recurrent_state.writable", *scans}) == HOST_ONLY_RULES
 
 

@@ -1,4 +1,5 @@
-"""The element scans (contract.VALUE_RULES): g_log <= 0 and not NaN, everything else finite, -inf accepted.
+"""The element scans (contract.VALUE_RULES): g_log <= 0 and not NaN, beta in [0, 1], everything finite, -inf
+accepted.
 
 Each rejection names the argument and the first offending index, and writes nothing.
 """
@@ -31,6 +32,8 @@ BAD_VALUES = [
     ("g_log", "g_log.domain", np.inf),
     ("g_log", "g_log.domain", np.nan),
     *((name, f"{name}.finite", bad) for name in ("query", "key", "value") for bad in (np.nan, np.inf, -np.inf)),
+    ("beta", "beta.domain", 1.5),
+    ("beta", "beta.domain", -0.25),
     ("beta", "beta.finite", np.nan),
     ("beta", "beta.finite", -np.inf),
     ("recurrent_state", "recurrent_state.finite", np.nan),
@@ -56,6 +59,17 @@ def test_bad_value_is_rejected_with_its_index_and_nothing_is_written(name, rule_
 def test_minus_inf_gate_is_accepted() -> None:
     call = _call()
     call["g_log"][0, 0, 5] = -np.inf
+    out, state = gdn_cte(**call)
+    assert np.isfinite(out).all() and np.isfinite(state).all()
+
+
+@pytest.mark.parametrize("strength", [0.0, 1.0])
+def test_beta_end_points_are_accepted(strength: float) -> None:
+    """β = 0 (a padding token) and β = 1 (where an fp32 sigmoid saturates) are valid: the tokens write nothing
+    or replace the value along their key."""
+    call = _call()
+    call["beta"][0, 1, 40:60] = strength
+    assert validate(**call) == []
     out, state = gdn_cte(**call)
     assert np.isfinite(out).all() and np.isfinite(state).all()
 

@@ -492,6 +492,12 @@ def _outside_log_decay(block: np.ndarray) -> np.ndarray:
     return ~(block <= 0)  # one comparison rejects both NaN and g > 0; −inf passes
 
 
+def _outside_update_strength(block: np.ndarray) -> np.ndarray:
+    # Finite values only: NaN and ±Inf are beta.finite's to report (one violation per bad element).
+    with np.errstate(invalid="ignore"):
+        return ((block < 0) | (block > 1)) & ~_nonfinite(block)
+
+
 def first_bad_index(x: np.ndarray, bad: Callable[[np.ndarray], np.ndarray]) -> tuple[int, ...] | None:
     """Index of the first element (C order) where ``bad`` holds, scanned in blocks; None when there is none.
 
@@ -563,6 +569,23 @@ G_LOG_DOMAIN = Rule(
         "g_log.domain",
         "g_log must be a log-decay <= 0 and not NaN (-inf is allowed: decay exactly 0, a state reset)",
         "pass the log of the decay (e.g. -exp(A_log)*softplus(a + dt_bias)); check g_log and beta were not swapped",
+    ),
+)
+
+# The spec's (0, 1) with its end points: an fp32 sigmoid rounds to exactly 1 from x ≈ 17 and to 0 far below
+# (x ≲ −88 to −104, by formula), and a padding token (gdn_nki.varlen) carries β = 0, a token that writes nothing.
+# β > 1 (FLA's allow_neg_eigval reaches 2) is outside the contract the kernels' precision is tested for.
+BETA_DOMAIN = Rule(
+    "beta.domain",
+    "Per-token update strength in (0, 1) in HBM, fp32.",
+    ("beta",),
+    _value_rule(
+        "beta",
+        _outside_update_strength,
+        "beta.domain",
+        "beta is a per-token update strength in [0, 1] (the spec's (0, 1), with the 0 and 1 an fp32 sigmoid "
+        "rounds to); beta > 1 (negative-eigenvalue delta rules reach 2) is outside this kernel's contract",
+        "pass sigmoid(b) of the layer's beta projection; check g_log and beta were not swapped",
     ),
 )
 
@@ -677,12 +700,13 @@ RULES: tuple[Rule, ...] = (
     Rule("neumann.no_gqa", '"neumann" additionally requires Hk == Hv (no head sharing).', ("value",), _neumann_no_gqa),
     Rule("neumann.no_state", '"neumann" supports ONLY the omitted form.', ("recurrent_state",), _neumann_no_state),
     G_LOG_DOMAIN,
+    BETA_DOMAIN,
     *(_finite_rule(n) for n in ("query", "key", "value", "beta", "recurrent_state")),
 )
 RULES_BY_ID = {rule.id: rule for rule in RULES}
 # Rules that need the tensor contents, not just shape and dtype; a traced kernel cannot run them.
 # Rules that scan every element of an input: what ``values=False`` skips (the caller then guarantees its data).
-VALUE_RULES = frozenset({"g_log.domain", *(f"{n}.finite" for n in _FINITE_WHY)})
+VALUE_RULES = frozenset({"g_log.domain", "beta.domain", *(f"{n}.finite" for n in _FINITE_WHY)})
 HOST_ONLY_RULES = frozenset({"mask_pack.contents", "recurrent_state.writable"}) | VALUE_RULES
 
 

@@ -292,6 +292,7 @@ _CASES: dict[str, tuple[Builder, str, tuple[str, ...], frozenset[str]]] = {
     "query.finite": (_poke("query", float("nan")), "one NaN in query", ALGORITHMS, frozenset()),
     "key.finite": (_poke("key", float("inf")), "one +Inf in key", ALGORITHMS, frozenset()),
     "value.finite": (_poke("value", float("-inf")), "one -Inf in value", ALGORITHMS, frozenset()),
+    "beta.domain": (_poke("beta", 1.5), "one beta = 1.5 (an update strength above 1)", ALGORITHMS, frozenset()),
     "beta.finite": (_poke("beta", float("nan")), "one NaN in beta", ALGORITHMS, frozenset()),
     "recurrent_state.finite": (
         _poke("recurrent_state", float("nan")),
