@@ -79,3 +79,34 @@ def test_a_zero_start_issues_no_state_product_for_the_first_chunk(supply_state: 
     # (the Schur merge's level-6 matmuls on a 64x64 PE tile also stream 64 columns: not state products)
     moving64 = [r for r in _pe_matmuls() if r.attrs.get("moving_free") == 64 and "tile_position" not in r.attrs]
     assert len(moving64) == geometry.lanes * 2 * per_lane_block
+
+
+@pytest.mark.nki_cpu_only
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decayed_copy_link_gives_the_bytes_of_the_scale_add_link(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link after the first of a unit adds e^{γ_last}·S, made beside the previous link's split, to its PSUM
+    product: the same fp32 roundings as one scalar_tensor_tensor, so the same bytes."""
+    geometry = Geometry(B=1, Hk=1, Hv=1, S=512, Dk=128, Dv=128)
+    c = case(dtype, geometry, seed=6, regime="model_gates")
+    made = []
+    original = stages.State.decay_for_next
+
+    def counted(self: stages.State, j: int, decay_last: object) -> None:
+        made.append(j)
+        original(self, j, decay_last)
+
+    monkeypatch.setattr(stages.State, "decay_for_next", counted)
+    with_copies = run(c, "schur")
+    assert_matches_oracle(c, *with_copies, f"{dtype} decayed copies")
+    chunks = geometry.S // 128
+    assert len(made) == 2 * (chunks - 1), "every link but a unit's first reads a decayed copy (two blocks each)"
+    assert _scale_adds() == 0, "no link scales and adds in one instruction (the first starts from zero)"
+    monkeypatch.setattr(stages.State, "decay_for_next", lambda self, j, decay_last: None)
+    with_scale_add = run(c, "schur")
+    assert _scale_adds() == len(made)
+    for got, want in zip(with_copies, with_scale_add, strict=True):
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
+def _scale_adds() -> int:
+    return sum(r.opcode == "scalar_tensor_tensor" for r in nki_cpu.last_trace().records)

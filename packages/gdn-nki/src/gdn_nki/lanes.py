@@ -274,7 +274,9 @@ def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
             entry = pipe.carried[0]
             final = seg.ends_lane and k == len(seg.chunks) - 1
             dst = ring[order[k + 1]] if ring else None
-            pipe.carried[0] = stages.advance_state(lane, chunk, entry, final, dst)
+            following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
+            next_decay = following.decay_last if following is not None else None
+            pipe.carried[0] = stages.advance_state(lane, chunk, entry, final, dst, next_decay)
             if pending is not None:
                 stages.emit_output(lane, *pending)
             pending = (chunk, entry)

@@ -117,16 +117,18 @@ def multiply(a: Any, b: Any, dtype: Any) -> Any:
     return combine(sbuf(tuple(a.shape), dtype), a, b, nl.multiply)
 
 
-def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None) -> Any:
+def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None, among: tuple[Any, ...] | None = None) -> Any:
     """``x[p, :] * column[p]`` into ``dst`` or a new tile of ``dtype`` (``column`` is a [P, 1] fp32 tile; ``x`` in
     SBUF or PSUM), on the scalar or vector engine, or — ``x`` a [P, n] SBUF tile — on GpSimd as a ``tensor_tensor``
     multiply by the column broadcast along the free axis (a stride-0 view; GpSimd's ``tensor_scalar`` is rsqrt
-    only)."""
+    only); ``among`` limits the candidate engines."""
     dst = dst if dst is not None else sbuf(tuple(x.shape), dtype)
     n = free_elements(x)
     options = [(SCALAR, stream_ns(SCALAR, n)), (VECTOR, _vector_copy_ns(x, dst, column))]
     if not in_psum(x) and len(x.shape) == 2:
         options.append((GPSIMD, stream_ns(GPSIMD, n)))
+    if among is not None:
+        options = [option for option in options if option[0] in among]
     engine = BALANCER.pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
