@@ -110,3 +110,27 @@ def test_decayed_copy_link_gives_the_bytes_of_the_scale_add_link(dtype: str, mon
 
 def _scale_adds() -> int:
     return sum(r.opcode == "scalar_tensor_tensor" for r in nki_cpu.last_trace().records)
+
+
+@pytest.mark.nki_cpu_only
+def test_chain_and_output_products_alternate_and_keep_each_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link's products and the previous chunk's output products alternate on the tensor engine; each PSUM tile
+    still sums its terms in the same order, so issuing the groups one after the other gives the same bytes."""
+    geometry = Geometry(B=1, Hk=1, Hv=1, S=512, Dk=128, Dv=128)
+    c = case("bfloat16", geometry, seed=7, regime="initial_state")
+    alternating = run(c, "schur", recurrent_state=c.kernel["recurrent_state"].copy())
+    products = [r for r in _pe_matmuls() if r.attrs.get("moving_free") == 64 and "tile_position" not in r.attrs]
+    destinations = [r.writes[0].storage_id for r in products]
+    # somewhere two consecutive 64-column products write different PSUM tiles, then the first again
+    triples = zip(destinations, destinations[1:], destinations[2:], strict=False)
+    assert any(first == third != second for first, second, third in triples)
+
+    def one_group_after_another(groups: list) -> None:
+        for dst, terms in groups:
+            for k, term in enumerate(terms):
+                stages.tiles.matmul(*term, dst=dst, accumulate=k > 0)
+
+    monkeypatch.setattr(stages, "_issue_products", one_group_after_another)
+    sequential = run(c, "schur", recurrent_state=c.kernel["recurrent_state"].copy())
+    for got, want in zip(alternating, sequential, strict=True):
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes()

@@ -257,8 +257,10 @@ def publish(work: Work) -> Iterator[None]:
 def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
     """The state chain of a unit's chunks in order; ``pipe.carried[0]`` holds the current lane's state.
 
-    Each chunk's output is issued after the NEXT chunk's state update (software-pipelined one chunk behind), so
-    the chain's links follow each other on the engines without the output's instructions between them. A lane
+    Each chunk's output is issued with the NEXT chunk's state update (software-pipelined one chunk behind): its
+    products alternate with that link's on the tensor engine and its evacuations follow the link's vector ops, so
+    no output instruction sits between two links. The next chunk's e^{γ_last} goes with each link but a unit's last
+    (``stages.advance_state``'s ``next_decay``). A lane
     with a state ring writes the state after chunk j to tile ``ring_order[j + 1]`` (every unit starts from tile 0).
     """
     final_state = pipe.inputs.final_state
@@ -276,9 +278,7 @@ def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
             dst = ring[order[k + 1]] if ring else None
             following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
             next_decay = following.decay_last if following is not None else None
-            pipe.carried[0] = stages.advance_state(lane, chunk, entry, final, dst, next_decay)
-            if pending is not None:
-                stages.emit_output(lane, *pending)
+            pipe.carried[0] = stages.advance_state(lane, chunk, entry, final, dst, next_decay, pending)
             pending = (chunk, entry)
             yield
         if seg.ends_lane:  # the final state is ready before the last output: store it first

@@ -30,6 +30,7 @@ scalars; ``nc_matmul(stationary=X, moving=Y)`` computes ``Xᵀ Y`` contracting t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -555,12 +556,30 @@ def store_state(final_state: Any, lane: Lane, state: State) -> None:
     nl.store(final_state[lane.slot, lane.h, :, :], state.whole)
 
 
-def _state_product(dst: Any, stationary: Any, state: State, j: int) -> None:
-    """``dst += stationaryᵀ · S[:, block j]``: one accumulating matmul per part of the block (none for zero)."""
-    if state.zero:
-        return
-    for part in state.parts(j):
-        tiles.matmul(stationary, part, dst=dst, accumulate=True)
+def _product_terms(stationary: Any, moving: Any, state_stationary: Any, state: State, j: int) -> list[tuple]:
+    """The (stationary, moving) operands of ``stationaryᵀ·moving + state_stationaryᵀ·S[:, block j]``, summed in this
+    order in one PSUM tile: one term per part of the block after the first (none for the zero state)."""
+    terms = [(stationary, moving)]
+    if not state.zero:
+        terms += [(state_stationary, part) for part in state.parts(j)]
+    return terms
+
+
+def _issue_products(groups: list[tuple[Any, list[tuple]]]) -> None:
+    """Issue each ``(psum tile, terms)`` group's accumulating matmuls, the groups' terms alternating.
+
+    Each group's terms still accumulate in their own order (the same sums, bit for bit); the alternation only puts
+    an independent matmul between two that accumulate into one tile, so the tensor engine does not wait out a
+    result's latency (nki-cpu: 64 PE cycles, the pipeline fill, an inference from the PERF guide) before each.
+    Measured, one lane bf16 schur, the chain's products beside the previous chunk's output products instead of
+    after them: S = 2048 / 4096 / 8192 / 16384 34.8 / 62.3 / 114.5 / 222.0 -> 33.9 / 60.2 / 111.0 / 214.6 µs, fp32
+    S = 2048 / 8192 67.4 / 243.2 -> 66.1 / 237.4; with
+    the chain's first two terms ahead of the output's (its link ends one matmul sooner): 34.3 / — / 112.2 / —.
+    """
+    for k, row in enumerate(itertools.zip_longest(*(terms for _, terms in groups))):
+        for (dst, _), term in zip(groups, row, strict=True):
+            if term is not None:
+                tiles.matmul(*term, dst=dst, accumulate=k > 0)
 
 
 def advance_state(
@@ -570,9 +589,11 @@ def advance_state(
     final: bool = False,
     dst: State | None = None,
     next_decay: Any = None,
+    pending: tuple[Chunk, State] | None = None,
 ) -> State:
     """Stage 4, the sequential chain: S' = e^{γ_last} S + (Tᵀ)ᵀ S + K_decᵀ U, per column block of S, into ``dst``
-    (a reused state tile; else a fresh one).
+    (a reused state tile; else a fresh one); with ``pending`` (the previous chunk and its entry state), that chunk's
+    output too, its products alternating with the chain's on the tensor engine (``_issue_products``).
 
     Each new block is split into its matmul parts right after its update (measured: issued at first use instead,
     the split waits in GpSimd's queue behind later work, +4% at S = 8192) — except the lane's ``final`` state,
@@ -585,9 +606,13 @@ def advance_state(
     """
     dv = lane.value.shape[3]
     following = dst.written() if dst is not None else state_tile(lane)
+    output = None if pending is None else _Output(lane, *pending)
     for j, (cols, new) in enumerate(zip(column_blocks(dv), following.blocks, strict=True)):
-        update = tiles.matmul(chunk.k_decay, chunk.u[:, cols])
-        _state_product(update, chunk.transition_t, state, j)
+        update = tiles.psum((chunk.k_decay.shape[1], cols.stop - cols.start))
+        groups = [(update, _product_terms(chunk.k_decay, chunk.u[:, cols], chunk.transition_t, state, j))]
+        if output is not None:
+            groups.append(output.block_products(j, cols))
+        _issue_products(groups)
         # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
         # queue holds an instruction that waits on the chain (the split's one GpSimd op excepted, see split_block).
         if state.zero:
@@ -600,21 +625,43 @@ def advance_state(
             following.parts(j)
             if next_decay is not None:
                 following.decay_for_next(j, next_decay)
+        if output is not None:
+            output.evacuate(cols)
+    if output is not None:
+        output.store()
     return following
 
 
-def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
-    """The chunk's output from its entry state, out = scale · (attn U + Q_eff S), stored to HBM.
+class _Output:
+    """One chunk's output, out = scale · (attn U + Q_eff S) from its entry state, block by block of Dv: the
+    products into PSUM, their evacuations into one SBUF tile and its store to HBM."""
 
-    Issued one chunk behind the chain (``lanes.advance``): its instructions then fill the chain's waits instead
-    of sitting between two links.
-    """
-    c, dv = lane.chunk, lane.value.shape[3]
-    out_tile = tiles.sbuf((c, dv), lane.dtype)
-    for j, cols in enumerate(column_blocks(dv)):
-        out_psum = tiles.matmul(chunk.attn_t, chunk.u[:, cols])
-        _state_product(out_psum, chunk.q_eff_t, entry_state, j)
+    def __init__(self, lane: Lane, chunk: Chunk, entry_state: State) -> None:
+        self.lane, self.chunk, self.entry_state = lane, chunk, entry_state
+        self.tile = tiles.sbuf((lane.chunk, lane.value.shape[3]), lane.dtype)
+        self.psum: Any = None
+
+    def block_products(self, j: int, cols: slice) -> tuple[Any, list[tuple]]:
+        """Block j's PSUM tile and the terms of its products (``_issue_products``)."""
+        chunk = self.chunk
+        self.psum = tiles.psum((self.lane.chunk, cols.stop - cols.start))
+        return self.psum, _product_terms(chunk.attn_t, chunk.u[:, cols], chunk.q_eff_t, self.entry_state, j)
+
+    def evacuate(self, cols: slice) -> None:
         # Either engine (the balancer's choice): fixed on the vector engine it queued behind the chain's updates
         # (measured: S = 8192 148.4 -> 147.1 µs free)
-        tiles.copy_to(out_tile[:, cols], out_psum, scale=lane.scale)
-    nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(chunk.token, c), :], src=out_tile)
+        tiles.copy_to(self.tile[:, cols], self.psum, scale=self.lane.scale)
+
+    def store(self) -> None:
+        lane = self.lane
+        nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(self.chunk.token, lane.chunk), :], src=self.tile)
+
+
+def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
+    """The chunk's output from its entry state, stored to HBM, on its own: a lane's last chunk, whose chain link
+    is already issued (every other chunk's output is issued with the next chunk's link, ``advance_state``)."""
+    output = _Output(lane, chunk, entry_state)
+    for j, cols in enumerate(column_blocks(lane.value.shape[3])):
+        _issue_products([output.block_products(j, cols)])
+        output.evacuate(cols)
+    output.store()
