@@ -522,12 +522,14 @@ def state_tile(lane: Lane, reused: bool = False) -> State:
     dk, dv = lane.key.shape[3], lane.value.shape[3]
     whole = tiles.sbuf((dk, dv), FP32)
     blocks = [whole[:, cols] for cols in column_blocks(dv)]
-    lo = decayed = None
-    if reused:
-        decayed = [tiles.sbuf((dk, cols.stop - cols.start), FP32) for cols in column_blocks(dv)]
-        if lane.dtype != FP32:
-            lo = [tiles.sbuf((dk, cols.stop - cols.start), lane.dtype) for cols in column_blocks(dv)]
-    return State(blocks, whole, lane.dtype, lo=lo, decayed_tiles=decayed)
+    if not reused:
+        return State(blocks, whole, lane.dtype)
+
+    def per_block(dtype: Any) -> list[Any]:
+        return [tiles.sbuf((dk, cols.stop - cols.start), dtype) for cols in column_blocks(dv)]
+
+    lo = per_block(lane.dtype) if lane.dtype != FP32 else None
+    return State(blocks, whole, lane.dtype, lo=lo, decayed_tiles=per_block(FP32))
 
 
 def initial_state(recurrent_state: Any, lane: Lane, dst: State | None = None) -> State:
@@ -558,7 +560,7 @@ def store_state(final_state: Any, lane: Lane, state: State) -> None:
 
 def _product_terms(stationary: Any, moving: Any, state_stationary: Any, state: State, j: int) -> list[tuple]:
     """The (stationary, moving) operands of ``stationaryᵀ·moving + state_stationaryᵀ·S[:, block j]``, summed in this
-    order in one PSUM tile: one term per part of the block after the first (none for the zero state)."""
+    order in one PSUM tile: the first product, then one term per part of the state's block (none for zero)."""
     terms = [(stationary, moving)]
     if not state.zero:
         terms += [(state_stationary, part) for part in state.parts(j)]
@@ -573,8 +575,8 @@ def _issue_products(groups: list[tuple[Any, list[tuple]]]) -> None:
     result's latency (nki-cpu: 64 PE cycles, the pipeline fill, an inference from the PERF guide) before each.
     Measured, one lane bf16 schur, the chain's products beside the previous chunk's output products instead of
     after them: S = 2048 / 4096 / 8192 / 16384 34.8 / 62.3 / 114.5 / 222.0 -> 33.9 / 60.2 / 111.0 / 214.6 µs, fp32
-    S = 2048 / 8192 67.4 / 243.2 -> 66.1 / 237.4; with
-    the chain's first two terms ahead of the output's (its link ends one matmul sooner): 34.3 / — / 112.2 / —.
+    S = 2048 / 8192 67.4 / 243.2 -> 66.1 / 237.4; with the chain's first two terms ahead of the output's (its link
+    ends one matmul sooner): S = 2048 / 8192 34.3 / 112.2.
     """
     for k, row in enumerate(itertools.zip_longest(*(terms for _, terms in groups))):
         for (dst, _), term in zip(groups, row, strict=True):
