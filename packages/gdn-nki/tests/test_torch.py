@@ -4,6 +4,8 @@ with nothing written. Skipped, with the reason, where torch is not installed (``
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -192,11 +194,18 @@ def _fla_call(**changes):
 
 BAD_FLA = {
     "q on another device": (dict(q=lambda a: a["q"].to("meta")), "q", "device"),
-    "v float16": (dict(v=lambda a: a["v"].half()), "v", "float16"),
+    "v float16": (dict(v=lambda a: a["v"].half()), "v", "to(torch.bfloat16)"),
     "k of another dtype": (dict(k=lambda a: a["k"].to(torch.bfloat16)), "k", "dtype"),
     "g head-first": (dict(g=lambda a: a["g"].transpose(1, 2).contiguous()), "g", "seq-first"),
     "cu_seqlens from 1": (dict(cu_seqlens=lambda a: torch.tensor([1, 40, 90])), "cu_seqlens", "start at 0"),
-    "cu_seqlens flat": (dict(cu_seqlens=lambda a: torch.tensor([0, 40, 40, 90])), "cu_seqlens", "increasing"),
+    "cu_seqlens flat": (dict(cu_seqlens=lambda a: torch.tensor([0, 40, 40, 90])), "cu_seqlens", "drop empty"),
+    "cu_seqlens of lengths": (dict(cu_seqlens=lambda a: torch.tensor([0, 60, 30, 90])), "cu_seqlens", "cumulative"),
+    "no tokens": ({n: (lambda a, n=n: a[n][:, :0]) for n in ("q", "k", "v", "g", "beta")}, "q", "empty"),
+    "pool requiring grad": (
+        dict(initial_state=lambda a: a["initial_state"].requires_grad_()),
+        "initial_state",
+        "requires_grad",
+    ),
     "cu_seqlens short": (dict(cu_seqlens=lambda a: torch.tensor([0, 40, 80])), "cu_seqlens", "end at"),
     "cu_seqlens float": (dict(cu_seqlens=lambda a: torch.tensor([0.0, 40.0, 90.0])), "cu_seqlens", "int"),
     "batch 2 with cu_seqlens": (
@@ -228,12 +237,65 @@ def test_fla_entry_rejects_bad_input_by_name_and_writes_nothing(name: str) -> No
     for key, make in changes.items():
         args[key] = make(args)
     pool = args["initial_state"]
-    before = pool.clone() if pool.device.type == "cpu" and pool.dtype == torch.float32 else None
+    before = pool.detach().clone() if pool.device.type == "cpu" and pool.dtype == torch.float32 else None
     with pytest.raises(ContractError, match=f"`{argument}`") as err:
         chunk_gated_delta_rule(**args)
     assert any(w in str(err.value) for w in words.split("|")), str(err.value)
     if before is not None:
-        assert pool.numpy().tobytes() == before.numpy().tobytes(), "nothing written, the pool included"
+        assert pool.detach().numpy().tobytes() == before.numpy().tobytes(), "nothing written, the pool included"
+
+
+def test_fla_entry_rejects_a_numpy_state_by_name() -> None:
+    args = _fla_call(state_indices=None, cu_seqlens=None)
+    args["initial_state"] = np.zeros((1, 2, 16, 16), np.float32)
+    with pytest.raises(ContractError, match="`initial_state` of type ndarray"):
+        chunk_gated_delta_rule(**args)
+
+
+def test_fla_entry_rejects_head_first_and_warns_on_a_head_first_looking_shape() -> None:
+    """FLA deprecated ``head_first``; a head-first [B, H, T, D] call whose g/beta also happen to be [B, H, T]
+    (Hk == Hv) passes every shape rule of the seq-first layout and would return garbage: the flag is rejected,
+    and the shape that betrays the mistake (fewer tokens than heads) warns, as FLA does."""
+    args = _seq_first(case("float32", Geometry(B=1, Hk=4, Hv=4, S=40, Dk=16, Dv=16), seed=12))
+    with pytest.raises(ContractError, match="`head_first`"):
+        chunk_gated_delta_rule(**args, head_first=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chunk_gated_delta_rule(**args, head_first=False)  # seq-first with T >= H: silent
+    head_first = {name: x.transpose(1, 2).contiguous() for name, x in args.items()}
+    with pytest.warns(UserWarning, match="head-first"):
+        chunk_gated_delta_rule(**head_first)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fla_entry_reports_a_bad_value_by_its_own_name_and_seq_first_index(packed: bool) -> None:
+    """The contract scans the kernel's head-major view ([1, H, B·T, D], argument ``value``); the caller gets their
+    own argument name and [b, t, h, d] index, the kernel's kept beside it."""
+    c = case("float32", Geometry(B=1 if packed else 2, Hk=1, Hv=2, S=50 if not packed else 100, Dk=16, Dv=16),
+             seed=13)  # fmt: skip
+    args = _seq_first(c)
+    if packed:
+        args["cu_seqlens"] = torch.tensor([0, 45, 100])
+    b, t = (0, 57) if packed else (1, 7)
+    args["v"][b, t, 1, 5] = float("nan")
+    with pytest.raises(ContractError, match=rf"`v` value nan at index \[{b}, {t}, 1, 5\] \(the kernel's `value`"):
+        chunk_gated_delta_rule(**args)
+    args["v"][b, t, 1, 5] = 0.0
+    args["g"][b, t, 0] = 0.5
+    with pytest.raises(ContractError, match=rf"`g` value 0.5 at index \[{b}, {t}, 0\]"):
+        chunk_gated_delta_rule(**args)
+
+
+def test_host_entry_points_give_torch_callers_torch_fixes() -> None:
+    c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=128, Dk=16, Dv=16), seed=14, regime="initial_state")
+    kwargs = _torch_kwargs(c)
+    kwargs["g_log"] = kwargs["g_log"].to(torch.bfloat16)
+    with pytest.raises(ContractError, match=r"Fix: pass g_log\.to\(torch\.float32\)"):
+        gdn_nki.prefill(**kwargs)
+    kwargs = _torch_kwargs(c)
+    kwargs["recurrent_state"] = torch.zeros(1, 2, 16, 8)
+    with pytest.raises(ContractError, match=r"torch\.zeros\(\(1, 2, 16, 16\), dtype=torch\.float32\)"):
+        gdn_nki.prefill(**kwargs)
 
 
 def test_fla_entry_is_forward_only_and_says_so_at_backward_instead_of_dropping_gradients() -> None:
@@ -261,3 +323,22 @@ def test_host_entry_points_are_forward_only_too() -> None:
     assert final is state, "the caller's state is still the returned object"
     with pytest.raises(NotImplementedError, match="forward-only"):
         out.sum().backward()
+    assert final.requires_grad, "the state written in place is on the graph too, as a torch in-place write"
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        final.sum().backward()
+    leaf = torch.zeros(1, 1, 16, 16, requires_grad=True)
+    with pytest.raises(ContractError, match="`recurrent_state` a leaf with requires_grad=True"):
+        gdn_nki.simulate(**{**kwargs, "recurrent_state": leaf})
+    assert not leaf.detach().any(), "nothing written"
+    with torch.no_grad():  # where torch allows an in-place write to a leaf that requires grad, so does gdn-nki
+        gdn_nki.simulate(**{**kwargs, "recurrent_state": leaf})
+
+
+def test_fla_entry_records_its_in_place_pool_update_on_the_graph() -> None:
+    args = _fla_call()
+    args["q"] = args["q"].clone().requires_grad_()
+    _, pool = chunk_gated_delta_rule(**args)
+    assert pool is args["initial_state"] and pool.requires_grad
+    with pytest.raises(NotImplementedError, match="forward-only"):
+        pool.sum().backward()
+    chunk_gated_delta_rule(**args)  # a pool already on the graph (not a leaf) is updated again

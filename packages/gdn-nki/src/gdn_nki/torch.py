@@ -13,20 +13,42 @@ Needs the optional extra ``gdn-nki[torch]``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.contract import ContractError
 
 from .host import prefill_varlen
-from .torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, forward_only, import_torch, rejection
+from .torch_io import (
+    SUPPORTED_DTYPES,
+    as_numpy,
+    as_torch,
+    check_tensor,
+    forward_only,
+    import_torch,
+    in_torch_terms,
+    on_graph_in_place,
+    reject_grad_leaf,
+    rejection,
+)
 
 torch = import_torch()
 
 # FLA and HF normalize q and k as x / sqrt(sum(x^2) + eps) in fp32 with this eps.
 L2NORM_EPS = 1e-6
 _SEQ_FIRST = {"q": "[B, T, Hk, K]", "k": "[B, T, Hk, K]", "v": "[B, T, Hv, V]", "g": "[B, T, Hv]", "beta": "[B, T, Hv]"}
+# The kernel's argument names (the contract's, in its errors) -> this entry point's.
+_CALLER_NAMES = {
+    "query": "q",
+    "key": "k",
+    "value": "v",
+    "g_log": "g",
+    "beta": "beta",
+    "recurrent_state": "initial_state",
+}
 
 
 def chunk_gated_delta_rule(
@@ -69,7 +91,8 @@ def chunk_gated_delta_rule(
         state_indices (torch.Tensor | None): [N] distinct pool rows, one per sequence (SGLang / TensorRT-LLM's
             in-place pools). Not in FLA's signature.
         algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
-        kwargs: accepted and ignored, as FLA does (HF passes its attention kwargs through).
+        kwargs: accepted and ignored, as FLA does (HF passes its attention kwargs through) — except
+            ``head_first=True``, rejected: FLA's head-first layout is deprecated there and not taken here.
 
     Returns:
         tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 when
@@ -79,12 +102,26 @@ def chunk_gated_delta_rule(
         All sequences run in ONE kernel launch, each padded exactly (g = 0, β = 0) to its own chunk multiple. Every
         argument is checked before anything runs; a rejected or failed call writes nothing, the pool included.
         Forward only: with inputs that require grad, the outputs stay on the autograd graph and backward raises
-        NotImplementedError (FLA's kernel has a backward; silently detached outputs would train nothing).
+        NotImplementedError (FLA's kernel has a backward; silently detached outputs would train nothing); a pool
+        updated in place is recorded on the graph the same way. A UserWarning, as FLA's, when T < Hk without
+        ``cu_seqlens``: head-first [B, H, T, D] tensors passed as seq-first look like that and would run as
+        garbage. Errors name this function's arguments and index their elements as the caller laid them out.
         The kernel runs simulated on the CPU (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
+    if kwargs.get("head_first"):
+        raise rejection("head_first", "= True", "gdn-nki takes FLA's seq-first layout only (head_first is "
+                        "deprecated in FLA)", "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first")  # fmt: skip
     del kwargs
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     _check_layout(tensors, cu_seqlens)
+    if cu_seqlens is None and q.shape[1] < q.shape[2]:
+        warnings.warn(
+            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
+            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
+            "[B, H, T, D] tensors (transpose(1, 2) them)",
+            UserWarning,
+            stacklevel=2,
+        )
     batch, seq_len, _, dk = q.shape
     value_heads, dv = v.shape[2], v.shape[3]
     cu = _boundaries(cu_seqlens, batch, seq_len)
@@ -94,15 +131,29 @@ def chunk_gated_delta_rule(
         q, k = _l2norm(q), _l2norm(k)
     query, key, value = (_head_major(x, x.dtype) for x in (q, k, v))
     g_log, gate = (_head_major(x, torch.float32) for x in (g, beta))
-    out, final = prefill_varlen(
-        query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
-        algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots,
-    )  # fmt: skip
+    try:
+        out, final = prefill_varlen(
+            query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
+            algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots,
+        )  # fmt: skip
+    except ContractError as error:
+        raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
     inputs = (*tensors.values(), initial_state)
     o = forward_only(as_torch(out).transpose(1, 2).reshape(batch, seq_len, value_heads, dv).contiguous(), inputs)
+    if slots is not None:
+        initial_state = on_graph_in_place(initial_state, inputs)  # the pool, written by the kernel
     if not output_final_state:
         return o, None
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
+
+
+def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
+    """The caller's index of an element the kernel's contract found at ``at`` in its head-major ``[1, H, B·T(,
+    D)]`` view of a seq-first ``[B, T, H(, D)]`` argument (states keep their layout)."""
+    if name not in ("query", "key", "value", "g_log", "beta"):
+        return at
+    _, head, token, *rest = at
+    return [token // seq_len, token % seq_len, head, *rest]
 
 
 def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
@@ -119,7 +170,10 @@ def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
     rows = q.shape[:2] if q.dim() == 4 else None
     expected = {"q": 4, "k": 4, "v": 4, "g": 3, "beta": 3}
     for name, x in tensors.items():
-        ok = x.dim() == expected[name] and tuple(x.shape[:2]) == tuple(rows or ()) and all(d > 0 for d in x.shape)
+        if 0 in x.shape:
+            raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must not be empty (every dimension, T "
+                            "included, at least 1)", "skip the call for an empty batch or prompt")  # fmt: skip
+        ok = x.dim() == expected[name] and tuple(x.shape[:2]) == tuple(rows or ())
         if name == "k":
             ok = ok and x.shape == q.shape
         if name in ("g", "beta"):
@@ -156,6 +210,9 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
             raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
                             "passed as initial_state", "pass the pool as initial_state")  # fmt: skip
         return None, None
+    if not isinstance(initial_state, torch.Tensor):
+        raise rejection("initial_state", f"of type {type(initial_state).__name__}", "initial_state must be a torch "
+                        "tensor", "pass torch.from_numpy(initial_state)")  # fmt: skip
     # A state read once may be bf16 (FLA's own example passes one; it widens exactly); a pool written in place
     # holds the fp32 final states, so it must be fp32.
     check_tensor("initial_state", initial_state, ("float32",) if state_indices is not None else SUPPORTED_DTYPES)
@@ -167,6 +224,7 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:
         return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
+    reject_grad_leaf("initial_state", initial_state)
     if not initial_state.is_contiguous():
         raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
                         "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip

@@ -9,8 +9,10 @@ updated in place through the view is updated in the caller's tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -61,8 +63,18 @@ def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES) 
             name,
             f"dtype {dtype}",
             f"{name} must be one of {dtypes}",
-            f"pass {name}.to(torch.{dtypes[0]})",
+            f"pass {name}.to(torch.{_nearest_dtype(dtype, dtypes)})",
         )
+
+
+# The supported dtype to suggest for an unsupported one: the 16-bit float for 16-bit floats (a float16 model's
+# tensors keep their width), float32 for anything else.
+_SAME_WIDTH = {"float16": "bfloat16", "float64": "float32"}
+
+
+def _nearest_dtype(dtype: str, dtypes: tuple[str, ...]) -> str:
+    nearest = _SAME_WIDTH.get(dtype)
+    return nearest if nearest in dtypes else dtypes[0]
 
 
 def as_numpy(x: Any) -> np.ndarray:
@@ -116,6 +128,20 @@ def forward_only(result: Any, inputs: Any) -> Any:
     return _forward_only_function().apply(result, *grads)
 
 
+def reject_grad_leaf(name: str, state: Any) -> None:
+    """Reject a state the kernel would update in place that is a leaf requiring grad, as torch refuses in-place
+    writes to one in grad mode (a state already on a graph, written by an earlier call, is fine:
+    ``on_graph_in_place``)."""
+    if state.requires_grad and state.is_leaf and sys.modules["torch"].is_grad_enabled():
+        raise rejection(
+            name,
+            "a leaf with requires_grad=True",
+            "a state updated in place cannot be a leaf that requires grad (torch refuses in-place writes to one; "
+            "gdn-nki is forward-only)",
+            f"pass {name}.detach(), or run under torch.no_grad() (train with a differentiable implementation)",
+        )
+
+
 def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]:
     """A numpy buffer the kernel may update in place for a torch state, and how to publish it on success.
 
@@ -123,6 +149,7 @@ def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]
     copy that is written back only when the call succeeds, so a failed call leaves the caller's tensor as it was.
     """
     check_tensor(name, state, ("float32",))
+    reject_grad_leaf(name, state)
     view = as_numpy(state)
     if view.flags.c_contiguous:
         return view, lambda: None
@@ -135,6 +162,50 @@ def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]
         )
     staged = np.ascontiguousarray(view)
     return staged, lambda: view.__setitem__(Ellipsis, staged)
+
+
+def on_graph_in_place(state: Any, inputs: Any) -> Any:
+    """``state``, updated in place by the kernel, recorded on the autograd graph of ``inputs`` as torch records an
+    in-place write (``state.copy_`` of its own values through the forward-only node), when grad mode is on and an
+    input requires grad: a backward through it then raises instead of finding no gradient. Otherwise unchanged."""
+    wired = forward_only(state.detach().clone(), inputs)
+    if wired is None or not wired.requires_grad:
+        return state
+    return state.copy_(wired)
+
+
+# The host rules' fixes are numpy idioms (gdn-ref's contract speaks numpy); a torch caller reads torch ones.
+_TORCH_IDIOMS = (
+    (re.compile(r"\.astype\(np\.(\w+)\)"), r".to(torch.\1)"),
+    (re.compile(r"\.astype\((\w+)\.dtype\)"), r".to(\1.dtype)"),
+    (re.compile(r"np\.zeros\((\([^)]*\)), np\.(\w+)\)"), r"torch.zeros(\1, dtype=torch.\2)"),
+)
+_INDEX = re.compile(r"index \[([0-9, ]+)\]")
+
+
+def in_torch_terms(
+    error: ContractError,
+    names: dict[str, str] | None = None,
+    index: Callable[[str, list[int]], list[int]] | None = None,
+) -> ContractError:
+    """``error`` restated for a torch caller: torch idioms in the fixes and, for an entry point that re-lays out
+    its arguments before the contract sees them, the caller's argument ``names`` (kernel name -> caller's) and
+    element indices (``index(kernel name, kernel index)`` -> the caller's index; the kernel's stays in brackets).
+    """
+    restated = []
+    for v in error.violations:
+        fix = v.fix
+        for pattern, idiom in _TORCH_IDIOMS:
+            fix = pattern.sub(idiom, fix)
+        argument, value = (names or {}).get(v.argument, v.argument), v.value
+        found = _INDEX.search(value) if index is not None else None
+        if found is not None:
+            kernel_at = [int(i) for i in found.group(1).split(",")]
+            at = index(v.argument, kernel_at)
+            if at != kernel_at:
+                value = f"{value[: found.start()]}index {at}{value[found.end() :]} (the kernel's `{v.argument}` {found.group(0)})"
+        restated.append(dataclasses.replace(v, argument=argument, value=value, fix=fix))
+    return ContractError(restated)
 
 
 def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[..., Any]:
@@ -161,11 +232,14 @@ def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[
             else:
                 check_tensor(name, value)
                 bound.arguments[name] = as_numpy(value)
-        out, final_state = fn(*bound.args, **bound.kwargs)
+        try:
+            out, final_state = fn(*bound.args, **bound.kwargs)
+        except ContractError as error:
+            raise in_torch_terms(error) from None
         inputs = args + tuple(kwargs.values())
         if publish is not None:
             publish()
-            return forward_only(as_torch(out), inputs), state
+            return forward_only(as_torch(out), inputs), on_graph_in_place(state, inputs)
         return forward_only(as_torch(out), inputs), forward_only(as_torch(final_state), inputs)
 
     return wrapper

@@ -256,7 +256,8 @@ def cu_seqlens_violations(cu_seqlens: Any, batch: int, total: int) -> list[Viola
         found.append(_violation("cu_seqlens.increasing", "cu_seqlens",
                                 f"entries {int(values[at])}, {int(values[at + 1])} at {at}, {at + 1}",
                                 "cu_seqlens must be strictly increasing (every sequence has at least one token)",
-                                "drop empty sequences"))  # fmt: skip
+                                "drop empty sequences" if steps[at] == 0 else "give cumulative lengths (each entry "
+                                "the previous plus a sequence's length), not the lengths themselves"))  # fmt: skip
     if values[-1] != total:
         found.append(_violation("cu_seqlens.end", "cu_seqlens", f"last entry {int(values[-1])}",
                                 f"cu_seqlens must end at the packed token count T={total}",
