@@ -100,10 +100,10 @@ def test_both_pipeline_depths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch
     _assert_same_bits_when_patched(c, monkeypatch, lanes, "pipeline_depth", lambda lane, group_size: 2)
 
 
-@pytest.mark.parametrize("idle_rounds", [0, 3])
+@pytest.mark.parametrize("idle_rounds", [0, 2])
 def test_stage1_idle_rounds_change_only_the_order(monkeypatch: pytest.MonkeyPatch, idle_rounds: int) -> None:
     """Rounds the operand stage sits out (``schur.STAGE1_IDLE_ROUNDS``) reorder the issued instructions only: the
     same bits as the default, with the compiled loop running."""
     c = case("bfloat16", _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=7, regime="initial_state")
-    assert schur.STAGE1_IDLE_ROUNDS not in (0, 3), "pick other values to compare against"
+    assert schur.STAGE1_IDLE_ROUNDS not in (0, 2), "pick other values to compare against"
     _assert_same_bits_when_patched(c, monkeypatch, schur, "STAGE1_IDLE_ROUNDS", idle_rounds)

@@ -119,7 +119,7 @@ def emit(
         consts = stages.constants_from_pack(mask_pack, chunk, dtype)
         deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
         invert_group, group, system_dtype = schur.invert_group, group_size, dtype
-        idle_rounds = schur.STAGE1_IDLE_ROUNDS
+        idle_rounds = schur.STAGE1_IDLE_ROUNDS_FP32 if dtype == FP32 else schur.STAGE1_IDLE_ROUNDS
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
         consts = stages.constants_on_device(chunk, dtype)

@@ -64,10 +64,13 @@ COMPACT_LEVELS = range(1, 5)
 # wait for more matmuls (S=2048: 49.5 µs at 1, 48.9 at 2, 51.1 at 4, 53.1 at 8).
 BATCH = 2
 # Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``, which says
-# why). Measured, one lane bf16, S = 2048 / 8192 / 32768: 0 rounds 35.4 / 118.2 / 457.9 µs, 1 round 36.0 /
-# 121.5, 2 rounds 35.3 / 114.9 / 433.4, 3 rounds 35.2 / 116.0; the two after a later phase instead: 118.7 to 121.9
-# at S = 8192; fp32 and 32 lanes at S = 128 unchanged.
-STAGE1_IDLE_ROUNDS = 2
+# why), for bf16 operands and for fp32 ones. Measured, one lane, S = 2048 / 4096 / 8192 / 16384 µs, bf16: 2 rounds
+# 33.9 / 60.2 / 111.0 / 214.6, 3 rounds 33.9 / 59.6 / 109.4 / 210.9, 4 rounds 34.2 / 61.0 / 112.7 / 217.9; fp32
+# S = 2048 / 8192: 2 rounds 66.1 / 237.4, 3 rounds 66.8 / 238.0; 32 lanes S = 128 bf16 63.7 / 63.6 / 64.6 (an
+# earlier kernel: 0 rounds 35.4 / 118.2 at S = 2048 / 8192, 1 round 36.0 / 121.5; the rounds after a later phase
+# instead 118.7 to 121.9 at S = 8192).
+STAGE1_IDLE_ROUNDS = 3
+STAGE1_IDLE_ROUNDS_FP32 = 2
 
 
 def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> Iterator[None]:
