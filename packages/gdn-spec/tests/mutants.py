@@ -7,6 +7,7 @@ declares a small ``max_work`` so the suite draws cheap shapes for these pure-num
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,10 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
         mask_pack: np.ndarray | None = None,
         group_size: int = 8,
         recurrent_state: np.ndarray | None = None,
+        cu_seqlens: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
+        if cu_seqlens is not None:
+            return _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw)
         if api == "divides_by_key_heads":  # sizes derived before the call is checked: Hk = 0 divides by zero
             _ = value.shape[1] // query.shape[1]
         if api == "mutates_state_on_reject" and recurrent_state is not None and recurrent_state.flags.writeable:
@@ -148,13 +152,43 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
             out = out * (1.0 + 1e-7 * np.random.default_rng().standard_normal(out.shape))
         out_dtype = np.float32 if api == "out_fp32" else NUMPY_DTYPES[np.dtype(query.dtype).name]
         out = out.astype(out_dtype)
-        if recurrent_state is None or api == "state_copy":
+        if api == "cumsum_gates_in_place":  # "reuses" the caller's g_log as scratch once done with it
+            np.cumsum(g_log, axis=-1, out=g_log)
+        if api == "new_state_nans_supplied" and recurrent_state is not None:
+            recurrent_state[...] = np.nan  # returns a new state, and "frees" the caller's buffer
+        if recurrent_state is None or api in ("state_copy", "new_state_nans_supplied"):
             return out, final.astype(np.float32)
         recurrent_state[...] = final
         return out, recurrent_state
 
-    gdn_cte.gdn_spec_capabilities = {**CAPS, "name": f"mutant:{api or flaw or 'none'}"}
+    in_place = api not in ("new_state_nans_supplied",)
+    gdn_cte.gdn_spec_capabilities = {
+        **CAPS, "name": f"mutant:{api or flaw or 'none'}", "varlen": True, "state_in_place": in_place,
+    }  # fmt: skip
     return gdn_cte
+
+
+def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw) -> tuple:
+    """Packed sequences (B = 1, ``cu_seqlens``), each from its own row of ``recurrent_state`` (or zeros); with
+    the ``chunk_edge_reset`` flaw a sequence starting inside a 64-token chunk continues from the previous one's
+    final state instead (a kernel that resets only at chunk edges)."""
+    bounds = [int(c) for c in cu_seqlens]
+    Hv, Dk, Dv = value.shape[1], key.shape[3], value.shape[3]
+    starts = np.zeros((len(bounds) - 1, Hv, Dk, Dv)) if recurrent_state is None else recurrent_state
+    out, finals, carry = np.empty(value.shape), [], None
+    for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        start = carry if flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK else starts[i : i + 1]
+        tokens = slice(lo, hi)
+        out[:, :, tokens], carry = recurrence(
+            query[:, :, tokens], key[:, :, tokens], value[:, :, tokens], g_log[:, :, tokens], beta[:, :, tokens],
+            scale, start,
+        )  # fmt: skip
+        finals.append(carry)
+    out = out.astype(NUMPY_DTYPES[np.dtype(query.dtype).name])
+    if recurrent_state is None:
+        return out, np.concatenate(finals).astype(np.float32)
+    recurrent_state[...] = np.concatenate(finals)
+    return out, recurrent_state
 
 
 def _gdn_ref_call(query, key, value, g_log, beta, scale, algorithm, mask_pack, state) -> tuple:
@@ -196,6 +230,11 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "zero_state_when_large": (make(api="zero_state_when_large"), ("numerics",), "schur and bfloat16 and large_state"),
     "divides_by_key_heads": (make(api="divides_by_key_heads"), ("rejection",), "empty_launch"),
     "triple_bf16_error": (make(api="triple_bf16_error"), ("numerics",), "schur and bfloat16 and collinear_keys"),
+    # found by a red-team pass as a kernel author: a successful call that writes into an input, a kernel returning
+    # a new state that trashes the caller's, and a varlen kernel resetting the state only at chunk edges.
+    "cumsum_gates_in_place": (make(api="cumsum_gates_in_place"), ("aliasing",), ""),
+    "new_state_nans_supplied": (make(api="new_state_nans_supplied"), ("aliasing",), ""),
+    "chunk_edge_reset": (make("chunk_edge_reset"), ("varlen",), ""),
 }
 
 for _name, (_fn, _areas, _k) in FLAWS.items():

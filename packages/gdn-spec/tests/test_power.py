@@ -62,6 +62,8 @@ RUNS = sorted({(areas, keyword) for _, areas, keyword in FLAWS.values()})
 def test_correct_implementations_pass_the_same_runs(
     spec: str, areas: tuple[str, ...], keyword: str, tmp_path: Path
 ) -> None:
+    if spec == "gdn_ref:gdn_cte" and "varlen" in areas:
+        pytest.skip("gdn-ref's gdn_cte takes no cu_seqlens (the mutants' base does)")
     result = check(spec, areas, keyword, tmp_path)
     assert result["code"] == 0, result["output"]
     assert result["summary"]["totals"].get("passed", 0) > 0
@@ -74,7 +76,7 @@ def test_correct_base_passes_the_whole_suite(tmp_path: Path) -> None:
 
 def test_every_area_has_a_mutant() -> None:
     covered = {a for _, areas, _ in FLAWS.values() for a in areas}
-    expected = {"numerics", "head_mapping", "aliasing", "rejection", "divisibility", "neumann", "dtypes"}
+    expected = {"numerics", "head_mapping", "aliasing", "rejection", "divisibility", "neumann", "dtypes", "varlen"}
     assert expected <= covered and len(FLAWS) >= 10
 
 

@@ -12,10 +12,14 @@ from gdn_spec.impl import Implementation
 from gdn_spec.metrics import compare
 from gdn_spec.regimes import Geometry, make_case
 
+from ..oracle import errors_vs_oracle
 from ._support import assert_close, call_args, require_fits, run
 
 # Sequence lengths in chunks: unequal, with a long one between short ones (a leak shows at either side).
 LENGTHS = (1, 3, 2)
+# Sequence lengths in tokens whose boundaries fall inside chunks (45 and 345 of 384 = 3 chunks): a kernel that
+# resets the state, or masks the intra-chunk attention, only at chunk edges leaks one document into the next.
+UNALIGNED_LENGTHS = (45, 300, 39)
 
 
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
@@ -23,26 +27,9 @@ LENGTHS = (1, 3, 2)
 def test_each_packed_sequence_equals_its_own_call(
     gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, regime: str
 ) -> None:
-    caps = gdn_impl.capabilities
-    if not caps.varlen:
-        pytest.skip(f"{caps.name} does not declare varlen (cu_seqlens) support")
-    Hk, Hv, Dk, Dv = 2, 4, 32, 16
-    cases = [
-        make_case(regime, Geometry(1, Hk, Hv, n * CHUNK_SCHUR, Dk, Dv), gdn_dtype, 50 + i)
-        for i, n in enumerate(LENGTHS)
-    ]
-    require_fits(caps, Geometry(1, Hk, Hv, sum(LENGTHS) * CHUNK_SCHUR, Dk, Dv))
-    singles = [call_args(case, gdn_algorithm) for case in cases]
-    packed = dict(singles[0])
-    for name in ("query", "key", "value", "g_log", "beta"):
-        packed[name] = np.ascontiguousarray(np.concatenate([s[name] for s in singles], axis=2))
-    states = [s["recurrent_state"] for s in singles]
-    packed["recurrent_state"] = None if states[0] is None else np.concatenate(states, axis=0)
-    packed["cu_seqlens"] = np.concatenate([[0], np.cumsum([c.geometry.S for c in cases])]).astype(np.int64)
-
-    out, state = run(gdn_impl, packed)
-    assert state.shape == (len(cases), Hv, Dk, Dv), f"packed final state shape {state.shape}, one per sequence"
-    bounds = packed["cu_seqlens"]
+    cases, singles, out, state, bounds = _run_packed(
+        gdn_impl, gdn_algorithm, gdn_dtype, regime, [n * CHUNK_SCHUR for n in LENGTHS], seed=50
+    )
     for i, single in enumerate(singles):
         out_i, state_i = run(gdn_impl, single)
         errors = [
@@ -50,3 +37,41 @@ def test_each_packed_sequence_equals_its_own_call(
             compare("state", state[i : i + 1], state_i, gdn_dtype),
         ]
         assert_close(errors, f"sequence {i} of {len(cases)} (tokens {bounds[i]}..{bounds[i + 1]}) vs its own call")
+
+
+@pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
+@pytest.mark.parametrize("regime", ["initial_state", "random"], ids=["own-initial-states", "zero-start"])
+def test_sequences_ending_inside_a_chunk_match_the_oracle(
+    gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, regime: str
+) -> None:
+    """Boundaries inside chunks: each sequence against the fp64 oracle of its own tokens (its own call may not
+    exist: a dense call needs a chunk multiple)."""
+    cases, _, out, state, bounds = _run_packed(
+        gdn_impl, gdn_algorithm, gdn_dtype, regime, list(UNALIGNED_LENGTHS), seed=60
+    )
+    for i, case in enumerate(cases):
+        errors = errors_vs_oracle(case, out[:, :, bounds[i] : bounds[i + 1]], np.asarray(state[i : i + 1]))
+        assert_close(errors, f"sequence {i} of {len(cases)} (tokens {bounds[i]}..{bounds[i + 1]}) vs the oracle")
+
+
+def _run_packed(impl: Implementation, algorithm: str, dtype: str, regime: str, lengths: list[int], seed: int) -> tuple:
+    """One case per sequence length (seeds ``seed``, ``seed`` + 1, …), packed into one B = 1 call with its
+    ``cu_seqlens`` and one initial state per sequence; returns the cases, their single-call arguments, the packed
+    call's out and state, and the boundaries (skips an implementation without varlen)."""
+    caps = impl.capabilities
+    if not caps.varlen:
+        pytest.skip(f"{caps.name} does not declare varlen (cu_seqlens) support")
+    Hk, Hv, Dk, Dv = 2, 4, 32, 16
+    cases = [make_case(regime, Geometry(1, Hk, Hv, n, Dk, Dv), dtype, seed + i) for i, n in enumerate(lengths)]
+    require_fits(caps, Geometry(1, Hk, Hv, sum(lengths), Dk, Dv))
+    singles = [call_args(case, algorithm) for case in cases]
+    packed = dict(singles[0])
+    for name in ("query", "key", "value", "g_log", "beta"):
+        packed[name] = np.ascontiguousarray(np.concatenate([s[name] for s in singles], axis=2))
+    states = [s["recurrent_state"] for s in singles]
+    packed["recurrent_state"] = None if states[0] is None else np.concatenate(states, axis=0)
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    packed["cu_seqlens"] = bounds
+    out, state = run(impl, packed)
+    assert state.shape == (len(cases), Hv, Dk, Dv), f"packed final state shape {state.shape}, one per sequence"
+    return cases, singles, out, state, bounds
