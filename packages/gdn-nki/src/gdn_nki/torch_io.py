@@ -121,11 +121,18 @@ def forward_only(result: Any, inputs: Any) -> Any:
     with no gradient through its GDN layers and no error. Inference, no_grad or not, is unaffected (same values,
     same memory).
     """
-    torch = sys.modules.get("torch")
-    grads = [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
-    if result is None or not grads or not torch.is_grad_enabled():
+    grads = _grads(inputs)
+    if result is None or not grads:
         return result
     return _forward_only_function().apply(result, *grads)
+
+
+def _grads(inputs: Any) -> list[Any]:
+    """The torch inputs that require grad, when grad mode is on (else none: nothing goes on a graph)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return []
+    return [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
 
 
 def reject_grad_leaf(name: str, state: Any) -> None:
@@ -168,10 +175,9 @@ def on_graph_in_place(state: Any, inputs: Any) -> Any:
     """``state``, updated in place by the kernel, recorded on the autograd graph of ``inputs`` as torch records an
     in-place write (``state.copy_`` of its own values through the forward-only node), when grad mode is on and an
     input requires grad: a backward through it then raises instead of finding no gradient. Otherwise unchanged."""
-    wired = forward_only(state.detach().clone(), inputs)
-    if wired is None or not wired.requires_grad:
+    if not _grads(inputs):  # inference: no copy (a serving stack's pool can be gigabytes)
         return state
-    return state.copy_(wired)
+    return state.copy_(forward_only(state.detach().clone(), inputs))
 
 
 # The host rules' fixes are numpy idioms (gdn-ref's contract speaks numpy); a torch caller reads torch ones.

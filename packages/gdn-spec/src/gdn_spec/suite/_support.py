@@ -54,20 +54,12 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
     pool). Comparing bytes catches any write, NaN-filling included.
     """
     writable = {"recurrent_state"} if impl.capabilities.state_in_place else set()
-    before = {name: x.copy() for name, x in args.items() if isinstance(x, np.ndarray) and name not in writable}
+    before = {name: data for name, data in snapshot(args).items() if name not in writable}
     result = impl(**args)
-    for name, snapshot in before.items():
-        if args[name].tobytes() != snapshot.tobytes():
-            now, then = (np.ascontiguousarray(x).view(np.uint8).reshape(-1) for x in (args[name], snapshot))
-            changed = np.flatnonzero(now != then)
-            at = np.unravel_index(changed[0] // snapshot.itemsize, snapshot.shape)
-            rule = ("a supplied recurrent_state is read only for an implementation that does not declare "
-                    "state_in_place" if name == "recurrent_state" else "gdn_cte's inputs are read only")  # fmt: skip
-            pytest.fail(
-                f"the call changed the caller's `{name}` ({changed.size} bytes, the first at index "
-                f"{[int(i) for i in at]}): {rule}; work on a copy",
-                pytrace=False,
-            )
+    for name in changed(before, args):
+        rule = ("a supplied recurrent_state is read only for an implementation that does not declare "
+                "state_in_place" if name == "recurrent_state" else "gdn_cte's inputs are read only")  # fmt: skip
+        pytest.fail(f"the call changed the caller's `{name}`: {rule}; work on a copy", pytrace=False)
     if not isinstance(result, tuple) or len(result) != 2:
         pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
     out, state = result
