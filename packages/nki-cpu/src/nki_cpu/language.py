@@ -274,8 +274,23 @@ def device_print(prefix: str, x: Any) -> None:
 
 @contextlib.contextmanager
 def no_reorder() -> Iterator[None]:
-    """Scheduling hint; no effect in an eager interpreter."""
-    yield
+    """Keep the block's instructions in program order (``nki.language.no_reorder``).
+
+    The interpreter runs in program order anyway; the block's instructions are marked so that the cost model,
+    when it reorders as the compiler does (``nki_cpu.cost.estimate(trace, order="compiler")``), keeps their order.
+    Nested blocks are one block. A compiled loop (``fori_loop`` / ``while_loop``) inside the block is rejected, as
+    the page says it is not supported there.
+    """
+    launch = state.current()
+    if launch.no_reorder_block is not None:
+        yield
+        return
+    launch.no_reorder_blocks += 1
+    launch.no_reorder_block = launch.no_reorder_blocks
+    try:
+        yield
+    finally:
+        launch.no_reorder_block = None
 
 
 # --- loops and launch queries --------------------------------------------------------------------------------------

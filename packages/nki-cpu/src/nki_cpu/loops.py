@@ -67,6 +67,15 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
         AssertionError: an iteration issued different instructions, or touched other tiles, than the first.
     """
     launch = state.current()
+    if launch.no_reorder_block is not None:
+        from nki_cpu import checks  # late: checks imports tensor, which imports state
+
+        checks.rule(
+            "loop_in_no_reorder",
+            f"{construct} inside nl.no_reorder(): a compiled loop is not supported in a no_reorder block "
+            "(nki.language.no_reorder, v2.32.0 and latest); move the loop out of the block, or use a Python for "
+            "loop, which is unrolled",
+        )
     records = launch.trace.records
     frame = LoopFrame()
     launch.loops.append(frame)
@@ -79,6 +88,7 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
                 launch.loop_repeats += 1
                 repeating = True
             start = len(records)
+            launch.trace.boundaries.append(start)
             yield value
             body = [_instruction(r, frame) for r in records[start:]]
             if first is None:
@@ -86,6 +96,7 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
             elif body != first:
                 raise AssertionError(_mismatch(construct, n, first, body))
     finally:
+        launch.trace.boundaries.append(len(records))
         if repeating:
             launch.loop_repeats -= 1
         launch.loops.remove(frame)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu.cost.record import InstructionRecord, Trace
+from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace
 
 # Trn2 SBUF per partition usable by kernels: 224 KiB − 16 KiB − 8 B (NKILIB constant, docs/nki-sources.md §2.9, for
 # sbuf_fmax_bytes / total_available_sbuf_size on v3).
@@ -60,6 +60,10 @@ class Launch:
     # inside their bodies: storage id -> ((loop id, iteration), ...) of every loop running at the allocation.
     loops: list[Any] = field(default_factory=list)
     body_allocations: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # The ``nl.no_reorder()`` block being run (its id; nested blocks are one block), or None: its instructions keep
+    # their program order when the cost model reorders as the compiler does (``cost.reorder``).
+    no_reorder_block: int | None = None
+    no_reorder_blocks: int = 0
     # Compiled loops that have ended: loop id -> index of their last iteration.
     ended_loops: dict[int, int] = field(default_factory=dict)
 
@@ -74,6 +78,8 @@ class Launch:
         iterations)."""
         if self.loop_repeats:
             rec.repeat = True
+        if self.no_reorder_block is not None:
+            rec.attrs[NO_REORDER] = self.no_reorder_block
         if self.body_allocations:
             from nki_cpu import loops  # late: loops imports this module
 

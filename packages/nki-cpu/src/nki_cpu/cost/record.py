@@ -23,6 +23,10 @@ class Engine(enum.Enum):
     DMA = "dma"  # one of the DMA queues; the queue index is InstructionRecord.queue
 
 
+# ``InstructionRecord.attrs`` key: the id of the ``nl.no_reorder()`` block an instruction was issued in
+NO_REORDER = "no_reorder"
+
+
 @dataclass(frozen=True)
 class Region:
     """A bounding box of bytes one operand touches in one allocation.
@@ -88,6 +92,9 @@ class Trace:
     psum_high_water: int = 0  # bytes per partition
     # storage id -> (buffer, bytes per partition) of every on-chip allocation of the launch
     allocations: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # positions where an iteration of a compiled loop starts or ends: the compiler's scheduler reorders instructions
+    # only between two of them (``cost.reorder``)
+    boundaries: list[int] = field(default_factory=list)
 
     @property
     def static_instructions(self) -> int:

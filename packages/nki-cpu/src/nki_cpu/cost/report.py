@@ -10,9 +10,11 @@ from nki_cpu.cost.critical import PathStep, critical_path
 from nki_cpu.cost.durations import opcode_name
 from nki_cpu.cost.figures import DEFAULT_TARGET, Figures, get_figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Trace
+from nki_cpu.cost.reorder import HEURISTICS, compiler_order
 from nki_cpu.cost.scheduler import Schedule, dependency_bound_ns, schedule
 
 COMPUTE_TRACKS = ("pe", "vector", "scalar", "gpsimd")
+ORDERS = ("program", *HEURISTICS)  # estimate(order=...): the kernel's order, or a reordering compiler's
 DMA_ANY = "dma"  # the union of all DMA queues in the per-engine view
 PE_TRACK = "pe"
 # Short dtype names for instruction-kind labels (others print as recorded).
@@ -52,6 +54,7 @@ class CostReport:
     dma_bytes: int = 0
     sbuf_high_water: int = 0
     psum_high_water: int = 0
+    order: str = "program"  # the issue order scheduled (estimate's ``order``)
 
     @property
     def instructions(self) -> int:
@@ -95,7 +98,7 @@ class CostReport:
 
     def _lines(self) -> list[str]:
         lines = [
-            f"nki-cpu cost estimate ({self.target}): makespan {self.makespan_ns / 1000:.3f} us, "
+            f"nki-cpu cost estimate ({self.target}, {self.order} order): makespan {self.makespan_ns / 1000:.3f} us, "
             f"{self.instructions} instructions executed, {self.static_instructions} in the program",
             f"{'engine':<12}{'instrs':>9}{'busy us':>12}{'share':>8}",
         ]
@@ -303,7 +306,12 @@ def build_report(trace: Trace, figures: Figures, placed: Schedule) -> CostReport
 
 
 def estimate(
-    trace: Trace, target: str = DEFAULT_TARGET, figures: Figures | None = None, *, dma_queues: str = "round_robin"
+    trace: Trace,
+    target: str = DEFAULT_TARGET,
+    figures: Figures | None = None,
+    *,
+    dma_queues: str = "round_robin",
+    order: str = "program",
 ) -> CostReport:
     """Estimate the run time of a recorded kernel launch.
 
@@ -313,9 +321,22 @@ def estimate(
         figures: explicit figures overriding ``target`` (e.g. a ``dataclasses.replace`` variant).
         dma_queues: queue assignment of DMA instructions, ``"round_robin"`` over ``figures.dma_queues`` or
             ``"recorded"`` (see ``scheduler.schedule``).
+        order: the issue order to schedule: ``"program"`` (the kernel's own order, what ``nl.no_reorder()``
+            guarantees) or the order a reordering compiler would issue, found by list scheduling with the
+            ``"critical_path"`` or ``"asap"`` heuristic (``cost.reorder``; the report's trace is then the
+            reordered copy).
 
     Returns:
         The :class:`CostReport`; ``str(report)`` is a readable table.
+
+    Raises:
+        ValueError: ``order`` is not one of ``ORDERS``.
     """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     chosen = figures if figures is not None else get_figures(target)
-    return build_report(trace, chosen, schedule(trace, chosen, dma_queues=dma_queues))
+    if order != "program":
+        trace = compiler_order(trace, chosen, heuristic=order)
+    report = build_report(trace, chosen, schedule(trace, chosen, dma_queues=dma_queues))
+    report.order = order
+    return report

@@ -120,7 +120,7 @@ def _drop_covered(boxes: list[Box], region: Region) -> list[Box]:
     return [box for box in boxes if not (p0 <= box[0] and box[1] <= p1 and b0 <= box[2] and box[3] <= b1)]
 
 
-class _EnginePool:
+class EnginePool:
     """Usage profile of the DMA engines: ``used[i]`` engines busy on ``[times[i], times[i+1])``, last segment open."""
 
     def __init__(self, capacity: int) -> None:
@@ -265,7 +265,7 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
     free: dict[str, float] = {}
     last_on: dict[str, int] = {}
     issued: dict[str, float] = {}
-    pool = _EnginePool(figures.dma_engines)
+    pool = EnginePool(figures.dma_engines)
     pe_array = _PeArray(figures)
     queues = max(1, figures.dma_queues)
     dma_seen = 0
