@@ -61,6 +61,9 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         assert row["pe_us_per_chunk"] == pytest.approx(row["pe_busy_us"] / row["chunks"])
         assert row["pe_busy_us"] == pytest.approx(row["busy_share"]["pe"] * row["time_us"])
         assert 0 < row["dependency_bound_us"] <= row["time_us"], "a lower bound on the makespan"
+        # ... and on the makespan of any order of the same instructions, the compiler's included
+        assert row["dependency_bound_us"] <= row["compiler_order_us"]
+        assert 0 < row["compiler_order_pe_share"] <= 1
         if row["seq_len"] == 2048:
             # the critical path's charges sum to the makespan
             assert sum(step["us"] for step in row["critical_path"]) == pytest.approx(row["time_us"])
@@ -84,6 +87,7 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         )
         assert target["met"] == all(within), target["name"]
     assert sum("(issue 12)" in target["name"] for target in data["targets"]) == 4
+    assert sum("compiler order (issue 12" in target["name"] for target in data["targets"]) == 1
     for stem in ("S2048_schur", "S2048_neumann", "S2048_schur_fp32", "S2048_neumann_fp32"):
         trace = json.loads((tmp_path / f"bench_kernel_trace_{stem}.json").read_text())
         assert trace["traceEvents"], f"empty Perfetto trace for {stem}"
