@@ -4,6 +4,8 @@ and shortens a program whose own order leaves an engine waiting."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ import nki_cpu
 from _records import box, op
 from nki_cpu import isa as nisa
 from nki_cpu import language as nl
-from nki_cpu.cost import TRN2, Engine, Trace, estimate
+from nki_cpu.cost import TRN2, Engine, Region, Trace, estimate
 from nki_cpu.cost.record import NO_REORDER
 from nki_cpu.cost.reorder import PROGRAM_INDEX, compiler_order, list_schedule, predecessors, regions
 from nki_cpu.cost.scheduler import schedule
@@ -102,9 +104,11 @@ def test_random_traces_keep_every_dependency():
         for heuristic in HEURISTICS:
             reordered = compiler_order(trace, TRN2, heuristic)
             _assert_keeps_dependencies(trace, reordered)
-            # the in-order scheduler runs the new order exactly as the list scheduler simulated it
+            # the in-order scheduler runs the new order exactly as the list scheduler simulated it, unless the
+            # kernel's own order was faster, which is then kept
             simulated = max(list_schedule(trace.records, TRN2, heuristic)[2])
-            assert max(schedule(reordered, TRN2).end_ns) == pytest.approx(simulated)
+            program = max(schedule(trace, TRN2).end_ns)
+            assert max(schedule(reordered, TRN2).end_ns) == pytest.approx(min(simulated, program))
 
 
 def test_no_reorder_block_keeps_its_order():
@@ -130,6 +134,8 @@ def test_instructions_never_cross_a_region_boundary():
 def test_unknown_order_is_rejected_with_the_choices():
     with pytest.raises(ValueError, match=r"order must be one of .*'program'.*'critical_path'.*'asap'.*got 'fast'"):
         estimate(_badly_ordered(), order="fast")
+    with pytest.raises(ValueError, match=r"order='asap' needs dma_queues='round_robin'"):
+        estimate(_badly_ordered(), order="asap", dma_queues="recorded")
     with pytest.raises(ValueError, match="heuristic must be one of"):
         compiler_order(_badly_ordered(), TRN2, heuristic="program")
 
@@ -200,3 +206,57 @@ def test_compiled_loop_iterations_are_region_boundaries():
     ]
     reordered = estimate(trace, order="critical_path")
     assert reordered.instructions == len(trace.records) and reordered.static_instructions == trace.static_instructions
+
+
+def _alias_kernel(x):
+    """A loop whose body conflicts with itself only in its first iteration: y[0] is written, then y[i] read."""
+    y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    c = nl.ndarray((1, 128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=c, value=1.0)
+
+    def body(i):
+        nisa.dma_copy(dst=y[nl.ds(0, 1)], src=c)
+        t = nl.ndarray((1, 128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=y[nl.ds(i, 1)])
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+
+    nl.fori_loop(0, 4, body)
+    return y
+
+
+@pytest.mark.parametrize("heuristic", HEURISTICS)
+def test_every_iteration_of_a_loop_gets_one_order_valid_for_all_of_them(heuristic):
+    nki_cpu.simulate(_alias_kernel)(np.ones((4, 128, 64), np.float32))
+    trace = nki_cpu.last_traces()[0]
+    origin = _origins(compiler_order(trace, TRN2, heuristic))
+    orders = {tuple(o - a for o in origin[a:b]) for a, b in regions(len(origin), trace.boundaries) if b - a == 3}
+    assert orders == {(0, 1, 2)}, "iteration 0 needs the store before the load, so every iteration keeps it"
+
+
+def test_zero_length_instructions_are_scheduled():
+    no_floor = dataclasses.replace(TRN2, min_ii_cycles=0)
+    trace = _trace(op(Engine.VECTOR, [box(1)], [box(2)], n=0), op(Engine.VECTOR, [box(3)], [box(4)], n=0))
+    assert estimate(trace, figures=no_floor, order="critical_path").makespan_ns == 0.0
+
+
+def test_the_reordered_program_keeps_its_own_allocations_within_the_buffer():
+    # sixteen independent load -> matmul into a 4 KiB PSUM tile -> slow evacuation chains, written one after another:
+    # unlimited, the list schedule would run every matmul ahead (60 KiB of PSUM live); it may overlap the chains,
+    # but never with more than four PSUM tiles (16 KiB) live at once
+    psum = 4096
+    records, trace = [], Trace()
+    for k in range(16):
+        src, acc, dst = 10 * k + 1, 10 * k + 2, 10 * k + 3
+        trace.allocations.update({src: ("sbuf", 512), acc: ("psum", psum), dst: ("sbuf", 512)})
+        records += [
+            op(Engine.DMA, [Region(1000 + k, "hbm", (0, 1), (0, 4096))], [box(src, 0, 512)], n=8, partitions=8),
+            op(Engine.PE, [box(src, 0, 512)], [Region(acc, "psum", (0, 128), (0, psum))], n=512),
+            op(Engine.VECTOR, [Region(acc, "psum", (0, 128), (0, psum))], [box(dst, 0, 512)], n=8192),
+        ]
+    for record in records:
+        trace.append(record)
+    assert trace.liveness_high_water("psum") == psum
+    for heuristic in HEURISTICS:
+        reordered = compiler_order(trace, TRN2, heuristic)
+        _assert_keeps_dependencies(trace, reordered)
+        assert reordered.liveness_high_water("psum") == TRN2.psum_bytes_per_partition  # full, never over

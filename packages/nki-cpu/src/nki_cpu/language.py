@@ -277,7 +277,8 @@ def no_reorder() -> Iterator[None]:
     """Keep the block's instructions in program order (``nki.language.no_reorder``).
 
     The interpreter runs in program order anyway; the block's instructions are marked so that the cost model,
-    when it reorders as the compiler does (``nki_cpu.cost.estimate(trace, order="compiler")``), keeps their order.
+    when it reorders as the compiler does (``nki_cpu.cost.estimate(trace, order="critical_path")`` or
+    ``"asap"``), keeps their order.
     Nested blocks are one block. A compiled loop (``fori_loop`` / ``while_loop``) inside the block is rejected, as
     the page says it is not supported there.
     """

@@ -330,10 +330,15 @@ def estimate(
         The :class:`CostReport`; ``str(report)`` is a readable table.
 
     Raises:
-        ValueError: ``order`` is not one of ``ORDERS``.
+        ValueError: ``order`` is not one of ``ORDERS``, or reorders with recorded DMA queues.
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if order != "program" and dma_queues != "round_robin":
+        raise ValueError(
+            f"order={order!r} needs dma_queues='round_robin': the reordered program's DMAs are assigned to queues "
+            f"in their new order, so recorded queues (dma_queues={dma_queues!r}) no longer apply"
+        )
     chosen = figures if figures is not None else get_figures(target)
     if order != "program":
         trace = compiler_order(trace, chosen, heuristic=order)
