@@ -102,18 +102,25 @@ class Trace:
         the dynamic count, every executed instruction)."""
         return sum(1 for record in self.records if not record.repeat)
 
+    def lifetimes(self) -> dict[int, tuple[int, int]]:
+        """First and last position of an instruction touching each on-chip allocation (``allocations``) that some
+        instruction touches."""
+        span: dict[int, tuple[int, int]] = {}
+        for position, record in enumerate(self.records):
+            for region in (*record.reads, *record.writes):
+                if region.storage_id in self.allocations:
+                    first, _ = span.get(region.storage_id, (position, position))
+                    span[region.storage_id] = (first, position)
+        return span
+
     def liveness_high_water(self, buffer: str) -> int:
         """Peak bytes per partition of ``buffer`` ("sbuf" or "psum") if each allocation lived only from the first
         to the last instruction touching it — what liveness-based placement needs, against ``*_high_water``'s
         Python-reference lifetime (an upper bound of it). Allocations no instruction touches count for nothing."""
-        span: dict[int, list[int]] = {}
-        for record in self.records:
-            for region in (*record.reads, *record.writes):
-                if region.buffer == buffer and region.storage_id in self.allocations:
-                    first_last = span.setdefault(region.storage_id, [record.index, record.index])
-                    first_last[1] = record.index
         change = [0] * (len(self.records) + 1)
-        for storage_id, (first, last) in span.items():
+        for storage_id, (first, last) in self.lifetimes().items():
+            if self.allocations[storage_id][0] != buffer:
+                continue
             nbytes = self.allocations[storage_id][1]
             change[first] += nbytes
             change[last + 1] -= nbytes

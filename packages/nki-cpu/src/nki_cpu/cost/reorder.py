@@ -48,10 +48,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nki_cpu.cost.durations import compute_cycles, dma_engines_used, dma_times
+from nki_cpu.cost.durations import dma_engines_used, dma_times, duration_ns
 from nki_cpu.cost.figures import Figures
 from nki_cpu.cost.record import NO_REORDER, Engine, InstructionRecord, Trace
-from nki_cpu.cost.scheduler import MAX_BOXES, EnginePool, schedule
+from nki_cpu.cost.scheduler import MAX_BOXES, EnginePool, pe_cells, schedule
 
 HEURISTICS = ("critical_path", "asap")
 PROGRAM_INDEX = "program_index"  # attrs key of a reordered copy: the record's position in the kernel's own order
@@ -77,7 +77,7 @@ def compiler_order(trace: Trace, figures: Figures, heuristic: str = "critical_pa
     if heuristic not in HEURISTICS:
         raise ValueError(f"heuristic must be one of {HEURISTICS}, got {heuristic!r}")
     records = trace.records
-    lifetimes = _lifetimes(trace)
+    lifetimes = trace.lifetimes()
     order: list[int] = []
     for group in _bodies(records, regions(len(records), trace.boundaries)):
         start, end = group[0]
@@ -133,17 +133,6 @@ def _union(all_preds: list[list[tuple[list[int], int | None]]]) -> list[tuple[li
         merged = set(before).union(*(set(other[position][0]) for other in all_preds[1:]))
         out.append((sorted(merged), None if previous in merged else previous))
     return out
-
-
-def _lifetimes(trace: Trace) -> dict[int, tuple[int, int]]:
-    """First and last position touching each on-chip allocation of ``trace.allocations``."""
-    span: dict[int, tuple[int, int]] = {}
-    for position, record in enumerate(trace.records):
-        for region in (*record.reads, *record.writes):
-            if region.storage_id in trace.allocations:
-                first, _ = span.get(region.storage_id, (position, position))
-                span[region.storage_id] = (first, position)
-    return span
 
 
 @dataclass
@@ -253,18 +242,6 @@ def _covers(outer: _Box, inner: _Box) -> bool:
     return outer[0] <= inner[0] and inner[1] <= outer[1] and outer[2] <= inner[2] and inner[3] <= outer[3]
 
 
-def _pe_cells(record: InstructionRecord, figures: Figures) -> tuple[int, ...]:
-    """The PE cells an instruction holds (its recorded tile rounded out to cells; untiled: all of them)."""
-    quantum = max(1, figures.pe_tile_quantum)
-    side = max(1, figures.partitions // quantum)
-    rows, cols = record.attrs.get("pe_rows"), record.attrs.get("pe_cols")
-    if rows is None or cols is None:
-        return tuple(range(side * side))
-    r0, r1 = rows[0] // quantum, min(-(-rows[1] // quantum), side)
-    c0, c1 = cols[0] // quantum, min(-(-cols[1] // quantum), side)
-    return tuple(r * side + c for r in range(r0, r1) for c in range(c0, c1))
-
-
 def list_schedule(
     records: Sequence[InstructionRecord],
     figures: Figures,
@@ -295,14 +272,16 @@ def list_schedule(
         if previous is not None:
             succs[previous].append((position, False))
     latency = {e: figures.cycles_to_ns(c, e) for e, c in figures.dependency_latency_cycles.items()}
-    duration = [_duration(r, figures) for r in records]
+    duration = [duration_ns(r, figures) for r in records]
     link = [duration[i] + latency.get(records[i].engine, 0.0) for i in range(n)]
     priority = [0.0] * n
     for i in range(n - 1, -1, -1):  # program order is a topological order
         priority[i] = link[i] + max((priority[s] for s, _ in succs[i]), default=0.0)
-    cells = [_pe_cells(r, figures) if r.engine is Engine.PE else () for r in records]
+    quantum = max(1, figures.pe_tile_quantum)
+    side = max(1, figures.partitions // quantum)
+    cells = [pe_cells(r, quantum, side) if r.engine is Engine.PE else [] for r in records]
     cell_mask = [sum(1 << c for c in need) for need in cells]
-    fits = _MemoryTracker(records, memory)
+    fits = _MemoryTracker(records, memory if memory is not None else _Memory({}, {}))
     waiting = [len(before) + (previous is not None) for before, previous in preds]
     ready_at = [0.0] * n
     start = [0.0] * n
@@ -312,7 +291,7 @@ def list_schedule(
     heapq.heapify(pending)
     queues: dict[Engine, list[tuple[float, int]]] = {}
     engine_free: dict[Engine, float] = {}
-    cell_free = [0.0] * (figures.partitions // max(1, figures.pe_tile_quantum)) ** 2
+    cell_free = [0.0] * side * side
     pool = EnginePool(figures.dma_engines)
     queue_free = [0.0] * max(1, figures.dma_queues)
     dma_issued = 0
@@ -409,32 +388,30 @@ class _MemoryTracker:
     first instruction touching it to the end of the last one; an instruction that would make one live waits while
     its buffer has no room (``_Memory``)."""
 
-    def __init__(self, records: Sequence[InstructionRecord], memory: _Memory | None) -> None:
+    def __init__(self, records: Sequence[InstructionRecord], memory: _Memory) -> None:
         self.memory = memory
-        self.new: list[list[int]] = [[] for _ in records]  # allocations each instruction touches first
-        self.left: dict[int, int] = {}  # allocation -> touching instructions not yet started
         self.live = {"sbuf": 0, "psum": 0}
-        self.ends: dict[int, float] = {}  # started allocation -> latest end so far
+        self.left: dict[int, int] = {}  # allocation -> touching instructions not yet started
+        self.touches: list[list[int]] = []  # the region's own allocations each instruction touches
+        for record in records:
+            touched = sorted({r.storage_id for r in (*record.reads, *record.writes) if r.storage_id in memory.local})
+            for storage_id in touched:
+                self.left[storage_id] = self.left.get(storage_id, 0) + 1
+            self.touches.append(touched)
+        self.opened: set[int] = set()
+        self.ends: dict[int, float] = {}  # opened allocation -> latest end of its instructions so far
+        self.closing: list[tuple[float, int]] = []  # (end, allocation) of allocations all of whose instructions ran
         self.forced: set[int] = set()
         self.epoch = 0  # counts releases: a refusal stays valid until memory is freed
         self.refused: dict[int, int] = {}
-        if memory is None:
-            return
-        for position, record in enumerate(records):
-            touched = {r.storage_id for r in (*record.reads, *record.writes) if r.storage_id in memory.local}
-            for storage_id in touched:
-                self.left[storage_id] = self.left.get(storage_id, 0) + 1
-            self.new[position] = sorted(touched)
-        self.opened: set[int] = set()
-        self.closing: list[tuple[float, int]] = []
 
     def room_for(self, i: int) -> bool:
-        if self.memory is None or i in self.forced or not self.new[i]:
+        if i in self.forced or not self.touches[i]:
             return True
         if self.refused.get(i) == self.epoch:
             return False
         need = {"sbuf": 0, "psum": 0}
-        for storage_id in self.new[i]:
+        for storage_id in self.touches[i]:
             if storage_id not in self.opened:
                 buffer, nbytes = self.memory.local[storage_id]
                 need[buffer] = need.get(buffer, 0) + nbytes
@@ -447,9 +424,7 @@ class _MemoryTracker:
         self.forced.add(i)
 
     def take(self, i: int, end: float) -> None:
-        if self.memory is None:
-            return
-        for storage_id in self.new[i]:
+        for storage_id in self.touches[i]:
             if storage_id not in self.opened:
                 self.opened.add(storage_id)
                 buffer, nbytes = self.memory.local[storage_id]
@@ -460,18 +435,11 @@ class _MemoryTracker:
                 heapq.heappush(self.closing, (self.ends[storage_id], storage_id))
 
     def release(self, t: float) -> None:
-        while self.memory is not None and self.closing and self.closing[0][0] <= t:
+        while self.closing and self.closing[0][0] <= t:
             _, storage_id = heapq.heappop(self.closing)
             buffer, nbytes = self.memory.local[storage_id]
             self.live[buffer] -= nbytes
             self.epoch += 1
 
     def release_times(self) -> list[float]:
-        return [end for end, _ in self.closing] if self.memory is not None else []
-
-
-def _duration(record: InstructionRecord, figures: Figures) -> float:
-    if record.engine is Engine.DMA:
-        fixed, transfer = dma_times(record, figures)
-        return fixed + transfer
-    return figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
+        return [end for end, _ in self.closing]

@@ -170,6 +170,17 @@ class EnginePool:
         return k + 1
 
 
+def pe_cells(record: InstructionRecord, quantum: int, side: int) -> list[int]:
+    """Cells of a ``side`` × ``side`` grid of ``quantum``-square PE cells that a PE instruction occupies: its
+    recorded tile rounded out to whole cells, else the whole array."""
+    rows, cols = record.attrs.get("pe_rows"), record.attrs.get("pe_cols")
+    if rows is None or cols is None:
+        return list(range(side * side))
+    r0, r1 = rows[0] // quantum, -(-rows[1] // quantum)
+    c0, c1 = cols[0] // quantum, -(-cols[1] // quantum)
+    return [r * side + c for r in range(r0, min(r1, side)) for c in range(c0, min(c1, side))]
+
+
 class _PeArray:
     """Free time of each cell (a ``quantum``-square block) of the PE array and the instruction holding it, and the
     start of the last PE instruction."""
@@ -183,13 +194,8 @@ class _PeArray:
         self.last = -1
 
     def cells(self, record: InstructionRecord) -> list[int]:
-        """Cells a PE instruction occupies: its recorded tile rounded out to whole cells, else the whole array."""
-        rows, cols = record.attrs.get("pe_rows"), record.attrs.get("pe_cols")
-        if rows is None or cols is None:
-            return list(range(len(self.free)))
-        r0, r1 = rows[0] // self.quantum, -(-rows[1] // self.quantum)
-        c0, c1 = cols[0] // self.quantum, -(-cols[1] // self.quantum)
-        return [r * self.side + c for r in range(r0, min(r1, self.side)) for c in range(c0, min(c1, self.side))]
+        """Cells a PE instruction occupies (:func:`pe_cells`)."""
+        return pe_cells(record, self.quantum, self.side)
 
     def earliest(self, cells: list[int]) -> tuple[float, int]:
         """When all ``cells`` are free and the previous PE instruction has been issued, and the instruction whose
