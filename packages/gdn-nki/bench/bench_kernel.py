@@ -62,6 +62,7 @@ HEAD_DIM = 128
 ENGINES = ("pe", "vector", "scalar", "gpsimd", "dma")
 ENGINE_LABELS = {"pe": "PE", "vector": "DVE", "scalar": "ACT", "gpsimd": "POOL", "dma": "DMA"}
 SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
+FLOOR_LABELS = {**ENGINE_LABELS, "dependencies": "deps"}  # what sets the makespan floor, as the table prints it
 CAUSE_LABELS = {"data": "an operand", "queue": "its queue", "start": "(first step)"}
 TRACE_SEQ_LEN = 2048  # one-lane launches at this S get a Perfetto trace, a PNG timeline and a PE breakdown
 # One-lane fp32 launches (both algorithms) beside the bf16 rows: the fp32 compute path's numbers and PE breakdown.
@@ -153,6 +154,10 @@ class Row:
     # order=COMPILER_ORDER): makespan and PE busy share (None where the bench skipped it, as for the bound)
     compiler_order_us: float | None = None
     compiler_order_pe_share: float | None = None
+    # The makespan no issue order of the same instructions can beat and the bound that sets it (nki-cpu's
+    # makespan_floor: the dependency bound or one engine's work; None where the bench skipped it)
+    floor_us: float | None = None
+    floor_binding: str | None = None
 
     @property
     def pe_us_per_chunk(self) -> float:
@@ -291,6 +296,8 @@ def measure(
         reordered = launch_report(order=COMPILER_ORDER)
         row.compiler_order_us = reordered.makespan_ns / 1e3
         row.compiler_order_pe_share = reordered.busy_share.get("pe", 0.0)
+        floor = report.makespan_floor
+        row.floor_us, row.floor_binding = floor.ns / 1e3, floor.binding
     if layout == "1 lane" and geometry.S == TRACE_SEQ_LEN:
         row.pe_kinds = pe_kinds(report, row.chunks)
         row.critical_path = critical_path_summary(report)
@@ -717,13 +724,16 @@ def perf_table(rows: list[Row]) -> str:
     engines = " | ".join(ENGINE_LABELS[e] for e in ENGINES)
     lines = [
         f"| layout | S | algorithm | dtype | Hk/Hv | instr | est. time (µs) | schur speedup | tokens/s per NC "
-        f"| dependency bound (µs) | compiler order (µs, PE busy) | PE µs per chunk | {engines} "
+        f"| dependency bound (µs) | floor (µs, set by) | compiler order (µs, PE busy) | PE µs per chunk | {engines} "
         "| rel-RMS out / state vs oracle |",
-        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ENGINES) + "---|",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ENGINES) + "---|",
     ]
     for r in rows:
         speedup = f"{r.speedup:.2f}x" if r.speedup is not None else ""
         bound = f"{r.dependency_bound_us:.1f}" if r.dependency_bound_us is not None else ""
+        floor = (
+            f"{r.floor_us:.1f}, {FLOOR_LABELS.get(r.floor_binding, r.floor_binding)}" if r.floor_us is not None else ""
+        )
         reordered = (
             f"{r.compiler_order_us:.1f}, {r.compiler_order_pe_share:.0%}"
             if r.compiler_order_us is not None and r.compiler_order_pe_share is not None
@@ -732,7 +742,7 @@ def perf_table(rows: list[Row]) -> str:
         shares = " | ".join(f"{r.busy_share[e]:.0%}" for e in ENGINES)
         lines.append(
             f"| {r.layout} | {r.seq_len} | {r.algorithm} | {SHORT_DTYPE[r.dtype]} | {r.heads} | {r.instructions} | "
-            f"{r.time_us:.1f} | {speedup} | {r.tokens_per_s / 1e6:.2f} M | {bound} | {reordered} | {r.pe_us_per_chunk:.3f} | "
+            f"{r.time_us:.1f} | {speedup} | {r.tokens_per_s / 1e6:.2f} M | {bound} | {floor} | {reordered} | {r.pe_us_per_chunk:.3f} | "
             f"{shares} | "
             f"{r.rel_rms_out:.1e} / {r.rel_rms_state:.1e} |"
         )
@@ -907,7 +917,10 @@ def markdown(
             "queue in order; compiler order = the same instructions in the order a reordering compiler would issue "
             f"them (nki-cpu `estimate(order={COMPILER_ORDER!r})`: a list schedule within each compiled-loop "
             "iteration; the real compiler reorders too, by an unpublished heuristic), its makespan and PE busy "
-            "share.",
+            "share. Floor = the makespan no issue order of the same instructions can beat (nki-cpu "
+            "`CostReport.makespan_floor`: the dependency bound, or one engine's work placed between the earliest its "
+            "instructions can start and the shortest dependent chain that must follow them) and what sets it; a "
+            "PE-busy share above PE busy time / floor is out of reach in any order.",
             perf_table(rows),
             *breakdown,
             *varlen,

@@ -63,6 +63,9 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
         assert 0 < row["dependency_bound_us"] <= row["time_us"], "a lower bound on the makespan"
         # ... and on the makespan of any order of the same instructions, the compiler's included
         assert row["dependency_bound_us"] <= row["compiler_order_us"]
+        # the floor is at least the dependency bound and at most every order's makespan
+        assert row["dependency_bound_us"] <= row["floor_us"] <= min(row["time_us"], row["compiler_order_us"])
+        assert row["floor_binding"] in {"dependencies", "pe", "vector", "scalar", "gpsimd", "dma"}
         assert 0 < row["compiler_order_pe_share"] <= 1
         if row["seq_len"] == 2048:
             # the critical path's charges sum to the makespan

@@ -8,7 +8,7 @@ import pytest
 
 from _records import FP32, NO_LATENCY, box, op
 from nki_cpu.cost import TRN1, TRN2, Engine, InstructionRecord, Region, Trace, duration_ns, schedule
-from nki_cpu.cost.scheduler import MAX_BOXES, dependency_bound_ns
+from nki_cpu.cost.scheduler import MAX_BOXES
 
 
 def place(*records: InstructionRecord, figures=NO_LATENCY, dma_queues: str = "round_robin"):
@@ -224,25 +224,3 @@ def test_queued_behind_on_the_pe_array_is_the_cell_holder_or_the_issue_order():
     other = pe_matmul([box(3)], (64, 128), (64, 128), n=64, stationary=64)
     s = schedule(Trace([quadrant, overlapping, other]), NO_LATENCY)
     assert s.queued_behind == [-1, 0, 1]  # shared cells held by 0; 2's cells were free but 1 issued first
-
-
-def test_dependency_bound_ignores_engine_queues_and_memory_reuse():
-    # two independent ops on one engine, then a WAR on the first one's input: only the RAW chain counts
-    a = op(Engine.VECTOR, [box(1)], [box(2)], n=4096)
-    b = op(Engine.VECTOR, [box(3)], [box(4)], n=4096)
-    overwrite = op(Engine.SCALAR, [box(5)], [box(1)], n=64)
-    trace = Trace([a, b, overwrite])
-    one = duration_ns(a, NO_LATENCY)
-    assert schedule(trace, NO_LATENCY).makespan_ns == pytest.approx(2 * one)
-    assert dependency_bound_ns(trace, NO_LATENCY) == pytest.approx(one)
-
-
-def test_dependency_bound_is_the_longest_raw_chain_with_latencies():
-    producer = op(Engine.VECTOR, [box(1)], [box(2)])
-    consumer = op(Engine.SCALAR, [box(2)], [box(3)])
-    side = op(Engine.GPSIMD, [box(7)], [box(8)], n=16)
-    trace = Trace([producer, consumer, side])
-    latency = TRN2.cycles_to_ns(TRN2.dependency_latency_cycles[Engine.VECTOR], Engine.VECTOR)
-    chain = duration_ns(producer, TRN2) + latency + duration_ns(consumer, TRN2)
-    assert dependency_bound_ns(trace, TRN2) == pytest.approx(chain)
-    assert schedule(trace, TRN2).makespan_ns >= dependency_bound_ns(trace, TRN2)

@@ -8,7 +8,7 @@ the charges sum to the makespan: a data step carries the dependency latency and 
 its own duration.
 
 A path made mostly of queue steps on one engine says that engine's program order held the makespan; one made of
-data steps that the dependencies did (compare ``scheduler.dependency_bound_ns``).
+data steps that the dependencies did (compare ``bounds.dependency_bound_ns``).
 """
 
 from __future__ import annotations

@@ -167,9 +167,10 @@ def regions(count: int, boundaries: Sequence[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cuts))
 
 
-def predecessors(records: Sequence[InstructionRecord]) -> list[tuple[list[int], int | None]]:
+def predecessors(records: Sequence[InstructionRecord], raw_only: bool = False) -> list[tuple[list[int], int | None]]:
     """For each record (by position), the earlier positions it must follow: the records it conflicts with (RAW, WAR,
-    WAW on overlapping bytes of one allocation), and the previous record of its ``no_reorder`` block (or None).
+    WAW on overlapping bytes of one allocation; with ``raw_only``, the writers of what it reads), and the previous
+    record of its ``no_reorder`` block (or None).
 
     Notes:
         A write drops the boxes it fully covers from the lists it is checked against: any later conflict with them
@@ -185,7 +186,7 @@ def predecessors(records: Sequence[InstructionRecord]) -> list[tuple[list[int], 
         before: set[int] = set()
         for region in record.reads:
             _conflicts(writers.get(region.storage_id, ()), _box(region), before)
-        for region in record.writes:
+        for region in () if raw_only else record.writes:
             box = _box(region)
             _conflicts(writers.get(region.storage_id, ()), box, before)
             _conflicts(readers.get(region.storage_id, ()), box, before)

@@ -6,12 +6,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from nki_cpu.cost.bounds import Floor, dependency_bound_ns, makespan_floor
 from nki_cpu.cost.critical import PathStep, critical_path
 from nki_cpu.cost.durations import opcode_name
 from nki_cpu.cost.figures import DEFAULT_TARGET, Figures, get_figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Trace
 from nki_cpu.cost.reorder import HEURISTICS, compiler_order
-from nki_cpu.cost.scheduler import Schedule, dependency_bound_ns, schedule
+from nki_cpu.cost.scheduler import Schedule, schedule
 
 COMPUTE_TRACKS = ("pe", "vector", "scalar", "gpsimd")
 ORDERS = ("program", *HEURISTICS)  # estimate(order=...): the kernel's order, or a reordering compiler's
@@ -85,8 +86,14 @@ class CostReport:
     @cached_property
     def dependency_bound_ns(self) -> float:
         """The makespan with every instruction started as soon as its operands were ready
-        (``scheduler.dependency_bound_ns``; computed on first use: one more pass over the trace)."""
+        (``bounds.dependency_bound_ns``; computed on first use: one more pass over the trace)."""
         return dependency_bound_ns(self.trace, self.figures)
+
+    @cached_property
+    def makespan_floor(self) -> Floor:
+        """The makespan no issue order of these instructions can beat, and the bound that sets it: dependencies
+        or one engine's work (``bounds.makespan_floor``; computed on first use)."""
+        return makespan_floor(self.trace, self.figures)
 
     @cached_property
     def critical_path(self) -> list[PathStep]:

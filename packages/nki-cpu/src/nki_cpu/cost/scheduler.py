@@ -318,28 +318,3 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
         out.waited_on.append(waited if deps_ready >= track_free else -1)
         out.queued_behind.append(holder if deps_ready < track_free else -1)
     return out
-
-
-def dependency_bound_ns(trace: Trace, figures: Figures) -> float:
-    """The makespan if every instruction started as soon as the data it reads was ready: the longest chain of RAW
-    dependencies, each link the producer's duration plus its engine's dependency latency (DMA: plus the fixed
-    latency).
-
-    A lower bound on any schedule of the same instructions: engine queues, program order, engine and DMA capacity,
-    and the WAR / WAW conflicts of reused memory (which more memory would remove) are all left out. Its distance
-    from the makespan is what ordering and placement could still win; its distance from zero is what only fewer
-    dependent steps can.
-    """
-    conflicts = _Conflicts()
-    latency_ns = {e: figures.cycles_to_ns(c, e) for e, c in figures.dependency_latency_cycles.items()}
-    bound = 0.0
-    for record in trace.records:
-        start, _ = conflicts.ready_time(record, raw_only=True)
-        if record.engine is Engine.DMA:
-            fixed, transfer = dma_times(record, figures)
-            end = start + fixed + transfer
-        else:
-            end = start + figures.cycles_to_ns(compute_cycles(record, figures), record.engine)
-        conflicts.add(record, end + latency_ns.get(record.engine, 0.0))
-        bound = max(bound, end)
-    return bound
