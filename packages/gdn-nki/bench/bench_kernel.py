@@ -150,6 +150,8 @@ class Row:
     dependency_bound_us: float | None = None
     # One-lane launches at TRACE_SEQ_LEN: the critical path's time per (engine, cause) (nki-cpu's path_summary)
     critical_path: list[dict[str, Any]] = field(default_factory=list)
+    # One-lane launches at TRACE_SEQ_LEN: each engine's time per kernel source line (nki-cpu's site_breakdown)
+    sites: list[dict[str, Any]] = field(default_factory=list)
     # The same instructions in the order a reordering compiler would issue them (nki-cpu's estimate with
     # order=COMPILER_ORDER): makespan and PE busy share (None where the bench skipped it, as for the bound)
     compiler_order_us: float | None = None
@@ -301,6 +303,7 @@ def measure(
     if layout == "1 lane" and geometry.S == TRACE_SEQ_LEN:
         row.pe_kinds = pe_kinds(report, row.chunks)
         row.critical_path = critical_path_summary(report)
+        row.sites = site_times(report, row.chunks)
         if out_dir is not None:
             stem = f"S{geometry.S}_{algorithm}" + ("" if dtype == "bfloat16" else f"_{SHORT_DTYPE[dtype]}")
             row.trace_file = write_chrome_trace(report, out_dir / f"{PREFIX}_trace_{stem}.json").name
@@ -324,6 +327,27 @@ def pe_kinds(report: CostReport, chunks: int) -> list[dict[str, Any]]:
             "share": entry.share,
         }
         for entry in report.pe_breakdown()
+    ]
+
+
+# gdn-nki's helper modules (tile allocation and elementwise dispatch, engine choice): time is charged to the kernel
+# line that called them
+HELPER_FILES = frozenset({"tiles.py", "engines.py", "backend.py"})
+SITES_PER_ENGINE = 8  # lines per engine in the report's table (the JSON keeps them all)
+
+
+def site_times(report: CostReport, chunks: int) -> list[dict[str, Any]]:
+    """Each engine's time per gdn-nki source line (nki-cpu's ``site_breakdown``, helpers looked through), per
+    chunk, largest first within each engine."""
+    return [
+        {
+            "engine": entry.engine,
+            "site": entry.site,
+            "per_chunk": entry.count / chunks,
+            "us_per_chunk": entry.busy_ns / 1e3 / chunks,
+            "share": entry.share,
+        }
+        for entry in report.site_breakdown(skip_files=HELPER_FILES)
     ]
 
 
@@ -773,6 +797,27 @@ def pe_breakdown_tables(rows: list[Row]) -> str:
     return "\n\n".join(parts)
 
 
+def site_tables(rows: list[Row]) -> str:
+    """For each launch with a per-line breakdown: each engine's busiest source lines, per chunk."""
+    parts = []
+    for r in rows:
+        if not r.sites:
+            continue
+        parts.append(f"**{r.algorithm} {SHORT_DTYPE[r.dtype]}, S = {r.seq_len}, {r.layout}** ({r.chunks} chunks)")
+        lines = [
+            "| engine | source line | instructions per chunk | µs per chunk | share of the engine's time |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for engine in ENGINES:
+            for entry in [e for e in r.sites if e["engine"] == engine][:SITES_PER_ENGINE]:
+                lines.append(
+                    f"| {ENGINE_LABELS[engine]} | `{entry['site']}` | {entry['per_chunk']:.2f} | "
+                    f"{entry['us_per_chunk']:.3f} | {entry['share']:.1%} |"
+                )
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def critical_path_tables(rows: list[Row]) -> str:
     """For each launch with a critical path: the path's time per engine and cause beside its makespan and bound."""
     parts = []
@@ -866,6 +911,14 @@ def markdown(
             "from the last instruction through what set each start: an operand's producer (the time charged is the "
             "dependency latency and the instruction) or the previous instruction of its engine's in-order queue.",
             critical_path_tables(rows),
+            f"## Which kernel lines the engines spend their time on: one lane, S = {TRACE_SEQ_LEN}",
+            "Each engine's time grouped by the gdn-nki source line that issued it (nki-cpu's "
+            "`CostReport.site_breakdown`, with gdn-nki's helper modules "
+            f"{', '.join(f'`{name}`' for name in sorted(HELPER_FILES))} looked through to the line that called "
+            f"them), per chunk, the {SITES_PER_ENGINE} busiest lines per engine (the JSON holds every line). PE: its "
+            "part of the PE busy time, concurrent tiles split evenly; other engines: summed durations; DMA: every "
+            "queue's transfers summed.",
+            site_tables(rows),
         ]
     long_part = []
     if long_records:
@@ -919,8 +972,8 @@ def markdown(
             "iteration; the real compiler reorders too, by an unpublished heuristic), its makespan and PE busy "
             "share. Floor = the makespan no issue order of the same instructions can beat (nki-cpu "
             "`CostReport.makespan_floor`: the dependency bound, or one engine's work placed between the earliest its "
-            "instructions can start and the shortest dependent chain that must follow them) and what sets it; a "
-            "PE-busy share above PE busy time / floor is out of reach in any order.",
+            "instructions can start and the shortest dependent chain that must follow them) and what sets it; PE busy "
+            "time / floor caps the PE busy share of any order whose tiled matmuls overlap as these do.",
             perf_table(rows),
             *breakdown,
             *varlen,

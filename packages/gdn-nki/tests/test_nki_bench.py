@@ -79,8 +79,14 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
             assert sum(kind["us_per_chunk"] for kind in row["pe_kinds"]) >= row["pe_us_per_chunk"] - 1e-6
             assert sum(kind["share"] for kind in row["pe_kinds"]) == pytest.approx(1.0)
             assert all(k["instruction_us_per_chunk"] >= k["us_per_chunk"] * (1 - 1e-9) for k in row["pe_kinds"])
+            # the per-line breakdown: PE lines add up to the PE time, every line is a kernel line, not a helper's
+            pe_lines = [e for e in row["sites"] if e["engine"] == "pe"]
+            assert sum(e["us_per_chunk"] for e in pe_lines) == pytest.approx(row["pe_us_per_chunk"])
+            assert all(
+                e["site"].split(":")[0] in {"stages.py", "schur.py", "neumann.py", "lanes.py"} for e in row["sites"]
+            )
         else:
-            assert row["pe_kinds"] == [] and row["critical_path"] == []
+            assert row["pe_kinds"] == [] and row["critical_path"] == [] and row["sites"] == []
     for target in data["targets"]:
         if not target["measured"]:  # only a target at an S this plan did not run
             assert "S = 8192" in target["name"] and not target["met"], target["name"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace
+from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site
 
 # Trn2 SBUF per partition usable by kernels: 224 KiB − 16 KiB − 8 B (NKILIB constant, docs/nki-sources.md §2.9, for
 # sbuf_fmax_bytes / total_available_sbuf_size on v3).
@@ -78,6 +78,7 @@ class Launch:
         iterations)."""
         if self.loop_repeats:
             rec.repeat = True
+        rec.site = caller_site()
         if self.no_reorder_block is not None:
             rec.attrs[NO_REORDER] = self.no_reorder_block
         if self.body_allocations:

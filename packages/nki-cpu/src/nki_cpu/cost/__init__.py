@@ -9,7 +9,7 @@ from nki_cpu.cost.critical import PathStep, critical_path, path_summary
 from nki_cpu.cost.durations import duration_ns
 from nki_cpu.cost.figures import DEFAULT_TARGET, FIGURES, TRN1, TRN2, TRN3, Figures, get_figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Region, Trace
-from nki_cpu.cost.report import CostReport, PeKind, PeKindTime, estimate, pe_breakdown
+from nki_cpu.cost.report import CostReport, PeKind, PeKindTime, SiteTime, estimate, pe_breakdown, site_breakdown
 from nki_cpu.cost.scheduler import Schedule, schedule
 from nki_cpu.cost.trace_export import write_chrome_trace, write_png_timeline
 
@@ -29,6 +29,7 @@ __all__ = [
     "PeKindTime",
     "Region",
     "Schedule",
+    "SiteTime",
     "Trace",
     "critical_path",
     "dependency_bound_ns",
@@ -40,6 +41,7 @@ __all__ = [
     "path_summary",
     "pe_breakdown",
     "schedule",
+    "site_breakdown",
     "write_chrome_trace",
     "write_png_timeline",
 ]

@@ -9,6 +9,9 @@ any instruction's semantics.
 from __future__ import annotations
 
 import enum
+import os
+import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,33 @@ class Engine(enum.Enum):
 
 # ``InstructionRecord.attrs`` key: the id of the ``nl.no_reorder()`` block an instruction was issued in
 NO_REORDER = "no_reorder"
+SITE_DEPTH = 6  # frames of the kernel's call stack kept per record: enough to see past a kernel's own helpers
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # nki_cpu/
+
+
+def caller_site(depth: int = SITE_DEPTH) -> tuple[tuple[str, int, str], ...]:
+    """The kernel's part of the current call stack, innermost first, at most ``depth`` frames: from the first
+    frame outside the nki_cpu package (where the kernel issued the instruction being recorded) to the last before
+    nki-cpu's launcher, which called the kernel."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    site = []
+    while frame is not None and len(site) < depth and not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        code = frame.f_code
+        site.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return tuple(site)
+
+
+def site_label(record: InstructionRecord, skip_files: Collection[str] = ()) -> str:
+    """``"file.py:line function"`` of the innermost frame of a record's site whose file name (base name) is not in
+    ``skip_files`` (a kernel's helper modules, to name the line that called them); ``"?"`` without one."""
+    for filename, line, function in record.site:
+        name = os.path.basename(filename)
+        if name not in skip_files:
+            return f"{name}:{line} {function}"
+    return "?"
 
 
 @dataclass(frozen=True)
@@ -81,6 +111,9 @@ class InstructionRecord:
     index: int = -1  # position in the trace, set by Trace.append
     # A later iteration of a compiled loop's body (nki_cpu.loops): executed, but not a new instruction of the program.
     repeat: bool = False
+    # Where the kernel issued it: the kernel's call stack, innermost first, as (file, line, function), at most
+    # SITE_DEPTH frames (``caller_site``); ``site_label`` names one, ``cost.report.site_breakdown`` groups time by it
+    site: tuple[tuple[str, int, str], ...] = ()
 
 
 @dataclass

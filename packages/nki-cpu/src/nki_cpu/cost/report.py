@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -10,7 +11,7 @@ from nki_cpu.cost.bounds import Floor, dependency_bound_ns, makespan_floor
 from nki_cpu.cost.critical import PathStep, critical_path
 from nki_cpu.cost.durations import opcode_name
 from nki_cpu.cost.figures import DEFAULT_TARGET, Figures, get_figures
-from nki_cpu.cost.record import Engine, InstructionRecord, Trace
+from nki_cpu.cost.record import Engine, InstructionRecord, Trace, site_label
 from nki_cpu.cost.reorder import HEURISTICS, compiler_order
 from nki_cpu.cost.scheduler import Schedule, schedule
 
@@ -78,6 +79,10 @@ class CostReport:
         """Per-track busy time as a fraction of the makespan."""
         span = self.makespan_ns or 1.0
         return {name: busy / span for name, busy in self.track_busy_ns.items()}
+
+    def site_breakdown(self, skip_files: Collection[str] = ()) -> list[SiteTime]:
+        """Busy time per engine grouped by the kernel source line that issued it (:func:`site_breakdown`)."""
+        return site_breakdown(self, skip_files)
 
     def pe_breakdown(self) -> list[PeKindTime]:
         """Tensor-engine busy time grouped by instruction kind, largest first (:func:`pe_breakdown`)."""
@@ -235,6 +240,55 @@ def pe_breakdown(report: CostReport) -> list[PeKindTime]:
     total = sum(busy.values()) or 1.0
     ranked = sorted(counts, key=lambda kind: (-busy[kind], str(kind)))
     return [PeKindTime(kind, counts[kind], busy[kind], duration[kind], busy[kind] / total) for kind in ranked]
+
+
+@dataclass(frozen=True)
+class SiteTime:
+    """The time one engine spent on the instructions one kernel source line issued."""
+
+    engine: str  # "pe", "vector", "scalar", "gpsimd" or "dma" (every queue)
+    site: str  # "file.py:line function" (``record.site_label``)
+    count: int  # instructions (dynamic count)
+    busy_ns: float  # PE: its part of the PE busy time (concurrent tiles split evenly); else summed durations
+    share: float  # busy_ns over the engine's total busy_ns in this breakdown
+
+
+def site_breakdown(report: CostReport, skip_files: Collection[str] = ()) -> list[SiteTime]:
+    """Each engine's time grouped by the kernel source line that issued it, per engine largest first.
+
+    Args:
+        report: an :func:`estimate` result (its records carry ``site``, the call stack the interpreter saw).
+        skip_files: base names of the kernel's helper modules (e.g. ``{"tiles.py"}``): a record is charged to the
+            innermost frame of its site outside them, the line that called the helper.
+
+    Returns:
+        Entries ordered by engine (pe, vector, scalar, gpsimd, dma), then by busy time. The tensor engine's
+        entries add up to its busy time (``engine_busy_ns["pe"]``); the others' to the summed durations of the
+        engine's instructions (for DMA, transfers of all queues: more than the union of their busy time).
+
+    Notes:
+        A trace built by hand, or by an interpreter that records no call stack, groups everything under ``"?"``.
+        Divide ``count`` and ``busy_ns`` by your unit of work (chunks, tiles) for per-unit figures.
+    """
+    placed = report.schedule
+    records = report.trace.records
+    pe = {r.index: (placed.start_ns[r.index], placed.end_ns[r.index]) for r in records if r.engine is Engine.PE}
+    pe_part = _split_among_concurrent(pe)
+    time: dict[tuple[str, str], float] = {}
+    count: Counter[tuple[str, str]] = Counter()
+    for record in records:
+        key = (record.engine.value, site_label(record, skip_files))
+        ns = (
+            pe_part[record.index]
+            if record.engine is Engine.PE
+            else placed.end_ns[record.index] - placed.start_ns[record.index]
+        )
+        time[key] = time.get(key, 0.0) + ns
+        count[key] += 1
+    engines = [engine.value for engine in (Engine.PE, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD, Engine.DMA)]
+    totals = {engine: sum(ns for (e, _), ns in time.items() if e == engine) or 1.0 for engine in engines}
+    ranked = sorted(time, key=lambda key: (engines.index(key[0]), -time[key], key[1]))
+    return [SiteTime(e, site, count[(e, site)], time[(e, site)], time[(e, site)] / totals[e]) for e, site in ranked]
 
 
 def _split_among_concurrent(intervals: dict[int, tuple[float, float]]) -> dict[int, float]:

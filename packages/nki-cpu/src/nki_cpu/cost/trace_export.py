@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nki_cpu.cost.durations import opcode_name
-from nki_cpu.cost.record import Engine, InstructionRecord
+from nki_cpu.cost.record import Engine, InstructionRecord, site_label
 from nki_cpu.cost.report import CostReport, _track_order
 
 PROCESS_ID = 1
@@ -26,6 +26,8 @@ def _event_args(record: InstructionRecord, waited_on: int, issue_ns: float) -> d
         "dtypes": list(record.dtypes),
         "nbytes": record.nbytes,
     }
+    if record.site:
+        args["site"] = site_label(record)
     if waited_on >= 0:
         args["waited_on"] = waited_on
     if record.engine is Engine.DMA:
