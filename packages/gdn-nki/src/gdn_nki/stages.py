@@ -481,10 +481,17 @@ class State:
         return self
 
     def decay_for_next(self, j: int, decay_last: Any) -> None:
-        """Make block j times the next chunk's e^{γ_last} ([Dk, 1] fp32), on GpSimd or the scalar engine."""
+        """Make block j times the next chunk's e^{γ_last} ([Dk, 1] fp32), on GpSimd.
+
+        GpSimd, not the balancer's pick of GpSimd or the scalar engine: an SBUF-only multiply is the one kind of
+        work that can leave the scalar engine, which evacuates PSUM and sets the floor from S = 4096 on, for the
+        engine with the most room (measured, one lane bf16 schur, S = 2048 / 4096 / 8192 / 16384 / 32768:
+        33.9 / 59.6 / 109.4 / 210.9 / 411.3 -> 33.6 / 58.8 / 108.0 / 208.0 / 405.8 µs; fp32 S = 2048 / 8192 and
+        32 lanes S = 128 unchanged; the gate-span scaling moved too: 33.8 / 59.0 / 108.2, so it stays balanced).
+        """
         block = self.blocks[j]
         dst = self.decayed_tiles[j] if self.decayed_tiles else tiles.sbuf(tuple(block.shape), FP32)
-        self.decayed[j] = tiles.scale_rows(block, decay_last, FP32, dst=dst, among=(engines.GPSIMD, engines.SCALAR))
+        self.decayed[j] = tiles.scale_rows(block, decay_last, FP32, dst=dst, among=(engines.GPSIMD,))
 
 
 def column_blocks(dv: int) -> list[slice]:
