@@ -290,17 +290,22 @@ def _level5(
     """
     pairs, half = ((0, 1), (2, 3)), CHUNK // 2
     offs = []
-    for x_t, inv in zip(a_t, inverse, strict=True):
-        off_psum = tiles.psum((CHUNK, QUAD))
-        off = tiles.sbuf((CHUNK, QUAD), dtype)  # n_v in the rows of block v
+    for start in range(0, len(a_t), BATCH):
+        members = range(start, min(start + BATCH, len(a_t)))
+        # n_v in the rows of block v, for a batch of chunks: one copy streams 32·BATCH elements per partition, where
+        # one per chunk would stream 32, below the engines' 64-element minimum initiation interval
+        off_psum = tiles.psum((CHUNK, len(members), QUAD))
+        off = tiles.sbuf((CHUNK, len(members), QUAD), dtype)
         for u, v in pairs:
-            _tile_matmul(off_psum[_quad(v), :], x_t[_quad(u), _quad(v)], inv[_quad(u), :], u * QUAD, v * QUAD)
+            for c, i in enumerate(members):
+                x_t, inv = a_t[i], inverse[i]
+                _tile_matmul(off_psum[_quad(v), c, :], x_t[_quad(u), _quad(v)], inv[_quad(u), :], u * QUAD, v * QUAD)
             # One pair's copies on each engine: the balancer put all sixteen of a unit on the scalar engine, one
             # queue on the path (measured, one lane bf16 schur: S = 2048 38.3 -> 37.4 µs, S = 8192 134.1 -> 132.7,
             # 32 lanes S = 128 71.1 -> 70.6; fp32 unchanged; all on the vector engine: 38.5 / 136.9, 72.7)
             engine = (tiles.SCALAR, tiles.VECTOR)[v // 2]
-            tiles.copy_to(off[_quad(v), :], off_psum[_quad(v), :], scale=-1.0, engine=engine)
-        offs.append(off)
+            tiles.copy_to(off[_quad(v), :, :], off_psum[_quad(v), :, :], scale=-1.0, engine=engine)
+        offs.extend(off[:, c, :] for c in range(len(members)))
     for inv, inv_t, off, full in zip(inverse, inverse_t, offs, full_t, strict=True):
         product = tiles.psum((CHUNK, half))
         for h, (u, v) in enumerate(pairs):
