@@ -18,6 +18,8 @@ from gdn_spec.regimes import NUMPY_DTYPES
 
 CAPS = {"max_work": 1 << 22}
 PREFIX_CHUNK = 64  # the chunk of the prefix-difference flaw (neumann's; schur's 128 fails the same way)
+# Head sizes of the "head_dims_16_64" kernel: two of the suite's drawn sizes, so its numerics still run.
+LIMITED_HEAD_DIMS = (16, 64)
 
 
 def prefix_difference_gates(g: np.ndarray) -> np.ndarray:
@@ -80,8 +82,9 @@ def recurrence(
     return out, S
 
 
-def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., Any]:
-    """A gdn_cte with one recurrence ``flaw`` and/or one ``api`` flaw (see ``FLAWS``)."""
+def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """A gdn_cte with one recurrence ``flaw`` and/or one ``api`` flaw (see ``FLAWS``); ``caps`` adds to what it
+    declares."""
 
     def gdn_cte(
         query: np.ndarray,
@@ -96,6 +99,12 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
         recurrent_state: np.ndarray | None = None,
         cu_seqlens: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
+        # Head-dim limits of a third-party kernel (the correct math otherwise): it refuses what it does not support.
+        Dk, Dv = key.shape[-1], value.shape[-1]
+        if api == "square_heads_only" and Dk != Dv:
+            raise ValueError(f"gdn_cte: `value` head dim Dv={Dv} must equal `key`'s Dk={Dk} in this kernel")
+        if api == "head_dims_16_64" and not {Dk, Dv} <= set(LIMITED_HEAD_DIMS):
+            raise ValueError(f"gdn_cte: head dims Dk={Dk}, Dv={Dv} must be in {LIMITED_HEAD_DIMS} in this kernel")
         if cu_seqlens is not None:
             return _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw)
         if api == "divides_by_key_heads":  # sizes derived before the call is checked: Hk = 0 divides by zero
@@ -164,6 +173,7 @@ def make(flaw: str | None = None, *, api: str | None = None) -> Callable[..., An
     in_place = api not in ("new_state_nans_supplied",)
     gdn_cte.gdn_spec_capabilities = {
         **CAPS, "name": f"mutant:{api or flaw or 'none'}", "varlen": True, "state_in_place": in_place,
+        **(caps or {}),
     }  # fmt: skip
     return gdn_cte
 
@@ -235,7 +245,18 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "cumsum_gates_in_place": (make(api="cumsum_gates_in_place"), ("aliasing",), ""),
     "new_state_nans_supplied": (make(api="new_state_nans_supplied"), ("aliasing",), ""),
     "chunk_edge_reset": (make("chunk_edge_reset"), ("varlen",), ""),
+    # third-party head-dim limits left undeclared: the kernel refuses shapes the suite was never told it refuses
+    # (DECLARED_HEAD_DIMS holds the same kernels declaring them, which pass).
+    "square_heads_undeclared": (make(api="square_heads_only"), ("shapes",), ""),
+    "head_dims_undeclared": (make(api="head_dims_16_64"), ("shapes",), ""),
+}
+
+# The head-dim-limited kernels above, each declaring its limit: they must pass the whole suite.
+DECLARED_HEAD_DIMS: dict[str, Callable[..., Any]] = {
+    "square_heads_declared": make(api="square_heads_only", caps={"equal_head_dims": True}),
+    "head_dims_declared": make(api="head_dims_16_64", caps={"head_dims": LIMITED_HEAD_DIMS}),
 }
 
 for _name, (_fn, _areas, _k) in FLAWS.items():
     globals()[_name] = _fn
+globals().update(DECLARED_HEAD_DIMS)

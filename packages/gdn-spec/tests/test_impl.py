@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from gdn_spec import impl
 from gdn_spec.impl import Capabilities, ImplementationError, load, resolve
 from gdn_spec.regimes import Geometry
+from gdn_spec.suite._support import drawable_head_dims, shapes
 
 
 def test_load_module_callable_reads_capabilities() -> None:
@@ -55,3 +57,64 @@ def test_plugin_names_match_the_sources() -> None:
 
     assert plugin.ALGORITHMS == ALGORITHMS and plugin.COMPUTE_DTYPES == COMPUTE_DTYPES
     assert (plugin.ENV_VAR, plugin.ENTRY_POINT_GROUP) == (impl.ENV_VAR, impl.ENTRY_POINT_GROUP)
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"max_head_dim": 0}, ("max_head_dim=0", "[1, 128]", "largest Dk and Dv")),
+        ({"max_head_dim": 256}, ("max_head_dim=256", "[1, 128]", "largest Dk and Dv")),
+        ({"max_head_dim": True}, ("max_head_dim=True", "integer")),
+        ({"head_dims": ()}, ("head_dims=()", "non-empty", "e.g. (64, 128)")),
+        ({"head_dims": 64}, ("head_dims=64", "collection of integers")),
+        ({"head_dims": "64"}, ("head_dims='64'", "collection of integers")),
+        ({"head_dims": (64, 129)}, ("head_dims=(64, 129)", "[1, 128]")),
+        ({"head_dims": (64.0,)}, ("head_dims=(64.0,)", "integers")),
+        ({"head_dims": (64, 128), "max_head_dim": 100}, ("[128] above max_head_dim=100", "drop those sizes")),
+        ({"equal_head_dims": "yes"}, ("equal_head_dims='yes'", "must be a bool", "Dk == Dv")),
+    ],
+)
+def test_bad_head_dim_capabilities_name_field_value_rule_and_fix(raw: dict, words: tuple[str, ...]) -> None:
+    with pytest.raises(ImplementationError) as info:
+        Capabilities.from_mapping(raw, "k")
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_head_dim_capabilities_explain_skips() -> None:
+    default = Capabilities.from_mapping({}, "k")
+    assert default.unsupported_head_dims(128, 16) is None and default.allows_head_dim(100)
+    caps = Capabilities.from_mapping({"head_dims": [128, 64, 64], "equal_head_dims": True}, "k")
+    assert caps.head_dims == (64, 128)  # normalized: sorted, deduplicated, a tuple
+    assert caps.unsupported_head_dims(64, 64) is None and caps.unsupported_head_dims(128, 128) is None
+    assert "Dk=32 is not in its declared head_dims=(64, 128)" in caps.unsupported_head_dims(32, 32)
+    assert "Dv=100 is not in its declared head_dims" in caps.unsupported_head_dims(64, 100)
+    assert "equal_head_dims=True" in caps.unsupported_head_dims(64, 128)
+    capped = Capabilities.from_mapping({"max_head_dim": 64}, "k")
+    assert capped.allows_head_dim(64) and not capped.allows_head_dim(100)
+    assert "Dv=128 exceeds its declared max_head_dim=64" in capped.unsupported_head_dims(16, 128)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [{"equal_head_dims": True}, {"head_dims": (64, 128)}, {"max_head_dim": 64}, {"head_dims": (32,)}, {}],
+    ids=["equal", "64-128", "max-64", "only-32", "default"],
+)
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+def test_drawn_shapes_stay_inside_the_declared_head_dims(raw: dict, algorithm: str) -> None:
+    """Every shape the numerics area draws (after fitting into the work budget) is one the implementation
+    declared; and the draws still reach every suite size it allows (a support filter must not collapse them)."""
+    caps = Capabilities.from_mapping({**raw, "max_work": 1 << 22}, "k")
+    seen: set[tuple[int, int]] = set()
+
+    @settings(max_examples=200, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(shape=shapes(algorithm, caps))
+    def draw(shape: tuple[Geometry, int]) -> None:
+        geometry, _ = shape
+        assert caps.unsupported_head_dims(geometry.Dk, geometry.Dv) is None, geometry
+        seen.add((geometry.Dk, geometry.Dv))
+
+    draw()
+    sizes = drawable_head_dims(caps)
+    assert {d for pair in seen for d in pair} == set(sizes), (seen, sizes)
+    assert any(dk != dv for dk, dv in seen) == (len(sizes) > 1 and not caps.equal_head_dims), seen

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mutants import FLAWS
+from mutants import DECLARED_HEAD_DIMS, FLAWS
 
 HERE = Path(__file__).parent
 
@@ -72,6 +72,18 @@ def test_correct_implementations_pass_the_same_runs(
 def test_correct_base_passes_the_whole_suite(tmp_path: Path) -> None:
     result = check("mutants:CORRECT", (), "", tmp_path)
     assert result["code"] == 0, result["output"]
+
+
+@pytest.mark.parametrize("name", list(DECLARED_HEAD_DIMS))
+def test_declared_head_dims_pass_the_whole_suite(name: str, tmp_path: Path) -> None:
+    """The same head-dim-limited kernels that fail undeclared (FLAWS: *_undeclared) pass once they declare the
+    limit: numerics is drawn inside it, and whatever lies outside is skipped naming the capability."""
+    result = check(f"mutants:{name}", (), "", tmp_path)
+    assert result["code"] == 0, result["output"]
+    summary = result["summary"]
+    assert summary["areas"]["numerics"].get("passed", 0) > 0, result["output"]
+    field = "equal_head_dims" if name.startswith("square") else "head_dims"
+    assert any(field in reason for reason in summary["skip_reasons"]), summary["skip_reasons"]
 
 
 def test_every_area_has_a_mutant() -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from numbers import Integral
 from typing import Any
 
-from gdn_ref.constants import ALGORITHMS
+from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
 
 from .regimes import COMPUTE_DTYPES, Geometry
 
@@ -40,6 +41,12 @@ class Capabilities:
         dtypes (tuple[str, ...]): subset of ("float32", "bfloat16"); default both.
         max_seq_len (int | None): largest S it accepts for the suite's draws; larger shapes are skipped.
         max_lanes (int | None): largest B·Hv per call.
+        max_head_dim (int | None): largest Dk and Dv it accepts, at most the contract's MAX_HEAD_DIM = 128 (the
+            default, None, means the contract's bound); shapes above it are drawn out or skipped.
+        head_dims (tuple[int, ...] | None): the only head sizes it accepts, for Dk and Dv alike, e.g. (64, 128);
+            None = every size up to ``max_head_dim``. Draws use the suite's sizes within it (its own sizes when
+            none of the suite's is), fixed-shape tests at other sizes are skipped with the reason.
+        equal_head_dims (bool): it needs Dk == Dv; draws then use Dv = Dk and fixed Dk ≠ Dv tests are skipped.
         max_work (int | None): cost hint, largest B·Hv·S·Dk·Dv per call; slow (e.g. simulated) kernels set it
             so Hypothesis draws smaller shapes, and fixed-shape tests above it are skipped with the reason.
         example_scale (float): multiplies the Hypothesis example count of numerics tests (at least 1 example);
@@ -62,6 +69,9 @@ class Capabilities:
     dtypes: tuple[str, ...] = COMPUTE_DTYPES
     max_seq_len: int | None = None
     max_lanes: int | None = None
+    max_head_dim: int | None = None
+    head_dims: tuple[int, ...] | None = None
+    equal_head_dims: bool = False
     max_work: int | None = None
     example_scale: float = 1.0
     content_checks: bool = True
@@ -85,7 +95,57 @@ class Capabilities:
             object.__setattr__(caps, field, values)
         if not 0 < caps.example_scale <= 1:
             raise ImplementationError(f"example_scale must be in (0, 1], got {caps.example_scale}")
+        caps._validate_head_dims()
         return caps
+
+    def _validate_head_dims(self) -> None:
+        """The head-dim capabilities are well-typed, within the contract and consistent (normalizes head_dims to
+        a sorted tuple); an error names the field, the value, the rule and the fix."""
+
+        def is_size(d: object) -> bool:  # bool is an Integral: True must not pass as head dim 1
+            return isinstance(d, Integral) and not isinstance(d, bool) and 1 <= int(d) <= MAX_HEAD_DIM
+
+        if self.max_head_dim is not None and not is_size(self.max_head_dim):
+            raise ImplementationError(
+                f"capability max_head_dim={self.max_head_dim!r} must be an integer in [1, {MAX_HEAD_DIM}] "
+                f"(the contract's MAX_HEAD_DIM); give the largest Dk and Dv the kernel accepts, or leave it out"
+            )
+        if self.head_dims is not None:
+            raw = self.head_dims
+            sizes = () if isinstance(raw, (str, bytes)) or not isinstance(raw, Iterable) else tuple(raw)
+            if not sizes or not all(is_size(d) for d in sizes):
+                raise ImplementationError(
+                    f"capability head_dims={raw!r} must be a non-empty collection of integers in "
+                    f"[1, {MAX_HEAD_DIM}]; list the head sizes the kernel accepts, e.g. (64, 128), or leave it out"
+                )
+            sizes = tuple(sorted({int(d) for d in sizes}))
+            above = [d for d in sizes if self.max_head_dim is not None and d > self.max_head_dim]
+            if above:
+                raise ImplementationError(
+                    f"capability head_dims={sizes!r} lists {above} above max_head_dim={self.max_head_dim}: "
+                    f"the two contradict each other; drop those sizes or raise max_head_dim"
+                )
+            object.__setattr__(self, "head_dims", sizes)
+        if not isinstance(self.equal_head_dims, bool):
+            raise ImplementationError(
+                f"capability equal_head_dims={self.equal_head_dims!r} must be a bool; True when the kernel needs "
+                f"Dk == Dv, else leave it out"
+            )
+
+    def allows_head_dim(self, size: int) -> bool:
+        """A single head size (Dk or Dv) is within the declared head_dims and max_head_dim."""
+        return self.unsupported_head_dims(size, size) is None
+
+    def unsupported_head_dims(self, Dk: int, Dv: int) -> str | None:
+        """Why a (Dk, Dv) pair is outside the declared head-dim support, or None."""
+        for label, size in (("Dk", Dk), ("Dv", Dv)):
+            if self.head_dims is not None and size not in self.head_dims:
+                return f"{self.name}: {label}={size} is not in its declared head_dims={self.head_dims}"
+            if self.max_head_dim is not None and size > self.max_head_dim:
+                return f"{self.name}: {label}={size} exceeds its declared max_head_dim={self.max_head_dim}"
+        if self.equal_head_dims and Dk != Dv:
+            return f"{self.name}: Dk={Dk} != Dv={Dv}, and it declares equal_head_dims=True"
+        return None
 
     def unsupported(self, algorithm: str | None = None, dtype: str | None = None) -> str | None:
         """Why an (algorithm, dtype) is not supported, or None."""

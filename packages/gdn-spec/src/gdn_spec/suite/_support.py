@@ -53,6 +53,7 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
     (a kernel returning a new state must not touch the caller's — in a serving stack it is a row of the state
     pool). Comparing bytes catches any write, NaN-filling included.
     """
+    require_head_dims(impl.capabilities, args)
     writable = {"recurrent_state"} if impl.capabilities.state_in_place else set()
     before = {name: data for name, data in snapshot(args).items() if name not in writable}
     result = impl(**args)
@@ -99,8 +100,16 @@ def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
         g = Geometry(1, g.Hk, g.Hv, g.S, g.Dk, g.Dv)
     if not caps.fits(g):
         hk = 1 if algorithm != ALGORITHM_SCHUR else min(g.Hk, 2)
-        g = Geometry(1, hk, hk, g.S, 16, 16)
+        smallest = min(drawable_head_dims(caps))  # the cheapest head size the implementation declares
+        g = Geometry(1, hk, hk, g.S, smallest, smallest)
     return g
+
+
+def drawable_head_dims(caps: Capabilities) -> tuple[int, ...]:
+    """The suite's head sizes within the declared support; when none is, the declared sizes themselves (or the
+    declared max_head_dim), so a kernel claiming only head dim 32 is still drawn at 32, never at what it refused."""
+    within = tuple(d for d in HEAD_DIMS if caps.allows_head_dim(d))
+    return within or caps.head_dims or (caps.max_head_dim,)
 
 
 @st.composite
@@ -108,20 +117,32 @@ def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometr
     """A (geometry, group_size) draw for the algorithm, fitted into the implementation's limits."""
     Hk, Hv = draw(st.sampled_from(HEAD_GEOMETRIES if algorithm == ALGORITHM_SCHUR else EQUAL_HEAD_GEOMETRIES))
     chunks = draw(st.integers(1, MAX_CHUNKS[algorithm]))
+    head_dims = drawable_head_dims(caps)
     geometry = Geometry(
         B=draw(st.integers(1, 2)),
         Hk=Hk,
         Hv=Hv,
         S=chunks * CHUNK_BY_ALGORITHM[algorithm],
-        Dk=draw(st.sampled_from(HEAD_DIMS)),
-        Dv=draw(st.sampled_from(HEAD_DIMS)),
+        Dk=(Dk := draw(st.sampled_from(head_dims))),
+        # An implementation without Dk ≠ Dv is drawn at Dv = Dk (its other draws are unchanged).
+        Dv=Dk if caps.equal_head_dims else draw(st.sampled_from(head_dims)),
     )
     return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
 
 
 def require_fits(caps: Capabilities, geometry: Geometry) -> None:
-    """Skip (with the reason) a fixed-shape test above the implementation's declared limits."""
-    reason = caps.too_large(geometry)
+    """Skip (with the reason) a fixed-shape test above the implementation's declared limits or outside its declared
+    head dims (head_dims, max_head_dim, equal_head_dims)."""
+    reason = caps.unsupported_head_dims(geometry.Dk, geometry.Dv) or caps.too_large(geometry)
+    if reason:
+        pytest.skip(reason)
+
+
+def require_head_dims(caps: Capabilities, call: dict[str, Any]) -> None:
+    """Skip (with the reason) a test whose call has head dims outside the declared support (head_dims,
+    max_head_dim, equal_head_dims): a valid call would be refused for what the kernel never claimed, and a
+    rejection case refused for a reason other than the rule it breaks. Pass the *valid* call a case is built on."""
+    reason = caps.unsupported_head_dims(np.shape(call["key"])[-1], np.shape(call["value"])[-1])
     if reason:
         pytest.skip(reason)
 

@@ -13,7 +13,7 @@ from gdn_spec.metrics import compare
 from gdn_spec.regimes import make_case
 
 from ..oracle import errors_vs_oracle, oracle
-from ._support import assert_close, call_args, run
+from ._support import assert_close, call_args, require_head_dims, run
 
 SCHUR = pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])  # neumann supports only the omitted form
 # Object identity and in-place writes are API promises; the state's values (in and out) are checked in every profile.
@@ -29,6 +29,7 @@ def _state_case(dtype: str, seed: int = 7):
 def test_returned_state_is_the_supplied_object(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
     args = call_args(_state_case(gdn_dtype), gdn_algorithm)
     buffer = args["recurrent_state"]
+    require_head_dims(gdn_impl.capabilities, args)
     _, state = gdn_impl(**args)
     assert state is buffer, "the returned state must be the supplied recurrent_state object (aliased), not a copy"
 

@@ -13,7 +13,7 @@ from gdn_spec.impl import Implementation
 from gdn_spec.regimes import make_case
 
 from ..oracle import errors_vs_oracle
-from ._support import assert_close, call_args, changed, run, snapshot
+from ._support import assert_close, call_args, changed, require_head_dims, run, snapshot
 
 
 def _corrupt_one_entry() -> np.ndarray:
@@ -40,6 +40,7 @@ def test_schur_rejects_bad_pack(gdn_impl: Implementation, gdn_algorithm: str, ba
         pytest.skip(f"{gdn_impl.capabilities.name} declares content_checks=False (a traced kernel cannot read them)")
     dtype = gdn_impl.capabilities.dtypes[0]
     args = call_args(make_case("initial_state", BASE_GEOMETRY[gdn_algorithm], dtype, 11), gdn_algorithm)
+    require_head_dims(gdn_impl.capabilities, args)
     args["mask_pack"] = BAD_PACKS[bad]()
     before = snapshot(args)
     with pytest.raises(Exception) as info:  # any exception type; the message is checked

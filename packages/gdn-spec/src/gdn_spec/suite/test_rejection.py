@@ -14,7 +14,7 @@ import pytest
 from gdn_spec.contract import RULE_CASES, RuleCase, check_inputs, valid_call
 from gdn_spec.impl import Implementation
 
-from ._support import changed, snapshot
+from ._support import changed, require_head_dims, snapshot
 
 pytestmark = pytest.mark.gdn_requires("validation")
 
@@ -28,7 +28,9 @@ def test_rejects_invalid_call(gdn_impl: Implementation, gdn_algorithm: str, case
         pytest.skip(f"{caps.name} declares content_checks=False; [{case.id}] needs the tensor contents")
     if case.id in caps.inexpressible_rules:
         pytest.skip(f"[{case.id}] cannot be expressed through the adapter {gdn_impl.via!r}")
-    bad = case.build(valid_call(gdn_algorithm, caps.dtypes[0], seed=41))
+    valid = valid_call(gdn_algorithm, caps.dtypes[0], seed=41)
+    require_head_dims(caps, valid)  # the case must be refused for its rule, not for the base call's head dims
+    bad = case.build(valid)
     argument = case.violation(bad).argument
     before = snapshot(bad)
     with pytest.raises(Exception) as info:  # any exception type is a rejection; the message is checked
@@ -64,7 +66,9 @@ def _emptied(call: dict, sizes: dict[str, int]) -> dict:
 
 @pytest.mark.parametrize("axis", list(EMPTY_AXES))
 def test_rejects_an_empty_launch(gdn_impl: Implementation, gdn_algorithm: str, axis: str) -> None:
-    bad = _emptied(valid_call(gdn_algorithm, gdn_impl.capabilities.dtypes[0], seed=43), EMPTY_AXES[axis])
+    valid = valid_call(gdn_algorithm, gdn_impl.capabilities.dtypes[0], seed=43)
+    require_head_dims(gdn_impl.capabilities, valid)
+    bad = _emptied(valid, EMPTY_AXES[axis])
     expected = {v.argument for v in check_inputs(**bad)}
     assert expected, f"an empty {axis} axis must break a rule"
     before = snapshot(bad)
