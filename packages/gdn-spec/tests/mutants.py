@@ -181,13 +181,15 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
 def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw) -> tuple:
     """Packed sequences (B = 1, ``cu_seqlens``), each from its own row of ``recurrent_state`` (or zeros); with
     the ``chunk_edge_reset`` flaw a sequence starting inside a 64-token chunk continues from the previous one's
-    final state instead (a kernel that resets only at chunk edges)."""
+    final state instead (a kernel that resets only at chunk edges), with ``varlen_leak`` every sequence does, and
+    with ``varlen_states_rolled`` the outputs are right but each sequence's final state lands in the next row."""
     bounds = [int(c) for c in cu_seqlens]
     Hv, Dk, Dv = value.shape[1], key.shape[3], value.shape[3]
     starts = np.zeros((len(bounds) - 1, Hv, Dk, Dv)) if recurrent_state is None else recurrent_state
     out, finals, carry = np.empty(value.shape), [], None
     for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-        start = carry if flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK else starts[i : i + 1]
+        leaks = flaw == "varlen_leak" and i > 0
+        start = carry if leaks or (flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK) else starts[i : i + 1]
         tokens = slice(lo, hi)
         out[:, :, tokens], carry = recurrence(
             query[:, :, tokens], key[:, :, tokens], value[:, :, tokens], g_log[:, :, tokens], beta[:, :, tokens],
@@ -195,6 +197,8 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
         )  # fmt: skip
         finals.append(carry)
     out = out.astype(NUMPY_DTYPES[np.dtype(query.dtype).name])
+    if flaw == "varlen_states_rolled":
+        finals = finals[-1:] + finals[:-1]
     if recurrent_state is None:
         return out, np.concatenate(finals).astype(np.float32)
     recurrent_state[...] = np.concatenate(finals)
@@ -245,6 +249,10 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "cumsum_gates_in_place": (make(api="cumsum_gates_in_place"), ("aliasing",), ""),
     "new_state_nans_supplied": (make(api="new_state_nans_supplied"), ("aliasing",), ""),
     "chunk_edge_reset": (make("chunk_edge_reset"), ("varlen",), ""),
+    # packed documents leaking into the next one (its output wrong, its final state, the leak decayed out, right),
+    # and right outputs with the final states in the wrong rows: the varlen failure must name what failed.
+    "varlen_leak": (make("varlen_leak"), ("varlen",), ""),
+    "varlen_states_rolled": (make("varlen_states_rolled"), ("varlen",), ""),
     # third-party head-dim limits left undeclared: the kernel refuses shapes the suite was never told it refuses
     # (DECLARED_HEAD_DIMS holds the same kernels declaring them, which pass).
     "square_heads_undeclared": (make(api="square_heads_only"), ("shapes",), ""),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,26 @@ def test_declared_head_dims_pass_the_whole_suite(name: str, tmp_path: Path) -> N
     assert summary["areas"]["numerics"].get("passed", 0) > 0, result["output"]
     field = "equal_head_dims" if name.startswith("square") else "head_dims"
     assert any(field in reason for reason in summary["skip_reasons"]), summary["skip_reasons"]
+
+
+@pytest.mark.parametrize(
+    ("name", "failing", "fine"),
+    [("varlen_leak", "output", "final state"), ("varlen_states_rolled", "final state", "output")],
+)
+def test_varlen_failure_names_the_sequence_and_the_quantity_that_failed(
+    name: str, failing: str, fine: str, tmp_path: Path
+) -> None:
+    """A leak into the next packed document can be decayed out of that document's final state (rel_rms exactly 0)
+    while its output is wrong: the message must lead with the sequence and the quantity out of bounds, with its
+    figures against the bounds, and mention the other only as within bounds."""
+    result = check(f"mutants:{name}", ("varlen",), "float32 and zero-start", tmp_path)
+    failures = result["summary"]["failures"]
+    assert len(failures) == 2, result["output"]  # both varlen tests
+    for message in failures.values():
+        assert re.search(rf"sequence 1 \(tokens \d+\.\.\d+\): {failing} out of bounds, rel_rms \S+ > tol", message), (
+            message
+        )
+        assert f"{fine} out of bounds" not in message and f"[{fine} within bounds, rel_rms" in message, message
 
 
 def test_every_area_has_a_mutant() -> None:

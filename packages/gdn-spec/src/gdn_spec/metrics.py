@@ -107,6 +107,23 @@ class Error:
         del d["tolerance"]
         return d
 
+    def against_bounds(self) -> str:
+        """The figures next to their bounds, each marked ``>`` (out of bounds) or ``<=``: "rel_rms 3.5e-01 >
+        tol 1.0e-02, max_rel 1.0e+00 > tol 4.0e-02 (max_abs 3.9e-01)"; the shapes or non-finite values instead
+        when those are what failed."""
+        if self.shape_mismatch:
+            return f"shape {self.shape_mismatch}"
+        if not self.finite:
+            return "non-finite values (NaN or Inf)"
+        figures = [
+            f"{label} {value:.3e} {'>' if value > bound else '<='} tol {bound:.1e}"
+            for label, value, bound in (
+                ("rel_rms", self.rel_rms, self.tolerance.rel_rms),
+                ("max_rel", self.max_rel, self.tolerance.max_rel),
+            )
+        ]
+        return f"{', '.join(figures)} (max_abs {self.max_abs:.3e})"
+
     def __str__(self) -> str:
         if self.shape_mismatch:
             return f"{self.output}: shape {self.shape_mismatch} FAIL"
