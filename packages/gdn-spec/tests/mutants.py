@@ -265,6 +265,16 @@ DECLARED_HEAD_DIMS: dict[str, Callable[..., Any]] = {
     "head_dims_declared": make(api="head_dims_16_64", caps={"head_dims": LIMITED_HEAD_DIMS}),
 }
 
+
+def warns_on_huge_gates(**call: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The correct base, plus an inverse decay e^(−g) it never uses: right numbers, but numpy warns (overflow) on
+    every huge gate. It proves a warning-free check can see a warning (test_power)."""
+    np.exp(-np.asarray(call["g_log"], dtype=np.float32))
+    return CORRECT(**call)
+
+
+warns_on_huge_gates.gdn_spec_capabilities = {**CAPS, "name": "mutant:warns_on_huge_gates"}
+
 for _name, (_fn, _areas, _k) in FLAWS.items():
     globals()[_name] = _fn
 globals().update(DECLARED_HEAD_DIMS)

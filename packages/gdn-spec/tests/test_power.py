@@ -107,6 +107,21 @@ def test_varlen_failure_names_the_sequence_and_the_quantity_that_failed(
         assert f"{fine} out of bounds" not in message and f"[{fine} within bounds, rel_rms" in message, message
 
 
+@pytest.mark.parametrize("spec", ["gdn_ref:gdn_cte", "mutants:CORRECT", "mutants:warns_on_huge_gates"])
+def test_huge_gates_run_free_of_runtime_warnings(spec: str, tmp_path: Path) -> None:
+    """Gates down to fp32's lowest: the regime, the oracle, the condition measurement, the metrics and gdn-ref's
+    chunked form raise no numpy RuntimeWarning (overflow / invalid) — a warning is an error here. The kernel that
+    computes an overflowing e^(−g) must fail the same run, or the check could not see a warning at all."""
+    result = check(
+        spec, ("numerics",), "huge_gates", tmp_path, extra=("--hypothesis", "ci", "-W", "error::RuntimeWarning")
+    )
+    if spec == "mutants:warns_on_huge_gates":
+        assert result["code"] != 0 and "overflow encountered" in result["output"], result["output"]
+        return
+    assert result["code"] == 0, result["output"]
+    assert result["summary"]["totals"].get("passed", 0) == 4, result["output"]  # 2 algorithms × 2 dtypes
+
+
 def test_every_area_has_a_mutant() -> None:
     covered = {a for _, areas, _ in FLAWS.values() for a in areas}
     expected = {"numerics", "head_mapping", "aliasing", "rejection", "divisibility", "neumann", "dtypes", "varlen"}
