@@ -118,3 +118,60 @@ def test_drawn_shapes_stay_inside_the_declared_head_dims(raw: dict, algorithm: s
     sizes = drawable_head_dims(caps)
     assert {d for pair in seen for d in pair} == set(sizes), (seen, sizes)
     assert any(dk != dv for dk, dv in seen) == (len(sizes) > 1 and not caps.equal_head_dims), seen
+
+
+# Declarations of the head-dim tests below (as from_mapping dicts), and the (Dk, Dv) requests they are asked for:
+# the suite's fixed shapes, its drawn sizes, and odd sizes around them.
+HEAD_DIM_DECLARATIONS = {
+    "equal": {"equal_head_dims": True},
+    "16-64": {"head_dims": (16, 64)},
+    "64-128": {"head_dims": (64, 128)},
+    "only-64": {"head_dims": (64,)},
+    "max-64": {"max_head_dim": 64},
+    "max-1": {"max_head_dim": 1},
+    "equal-64-128": {"head_dims": (64, 128), "equal_head_dims": True},
+}
+REQUEST_SIZES = (1, 15, 16, 17, 32, 63, 64, 65, 100, 127, 128)
+
+
+def test_nearest_head_dims_of_a_kernel_declaring_nothing_is_every_request_itself() -> None:
+    """A kernel without head-dim limits runs every fixed-shape test at exactly the sizes it names."""
+    caps = Capabilities.from_mapping({}, "k")
+    assert all(caps.nearest_head_dims(dk, dv) == (dk, dv) for dk in range(1, 129) for dv in range(1, 129))
+
+
+@pytest.mark.parametrize("raw", list(HEAD_DIM_DECLARATIONS.values()), ids=list(HEAD_DIM_DECLARATIONS))
+def test_nearest_head_dims_is_supported_and_keeps_what_it_can(raw: dict) -> None:
+    """The pair is the request when supported, else a supported pair; a request with Dk ≠ Dv keeps Dk ≠ Dv, in
+    the same order, whenever the declaration has such a pair (the transposition bugs it catches need it)."""
+    caps = Capabilities.from_mapping(raw, "k")
+    sizes = caps.head_dims or range(1, (caps.max_head_dim or 128) + 1)
+    has_unequal = not caps.equal_head_dims and len(sizes) > 1
+    for dk in REQUEST_SIZES:
+        for dv in REQUEST_SIZES:
+            got = caps.nearest_head_dims(dk, dv)
+            assert caps.unsupported_head_dims(*got) is None, ((dk, dv), got)
+            if caps.unsupported_head_dims(dk, dv) is None:
+                assert got == (dk, dv)
+            if dk != dv and has_unequal:
+                assert got[0] != got[1] and (got[0] > got[1]) == (dk > dv), ((dk, dv), got)
+
+
+@pytest.mark.parametrize(
+    ("raw", "asked", "expected"),
+    [
+        ({"equal_head_dims": True}, (32, 16), (16, 16)),  # the base shape: the smaller, no dearer than asked
+        ({"equal_head_dims": True}, (100, 64), (64, 64)),
+        ({"equal_head_dims": True}, (128, 128), (128, 128)),
+        ({"head_dims": (16, 64)}, (32, 16), (64, 16)),  # (16, 16) is nearer, but loses Dk ≠ Dv
+        ({"head_dims": (16, 64)}, (100, 64), (64, 16)),  # as near as (16, 64): Dk > Dv kept
+        ({"head_dims": (16, 64)}, (16, 100), (16, 64)),
+        ({"head_dims": (16, 64)}, (128, 128), (64, 64)),
+        ({"head_dims": (16, 64)}, (32, 32), (16, 16)),  # as near as (64, 64): the cheaper
+        ({"head_dims": (64,)}, (32, 16), (64, 64)),  # no unequal pair exists
+        ({"max_head_dim": 64}, (100, 64), (64, 63)),
+        ({"head_dims": (64, 128), "equal_head_dims": True}, (32, 16), (64, 64)),
+    ],
+)
+def test_nearest_head_dims_examples(raw: dict, asked: tuple[int, int], expected: tuple[int, int]) -> None:
+    assert Capabilities.from_mapping(raw, "k").nearest_head_dims(*asked) == expected

@@ -14,6 +14,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib.metadata import entry_points
 from numbers import Integral
 from typing import Any
@@ -147,6 +148,26 @@ class Capabilities:
             return f"{self.name}: Dk={Dk} != Dv={Dv}, and it declares equal_head_dims=True"
         return None
 
+    def nearest_head_dims(self, Dk: int, Dv: int) -> tuple[int, int]:
+        """The supported (Dk, Dv) pair a fixed-shape test runs at instead of the requested one.
+
+        The pair itself when it is supported (so a kernel declaring no head-dim limit runs every test exactly as
+        requested). Otherwise, among the supported pairs, the first by:
+
+        1. keeping Dk ≠ Dv when the request has it and the kernel allows it: the suite's unequal shapes exist to
+           catch a transposed state or swapped Dk/Dv sizes, which Dk == Dv would hide;
+        2. the nearest, by |ΔDk| + |ΔDv|;
+        3. the cheapest, by Dk·Dv (under equal_head_dims every Dk = Dv between the two requested sizes is equally
+           near, so this picks the smaller: when that size is allowed, the call costs no more than the request
+           and stays within a max_work the request fitted);
+        4. keeping the request's order (Dk > Dv stays Dk > Dv), then the smaller Dk.
+
+        E.g. (32, 16) is (16, 16) under equal_head_dims, (64, 16) under head_dims=(16, 64), and (100, 64) is
+        (64, 63) under max_head_dim=64. Deterministic: it depends on the declaration and the request only.
+        """
+        head_dims = None if self.head_dims is None else tuple(self.head_dims)  # hashable for the cache
+        return _nearest_head_dims(head_dims, self.max_head_dim, self.equal_head_dims, Dk, Dv)
+
     def unsupported(self, algorithm: str | None = None, dtype: str | None = None) -> str | None:
         """Why an (algorithm, dtype) is not supported, or None."""
         if algorithm is not None and algorithm not in self.algorithms:
@@ -170,6 +191,30 @@ class Capabilities:
     def fits(self, geometry: Geometry) -> bool:
         """The shape is within every declared limit."""
         return self.too_large(geometry) is None
+
+
+@lru_cache(maxsize=256)
+def _nearest_head_dims(
+    head_dims: tuple[int, ...] | None, max_head_dim: int | None, equal: bool, Dk: int, Dv: int
+) -> tuple[int, int]:
+    """Capabilities.nearest_head_dims, cached on the declaration (a search over at most 128² pairs)."""
+    caps = Capabilities("", max_head_dim=max_head_dim, head_dims=head_dims, equal_head_dims=equal)
+    if caps.unsupported_head_dims(Dk, Dv) is None:
+        return Dk, Dv
+    sizes = head_dims or range(1, (max_head_dim or MAX_HEAD_DIM) + 1)
+    pairs = [(a, b) for a in sizes for b in sizes if caps.unsupported_head_dims(a, b) is None]
+
+    def rank(pair: tuple[int, int]) -> tuple[bool, int, int, bool, int]:
+        a, b = pair
+        return (
+            Dk != Dv and a == b,  # a lost Dk ≠ Dv ranks last (only equal pairs remain under equal_head_dims)
+            abs(a - Dk) + abs(b - Dv),
+            a * b,
+            (a > b) != (Dk > Dv),
+            a,
+        )
+
+    return min(pairs, key=rank)
 
 
 @dataclass(frozen=True)
