@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from gdn_ref.contract import RULES
-from gdn_spec.contract import MISSING_BUILDERS, RULE_CASES, check_inputs, valid_call
+from gdn_spec.contract import BASE_GEOMETRY, MISSING_BUILDERS, RULE_CASES, check_inputs, valid_call
 
 PAIRS = [(a, c) for c in RULE_CASES for a in c.algorithms]
 
@@ -32,6 +34,16 @@ def test_builder_breaks_exactly_its_rule(algorithm: str, case, dtype: str) -> No
     assert flagged == {case.id} | case.also
     assert case.violation(bad).argument in (*case.rule.arguments, "query", "recurrent_state")
     assert all(base[n].tobytes() == b for n, b in before.items()), "a builder modified the valid call"
+
+
+@pytest.mark.parametrize(("algorithm", "case"), PAIRS, ids=[f"{a}-{c.id}" for a, c in PAIRS])
+def test_needs_unequal_head_dims_marks_exactly_the_builders_a_square_call_defeats(algorithm: str, case) -> None:
+    """A kernel declaring equal_head_dims gets its rejection cases built from a Dk == Dv call: every builder must
+    still break its rule there, except the ones marked needs_unequal_head_dims (which the suite then skips)."""
+    square = replace(BASE_GEOMETRY[algorithm], Dk=16, Dv=16)
+    bad = case.build(valid_call(algorithm, "float32", square))
+    broken = case.id in {v.rule_id for v in check_inputs(**bad)}
+    assert broken != case.needs_unequal_head_dims, (case.id, case.needs_unequal_head_dims)
 
 
 def test_violation_message_names_argument_value_rule_and_fix() -> None:

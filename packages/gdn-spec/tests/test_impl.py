@@ -175,3 +175,22 @@ def test_nearest_head_dims_is_supported_and_keeps_what_it_can(raw: dict) -> None
 )
 def test_nearest_head_dims_examples(raw: dict, asked: tuple[int, int], expected: tuple[int, int]) -> None:
     assert Capabilities.from_mapping(raw, "k").nearest_head_dims(*asked) == expected
+
+
+def test_supported_geometry_is_noted_only_when_it_differs() -> None:
+    """A substituted fixed shape is noted for the test's report (and its failure message), naming the sizes run,
+    the sizes asked for and the capability; an unchanged one is the same object, with nothing noted."""
+    from gdn_spec import plugin
+    from gdn_spec.contract import BASE_GEOMETRY
+    from gdn_spec.suite._support import supported
+
+    plugin._SUBSTITUTIONS.clear()
+    base = BASE_GEOMETRY["schur"]
+    assert supported(Capabilities.from_mapping({}, "k"), base) is base
+    assert plugin._SUBSTITUTIONS == []
+    square = Capabilities.from_mapping({"equal_head_dims": True}, "sq")
+    assert supported(square, base) == Geometry(base.B, base.Hk, base.Hv, base.S, 16, 16)
+    assert plugin._SUBSTITUTIONS == [
+        "ran at Dk=16, Dv=16 instead of Dk=32, Dv=16: sq: Dk=32 != Dv=16, and it declares equal_head_dims=True"
+    ]
+    plugin._SUBSTITUTIONS.clear()

@@ -70,21 +70,67 @@ def test_correct_implementations_pass_the_same_runs(
     assert result["summary"]["totals"].get("passed", 0) > 0
 
 
-def test_correct_base_passes_the_whole_suite(tmp_path: Path) -> None:
-    result = check("mutants:CORRECT", (), "", tmp_path)
+@pytest.fixture(scope="module")
+def correct_whole_suite(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One whole-suite run of the mutants' correct base (declaring no head-dim limit), shared by the tests below."""
+    return check("mutants:CORRECT", (), "", tmp_path_factory.mktemp("correct"))
+
+
+def test_correct_base_passes_the_whole_suite(correct_whole_suite: dict) -> None:
+    result = correct_whole_suite
     assert result["code"] == 0, result["output"]
+    # Declaring no head-dim limit, every fixed-shape test runs at exactly the sizes it names (nothing substituted).
+    assert result["summary"]["substituted"] == {}, result["summary"]["substituted"]
+
+
+def _test_name(nodeid: str) -> str:
+    """``test_module.py::test_name[params]`` of a test id, whatever directory pytest prefixed it with."""
+    return nodeid.rsplit("/", 1)[-1]
+
+
+# Per head-dim-limited kernel: the tests it skips that the correct base runs. Only the rejection of a transposed
+# state needs Dk ≠ Dv, which a square-only kernel has no pair for; everything else runs at its nearest pair.
+HEAD_DIM_SKIPS = {
+    "square_heads_declared": {"test_rejection.py::test_rejects_invalid_call[schur-recurrent_state.shape]"},
+    "head_dims_declared": set(),
+}
 
 
 @pytest.mark.parametrize("name", list(DECLARED_HEAD_DIMS))
-def test_declared_head_dims_pass_the_whole_suite(name: str, tmp_path: Path) -> None:
+def test_declared_head_dims_pass_the_whole_suite(name: str, correct_whole_suite: dict, tmp_path: Path) -> None:
     """The same head-dim-limited kernels that fail undeclared (FLAWS: *_undeclared) pass once they declare the
-    limit: numerics is drawn inside it, and whatever lies outside is skipped naming the capability."""
+    limit: numerics is drawn inside it, and the fixed-shape tests run at the nearest supported head dims — every
+    one the correct base runs, but for a test whose point needs a shape outside the limit (skipped naming the
+    capability). Before, a fixed shape outside the limit was skipped: 59 run / 191 skipped for equal_head_dims."""
     result = check(f"mutants:{name}", (), "", tmp_path)
     assert result["code"] == 0, result["output"]
-    summary = result["summary"]
+    summary, correct = result["summary"], correct_whole_suite["summary"]
     assert summary["areas"]["numerics"].get("passed", 0) > 0, result["output"]
+
+    def skipped(s: dict) -> set[str]:
+        return {_test_name(t) for t, outcome in s["outcomes"].items() if outcome == "skipped"}
+
+    assert skipped(summary) - skipped(correct) == HEAD_DIM_SKIPS[name], result["output"]
     field = "equal_head_dims" if name.startswith("square") else "head_dims"
-    assert any(field in reason for reason in summary["skip_reasons"]), summary["skip_reasons"]
+    # Those skips, and only those, give a head-dim capability as the reason — the one this kernel declares.
+    named = {reason: n for reason, n in summary["skip_reasons"].items() if "head_dim" in reason}
+    assert sum(named.values()) == len(HEAD_DIM_SKIPS[name]), summary["skip_reasons"]
+    assert all(field in reason for reason in named), named
+    # Most fixed-shape tests ran at other sizes than they name, each noted with the capability that moved them.
+    substituted = summary["substituted"]
+    assert sum(substituted.values()) > 100 and all(field in note for note in substituted), substituted
+
+
+def test_a_failure_at_substituted_head_dims_names_the_sizes_that_ran(tmp_path: Path) -> None:
+    """A square-only kernel keeping the state as [Dv, Dk] fails the aliasing area at Dk = Dv = 16 (it was skipped
+    there, at Dk = 32, Dv = 16): each failure message starts with the sizes run, the sizes the test names and the
+    capability, so the report does not place the failure at a shape the kernel never ran. (Only the transposed
+    values can be caught at Dk == Dv; a Dk/Dv size mix-up is invisible there, and harmless to such a kernel.)"""
+    result = check("mutants:state_layout_vk", ("aliasing",), "", tmp_path)
+    failures = result["summary"]["failures"]
+    assert result["code"] != 0 and failures, result["output"]
+    prefix = "[ran at Dk=16, Dv=16 instead of Dk=32, Dv=16: mutant:state_layout_vk: Dk=32 != Dv=16, and it declares "
+    assert all(message.startswith(prefix + "equal_head_dims=True] ") for message in failures.values()), failures
 
 
 @pytest.mark.parametrize(

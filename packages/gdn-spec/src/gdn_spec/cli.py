@@ -2,9 +2,10 @@
 
 The suite runs through ``pytest.main`` with a collecting plugin; the summary names the implementation, the
 adapter it was called through and the contract profile, then a table of contract area × passed/failed/skipped,
-the worst numerics error per dtype and algorithm (as a fraction of its tolerance), the skip reasons, what
-``--area`` / ``-k`` / ``--algorithm`` / ``-x`` left out, and each failure's message. The exit code is non-zero on
-any failure, and when nothing ran. Arguments the CLI does not know (``-x``, ``--maxfail=3``, ...) go to pytest,
+the worst numerics error per dtype and algorithm (as a fraction of its tolerance), the skip reasons, the tests run
+at other head dims than they name (a head-dim-limited kernel's nearest supported pair), what ``--area`` / ``-k``
+/ ``--algorithm`` / ``-x`` left out, and each failure's message. The exit code is non-zero on any failure, and
+when nothing ran. Arguments the CLI does not know (``-x``, ``--maxfail=3``, ...) go to pytest,
 with or without a ``--`` before them.
 """
 
@@ -25,6 +26,7 @@ import pytest
 from .adapters import ADAPTERS
 from .impl import Implementation, ImplementationError, registered, resolve
 from .plugin import PROFILES as HYPOTHESIS_PROFILES
+from .plugin import SUBSTITUTION_PROPERTY
 from .profiles import PROFILE_DOCS, PROFILES
 from .suite._support import NUMERICS_PROPERTY
 
@@ -53,8 +55,9 @@ def area_of(nodeid: str) -> str:
 
 @dataclass
 class Summary:
-    """Outcomes per test, skip reasons, failures, the worst numerics error per (dtype, algorithm), and the run's
-    identity (implementation, adapter, profile) and restrictions (what was left out)."""
+    """Outcomes per test, skip reasons, failures, the worst numerics error per (dtype, algorithm), the head-dim
+    substitutions of tests that ran (note -> tests), and the run's identity (implementation, adapter, profile) and
+    restrictions (what was left out)."""
 
     outcomes: dict[str, str] = field(default_factory=dict)
     skip_reasons: Counter = field(default_factory=Counter)
@@ -64,6 +67,7 @@ class Summary:
     deselected: int = 0
     run: dict[str, Any] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
+    substituted: Counter = field(default_factory=Counter)
 
     def by_area(self) -> dict[str, Counter]:
         table: dict[str, Counter] = defaultdict(Counter)
@@ -88,6 +92,8 @@ class Summary:
             "skip_reasons": dict(self.skip_reasons),
             "worst": self.worst,
             "left_out": self.left_out,
+            "substituted": dict(self.substituted),
+            "outcomes": dict(sorted(self.outcomes.items())),
         }
 
 
@@ -122,6 +128,8 @@ class Collector:
         for name, value in report.user_properties:
             if str(name).startswith(NUMERICS_PROPERTY):
                 self._record(json.loads(value))
+            elif name == SUBSTITUTION_PROPERTY and not report.skipped:  # tests that ran, at other head dims
+                s.substituted[value] += 1
 
     def _record(self, entry: dict[str, Any]) -> None:
         key = f"{entry['dtype']}/{entry['algorithm']}/{entry['output']}"
@@ -167,6 +175,9 @@ def format_summary(summary: Summary, title: str) -> str:
     if summary.skip_reasons:
         lines += ["", "skipped (reason × tests):"]
         lines += [f"  {n:>4} × {reason}" for reason, n in summary.skip_reasons.most_common()]
+    if summary.substituted:
+        lines += ["", "run at the nearest head dims the implementation supports (sizes × tests):"]
+        lines += [f"  {n:>4} × {note}" for note, n in summary.substituted.most_common()]
     not_run = summary.collected - len(summary.outcomes)
     left_out = list(summary.left_out)
     if not_run > 0:

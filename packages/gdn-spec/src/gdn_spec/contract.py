@@ -206,6 +206,8 @@ class RuleCase:
             since a supplied state under neumann already breaks ``neumann.no_state``).
         also (frozenset[str]): other rules the violating call necessarily breaks too (e.g. a wrong rank is
             also a wrong shape).
+        needs_unequal_head_dims (bool): the builder breaks the rule only from a valid call with Dk ≠ Dv (a state
+            transposed to [B, Hv, Dv, Dk] has the right shape when Dk == Dv).
     """
 
     rule: Rule
@@ -213,6 +215,7 @@ class RuleCase:
     doc: str
     algorithms: tuple[str, ...] = ALGORITHMS
     also: frozenset[str] = frozenset()
+    needs_unequal_head_dims: bool = False
 
     @property
     def id(self) -> str:
@@ -302,7 +305,14 @@ _CASES: dict[str, tuple[Builder, str, tuple[str, ...], frozenset[str]]] = {
     ),
 }
 
-RULE_CASES: tuple[RuleCase, ...] = tuple(RuleCase(rule, *_CASES[rule.id]) for rule in RULES if rule.id in _CASES)
+# Rules whose builder needs a valid call with Dk ≠ Dv (see RuleCase.needs_unequal_head_dims).
+_NEEDS_UNEQUAL_HEAD_DIMS = frozenset({"recurrent_state.shape"})
+
+RULE_CASES: tuple[RuleCase, ...] = tuple(
+    RuleCase(rule, *_CASES[rule.id], needs_unequal_head_dims=rule.id in _NEEDS_UNEQUAL_HEAD_DIMS)
+    for rule in RULES
+    if rule.id in _CASES
+)
 """One RuleCase per rule of ``gdn_ref.contract.RULES``, in rule order."""
 
 MISSING_BUILDERS = tuple(rule.id for rule in RULES if rule.id not in _CASES)

@@ -5,7 +5,9 @@ An implementation is any callable with gdn_cte's signature. It is found, in orde
 ``gdn_spec.implementations`` (used when exactly one is installed; several need an explicit choice).
 
 It may carry a ``gdn_spec_capabilities`` dict (see :class:`Capabilities`); whatever it leaves out defaults to
-"everything", and whatever it excludes is reported as SKIPPED with the reason, never passed.
+"everything", and whatever it excludes is reported as SKIPPED with the reason, never passed — except head dims: a
+fixed-shape test at head dims it excludes runs at the nearest pair it supports (``nearest_head_dims``), and is
+skipped only when its point needs the excluded shape.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ class Capabilities:
         max_seq_len (int | None): largest S it accepts for the suite's draws; larger shapes are skipped.
         max_lanes (int | None): largest B·Hv per call.
         max_head_dim (int | None): largest Dk and Dv it accepts, at most the contract's MAX_HEAD_DIM = 128 (the
-            default, None, means the contract's bound); shapes above it are drawn out or skipped.
+            default, None, means the contract's bound); draws stay below it, fixed shapes run at
+            ``nearest_head_dims``.
         head_dims (tuple[int, ...] | None): the only head sizes it accepts, for Dk and Dv alike, e.g. (64, 128);
             None = every size up to ``max_head_dim``. Draws use the suite's sizes within it (its own sizes when
-            none of the suite's is), fixed-shape tests at other sizes are skipped with the reason.
-        equal_head_dims (bool): it needs Dk == Dv; draws then use Dv = Dk and fixed Dk ≠ Dv tests are skipped.
+            none of the suite's is); fixed-shape tests at other sizes run at ``nearest_head_dims``.
+        equal_head_dims (bool): it needs Dk == Dv; draws then use Dv = Dk, and fixed Dk ≠ Dv tests run at
+            ``nearest_head_dims`` (skipped only where the point is Dk ≠ Dv, e.g. rejecting a transposed state).
         max_work (int | None): cost hint, largest B·Hv·S·Dk·Dv per call; slow (e.g. simulated) kernels set it
             so Hypothesis draws smaller shapes, and fixed-shape tests above it are skipped with the reason.
         example_scale (float): multiplies the Hypothesis example count of numerics tests (at least 1 example);

@@ -9,8 +9,9 @@ skipped with the reason; unrelated pytest runs see a few extra options and nothi
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -164,6 +165,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=deselected)
         dropped = set(deselected)
         items[:] = [item for item in items if item not in dropped]
+
+
+# What the running suite test substituted (one test at a time per process, xdist workers included), e.g. "ran at
+# Dk=16, Dv=16 instead of Dk=32, Dv=16 (...)": cleared before each test, attached to its report.
+_SUBSTITUTIONS: list[str] = []
+SUBSTITUTION_PROPERTY = "gdn_substituted"
+
+
+def note_substitution(text: str) -> None:
+    """Record that the running suite test runs at other sizes than it names (suite._support.supported): the
+    report carries it (user property ``gdn_substituted``), and a failure's message starts with it, so a failure
+    reported at Dk=16, Dv=16 is not read as one at the Dk=32, Dv=16 the test's source shows."""
+    if text not in _SUBSTITUTIONS:
+        _SUBSTITUTIONS.append(text)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _SUBSTITUTIONS.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
+    outcome = yield
+    if call.when != "call" or not _SUBSTITUTIONS or not _in_suite(item.path):
+        return
+    report = outcome.get_result()
+    note = "; ".join(_SUBSTITUTIONS)
+    report.user_properties.append((SUBSTITUTION_PROPERTY, note))
+    if report.failed:
+        report.sections.append(("gdn-spec: sizes run", note))
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:  # the one-line message (pytest's short summary, gdn-spec check's FAILED list)
+            crash.message = f"[{note}] {crash.message}"
 
 
 def _unmet_promise(item: pytest.Item, profile: str, impl: Implementation) -> str | None:

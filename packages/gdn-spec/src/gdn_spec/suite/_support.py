@@ -16,6 +16,7 @@ from gdn_ref.masks import build_mask_pack
 
 from ..impl import Capabilities, Implementation
 from ..metrics import Error, describe
+from ..plugin import note_substitution
 from ..regimes import EQUAL_HEAD_GEOMETRIES, GROUP_SIZES, HEAD_DIMS, HEAD_GEOMETRIES, Case, Geometry
 
 NUMERICS_PROPERTY = "gdn_numerics"
@@ -130,9 +131,21 @@ def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometr
     return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
 
 
+def supported(caps: Capabilities, geometry: Geometry) -> Geometry:
+    """The geometry a fixed-shape test runs at: ``geometry`` itself when the implementation supports its head dims
+    (always, for one declaring no head-dim limit), else the same B, heads and S at ``caps.nearest_head_dims`` —
+    noted on the test's report and in front of any failure message, so a failure names the sizes that ran."""
+    Dk, Dv = caps.nearest_head_dims(geometry.Dk, geometry.Dv)
+    if (Dk, Dv) == (geometry.Dk, geometry.Dv):
+        return geometry
+    reason = caps.unsupported_head_dims(geometry.Dk, geometry.Dv)
+    note_substitution(f"ran at Dk={Dk}, Dv={Dv} instead of Dk={geometry.Dk}, Dv={geometry.Dv}: {reason}")
+    return replace(geometry, Dk=Dk, Dv=Dv)
+
+
 def require_fits(caps: Capabilities, geometry: Geometry) -> None:
-    """Skip (with the reason) a fixed-shape test above the implementation's declared limits or outside its declared
-    head dims (head_dims, max_head_dim, equal_head_dims)."""
+    """Skip (with the reason) a fixed-shape test above the implementation's declared limits (or outside its declared
+    head dims, which a geometry passed through ``supported`` never is)."""
     reason = caps.unsupported_head_dims(geometry.Dk, geometry.Dv) or caps.too_large(geometry)
     if reason:
         pytest.skip(reason)
@@ -141,7 +154,8 @@ def require_fits(caps: Capabilities, geometry: Geometry) -> None:
 def require_head_dims(caps: Capabilities, call: dict[str, Any]) -> None:
     """Skip (with the reason) a test whose call has head dims outside the declared support (head_dims,
     max_head_dim, equal_head_dims): a valid call would be refused for what the kernel never claimed, and a
-    rejection case refused for a reason other than the rule it breaks. Pass the *valid* call a case is built on."""
+    rejection case refused for a reason other than the rule it breaks. Pass the *valid* call a case is built on.
+    A safety net: the suite builds its fixed shapes through ``supported``, and draws inside the support."""
     reason = caps.unsupported_head_dims(np.shape(call["key"])[-1], np.shape(call["value"])[-1])
     if reason:
         pytest.skip(reason)

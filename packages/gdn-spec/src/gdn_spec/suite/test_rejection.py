@@ -11,10 +11,10 @@ import re
 import numpy as np
 import pytest
 
-from gdn_spec.contract import RULE_CASES, RuleCase, check_inputs, valid_call
+from gdn_spec.contract import BASE_GEOMETRY, RULE_CASES, RuleCase, check_inputs, valid_call
 from gdn_spec.impl import Implementation
 
-from ._support import changed, require_head_dims, snapshot
+from ._support import changed, snapshot, supported
 
 pytestmark = pytest.mark.gdn_requires("validation")
 
@@ -28,8 +28,23 @@ def test_rejects_invalid_call(gdn_impl: Implementation, gdn_algorithm: str, case
         pytest.skip(f"{caps.name} declares content_checks=False; [{case.id}] needs the tensor contents")
     if case.id in caps.inexpressible_rules:
         pytest.skip(f"[{case.id}] cannot be expressed through the adapter {gdn_impl.via!r}")
-    valid = valid_call(gdn_algorithm, caps.dtypes[0], seed=41)
-    require_head_dims(caps, valid)  # the case must be refused for its rule, not for the base call's head dims
+    # The valid call is at head dims the kernel supports, so the case is refused for its rule, not for the base
+    # call's head dims. A rule about head dims is still built as written (head_dim.max: Dv = 160; dq_eq_dk: a
+    # query of Dk/2): the call breaks the contract whatever the kernel declares, and a narrower support can only
+    # add reasons to refuse it — the refusal must still name the argument.
+    base = BASE_GEOMETRY[gdn_algorithm]
+    geometry = supported(caps, base)
+    if case.needs_unequal_head_dims and geometry.Dk == geometry.Dv:
+        declared = ", ".join(
+            f"{key}={getattr(caps, key)!r}"
+            for key in ("max_head_dim", "head_dims", "equal_head_dims")
+            if getattr(caps, key) not in (None, False)
+        )
+        pytest.skip(
+            f"[{case.id}] needs a call with Dk ≠ Dv (a transposed Dk == Dv state keeps its shape); {caps.name} "
+            f"supports none ({declared})"
+        )
+    valid = valid_call(gdn_algorithm, caps.dtypes[0], geometry, seed=41)
     bad = case.build(valid)
     argument = case.violation(bad).argument
     before = snapshot(bad)
@@ -66,8 +81,8 @@ def _emptied(call: dict, sizes: dict[str, int]) -> dict:
 
 @pytest.mark.parametrize("axis", list(EMPTY_AXES))
 def test_rejects_an_empty_launch(gdn_impl: Implementation, gdn_algorithm: str, axis: str) -> None:
-    valid = valid_call(gdn_algorithm, gdn_impl.capabilities.dtypes[0], seed=43)
-    require_head_dims(gdn_impl.capabilities, valid)
+    geometry = supported(gdn_impl.capabilities, BASE_GEOMETRY[gdn_algorithm])
+    valid = valid_call(gdn_algorithm, gdn_impl.capabilities.dtypes[0], geometry, seed=43)
     bad = _emptied(valid, EMPTY_AXES[axis])
     expected = {v.argument for v in check_inputs(**bad)}
     assert expected, f"an empty {axis} axis must break a rule"

@@ -13,7 +13,7 @@ from gdn_spec.metrics import Error, compare
 from gdn_spec.regimes import Geometry, make_case
 
 from ..oracle import errors_vs_oracle
-from ._support import call_args, require_fits, run
+from ._support import call_args, require_fits, run, supported
 
 # Sequence lengths in chunks: unequal, with a long one between short ones (a leak shows at either side).
 LENGTHS = (1, 3, 2)
@@ -87,7 +87,8 @@ def _run_packed(impl: Implementation, algorithm: str, dtype: str, regime: str, l
     caps = impl.capabilities
     if not caps.varlen:
         pytest.skip(f"{caps.name} does not declare varlen (cu_seqlens) support")
-    Hk, Hv, Dk, Dv = 2, 4, 32, 16
+    fitted = supported(caps, Geometry(1, 2, 4, CHUNK_SCHUR, 32, 16))  # for its head dims (the lengths set S)
+    Hk, Hv, Dk, Dv = fitted.Hk, fitted.Hv, fitted.Dk, fitted.Dv
     cases = [make_case(regime, Geometry(1, Hk, Hv, n, Dk, Dv), dtype, seed + i) for i, n in enumerate(lengths)]
     require_fits(caps, Geometry(1, Hk, Hv, sum(lengths), Dk, Dv))
     singles = [call_args(case, algorithm) for case in cases]
