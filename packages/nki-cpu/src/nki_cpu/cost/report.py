@@ -227,13 +227,11 @@ def pe_breakdown(report: CostReport) -> list[PeKindTime]:
         per unit of work (per chunk, per tile), divide ``count`` and the times by the number of units.
     """
     placed = report.schedule
-    kinds = {
-        record.index: PeKind.of(record) for record in report.trace.records if placed.track[record.index] == PE_TRACK
-    }
+    attributed = _pe_busy_parts(report)
+    kinds = {i: PeKind.of(report.trace.records[i]) for i in attributed}
     counts: Counter[PeKind] = Counter(kinds.values())
     busy: dict[PeKind, float] = dict.fromkeys(counts, 0.0)
     duration: dict[PeKind, float] = dict.fromkeys(counts, 0.0)
-    attributed = _split_among_concurrent({i: (placed.start_ns[i], placed.end_ns[i]) for i in kinds})
     for i, kind in kinds.items():
         busy[kind] += attributed[i]
         duration[kind] += placed.end_ns[i] - placed.start_ns[i]
@@ -271,24 +269,26 @@ def site_breakdown(report: CostReport, skip_files: Collection[str] = ()) -> list
         Divide ``count`` and ``busy_ns`` by your unit of work (chunks, tiles) for per-unit figures.
     """
     placed = report.schedule
-    records = report.trace.records
-    pe = {r.index: (placed.start_ns[r.index], placed.end_ns[r.index]) for r in records if r.engine is Engine.PE}
-    pe_part = _split_among_concurrent(pe)
+    pe_part = _pe_busy_parts(report)
     time: dict[tuple[str, str], float] = {}
     count: Counter[tuple[str, str]] = Counter()
-    for record in records:
+    for record in report.trace.records:
         key = (record.engine.value, site_label(record, skip_files))
-        ns = (
-            pe_part[record.index]
-            if record.engine is Engine.PE
-            else placed.end_ns[record.index] - placed.start_ns[record.index]
-        )
+        i = record.index
+        ns = pe_part[i] if i in pe_part else placed.end_ns[i] - placed.start_ns[i]
         time[key] = time.get(key, 0.0) + ns
         count[key] += 1
     engines = [engine.value for engine in (Engine.PE, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD, Engine.DMA)]
     totals = {engine: sum(ns for (e, _), ns in time.items() if e == engine) or 1.0 for engine in engines}
     ranked = sorted(time, key=lambda key: (engines.index(key[0]), -time[key], key[1]))
     return [SiteTime(e, site, count[(e, site)], time[(e, site)], time[(e, site)] / totals[e]) for e, site in ranked]
+
+
+def _pe_busy_parts(report: CostReport) -> dict[int, float]:
+    """Each tensor-engine instruction's part of the PE busy time, by trace index (concurrent tiles split evenly)."""
+    placed = report.schedule
+    on_pe = [r.index for r in report.trace.records if placed.track[r.index] == PE_TRACK]
+    return _split_among_concurrent({i: (placed.start_ns[i], placed.end_ns[i]) for i in on_pe})
 
 
 def _split_among_concurrent(intervals: dict[int, tuple[float, float]]) -> dict[int, float]:
