@@ -223,8 +223,8 @@ def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
             for j in range(width)
         ]
     query, key = (tiles.sbuf((c, width, dk), dtype) for _ in range(2))
-    nisa.dma_copy(dst=query, src=_chunk_major(lane.query[lane.b, lane.kh], start, width, c))
-    nisa.dma_copy(dst=key, src=_chunk_major(lane.key[lane.b, lane.kh], start, width, c))
+    nisa.dma_copy(dst=query, src=_chunk_major(lane.query, lane.b, lane.kh, start, width, c))
+    nisa.dma_copy(dst=key, src=_chunk_major(lane.key, lane.b, lane.kh, start, width, c))
     q_t, k_t = (tiles.sbuf((dk, width, c), dtype) for _ in range(2))  # [d, j, t]: chunk j's transposed tile
     nisa.dma_transpose(dst=q_t, src=query)
     nisa.dma_transpose(dst=k_t, src=key)
@@ -234,17 +234,26 @@ def load_chunks(lane: Lane, start: Any, width: int) -> list[Chunk]:
 def load_values(lane: Lane, start: Any, width: int, dst: Any) -> None:
     """DMA ``width`` chunks of v from token ``start`` token-major into ``dst`` ([C, width, Dv], chunk j at free-axis
     slot j): views of the chain slots (``ChainSlot.values``), where stage 3 reads them — v is read nowhere else."""
-    nisa.dma_copy(dst=dst, src=_chunk_major(lane.value[lane.b, lane.h], start, width, lane.chunk))
+    nisa.dma_copy(dst=dst, src=_chunk_major(lane.value, lane.b, lane.h, start, width, lane.chunk))
 
 
-def _chunk_major(tokens_by_dim: Any, start: Any, width: int, chunk: int) -> Any:
-    """View of a token-major [S, D] HBM tensor from token ``start`` as [chunk, width, D]: token t of chunk j at
-    [t, j, :]. A run-time ``start`` is the access pattern's scalar offset (in rows: ``indirect_dim=0``)."""
-    dim = tokens_by_dim.shape[1]
+def _chunk_major(tensor: Any, b: int, head: int, start: Any, width: int, chunk: int) -> Any:
+    """View of row ``b``, head ``head`` of a token-major [B, H, S, D] HBM argument from token ``start`` as
+    [chunk, width, D]: token t of chunk j at [t, j, :]. A run-time ``start`` is the access pattern's scalar offset,
+    counted in rows of the S dimension (``indirect_dim=2``).
+
+    ``.ap`` is called on the argument itself, never on an indexed view of it, with the (b, head) row's offset
+    written out: the NKI pages disagree on what ``.ap`` on a view counts from — the ``NkiTensor.ap`` reference
+    adds ``offset`` to the view's own offset and reads ``indirect_dim`` in the view's shape, the "NKI Access
+    Patterns" deep dive interprets both against the underlying tensor — and on the argument itself both readings
+    address the same bytes (docs/nki-sources.md §2.6; nki-cpu rule ``ap_scalar_offset_view``).
+    """
+    _, heads, seq_len, dim = tensor.shape
+    row = (b * heads + head) * seq_len
     pattern = [[dim, chunk], [chunk * dim, width], [1, dim]]
     if isinstance(start, int):
-        return tokens_by_dim.ap(pattern=pattern, offset=start * dim)
-    return tokens_by_dim.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=0)
+        return tensor.ap(pattern=pattern, offset=(row + start) * dim)
+    return tensor.ap(pattern=pattern, offset=row * dim, scalar_offset=start, indirect_dim=2)
 
 
 def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[None]:
