@@ -350,3 +350,54 @@ def test_relaxed_indirect_transpose_warns_and_runs():
 
     with pytest.warns(RuntimeWarning, match="addressed at run time.*relaxed"):
         nki_cpu.simulate(from_run_time_start, relax={"indirect_transpose"})()
+
+
+# --- .ap with a run-time (scalar) or vector offset: on a whole allocation only -------------------------------------
+def _heads() -> tuple[np.ndarray, object]:
+    """A [2, 3, 8, 4] HBM argument (batch, heads, tokens, dim) and its numpy values."""
+    values = _data((2, 3, 8, 4))
+    return values, _hbm(values, nl.float32)
+
+
+def test_ap_scalar_offset_on_an_indexed_view_is_rejected():
+    _, hbm = _heads()
+    with pytest.raises(AssertionError, match=r"ap with a scalar or vector offset on a view .* call .ap on the tensor"):
+        hbm[1, 2].ap(pattern=[[4, 2], [1, 4]], offset=0, scalar_offset=nki_cpu.isa.NkiScalar(3), indirect_dim=0)
+
+
+def test_ap_vector_offset_on_a_view_is_rejected():
+    _, hbm = _heads()
+    idx = tile(np.array([[1], [0]], dtype=np.int32))
+    with pytest.raises(AssertionError, match=r"ap with a scalar or vector offset on a view"):
+        hbm[0].ap(pattern=[[4, 2], [1, 4]], offset=0, vector_offset=idx, indirect_dim=0)
+
+
+def test_ap_scalar_offset_on_the_tensor_itself_addresses_the_rows_written_out():
+    values, hbm = _heads()
+    b, h, start = 1, 2, 3
+    view = hbm.ap(
+        pattern=[[4, 2], [1, 4]], offset=(b * 3 + h) * 8 * 4, scalar_offset=nki_cpu.isa.NkiScalar(start), indirect_dim=2
+    )
+    dst = empty((2, 4))
+    nisa.dma_copy(dst=dst, src=view)
+    np.testing.assert_array_equal(dst.read(), values[b, h, start : start + 2])
+
+
+def test_ap_static_offset_on_a_view_still_counts_from_the_view():
+    values, hbm = _heads()  # nki-library's gdn_cte loads k[batch].ap(..., offset=...) this way (§2.6)
+    dst = empty((2, 4))
+    nisa.dma_copy(dst=dst, src=hbm[1, 2].ap(pattern=[[4, 2], [1, 4]], offset=3 * 4))
+    np.testing.assert_array_equal(dst.read(), values[1, 2, 3:5])
+
+
+def test_relaxed_ap_scalar_offset_view_warns_and_counts_in_the_view():
+    values, hbm = _heads()
+
+    def on_a_view():
+        dst = empty((2, 4))
+        view = hbm[1, 2].ap(pattern=[[4, 2], [1, 4]], offset=0, scalar_offset=nki_cpu.isa.NkiScalar(3), indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=view)
+        np.testing.assert_array_equal(dst.read(), values[1, 2, 3:5])
+
+    with pytest.warns(RuntimeWarning, match="scalar or vector offset on a view.*relaxed"):
+        nki_cpu.simulate(on_a_view, relax={"ap_scalar_offset_view"})()

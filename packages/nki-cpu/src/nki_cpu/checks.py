@@ -42,6 +42,7 @@ RULES = frozenset(
         "buffer_strings",  # buffers are nl.* objects, not strings (NKI 0.3.0+)
         "pe_tiling",  # nc_matmul tiling mode: both tile_position and tile_size, aligned, inside the PE array
         "indirect_transpose",  # no dma_transpose of a src addressed at run time (nl.ds run-time start, offsets)
+        "ap_scalar_offset_view",  # .ap(scalar_offset= / vector_offset=) only on a whole allocation, not on a view
         "loop_in_no_reorder",  # no compiled loop (fori_loop / while_loop) inside an nl.no_reorder() block
     }
 )

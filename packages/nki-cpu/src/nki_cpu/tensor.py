@@ -235,6 +235,11 @@ class NkiTensor:
         return True
 
     # --- numpy access ---------------------------------------------------------------------------------------------
+    def _whole_allocation(self) -> bool:
+        """True when this view is its allocation as allocated: same shape, row-major, from its first element."""
+        same = self.offset == 0 and self.dtype == self.storage.dtype and self.shape == tuple(self.storage.shape)
+        return same and self.strides == _row_major(self.shape)
+
     def _storage_elems(self) -> int:
         return self.storage.raw.size // self.itemsize
 
@@ -629,6 +634,8 @@ class NkiTensor:
                     f"ap pattern partition step {pairs[0][0]} must equal the per-partition element count {row}"
                 )
         row_offsets = None
+        if (scalar_offset is not None or vector_offset is not None) and not self._whole_allocation():
+            _indirect_on_a_view(self)
         if scalar_offset is not None:
             value = _scalar_value(scalar_offset)
             start += value * math.prod(self.shape[indirect_dim + 1 :])
@@ -648,6 +655,24 @@ class NkiTensor:
             row_offsets=row_offsets,
             runtime_start=runtime_start,
         )
+
+
+def _indirect_on_a_view(view: NkiTensor) -> None:
+    """``.ap(scalar_offset= / vector_offset=)`` on a view that is not its whole allocation is rejected (rule
+    ``ap_scalar_offset_view``): the pages disagree on what it addresses. The ``NkiTensor.ap`` reference adds
+    ``offset`` to the view's own offset and scales the run-time offset by ``prod(self.shape[indirect_dim + 1:])``
+    (the view's shape); the "NKI Access Patterns" deep dive interprets pattern and offset against the underlying
+    storage, ignoring the view's offset, and counts ``indirect_dim`` in the base tensor (docs/nki-sources.md §2.6).
+    On the allocation itself both readings address the same bytes."""
+    from nki_cpu import checks  # checks imports this module
+
+    checks.rule(
+        "ap_scalar_offset_view",
+        f"ap with a scalar or vector offset on a view (shape {view.shape}, offset {view.offset}) of a "
+        f"{view.storage.shape} allocation: the NKI pages disagree on whether indirect_dim and offset count in the "
+        "view or in the underlying tensor; call .ap on the tensor itself, with the view's offset written into "
+        "offset= and indirect_dim counted in the tensor's dimensions",
+    )
 
 
 def _scalar_value(value: Any) -> int:
