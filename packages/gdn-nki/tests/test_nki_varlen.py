@@ -90,6 +90,9 @@ BAD = {
     "slot out of range": (dict(state_indices=np.array([0, 9])), "state_indices.range"),
     "slot repeated": (dict(state_indices=np.array([1, 1])), "state_indices.distinct"),
     "slot count": (dict(state_indices=np.array([1])), "state_indices.count"),
+    "slots of floats": (dict(state_indices=np.array([1.5, 3.99])), "state_indices.form"),
+    "slots of strings": (dict(state_indices=["3", "0"]), "state_indices.form"),
+    "slots 2-D": (dict(state_indices=np.array([[3], [0]])), "state_indices.form"),
     "pool shape": (dict(recurrent_state=np.zeros((4, HV, DK, DV + 1), np.float32)), "state_pool.shape"),
     "pool dtype": (dict(recurrent_state=np.zeros((4, HV, DK, DV), np.float64)), "recurrent_state.dtype"),
     "rows without slots": (dict(state_indices=None), "state_pool.rows"),
@@ -111,6 +114,17 @@ def test_bad_layouts_are_rejected_naming_the_argument_and_nothing_is_written(nam
     violation = next(v for v in err.value.violations if v.rule_id == rule)
     assert violation.argument in str(err.value)
     assert state.tobytes() == before.tobytes(), "a rejected call writes nothing"
+
+
+def test_a_wrong_tensor_layout_is_reported_on_the_tensors_not_on_cu_seqlens() -> None:
+    """Seq-first [1, T, H, D] tensors (FLA's layout) passed to the head-major entry point: cu_seqlens is judged
+    against the tensors' token count, so the tensors are checked first and named."""
+    packed, cu, _, cases = _packed("float32", lengths=(40, 331), seed=7)
+    seq_first = {name: np.ascontiguousarray(np.swapaxes(x, 1, 2)) for name, x in packed.items()}
+    with pytest.raises(ContractError) as err:
+        gdn_nki.prefill_varlen(**seq_first, cu_seqlens=cu, scale=cases[0].scale)
+    named = {v.argument for v in err.value.violations}
+    assert "cu_seqlens" not in named and named & {"value", "g_log", "beta"}, str(err.value)
 
 
 def test_batch_of_two_with_cu_seqlens_is_rejected() -> None:

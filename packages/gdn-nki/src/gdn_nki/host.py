@@ -19,6 +19,8 @@ from .varlen import (
     pack_padded,
     padded_offsets,
     pool_row_violations,
+    state_slot_violations,
+    tensor_violations,
     unpack_padded,
     varlen_violations,
 )
@@ -206,18 +208,25 @@ def prefill_varlen(
     _check_grid(grid)
     if mask_pack is None and algorithm == ALGORITHM_SCHUR:
         mask_pack = build_mask_pack()
-    shape = getattr(query, "shape", ())
-    batch, total = (shape[0], shape[2]) if len(shape) == 4 else (1, 0)
-    violations = cu_seqlens_violations(cu_seqlens, batch, total)
-    cu = [int(c) for c in np.asarray(cu_seqlens)] if not violations else []
-    slots = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices).reshape(-1))
-    chunk = CHUNK_BY_ALGORITHM.get(algorithm, 1) if isinstance(algorithm, str) else 1
-    starts, seq_chunks = padded_offsets(np.diff(cu), chunk) if cu else ([], ())
+    # The tensors' own layout first: cu_seqlens is judged against their token count, so with a wrong layout
+    # (seq-first tensors, a 3-D query) a cu_seqlens error would name the wrong argument.
+    violations = tensor_violations(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
+        padded=False, values=False,
+    )  # fmt: skip
     if not violations:
-        violations = varlen_violations(
-            query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, seq_chunks,
-            slots, padded=False, values=check_values,
-        )  # fmt: skip
+        violations = cu_seqlens_violations(cu_seqlens, query.shape[0], query.shape[2])
+    violations += state_slot_violations(state_indices)
+    if violations:
+        raise ContractError(violations)
+    cu = [int(c) for c in np.asarray(cu_seqlens)]
+    slots = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
+    chunk = CHUNK_BY_ALGORITHM.get(algorithm, 1) if isinstance(algorithm, str) else 1
+    starts, seq_chunks = padded_offsets(np.diff(cu), chunk)
+    violations = varlen_violations(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, seq_chunks,
+        slots, padded=False, values=check_values,
+    )  # fmt: skip
     if violations:
         raise ContractError(violations)
     rows = list(slots if slots is not None else range(len(seq_chunks)))

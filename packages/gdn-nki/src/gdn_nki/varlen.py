@@ -64,25 +64,10 @@ def varlen_violations(
     Returns:
         list[Violation]: empty when the launch is valid.
     """
-    skipped = {_DENSE_STATE_SHAPE} if padded else {_DENSE_STATE_SHAPE, _SEQ_DIVISIBLE}
-    found = [
-        v
-        for v in validate(
-            query,
-            key,
-            value,
-            g_log,
-            beta,
-            scale,
-            algorithm,
-            mask_pack,
-            group_size,
-            recurrent_state,
-            host=host,
-            values=values,
-        )
-        if v.rule_id not in skipped
-    ]
+    found = tensor_violations(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
+        host=host, padded=padded, values=values,
+    )  # fmt: skip
     shape = tuple(getattr(query, "shape", ()))
     if len(shape) != 4 or not isinstance(algorithm, str) or algorithm not in CHUNK_BY_ALGORITHM:
         return found  # the dense rules already name what is wrong
@@ -90,6 +75,46 @@ def varlen_violations(
     if not found:
         found += _pool_violations(shape, value.shape, recurrent_state, len(seq_chunks), state_slots)
     return found
+
+
+def tensor_violations(
+    query: Any,
+    key: Any,
+    value: Any,
+    g_log: Any,
+    beta: Any,
+    scale: Any,
+    algorithm: Any,
+    mask_pack: Any,
+    group_size: Any,
+    recurrent_state: Any,
+    *,
+    host: bool = True,
+    padded: bool = True,
+    values: bool = True,
+) -> list[Violation]:
+    """gdn_cte's documented rules on the packed tensors, less the two a packed launch replaces: the dense state's
+    shape (the pool's rules, ``varlen_violations``) and, before padding (``padded`` False), the token count's
+    divisibility. The arguments are ``varlen_violations``'."""
+    skipped = {_DENSE_STATE_SHAPE} if padded else {_DENSE_STATE_SHAPE, _SEQ_DIVISIBLE}
+    found = validate(
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
+        host=host, values=values,
+    )  # fmt: skip
+    return [v for v in found if v.rule_id not in skipped]
+
+
+def state_slot_violations(state_indices: Any) -> list[Violation]:
+    """The form of ``state_indices`` before its values are read: a 1-D sequence of integers (pool rows). Floats,
+    strings, booleans and nested lists are rejected here rather than truncated or coerced by ``int()``."""
+    if state_indices is None:
+        return []
+    values = np.asarray(state_indices)
+    if values.ndim == 1 and values.dtype.kind in "iu":
+        return []
+    return [_violation("state_indices.form", "state_indices", f"{values.dtype} of shape {values.shape}",
+                       "state_indices must be a 1-D integer array [N] of pool rows, one per sequence",
+                       "pass integer row numbers, one per sequence, e.g. [3, 0]")]  # fmt: skip
 
 
 def pool_row_violations(rows_state: np.ndarray, rows: Sequence[int]) -> list[Violation]:
