@@ -17,7 +17,7 @@ Judged with gdn-spec's metrics (relative RMS and max error against the dtype's t
   (never less than 1). In bf16 that change includes every later bf16 rounding the perturbation flips — the
   model's own resolution, which no core can beat.
 
-    python examples/qwen3_next_layer.py          # needs: pip install "gdn-nki[torch]" transformers
+    python examples/qwen3_next_layer.py          # needs: pip install "gdn-nki[torch]" gdn-spec transformers
 """
 
 from __future__ import annotations

@@ -213,6 +213,16 @@ BAD_FLA = {
         "cu_seqlens",
         "B must be 1",
     ),
+    "pool a view of a leaf requiring grad": (
+        dict(initial_state=lambda a: torch.randn(5, 2, 16, 16, requires_grad=True)[1:4]),
+        "initial_state",
+        "view of a leaf",
+    ),
+    "slots of floats": (dict(state_indices=lambda a: [2.7, 0.2]), "state_indices", "integer"),
+    "slots of strings": (dict(state_indices=lambda a: ["2", "0"]), "state_indices", "integer"),
+    "slots 2-D": (dict(state_indices=lambda a: torch.tensor([[2], [0]])), "state_indices", "1-D"),
+    "state_v_first": (dict(state_v_first=lambda a: True), "state_v_first", "[N, H, K, V]"),
+    "transpose_state_layout": (dict(transpose_state_layout=lambda a: True), "transpose_state_layout", "[N, H, K, V]"),
     "slot out of range": (dict(state_indices=lambda a: torch.tensor([3, 0])), "state_indices", "range|index"),
     "slot repeated": (dict(state_indices=lambda a: torch.tensor([1, 1])), "state_indices", "distinct"),
     "state fp16": (dict(initial_state=lambda a: a["initial_state"].half()), "initial_state", "float16"),
@@ -332,6 +342,31 @@ def test_host_entry_points_are_forward_only_too() -> None:
     assert not leaf.detach().any(), "nothing written"
     with torch.no_grad():  # where torch allows an in-place write to a leaf that requires grad, so does gdn-nki
         gdn_nki.simulate(**{**kwargs, "recurrent_state": leaf})
+
+
+def test_host_entry_points_reject_states_torch_would_not_write_in_place_before_writing() -> None:
+    """torch refuses an in-place write to a view of a leaf that requires grad (in grad mode) and to an inference
+    tensor outside inference mode; the kernel writes through numpy, so such a state is rejected before the launch,
+    not found out by torch after the state was written."""
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=16, Dv=16), seed=13, regime="initial_state")
+    kwargs = _torch_kwargs(c)
+    base = torch.randn(2, 1, 16, 16, requires_grad=True)
+    view = base[1:2]
+    before = base.detach().clone()
+    with pytest.raises(ContractError, match="`recurrent_state` a view of a leaf with requires_grad=True"):
+        gdn_nki.prefill(**{**kwargs, "recurrent_state": view})
+    assert torch.equal(base.detach(), before), "nothing written"
+    with torch.no_grad():  # allowed by torch there, so written
+        gdn_nki.prefill(**{**kwargs, "recurrent_state": view})
+    assert not torch.equal(base.detach()[1], before[1])
+    with torch.inference_mode():
+        inference = torch.zeros(1, 1, 16, 16)
+    with pytest.raises(ContractError, match="`recurrent_state` an inference tensor"):
+        gdn_nki.simulate(**{**kwargs, "recurrent_state": inference})
+    assert not inference.any(), "nothing written"
+    with torch.inference_mode():
+        _, final = gdn_nki.simulate(**{**kwargs, "recurrent_state": inference})
+    assert final is inference and inference.any()
 
 
 def test_fla_entry_records_its_in_place_pool_update_on_the_graph() -> None:

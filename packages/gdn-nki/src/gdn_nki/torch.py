@@ -91,8 +91,9 @@ def chunk_gated_delta_rule(
         state_indices (torch.Tensor | None): [N] distinct pool rows, one per sequence (SGLang / TensorRT-LLM's
             in-place pools). Not in FLA's signature.
         algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
-        kwargs: accepted and ignored, as FLA does (HF passes its attention kwargs through) — except
-            ``head_first=True``, rejected: FLA's head-first layout is deprecated there and not taken here.
+        kwargs: accepted and ignored, as FLA does (HF passes its attention kwargs through) — except FLA's options
+            that change what the tensors mean, rejected when set: ``head_first=True`` (deprecated in FLA),
+            ``state_v_first=True`` / ``transpose_state_layout=True`` ([N, H, V, K] states) and ``cp_context``.
 
     Returns:
         tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 when
@@ -108,10 +109,7 @@ def chunk_gated_delta_rule(
         garbage. Errors name this function's arguments and index their elements as the caller laid them out.
         The kernel runs simulated on the CPU (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
-    if kwargs.get("head_first"):
-        raise rejection("head_first", "= True", "gdn-nki takes FLA's seq-first layout only (head_first is "
-                        "deprecated in FLA)", "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first")  # fmt: skip
-    del kwargs
+    _reject_layout_options(kwargs)
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     _check_layout(tensors, cu_seqlens)
     if cu_seqlens is None and q.shape[1] < q.shape[2]:
@@ -145,6 +143,31 @@ def chunk_gated_delta_rule(
     if not output_final_state:
         return o, None
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
+
+
+# FLA options that change what the tensors mean, with the value that leaves them alone; any other is rejected,
+# never ignored (ignoring one runs a valid-looking call on misread data). Everything else in ``kwargs`` is ignored,
+# as FLA's ``**kwargs`` ignores it.
+_LAYOUT_OPTIONS = {
+    "head_first": (False, "gdn-nki takes FLA's seq-first layout only (head_first is deprecated in FLA)",
+                   "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first"),
+    "state_v_first": (False, "gdn-nki takes states as [N, H, K, V] only (FLA's default layout)",
+                      "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned state back"),
+    "transpose_state_layout": (False, "gdn-nki takes states as [N, H, K, V] only (FLA's default layout; "
+                               "transpose_state_layout is FLA's pre-0.5.1 name of state_v_first)",
+                               "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned "
+                               "state back"),
+    "cp_context": (None, "gdn-nki runs a whole sequence in one launch (no context parallelism)",
+                   "call it on the whole sequence, without cp_context"),
+}  # fmt: skip
+
+
+def _reject_layout_options(kwargs: dict[str, Any]) -> None:
+    """Reject an FLA option this entry point does not implement when it is set to anything but its no-op value."""
+    for name, (neutral, rule, fix) in _LAYOUT_OPTIONS.items():
+        value = kwargs.get(name, neutral)
+        if value is not neutral and value != neutral:
+            raise rejection(name, f"= {value!r}", rule, fix)
 
 
 def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:

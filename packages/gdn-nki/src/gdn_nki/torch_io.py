@@ -136,16 +136,31 @@ def _grads(inputs: Any) -> list[Any]:
 
 
 def reject_grad_leaf(name: str, state: Any) -> None:
-    """Reject a state the kernel would update in place that is a leaf requiring grad, as torch refuses in-place
-    writes to one in grad mode (a state already on a graph, written by an earlier call, is fine:
-    ``on_graph_in_place``)."""
-    if state.requires_grad and state.is_leaf and sys.modules["torch"].is_grad_enabled():
+    """Reject, before anything runs, a state the kernel would update in place where torch refuses in-place writes:
+    in grad mode a leaf that requires grad, or a view of one (a slice of a parameter, say), and outside inference
+    mode an inference tensor. The kernel writes the state through numpy, which torch cannot stop, and the write is
+    then recorded as torch records an in-place one (``on_graph_in_place``), which torch would refuse only after the
+    state was written. A state already on a graph, written by an earlier call, is fine."""
+    torch = sys.modules["torch"]
+    grad_mode = torch.is_grad_enabled()
+    base = state._base if state._base is not None else state
+    if grad_mode and state.requires_grad and base.is_leaf and base.requires_grad:
+        what = "a leaf" if base is state else "a view of a leaf"
         raise rejection(
             name,
-            "a leaf with requires_grad=True",
-            "a state updated in place cannot be a leaf that requires grad (torch refuses in-place writes to one; "
-            "gdn-nki is forward-only)",
-            f"pass {name}.detach(), or run under torch.no_grad() (train with a differentiable implementation)",
+            f"{what} with requires_grad=True",
+            f"a state updated in place cannot be {what} that requires grad (torch refuses in-place writes to one "
+            "in grad mode; gdn-nki is forward-only)",
+            f"pass {name}.detach() (then read the returned state), or run under torch.no_grad() (train with a "
+            "differentiable implementation)",
+        )
+    if state.is_inference() and not torch.is_inference_mode_enabled():
+        raise rejection(
+            name,
+            "an inference tensor (made under torch.inference_mode())",
+            "a state updated in place cannot be an inference tensor outside inference mode (torch refuses in-place "
+            "writes to one there)",
+            "make the call under torch.inference_mode() too, or pass a clone made outside it",
         )
 
 
