@@ -191,3 +191,11 @@ def test_nan_in_a_named_pool_row_is_rejected_and_free_rows_are_not_scanned() -> 
     assert "[3, 1, 0, 2]" in str(err.value)
     assert np.array_equal(pool, before, equal_nan=True), "a rejected call writes nothing"
     gdn_nki.prefill_varlen(**packed, **kwargs, state_indices=np.array([0, 3]), check_values=False)  # opt-out
+
+
+def test_nan_in_a_per_sequence_state_names_the_sequence_not_a_pool_row() -> None:
+    packed, cu, states, cases = _packed("float32", lengths=(130, 20), seed=12)
+    states[1, 0, 2, 4] = np.nan
+    with pytest.raises(ContractError, match=r"at sequence 1, index \[1, 0, 2, 4\]") as err:
+        gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=states)
+    assert "pool" not in str(err.value) and "finite initial state for that sequence" in str(err.value)

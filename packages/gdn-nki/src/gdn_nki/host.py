@@ -234,7 +234,7 @@ def prefill_varlen(
     # state only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
     staged = None if recurrent_state is None else np.ascontiguousarray(recurrent_state[rows])
     if staged is not None and check_values:
-        violations = pool_row_violations(staged, rows)
+        violations = pool_row_violations(staged, slots)
         if violations:
             raise ContractError(violations)
     padded_len = sum(seq_chunks) * chunk

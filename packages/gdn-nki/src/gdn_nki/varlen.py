@@ -117,27 +117,31 @@ def state_slot_violations(state_indices: Any) -> list[Violation]:
                        "pass integer row numbers, one per sequence, e.g. [3, 0]")]  # fmt: skip
 
 
-def pool_row_violations(rows_state: np.ndarray, rows: Sequence[int]) -> list[Violation]:
+def pool_row_violations(rows_state: np.ndarray, rows: Sequence[int] | None) -> list[Violation]:
     """The values rule of ``recurrent_state`` on the rows a launch reads: a pool's shape is not the dense
     [B, Hv, Dk, Dv] the contract's scan expects, and its other rows are never read, so only the named ones are
     scanned (a NaN left in a free slot by an earlier request must not fail this one).
 
     Args:
         rows_state (np.ndarray): [N, Hv, Dk, Dv] fp32, the named rows in sequence order.
-        rows (Sequence[int]): the pool row of each sequence (for the message).
+        rows (Sequence[int] | None): the pool row of each sequence (for the message), or None for a state of one
+            row per sequence (no pool).
 
     Returns:
-        list[Violation]: one violation naming the pool row and index of the first NaN/±Inf, or nothing.
+        list[Violation]: one violation naming the pool row (or sequence) and index of the first NaN/±Inf, or nothing.
     """
     where = first_bad_index(rows_state, lambda block: ~np.isfinite(block))
     if where is None:
         return []
-    row = rows[where[0]]
-    return [_violation("recurrent_state.finite", "recurrent_state", f"value {float(rows_state[where])} at pool row "
-                       f"{row} (sequence {where[0]}), index {[row, *where[1:]]}",
+    seq = where[0]
+    if rows is None:
+        at, fix = f"sequence {seq}, index {list(where)}", "pass a finite initial state for that sequence (or zeros)"
+    else:
+        at = f"pool row {rows[seq]} (sequence {seq}), index {[rows[seq], *where[1:]]}"
+        fix = "reset that slot (zeros) before reusing it, or find where the previous request overflowed"
+    return [_violation("recurrent_state.finite", "recurrent_state", f"value {float(rows_state[where])} at {at}",
                        "the initial state of every sequence must hold finite numbers: NaN and ±Inf reach every "
-                       "token of the sequence through the state",
-                       "reset that slot (zeros) before reusing it, or find where the previous request overflowed")]  # fmt: skip
+                       "token of the sequence through the state", fix)]  # fmt: skip
 
 
 def _violation(rule_id: str, argument: str, value: str, rule: str, fix: str) -> Violation:
