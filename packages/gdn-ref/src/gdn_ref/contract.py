@@ -320,7 +320,8 @@ def _seq_divisible(call: Call) -> Violation | None:
         "query",
         f"sequence length S={call.S}",
         f'S must be divisible by {chunk} for algorithm="{algo}"',
-        f"pad S up to {-(-call.S // chunk) * chunk} (gdn_nki.prefill does this exactly)"
+        f"pad S up to {-(-call.S // chunk) * chunk} with tokens of g_log = 0 and beta = 0 (exact: they neither "
+        "decay nor write the state) and drop their outputs (gdn_nki.prefill does this for you)"
         + (' or use algorithm="neumann" (S % 64)' if algo == ALGORITHM_SCHUR and call.S % 64 == 0 else ""),
     )
 
