@@ -194,3 +194,17 @@ def test_supported_geometry_is_noted_only_when_it_differs() -> None:
         "ran at Dk=16, Dv=16 instead of Dk=32, Dv=16: sq: Dk=32 != Dv=16, and it declares equal_head_dims=True"
     ]
     plugin._SUBSTITUTIONS.clear()
+
+
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+def test_drawn_shapes_fit_a_one_lane_kernel(algorithm: str) -> None:
+    """Numerics draws shrink into max_lanes=1 for both algorithms (schur's fallback used to keep Hk = Hv = 2, two
+    lanes, so a one-lane kernel was called above its limit)."""
+    caps = Capabilities.from_mapping({"max_lanes": 1, "max_seq_len": 256}, "k")
+
+    @settings(max_examples=50, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(shape=shapes(algorithm, caps))
+    def draw(shape: tuple[Geometry, int]) -> None:
+        assert caps.too_large(shape[0]) is None, shape
+
+    draw()

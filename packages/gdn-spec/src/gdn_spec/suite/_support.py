@@ -90,7 +90,10 @@ def record_worst(node: pytest.Item, errors: list[Error], **labels: Any) -> None:
 
 
 def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
-    """Shrink a drawn shape into the declared limits and the default work budget (S first, then everything)."""
+    """Shrink a drawn shape into the declared limits and the default work budget (S first, then everything).
+
+    The result can still exceed a limit no shape of the algorithm meets (max_seq_len below its chunk, a max_work
+    below one lane of one chunk at the smallest head size): the caller skips it (``require_fits``)."""
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     budget = min(caps.max_work or DEFAULT_MAX_WORK, DEFAULT_MAX_WORK)
     caps = replace(caps, max_work=budget)
@@ -103,6 +106,8 @@ def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
         hk = 1 if algorithm != ALGORITHM_SCHUR else min(g.Hk, 2)
         smallest = min(drawable_head_dims(caps))  # the cheapest head size the implementation declares
         g = Geometry(1, hk, hk, g.S, smallest, smallest)
+    if not caps.fits(g):  # a one-lane kernel (max_lanes=1) still gets schur's draws, at one head
+        g = Geometry(1, 1, 1, g.S, g.Dk, g.Dv)
     return g
 
 
