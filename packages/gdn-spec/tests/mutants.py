@@ -276,6 +276,35 @@ DECLARED_HEAD_DIMS: dict[str, Callable[..., Any]] = {
 }
 
 
+def limited(**limits: int) -> Callable[..., Any]:
+    """The correct base declaring size limits (``max_seq_len``, ``max_lanes``, ``max_work``) and refusing any call
+    above one before anything else, like a kernel sized for its hardware. The refusal names no argument, so a suite
+    call above a declared limit fails whatever test made it — a rejection test included. Sizes are read only from
+    a 4-D query and value: a rank violation is the contract's to refuse."""
+
+    def gdn_cte(**call: Any) -> tuple[np.ndarray, np.ndarray]:
+        q, v = np.shape(call["query"]), np.shape(call["value"])
+        if len(q) == 4 and len(v) == 4:
+            sizes = {"max_seq_len": q[2], "max_lanes": v[0] * v[1], "max_work": v[0] * v[1] * q[2] * q[3] * v[3]}
+            over = [f"{name} {sizes[name]} > {limit}" for name, limit in limits.items() if sizes[name] > limit]
+            if over:
+                raise RuntimeError(f"LIMIT BREACHED, called above its declared {'; '.join(over)}")
+        return CORRECT(**call)
+
+    label = ",".join(f"{name}={limit}" for name, limit in limits.items())
+    gdn_cte.gdn_spec_capabilities = {**CORRECT.gdn_spec_capabilities, **limits, "name": f"mutant:limited({label})"}
+    return gdn_cte
+
+
+# Correct kernels declaring size limits: the whole suite must pass them, skipping what is above a limit and never
+# calling them there. S = 200 is between schur's 128 and 256 and above neumann's 192; S = 100 is below schur's
+# only chunk multiple; one lane leaves a single head.
+DECLARED_LIMITS: dict[str, Callable[..., Any]] = {
+    "limited_seq200_lanes2": limited(max_seq_len=200, max_lanes=2),
+    "limited_seq100_lanes1": limited(max_seq_len=100, max_lanes=1),
+}
+
+
 def warns_on_huge_gates(**call: Any) -> tuple[np.ndarray, np.ndarray]:
     """The correct base, plus an inverse decay e^(−g) it never uses: right numbers, but numpy warns (overflow) on
     every huge gate. It proves a warning-free check can see a warning (test_power)."""
@@ -288,3 +317,4 @@ warns_on_huge_gates.gdn_spec_capabilities = {**CAPS, "name": "mutant:warns_on_hu
 for _name, (_fn, _areas, _k) in FLAWS.items():
     globals()[_name] = _fn
 globals().update(DECLARED_HEAD_DIMS)
+globals().update(DECLARED_LIMITS)

@@ -208,3 +208,19 @@ def test_drawn_shapes_fit_a_one_lane_kernel(algorithm: str) -> None:
         assert caps.too_large(shape[0]) is None, shape
 
     draw()
+
+
+def test_a_call_above_a_declared_limit_is_skipped_naming_it() -> None:
+    """The safety net every suite call goes through (``run``): a call above max_seq_len or max_lanes is skipped
+    with the limit as the reason; a call within them, and a rank violation (no sizes), is not."""
+    from gdn_spec.contract import valid_call
+    from gdn_spec.suite._support import require_call_supported
+
+    caps = Capabilities.from_mapping({"max_seq_len": 100, "max_lanes": 2}, "k")
+    with pytest.raises(pytest.skip.Exception, match=r"S=128 exceeds its declared max_seq_len=100"):
+        require_call_supported(caps, valid_call("schur"))
+    with pytest.raises(pytest.skip.Exception, match=r"B·Hv=4 exceeds its declared max_lanes=2"):
+        require_call_supported(caps, valid_call("neumann", geometry=Geometry(2, 2, 2, 64, 32, 16)))
+    call = valid_call("neumann")
+    require_call_supported(caps, call)  # S = 64, B·Hv = 2: within both
+    require_call_supported(caps, {**call, "value": call["value"][0]})  # a 3-D value has no sizes to judge

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mutants import DECLARED_HEAD_DIMS, FLAWS
+from mutants import DECLARED_HEAD_DIMS, DECLARED_LIMITS, FLAWS
 
 HERE = Path(__file__).parent
 
@@ -119,6 +119,45 @@ def test_declared_head_dims_pass_the_whole_suite(name: str, correct_whole_suite:
     # Most fixed-shape tests ran at other sizes than they name, each noted with the capability that moved them.
     substituted = summary["substituted"]
     assert sum(substituted.values()) > 100 and all(field in note for note in substituted), substituted
+
+
+# Per size-limited kernel: tests that called it above its declared limits before every call site checked them
+# (each now skipped naming the limit), and a limit every one of its skip reasons for size must name.
+LIMIT_SKIPS = {
+    "limited_seq200_lanes2": {
+        "test_divisibility.py::test_sequence_length[schur-S256-accept]",
+        "test_neumann.py::test_accepts_equal_heads_without_state[float32-neumann]",
+        "test_rejection.py::test_rejects_invalid_call[schur-heads.gqa_divisible]",
+    },
+    "limited_seq100_lanes1": {
+        "test_divisibility.py::test_sequence_length[schur-S128-accept]",
+        "test_independence.py::test_value_heads_are_independent[neumann-float32-0]",
+        "test_aliasing.py::test_returned_state_is_the_supplied_object[float32-schur]",
+        "test_mask_pack.py::test_neumann_needs_no_pack[float32-neumann]",
+        "test_numerics.py::test_matches_oracle[schur-float32-random]",
+        "test_rejection.py::test_rejects_an_empty_launch[schur-tokens]",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(DECLARED_LIMITS))
+def test_declared_size_limits_are_never_exceeded(name: str, tmp_path: Path) -> None:
+    """A correct kernel declaring max_seq_len / max_lanes, refusing any call above them (in a message naming no
+    argument), passes the whole suite: every call site — fixed shapes, draws, rejection cases — stays within the
+    declared limits, and what cannot is skipped naming the limit, never failed. Before, the divisibility,
+    independence, neumann, aliasing, mask_pack, dtypes, numerics and rejection areas called such kernels above
+    their limits and reported the refusal as the kernel's failure."""
+    result = check(f"mutants:{name}", (), "", tmp_path)
+    summary = result["summary"]
+    assert result["code"] == 0 and not summary["failures"], result["output"]
+    assert summary["totals"].get("passed", 0) > 0, result["output"]
+    assert "LIMIT BREACHED" not in result["output"], result["output"]
+    outcomes = {_test_name(t): outcome for t, outcome in summary["outcomes"].items()}
+    assert {t: outcomes.get(t) for t in LIMIT_SKIPS[name]} == dict.fromkeys(LIMIT_SKIPS[name], "skipped"), outcomes
+    # Both declared limits show up as skip reasons, each naming the size, the key and its declared value.
+    for key in ("max_seq_len", "max_lanes"):
+        limit = DECLARED_LIMITS[name].gdn_spec_capabilities[key]
+        assert any(f"exceeds its declared {key}={limit}" in r for r in summary["skip_reasons"]), summary["skip_reasons"]
 
 
 def test_a_failure_at_substituted_head_dims_names_the_sizes_that_ran(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM
 from gdn_ref.masks import build_mask_pack
 
+from ..contract import geometry_of
 from ..impl import Capabilities, Implementation
 from ..metrics import Error, describe
 from ..plugin import note_substitution
@@ -49,12 +50,13 @@ def call_args(case: Case, algorithm: str, group_size: int = 8) -> dict[str, Any]
 def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Call the implementation and return (out, state) as numpy arrays (the state object itself, not a copy).
 
-    Every call the suite makes through here also checks that the caller's arrays are as they were: the inputs
+    A call outside the declared support (head dims, max_seq_len, max_lanes, max_work) is skipped with the reason
+    instead of made (``require_call_supported``). Every call the suite makes through here also checks that the caller's arrays are as they were: the inputs
     are read-only, and so is a supplied ``recurrent_state`` unless the implementation declares ``state_in_place``
     (a kernel returning a new state must not touch the caller's — in a serving stack it is a row of the state
     pool). Comparing bytes catches any write, NaN-filling included.
     """
-    require_head_dims(impl.capabilities, args)
+    require_call_supported(impl.capabilities, args)
     writable = {"recurrent_state"} if impl.capabilities.state_in_place else set()
     before = {name: data for name, data in snapshot(args).items() if name not in writable}
     result = impl(**args)
@@ -149,19 +151,67 @@ def supported(caps: Capabilities, geometry: Geometry) -> Geometry:
 
 
 def require_fits(caps: Capabilities, geometry: Geometry) -> None:
-    """Skip (with the reason) a fixed-shape test above the implementation's declared limits (or outside its declared
-    head dims, which a geometry passed through ``supported`` never is)."""
+    """Skip (with the reason) a test whose shape is above the implementation's declared limits (max_seq_len,
+    max_lanes, max_work) or outside its declared head dims (which a geometry passed through ``supported`` never is).
+
+    Args:
+        caps (Capabilities): what the implementation declares.
+        geometry (Geometry): the sizes of the call the test is about to make.
+
+    Notes:
+        A kernel called above what it declares may refuse the call or fail for that reason alone: reported as the
+        kernel's failure, it would blame the kernel for the suite's choice of shape. Skipped, the summary names
+        the limit.
+    """
     reason = caps.unsupported_head_dims(geometry.Dk, geometry.Dv) or caps.too_large(geometry)
     if reason:
         pytest.skip(reason)
 
 
-def require_head_dims(caps: Capabilities, call: dict[str, Any]) -> None:
-    """Skip (with the reason) a test whose call has head dims outside the declared support (head_dims,
-    max_head_dim, equal_head_dims): a valid call would be refused for what the kernel never claimed, and a
-    rejection case refused for a reason other than the rule it breaks. Pass the *valid* call a case is built on.
-    A safety net: the suite builds its fixed shapes through ``supported``, and draws inside the support."""
+def fixed_shape(caps: Capabilities, geometry: Geometry) -> Geometry:
+    """The geometry a fixed-shape test calls the implementation at, or a skip naming the declared limit it exceeds.
+
+    Args:
+        caps (Capabilities): what the implementation declares.
+        geometry (Geometry): the shape the test names.
+
+    Returns:
+        Geometry: ``supported(caps, geometry)`` — the same B, heads and S at the nearest supported head dims —
+        when that is within max_seq_len, max_lanes and max_work; otherwise the test is skipped with the reason.
+
+    Notes:
+        Every fixed-shape test builds its shape here, so none can call a kernel above a declared limit by
+        forgetting a separate check (``run`` and ``require_call_supported`` are the safety net).
+    """
+    fitted = supported(caps, geometry)
+    require_fits(caps, fitted)
+    return fitted
+
+
+def call_geometry(call: dict[str, Any]) -> Geometry | None:
+    """The sizes of a gdn_cte call, or None when query or value is not 4-D (a rank violation has no sizes)."""
+    if np.ndim(call["query"]) != 4 or np.ndim(call["value"]) != 4:
+        return None
+    return geometry_of(call)
+
+
+def require_call_supported(caps: Capabilities, call: dict[str, Any]) -> None:
+    """Skip (with the reason) a test whose call is outside the declared support: head dims (head_dims,
+    max_head_dim, equal_head_dims) or sizes (max_seq_len, max_lanes, max_work).
+
+    Args:
+        caps (Capabilities): what the implementation declares.
+        call (dict[str, Any]): the gdn_cte keyword arguments about to be passed (a packed varlen call counts
+            as B = 1 with every sequence's tokens in S).
+
+    Notes:
+        A valid call would be refused for what the kernel never claimed. A safety net: the suite builds its fixed
+        shapes through ``fixed_shape`` and draws inside the support, and ``run`` checks every call it makes.
+    """
     reason = caps.unsupported_head_dims(np.shape(call["key"])[-1], np.shape(call["value"])[-1])
+    geometry = call_geometry(call)
+    if reason is None and geometry is not None:
+        reason = caps.too_large(geometry)
     if reason:
         pytest.skip(reason)
 

@@ -11,7 +11,7 @@ from gdn_spec.impl import Implementation
 from gdn_spec.metrics import compare
 from gdn_spec.regimes import Geometry, make_case
 
-from ._support import assert_close, call_args, require_fits, run, supported
+from ._support import assert_close, call_args, fixed_shape, run
 
 # (chunks in total, chunks in the first call, group_size): splits before, inside and after a group boundary.
 SPLITS = [(2, 1, 8), (3, 1, 2), (3, 2, 2), (5, 3, 2), (4, 2, 3)]
@@ -32,8 +32,7 @@ def _token_slice(args: dict, start: int, stop: int, state: np.ndarray) -> dict:
 @pytest.mark.parametrize("regime", ["random", "model_gates"])
 def test_one_call_equals_two(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, split, regime: str) -> None:
     chunks, first, group_size = split
-    geometry = supported(gdn_impl.capabilities, Geometry(1, 2, 4, chunks * CHUNK_SCHUR, 32, 16))
-    require_fits(gdn_impl.capabilities, geometry)
+    geometry = fixed_shape(gdn_impl.capabilities, Geometry(1, 2, 4, chunks * CHUNK_SCHUR, 32, 16))
     case = make_case(regime, geometry, gdn_dtype, chunks * 10 + first, supply_state=True)
     whole = call_args(case, gdn_algorithm, group_size)
     initial = whole["recurrent_state"].copy()

@@ -8,7 +8,7 @@ from gdn_ref.constants import ALGORITHM_NEUMANN, CHUNK_BY_ALGORITHM
 from gdn_spec.impl import Implementation
 from gdn_spec.regimes import Geometry, make_case
 
-from ._support import call_args, require_fits, run, supported
+from ._support import call_args, fixed_shape, run
 
 # (B, Hk, Hv, chunks, Dk, Dv): GQA 3, Dk ≠ Dv both ways, the non-power-of-two 100, the 128 maximum.
 GEOMETRIES = [(2, 2, 6, 2, 64, 16), (1, 2, 4, 1, 16, 100), (1, 1, 1, 1, 128, 128), (2, 2, 2, 3, 100, 64)]
@@ -23,8 +23,8 @@ def test_output_shapes(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: 
             pytest.skip('"neumann" supports only the omitted state (its rejection is tested in test_neumann)')
         Hk = Hv  # neumann forbids head sharing: same sizes without GQA
     # A head-dim-limited kernel runs the same B, heads and S at its nearest head dims (Dk ≠ Dv kept if it can).
-    geometry = supported(gdn_impl.capabilities, Geometry(B, Hk, Hv, chunks * CHUNK_BY_ALGORITHM[gdn_algorithm], Dk, Dv))
-    require_fits(gdn_impl.capabilities, geometry)
+    S = chunks * CHUNK_BY_ALGORITHM[gdn_algorithm]
+    geometry = fixed_shape(gdn_impl.capabilities, Geometry(B, Hk, Hv, S, Dk, Dv))
     out, state = run(
         gdn_impl, call_args(make_case("random", geometry, gdn_dtype, 0, supply_state=supply_state), gdn_algorithm)
     )
