@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
-from numbers import Integral
 from typing import Any
 
 from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
 
+from . import capability_rules
 from .regimes import COMPUTE_DTYPES, Geometry
 
 ENV_VAR = "GDN_SPEC_IMPL"
@@ -87,55 +87,25 @@ class Capabilities:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, default_name: str) -> Capabilities:
-        """Validate a ``gdn_spec_capabilities`` dict; unknown keys are an error (a typo must not widen support)."""
-        raw = dict(raw or {})
-        unknown = set(raw) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ImplementationError(f"unknown capability keys {sorted(unknown)}")
-        caps = cls(**{"name": default_name, **raw})
-        for field, allowed in (("algorithms", ALGORITHMS), ("dtypes", COMPUTE_DTYPES)):
-            values = tuple(getattr(caps, field))
-            if not values or set(values) - set(allowed):
-                raise ImplementationError(f"capability {field}={values!r} must be a non-empty subset of {allowed}")
-            object.__setattr__(caps, field, values)
-        if not 0 < caps.example_scale <= 1:
-            raise ImplementationError(f"example_scale must be in (0, 1], got {caps.example_scale}")
-        caps._validate_head_dims()
-        return caps
+        """The capabilities a ``gdn_spec_capabilities`` declaration states, every key checked.
 
-    def _validate_head_dims(self) -> None:
-        """The head-dim capabilities are well-typed, within the contract and consistent (normalizes head_dims to
-        a sorted tuple); an error names the field, the value, the rule and the fix."""
+        Args:
+            raw (Mapping[str, Any] | None): the declaration (None: nothing declared, everything supported).
+            default_name (str): the display name when the declaration gives none (the spec string).
 
-        def is_size(d: object) -> bool:  # bool is an Integral: True must not pass as head dim 1
-            return isinstance(d, Integral) and not isinstance(d, bool) and 1 <= int(d) <= MAX_HEAD_DIM
+        Returns:
+            Capabilities: with normalized values (tuples, sorted head_dims, ints).
 
-        if self.max_head_dim is not None and not is_size(self.max_head_dim):
-            raise ImplementationError(
-                f"capability max_head_dim={self.max_head_dim!r} must be an integer in [1, {MAX_HEAD_DIM}] "
-                f"(the contract's MAX_HEAD_DIM); give the largest Dk and Dv the kernel accepts, or leave it out"
-            )
-        if self.head_dims is not None:
-            raw = self.head_dims
-            sizes = () if isinstance(raw, (str, bytes)) or not isinstance(raw, Iterable) else tuple(raw)
-            if not sizes or not all(is_size(d) for d in sizes):
-                raise ImplementationError(
-                    f"capability head_dims={raw!r} must be a non-empty collection of integers in "
-                    f"[1, {MAX_HEAD_DIM}]; list the head sizes the kernel accepts, e.g. (64, 128), or leave it out"
-                )
-            sizes = tuple(sorted({int(d) for d in sizes}))
-            above = [d for d in sizes if self.max_head_dim is not None and d > self.max_head_dim]
-            if above:
-                raise ImplementationError(
-                    f"capability head_dims={sizes!r} lists {above} above max_head_dim={self.max_head_dim}: "
-                    f"the two contradict each other; drop those sizes or raise max_head_dim"
-                )
-            object.__setattr__(self, "head_dims", sizes)
-        if not isinstance(self.equal_head_dims, bool):
-            raise ImplementationError(
-                f"capability equal_head_dims={self.equal_head_dims!r} must be a bool; True when the kernel needs "
-                f"Dk == Dv, else leave it out"
-            )
+        Raises:
+            ImplementationError: an unknown key (naming the valid keys and the closest one) or a value breaking its
+                key's rule (``capability_rules.CHECKS``: the type, the range, the allowed names); the message names
+                the key, the value, the rule and the fix. A typo must not widen what is claimed.
+        """
+        try:
+            values = capability_rules.validate(raw)
+        except capability_rules.CapabilityError as exc:
+            raise ImplementationError(str(exc)) from exc
+        return cls(**{"name": default_name, **values})
 
     def allows_head_dim(self, size: int) -> bool:
         """A single head size (Dk or Dv) is within the declared head_dims and max_head_dim."""
@@ -258,7 +228,11 @@ def load(spec: str) -> Implementation:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ImplementationError(f"{spec!r} is not callable")
-    return Implementation(spec, obj, Capabilities.from_mapping(getattr(obj, CAPABILITIES_ATTR, None), spec))
+    try:
+        capabilities = Capabilities.from_mapping(getattr(obj, CAPABILITIES_ATTR, None), spec)
+    except ImplementationError as exc:  # say whose declaration it is: the error is read far from the kernel
+        raise ImplementationError(f"{spec!r}.{CAPABILITIES_ATTR}: {exc}") from exc
+    return Implementation(spec, obj, capabilities)
 
 
 def registered() -> dict[str, str]:

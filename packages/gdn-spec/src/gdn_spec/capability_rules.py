@@ -1,0 +1,215 @@
+"""The rule each ``gdn_spec_capabilities`` key follows, and the check that applies them all.
+
+A declaration is written once by a kernel's author and trusted by every test, so a wrong one fails when the
+implementation is loaded — with an error naming the key, the value, the rule and the fix — never later as a
+TypeError inside a test, and never as a silently different claim: the string ``"no"`` is true, the string
+``"float32"`` is a sequence of seven letters, and a misspelt key would drop a limit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from numbers import Integral, Real
+from typing import Any, NoReturn
+
+from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
+from gdn_ref.contract import RULES
+
+from .regimes import COMPUTE_DTYPES
+
+# Words a declaration may use for a flag as a string, and the bool it meant (for the fix only: never accepted).
+_TRUE_WORDS = frozenset({"true", "yes", "y", "on", "1"})
+_FALSE_WORDS = frozenset({"false", "no", "n", "off", "0", "none", ""})
+
+
+class CapabilityError(ValueError):
+    """A ``gdn_spec_capabilities`` mapping breaks a key's rule (impl re-raises it as ImplementationError)."""
+
+
+def _fail(key: str, value: Any, rule: str, fix: str) -> NoReturn:
+    raise CapabilityError(f"capability {key}={value!r} {rule}; {fix}")
+
+
+def _unquoted(value: Any, parse: Callable[[str], Any]) -> str | None:
+    """``value`` written without quotes, when it is a string that parses as the expected kind (``"1024"``)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return repr(parse(value.strip()))
+    except ValueError:
+        return None
+
+
+def _positive_int(what: str, example: str) -> Callable[[str, Any], int | None]:
+    """An optional integer > 0 (``None`` = no limit); a bool, a float or a string is refused."""
+
+    def check(key: str, value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0:
+            return int(value)
+        kind = type(value).__name__
+        written = _unquoted(value, int)
+        if written is not None:
+            fix = f"write {written} without quotes"
+        elif isinstance(value, float) and value.is_integer() and value > 0:
+            fix = f"write {int(value)} (an int, not a float)"
+        else:
+            fix = f"give {what} as an int, e.g. {example}, or leave the key out (no limit)"
+        shown = "" if isinstance(value, Integral) and not isinstance(value, bool) else f", not a {kind}"
+        _fail(key, value, f"must be a positive integer{shown}", fix)
+
+    return check
+
+
+def _flag(meaning: str) -> Callable[[str, Any], bool]:
+    """A bool; a string is refused (any non-empty string, "no" and "False" included, is true)."""
+
+    def check(key: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        words = value.strip().lower() if isinstance(value, str) else None
+        if words in _TRUE_WORDS or words in _FALSE_WORDS:
+            fix = f"write {words in _TRUE_WORDS} without quotes ({meaning})"
+        else:
+            fix = f"write True or False ({meaning})"
+        rule = "must be a bool" + (" (a string is not: any non-empty string is true)" if words is not None else "")
+        _fail(key, value, rule, fix)
+
+    return check
+
+
+def _names(allowed: tuple[str, ...], example: str, default: str) -> Callable[[str, Any], tuple[str, ...]]:
+    """A non-empty list or tuple of distinct names from ``allowed`` (a bare string is refused: it is a sequence of
+    letters); normalized to a tuple in the declared order."""
+
+    def check(key: str, value: Any) -> tuple[str, ...]:
+        options = ", ".join(repr(a) for a in allowed)
+        if isinstance(value, str):
+            fix = f"write ({value!r},)" if value in allowed else f"list names from {options}, e.g. {example}"
+            _fail(key, value, "must be a list or tuple of names, not a bare string", fix)
+        if not isinstance(value, (list, tuple)) or not value:
+            rule = f"must be a non-empty list or tuple of names from {options}"
+            _fail(key, value, rule, f"e.g. {example}, or leave the key out ({default})")
+        for name in value:
+            if name not in allowed:
+                close = difflib.get_close_matches(str(name), allowed, n=1)
+                fix = f"did you mean {close[0]!r}?" if close else f"use only those names, e.g. {example}"
+                _fail(key, value, f"names {name!r}, which is not one of {options}", fix)
+        return tuple(dict.fromkeys(value))
+
+    return check
+
+
+def _name(key: str, value: Any) -> str:
+    if isinstance(value, str) and value.strip():
+        return value
+    fix = "give the kernel's display name as a string, e.g. 'my-kernel', or leave the key out (the spec)"
+    _fail(key, value, "must be a non-empty string", fix)
+
+
+def _example_scale(key: str, value: Any) -> float:
+    if isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 1:
+        return float(value)
+    written = _unquoted(value, float)
+    if written is not None:
+        fix = f"write {written} without quotes"
+    else:
+        fix = "give the fraction of the profile's Hypothesis examples, e.g. 0.25, or leave the key out (1)"
+    kind = "" if isinstance(value, Real) and not isinstance(value, bool) else f", not a {type(value).__name__}"
+    _fail(key, value, f"must be a number in (0, 1]{kind}", fix)
+
+
+def _is_head_size(d: object) -> bool:
+    return isinstance(d, Integral) and not isinstance(d, bool) and 1 <= int(d) <= MAX_HEAD_DIM
+
+
+def _max_head_dim(key: str, value: Any) -> int | None:
+    if value is None or _is_head_size(value):
+        return None if value is None else int(value)
+    rule = f"must be an integer in [1, {MAX_HEAD_DIM}] (the contract's MAX_HEAD_DIM)"
+    _fail(key, value, rule, "give the largest Dk and Dv the kernel accepts, or leave the key out")
+
+
+def _head_dims(key: str, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and value and all(_is_head_size(d) for d in value):
+        return tuple(sorted({int(d) for d in value}))
+    rule = f"must be a non-empty collection of integers in [1, {MAX_HEAD_DIM}], as a list or tuple"
+    fix = "list the head sizes the kernel accepts, e.g. (64, 128), or leave the key out"
+    _fail(key, value, rule, fix)
+
+
+_RULE_IDS = tuple(rule.id for rule in RULES)
+
+# key -> check(key, value) returning the normalized value or raising CapabilityError. The keys are the fields of
+# impl.Capabilities (a self-test holds the two equal).
+CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "name": _name,
+    "algorithms": _names(ALGORITHMS, "('schur',)", "both"),
+    "dtypes": _names(COMPUTE_DTYPES, "('bfloat16',)", "both"),
+    "max_seq_len": _positive_int("the largest S (tokens per call) the kernel accepts", "1024"),
+    "max_lanes": _positive_int("the largest B·Hv per call", "16"),
+    "max_head_dim": _max_head_dim,
+    "head_dims": _head_dims,
+    "equal_head_dims": _flag("True when the kernel needs Dk == Dv, else leave the key out"),
+    "max_work": _positive_int("the largest B·Hv·S·Dk·Dv per call", "1 << 24"),
+    "example_scale": _example_scale,
+    "content_checks": _flag("False for a traced kernel that cannot read tensor contents, else leave the key out"),
+    "validates_arguments": _flag("False when the kernel does not reject invalid calls, else leave the key out"),
+    "state_in_place": _flag(
+        "False when the kernel returns a new state instead of updating recurrent_state, else leave the key out"
+    ),
+    "inexpressible_rules": _names(_RULE_IDS, "('recurrent_state.writable',)", "none"),
+    "varlen": _flag("True when the kernel accepts cu_seqlens, else leave the key out"),
+}
+
+
+def validate(raw: Any) -> dict[str, Any]:
+    """Check a ``gdn_spec_capabilities`` declaration key by key and return it normalized.
+
+    Args:
+        raw (Any): the declaration: a mapping of capability keys (``None`` = nothing declared).
+
+    Returns:
+        dict[str, Any]: the declared keys only, with normalized values (tuples for sequences, sorted distinct
+        head_dims, ints and floats for numbers).
+
+    Raises:
+        CapabilityError: not a mapping; an unknown key (with the valid keys and the closest one); a value of the
+            wrong type or out of range; or keys contradicting each other (head_dims above max_head_dim). The
+            message names the key, the value, the rule and the fix.
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise CapabilityError(
+            f"gdn_spec_capabilities={raw!r} must be a dict of capability keys, not a {type(raw).__name__}; "
+            "write e.g. {'dtypes': ('bfloat16',)}, or leave the attribute out"
+        )
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in CHECKS:
+            raise _unknown_key(key)
+        values[key] = CHECKS[key](key, value)
+    head_dims, max_head_dim = values.get("head_dims"), values.get("max_head_dim")
+    above = [d for d in head_dims or () if max_head_dim is not None and d > max_head_dim]
+    if above:
+        raise CapabilityError(
+            f"capability head_dims={head_dims!r} lists {above} above max_head_dim={max_head_dim}: the two contradict "
+            "each other; drop those sizes or raise max_head_dim"
+        )
+    return values
+
+
+def _unknown_key(key: Any) -> CapabilityError:
+    valid = ", ".join(CHECKS)
+    close = difflib.get_close_matches(key, CHECKS, n=1) if isinstance(key, str) else []
+    fix = f"did you mean {close[0]!r}?" if close else "remove it, or use one of the valid keys"
+    return CapabilityError(
+        f"unknown capability key {key!r} (valid keys: {valid}): an unknown key is an error so a typo cannot silently "
+        f"widen what is claimed; {fix}"
+    )

@@ -1,0 +1,125 @@
+"""Every gdn_spec_capabilities key's value is checked when the implementation is loaded: the type, the range and
+the allowed names, with an error naming the key, the value, the rule and the fix (and the CLI prints it cleanly)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdn_spec.capability_rules import CHECKS
+from gdn_spec.cli import main
+from gdn_spec.impl import Capabilities, ImplementationError, load
+
+# (declaration, words the error must contain): per key, a value of the wrong type and one out of range.
+BAD = [
+    ({"name": ""}, ("name=''", "non-empty string", "'my-kernel'")),
+    ({"name": 7}, ("name=7", "non-empty string")),
+    ({"algorithms": "schur"}, ("algorithms='schur'", "not a bare string", "write ('schur',)")),
+    ({"algorithms": ("schur", "nuemann")}, ("'nuemann'", "not one of", "did you mean 'neumann'?")),
+    ({"algorithms": []}, ("algorithms=[]", "non-empty list or tuple", "leave the key out (both)")),
+    ({"dtypes": "float32"}, ("dtypes='float32'", "not a bare string", "write ('float32',)")),
+    ({"dtypes": ("fp32",)}, ("dtypes=('fp32',)", "'fp32', which is not one of 'float32', 'bfloat16'")),
+    ({"dtypes": None}, ("dtypes=None", "non-empty list or tuple")),
+    ({"max_seq_len": "1024"}, ("max_seq_len='1024'", "positive integer, not a str", "write 1024 without quotes")),
+    ({"max_seq_len": -5}, ("max_seq_len=-5", "positive integer", "largest S")),
+    ({"max_seq_len": 0}, ("max_seq_len=0", "positive integer")),
+    ({"max_seq_len": 1024.0}, ("max_seq_len=1024.0", "not a float", "write 1024 (an int")),
+    ({"max_seq_len": True}, ("max_seq_len=True", "not a bool")),
+    ({"max_lanes": 2.5}, ("max_lanes=2.5", "positive integer, not a float", "B·Hv")),
+    ({"max_lanes": -1}, ("max_lanes=-1", "positive integer")),
+    ({"max_work": "big"}, ("max_work='big'", "positive integer, not a str", "1 << 24")),
+    ({"max_work": 0}, ("max_work=0", "positive integer")),
+    ({"example_scale": "0.5"}, ("example_scale='0.5'", "number in (0, 1], not a str", "write 0.5 without quotes")),
+    ({"example_scale": 0}, ("example_scale=0", "(0, 1]")),
+    ({"example_scale": 1.5}, ("example_scale=1.5", "(0, 1]", "0.25")),
+    ({"example_scale": float("nan")}, ("example_scale=nan", "(0, 1]")),
+    ({"example_scale": True}, ("example_scale=True", "not a bool")),
+    ({"validates_arguments": "no"}, ("validates_arguments='no'", "must be a bool", "write False without quotes")),
+    ({"state_in_place": "False"}, ("state_in_place='False'", "must be a bool", "write False without quotes")),
+    ({"content_checks": 1}, ("content_checks=1", "must be a bool", "True or False")),
+    ({"varlen": "yes"}, ("varlen='yes'", "must be a bool", "write True without quotes", "cu_seqlens")),
+    ({"varlen": None}, ("varlen=None", "must be a bool")),
+    ({"equal_head_dims": "yes"}, ("equal_head_dims='yes'", "must be a bool", "Dk == Dv")),
+    ({"inexpressible_rules": "recurrent_state.writable"}, ("inexpressible_rules=", "not a bare string")),
+    ({"inexpressible_rules": ("no.such_rule",)}, ("'no.such_rule', which is not one of",)),
+    ({"max_head_dim": 256}, ("max_head_dim=256", "[1, 128]", "largest Dk and Dv")),
+    ({"head_dims": {64, 128}}, ("head_dims=", "as a list or tuple")),
+]
+
+
+@pytest.mark.parametrize(("raw", "words"), BAD, ids=[f"{next(iter(r))}={r[next(iter(r))]!r}" for r, _ in BAD])
+def test_a_bad_value_names_the_key_the_value_the_rule_and_the_fix(raw: dict, words: tuple[str, ...]) -> None:
+    with pytest.raises(ImplementationError) as info:
+        Capabilities.from_mapping(raw, "k")
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_every_key_is_checked() -> None:
+    """The checks cover exactly the Capabilities fields: a new field without a rule would go unchecked."""
+    assert set(CHECKS) == {f.name for f in dataclasses.fields(Capabilities)}
+    assert all(any(next(iter(raw)) == key for raw, _ in BAD) for key in CHECKS), "a key without a bad-value case"
+
+
+@pytest.mark.parametrize(("key", "close"), [("dtype", "dtypes"), ("max_seq", "max_seq_len"), ("varlen_", "varlen")])
+def test_an_unknown_key_lists_the_valid_keys_and_the_closest(key: str, close: str) -> None:
+    with pytest.raises(ImplementationError) as info:
+        Capabilities.from_mapping({key: 1}, "k")
+    message = str(info.value)
+    assert f"unknown capability key {key!r}" in message and f"did you mean {close!r}?" in message, message
+    assert all(valid in message for valid in CHECKS), message
+
+
+def test_a_declaration_that_is_not_a_dict_is_an_error() -> None:
+    with pytest.raises(ImplementationError, match=r"gdn_spec_capabilities=\['schur'\] must be a dict.*not a list"):
+        Capabilities.from_mapping(["schur"], "k")  # type: ignore[arg-type]
+
+
+def test_good_values_are_normalized() -> None:
+    caps = Capabilities.from_mapping(
+        {
+            "name": "k2",
+            "algorithms": ["schur", "schur"],
+            "dtypes": ["bfloat16"],
+            "max_seq_len": np.int64(512),
+            "max_lanes": 4,
+            "max_work": 1 << 20,
+            "example_scale": np.float32(0.5),
+            "varlen": True,
+            "head_dims": [128, 64],
+        },
+        "k",
+    )
+    assert (caps.name, caps.algorithms, caps.dtypes, caps.head_dims) == ("k2", ("schur",), ("bfloat16",), (64, 128))
+    assert type(caps.max_seq_len) is int and caps.max_seq_len == 512 and caps.example_scale == 0.5
+    assert Capabilities.from_mapping(None, "k") == Capabilities("k")
+    assert Capabilities.from_mapping({"max_seq_len": None}, "k").max_seq_len is None  # None = no limit, as omitted
+
+
+BAD_KERNEL = """
+def gdn_cte(**call):
+    raise AssertionError("never called: the declaration is refused first")
+
+gdn_cte.gdn_spec_capabilities = {"example_scale": "0.5"}
+"""
+
+
+def test_the_cli_prints_a_bad_declaration_as_one_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A string example_scale used to end ``gdn-spec check`` in a TypeError traceback; now it is a usage error
+    (exit 2) whose one line names the spec, the attribute, the key, the value, the rule and the fix."""
+    (tmp_path / "bad_caps_kernel.py").write_text(BAD_KERNEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("bad_caps_kernel", None)
+    assert main(["check", "bad_caps_kernel:gdn_cte"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith("gdn-spec: 'bad_caps_kernel:gdn_cte'.gdn_spec_capabilities: capability example_scale='0.5'")
+    assert err.endswith("must be a number in (0, 1], not a str; write 0.5 without quotes"), err
+    with pytest.raises(ImplementationError, match="bad_caps_kernel:gdn_cte"):
+        load("bad_caps_kernel:gdn_cte")
