@@ -5,7 +5,7 @@ adapter it was called through and the contract profile, then a table of contract
 the worst numerics error per dtype and algorithm (as a fraction of its tolerance), the skip reasons, the tests run
 at other head dims than they name (a head-dim-limited kernel's nearest supported pair), what ``--area`` / ``-k``
 / ``--algorithm`` / ``-x`` left out, and each failure's message. The exit code is non-zero on any failure, and
-when nothing ran. Arguments the CLI does not know (``-x``, ``--maxfail=3``, ...) go to pytest,
+when nothing was verified (no test passed or failed: all skipped or deselected; 5, pytest's "no tests"). Arguments the CLI does not know (``-x``, ``--maxfail=3``, ...) go to pytest,
 with or without a ``--`` before them.
 """
 
@@ -191,6 +191,31 @@ def format_summary(summary: Summary, title: str) -> str:
     return "\n".join(lines)
 
 
+def nothing_verified(summary: Summary) -> str | None:
+    """Why a run verified nothing — no test passed and none failed — or None when it verified something.
+
+    Args:
+        summary (Summary): the finished run.
+
+    Returns:
+        str | None: one line for the user: how many tests were skipped, with the most common reason, or that none
+        ran (deselected, or none collected).
+
+    Notes:
+        A run whose every test was skipped (a kernel without varlen run with ``--area varlen``) exits 0 under
+        pytest; reported as a pass it would claim a conformance nothing checked.
+    """
+    counts = Counter(summary.outcomes.values())
+    if counts["passed"] or counts["failed"]:
+        return None
+    if counts["skipped"]:
+        top = [f"{n} × {reason}; " for reason, n in summary.skip_reasons.most_common(1)]
+        return f"nothing was verified: all {counts['skipped']} tests were skipped ({''.join(top)}the reasons are above)"
+    if summary.deselected:
+        return f"nothing was verified: no test ran (all {summary.deselected} were deselected, see above)"
+    return "nothing was verified: no test was collected"
+
+
 def build_pytest_args(args: argparse.Namespace) -> list[str]:
     """pytest command line for a ``check`` invocation."""
     targets = [f"{SUITE}.test_{area}" for area in args.area] if args.area else [SUITE]
@@ -313,8 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({summary.run['seconds']:.1f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2))
-    if code == 0 and not summary.outcomes:
-        return 5
+    unverified = nothing_verified(summary) if code in (0, 5) else None
+    if unverified:
+        print(f"gdn-spec: {unverified}; exit code 5", file=sys.stderr)
+        return 5  # pytest's "no tests collected": a run that checked nothing must not read as a pass
     return code
 
 
