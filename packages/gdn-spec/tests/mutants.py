@@ -167,6 +167,8 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
             out = out * (1.0 + 1e-7 * np.random.default_rng().standard_normal(out.shape))
         out_dtype = np.float32 if api == "out_fp32" else NUMPY_DTYPES[np.dtype(query.dtype).name]
         out = out.astype(out_dtype)
+        if api == "out_short_dv":  # one value column lost (an off-by-one in the output tile)
+            out = np.ascontiguousarray(out[..., :-1])
         if api == "cumsum_gates_in_place":  # "reuses" the caller's g_log as scratch once done with it
             np.cumsum(g_log, axis=-1, out=g_log)
         if api == "new_state_nans_supplied" and recurrent_state is not None:
@@ -239,6 +241,7 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "neumann_accepts_state": (make(api="neumann_accepts_state"), ("neumann",), ""),
     "vague_errors": (make(api="vague_errors"), ("rejection",), "schur"),
     "out_fp32": (make(api="out_fp32"), ("dtypes",), ""),
+    "out_short_dv": (make(api="out_short_dv"), ("shapes",), ""),
     "nondeterministic": (make(api="nondeterministic"), ("determinism",), ""),
     # issue 8: decays from differences of fp32 prefix sums (huge gates mid-chunk; NaN after -inf), a clamp of g
     # at -5, no value scans, a zero final state where the large incoming state is mostly erased, and 3x the

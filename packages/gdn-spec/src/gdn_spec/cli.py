@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from .adapters import ADAPTERS
+from .failures import failure_message
 from .impl import Implementation, ImplementationError, registered, resolve
 from .plugin import PROFILES as HYPOTHESIS_PROFILES
 from .plugin import SUBSTITUTION_PROPERTY
@@ -35,7 +36,6 @@ SUITE_DIR = Path(__file__).parent / "suite"
 # Contract areas: one suite module each (test_<area>.py).
 AREAS = tuple(sorted(p.stem.removeprefix("test_") for p in SUITE_DIR.glob("test_*.py")))
 _AREA_RE = re.compile(r"test_(\w+)\.py::")
-_FAILURE_CHARS = 600
 
 
 def test_id(report: pytest.TestReport) -> str:
@@ -135,17 +135,6 @@ class Collector:
         key = f"{entry['dtype']}/{entry['algorithm']}/{entry['output']}"
         if key not in self.summary.worst or self.summary.worst[key]["ratio"] < entry["ratio"]:
             self.summary.worst[key] = entry
-
-
-def failure_message(report: pytest.TestReport, limit: int = _FAILURE_CHARS) -> str:
-    """The failure's own message (the assertion's text, the exception and its message), not the traceback's last
-    line, without pytest's re-printing of the asserted expression (whole arrays)."""
-    crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    text = text.split("\nassert ", 1)[0]  # pytest's explanation of the expression repeats operands' reprs
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    message = " | ".join(lines)
-    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def format_summary(summary: Summary, title: str) -> str:

@@ -28,5 +28,7 @@ def test_output_shapes(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: 
     out, state = run(
         gdn_impl, call_args(make_case("random", geometry, gdn_dtype, 0, supply_state=supply_state), gdn_algorithm)
     )
-    assert out.shape == (B, Hv, geometry.S, geometry.Dv), f"out shape {out.shape}"
-    assert state.shape == (B, Hv, geometry.Dk, geometry.Dv), f"state shape {state.shape}"
+    # The expected shape is in the message: the summary reports a failure by its message.
+    expected_out, expected_state = (B, Hv, geometry.S, geometry.Dv), (B, Hv, geometry.Dk, geometry.Dv)
+    assert out.shape == expected_out, f"out shape {out.shape}, expected [B, Hv, S, Dv] = {expected_out}"
+    assert state.shape == expected_state, f"state shape {state.shape}, expected [B, Hv, Dk, Dv] = {expected_state}"
