@@ -65,6 +65,15 @@ def leaky_varlen(q, k, v, g, beta, scale=None, initial_state=None, output_final_
     return seq_first(o), final if output_final_state else None
 
 
+def writes_initial_state(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """``fla_style`` with the right numbers that then zeroes the caller's ``initial_state`` (a returned-state kernel
+    "freeing" the slot): the suite must fail it naming ``initial_state``, the kernel's own name for the state."""
+    result = fla_style(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    if initial_state is not None:
+        initial_state[...] = 0.0
+    return result
+
+
 def hf_style(
     query: np.ndarray,
     key: np.ndarray,

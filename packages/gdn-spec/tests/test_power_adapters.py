@@ -51,6 +51,26 @@ def test_varlen_area(tmp_path: Path) -> None:
     assert undeclared["summary"]["verdicts"] == {"varlen": "skipped"}, undeclared["output"]
 
 
+@pytest.mark.parametrize(
+    ("spec", "adapter", "shown"),
+    [
+        ("adapter_kernels:writes_initial_state", "fla", "`initial_state` (the suite's `recurrent_state`, renamed"),
+        ("mutants:new_state_nans_supplied", None, "`recurrent_state`: a supplied `recurrent_state` is read only"),
+    ],
+)
+def test_a_written_state_is_named_as_the_kernel_calls_it(
+    spec: str, adapter: str | None, shown: str, tmp_path: Path
+) -> None:
+    """A seq-first kernel writing its input state was told it changed `recurrent_state`, a name it does not have:
+    the adapter declares the kernel's names (seqfirst.KERNEL_NAMES) and the message uses them."""
+    extra = ["--adapter", adapter] if adapter else []
+    result = check(spec, ("aliasing",), "incoming", tmp_path, extra=extra)
+    failures = result["summary"]["failures"]
+    assert result["code"] == 1 and len(failures) == 2, result["output"]
+    for message in failures.values():
+        assert message.startswith(f"Failed: the call changed the caller's {shown}"), message
+
+
 def test_math_profile_skips_api_promises_never_passes_them(tmp_path: Path) -> None:
     result = check("adapter_kernels:fla_style", ("rejection", "dtypes"), "", tmp_path, extra=["--adapter", "fla"])
     assert result["summary"]["verdicts"] == {"dtypes": "skipped", "rejection": "skipped"}, result["output"]

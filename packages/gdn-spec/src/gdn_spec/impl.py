@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -201,6 +201,8 @@ class Implementation:
         capabilities (Capabilities): what it declares it supports.
         via (str): the adapter between the suite and the kernel, reported in the summary ("" = called directly).
         default_profile (str): the contract profile a run uses unless one is chosen (``profiles``).
+        argument_names (Mapping[str, str]): gdn_cte's argument name -> the kernel's own, where an adapter passes
+            it under another name (seq-first: recurrent_state -> initial_state); empty = gdn_cte's names.
     """
 
     spec: str
@@ -208,9 +210,14 @@ class Implementation:
     capabilities: Capabilities
     via: str = ""
     default_profile: str = "api"
+    argument_names: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, **call: Any) -> Any:
         return self.fn(**call)
+
+    def argument_name(self, name: str) -> str:
+        """The kernel's own name for gdn_cte's argument ``name``, for messages the kernel's author reads."""
+        return self.argument_names.get(name, name)
 
 
 def load(spec: str) -> Implementation:

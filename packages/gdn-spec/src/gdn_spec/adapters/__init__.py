@@ -101,13 +101,15 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
         io_label = f", {io.describe()}"
     else:
         io = None
+    names: dict[str, str] = {}
     if kind.seq_first:
-        from .seqfirst import Conventions, wrap_seq_first
+        from .seqfirst import KERNEL_NAMES, Conventions, wrap_seq_first
 
         conventions = Conventions.from_options(options)
         fn: Callable[..., Any] = wrap_seq_first(impl.fn, conventions, io)
         caps = replace(caps, validates_arguments=False, state_in_place=False, varlen=conventions.takes_cu_seqlens)
         label = f"{name} adapter ({conventions.describe()}){io_label}"
+        names = KERNEL_NAMES
     elif kind.array_io == "torch":
         _no_options(name, options)
         from .torch_io import wrap_torch_signature
@@ -125,7 +127,9 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
         # Traced: shapes, dtypes and scalars are known at trace time, tensor contents are not.
         caps = replace(caps, content_checks=False)
         label = f"{name} adapter, {backend}"
-    return replace(impl, fn=fn, capabilities=caps, via=label, default_profile=kind.default_profile)
+    return replace(
+        impl, fn=fn, capabilities=caps, via=label, default_profile=kind.default_profile, argument_names=names
+    )
 
 
 def _no_options(name: str, options: dict[str, str]) -> None:

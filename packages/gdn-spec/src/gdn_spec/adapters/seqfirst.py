@@ -18,6 +18,19 @@ import numpy as np
 
 from ..impl import ImplementationError
 
+# gdn_cte's argument -> the seq-first kernel's name for it (FLA's signature: q, k, v positionally, then keywords).
+# The glue passes them under these names, and the suite's messages use them (adapters.adapt).
+KERNEL_NAMES = {
+    "query": "q",
+    "key": "k",
+    "value": "v",
+    "g_log": "g",
+    "beta": "beta",
+    "scale": "scale",
+    "recurrent_state": "initial_state",
+    "cu_seqlens": "cu_seqlens",
+}
+
 # Relative slack when checking that the suite's scale is the K**-0.5 an "internal"-scale kernel applies itself.
 _SCALE_RTOL = 1e-12
 
@@ -113,7 +126,7 @@ class Glue:
         """The query and the scale keyword for the kernel."""
         dk = query.shape[-1]
         if self.conventions.scale == "argument":
-            return query, {"scale": float(scale)}
+            return query, {KERNEL_NAMES["scale"]: float(scale)}
         if self.conventions.scale == "caller":  # one rounding of q·scale into the compute dtype
             return (query.astype(np.float64) * scale).astype(query.dtype), {}
         if not math.isclose(scale, dk**-0.5, rel_tol=_SCALE_RTOL):
@@ -172,14 +185,15 @@ def wrap_seq_first(
         ratio = value.shape[1] // max(1, query.shape[1])
         query, key = glue.heads(query, ratio), glue.heads(key, ratio)
         query, kwargs = glue.query(query, scale)
-        kwargs["g"] = io.to_kernel(seq_first(g_log))
-        kwargs["beta"] = io.to_kernel(seq_first(beta))
-        kwargs["initial_state"] = None if recurrent_state is None else io.to_kernel(glue.state_in(recurrent_state))
+        kwargs[KERNEL_NAMES["g_log"]] = io.to_kernel(seq_first(g_log))
+        kwargs[KERNEL_NAMES["beta"]] = io.to_kernel(seq_first(beta))
+        state = None if recurrent_state is None else io.to_kernel(glue.state_in(recurrent_state))
+        kwargs[KERNEL_NAMES["recurrent_state"]] = state
         kwargs["output_final_state"] = True
         if cu_seqlens is not None:
             if not conventions.takes_cu_seqlens:
                 raise ValueError("cu_seqlens given, but the kernel is declared without it (adapter option varlen=no)")
-            kwargs["cu_seqlens"] = io.index(cu_seqlens)
+            kwargs[KERNEL_NAMES["cu_seqlens"]] = io.index(cu_seqlens)
         result = fn(*(io.to_kernel(seq_first(x)) for x in (query, key, value)), **kwargs)
         if not isinstance(result, tuple) or len(result) != 2:
             raise TypeError(f"a seq-first kernel returns (o, final_state); got {type(result).__name__}")
@@ -191,4 +205,4 @@ def wrap_seq_first(
     return gdn_cte
 
 
-__all__ = ["ArrayIO", "Conventions", "Glue", "NumpyIO", "seq_first", "wrap_seq_first"]
+__all__ = ["KERNEL_NAMES", "ArrayIO", "Conventions", "Glue", "NumpyIO", "seq_first", "wrap_seq_first"]

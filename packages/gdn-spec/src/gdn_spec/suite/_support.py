@@ -61,9 +61,12 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
     before = {name: data for name, data in snapshot(args).items() if name not in writable}
     result = impl(**args)
     for name in changed(before, args):
-        rule = ("a supplied recurrent_state is read only for an implementation that does not declare "
-                "state_in_place" if name == "recurrent_state" else "gdn_cte's inputs are read only")  # fmt: skip
-        pytest.fail(f"the call changed the caller's `{name}`: {rule}; work on a copy", pytrace=False)
+        # Named as the kernel under test calls it (an adapter may rename it: initial_state for a seq-first kernel).
+        shown = impl.argument_name(name)
+        aka = "" if shown == name else f" (the suite's `{name}`, renamed by the adapter)"
+        rule = (f"a supplied `{shown}` is read only for an implementation that returns a new state "
+                "(state_in_place=False)" if name == "recurrent_state" else "the inputs are read only")  # fmt: skip
+        pytest.fail(f"the call changed the caller's `{shown}`{aka}: {rule}; work on a copy", pytrace=False)
     if not isinstance(result, tuple) or len(result) != 2:
         pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
     out, state = result
