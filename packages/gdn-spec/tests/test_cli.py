@@ -1,11 +1,16 @@
-"""``gdn-spec check``'s verdict and messages: the exit code of a run that verified nothing."""
+"""``gdn-spec check``'s verdict and messages: the exit code of a run that verified nothing, and the fix for a
+kernel module in the current directory that a console script cannot import."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
-from gdn_spec.cli import Summary, nothing_verified
+import pytest
+
+from gdn_spec.cli import Summary, main, nothing_verified
+from gdn_spec.impl import ImplementationError, load
 from test_power import check
 
 
@@ -34,3 +39,53 @@ def test_nothing_verified_means_no_pass_and_no_failure() -> None:
         "nothing was verified: all 2 tests were skipped (2 × why; the reasons are above)"
     )
     assert nothing_verified(summary()) == "nothing was verified: no test was collected"
+
+
+FIX = "run with PYTHONPATH=. (PYTHONPATH=. gdn-spec check {spec})"
+
+
+@pytest.fixture
+def console_script_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The current directory is tmp_path and, as under a console script, not on sys.path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and Path(p).resolve() != tmp_path.resolve()])
+    return tmp_path
+
+
+def test_a_module_in_the_current_directory_gets_the_pythonpath_fix(
+    console_script_cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run from the kernel's directory without PYTHONPATH, the error said only "No module named 'mykernel'"."""
+    (console_script_cwd / "here_kernel.py").write_text("def gdn_cte(**call):\n    raise AssertionError\n")
+    (console_script_cwd / "here_pkg").mkdir()
+    for spec, found in (("here_kernel:gdn_cte", "./here_kernel.py"), ("here_pkg.kernels:gdn_cte", "./here_pkg")):
+        with pytest.raises(ImplementationError) as info:
+            load(spec)
+        message = str(info.value)
+        assert f"No module named '{spec.split('.')[0].split(':')[0]}'" in message, message
+        assert f"; {found} is in the current directory, which is not on sys.path for console scripts" in message
+        assert message.endswith(FIX.format(spec=spec)), message
+    assert main(["check", "here_kernel:gdn_cte"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and FIX.format(spec="here_kernel:gdn_cte") in err, err
+
+
+def test_no_pythonpath_fix_where_it_would_not_help(console_script_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not for a module that is not here, nor, with the current directory on sys.path, for one that is here but
+    imports a missing dependency (the error names the dependency)."""
+    (console_script_cwd / "elsewhere_kernel_xyz").mkdir()  # not the module's name
+    with pytest.raises(ImplementationError) as info:
+        load("nowhere_kernel_xyz:f")
+    assert "No module named 'nowhere_kernel_xyz'" in str(info.value) and "PYTHONPATH" not in str(info.value)
+    (console_script_cwd / "on_path_kernel.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(console_script_cwd))
+    with pytest.raises(ImplementationError) as info:
+        load("on_path_kernel:f")
+    assert "no_such_dependency_xyz" in str(info.value) and "PYTHONPATH" not in str(info.value)
+
+
+def test_help_says_how_to_check_a_kernel_of_the_current_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "PYTHONPATH=. gdn-spec check my_kernel:gdn_cte (the current directory is not on sys.path" in out, out

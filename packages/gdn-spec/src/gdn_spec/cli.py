@@ -255,6 +255,8 @@ def _epilog() -> str:
         f"adapters (--adapter NAME[:key=value,...]):\n{adapters}\n"
         "  seq-first options: scale=argument|internal|caller, gqa=native|repeat, state=kv|vk, varlen=no|yes\n"
         f"registered implementations (gdn_spec.implementations): {names}\n"
+        "A kernel in a module of the current directory: PYTHONPATH=. gdn-spec check my_kernel:gdn_cte (the current\n"
+        "directory is not on sys.path for console scripts).\n"
         "Any other argument goes to pytest, e.g. -x or --maxfail=3 (a '--' before them is accepted)."
     )
 

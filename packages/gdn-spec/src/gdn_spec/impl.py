@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
@@ -228,7 +230,8 @@ def load(spec: str) -> Implementation:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ImplementationError(f"cannot import {module_name!r} for {spec!r}: {exc}") from exc
+        hint = _current_directory_hint(spec, exc)
+        raise ImplementationError(f"cannot import {module_name!r} for {spec!r}: {exc}{hint}") from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ImplementationError(f"{spec!r}: {type(obj).__name__} {obj!r} has no attribute {part!r}")
@@ -240,6 +243,36 @@ def load(spec: str) -> Implementation:
     except ImplementationError as exc:  # say whose declaration it is: the error is read far from the kernel
         raise ImplementationError(f"{spec!r}.{CAPABILITIES_ATTR}: {exc}") from exc
     return Implementation(spec, obj, capabilities)
+
+
+def _current_directory_hint(spec: str, exc: ImportError) -> str:
+    """The fix when the spec's module is a file (or package) of the current directory that Python did not look in.
+
+    Args:
+        spec (str): the ``module:callable`` spec, e.g. "my_kernel:gdn_cte" or "pkg.kernels:gdn_cte".
+        exc (ImportError): what importing its module raised.
+
+    Returns:
+        str: "; ./my_kernel.py is here, ... run with PYTHONPATH=. ..." or "" (another cause: the module imports a
+        missing dependency, or it is nowhere near).
+
+    Notes:
+        A console script (``gdn-spec``, ``pytest``) puts its own directory on sys.path, not the current one, so a
+        kernel next to the user is not found unless PYTHONPATH says so.
+    """
+    top = spec.partition(":")[0].split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != top:
+        return ""
+    cwd = Path.cwd()
+    if any(Path(entry or ".").resolve() == cwd for entry in sys.path):
+        return ""
+    found = next((f"./{p.name}" for p in (cwd / f"{top}.py", cwd / top) if p.exists()), None)
+    if found is None:
+        return ""
+    return (
+        f"; {found} is in the current directory, which is not on sys.path for console scripts: run with "
+        f"PYTHONPATH=. (PYTHONPATH=. gdn-spec check {spec})"
+    )
 
 
 def registered() -> dict[str, str]:
