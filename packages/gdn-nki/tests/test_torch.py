@@ -218,6 +218,11 @@ BAD_FLA = {
         "initial_state",
         "view of a leaf",
     ),
+    "pool an unbind view of a non-leaf": (
+        dict(initial_state=lambda a: (torch.randn(2, 3, 2, 16, 16, requires_grad=True) * 1).unbind(0)[0]),
+        "initial_state",
+        "in-place",
+    ),
     "slots of floats": (dict(state_indices=lambda a: [2.7, 0.2]), "state_indices", "integer"),
     "slots of strings": (dict(state_indices=lambda a: ["2", "0"]), "state_indices", "integer"),
     "slots 2-D": (dict(state_indices=lambda a: torch.tensor([[2], [0]])), "state_indices", "1-D"),
@@ -367,6 +372,27 @@ def test_host_entry_points_reject_states_torch_would_not_write_in_place_before_w
     with torch.inference_mode():
         _, final = gdn_nki.simulate(**{**kwargs, "recurrent_state": inference})
     assert final is inference and inference.any()
+
+
+def test_states_torch_refuses_only_at_the_write_are_rejected_with_the_state_untouched() -> None:
+    """Views torch refuses to update in place only when the write is recorded (returned by unbind, or made under
+    no_grad, of a tensor on a graph): the record comes before the state is written, so the refusal is a rejection
+    naming the argument and the state keeps its values."""
+    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=16, Dv=16), seed=14, regime="initial_state")
+    kwargs = _torch_kwargs(c)
+    kwargs["value"] = kwargs["value"].clone().requires_grad_()  # a training step: an input on a graph
+    on_graph = torch.randn(2, 1, 1, 16, 16, requires_grad=True) * 1
+    with torch.no_grad():
+        made_without_grad = on_graph[0]
+    for state in (on_graph.unbind(0)[0], made_without_grad):
+        before = state.detach().clone()
+        with pytest.raises(ContractError, match="`recurrent_state` a tensor torch will not write in place"):
+            gdn_nki.simulate(**{**kwargs, "recurrent_state": state})
+        assert torch.equal(state.detach(), before), "refused before the write"
+    committed = []
+    state = torch.zeros(1, 1, 16, 16)
+    gdn_nki.simulate(**{**kwargs, "recurrent_state": state}, on_commit=lambda: committed.append(state.clone()))
+    assert len(committed) == 1 and not committed[0].any() and state.any(), "on_commit runs right before the write"
 
 
 def test_fla_entry_records_its_in_place_pool_update_on_the_graph() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,6 +45,7 @@ def simulate(
     *,
     grid: int | None = None,
     check_values: bool = True,
+    on_commit: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_cte`` on the CPU with numpy arrays (``nki.simulate`` when installed, nki-cpu otherwise).
 
@@ -53,7 +55,9 @@ def simulate(
         ``gdn_cte[grid]`` (lanes split over programs): the logical-NeuronCore degree, 1 or 2 (``LNC_DEGREES``).
         ``check_values`` scans every input element first (``gdn_ref.contract.check_values``: g_log <= 0 and not
         NaN, everything else finite; g_log = -inf is a reset and accepted); default on, pass False only when the
-        caller guarantees its data.
+        caller guarantees its data. ``on_commit`` is called once the launch has completed, right before a
+        supplied ``recurrent_state`` is written: an exception it raises propagates with the state as it was (the
+        torch entry points record the in-place write on the autograd graph there, where torch may refuse it).
 
     Returns:
         tuple: (out [B, Hv, S, Dv] in query's dtype, final state [B, Hv, Dk, Dv] fp32). When ``recurrent_state``
@@ -78,6 +82,8 @@ def simulate(
     )  # fmt: skip
     if recurrent_state is None:
         return out, final_state
+    if on_commit is not None:
+        on_commit()
     recurrent_state[...] = staged  # commit: the launch completed
     return out, recurrent_state
 
@@ -103,6 +109,7 @@ def prefill(
     recurrent_state: np.ndarray | None = None,
     *,
     check_values: bool = True,
+    on_commit: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``simulate`` for any sequence length: pad to the algorithm's chunk multiple, return the real tokens.
 
@@ -128,8 +135,9 @@ def prefill(
     if pad:
         query, key, value, g_log, beta = (_pad_tokens(x, pad) for x in (query, key, value, g_log, beta))
     out, state = simulate(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, check_values=False
-    )  # the caller's values were scanned above; the padding is zeros
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, check_values=False,
+        on_commit=on_commit,
+    )  # the caller's values were scanned above; the padding is zeros  # fmt: skip
     return out[:, :, :seq_len], state
 
 
@@ -178,6 +186,7 @@ def prefill_varlen(
     *,
     grid: int | None = None,
     check_values: bool = True,
+    on_commit: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences of any lengths in ONE kernel launch (``gdn_cte_varlen``), each from its own state.
 
@@ -194,6 +203,8 @@ def prefill_varlen(
         state_indices: optional [N] distinct pool rows, one per sequence.
         grid: launch ``gdn_cte_varlen[grid]``: the logical-NeuronCore degree, 1 or 2 (``LNC_DEGREES``).
         check_values: scan every element first, as ``simulate`` does (default on).
+        on_commit: called once the launch has completed, right before the named rows are written, as
+            ``simulate``'s.
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, final states): the supplied state/pool itself, updated, or a
@@ -246,5 +257,7 @@ def prefill_varlen(
     )  # fmt: skip
     if recurrent_state is None:
         return unpack_padded(out, cu, starts), final_state
+    if on_commit is not None:
+        on_commit()
     recurrent_state[rows] = staged  # commit: the launch completed
     return unpack_padded(out, cu, starts), recurrent_state

@@ -29,9 +29,9 @@ from .torch_io import (
     check_tensor,
     forward_only,
     import_torch,
+    in_place_recorder,
     in_torch_terms,
-    on_graph_in_place,
-    reject_grad_leaf,
+    reject_unwritable_state,
     rejection,
 )
 
@@ -129,17 +129,17 @@ def chunk_gated_delta_rule(
         q, k = _l2norm(q), _l2norm(k)
     query, key, value = (_head_major(x, x.dtype) for x in (q, k, v))
     g_log, gate = (_head_major(x, torch.float32) for x in (g, beta))
+    inputs = (*tensors.values(), initial_state)
+    # The pool, written by the kernel, is recorded on the graph right before its rows are written.
+    record = in_place_recorder("initial_state", initial_state, inputs) if slots is not None else None
     try:
         out, final = prefill_varlen(
             query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
-            algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots,
+            algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
-    inputs = (*tensors.values(), initial_state)
     o = forward_only(as_torch(out).transpose(1, 2).reshape(batch, seq_len, value_heads, dv).contiguous(), inputs)
-    if slots is not None:
-        initial_state = on_graph_in_place(initial_state, inputs)  # the pool, written by the kernel
     if not output_final_state:
         return o, None
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
@@ -247,7 +247,7 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:
         return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
-    reject_grad_leaf("initial_state", initial_state)
+    reject_unwritable_state("initial_state", initial_state)
     if not initial_state.is_contiguous():
         raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
                         "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip

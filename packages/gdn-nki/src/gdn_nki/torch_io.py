@@ -135,16 +135,16 @@ def _grads(inputs: Any) -> list[Any]:
     return [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
 
 
-def reject_grad_leaf(name: str, state: Any) -> None:
-    """Reject, before anything runs, a state the kernel would update in place where torch refuses in-place writes:
-    in grad mode a leaf that requires grad, or a view of one (a slice of a parameter, say), and outside inference
-    mode an inference tensor. The kernel writes the state through numpy, which torch cannot stop, and the write is
-    then recorded as torch records an in-place one (``on_graph_in_place``), which torch would refuse only after the
-    state was written. A state already on a graph, written by an earlier call, is fine."""
+def reject_unwritable_state(name: str, state: Any) -> None:
+    """Reject, before anything runs, the states torch is known to refuse an in-place write to: in grad mode a
+    leaf that requires grad, or a view of one (a slice of a parameter, say), and outside inference mode an
+    inference tensor. The kernel writes the state through numpy, which torch cannot stop; refused here, the call
+    names the argument and no launch is wasted. Rarer refusals (views returned by unbind or split, views made
+    under no_grad) are caught where the write is recorded, still before it (``in_place_recorder``). A state
+    already on a graph, written by an earlier call, is fine."""
     torch = sys.modules["torch"]
-    grad_mode = torch.is_grad_enabled()
     base = state._base if state._base is not None else state
-    if grad_mode and state.requires_grad and base.is_leaf and base.requires_grad:
+    if torch.is_grad_enabled() and state.requires_grad and base.is_leaf and base.requires_grad:
         what = "a leaf" if base is state else "a view of a leaf"
         raise rejection(
             name,
@@ -164,6 +164,34 @@ def reject_grad_leaf(name: str, state: Any) -> None:
         )
 
 
+def in_place_recorder(name: str, state: Any, inputs: Any) -> Callable[[], None]:
+    """The host entry points' ``on_commit`` for a torch ``state`` the kernel updates in place: right before the
+    state is written, record the write on the autograd graph of ``inputs`` as torch records an in-place one
+    (``state.copy_`` of its own values through the forward-only node, so a backward through it raises instead of
+    finding no gradient), when grad mode is on and an input requires grad; otherwise nothing (a serving stack's
+    pool can be gigabytes: no copy).
+
+    Recording before the values are written is what keeps a refused record all or nothing: torch refuses some
+    in-place writes (``reject_unwritable_state``; also views returned by unbind or split, views made under
+    no_grad), and the refusal is raised as a rejection naming ``name`` with the state as it was.
+    """
+
+    def record() -> None:
+        if not _grads(inputs):
+            return
+        try:
+            state.copy_(forward_only(state.detach().clone(), inputs))
+        except RuntimeError as error:
+            raise rejection(
+                name,
+                "a tensor torch will not write in place in grad mode",
+                f"torch refuses the in-place update of {name} ({str(error).splitlines()[0]})",
+                f"pass {name}.detach() or a clone (then read the returned state), or run under torch.no_grad()",
+            ) from None
+
+    return record
+
+
 def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]:
     """A numpy buffer the kernel may update in place for a torch state, and how to publish it on success.
 
@@ -171,7 +199,7 @@ def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]
     copy that is written back only when the call succeeds, so a failed call leaves the caller's tensor as it was.
     """
     check_tensor(name, state, ("float32",))
-    reject_grad_leaf(name, state)
+    reject_unwritable_state(name, state)
     view = as_numpy(state)
     if view.flags.c_contiguous:
         return view, lambda: None
@@ -184,15 +212,6 @@ def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]
         )
     staged = np.ascontiguousarray(view)
     return staged, lambda: view.__setitem__(Ellipsis, staged)
-
-
-def on_graph_in_place(state: Any, inputs: Any) -> Any:
-    """``state``, updated in place by the kernel, recorded on the autograd graph of ``inputs`` as torch records an
-    in-place write (``state.copy_`` of its own values through the forward-only node), when grad mode is on and an
-    input requires grad: a backward through it then raises instead of finding no gradient. Otherwise unchanged."""
-    if not _grads(inputs):  # inference: no copy (a serving stack's pool can be gigabytes)
-        return state
-    return state.copy_(forward_only(state.detach().clone(), inputs))
 
 
 # The host rules' fixes are numpy idioms (gdn-ref's contract speaks numpy); a torch caller reads torch ones.
@@ -245,6 +264,7 @@ def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[
             return fn(*args, **kwargs)
         publish = None
         state = bound.arguments.get("recurrent_state")
+        inputs = args + tuple(kwargs.values())
         for name, value in bound.arguments.items():
             if not is_torch_tensor(value):
                 continue
@@ -253,14 +273,16 @@ def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[
             else:
                 check_tensor(name, value)
                 bound.arguments[name] = as_numpy(value)
+        if publish is not None:  # the caller's own on_commit, if any, still runs after the record
+            record, theirs = in_place_recorder("recurrent_state", state, inputs), bound.arguments.get("on_commit")
+            bound.arguments["on_commit"] = record if theirs is None else lambda: (record(), theirs())
         try:
             out, final_state = fn(*bound.args, **bound.kwargs)
         except ContractError as error:
             raise in_torch_terms(error) from None
-        inputs = args + tuple(kwargs.values())
         if publish is not None:
             publish()
-            return forward_only(as_torch(out), inputs), on_graph_in_place(state, inputs)
+            return forward_only(as_torch(out), inputs), state
         return forward_only(as_torch(out), inputs), forward_only(as_torch(final_state), inputs)
 
     return wrapper
