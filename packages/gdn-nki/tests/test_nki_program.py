@@ -61,6 +61,18 @@ def test_the_compiled_steady_state_matches_the_oracle(dtype: str, group_size: in
     assert_matches_oracle(c, out, state, f"group {group_size}")
 
 
+def test_compiled_loops_of_every_batch_row_and_head_read_their_own_tokens() -> None:
+    """Batch row 1 and value head 1 (key head 0, GQA) loop too: the loop's run-time loads address row b, head h of
+    the [B, H, S, D] arguments from an offset written out in the kernel (``stages._chunk_major``), which a B = 1
+    launch cannot check."""
+    c = case("bfloat16", Geometry(B=2, Hk=1, Hv=2, S=TWO_ITERATIONS * GROUP * 128, Dk=32, Dv=16), seed=5,
+             regime="initial_state")  # fmt: skip
+    out, state = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
+    assert_matches_oracle(c, out, state, "B = 2, Hv = 2")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     """The loop body loads q and k token-major and transposes them on the tensor engine (a DMA transpose from a
