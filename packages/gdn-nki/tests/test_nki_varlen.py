@@ -127,6 +127,13 @@ def test_a_wrong_tensor_layout_is_reported_on_the_tensors_not_on_cu_seqlens() ->
     assert "cu_seqlens" not in named and named & {"value", "g_log", "beta"}, str(err.value)
 
 
+def test_a_violation_unrelated_to_the_layout_does_not_hide_a_cu_seqlens_one() -> None:
+    packed, _, _, cases = _packed("float32", lengths=(40, 331), seed=7)
+    with pytest.raises(ContractError) as err:
+        gdn_nki.prefill_varlen(**packed, cu_seqlens=np.array([0, 40, 370]), scale=cases[0].scale, group_size=0)
+    assert {"group_size.range", "cu_seqlens.end"} <= {v.rule_id for v in err.value.violations}, str(err.value)
+
+
 def test_batch_of_two_with_cu_seqlens_is_rejected() -> None:
     packed, _, _, cases = _packed("float32", lengths=(64, 64), seed=9)
     doubled = {k: np.concatenate([v, v], axis=0) for k, v in packed.items()}

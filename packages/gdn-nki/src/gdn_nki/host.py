@@ -9,6 +9,7 @@ import numpy as np
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import ContractError, Violation, enforce, validate
+from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import build_mask_pack
 
 from . import backend
@@ -17,13 +18,14 @@ from .torch_io import accepts_torch
 from .varlen import (
     cu_seqlens_violations,
     gdn_cte_varlen,
+    layout_violations,
     pack_padded,
+    packed_token_count,
     padded_offsets,
     pool_row_violations,
     state_slot_violations,
     tensor_violations,
     unpack_padded,
-    varlen_violations,
 )
 
 # Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
@@ -219,25 +221,25 @@ def prefill_varlen(
     _check_grid(grid)
     if mask_pack is None and algorithm == ALGORITHM_SCHUR:
         mask_pack = build_mask_pack()
-    # The tensors' own layout first: cu_seqlens is judged against their token count, so with a wrong layout
-    # (seq-first tensors, a 3-D query) a cu_seqlens error would name the wrong argument.
+    # The tensors' own rules first: cu_seqlens is judged against their token count, which a wrong layout
+    # (seq-first tensors, a 3-D query) makes meaningless; then the packed layout; then, once all hold, the values.
     violations = tensor_violations(
         query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
         padded=False, values=False,
     )  # fmt: skip
-    if not violations:
-        violations = cu_seqlens_violations(cu_seqlens, query.shape[0], query.shape[2])
+    tokens = packed_token_count(query, violations)
+    if tokens is not None:
+        violations += cu_seqlens_violations(cu_seqlens, query.shape[0], tokens)
     violations += state_slot_violations(state_indices)
-    if violations:
+    if violations or tokens is None:
         raise ContractError(violations)
     cu = [int(c) for c in np.asarray(cu_seqlens)]
     slots = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
-    chunk = CHUNK_BY_ALGORITHM.get(algorithm, 1) if isinstance(algorithm, str) else 1
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
     starts, seq_chunks = padded_offsets(np.diff(cu), chunk)
-    violations = varlen_violations(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, seq_chunks,
-        slots, padded=False, values=check_values,
-    )  # fmt: skip
+    violations = layout_violations(query, value, algorithm, recurrent_state, seq_chunks, slots, padded=False)
+    if not violations and check_values:
+        violations = check_values_of(query, key, value, g_log, beta)  # the state's named rows: below
     if violations:
         raise ContractError(violations)
     rows = list(slots if slots is not None else range(len(seq_chunks)))

@@ -68,13 +68,48 @@ def varlen_violations(
         query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
         host=host, padded=padded, values=values,
     )  # fmt: skip
+    return found + layout_violations(
+        query, value, algorithm, recurrent_state, seq_chunks, state_slots, padded=padded, tensors_valid=not found
+    )
+
+
+def layout_violations(
+    query: Any,
+    value: Any,
+    algorithm: Any,
+    recurrent_state: Any,
+    seq_chunks: Any,
+    state_slots: Any,
+    *,
+    padded: bool = True,
+    tensors_valid: bool = True,
+) -> list[Violation]:
+    """The packed launch's own rules: ``seq_chunks`` cover the tokens of batch row 0 (``padded``: as
+    ``varlen_violations``) and ``state_slots`` are distinct rows of the pool, the pool's only when the tensors'
+    rules hold (``tensors_valid``). Nothing when query's layout or the algorithm is already wrong: the tensors'
+    rules name that."""
     shape = tuple(getattr(query, "shape", ()))
     if len(shape) != 4 or not isinstance(algorithm, str) or algorithm not in CHUNK_BY_ALGORITHM:
-        return found  # the dense rules already name what is wrong
-    found += _layout_violations(shape, CHUNK_BY_ALGORITHM[algorithm], seq_chunks, padded)
-    if not found:
-        found += _pool_violations(shape, value.shape, recurrent_state, len(seq_chunks), state_slots)
+        return []
+    found = _layout_violations(shape, CHUNK_BY_ALGORITHM[algorithm], seq_chunks, padded)
+    if not found and tensors_valid:
+        found = _pool_violations(shape, value.shape, recurrent_state, len(seq_chunks), state_slots)
     return found
+
+
+# Rules whose violation means the tensors' token axis is not where the head-major layout puts it (seq-first
+# tensors, a 3-D query): cu_seqlens, judged against query.shape[2], would then be blamed for the tensors' mistake.
+_TOKEN_LAYOUT_RULES = frozenset(
+    f"{name}.{rule}" for name in ("query", "key", "value", "g_log", "beta") for rule in ("rank", "shape")
+)
+
+
+def packed_token_count(query: Any, found: Sequence[Violation]) -> int | None:
+    """The packed token count T the tensors carry (``query.shape[2]``), or None when their layout rules are broken
+    (``found``: the tensors' violations), so that cu_seqlens is not judged against a wrong T."""
+    if any(v.rule_id in _TOKEN_LAYOUT_RULES for v in found) or len(getattr(query, "shape", ())) != 4:
+        return None
+    return int(query.shape[2])
 
 
 def tensor_violations(
@@ -107,14 +142,30 @@ def tensor_violations(
 def state_slot_violations(state_indices: Any) -> list[Violation]:
     """The form of ``state_indices`` before its values are read: a 1-D sequence of integers (pool rows). Floats,
     strings, booleans and nested lists are rejected here rather than truncated or coerced by ``int()``."""
-    if state_indices is None:
+    if state_indices is None or _integer_vector(state_indices) is not None:
         return []
-    values = np.asarray(state_indices)
-    if values.ndim == 1 and values.dtype.kind in "iu":
-        return []
-    return [_violation("state_indices.form", "state_indices", f"{values.dtype} of shape {values.shape}",
+    return [_violation("state_indices.form", "state_indices", _describe_vector(state_indices),
                        "state_indices must be a 1-D integer array [N] of pool rows, one per sequence",
                        "pass integer row numbers, one per sequence, e.g. [3, 0]")]  # fmt: skip
+
+
+def _integer_vector(values: Any) -> np.ndarray | None:
+    """``values`` as a non-empty 1-D integer numpy array, or None when it is not one: ragged or nested lists,
+    floats, strings, booleans and empty sequences are refused, never coerced."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):  # a ragged nested list
+        return None
+    return array if array.ndim == 1 and array.size and array.dtype.kind in "iu" else None
+
+
+def _describe_vector(values: Any) -> str:
+    """What a value that is not an integer vector is, for a violation's message."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):
+        return f"a ragged {type(values).__name__} (not a rectangular array)"
+    return "an empty sequence" if array.size == 0 else f"{array.dtype} of shape {array.shape}"
 
 
 def pool_row_violations(rows_state: np.ndarray, rows: Sequence[int] | None) -> list[Violation]:
@@ -266,9 +317,9 @@ def gdn_cte_varlen(
 
 def cu_seqlens_violations(cu_seqlens: Any, batch: int, total: int) -> list[Violation]:
     """The rules of FlashAttention-style cumulative sequence lengths over ``total`` packed tokens in one row."""
-    values = np.asarray(cu_seqlens)
-    if values.ndim != 1 or values.size < 2 or values.dtype.kind not in "iu":
-        return [_violation("cu_seqlens.form", "cu_seqlens", f"{values.dtype} of shape {values.shape}",
+    values = _integer_vector(cu_seqlens)
+    if values is None or values.size < 2:
+        return [_violation("cu_seqlens.form", "cu_seqlens", _describe_vector(cu_seqlens),
                            "cu_seqlens must be a 1-D integer tensor [N + 1] (N >= 1 sequences)",
                            "pass the cumulative sequence lengths, e.g. [0, len0, len0 + len1, ...]")]  # fmt: skip
     found = []
