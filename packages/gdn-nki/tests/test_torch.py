@@ -277,6 +277,10 @@ def test_fla_entry_rejects_head_first_and_warns_on_a_head_first_looking_shape() 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         chunk_gated_delta_rule(**args, head_first=False)  # seq-first with T >= H: silent
+        for unset in ({"head_first": None}, {"state_v_first": 0}, {"cp_context": False}):
+            chunk_gated_delta_rule(**args, **unset)  # unset as FLA's truthiness test reads it
+    with pytest.raises(ContractError, match="`state_v_first`"):
+        chunk_gated_delta_rule(**args, state_v_first=torch.tensor([False, False]))  # no single truth value
     head_first = {name: x.transpose(1, 2).contiguous() for name, x in args.items()}
     with pytest.warns(UserWarning, match="head-first"):
         chunk_gated_delta_rule(**head_first)

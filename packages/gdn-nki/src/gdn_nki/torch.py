@@ -145,29 +145,39 @@ def chunk_gated_delta_rule(
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
 
 
-# FLA options that change what the tensors mean, with the value that leaves them alone; any other is rejected,
-# never ignored (ignoring one runs a valid-looking call on misread data). Everything else in ``kwargs`` is ignored,
-# as FLA's ``**kwargs`` ignores it.
+# FLA options that change what the tensors mean, and why this entry point refuses them when set; any other keyword
+# is ignored, as FLA's ``**kwargs`` ignores it. Unset means what FLA's own truthiness test means: None or a false
+# scalar (FLA: ``if head_first:``); anything else is rejected, never ignored (ignoring one runs a valid-looking call
+# on misread data).
+_TRANSPOSED_STATE = (
+    "gdn-nki takes states as [N, H, K, V] only (FLA's default layout)",
+    "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned state back",
+)
 _LAYOUT_OPTIONS = {
-    "head_first": (False, "gdn-nki takes FLA's seq-first layout only (head_first is deprecated in FLA)",
+    "head_first": ("gdn-nki takes FLA's seq-first layout only (head_first is deprecated in FLA)",
                    "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first"),
-    "state_v_first": (False, "gdn-nki takes states as [N, H, K, V] only (FLA's default layout)",
-                      "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned state back"),
-    "transpose_state_layout": (False, "gdn-nki takes states as [N, H, K, V] only (FLA's default layout; "
-                               "transpose_state_layout is FLA's pre-0.5.1 name of state_v_first)",
-                               "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned "
-                               "state back"),
-    "cp_context": (None, "gdn-nki runs a whole sequence in one launch (no context parallelism)",
+    "state_v_first": _TRANSPOSED_STATE,
+    "transpose_state_layout": _TRANSPOSED_STATE,  # FLA's name for state_v_first before 0.5.1
+    "cp_context": ("gdn-nki runs a whole sequence in one launch (no context parallelism)",
                    "call it on the whole sequence, without cp_context"),
 }  # fmt: skip
 
 
 def _reject_layout_options(kwargs: dict[str, Any]) -> None:
-    """Reject an FLA option this entry point does not implement when it is set to anything but its no-op value."""
-    for name, (neutral, rule, fix) in _LAYOUT_OPTIONS.items():
-        value = kwargs.get(name, neutral)
-        if value is not neutral and value != neutral:
-            raise rejection(name, f"= {value!r}", rule, fix)
+    """Reject an FLA option this entry point does not implement when it is set (not None or a false scalar)."""
+    for name, (rule, fix) in _LAYOUT_OPTIONS.items():
+        value = kwargs.get(name)
+        if value is None or (np.ndim(value) == 0 and not _truthy(value)):
+            continue
+        raise rejection(name, f"= {value!r}", rule, fix)
+
+
+def _truthy(value: Any) -> bool:
+    """``bool(value)`` for a scalar option value; a value that has no truth value counts as set."""
+    try:
+        return bool(value)
+    except (TypeError, ValueError, RuntimeError):
+        return True
 
 
 def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
