@@ -13,8 +13,9 @@ import warnings
 
 # The oldest NKI this kernel is written for: NKI 0.7.0, shipped with Neuron SDK 2.33. The kernel body is plain Python
 # run by the 2.33 tracer — generators (lanes.py's software pipeline), ``x is None`` tests on optional tensor
-# arguments and dataclasses all need 0.7.0's Python tracing (earlier frontends reject them) — and it reads
-# ``.ap(offset=)`` as added to the view's own offset, the 0.5.0+ (SDK 2.31) meaning (docs/nki-sources.md §1.3, §2.6).
+# arguments and dataclasses all need 0.7.0's Python tracing (earlier frontends reject them) — and its run-time loads
+# address HBM through ``.ap(scalar_offset=)`` on whole arguments, the form every page agrees on (docs/nki-sources.md
+# §1.3, §2.6).
 MIN_NKI_VERSION = (0, 7, 0)
 MIN_SDK = "Neuron SDK 2.33 (NKI 0.7.0)"
 
@@ -47,7 +48,7 @@ def check_nki_version(version: str | None) -> None:
     if found < MIN_NKI_VERSION:
         raise ImportError(
             f"gdn-nki needs {MIN_SDK} or newer; the installed nki is {version}. Its kernel relies on the 2.33 "
-            "Python tracer (generators, `is None` on optional tensors) and on .ap(offset=) semantics from NKI 0.5.0. "
+            "Python tracer (generators, `is None` on optional tensors) and on NkiScalar offsets in compiled loops. "
             "Upgrade: pip install --upgrade --extra-index-url https://pip.repos.neuron.amazonaws.com nki neuronx-cc"
         )
 
