@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_spec import impl
 from gdn_spec.impl import Capabilities, ImplementationError, load, resolve
-from gdn_spec.regimes import Geometry
-from gdn_spec.suite._support import drawable_head_dims, shapes
+from gdn_spec.regimes import EQUAL_HEAD_GEOMETRIES, HEAD_DIMS, HEAD_GEOMETRIES, Geometry
+from gdn_spec.suite._support import DEFAULT_MAX_WORK, drawable_head_dims, fit, shapes
 
 
 def test_load_module_callable_reads_capabilities() -> None:
@@ -196,18 +200,83 @@ def test_supported_geometry_is_noted_only_when_it_differs() -> None:
     plugin._SUBSTITUTIONS.clear()
 
 
+@pytest.mark.parametrize("max_lanes", [1, 2])
 @pytest.mark.parametrize("algorithm", ["schur", "neumann"])
-def test_drawn_shapes_fit_a_one_lane_kernel(algorithm: str) -> None:
-    """Numerics draws shrink into max_lanes=1 for both algorithms (schur's fallback used to keep Hk = Hv = 2, two
-    lanes, so a one-lane kernel was called above its limit)."""
-    caps = Capabilities.from_mapping({"max_lanes": 1, "max_seq_len": 256}, "k")
+def test_drawn_shapes_fit_a_few_lane_kernel_and_still_vary(algorithm: str, max_lanes: int) -> None:
+    """Numerics draws shrink into max_lanes for both algorithms (schur's fallback used to keep Hk = Hv = 2, two
+    lanes, so a one-lane kernel was called above its limit) and keep varying in S and the head dims: shrinking
+    S and the head sizes for a lane limit made every schur draw of a one-lane kernel S = 128 (one chunk: the
+    state carried across chunks never checked) at Dk = Dv = 16, and 77% of them (16, 16) for max_lanes=2."""
+    caps = Capabilities.from_mapping({"max_lanes": max_lanes}, "k")
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    drawn: list[Geometry] = []
 
-    @settings(max_examples=50, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=100, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(shape=shapes(algorithm, caps))
     def draw(shape: tuple[Geometry, int]) -> None:
         assert caps.too_large(shape[0]) is None, shape
+        drawn.append(shape[0])
 
     draw()
+    lengths = {g.S for g in drawn}
+    head_dims = Counter((g.Dk, g.Dv) for g in drawn)
+    assert max(lengths) > chunk and len(lengths) >= 4, sorted(lengths)  # several chunks, several lengths
+    assert len(head_dims) >= 8, head_dims
+    # The cheapest pair is drawn about as often as any other (1/16 of the draws, more where the default work
+    # budget shrinks a draw): it is no sink for every draw the lane limit touched.
+    assert head_dims[(16, 16)] < len(drawn) / 4, head_dims
+
+
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+@pytest.mark.parametrize(
+    "raw",
+    [{"max_lanes": 1}, {"max_lanes": 2}, {"max_lanes": 3}, {"max_lanes": 4}, {"max_lanes": 1, "max_work": 1 << 20}],
+)
+def test_fit_shrinks_along_the_lane_limit(raw: dict, algorithm: str) -> None:
+    """Above max_lanes a draw loses batch items, then heads — Hv staying a multiple of Hk (equal for neumann), the
+    GQA ratio Hv / Hk kept while one key head allows it, else one key head and max_lanes value heads — and keeps
+    its S and head dims unless the work budget needs them smaller (then only shrinks further). Every drawable
+    shape is checked; before, S and the head sizes went first, whatever limit was exceeded."""
+    caps = Capabilities.from_mapping(raw, "k")
+    lanes = caps.max_lanes
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    heads = HEAD_GEOMETRIES if algorithm == "schur" else EQUAL_HEAD_GEOMETRIES
+    budget = min(caps.max_work or DEFAULT_MAX_WORK, DEFAULT_MAX_WORK)
+    for (Hk, Hv), B, chunks, Dk, Dv in itertools.product(heads, (1, 2), range(1, 9), HEAD_DIMS, HEAD_DIMS):
+        drawn = Geometry(B, Hk, Hv, chunks * chunk, Dk, Dv)
+        got = fit(drawn, caps, algorithm)
+        assert caps.fits(got) and got.work <= budget, (drawn, got)
+        assert got.Hv % got.Hk == 0 and (algorithm == "schur" or got.Hk == got.Hv), (drawn, got)
+        ratio = Hv // Hk
+        if Hv <= lanes:
+            within = Geometry(min(B, lanes // Hv), Hk, Hv, drawn.S, Dk, Dv)
+        elif ratio <= lanes:
+            key_heads = min(Hk, lanes // ratio)
+            within = Geometry(1, key_heads, key_heads * ratio, drawn.S, Dk, Dv)
+        else:
+            within = Geometry(1, 1, lanes, drawn.S, Dk, Dv)
+        if within.work <= budget:  # the lane limit alone was exceeded: S and the head dims are kept
+            assert got == within, (drawn, got)
+        else:
+            assert got.lanes <= within.lanes and got.S <= drawn.S and got.work < within.work, (drawn, got)
+
+
+def test_fit_shrinks_only_s_above_max_seq_len() -> None:
+    """Above max_seq_len a draw keeps B, the heads and the head dims, and runs the most whole chunks within the
+    limit (it was halved to one chunk: 896 -> 384 -> 128 against max_seq_len=300)."""
+    caps = Capabilities.from_mapping({"max_seq_len": 300}, "k")
+    assert fit(Geometry(1, 2, 2, 896, 64, 64), caps, "schur") == Geometry(1, 2, 2, 256, 64, 64)
+    assert fit(Geometry(2, 2, 2, 512, 16, 100), caps, "neumann") == Geometry(2, 2, 2, 256, 16, 100)
+    below_a_chunk = Capabilities.from_mapping({"max_seq_len": 100}, "k")  # no schur shape fits: the caller skips
+    assert fit(Geometry(1, 2, 2, 896, 64, 64), below_a_chunk, "schur") == Geometry(1, 2, 2, 128, 64, 64)
+
+
+def test_fit_shrinks_s_first_above_max_work() -> None:
+    """Above the work budget S halves first (whole chunks), then B, then the heads and head sizes."""
+    caps = Capabilities.from_mapping({"max_work": 1 << 20}, "k")
+    assert fit(Geometry(1, 2, 2, 896, 64, 64), caps, "schur") == Geometry(1, 2, 2, 128, 64, 64)
+    assert fit(Geometry(2, 2, 4, 896, 64, 32), caps, "schur") == Geometry(1, 2, 4, 128, 64, 32)
+    assert fit(Geometry(2, 2, 8, 896, 128, 128), caps, "schur") == Geometry(1, 2, 2, 128, 16, 16)
 
 
 def test_a_call_above_a_declared_limit_is_skipped_naming_it() -> None:

@@ -95,25 +95,76 @@ def record_worst(node: pytest.Item, errors: list[Error], **labels: Any) -> None:
 
 
 def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
-    """Shrink a drawn shape into the declared limits and the default work budget (S first, then everything).
+    """Shrink a drawn shape into the declared limits and the default work budget, along the limit it exceeds.
 
-    The result can still exceed a limit no shape of the algorithm meets (max_seq_len below its chunk, a max_work
-    below one lane of one chunk at the smallest head size): the caller skips it (``require_fits``)."""
+    Args:
+        geometry (Geometry): the drawn shape (S a multiple of the algorithm's chunk; Hk == Hv for neumann).
+        caps (Capabilities): what the implementation declares (max_seq_len, max_lanes, max_work, head dims).
+        algorithm (str): "schur" or "neumann": its chunk is the unit S shrinks by, and neumann needs Hk == Hv.
+
+    Returns:
+        Geometry: ``geometry`` itself when it fits; otherwise, each exceeded limit shrinking only what it bounds,
+        in this order:
+
+        - above max_seq_len: S only, to the most whole chunks within it (at least one);
+        - above max_lanes (B·Hv): B, then the heads (``_fewer_lanes``), S and the head dims kept;
+        - above max_work (at most ``DEFAULT_MAX_WORK``): S halved, in whole chunks, down to one chunk; then B = 1;
+          then the heads (Hk = Hv: two for schur, one for neumann) at the smallest drawable head size; then one
+          head.
+
+    Notes:
+        A lane limit used to shrink S and the head sizes first (the work rule, applied to every limit): every
+        schur draw of a one-lane kernel ran one chunk (the state carried across chunks never checked) at
+        Dk = Dv = 16. The result can still exceed a limit no shape of the algorithm meets (max_seq_len below its
+        chunk, a max_work below one lane of one chunk at the smallest head size): the caller skips it
+        (``require_fits``).
+    """
     chunk = CHUNK_BY_ALGORITHM[algorithm]
-    budget = min(caps.max_work or DEFAULT_MAX_WORK, DEFAULT_MAX_WORK)
-    caps = replace(caps, max_work=budget)
     g = geometry
-    while not caps.fits(g) and g.S > chunk:
-        g = Geometry(g.B, g.Hk, g.Hv, max(chunk, (g.S // 2) // chunk * chunk), g.Dk, g.Dv)
-    if not caps.fits(g):
-        g = Geometry(1, g.Hk, g.Hv, g.S, g.Dk, g.Dv)
-    if not caps.fits(g):
+    if caps.max_seq_len is not None and g.S > caps.max_seq_len:
+        g = replace(g, S=max(chunk, caps.max_seq_len // chunk * chunk))
+    if caps.max_lanes is not None and g.lanes > caps.max_lanes:
+        g = _fewer_lanes(g, caps.max_lanes)
+    budget = min(caps.max_work or DEFAULT_MAX_WORK, DEFAULT_MAX_WORK)
+    if g.work <= budget:
+        return g
+    while g.work > budget and g.S > chunk:
+        g = replace(g, S=max(chunk, (g.S // 2) // chunk * chunk))
+    if g.work > budget:
+        g = replace(g, B=1)
+    if g.work > budget:
         hk = 1 if algorithm != ALGORITHM_SCHUR else min(g.Hk, 2)
         smallest = min(drawable_head_dims(caps))  # the cheapest head size the implementation declares
-        g = Geometry(1, hk, hk, g.S, smallest, smallest)
-    if not caps.fits(g):  # a one-lane kernel (max_lanes=1) still gets schur's draws, at one head
-        g = Geometry(1, 1, 1, g.S, g.Dk, g.Dv)
+        g = replace(g, Hk=hk, Hv=hk, Dk=smallest, Dv=smallest)
+    if g.work > budget:
+        g = replace(g, Hk=1, Hv=1)
     return g
+
+
+def _fewer_lanes(geometry: Geometry, max_lanes: int) -> Geometry:
+    """``geometry`` within ``max_lanes`` lanes (B·Hv): fewer batch items, then fewer heads; S and head dims kept.
+
+    Args:
+        geometry (Geometry): a shape above the limit, with Hv a multiple of Hk.
+        max_lanes (int): the declared max_lanes (at least 1).
+
+    Returns:
+        Geometry: B = max_lanes // Hv items when Hv fits (the heads kept); else B = 1 and the draw's GQA ratio
+        Hv / Hk at as many key heads as fit (Hk == Hv stays equal, as neumann needs); else, the ratio itself above
+        max_lanes, one key head and max_lanes value heads (still a multiple of Hk = 1).
+
+    Notes:
+        The heads go last because they are what the draw varies for GQA; S and the head dims are never touched
+        here: they cost no lanes.
+    """
+    g = geometry
+    if g.Hv <= max_lanes:
+        return replace(g, B=max_lanes // g.Hv)
+    ratio = g.Hv // g.Hk
+    if ratio <= max_lanes:
+        key_heads = min(g.Hk, max_lanes // ratio)
+        return replace(g, B=1, Hk=key_heads, Hv=key_heads * ratio)
+    return replace(g, B=1, Hk=1, Hv=max_lanes)
 
 
 def drawable_head_dims(caps: Capabilities) -> tuple[int, ...]:
