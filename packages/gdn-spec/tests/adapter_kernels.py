@@ -90,6 +90,21 @@ def hf_style(
     return fla_style(query, key, value, g, beta, query.shape[-1] ** -0.5, initial_state, output_final_state)
 
 
+def hf_writes_query(query, key, value, g, beta, initial_state=None, output_final_state=False, **kwargs):
+    """``hf_style`` with the right numbers that then scales the caller's query in place (scratch reuse): the suite
+    must fail it naming ``query``, the kernel's own name (its signature's, HF's), not FLA's ``q``."""
+    result = hf_style(query, key, value, g, beta, initial_state, output_final_state)
+    query *= 2.0
+    return result
+
+
+def fla_writes_query(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """``fla_style`` that then scales the caller's q in place: named ``q``, as this kernel calls it."""
+    result = fla_style(q, k, v, g, beta, scale, initial_state, output_final_state)
+    q *= 2.0
+    return result
+
+
 def v_first_style(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """FLA convention with ``state_v_first``: states are [N, H, V, K]."""
     state = None if initial_state is None else np.swapaxes(initial_state, -1, -2)
@@ -97,7 +112,7 @@ def v_first_style(q, k, v, g, beta, scale=None, initial_state=None, output_final
     return o, None if final is None else np.ascontiguousarray(np.swapaxes(final, -1, -2))
 
 
-for _kernel in (fla_style, leaky_varlen, hf_style, v_first_style):
+for _kernel in (fla_style, leaky_varlen, hf_style, hf_writes_query, fla_writes_query, v_first_style):
     _kernel.gdn_spec_capabilities = dict(CAPS)
 
 

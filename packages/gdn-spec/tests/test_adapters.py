@@ -3,15 +3,18 @@ identity of in-place states through the torch and nki adapters."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+import adapter_kernels
 from gdn_spec.adapters import adapt, parse
-from gdn_spec.adapters.seqfirst import Conventions
+from gdn_spec.adapters.seqfirst import Conventions, kernel_names
 from gdn_spec.contract import valid_call
 from gdn_spec.impl import ImplementationError, load
 from gdn_spec.regimes import Geometry, make_case
-from gdn_spec.suite._support import call_args
+from gdn_spec.suite._support import call_args, run
 from mutants import CORRECT
 
 
@@ -57,6 +60,63 @@ def test_seq_first_glue_equals_the_direct_call(spec: str, adapter: str, dtype: s
     ref_out, ref_state = CORRECT(**call_args(case, "schur"))
     assert out.shape == ref_out.shape and state.shape == ref_state.shape
     assert out.tobytes() == ref_out.tobytes() and np.array_equal(state, ref_state)
+
+
+@pytest.mark.parametrize(
+    ("spec", "adapter", "message"),
+    [
+        ("adapter_kernels:hf_writes_query", "fla:scale=internal,gqa=repeat", "the caller's `query`: the inputs"),
+        ("adapter_kernels:fla_writes_query", "fla", "the caller's `q` (the suite's `query`, renamed by the adapter)"),
+    ],
+)
+def test_a_written_input_is_named_by_the_kernels_own_signature(spec: str, adapter: str, message: str) -> None:
+    """HF's kernels call their first argument ``query``, FLA's ``q``: a seq-first kernel writing it was told it
+    changed `q` whatever it called it (one FLA table named every seq-first adapter's arguments)."""
+    adapted = adapt(load(spec), adapter)
+    # One batch item and one head: the seq-first view of the caller's query is contiguous, so the kernel gets the
+    # caller's memory (at other shapes the adapter's transpose hands it a copy, and the write goes unseen).
+    case = make_case("random", Geometry(1, 1, 1, 128, 16, 16), "float32", 0)
+    with pytest.raises(pytest.fail.Exception) as info:
+        run(adapted, call_args(case, "schur"))
+    assert str(info.value).startswith(f"the call changed {message}"), str(info.value)
+
+
+def _star_args(*args: Any, **kwargs: Any) -> None: ...
+
+
+class _ModuleLike:
+    """A torch ``nn.Module``-like kernel: called through ``__call__(*args)``, its signature is ``forward``'s."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False): ...
+
+
+@pytest.mark.parametrize(
+    ("kernel", "first_five"),
+    [
+        (adapter_kernels.hf_style, ("query", "key", "value", "g", "beta")),
+        (adapter_kernels.fla_style, ("q", "k", "v", "g", "beta")),
+        (_ModuleLike(), ("query", "key", "value", "g", "beta")),
+        (_star_args, ("q", "k", "v", "g", "beta")),  # nothing to read: the adapter's (FLA's) names
+        (max, ("q", "k", "v", "g", "beta")),  # a builtin without a readable signature
+        (lambda a, b, *rest, **kw: None, ("a", "b", "v", "g", "beta")),
+    ],
+    ids=["hf", "fla", "module-forward", "star-args", "builtin", "two-positional"],
+)
+def test_kernel_names_come_from_the_signature(kernel: Any, first_five: tuple[str, ...]) -> None:
+    names = kernel_names(kernel)
+    assert tuple(names[a] for a in ("query", "key", "value", "g_log", "beta")) == first_five, names
+    assert (names["recurrent_state"], names["scale"]) == ("initial_state", "scale"), names  # passed by keyword
+
+
+def test_hf_transformers_kernels_are_named_as_they_name_their_arguments() -> None:
+    """transformers wraps ``torch_chunk_gated_delta_rule`` in a ``kernels`` module whose own signature is
+    ``(*args, **kwargs)``; its ``forward`` carries HF's names."""
+    hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    for kernel in (hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule):
+        assert kernel_names(kernel)["query"] == "query" and kernel_names(kernel)["key"] == "key", kernel
 
 
 def test_internal_scale_rejects_another_scale() -> None:

@@ -62,7 +62,7 @@ def test_a_written_state_is_named_as_the_kernel_calls_it(
     spec: str, adapter: str | None, shown: str, tmp_path: Path
 ) -> None:
     """A seq-first kernel writing its input state was told it changed `recurrent_state`, a name it does not have:
-    the adapter declares the kernel's names (seqfirst.KERNEL_NAMES) and the message uses them."""
+    the adapter names the kernel's arguments (seqfirst.kernel_names) and the message uses those names."""
     extra = ["--adapter", adapter] if adapter else []
     result = check(spec, ("aliasing",), "incoming", tmp_path, extra=extra)
     failures = result["summary"]["failures"]

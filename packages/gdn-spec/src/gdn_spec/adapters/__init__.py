@@ -103,13 +103,13 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
         io = None
     names: dict[str, str] = {}
     if kind.seq_first:
-        from .seqfirst import KERNEL_NAMES, Conventions, wrap_seq_first
+        from .seqfirst import Conventions, kernel_names, wrap_seq_first
 
         conventions = Conventions.from_options(options)
         fn: Callable[..., Any] = wrap_seq_first(impl.fn, conventions, io)
         caps = replace(caps, validates_arguments=False, state_in_place=False, varlen=conventions.takes_cu_seqlens)
         label = f"{name} adapter ({conventions.describe()}){io_label}"
-        names = KERNEL_NAMES
+        names = kernel_names(impl.fn)
     elif kind.array_io == "torch":
         _no_options(name, options)
         from .torch_io import wrap_torch_signature

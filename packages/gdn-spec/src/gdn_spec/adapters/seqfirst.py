@@ -9,6 +9,7 @@ the scale, which is where the bugs that matter hide.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -19,7 +20,8 @@ import numpy as np
 from ..impl import ImplementationError
 
 # gdn_cte's argument -> the seq-first kernel's name for it (FLA's signature: q, k, v positionally, then keywords).
-# The glue passes them under these names, and the suite's messages use them (adapters.adapt).
+# The glue passes the keywords under these names; the suite's messages use ``kernel_names``, which reads the
+# positional ones from the kernel's own signature (HF calls them query, key, value) and falls back to these.
 KERNEL_NAMES = {
     "query": "q",
     "key": "k",
@@ -30,6 +32,10 @@ KERNEL_NAMES = {
     "recurrent_state": "initial_state",
     "cu_seqlens": "cu_seqlens",
 }
+
+# gdn_cte's arguments a seq-first kernel takes as its first five positional parameters, in order (the glue passes
+# the first three positionally; FLA's and HF's kernels both take g and beta fourth and fifth).
+POSITIONAL_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
 
 # Relative slack when checking that the suite's scale is the K**-0.5 an "internal"-scale kernel applies itself.
 _SCALE_RTOL = 1e-12
@@ -99,6 +105,50 @@ class Conventions:
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+def kernel_names(fn: Callable[..., Any]) -> dict[str, str]:
+    """gdn_cte's argument -> the seq-first kernel's own name for it, for messages the kernel's author reads.
+
+    Args:
+        fn (Callable): the seq-first kernel (a function, or a torch module called through its ``forward``).
+
+    Returns:
+        dict[str, str]: ``KERNEL_NAMES`` with query, key, value, g_log and beta renamed to the kernel's first five
+        positional parameters, as many as it has (``POSITIONAL_ARGUMENTS``): ``query`` for HF's
+        ``torch_chunk_gated_delta_rule``, ``q`` for FLA's. The keywords the glue passes (``initial_state``,
+        ``scale``, ``cu_seqlens``) keep their names: the kernel receives them under those.
+
+    Notes:
+        One FLA table named every seq-first kernel's arguments, so an HF kernel writing its query was told it
+        changed `q`. Without a readable signature (a builtin, ``*args`` only) the table's names are kept. A torch
+        module's own signature is ``(*args, **kwargs)`` (``nn.Module.__call__``): its ``forward`` names the
+        arguments — transformers wraps HF's kernels in such a module (the ``kernels`` package's ``Func``).
+    """
+    names = dict(KERNEL_NAMES)
+    for candidate in (fn, getattr(fn, "forward", None)):
+        positional = _positional_parameters(candidate)
+        if positional:
+            names.update(zip(POSITIONAL_ARGUMENTS, positional, strict=False))  # its first five, or fewer
+            break
+    return names
+
+
+def _positional_parameters(fn: Any) -> list[str]:
+    """The names of ``fn``'s leading positional parameters (up to ``*args``), or [] when it has no readable
+    signature."""
+    if not callable(fn):
+        return []
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C extensions have none
+        return []
+    names = []
+    for parameter in parameters:
+        if parameter.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(parameter.name)
+    return names
 
 
 def seq_first(x: np.ndarray) -> np.ndarray:
@@ -205,4 +255,14 @@ def wrap_seq_first(
     return gdn_cte
 
 
-__all__ = ["KERNEL_NAMES", "ArrayIO", "Conventions", "Glue", "NumpyIO", "seq_first", "wrap_seq_first"]
+__all__ = [
+    "KERNEL_NAMES",
+    "POSITIONAL_ARGUMENTS",
+    "ArrayIO",
+    "Conventions",
+    "Glue",
+    "NumpyIO",
+    "kernel_names",
+    "seq_first",
+    "wrap_seq_first",
+]
