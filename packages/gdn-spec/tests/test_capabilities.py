@@ -59,6 +59,34 @@ def test_a_bad_value_names_the_key_the_value_the_rule_and_the_fix(raw: dict, wor
         assert word in str(info.value), (word, str(info.value))
 
 
+# A quoted value and the fix its message gives: "write X without quotes" only when X itself passes the key's rule.
+QUOTED = [
+    ({"max_seq_len": "1024"}, "write 1024 without quotes"),
+    ({"max_lanes": " 16 "}, "write 16 without quotes"),
+    ({"example_scale": "0.5"}, "write 0.5 without quotes"),
+    ({"example_scale": "1"}, "write 1.0 without quotes"),
+    ({"max_seq_len": "-3"}, "give the largest S (tokens per call) the kernel accepts as an int, e.g. 1024, or leave"),
+    ({"max_seq_len": "0"}, "give the largest S (tokens per call) the kernel accepts as an int, e.g. 1024, or leave"),
+    ({"max_work": "-1"}, "give the largest B·Hv·S·Dk·Dv per call as an int, e.g. 1 << 24, or leave the key out"),
+    ({"example_scale": "2"}, "give the fraction of the profile's Hypothesis examples, e.g. 0.25, or leave"),
+    ({"example_scale": "nan"}, "give the fraction of the profile's Hypothesis examples, e.g. 0.25, or leave"),
+    ({"example_scale": "inf"}, "give the fraction of the profile's Hypothesis examples, e.g. 0.25, or leave"),
+    ({"example_scale": "-0.5"}, "give the fraction of the profile's Hypothesis examples, e.g. 0.25, or leave"),
+]
+
+
+@pytest.mark.parametrize(("raw", "fix"), QUOTED, ids=[repr(raw) for raw, _ in QUOTED])
+def test_a_quoted_value_is_suggested_unquoted_only_when_that_is_valid(raw: dict, fix: str) -> None:
+    """max_seq_len='-3' was told "write -3 without quotes", example_scale='2' "write 2.0 without quotes": values
+    the same rule refuses. The fix for those is the key's own."""
+    with pytest.raises(ImplementationError) as info:
+        Capabilities.from_mapping(raw, "k")
+    message = str(info.value)
+    assert "; " + fix in message, message  # the fix, right after the rule
+    if "without quotes" not in fix:
+        assert "without quotes" not in message, message
+
+
 def test_every_key_is_checked() -> None:
     """The checks cover exactly the Capabilities fields: a new field without a rule would go unchecked."""
     assert set(CHECKS) == {f.name for f in dataclasses.fields(Capabilities)}

@@ -32,14 +32,17 @@ def _fail(key: str, value: Any, rule: str, fix: str) -> NoReturn:
     raise CapabilityError(f"capability {key}={value!r} {rule}; {fix}")
 
 
-def _unquoted(value: Any, parse: Callable[[str], Any]) -> str | None:
-    """``value`` written without quotes, when it is a string that parses as the expected kind (``"1024"``)."""
+def _unquoted(key: str, value: Any, parse: Callable[[str], Any], check: Callable[[str, Any], Any]) -> str | None:
+    """``value`` written without quotes, when it is a string that parses as the expected kind and the parsed value
+    passes the key's own ``check`` (``"1024"``, never ``"-3"``: suggesting -3 would trade one error for another)."""
     if not isinstance(value, str):
         return None
     try:
-        return repr(parse(value.strip()))
-    except ValueError:
+        parsed = parse(value.strip())
+        check(key, parsed)
+    except ValueError:  # it does not parse, or breaks the rule unquoted too (CapabilityError is a ValueError)
         return None
+    return repr(parsed)
 
 
 def _positive_int(what: str, example: str) -> Callable[[str, Any], int | None]:
@@ -51,7 +54,7 @@ def _positive_int(what: str, example: str) -> Callable[[str, Any], int | None]:
         if isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0:
             return int(value)
         kind = type(value).__name__
-        written = _unquoted(value, int)
+        written = _unquoted(key, value, int, check)
         if written is not None:
             fix = f"write {written} without quotes"
         elif isinstance(value, float) and value.is_integer() and value > 0:
@@ -113,7 +116,7 @@ def _name(key: str, value: Any) -> str:
 def _example_scale(key: str, value: Any) -> float:
     if isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 1:
         return float(value)
-    written = _unquoted(value, float)
+    written = _unquoted(key, value, float, _example_scale)
     if written is not None:
         fix = f"write {written} without quotes"
     else:
