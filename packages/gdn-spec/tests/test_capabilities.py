@@ -20,10 +20,10 @@ BAD = [
     ({"name": 7}, ("name=7", "non-empty string")),
     ({"algorithms": "schur"}, ("algorithms='schur'", "not a bare string", "write ('schur',)")),
     ({"algorithms": ("schur", "nuemann")}, ("'nuemann'", "not one of", "did you mean 'neumann'?")),
-    ({"algorithms": []}, ("algorithms=[]", "non-empty list or tuple", "leave the key out (both)")),
+    ({"algorithms": []}, ("algorithms=[]", "non-empty collection of names", "leave the key out (both)")),
     ({"dtypes": "float32"}, ("dtypes='float32'", "not a bare string", "write ('float32',)")),
     ({"dtypes": ("fp32",)}, ("dtypes=('fp32',)", "'fp32', which is not one of 'float32', 'bfloat16'")),
-    ({"dtypes": None}, ("dtypes=None", "non-empty list or tuple")),
+    ({"dtypes": None}, ("dtypes=None", "non-empty collection of names", "(a list, tuple, set")),
     ({"max_seq_len": "1024"}, ("max_seq_len='1024'", "positive integer, not a str", "write 1024 without quotes")),
     ({"max_seq_len": -5}, ("max_seq_len=-5", "positive integer", "largest S")),
     ({"max_seq_len": 0}, ("max_seq_len=0", "positive integer")),
@@ -47,7 +47,10 @@ BAD = [
     ({"inexpressible_rules": "recurrent_state.writable"}, ("inexpressible_rules=", "not a bare string")),
     ({"inexpressible_rules": ("no.such_rule",)}, ("'no.such_rule', which is not one of",)),
     ({"max_head_dim": 256}, ("max_head_dim=256", "[1, 128]", "largest Dk and Dv")),
-    ({"head_dims": {64, 128}}, ("head_dims=", "as a list or tuple")),
+    (
+        {"head_dims": [64.0, 128]},
+        ("head_dims=[64.0, 128]", "lists 64.0, which is not an integer in [1, 128]", "(64, 128)"),
+    ),
 ]
 
 
@@ -126,6 +129,85 @@ def test_good_values_are_normalized() -> None:
     assert type(caps.max_seq_len) is int and caps.max_seq_len == 512 and caps.example_scale == 0.5
     assert Capabilities.from_mapping(None, "k") == Capabilities("k")
     assert Capabilities.from_mapping({"max_seq_len": None}, "k").max_seq_len is None  # None = no limit, as omitted
+
+
+# Collections and numpy scalars the old implementation accepted: (declaration, the normalized value). Sets come back
+# in a deterministic order: names in the allowed order, sizes sorted.
+ACCEPTED = [
+    ({"head_dims": range(16, 129, 16)}, (16, 32, 48, 64, 80, 96, 112, 128)),
+    ({"head_dims": np.array([128, 64])}, (64, 128)),
+    ({"head_dims": {128, 16, 64}}, (16, 64, 128)),
+    ({"head_dims": frozenset({100})}, (100,)),
+    ({"head_dims": (np.int32(64), np.uint8(16))}, (16, 64)),
+    ({"algorithms": {"schur"}}, ("schur",)),
+    ({"algorithms": {"neumann", "schur"}}, ("schur", "neumann")),
+    ({"algorithms": frozenset({"neumann", "schur"})}, ("schur", "neumann")),
+    ({"algorithms": ["neumann", "schur"]}, ("neumann", "schur")),  # an ordered collection keeps its order
+    ({"algorithms": np.array(["neumann"])}, ("neumann",)),
+    ({"dtypes": {"bfloat16", "float32"}}, ("float32", "bfloat16")),
+    ({"inexpressible_rules": {"recurrent_state.writable"}}, ("recurrent_state.writable",)),
+    ({"varlen": np.True_}, True),
+    ({"state_in_place": np.False_}, False),
+    ({"equal_head_dims": np.bool_(True)}, True),
+    ({"max_seq_len": np.int32(64)}, 64),
+    ({"max_lanes": np.uint16(2)}, 2),
+    ({"max_head_dim": np.int64(64)}, 64),
+]
+
+
+def _ids(cases: list[tuple[dict, object]]) -> list[str]:
+    """Stable test ids (a set's or a generator's repr can differ between xdist workers)."""
+    return [f"{i}-{key}-{type(value).__name__}" for i, ((key, value),) in enumerate(raw.items() for raw, _ in cases)]
+
+
+@pytest.mark.parametrize(("raw", "normalized"), ACCEPTED, ids=_ids(ACCEPTED))
+def test_collections_and_numpy_scalars_are_accepted_and_normalized(raw: dict, normalized: object) -> None:
+    """head_dims=range(16, 129, 16) or np.array([64, 128]), algorithms={'schur'} and flags given as np.True_ were
+    refused (only lists and tuples, only Python bools): any collection but a string or a mapping is accepted, as
+    plain tuples of str and int, bools and ints."""
+    ((key, value),) = raw.items()
+    got = getattr(Capabilities.from_mapping(raw, "k"), key)
+    assert got == normalized and type(got) is type(normalized), (value, got)
+    if isinstance(got, tuple):
+        assert [type(x) for x in got] == [type(x) for x in normalized], got
+
+
+# Still refused: (declaration, words the error must contain).
+STILL_REFUSED = [
+    ({"algorithms": "schur"}, ("algorithms='schur'", "not a bare string", "write ('schur',)")),
+    ({"algorithms": b"schur"}, ("algorithms=b'schur'", "not a bare string")),
+    ({"algorithms": {"schur": True}}, ("algorithms={'schur': True}", "not a mapping")),
+    ({"algorithms": np.array([["schur"]])}, ("algorithms=array([['schur']], dtype='<U5')", "1-D", "2-D")),
+    ({"algorithms": np.array("schur")}, ("algorithms=array('schur', dtype='<U5')", "1-D", "0-D")),
+    ({"algorithms": (n for n in ["schur"])}, ("algorithms=<generator", "non-empty collection of names")),
+    ({"dtypes": set()}, ("dtypes=set()", "non-empty collection of names")),
+    ({"head_dims": "64"}, ("head_dims='64'", "not a bare string")),
+    ({"head_dims": 64}, ("head_dims=64", "collection of integers", "write (64,)")),
+    ({"head_dims": ["64"]}, ("head_dims=['64']", "lists '64', which is not an integer in [1, 128]")),
+    ({"head_dims": [True, 64]}, ("head_dims=[True, 64]", "lists True, which is not an integer")),
+    (
+        {"head_dims": np.array([64.0, 128.0])},
+        ("head_dims=array([ 64., 128.])", "lists np.float64(64.0), which is not an integer"),
+    ),
+    ({"head_dims": range(0, 129, 64)}, ("head_dims=range(0, 129, 64)", "lists 0, which is not an integer in [1, 128]")),
+    ({"head_dims": {64: "yes"}}, ("head_dims={64: 'yes'}", "not a mapping")),
+    ({"max_seq_len": True}, ("max_seq_len=True", "not a bool")),
+    ({"max_seq_len": np.True_}, ("max_seq_len=np.True_", "not a bool")),
+    ({"max_seq_len": 1024.0}, ("max_seq_len=1024.0", "not a float", "write 1024 (an int")),
+    ({"max_seq_len": "1024"}, ("max_seq_len='1024'", "not a str", "write 1024 without quotes")),
+    ({"max_head_dim": np.float64(64.0)}, ("max_head_dim=np.float64(64.0)", "integer in [1, 128]")),
+    ({"varlen": 1}, ("varlen=1", "must be a bool")),
+    ({"varlen": np.int64(1)}, ("varlen=np.int64(1)", "must be a bool")),
+    ({"varlen": "True"}, ("varlen='True'", "must be a bool", "write True without quotes")),
+]
+
+
+@pytest.mark.parametrize(("raw", "words"), STILL_REFUSED, ids=_ids(STILL_REFUSED))
+def test_strings_mappings_bools_as_ints_and_floats_as_ints_are_still_refused(raw: dict, words: tuple) -> None:
+    with pytest.raises(ImplementationError) as info:
+        Capabilities.from_mapping(raw, "k")
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
 
 
 BAD_KERNEL = """

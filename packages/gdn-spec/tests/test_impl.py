@@ -73,7 +73,7 @@ def test_plugin_names_match_the_sources() -> None:
         ({"head_dims": 64}, ("head_dims=64", "collection of integers")),
         ({"head_dims": "64"}, ("head_dims='64'", "collection of integers")),
         ({"head_dims": (64, 129)}, ("head_dims=(64, 129)", "[1, 128]")),
-        ({"head_dims": (64.0,)}, ("head_dims=(64.0,)", "integers")),
+        ({"head_dims": (64.0,)}, ("head_dims=(64.0,)", "lists 64.0, which is not an integer")),
         ({"head_dims": (64, 128), "max_head_dim": 100}, ("[128] above max_head_dim=100", "drop those sizes")),
         ({"equal_head_dims": "yes"}, ("equal_head_dims='yes'", "must be a bool", "Dk == Dv")),
     ],

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from collections.abc import Set as AbstractSet
 from numbers import Integral, Real
 from typing import Any, NoReturn
+
+import numpy as np
 
 from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
 from gdn_ref.contract import RULES
@@ -68,11 +71,12 @@ def _positive_int(what: str, example: str) -> Callable[[str, Any], int | None]:
 
 
 def _flag(meaning: str) -> Callable[[str, Any], bool]:
-    """A bool; a string is refused (any non-empty string, "no" and "False" included, is true)."""
+    """A bool (numpy's included, normalized to Python's); a string is refused (any non-empty string, "no" and
+    "False" included, is true), and so is an int (1 is no claim of True)."""
 
     def check(key: str, value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
         words = value.strip().lower() if isinstance(value, str) else None
         if words in _TRUE_WORDS or words in _FALSE_WORDS:
             fix = f"write {words in _TRUE_WORDS} without quotes ({meaning})"
@@ -84,24 +88,54 @@ def _flag(meaning: str) -> Callable[[str, Any], bool]:
     return check
 
 
+def _collection(key: str, value: Any, members: str, single: Callable[[Any], bool], example: str, default: str) -> list:
+    """The members of a collection-valued key, in the collection's order (a set's is arbitrary: callers order them).
+
+    Args:
+        key (str): the capability key, for the message.
+        value (Any): the declared value.
+        members (str): what the members must be, for the rule ("names from 'schur', 'neumann'").
+        single (Callable[[Any], bool]): whether ``value`` is one valid member given bare (the fix then wraps it).
+        example (str): a valid value, for the fix, e.g. "('schur',)".
+        default (str): what leaving the key out means, for the fix.
+
+    Returns:
+        list: the members of any non-empty collection — a sized iterable: list, tuple, set, frozenset, range,
+        a 1-D numpy array — for the caller to check one by one.
+
+    Raises:
+        CapabilityError: a bare string or bytes (a sequence of characters), a mapping (its keys are no claim), a
+        numpy array of other than one dimension, anything else that is not a collection, or an empty one.
+    """
+    rule = f"must be a non-empty collection of {members} (a list, tuple, set or 1-D array)"
+    fix = f"write ({value!r},)" if single(value) else f"e.g. {example}, or leave the key out ({default})"
+    if isinstance(value, (str, bytes)):
+        _fail(key, value, f"{rule}, not a bare string (a sequence of characters)", fix)
+    if isinstance(value, Mapping):
+        _fail(key, value, f"{rule}, not a mapping", fix)
+    ndim = getattr(value, "ndim", 1)
+    if ndim != 1:  # a 2-D array iterates over rows, a 0-D one not at all
+        _fail(key, value, f"{rule}; this array is {ndim}-D", f"give a 1-D array or a tuple, e.g. {example}")
+    if not isinstance(value, Collection) or len(value) == 0:
+        _fail(key, value, rule, fix)
+    return list(value)
+
+
 def _names(allowed: tuple[str, ...], example: str, default: str) -> Callable[[str, Any], tuple[str, ...]]:
-    """A non-empty list or tuple of distinct names from ``allowed`` (a bare string is refused: it is a sequence of
-    letters); normalized to a tuple in the declared order."""
+    """A non-empty collection of distinct names from ``allowed`` (``_collection``: a bare string is refused, it is a
+    sequence of letters); normalized to a tuple of str in the declared order, or in ``allowed``'s order for a set."""
 
     def check(key: str, value: Any) -> tuple[str, ...]:
         options = ", ".join(repr(a) for a in allowed)
-        if isinstance(value, str):
-            fix = f"write ({value!r},)" if value in allowed else f"list names from {options}, e.g. {example}"
-            _fail(key, value, "must be a list or tuple of names, not a bare string", fix)
-        if not isinstance(value, (list, tuple)) or not value:
-            rule = f"must be a non-empty list or tuple of names from {options}"
-            _fail(key, value, rule, f"e.g. {example}, or leave the key out ({default})")
-        for name in value:
+        names = _collection(key, value, f"names from {options}", lambda v: v in allowed, example, default)
+        for name in names:
             if name not in allowed:
                 close = difflib.get_close_matches(str(name), allowed, n=1)
                 fix = f"did you mean {close[0]!r}?" if close else f"use only those names, e.g. {example}"
                 _fail(key, value, f"names {name!r}, which is not one of {options}", fix)
-        return tuple(dict.fromkeys(value))
+        if isinstance(value, AbstractSet):  # no order of its own: a deterministic one
+            return tuple(a for a in allowed if a in names)
+        return tuple(dict.fromkeys(str(name) for name in names))
 
     return check
 
@@ -137,13 +171,18 @@ def _max_head_dim(key: str, value: Any) -> int | None:
 
 
 def _head_dims(key: str, value: Any) -> tuple[int, ...] | None:
+    """None (any size), or a non-empty collection (``_collection``) of head sizes: sorted distinct ints."""
     if value is None:
         return None
-    if isinstance(value, (list, tuple)) and value and all(_is_head_size(d) for d in value):
-        return tuple(sorted({int(d) for d in value}))
-    rule = f"must be a non-empty collection of integers in [1, {MAX_HEAD_DIM}], as a list or tuple"
-    fix = "list the head sizes the kernel accepts, e.g. (64, 128), or leave the key out"
-    _fail(key, value, rule, fix)
+    members = f"integers in [1, {MAX_HEAD_DIM}]"
+    sizes = _collection(key, value, members, _is_head_size, "(64, 128)", "any head size up to max_head_dim")
+    for size in sizes:
+        if not _is_head_size(size):
+            rule = (
+                f"lists {size!r}, which is not an integer in [1, {MAX_HEAD_DIM}] (a bool, a float or a string is not)"
+            )
+            _fail(key, value, rule, "list the head sizes the kernel accepts as ints, e.g. (64, 128)")
+    return tuple(sorted({int(d) for d in sizes}))
 
 
 _RULE_IDS = tuple(rule.id for rule in RULES)
@@ -178,8 +217,8 @@ def validate(raw: Any) -> dict[str, Any]:
         raw (Any): the declaration: a mapping of capability keys (``None`` = nothing declared).
 
     Returns:
-        dict[str, Any]: the declared keys only, with normalized values (tuples for sequences, sorted distinct
-        head_dims, ints and floats for numbers).
+        dict[str, Any]: the declared keys only, with normalized values (tuples of str for names, in the allowed
+        order when given as a set; sorted distinct head_dims; Python ints, floats and bools for numpy scalars).
 
     Raises:
         CapabilityError: not a mapping; an unknown key (with the valid keys and the closest one); a value of the
