@@ -7,6 +7,9 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gdn_spec.failures import FAILURE_CHARS, cap, failure_message
 from test_power import check
 
@@ -87,6 +90,37 @@ def test_a_cut_ends_at_a_part_boundary_and_says_how_much_was_cut() -> None:
     got = cap(one_piece, 500)
     kept, cut = re.fullmatch(r"(.*)\[\.\.\. (\d+) more characters cut\]", got).groups()
     assert len(got) <= 500 and kept.endswith(" ") and len(kept) + int(cut) == len(one_piece), got
+
+
+CUT = re.compile(r"(.*)\[\.\.\. (\d+) more characters cut\]", re.DOTALL)
+
+
+@settings(max_examples=500, database=None, derandomize=True)
+@given(
+    message=st.lists(st.sampled_from(["x", "y" * 30, " ", " | ", "; ", "1.0 "]), max_size=40).map("".join),
+    limit=st.integers(0, 400),
+)
+def test_a_cut_message_is_within_the_limit_and_counts_exactly(message: str, limit: int) -> None:
+    """At any limit: never longer than it; the kept text a prefix of the message and the count exactly the rest.
+    Below about 40 characters ``cap('y' * 100, 30)`` returned 118, and a part with no space to cut at gained a
+    space the message did not have, so the count was one short."""
+    got = cap(message, limit)
+    assert len(got) <= limit, (len(got), got)
+    if len(message) <= limit:
+        assert got == message
+        return
+    match = CUT.fullmatch(got)
+    if match is None:  # no room even for the note: the message's first ``limit`` characters
+        assert got == message[:limit] and limit < len(f"[... {len(message)} more characters cut]"), got
+        return
+    kept, count = match.group(1), int(match.group(2))
+    assert message.startswith(kept) and len(kept) + count == len(message), (kept, count, len(message))
+
+
+def test_a_cut_without_a_space_keeps_what_fits() -> None:
+    assert cap("y" * 100, 30) == "y[... 99 more characters cut]"
+    assert cap("y" * 100, 60) == "y" * 31 + "[... 69 more characters cut]"
+    assert cap("y" * 100, 10) == "y" * 10  # no room for the note
 
 
 def test_the_sizes_a_test_ran_at_stay_in_front() -> None:

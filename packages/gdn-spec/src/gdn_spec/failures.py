@@ -65,19 +65,42 @@ def failure_message(report: Any, limit: int = FAILURE_CHARS) -> str:
 
 
 def cap(message: str, limit: int) -> str:
-    """``message`` within ``limit`` characters: whole parts (split at " | ", then "; ") while they fit, then how
-    many characters were cut, so a cut message never ends mid-figure."""
+    """``message`` within ``limit`` characters, a cut one saying exactly how many characters were cut.
+
+    Args:
+        message (str): the failure's message.
+        limit (int): the most characters returned.
+
+    Returns:
+        str: ``message`` when it fits; otherwise its longest prefix of whole parts (split after " | ", then after
+        "; ") that fits with the note ``[... N more characters cut]``, so a cut message never ends mid-figure; when
+        not even its first part fits, the prefix up to its last space within the room left (mid-word when there
+        is none); when not even the note fits, the first ``limit`` characters.
+
+    Notes:
+        N is exactly ``len(message)`` minus the prefix kept, which is the message's own characters (a cut
+        without a space used to add one, counting one character short). A cut at a space reserves the longest
+        note, the one with nothing kept (N only shrinks as more is kept), so no limit is exceeded; a fixed 40
+        characters were reserved before, and ``cap('y' * 100, 30)`` returned 118.
+    """
     if len(message) <= limit:
         return message
+
+    def note(kept: str) -> str:
+        return f"[... {len(message) - len(kept)} more characters cut]"
+
+    room = limit - len(note(""))  # the longest note: the count can only shrink as more is kept
+    if room < 0:
+        return message[:limit]
     kept = ""
     for piece in re.split(r"(?<= \| )|(?<=; )", message):
-        note = f"[... {len(message) - len(kept) - len(piece)} more characters cut]"
-        if len(kept) + len(piece) + len(note) > limit:
+        if len(kept) + len(piece) + len(note(kept + piece)) > limit:
             break
         kept += piece
-    if not kept:  # one unbroken part longer than the limit (an exception quoting a tensor): cut at a space
-        kept = message[: limit - 40].rsplit(" ", 1)[0] + " "
-    return f"{kept}[... {len(message) - len(kept)} more characters cut]"
+    if not kept:  # one unbroken part longer than the room (an exception quoting a tensor): cut at a space
+        head = message[:room]
+        kept = head[: head.rfind(" ") + 1] or head
+    return kept + note(kept)
 
 
 def _lines(text: str) -> list[str]:
