@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn_spec.cli import Summary, main, nothing_verified
+from gdn_spec.cli import Summary, format_summary, main, nothing_verified
 from gdn_spec.impl import ImplementationError, load
 from test_power import check
 
@@ -39,6 +39,33 @@ def test_nothing_verified_means_no_pass_and_no_failure() -> None:
         "nothing was verified: all 2 tests were skipped (2 × why; the reasons are above)"
     )
     assert nothing_verified(summary()) == "nothing was verified: no test was collected"
+
+
+def test_collected_tests_that_did_not_run_are_not_called_uncollected() -> None:
+    """Tests collected but not run (``--collect-only``) were reported as "no test was collected", and in the
+    summary as "stopped early: -x / --maxfail"; with -k, as "all 4 were deselected" though 4 others were kept."""
+    listed = Summary(collected=8, collect_only=True)
+    assert nothing_verified(listed) == (
+        "nothing was verified: 8 collected tests did not run (--collect-only: listed, not run)"
+    )
+    assert "8 collected tests did not run (--collect-only: listed, not run)" in format_summary(listed, "k")
+    assert "stopped early" not in format_summary(listed, "k")
+    kept = Summary(collected=4, deselected=4, collect_only=True)
+    assert nothing_verified(kept) == (
+        "nothing was verified: 4 collected tests did not run (--collect-only: listed, not run); 4 more were deselected"
+    )
+    assert nothing_verified(Summary(deselected=4)) == (
+        "nothing was verified: no test ran (all 4 were deselected, see above)"
+    )
+    stopped = Summary(outcomes={"t0": "failed"}, collected=3)
+    assert "2 collected tests did not run (stopped early: -x / --maxfail)" in format_summary(stopped, "k")
+
+
+def test_collect_only_says_the_tests_were_listed_not_run(tmp_path: Path) -> None:
+    result = check("gdn_ref:gdn_cte", ("dtypes",), "", tmp_path, extra=["--collect-only"])
+    assert result["code"] == 5, result["output"]
+    assert "gdn-spec: nothing was verified: 8 collected tests did not run (--collect-only" in result["output"]
+    assert "no test was collected" not in result["output"], result["output"]
 
 
 FIX = "run with PYTHONPATH=. (PYTHONPATH=. gdn-spec check {spec})"

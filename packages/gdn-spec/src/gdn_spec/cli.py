@@ -68,6 +68,7 @@ class Summary:
     run: dict[str, Any] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
     substituted: Counter = field(default_factory=Counter)
+    collect_only: bool = False
 
     def by_area(self) -> dict[str, Counter]:
         table: dict[str, Counter] = defaultdict(Counter)
@@ -81,6 +82,15 @@ class Summary:
             area: "failed" if c["failed"] else "passed" if c["passed"] else "skipped"
             for area, c in self.by_area().items()
         }
+
+    def not_run(self) -> str | None:
+        """How many collected tests did not run, and why (listed by ``--collect-only``, or after ``-x`` /
+        ``--maxfail`` stopped the run), or None when every collected test ran."""
+        count = self.collected - len(self.outcomes)
+        if count <= 0:
+            return None
+        why = "--collect-only: listed, not run" if self.collect_only else "stopped early: -x / --maxfail"
+        return f"{count} collected tests did not run ({why})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +115,7 @@ class Collector:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.summary.collected = max(self.summary.collected, len(session.items))
+        self.summary.collect_only = bool(session.config.getoption("collectonly", False))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
@@ -167,10 +178,10 @@ def format_summary(summary: Summary, title: str) -> str:
     if summary.substituted:
         lines += ["", "run at the nearest head dims the implementation supports (sizes × tests):"]
         lines += [f"  {n:>4} × {note}" for note, n in summary.substituted.most_common()]
-    not_run = summary.collected - len(summary.outcomes)
     left_out = list(summary.left_out)
-    if not_run > 0:
-        left_out.append(f"{not_run} collected tests did not run (stopped early: -x / --maxfail)")
+    not_run = summary.not_run()
+    if not_run:
+        left_out.append(not_run)
     if left_out:
         lines += ["", "left out of this run (not verified):"]
         lines += [f"  {item}" for item in left_out]
@@ -187,8 +198,9 @@ def nothing_verified(summary: Summary) -> str | None:
         summary (Summary): the finished run.
 
     Returns:
-        str | None: one line for the user: how many tests were skipped, with the most common reason, or that none
-        ran (deselected, or none collected).
+        str | None: one line for the user: how many tests were skipped, with the most common reason; or how many
+        were collected and did not run, and why (``--collect-only``); or that all were deselected, or none
+        collected.
 
     Notes:
         A run whose every test was skipped (a kernel without varlen run with ``--area varlen``) exits 0 under
@@ -200,6 +212,10 @@ def nothing_verified(summary: Summary) -> str | None:
     if counts["skipped"]:
         top = [f"{n} × {reason}; " for reason, n in summary.skip_reasons.most_common(1)]
         return f"nothing was verified: all {counts['skipped']} tests were skipped ({''.join(top)}the reasons are above)"
+    not_run = summary.not_run()
+    if not_run:  # collected and never run: "no test was collected" would send the user looking for a wrong path
+        more = f"; {summary.deselected} more were deselected" if summary.deselected else ""
+        return f"nothing was verified: {not_run}{more}"
     if summary.deselected:
         return f"nothing was verified: no test ran (all {summary.deselected} were deselected, see above)"
     return "nothing was verified: no test was collected"
