@@ -57,6 +57,23 @@ def test_a_short_comparison_keeps_pytests_explanation() -> None:
     assert failure_message(report(bare)) == "assert 3 == 4"
 
 
+def test_the_summary_is_the_same_when_pytest_prints_its_full_diff() -> None:
+    """Under -v, or whenever the CI environment variable is set, pytest follows the comparison with a line-by-line
+    diff of both operands instead of its "Use -v" hint; the summary drops it either way (it used to keep it in CI
+    only, so one test's expected message differed between CI and a developer's machine)."""
+    message = "AssertionError: out shape (2, 6, 256, 15), expected [B, Hv, S, Dv] = (2, 6, 256, 16)\n"
+    comparison = "assert (2, 6, 256, 15) == (2, 6, 256, 16)\n  \n  At index 3 diff: 15 != 16\n  \n"
+    full_diff = (
+        "  Full diff: (-: missing in left side, +: extra in left side)\n    (\n        2,\n        6,\n        256,\n"
+        "  -     16,\n  ?      ^\n  +     15,\n  ?      ^\n    )"
+    )
+    hint = "  Use -v to get more diff"
+    assert failure_message(report(message + comparison + full_diff)) == failure_message(
+        report(message + comparison + hint)
+    )
+    assert failure_message(report(message + comparison + full_diff)).endswith("| At index 3 diff: 15 != 16")
+
+
 def test_operand_reprs_and_non_comparisons_are_dropped() -> None:
     crash = (
         "AssertionError: [query.rank] rejection must name the argument `query`: 'gdn_cte: invalid input'\n"

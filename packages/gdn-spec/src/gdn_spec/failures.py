@@ -31,9 +31,13 @@ _EXAMPLE = re.compile(r"^(?:Falsifying|Failing) (?:explicit )?(?:example|test ca
 # Where pytest's explanation of an assert statement starts (after the assertion's message, or the message itself).
 _EXPLANATION = re.compile(r"(?:^|\n)(?:AssertionError: )?(?=assert )")
 _COMPARISON = re.compile(r" (?:==|!=|<=|>=|<|>|not in|in|is not|is) ")
-# pytest's lines naming where an operand came from ("+  where None = <function search at 0x7f...>(...)"), and its
-# hint to rerun verbosely: never actionable from a summary.
-_EXPLANATION_NOISE = re.compile(r"^\s*(?:\+\s+where\b|\+\s+and\b|Use -v to get|Full diff:)")
+# pytest's lines naming where an operand came from ("+  where None = <function search at 0x7f...>(...)"): never
+# actionable from a summary.
+_EXPLANATION_NOISE = re.compile(r"^\s*(?:\+\s+where\b|\+\s+and\b)")
+# Where pytest's verbose tail starts: its hint to rerun verbosely, or the line-by-line diff of the operands it prints
+# under -v or whenever the CI environment variable is set. Both repeat the comparison line above them, so what
+# follows is dropped; the summary then reads the same in CI as on a developer's machine.
+_EXPLANATION_TAIL = re.compile(r"^\s*(?:Use -v to get|Full diff:)")
 
 
 def failure_message(report: Any, limit: int = FAILURE_CHARS) -> str:
@@ -131,7 +135,12 @@ def _split_explanation(text: str) -> tuple[str, str]:
 def _useful_explanation(explanation: str, keep_any: bool) -> list[str]:
     """pytest's explanation when it compares short operands (sizes, dtypes), without where-lines; with ``keep_any``
     (an assertion without a message) at least its first line, cut, so the failure says something."""
-    lines = [line for line in _lines(explanation) if not _EXPLANATION_NOISE.match(line)]
+    lines = []
+    for line in _lines(explanation):
+        if _EXPLANATION_TAIL.match(line):
+            break
+        if not _EXPLANATION_NOISE.match(line):
+            lines.append(line)
     if not lines:
         return []
     if _COMPARISON.search(lines[0]) and len(" ".join(lines)) <= EXPLANATION_CHARS:
