@@ -3,8 +3,10 @@
 The kernels are ``mutants.recurrence`` (float64, value head h reads key head h // (Hv // Hk)) behind the
 seq-first conventions the adapters declare: ``fla_style`` (scale argument, native GQA, [N, H, K, V] states,
 optional ``cu_seqlens``), ``hf_style`` (multiplies q by K**-0.5 itself, no GQA: the caller repeats heads),
-``v_first_style`` (states [N, H, V, K]) and ``leaky_varlen`` (a packed sequence starts from the previous
-sequence's final state instead of its own).
+``v_first_style`` (states [N, H, V, K]), ``caller_scaled_style`` (applies no scale: the adapter scales q) and
+``leaky_varlen`` (a packed sequence starts from the previous sequence's final state instead of its own).
+``on_torch`` turns one into a torch kernel; ``writing`` into a mutant that writes one of its arguments in place
+(and may raise after), which the suite must fail naming the argument whatever the adapter converted it from.
 
 The broken adapters are the correct layout glue with one step wrong each: the scale applied twice, heads
 repeated wrongly, the state transposed. Every one must fail the math profile.
@@ -12,6 +14,9 @@ repeated wrongly, the state transposed. Every one must fail the math profile.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,15 +70,6 @@ def leaky_varlen(q, k, v, g, beta, scale=None, initial_state=None, output_final_
     return seq_first(o), final if output_final_state else None
 
 
-def writes_initial_state(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """``fla_style`` with the right numbers that then zeroes the caller's ``initial_state`` (a returned-state kernel
-    "freeing" the slot): the suite must fail it naming ``initial_state``, the kernel's own name for the state."""
-    result = fla_style(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-    if initial_state is not None:
-        initial_state[...] = 0.0
-    return result
-
-
 def hf_style(
     query: np.ndarray,
     key: np.ndarray,
@@ -90,21 +86,6 @@ def hf_style(
     return fla_style(query, key, value, g, beta, query.shape[-1] ** -0.5, initial_state, output_final_state)
 
 
-def hf_writes_query(query, key, value, g, beta, initial_state=None, output_final_state=False, **kwargs):
-    """``hf_style`` with the right numbers that then scales the caller's query in place (scratch reuse): the suite
-    must fail it naming ``query``, the kernel's own name (its signature's, HF's), not FLA's ``q``."""
-    result = hf_style(query, key, value, g, beta, initial_state, output_final_state)
-    query *= 2.0
-    return result
-
-
-def fla_writes_query(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
-    """``fla_style`` that then scales the caller's q in place: named ``q``, as this kernel calls it."""
-    result = fla_style(q, k, v, g, beta, scale, initial_state, output_final_state)
-    q *= 2.0
-    return result
-
-
 def v_first_style(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """FLA convention with ``state_v_first``: states are [N, H, V, K]."""
     state = None if initial_state is None else np.swapaxes(initial_state, -1, -2)
@@ -112,8 +93,81 @@ def v_first_style(q, k, v, g, beta, scale=None, initial_state=None, output_final
     return o, None if final is None else np.ascontiguousarray(np.swapaxes(final, -1, -2))
 
 
-for _kernel in (fla_style, leaky_varlen, hf_style, hf_writes_query, fla_writes_query, v_first_style):
+def caller_scaled_style(q, k, v, g, beta, initial_state=None, output_final_state=False):
+    """FLA convention applying no scale: the caller multiplies q by it (adapter option ``scale=caller``)."""
+    return fla_style(q, k, v, g, beta, 1.0, initial_state, output_final_state)
+
+
+# The base kernels' declaration; on_torch's and writing's kernels inherit it (functools.wraps copies __dict__).
+for _kernel in (fla_style, leaky_varlen, hf_style, v_first_style, caller_scaled_style):
     _kernel.gdn_spec_capabilities = dict(CAPS)
+
+
+def on_torch(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` (numpy, seq-first) taking and returning torch tensors on the CPU, as FLA's and HF's kernels do.
+
+    It computes on numpy views of the tensors' memory, so ``writing(on_torch(...))`` writes the tensor the adapter
+    handed it. torch is imported at the call: this module loads without it.
+    """
+
+    @functools.wraps(kernel)  # its signature, so the adapter names the arguments as ``kernel`` does
+    def torch_kernel(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        from gdn_spec.adapters.torch_io import TorchIO
+
+        io = TorchIO.create("cpu")
+
+        def numpy_of(x: Any) -> Any:
+            return io.from_kernel(x) if isinstance(x, io.torch.Tensor) else x
+
+        o, final = kernel(*map(numpy_of, args), **{name: numpy_of(x) for name, x in kwargs.items()})
+        return io.to_kernel(np.ascontiguousarray(o)), None if final is None else io.to_kernel(final)
+
+    return torch_kernel
+
+
+def writing(kernel: Callable[..., Any], argument: str, *, then_raise: bool = False) -> Callable[..., Any]:
+    """``kernel`` with the right numbers that then doubles its own ``argument`` in place (scratch reuse), and raises
+    after the write when ``then_raise`` (a refusal that wrote first).
+
+    Args:
+        kernel (Callable): a seq-first kernel, numpy or ``on_torch``.
+        argument (str): the kernel's own name of the argument it writes (``q``, ``query``, ``initial_state``).
+        then_raise (bool): raise ValueError after the write instead of returning.
+
+    Returns:
+        Callable: the mutant, with ``kernel``'s signature. The suite must fail it naming ``argument``, whatever
+        the adapter handed it (a view of the suite's array, a contiguous copy, repeated heads, a scaled query, a
+        transposed state, a tensor).
+    """
+
+    @functools.wraps(kernel)
+    def mutant(*args: Any, **kwargs: Any) -> Any:
+        result = kernel(*args, **kwargs)
+        written = inspect.signature(kernel).bind(*args, **kwargs).arguments.get(argument)
+        if written is not None:
+            written *= 2.0  # in place: numpy's and torch's *= write the object itself
+        if then_raise:
+            raise ValueError(f"{argument}: refused, after writing it")
+        return result
+
+    return mutant
+
+
+# Mutants writing an argument the adapter hands over (hf_writes_query: HF's kernels call it `query`, FLA's `q`).
+hf_writes_query = writing(hf_style, "query")
+fla_writes_query = writing(fla_style, "q")
+fla_writes_key = writing(fla_style, "k")
+caller_scaled_writes_query = writing(caller_scaled_style, "q")
+writes_initial_state = writing(fla_style, "initial_state")  # a returned-state kernel "freeing" the slot
+v_first_writes_initial_state = writing(v_first_style, "initial_state")
+fla_writes_query_then_raises = writing(fla_style, "q", then_raise=True)
+torch_fla_style = on_torch(fla_style)
+torch_hf_style = on_torch(hf_style)
+torch_caller_scaled_style = on_torch(caller_scaled_style)
+torch_hf_writes_query = writing(torch_hf_style, "query")
+torch_caller_scaled_writes_query = writing(torch_caller_scaled_style, "q")
+torch_fla_writes_key = writing(torch_fla_style, "k")
+torch_fla_writes_key_then_raises = writing(torch_fla_style, "k", then_raise=True)
 
 
 class ScaleTwice(Glue):

@@ -1,8 +1,10 @@
 """Adapters: option parsing, the seq-first layout glue against a direct gdn_cte call, exact bf16 through torch,
-identity of in-place states through the torch and nki adapters."""
+identity of in-place states through the torch and nki adapters, and a kernel's write to any array an adapter
+converted for it reaching the suite's array (returned or raised, numpy or torch)."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import numpy as np
@@ -14,7 +16,7 @@ from gdn_spec.adapters.seqfirst import Conventions, kernel_names
 from gdn_spec.contract import valid_call
 from gdn_spec.impl import ImplementationError, load
 from gdn_spec.regimes import Geometry, make_case
-from gdn_spec.suite._support import call_args, run
+from gdn_spec.suite._support import call_args, changed, run, snapshot
 from mutants import CORRECT
 
 
@@ -73,12 +75,70 @@ def test_a_written_input_is_named_by_the_kernels_own_signature(spec: str, adapte
     """HF's kernels call their first argument ``query``, FLA's ``q``: a seq-first kernel writing it was told it
     changed `q` whatever it called it (one FLA table named every seq-first adapter's arguments)."""
     adapted = adapt(load(spec), adapter)
-    # One batch item and one head: the seq-first view of the caller's query is contiguous, so the kernel gets the
-    # caller's memory (at other shapes the adapter's transpose hands it a copy, and the write goes unseen).
+    # One batch item and one head: the kernel gets the caller's own memory (a contiguous seq-first view); other
+    # shapes hand it copies, whose writes the adapter carries back (test_a_write_to_a_converted_argument_...).
     case = make_case("random", Geometry(1, 1, 1, 128, 16, 16), "float32", 0)
     with pytest.raises(pytest.fail.Exception) as info:
         run(adapted, call_args(case, "schur"))
     assert str(info.value).startswith(f"the call changed {message}"), str(info.value)
+
+
+# Two batch items, two key heads, four value heads: every array the adapter hands a seq-first kernel is a copy of
+# the suite's (a transpose made contiguous, heads repeated, a scaled query, a transposed state, a tensor made from
+# one of those), never its memory, so a write reaches the suite only through the adapter's Handoff.
+COPIED = Geometry(2, 2, 4, 128, 16, 16)
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+NEEDS_TORCH = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+
+# (correct kernel, the same writing one argument in place, adapter, device, the argument as the kernel calls it)
+WRITES = [
+    ("fla_style", "fla_writes_key", "fla", None, "k"),
+    ("hf_style", "hf_writes_query", "fla:scale=internal,gqa=repeat", None, "query"),
+    ("caller_scaled_style", "caller_scaled_writes_query", "fla:scale=caller", None, "q"),
+    ("v_first_style", "v_first_writes_initial_state", "fla:state=vk", None, "initial_state"),
+    pytest.param("torch_fla_style", "torch_fla_writes_key", "fla-torch:gqa=repeat", "cpu", "k", marks=NEEDS_TORCH),
+    pytest.param("torch_hf_style", "torch_hf_writes_query", "hf-torch:gqa=repeat", "cpu", "query", marks=NEEDS_TORCH),
+    pytest.param(
+        "torch_caller_scaled_style",
+        "torch_caller_scaled_writes_query",
+        "fla-torch:scale=caller",
+        "cpu",
+        "q",
+        marks=NEEDS_TORCH,
+    ),
+]
+
+
+@pytest.mark.parametrize(("correct", "mutant", "adapter", "device", "argument"), WRITES)
+def test_a_write_to_a_converted_argument_fails_naming_it(
+    correct: str, mutant: str, adapter: str, device: str | None, argument: str
+) -> None:
+    """A kernel writing an array the adapter converted (not a view of the suite's) wrote a copy the suite never
+    compared: only calls where the conversion was a view (B = H = 1 through ``fla``) were caught."""
+    case = make_case("initial_state", COPIED, "float32", 0)
+    run(adapt(load(f"adapter_kernels:{correct}"), adapter, device), call_args(case, "schur"))  # writes nothing
+    with pytest.raises(pytest.fail.Exception) as info:
+        run(adapt(load(f"adapter_kernels:{mutant}"), adapter, device), call_args(case, "schur"))
+    assert str(info.value).startswith(f"the call changed the caller's `{argument}`"), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "adapter", "device", "written"),
+    [
+        ("fla_writes_query_then_raises", "fla", None, "query"),
+        pytest.param("torch_fla_writes_key_then_raises", "fla-torch:gqa=repeat", "cpu", "key", marks=NEEDS_TORCH),
+    ],
+)
+def test_a_write_before_a_refusal_reaches_the_caller(
+    mutant: str, adapter: str, device: str | None, written: str
+) -> None:
+    """The rejection tests check that a refused call wrote nothing: the adapter carries a write back whether the
+    kernel returned or raised."""
+    call = valid_call("schur", "float32", COPIED)
+    before = snapshot(call)
+    with pytest.raises(ValueError, match="refused, after writing it"):
+        adapt(load(f"adapter_kernels:{mutant}"), adapter, device)(**call)
+    assert changed(before, call) == [written]
 
 
 def _star_args(*args: Any, **kwargs: Any) -> None: ...
@@ -160,6 +220,29 @@ def test_torch_signature_returns_the_callers_state_object() -> None:
     out, state = wrap_torch_signature(kernel, TorchIO.create("cpu"))(**call)
     assert state is buffer and np.array_equal(buffer, before + 1.0)
     assert out.dtype == call["value"].dtype and out.tobytes() == call["value"].tobytes()
+
+
+def test_torch_signature_carries_writes_back_from_device_copies() -> None:
+    """On a GPU the kernel's tensors are copies: its in-place state, and an input it writes, reach the caller's
+    arrays only by being carried back. A CPU conversion that copies, as a device does, shows both (the adapter
+    copied back only a returned argument, and only off the CPU)."""
+    torch = pytest.importorskip("torch")
+    from gdn_spec.adapters.torch_io import TorchIO, wrap_torch_signature
+
+    class CopyingIO(TorchIO):
+        def to_kernel(self, x: np.ndarray) -> Any:
+            return super().to_kernel(x).clone()
+
+    def kernel(query, value, recurrent_state, **_):
+        recurrent_state.add_(1.0)  # in place, as gdn_cte's contract asks
+        query.mul_(2.0)  # an input written: the suite must see it
+        return value.clone(), recurrent_state
+
+    call = valid_call("schur", "float32", COPIED)
+    buffer, state_before, query_before = call["recurrent_state"], call["recurrent_state"].copy(), call["query"].copy()
+    _, state = wrap_torch_signature(kernel, CopyingIO(torch, "cpu"))(**call)
+    assert state is buffer and np.array_equal(buffer, state_before + 1.0)
+    assert np.array_equal(call["query"], query_before * 2.0)
 
 
 # ---- raw NKI: simulated, aliasing decided by value ------------------------------------------------------------

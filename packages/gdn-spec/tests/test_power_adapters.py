@@ -1,9 +1,11 @@
 """The suite's power over adapters and the CLI: a broken adapter (scale applied twice, heads repeated wrongly,
 state transposed) fails the math profile; the correct glue around the same kernels passes the same runs; a leaky
-varlen kernel fails the varlen area; -x stops early and is reported; restrictions are reported as left out."""
+varlen kernel fails the varlen area; a kernel writing a copy the adapter handed it fails naming the argument; -x
+stops early and is reported; restrictions are reported as left out."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,35 @@ def test_a_written_state_is_named_as_the_kernel_calls_it(
     result = check(spec, ("aliasing",), "incoming", tmp_path, extra=extra)
     failures = result["summary"]["failures"]
     assert result["code"] == 1 and len(failures) == 2, result["output"]
+    for message in failures.values():
+        assert message.startswith(f"Failed: the call changed the caller's {shown}"), message
+
+
+# (correct kernel, the same writing one argument in place, adapter arguments, the argument as the kernel calls it)
+CONVERTED_WRITES = [
+    ("hf_style", "hf_writes_query", ("--adapter", "fla:scale=internal,gqa=repeat"), "`query`: the inputs are read"),
+    ("v_first_style", "v_first_writes_initial_state", ("--adapter", "fla:state=vk"), "`initial_state` (the suite's"),
+    pytest.param(
+        "torch_hf_style",
+        "torch_hf_writes_query",
+        ("--adapter", "hf-torch:gqa=repeat", "--device", "cpu"),
+        "`query`: the inputs are read",
+        marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("correct", "mutant", "extra", "shown"), CONVERTED_WRITES)
+def test_a_written_copy_fails_the_suite_and_the_correct_kernel_passes(
+    correct: str, mutant: str, extra: tuple[str, ...], shown: str, tmp_path: Path
+) -> None:
+    """At the suite's own shapes these adapters hand the kernel copies (repeated key heads, a transposed state): a
+    kernel writing one passed, as the write never reached the arrays the suite compares."""
+    good = check(f"adapter_kernels:{correct}", ("aliasing",), "incoming", tmp_path, extra=extra)
+    assert good["code"] == 0 and good["summary"]["verdicts"] == {"aliasing": "passed"}, good["output"]
+    bad = check(f"adapter_kernels:{mutant}", ("aliasing",), "incoming", tmp_path, extra=extra)
+    failures = bad["summary"]["failures"]
+    assert bad["code"] == 1 and len(failures) == 2, bad["output"]  # float32 and bfloat16
     for message in failures.values():
         assert message.startswith(f"Failed: the call changed the caller's {shown}"), message
 

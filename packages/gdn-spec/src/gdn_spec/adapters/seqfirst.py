@@ -13,11 +13,12 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..impl import ImplementationError
+from .handoff import ArrayIO, Handoff
 
 # gdn_cte's argument -> the seq-first kernel's name for it (FLA's signature: q, k, v positionally, then keywords).
 # The glue passes the keywords under these names; the suite's messages use ``kernel_names``, which reads the
@@ -39,14 +40,6 @@ POSITIONAL_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
 
 # Relative slack when checking that the suite's scale is the K**-0.5 an "internal"-scale kernel applies itself.
 _SCALE_RTOL = 1e-12
-
-
-class ArrayIO(Protocol):
-    """Moves numpy arrays into the kernel's array type and back (numpy itself, or torch on a device)."""
-
-    def to_kernel(self, x: np.ndarray) -> Any: ...
-    def index(self, x: np.ndarray) -> Any: ...
-    def from_kernel(self, x: Any) -> np.ndarray: ...
 
 
 class NumpyIO:
@@ -213,7 +206,9 @@ def wrap_seq_first(
 
     Notes:
         ``algorithm``, ``mask_pack`` and ``group_size`` are gdn_cte's own and are not passed on. The state comes
-        back as a new array (such kernels return a new state): ``state_in_place`` is declared False.
+        back as a new array (such kernels return a new state): ``state_in_place`` is declared False. A write the
+        kernel makes to any array it was handed changes the caller's array (``handoff.Handoff``), so the suite's
+        read-only checks see it at every shape.
     """
     io = io or NumpyIO()
     glue = glue or Glue(conventions)
@@ -232,19 +227,22 @@ def wrap_seq_first(
         cu_seqlens: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         del algorithm, mask_pack, group_size  # gdn_cte's own knobs: a seq-first kernel has its own chunking
+        if cu_seqlens is not None and not conventions.takes_cu_seqlens:
+            raise ValueError("cu_seqlens given, but the kernel is declared without it (adapter option varlen=no)")
         ratio = value.shape[1] // max(1, query.shape[1])
-        query, key = glue.heads(query, ratio), glue.heads(key, ratio)
-        query, kwargs = glue.query(query, scale)
-        kwargs[KERNEL_NAMES["g_log"]] = io.to_kernel(seq_first(g_log))
-        kwargs[KERNEL_NAMES["beta"]] = io.to_kernel(seq_first(beta))
-        state = None if recurrent_state is None else io.to_kernel(glue.state_in(recurrent_state))
-        kwargs[KERNEL_NAMES["recurrent_state"]] = state
-        kwargs["output_final_state"] = True
-        if cu_seqlens is not None:
-            if not conventions.takes_cu_seqlens:
-                raise ValueError("cu_seqlens given, but the kernel is declared without it (adapter option varlen=no)")
-            kwargs[KERNEL_NAMES["cu_seqlens"]] = io.index(cu_seqlens)
-        result = fn(*(io.to_kernel(seq_first(x)) for x in (query, key, value)), **kwargs)
+        glued_query, kwargs = glue.query(glue.heads(query, ratio), scale)
+        positional = ((query, glued_query), (key, glue.heads(key, ratio)), (value, value))
+        with Handoff(io) as handoff:  # a write to any array handed over reaches the caller's, returned or raised
+            for name, caller in (("g_log", g_log), ("beta", beta)):
+                kwargs[KERNEL_NAMES[name]] = handoff.to_kernel(caller, seq_first(caller))
+            kwargs[KERNEL_NAMES["recurrent_state"]] = None
+            if recurrent_state is not None:
+                state = handoff.to_kernel(recurrent_state, glue.state_in(recurrent_state))
+                kwargs[KERNEL_NAMES["recurrent_state"]] = state
+            if cu_seqlens is not None:
+                kwargs[KERNEL_NAMES["cu_seqlens"]] = handoff.index(cu_seqlens)
+            kwargs["output_final_state"] = True
+            result = fn(*(handoff.to_kernel(caller, seq_first(x)) for caller, x in positional), **kwargs)
         if not isinstance(result, tuple) or len(result) != 2:
             raise TypeError(f"a seq-first kernel returns (o, final_state); got {type(result).__name__}")
         out, final = result

@@ -1,8 +1,8 @@
 """numpy <-> torch for the torch adapters: exact bf16 (bit views, never a float round trip) on a chosen device.
 
-On the CPU, ``torch.from_numpy`` shares the caller's memory, so a kernel writing a tensor in place writes the
-caller's array, exactly as a numpy kernel would; on another device arrays are copied over and, for a tensor the
-kernel returns as its own argument, copied back into the caller's array.
+On the CPU, ``torch.from_numpy`` shares the caller's memory; on another device arrays are copied over. Either way a
+kernel writing a tensor in place changes the caller's array (``handoff.Handoff`` carries the write back), and a
+tensor the kernel returns as its own argument comes back as the caller's numpy object.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from ..impl import ImplementationError
+from .handoff import Handoff
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -67,29 +68,34 @@ class TorchIO:
 def wrap_torch_signature(fn: Callable[..., Any], io: TorchIO) -> Callable[..., Any]:
     """gdn_cte's numpy signature around a kernel with gdn_cte's signature and layout taking torch tensors.
 
+    Args:
+        fn (Callable): the kernel, called with gdn_cte's keyword arguments as tensors on ``io.device``.
+        io (TorchIO): the conversion.
+
     Returns:
-        Callable: every numpy argument becomes a tensor on the device; a returned tensor that IS one of the
+        Callable: every numpy argument becomes a tensor on the device; a write the kernel makes to one reaches the
+        caller's array, whether it returned or raised (``Handoff``), and a returned tensor that IS one of the
         argument tensors (an in-place state) comes back as the caller's numpy object, holding the kernel's values.
     """
 
     def gdn_cte(**call: Any) -> tuple[np.ndarray, np.ndarray]:
-        tensors = {name: io.to_kernel(x) if isinstance(x, np.ndarray) else x for name, x in call.items()}
-        result = fn(**tensors)
+        with Handoff(io) as handoff:
+            tensors = {name: handoff.to_kernel(x) if isinstance(x, np.ndarray) else x for name, x in call.items()}
+            result = fn(**tensors)
         if not isinstance(result, tuple):
             return result
-        back = []
-        for item in result:
-            owner = next((n for n, t in tensors.items() if t is item and isinstance(call[n], np.ndarray)), None)
-            if owner is None:
-                back.append(io.from_kernel(item))
-                continue
-            caller = call[owner]
-            if io.device != "cpu":  # the kernel wrote the device copy: the caller's buffer gets its values
-                caller[...] = io.from_kernel(item)
-            back.append(caller)
-        return tuple(back)
+        return tuple(_returned(item, tensors, call, io) for item in result)
 
     return gdn_cte
+
+
+def _returned(item: Any, tensors: dict[str, Any], call: dict[str, Any], io: TorchIO) -> Any:
+    """A returned tensor as numpy: the caller's own array when the tensor is the one made from it (the kernel's
+    values are in it already, carried back), else the tensor's values."""
+    for name, tensor in tensors.items():
+        if tensor is item and isinstance(call[name], np.ndarray):
+            return call[name]
+    return io.from_kernel(item)
 
 
 __all__ = ["TorchIO", "wrap_torch_signature"]
