@@ -152,7 +152,7 @@ def seq_first(x: np.ndarray) -> np.ndarray:
 class Glue:
     """The steps between the suite's head-major call and a seq-first kernel, each following the conventions.
 
-    One method per step, so a self-test can break exactly one (``tests/adapter_mutants.py``): the suite must fail
+    One method per step, so a self-test can break exactly one (``tests/adapter_kernels.py``): the suite must fail
     an adapter that applies the scale twice, repeats heads wrongly or transposes the state.
     """
 
