@@ -9,6 +9,8 @@ import pytest
 
 from gdn_ref.contract import RULES
 from gdn_spec.contract import BASE_GEOMETRY, MISSING_BUILDERS, RULE_CASES, check_inputs, valid_call
+from gdn_spec.impl import Capabilities
+from gdn_spec.suite._support import call_geometry, supported
 
 PAIRS = [(a, c) for c in RULE_CASES for a in c.algorithms]
 
@@ -44,6 +46,30 @@ def test_needs_unequal_head_dims_marks_exactly_the_builders_a_square_call_defeat
     bad = case.build(valid_call(algorithm, "float32", square))
     broken = case.id in {v.rule_id for v in check_inputs(**bad)}
     assert broken != case.needs_unequal_head_dims, (case.id, case.needs_unequal_head_dims)
+
+
+# Rule cases whose violating call itself has two lanes or more (Hv = 3 over Hk = 2; neumann with Hk = 1, Hv = 2):
+# the suite skips them for a one-lane kernel (test_rejection._require_violation_fits).
+NEEDS_LANES = {"heads.gqa_divisible": 3, "neumann.no_gqa": 2}
+
+
+@pytest.mark.parametrize(("algorithm", "case"), PAIRS, ids=[f"{a}-{c.id}" for a, c in PAIRS])
+@pytest.mark.parametrize("max_lanes", [1, 2])
+def test_every_builder_still_breaks_exactly_its_rule_at_fewer_lanes(algorithm: str, case, max_lanes: int) -> None:
+    """A kernel declaring max_lanes gets its rejection cases built from the base call at fewer lanes (the suite's
+    ``supported(..., shrink_lanes=True)``): each builder must still break exactly its rule there — one that stopped
+    breaking it would be passed by a kernel accepting the call — unless its violation needs more lanes than
+    declared, which the suite skips."""
+    caps = Capabilities.from_mapping({"max_lanes": max_lanes}, "k")
+    base = supported(caps, BASE_GEOMETRY[algorithm], shrink_lanes=True)
+    assert base.lanes <= max_lanes and base.Hv % base.Hk == 0, base
+    bad = case.build(valid_call(algorithm, "float32", base))
+    geometry = call_geometry(bad)
+    if geometry is not None and geometry.lanes > max_lanes:
+        assert NEEDS_LANES.get(case.id, 0) > max_lanes, (case.id, geometry)
+        return
+    assert case.id not in NEEDS_LANES or NEEDS_LANES[case.id] <= max_lanes, (case.id, geometry)
+    assert {v.rule_id for v in check_inputs(**bad)} == {case.id} | case.also, case.id
 
 
 def test_violation_message_names_argument_value_rule_and_fix() -> None:

@@ -121,32 +121,65 @@ def test_declared_head_dims_pass_the_whole_suite(name: str, correct_whole_suite:
     assert sum(substituted.values()) > 100 and all(field in note for note in substituted), substituted
 
 
-# Per size-limited kernel: tests that called it above its declared limits before every call site checked them
-# (each now skipped naming the limit), and a limit every one of its skip reasons for size must name.
+# Per size-limited kernel: tests above its declared limits that cannot be brought within them — for their S, or
+# for the several lanes that are their point — each skipped naming the limit (some called such kernels above their
+# limits before every call site checked them).
 LIMIT_SKIPS = {
     "limited_seq200_lanes2": {
         "test_divisibility.py::test_sequence_length[schur-S256-accept]",
-        "test_neumann.py::test_accepts_equal_heads_without_state[float32-neumann]",
         "test_rejection.py::test_rejects_invalid_call[schur-heads.gqa_divisible]",
     },
     "limited_seq100_lanes1": {
         "test_divisibility.py::test_sequence_length[schur-S128-accept]",
         "test_independence.py::test_value_heads_are_independent[neumann-float32-0]",
         "test_aliasing.py::test_returned_state_is_the_supplied_object[float32-schur]",
-        "test_mask_pack.py::test_neumann_needs_no_pack[float32-neumann]",
         "test_numerics.py::test_matches_oracle[schur-float32-random]",
+    },
+    "limited_lanes1": {
+        "test_independence.py::test_batch_items_are_independent[schur-float32]",
+        "test_independence.py::test_value_heads_are_independent[neumann-float32-0]",
+        "test_head_mapping.py::test_gqa_equals_repeated_key_heads[float32-Hk2-Hv4-schur]",
+        "test_neumann.py::test_rejects_head_sharing[float32-neumann]",
+        "test_rejection.py::test_rejects_invalid_call[schur-heads.gqa_divisible]",
+        "test_rejection.py::test_rejects_invalid_call[neumann-neumann.no_gqa]",
+    },
+}
+
+# Per size-limited kernel: tests whose lanes are incidental, which used to be skipped above max_lanes and now pass
+# at fewer lanes (B, then the heads), the substitution noted on their report.
+FEWER_LANES = {
+    "limited_seq200_lanes2": {
+        "test_neumann.py::test_accepts_equal_heads_without_state[float32-neumann]",
+    },
+    "limited_seq100_lanes1": {
+        "test_mask_pack.py::test_neumann_needs_no_pack[float32-neumann]",
         "test_rejection.py::test_rejects_an_empty_launch[schur-tokens]",
+        "test_rejection.py::test_rejects_invalid_call[neumann-seq.divisible]",
+    },
+    "limited_lanes1": {
+        "test_rejection.py::test_rejects_invalid_call[schur-recurrent_state.shape]",
+        "test_rejection.py::test_rejects_invalid_call[neumann-neumann.no_state]",
+        "test_rejection.py::test_rejects_an_empty_launch[neumann-key_heads]",
+        "test_dtypes.py::test_output_dtypes[schur-bfloat16-supplied]",
+        "test_mask_pack.py::test_schur_rejects_bad_pack[one-entry-changed-schur]",
+        "test_aliasing.py::test_supplied_state_updated_in_place[float32-schur]",
+        "test_divisibility.py::test_sequence_length[schur-S192-reject]",
+        "test_chunk_boundary.py::test_one_call_equals_two[float32-random-C5-first3-group2-schur]",
+        "test_neumann.py::test_rejects_supplied_state[float32-random-neumann]",
+        "test_determinism.py::test_bitwise_repeatable[neumann-bfloat16]",
+        "test_varlen.py::test_sequences_ending_inside_a_chunk_match_the_oracle[float32-zero-start-schur]",
     },
 }
 
 
 @pytest.mark.parametrize("name", list(DECLARED_LIMITS))
 def test_declared_size_limits_are_never_exceeded(name: str, tmp_path: Path) -> None:
-    """A correct kernel declaring max_seq_len / max_lanes, refusing any call above them (in a message naming no
-    argument), passes the whole suite: every call site — fixed shapes, draws, rejection cases — stays within the
-    declared limits, and what cannot is skipped naming the limit, never failed. Before, the divisibility,
-    independence, neumann, aliasing, mask_pack, dtypes, numerics and rejection areas called such kernels above
-    their limits and reported the refusal as the kernel's failure."""
+    """A correct kernel declaring max_seq_len / max_lanes / max_work, refusing any call above them (in a message
+    naming no argument), passes the whole suite: every call site — fixed shapes, draws, rejection cases — stays
+    within the declared limits, and what cannot is skipped naming the limit, never failed. Before, the
+    divisibility, independence, neumann, aliasing, mask_pack, dtypes, numerics and rejection areas called such
+    kernels above their limits and reported the refusal as the kernel's failure; then they skipped every test above
+    max_lanes, where most run lane by lane at fewer lanes (FEWER_LANES; the one-lane kernel ran 48 of 250, now 188)."""
     result = check(f"mutants:{name}", (), "", tmp_path)
     summary = result["summary"]
     assert result["code"] == 0 and not summary["failures"], result["output"]
@@ -154,10 +187,32 @@ def test_declared_size_limits_are_never_exceeded(name: str, tmp_path: Path) -> N
     assert "LIMIT BREACHED" not in result["output"], result["output"]
     outcomes = {_test_name(t): outcome for t, outcome in summary["outcomes"].items()}
     assert {t: outcomes.get(t) for t in LIMIT_SKIPS[name]} == dict.fromkeys(LIMIT_SKIPS[name], "skipped"), outcomes
-    # Both declared limits show up as skip reasons, each naming the size, the key and its declared value.
+    assert {t: outcomes.get(t) for t in FEWER_LANES[name]} == dict.fromkeys(FEWER_LANES[name], "passed"), outcomes
+    # Each declared limit shows up as a skip reason, naming the size, the key and its declared value; the lane
+    # substitutions are listed with the tests run at them.
+    caps = DECLARED_LIMITS[name].gdn_spec_capabilities
     for key in ("max_seq_len", "max_lanes"):
-        limit = DECLARED_LIMITS[name].gdn_spec_capabilities[key]
-        assert any(f"exceeds its declared {key}={limit}" in r for r in summary["skip_reasons"]), summary["skip_reasons"]
+        if key in caps:
+            reasons = summary["skip_reasons"]
+            assert any(f"exceeds its declared {key}={caps[key]}" in r for r in reasons), reasons
+    lanes_note = f"exceeds its declared max_lanes={caps['max_lanes']}"
+    assert any(note.startswith("ran at B=") and lanes_note in note for note in summary["substituted"]), summary
+
+
+def test_a_one_lane_kernel_runs_the_rejection_area(tmp_path: Path) -> None:
+    """Every rule holds lane by lane, so a kernel declaring max_lanes=1 gets its rule cases built from the base
+    call at one lane (B = Hk = Hv = 1): all but the two whose violation itself needs two lanes or more (Hv = 3 over
+    Hk = 2; neumann with Hk = 1, Hv = 2) run. Before, the base's two lanes skipped 69 of its 71 rejection tests."""
+    result = check("mutants:limited_lanes1", ("rejection",), "", tmp_path)
+    summary = result["summary"]
+    assert result["code"] == 0 and "LIMIT BREACHED" not in result["output"], result["output"]
+    counts = summary["areas"]["rejection"]
+    assert counts.get("passed", 0) >= 65 and counts.get("skipped", 0) <= 2, counts
+    skipped = {_test_name(t) for t, outcome in summary["outcomes"].items() if outcome == "skipped"}
+    assert skipped == {
+        "test_rejection.py::test_rejects_invalid_call[schur-heads.gqa_divisible]",
+        "test_rejection.py::test_rejects_invalid_call[neumann-neumann.no_gqa]",
+    }, summary["skip_reasons"]
 
 
 def test_a_failure_at_substituted_head_dims_names_the_sizes_that_ran(tmp_path: Path) -> None:

@@ -176,7 +176,7 @@ def format_summary(summary: Summary, title: str) -> str:
         lines += ["", "skipped (reason × tests):"]
         lines += [f"  {n:>4} × {reason}" for reason, n in summary.skip_reasons.most_common()]
     if summary.substituted:
-        lines += ["", "run at the nearest head dims the implementation supports (sizes × tests):"]
+        lines += ["", "run at other sizes than the test names, within the declared support (sizes × tests):"]
         lines += [f"  {n:>4} × {note}" for note, n in summary.substituted.most_common()]
     left_out = list(summary.left_out)
     not_run = summary.not_run()

@@ -154,8 +154,9 @@ def _fewer_lanes(geometry: Geometry, max_lanes: int) -> Geometry:
         max_lanes, one key head and max_lanes value heads (still a multiple of Hk = 1).
 
     Notes:
-        The heads go last because they are what the draw varies for GQA; S and the head dims are never touched
-        here: they cost no lanes.
+        The heads go last because they are what a shape varies for GQA; S and the head dims are never touched
+        here: they cost no lanes. The one lane-shrinking rule of the suite: numerics draws above max_lanes
+        (``fit``) and fixed shapes whose lanes are incidental (``supported``) both use it.
     """
     g = geometry
     if g.Hv <= max_lanes:
@@ -192,16 +193,37 @@ def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometr
     return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
 
 
-def supported(caps: Capabilities, geometry: Geometry) -> Geometry:
-    """The geometry a fixed-shape test runs at: ``geometry`` itself when the implementation supports its head dims
-    (always, for one declaring no head-dim limit), else the same B, heads and S at ``caps.nearest_head_dims`` —
-    noted on the test's report and in front of any failure message, so a failure names the sizes that ran."""
+def supported(caps: Capabilities, geometry: Geometry, *, shrink_lanes: bool = False) -> Geometry:
+    """The geometry a fixed-shape test runs at, each substitution noted on the test's report and in front of any
+    failure message, so a failure names the sizes that ran.
+
+    Args:
+        caps (Capabilities): what the implementation declares.
+        geometry (Geometry): the shape the test names.
+        shrink_lanes (bool): the test's lanes are incidental (its rule or property holds lane by lane): above
+            ``max_lanes`` it runs at fewer (``_fewer_lanes``: B, then the heads, Hv a multiple of Hk and Hk == Hv
+            kept). False for a test whose point is several lanes (batch or head independence, the GQA head map):
+            it keeps its lanes, and ``require_fits`` skips it naming the limit.
+
+    Returns:
+        Geometry: ``geometry`` itself when the implementation supports its head dims (always, for one declaring no
+        head-dim limit) and its lanes fit or are the point; else the same S at ``caps.nearest_head_dims``, and at
+        fewer lanes when ``shrink_lanes`` allows it.
+    """
+    fitted = geometry
     Dk, Dv = caps.nearest_head_dims(geometry.Dk, geometry.Dv)
-    if (Dk, Dv) == (geometry.Dk, geometry.Dv):
-        return geometry
-    reason = caps.unsupported_head_dims(geometry.Dk, geometry.Dv)
-    note_substitution(f"ran at Dk={Dk}, Dv={Dv} instead of Dk={geometry.Dk}, Dv={geometry.Dv}: {reason}")
-    return replace(geometry, Dk=Dk, Dv=Dv)
+    if (Dk, Dv) != (geometry.Dk, geometry.Dv):
+        reason = caps.unsupported_head_dims(geometry.Dk, geometry.Dv)
+        note_substitution(f"ran at Dk={Dk}, Dv={Dv} instead of Dk={geometry.Dk}, Dv={geometry.Dv}: {reason}")
+        fitted = replace(fitted, Dk=Dk, Dv=Dv)
+    if shrink_lanes and caps.max_lanes is not None and geometry.lanes > caps.max_lanes:
+        fewer = _fewer_lanes(fitted, caps.max_lanes)
+        note_substitution(
+            f"ran at B={fewer.B}, Hk={fewer.Hk}, Hv={fewer.Hv} instead of B={geometry.B}, Hk={geometry.Hk}, "
+            f"Hv={geometry.Hv}: {caps.name}: B·Hv={geometry.lanes} exceeds its declared max_lanes={caps.max_lanes}"
+        )
+        fitted = fewer
+    return fitted
 
 
 def require_fits(caps: Capabilities, geometry: Geometry) -> None:
@@ -222,22 +244,25 @@ def require_fits(caps: Capabilities, geometry: Geometry) -> None:
         pytest.skip(reason)
 
 
-def fixed_shape(caps: Capabilities, geometry: Geometry) -> Geometry:
+def fixed_shape(caps: Capabilities, geometry: Geometry, *, shrink_lanes: bool = False) -> Geometry:
     """The geometry a fixed-shape test calls the implementation at, or a skip naming the declared limit it exceeds.
 
     Args:
         caps (Capabilities): what the implementation declares.
         geometry (Geometry): the shape the test names.
+        shrink_lanes (bool): the test's lanes are incidental: above ``max_lanes`` it runs at fewer lanes instead
+            of being skipped (see ``supported``).
 
     Returns:
-        Geometry: ``supported(caps, geometry)`` — the same B, heads and S at the nearest supported head dims —
-        when that is within max_seq_len, max_lanes and max_work; otherwise the test is skipped with the reason.
+        Geometry: ``supported(caps, geometry, shrink_lanes=...)`` — the same S at the nearest supported head dims,
+        at fewer lanes where allowed — when that is within max_seq_len, max_lanes and max_work; otherwise the test
+        is skipped with the reason.
 
     Notes:
         Every fixed-shape test builds its shape here, so none can call a kernel above a declared limit by
         forgetting a separate check (``run`` and ``require_call_supported`` are the safety net).
     """
-    fitted = supported(caps, geometry)
+    fitted = supported(caps, geometry, shrink_lanes=shrink_lanes)
     require_fits(caps, fitted)
     return fitted
 

@@ -21,7 +21,9 @@ IN_PLACE = pytest.mark.gdn_requires("in_place_state")
 
 
 def _state_case(impl: Implementation, dtype: str, seed: int = 7):
-    return make_case("initial_state", fixed_shape(impl.capabilities, BASE_GEOMETRY[ALGORITHM_SCHUR]), dtype, seed)
+    return make_case(
+        "initial_state", fixed_shape(impl.capabilities, BASE_GEOMETRY[ALGORITHM_SCHUR], shrink_lanes=True), dtype, seed
+    )
 
 
 @SCHUR
@@ -56,7 +58,9 @@ def test_incoming_contents_are_the_initial_state(gdn_impl: Implementation, gdn_a
 def test_omitted_state_starts_from_zero_in_a_fresh_array(
     gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str
 ) -> None:
-    case = make_case("random", fixed_shape(gdn_impl.capabilities, BASE_GEOMETRY[gdn_algorithm]), gdn_dtype, 9)
+    case = make_case(
+        "random", fixed_shape(gdn_impl.capabilities, BASE_GEOMETRY[gdn_algorithm], shrink_lanes=True), gdn_dtype, 9
+    )
     args = call_args(case, gdn_algorithm)
     out, state = run(gdn_impl, args)
     assert state.dtype == np.float32, f"omitted-state output must be float32, got {state.dtype}"
@@ -71,7 +75,7 @@ def test_omitted_state_starts_from_zero_in_a_fresh_array(
 
 @SCHUR
 def test_supplied_zeros_equal_omitted(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
-    geometry = fixed_shape(gdn_impl.capabilities, BASE_GEOMETRY[gdn_algorithm])
+    geometry = fixed_shape(gdn_impl.capabilities, BASE_GEOMETRY[gdn_algorithm], shrink_lanes=True)
     case = make_case("random", geometry, gdn_dtype, 10)
     out_omitted, state_omitted = run(gdn_impl, call_args(case, gdn_algorithm))
     zeros = make_case("random", geometry, gdn_dtype, 10, supply_state=True)

@@ -16,6 +16,7 @@ from ._support import assert_close, call_args, fixed_shape, run
 
 def _geometry(impl: Implementation, algorithm: str, B: int) -> Geometry:
     Hk = 2 if algorithm == ALGORITHM_NEUMANN else 1  # schur: both value heads share one key head
+    # Several lanes are the point (no shrink_lanes): above max_lanes the test is skipped naming the limit.
     return fixed_shape(impl.capabilities, Geometry(B, Hk, 2, 128, 32, 16))
 
 

@@ -24,6 +24,7 @@ def test_output_shapes(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: 
         Hk = Hv  # neumann forbids head sharing: same sizes without GQA
     # A head-dim-limited kernel runs the same B, heads and S at its nearest head dims (Dk ≠ Dv kept if it can).
     S = chunks * CHUNK_BY_ALGORITHM[gdn_algorithm]
+    # B and the heads are part of what is checked (no shrink_lanes): above max_lanes a row is skipped.
     geometry = fixed_shape(gdn_impl.capabilities, Geometry(B, Hk, Hv, S, Dk, Dv))
     out, state = run(
         gdn_impl, call_args(make_case("random", geometry, gdn_dtype, 0, supply_state=supply_state), gdn_algorithm)
