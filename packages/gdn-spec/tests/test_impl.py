@@ -272,11 +272,37 @@ def test_fit_shrinks_only_s_above_max_seq_len() -> None:
 
 
 def test_fit_shrinks_s_first_above_max_work() -> None:
-    """Above the work budget S halves first (whole chunks), then B, then the heads and head sizes."""
+    """Above the work budget S halves first (whole chunks), then the lanes (B, then the heads), and the head sizes
+    only when one lane of one chunk is above the budget — then the lanes are kept as far as the budget allows.
+    (The heads and the head sizes used to shrink together: the 100 x 64 draw ran at 2 heads of 16 x 16, the
+    128 x 128 one at B = 1 and 2 heads.)"""
     caps = Capabilities.from_mapping({"max_work": 1 << 20}, "k")
     assert fit(Geometry(1, 2, 2, 896, 64, 64), caps, "schur") == Geometry(1, 2, 2, 128, 64, 64)
     assert fit(Geometry(2, 2, 4, 896, 64, 32), caps, "schur") == Geometry(1, 2, 4, 128, 64, 32)
-    assert fit(Geometry(2, 2, 8, 896, 128, 128), caps, "schur") == Geometry(1, 2, 2, 128, 16, 16)
+    assert fit(Geometry(2, 2, 8, 896, 64, 64), caps, "schur") == Geometry(1, 1, 2, 128, 64, 64)
+    assert fit(Geometry(2, 2, 8, 896, 100, 64), caps, "schur") == Geometry(1, 1, 1, 128, 100, 64)
+    assert fit(Geometry(2, 2, 8, 896, 128, 128), caps, "schur") == Geometry(2, 2, 8, 128, 16, 16)
+
+
+@pytest.mark.parametrize("max_work", [1 << 22, 1 << 20, 1 << 18])
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+def test_fit_shrinks_head_dims_only_when_one_lane_is_above_max_work(algorithm: str, max_work: int) -> None:
+    """Every drawable shape keeps its head dims whenever one lane of one chunk at them fits the budget: fewer lanes
+    are tried first (the head dims are what a kernel tiles; more lanes repeat the same recurrence). Before, the
+    heads and the head dims shrank together: under the self-tests' max_work = 2^22, 31% of schur draws ran at
+    Dk = Dv = 16 although fewer heads at the drawn sizes fitted."""
+    caps = Capabilities.from_mapping({"max_work": max_work}, "k")
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    heads = HEAD_GEOMETRIES if algorithm == "schur" else EQUAL_HEAD_GEOMETRIES
+    for (Hk, Hv), B, chunks, Dk, Dv in itertools.product(heads, (1, 2), range(1, 9), HEAD_DIMS, HEAD_DIMS):
+        drawn = Geometry(B, Hk, Hv, chunks * chunk, Dk, Dv)
+        got = fit(drawn, caps, algorithm)
+        assert caps.fits(got) and got.lanes <= drawn.lanes, (drawn, got)
+        assert got.Hv % got.Hk == 0 and (algorithm == "schur" or got.Hk == got.Hv), (drawn, got)
+        kept = chunk * Dk * Dv <= max_work
+        assert ((got.Dk, got.Dv) == (Dk, Dv)) == kept, (drawn, got)
+        if not kept:
+            assert (got.Dk, got.Dv) == (16, 16), (drawn, got)
 
 
 def test_a_call_above_a_declared_limit_is_skipped_naming_it() -> None:

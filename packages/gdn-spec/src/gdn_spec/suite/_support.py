@@ -108,16 +108,19 @@ def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
 
         - above max_seq_len: S only, to the most whole chunks within it (at least one);
         - above max_lanes (B·Hv): B, then the heads (``_fewer_lanes``), S and the head dims kept;
-        - above max_work (at most ``DEFAULT_MAX_WORK``): S halved, in whole chunks, down to one chunk; then B = 1;
-          then the heads (Hk = Hv: two for schur, one for neumann) at the smallest drawable head size; then one
-          head.
+        - above max_work (at most ``DEFAULT_MAX_WORK``): S halved, in whole chunks, down to one chunk; then the
+          head dims, to the smallest drawable size, only when one lane of that S is above the budget; then as many
+          lanes as the budget allows, shrunk as for max_lanes (B, then the heads).
 
     Notes:
         A lane limit used to shrink S and the head sizes first (the work rule, applied to every limit): every
         schur draw of a one-lane kernel ran one chunk (the state carried across chunks never checked) at
-        Dk = Dv = 16. The result can still exceed a limit no shape of the algorithm meets (max_seq_len below its
-        chunk, a max_work below one lane of one chunk at the smallest head size): the caller skips it
-        (``require_fits``).
+        Dk = Dv = 16. The work rule itself then cut the heads and the head dims together: under the self-tests'
+        max_work = 2^22, 31% of schur draws ran at Dk = Dv = 16 (67% under 2^20) where fewer heads at the drawn
+        sizes fitted — the head dims (100's masked tile, 128's full width) are what a kernel tiles, while more
+        lanes repeat the same recurrence. The result can still exceed a limit no shape of the algorithm meets
+        (max_seq_len below its chunk, a max_work below one lane of one chunk at the smallest head size): the
+        caller skips it (``require_fits``).
     """
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     g = geometry
@@ -130,14 +133,11 @@ def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
         return g
     while g.work > budget and g.S > chunk:
         g = replace(g, S=max(chunk, (g.S // 2) // chunk * chunk))
-    if g.work > budget:
-        g = replace(g, B=1)
-    if g.work > budget:
-        hk = 1 if algorithm != ALGORITHM_SCHUR else min(g.Hk, 2)
+    if g.S * g.Dk * g.Dv > budget:  # one lane alone is above the budget: fewer lanes cannot help
         smallest = min(drawable_head_dims(caps))  # the cheapest head size the implementation declares
-        g = replace(g, Hk=hk, Hv=hk, Dk=smallest, Dv=smallest)
+        g = replace(g, Dk=smallest, Dv=smallest)
     if g.work > budget:
-        g = replace(g, Hk=1, Hv=1)
+        g = _fewer_lanes(g, max(1, budget // (g.S * g.Dk * g.Dv)))
     return g
 
 
@@ -146,7 +146,8 @@ def _fewer_lanes(geometry: Geometry, max_lanes: int) -> Geometry:
 
     Args:
         geometry (Geometry): a shape above the limit, with Hv a multiple of Hk.
-        max_lanes (int): the declared max_lanes (at least 1).
+        max_lanes (int): the lanes allowed, at least 1: the declared max_lanes, or as many as the work budget
+            allows (``fit``).
 
     Returns:
         Geometry: B = max_lanes // Hv items when Hv fits (the heads kept); else B = 1 and the draw's GQA ratio
@@ -155,8 +156,8 @@ def _fewer_lanes(geometry: Geometry, max_lanes: int) -> Geometry:
 
     Notes:
         The heads go last because they are what a shape varies for GQA; S and the head dims are never touched
-        here: they cost no lanes. The one lane-shrinking rule of the suite: numerics draws above max_lanes
-        (``fit``) and fixed shapes whose lanes are incidental (``supported``) both use it.
+        here: they cost no lanes. The one lane-shrinking rule of the suite: numerics draws (``fit``) and fixed
+        shapes whose lanes are incidental (``supported``) both use it.
     """
     g = geometry
     if g.Hv <= max_lanes:
