@@ -134,7 +134,7 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
         )
         if api == "state_layout_vk":  # the state read (and, below, written) as [B, Hv, Dv, Dk], vLLM's layout
             start = np.swapaxes(start, 2, 3)
-        eff_scale = scale * scale if api == "scale_twice" else scale
+        eff_scale = {"scale_twice": scale * scale, "ignores_scale": Dk**-0.5}.get(api, scale)
         if api == "batch_leak":  # batch item b continues from item b-1's final state instead of its own start
             outs, finals, carry = [], [], start[:1]
             for b in range(B):
@@ -233,6 +233,9 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "beta_ignored": (make("beta_ignored"), ("numerics",), "schur and float32 and beta_near_zero"),
     "batch_leak": (make(api="batch_leak"), ("independence",), ""),
     "scale_twice": (make(api="scale_twice"), ("numerics",), "schur and float32 and random"),
+    # Dk**-0.5 whatever the caller passes: every other call uses that very scale, so only the caller's-scale test
+    # catches it.
+    "ignores_scale": (make(api="ignores_scale"), ("numerics",), "float32 and callers_scale"),
     "ignores_initial_state": (make(api="ignores_initial_state"), ("aliasing",), ""),
     "state_copy": (make(api="state_copy"), ("aliasing",), ""),
     "mutates_state_on_reject": (make(api="mutates_state_on_reject"), ("rejection",), "schur"),

@@ -120,6 +120,9 @@ def test_a_write_to_a_converted_argument_fails_naming_it(
     with pytest.raises(pytest.fail.Exception) as info:
         run(adapt(load(f"adapter_kernels:{mutant}"), adapter, device), call_args(case, "schur"))
     assert str(info.value).startswith(f"the call changed the caller's `{argument}`"), str(info.value)
+    if argument == "initial_state":  # the rule is the adapter's, not a declaration of the kernel's
+        assert "'s adapter sets state_in_place=False" in str(info.value), str(info.value)
+        assert "seq-first kernel returns its final state" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_spec import impl
 from gdn_spec.impl import Capabilities, ImplementationError, load, resolve
+from gdn_spec.profiles import PROMISES, unmet
 from gdn_spec.regimes import EQUAL_HEAD_GEOMETRIES, HEAD_DIMS, HEAD_GEOMETRIES, Geometry
 from gdn_spec.suite._support import DEFAULT_MAX_WORK, drawable_head_dims, fit, shapes
 
@@ -319,3 +321,15 @@ def test_a_call_above_a_declared_limit_is_skipped_naming_it() -> None:
     call = valid_call("neumann")
     require_call_supported(caps, call)  # S = 64, B·Hv = 2: within both
     require_call_supported(caps, {**call, "value": call["value"][0]})  # a 3-D value has no sizes to judge
+
+
+def test_a_capability_the_adapter_set_is_not_called_declared() -> None:
+    """A seq-first adapter sets state_in_place=False and validates_arguments=False whatever the kernel declares;
+    skip reasons said the kernel "declares" them, even for a kernel declaring the opposite."""
+
+    kernel = Capabilities.from_mapping({"state_in_place": True}, "vllm-style")
+    assert unmet("in_place_state", "api", replace(kernel, state_in_place=False)) == (
+        "vllm-style declares state_in_place=False (" + PROMISES["in_place_state"] + ")"
+    )
+    adapted = replace(kernel, state_in_place=False, set_by_adapter=("state_in_place",))
+    assert unmet("in_place_state", "api", adapted).startswith("vllm-style's adapter sets state_in_place=False (")

@@ -30,6 +30,8 @@ from .regimes import COMPUTE_DTYPES, Geometry
 ENV_VAR = "GDN_SPEC_IMPL"
 ENTRY_POINT_GROUP = "gdn_spec.implementations"
 CAPABILITIES_ATTR = "gdn_spec_capabilities"
+# Capabilities fields an adapter fills in and a kernel never declares (no key in capability_rules.CHECKS).
+ADAPTER_ONLY_FIELDS = ("set_by_adapter",)
 
 
 class ImplementationError(RuntimeError):
@@ -69,6 +71,12 @@ class Capabilities:
             their rejection cases are skipped with the reason.
         varlen (bool): it accepts ``cu_seqlens`` (int64 ``[N + 1]``, B = 1, one initial state per sequence),
             checked by the ``varlen`` area.
+        fixed_scale (bool): it applies Dk**-0.5 itself and cannot be given another scale (HF's
+            ``torch_*_gated_delta_rule``; set by the ``scale=internal`` adapters); True skips the test of a
+            caller's scale.
+        set_by_adapter (tuple[str, ...]): the capabilities above that the adapter set, whatever the kernel
+            declared (a seq-first adapter: validates_arguments, state_in_place, varlen, fixed_scale); skip and
+            failure messages say so instead of "declares". Not a key a kernel declares.
     """
 
     name: str
@@ -86,6 +94,13 @@ class Capabilities:
     state_in_place: bool = True
     inexpressible_rules: tuple[str, ...] = ()
     varlen: bool = False
+    fixed_scale: bool = False
+    set_by_adapter: tuple[str, ...] = ()
+
+    def declaring(self, capability: str) -> str:
+        """ "<name> declares <capability>=<value>", or "<name>'s adapter sets ..." when the adapter set it."""
+        verb = "'s adapter sets" if capability in self.set_by_adapter else " declares"
+        return f"{self.name}{verb} {capability}={getattr(self, capability)!r}"
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, default_name: str) -> Capabilities:

@@ -51,5 +51,5 @@ def unmet(promise: str, profile: str, caps: Capabilities) -> str | None:
         return f"profile {profile!r} leaves out the API promise {promise!r} ({PROMISES[promise]})"
     capability = _CAPABILITY_OF.get(promise)
     if capability and not getattr(caps, capability):
-        return f"{caps.name} declares {capability}=False ({PROMISES[promise]})"
+        return f"{caps.declaring(capability)} ({PROMISES[promise]})"
     return None

@@ -107,7 +107,14 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
 
         conventions = Conventions.from_options(options)
         fn: Callable[..., Any] = wrap_seq_first(impl.fn, conventions, io)
-        caps = replace(caps, validates_arguments=False, state_in_place=False, varlen=conventions.takes_cu_seqlens)
+        caps = replace(
+            caps,
+            validates_arguments=False,
+            state_in_place=False,
+            varlen=conventions.takes_cu_seqlens,
+            fixed_scale=conventions.scale == "internal",
+            set_by_adapter=("validates_arguments", "state_in_place", "varlen", "fixed_scale"),
+        )
         label = f"{name} adapter ({conventions.describe()}){io_label}"
         names = kernel_names(impl.fn)
     elif kind.array_io == "torch":

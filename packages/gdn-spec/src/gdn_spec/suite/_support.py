@@ -64,13 +64,29 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
         # Named as the kernel under test calls it (an adapter may rename it: initial_state for a seq-first kernel).
         shown = impl.argument_name(name)
         aka = "" if shown == name else f" (the suite's `{name}`, renamed by the adapter)"
-        rule = (f"a supplied `{shown}` is read only for an implementation that returns a new state "
-                "(state_in_place=False)" if name == "recurrent_state" else "the inputs are read only")  # fmt: skip
-        pytest.fail(f"the call changed the caller's `{shown}`{aka}: {rule}; work on a copy", pytrace=False)
+        pytest.fail(f"the call changed the caller's `{shown}`{aka}: {_read_only_rule(impl, name, shown)}",
+                    pytrace=False)  # fmt: skip
     if not isinstance(result, tuple) or len(result) != 2:
         pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
     out, state = result
     return np.asarray(out), state if isinstance(state, np.ndarray) else np.asarray(state)
+
+
+def _read_only_rule(impl: Implementation, name: str, shown: str) -> str:
+    """The rule a write to the caller's argument ``name`` (``shown`` as the kernel calls it) broke, and the fix."""
+    if name != "recurrent_state":
+        return "the inputs are read only; work on a copy"
+    caps = impl.capabilities
+    rule = f"a supplied `{shown}` is read only for an implementation that returns a new state ({caps.declaring('state_in_place')})"
+    if "state_in_place" not in caps.set_by_adapter:
+        return f"{rule}; work on a copy, or declare state_in_place=True and return the updated buffer itself"
+    # A seq-first kernel follows FLA: the final state is returned and initial_state is left as passed. A kernel
+    # updating a state pool in place (vLLM's) has no such convention here; a wrapper giving it a copy is the way.
+    return (
+        f"{rule}: a seq-first kernel returns its final state and leaves `{shown}` as passed (FLA's convention); "
+        "a kernel updating a state pool in place (vLLM-style) is checked through a wrapper that hands it a copy of "
+        "the state and returns that copy"
+    )
 
 
 def assert_close(errors: list[Error], context: str) -> None:

@@ -10,12 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gdn_ref.constants import ALGORITHM_NEUMANN
+from gdn_ref.constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR
+from gdn_spec.contract import BASE_GEOMETRY
 from gdn_spec.impl import Implementation
 from gdn_spec.regimes import REGIMES, make_case
 
 from ..oracle import errors_vs_oracle
-from ._support import assert_close, call_args, record_worst, require_fits, run, shapes
+from ._support import assert_close, call_args, fixed_shape, record_worst, require_fits, run, shapes
+
+# A scale no head size gives as Dk**-0.5 (0.25 at Dk = 16, 0.177 at 32, ...): every other call uses Dk**-0.5, so
+# without this test a kernel ignoring its scale argument (applying Dk**-0.5 itself) passes the whole suite.
+CALLER_SCALE = 0.3
 
 
 @pytest.mark.parametrize("regime", list(REGIMES))
@@ -40,3 +45,17 @@ def test_matches_oracle(
         assert_close(errors, f"{regime} {geometry} group_size={group_size} seed={seed}")
 
     check()
+
+
+def test_applies_the_callers_scale(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
+    """out is computed with the ``scale`` passed, not with Dk**-0.5: a kernel ignoring the argument fails here."""
+    caps = gdn_impl.capabilities
+    if caps.fixed_scale:
+        pytest.skip(f"{caps.name} applies Dk**-0.5 itself (fixed_scale=True): no other scale can be passed")
+    geometry = fixed_shape(caps, BASE_GEOMETRY[gdn_algorithm])
+    supply = gdn_algorithm == ALGORITHM_SCHUR  # an incoming state: the scale multiplies q·S0 as well as the chunk
+    case = make_case("initial_state" if supply else "random", geometry, gdn_dtype, 17, scale=CALLER_SCALE)
+    out, state = run(gdn_impl, call_args(case, gdn_algorithm))
+    assert_close(
+        errors_vs_oracle(case, out, state), f"scale={CALLER_SCALE} (Dk**-0.5 = {geometry.Dk**-0.5:.4g}) {geometry}"
+    )
