@@ -131,7 +131,11 @@ def thirdparty(session: nox.Session) -> None:
 # The PyTorch integration: torch (PyPI's wheel, run on the CPU) and the transformers release the Qwen3-Next
 # comparison was written against.
 INTEGRATION_DEPS = ("torch>=2.4", "transformers>=5.24")
-INTEGRATION_TESTS = ("packages/gdn-nki/tests/test_torch.py", "packages/gdn-nki/tests/test_qwen3_next.py")
+INTEGRATION_TESTS = (
+    "packages/gdn-nki/tests/test_torch.py",
+    "packages/gdn-nki/tests/test_torch_options.py",
+    "packages/gdn-nki/tests/test_qwen3_next.py",
+)
 
 
 @nox.session

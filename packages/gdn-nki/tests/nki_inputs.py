@@ -69,3 +69,13 @@ def assert_agree(
     """Two runs' (out, state) agree within the dtype's tolerance table (``want`` plays the reference)."""
     found = errors(got[0], got[1], want[0], want[1], dtype)
     assert all(e.ok for e in found), f"{what}: {describe(found)}"
+
+
+def seq_first(c: Case) -> dict[str, Any]:
+    """A head-major case as FLA's seq-first CPU torch tensors (q/k [B, T, Hk, K], v [B, T, Hv, V], g/beta
+    [B, T, Hv]); needs torch."""
+    from gdn_nki.torch_io import as_torch
+
+    kernel = c.kernel
+    order = {"q": "query", "k": "key", "v": "value", "g": "g_log", "beta": "beta"}
+    return {name: as_torch(np.swapaxes(kernel[arg], 1, 2).copy()) for name, arg in order.items()}

@@ -17,7 +17,7 @@ from gdn_nki.torch import chunk_gated_delta_rule  # noqa: E402
 from gdn_nki.torch_io import as_numpy, as_torch  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_spec.regimes import Case, Geometry  # noqa: E402
-from nki_inputs import assert_matches_oracle, case, kernel_kwargs  # noqa: E402
+from nki_inputs import assert_matches_oracle, case, kernel_kwargs, seq_first  # noqa: E402
 
 
 def _torch_kwargs(c: Case, algorithm: str = "schur") -> dict:
@@ -96,18 +96,6 @@ def test_host_entry_points_reject_unreadable_torch_tensors_by_name(name: str, ba
 # --- the FLA-compatible entry point ---
 
 
-def _seq_first(c: Case) -> dict:
-    """A head-major case as FLA's seq-first torch tensors (q/k [B, T, Hk, K], g/beta [B, T, Hv])."""
-    kernel = c.kernel
-    return {
-        "q": as_torch(kernel["query"].transpose(0, 2, 1, 3).copy()),
-        "k": as_torch(kernel["key"].transpose(0, 2, 1, 3).copy()),
-        "v": as_torch(kernel["value"].transpose(0, 2, 1, 3).copy()),
-        "g": as_torch(kernel["g_log"].transpose(0, 2, 1).copy()),
-        "beta": as_torch(kernel["beta"].transpose(0, 2, 1).copy()),
-    }
-
-
 def _head_major_out(o: torch.Tensor) -> np.ndarray:
     return as_numpy(o.transpose(1, 2).contiguous())
 
@@ -118,29 +106,29 @@ def test_fla_entry_matches_the_oracle_with_gqa_and_default_scale(dtype: str) -> 
     assert c.scale == pytest.approx(32**-0.5)
     initial = as_torch(c.kernel["recurrent_state"].copy())
     before = initial.clone()
-    o, final = chunk_gated_delta_rule(**_seq_first(c), initial_state=initial, output_final_state=True)
+    o, final = chunk_gated_delta_rule(**seq_first(c), initial_state=initial, output_final_state=True)
     assert o.shape == (2, 150, 4, 16) and o.dtype == getattr(torch, dtype)
     assert final.dtype == torch.float32 and final.shape == (2, 4, 32, 16)
     assert torch.equal(initial, before), "FLA never writes initial_state"
     assert_matches_oracle(c, _head_major_out(o), final.numpy(), "fla entry")
-    _, none = chunk_gated_delta_rule(**_seq_first(c), initial_state=initial)
+    _, none = chunk_gated_delta_rule(**seq_first(c), initial_state=initial)
     assert none is None, "the final state only when asked"
 
 
 def test_fla_entry_reads_a_bfloat16_initial_state_widened_exactly() -> None:
     c = case("bfloat16", Geometry(B=1, Hk=1, Hv=2, S=40, Dk=16, Dv=16), seed=12, regime="initial_state")
     narrow = as_torch(c.kernel["recurrent_state"]).to(torch.bfloat16)
-    got = chunk_gated_delta_rule(**_seq_first(c), initial_state=narrow, output_final_state=True)
-    want = chunk_gated_delta_rule(**_seq_first(c), initial_state=narrow.float(), output_final_state=True)
+    got = chunk_gated_delta_rule(**seq_first(c), initial_state=narrow, output_final_state=True)
+    want = chunk_gated_delta_rule(**seq_first(c), initial_state=narrow.float(), output_final_state=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     pool = narrow.clone()
     with pytest.raises(ContractError, match=r"`initial_state`.*bfloat16"):  # a pool is written: fp32 only
-        chunk_gated_delta_rule(**_seq_first(c), initial_state=pool, state_indices=torch.tensor([0]))
+        chunk_gated_delta_rule(**seq_first(c), initial_state=pool, state_indices=torch.tensor([0]))
 
 
 def test_fla_entry_l2norm_in_kernel_equals_normalizing_first() -> None:
     c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=64, Dk=32, Dv=16), seed=6)
-    args = _seq_first(c)
+    args = seq_first(c)
     raw = dict(args, q=args["q"] * 3.0, k=args["k"] * 0.5)
     o_norm, _ = chunk_gated_delta_rule(**raw, use_qk_l2norm_in_kernel=True)
     o_plain, _ = chunk_gated_delta_rule(**args)
@@ -149,7 +137,7 @@ def test_fla_entry_l2norm_in_kernel_equals_normalizing_first() -> None:
 
 def test_fla_entry_varlen_is_one_launch_and_equals_batch_rows() -> None:
     c = case("bfloat16", Geometry(B=3, Hk=1, Hv=2, S=100, Dk=32, Dv=16), seed=7, regime="initial_state")
-    args = _seq_first(c)
+    args = seq_first(c)
     initial = as_torch(c.kernel["recurrent_state"].copy())
     o_dense, s_dense = chunk_gated_delta_rule(**args, initial_state=initial, output_final_state=True)
     packed = {k: v.reshape(1, 300, *v.shape[2:]) for k, v in args.items()}
@@ -166,7 +154,7 @@ def test_fla_entry_varlen_is_one_launch_and_equals_batch_rows() -> None:
 
 def test_fla_entry_state_pool_updates_named_slots_only() -> None:
     c = case("bfloat16", Geometry(B=2, Hk=1, Hv=2, S=70, Dk=32, Dv=16), seed=8, regime="initial_state")
-    args = _seq_first(c)
+    args = seq_first(c)
     pool = torch.randn(5, 2, 32, 16)
     slots = torch.tensor([4, 1])
     pool[slots] = as_torch(c.kernel["recurrent_state"].copy())
@@ -181,7 +169,7 @@ def test_fla_entry_state_pool_updates_named_slots_only() -> None:
 
 def _fla_call(**changes):
     c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=90, Dk=16, Dv=16), seed=9)
-    args = _seq_first(c)
+    args = seq_first(c)
     args.update(
         initial_state=torch.randn(3, 2, 16, 16),
         state_indices=torch.tensor([2, 0]),
@@ -194,7 +182,9 @@ def _fla_call(**changes):
 
 BAD_FLA = {
     "q on another device": (dict(q=lambda a: a["q"].to("meta")), "q", "device"),
-    "v float16": (dict(v=lambda a: a["v"].half()), "v", "to(torch.bfloat16)"),
+    "v float16": (dict(v=lambda a: a["v"].half()), "v", "to(torch.float32) (lossless"),
+    "q, k, v float16": ({n: (lambda a, n=n: a[n].half()) for n in ("q", "k", "v")}, "q", "to(torch.float32) (lossless"),
+    "g float16": (dict(g=lambda a: a["g"].half()), "g", "to(torch.float32) (lossless"),
     "k of another dtype": (dict(k=lambda a: a["k"].to(torch.bfloat16)), "k", "dtype"),
     "g head-first": (dict(g=lambda a: a["g"].transpose(1, 2).contiguous()), "g", "seq-first"),
     "cu_seqlens from 1": (dict(cu_seqlens=lambda a: torch.tensor([1, 40, 90])), "cu_seqlens", "start at 0"),
@@ -211,7 +201,7 @@ BAD_FLA = {
     "batch 2 with cu_seqlens": (
         {n: (lambda a, n=n: torch.cat([a[n], a[n]])) for n in ("q", "k", "v", "g", "beta")},
         "cu_seqlens",
-        "B must be 1",
+        "[cu_seqlens.batch] with cu_seqlens the sequences are packed into one row, so B must be 1",
     ),
     "pool a view of a leaf requiring grad": (
         dict(initial_state=lambda a: torch.randn(5, 2, 16, 16, requires_grad=True)[1:4]),
@@ -271,7 +261,7 @@ def test_fla_entry_rejects_head_first_and_warns_on_a_head_first_looking_shape() 
     """FLA deprecated ``head_first``; a head-first [B, H, T, D] call whose g/beta also happen to be [B, H, T]
     (Hk == Hv) passes every shape rule of the seq-first layout and would return garbage: the flag is rejected,
     and the shape that betrays the mistake (fewer tokens than heads) warns, as FLA does."""
-    args = _seq_first(case("float32", Geometry(B=1, Hk=4, Hv=4, S=40, Dk=16, Dv=16), seed=12))
+    args = seq_first(case("float32", Geometry(B=1, Hk=4, Hv=4, S=40, Dk=16, Dv=16), seed=12))
     with pytest.raises(ContractError, match="`head_first`"):
         chunk_gated_delta_rule(**args, head_first=True)
     with warnings.catch_warnings():
@@ -292,7 +282,7 @@ def test_fla_entry_reports_a_bad_value_by_its_own_name_and_seq_first_index(packe
     own argument name and [b, t, h, d] index, the kernel's kept beside it."""
     c = case("float32", Geometry(B=1 if packed else 2, Hk=1, Hv=2, S=50 if not packed else 100, Dk=16, Dv=16),
              seed=13)  # fmt: skip
-    args = _seq_first(c)
+    args = seq_first(c)
     if packed:
         args["cu_seqlens"] = torch.tensor([0, 45, 100])
     b, t = (0, 57) if packed else (1, 7)
@@ -321,7 +311,7 @@ def test_fla_entry_is_forward_only_and_says_so_at_backward_instead_of_dropping_g
     """FLA's kernel has a backward; ours has none. Handing back a detached ``o`` would let a training loop run
     with no gradient through the GDN layers and no error: the outputs stay on the graph and backward raises."""
     c = case("float32", Geometry(B=1, Hk=1, Hv=2, S=40, Dk=16, Dv=16), seed=9, regime="initial_state")
-    kwargs = _seq_first(c)
+    kwargs = seq_first(c)
     kwargs["q"].requires_grad_()
     o, final = chunk_gated_delta_rule(**kwargs, output_final_state=True)
     want, _ = chunk_gated_delta_rule(**{k: v.detach() for k, v in kwargs.items()})

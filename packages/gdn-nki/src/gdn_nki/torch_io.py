@@ -25,6 +25,9 @@ from .backend import numpy_to_torch, torch_to_numpy
 
 # torch dtypes the host entry points take, by name: the compute dtypes and fp32 (gates, states, masks).
 SUPPORTED_DTYPES = ("float32", "bfloat16")
+# Integer dtypes of index arguments (cu_seqlens, state_indices): every torch integer dtype, as numpy's any
+# integer array is taken; their values are checked (range, order) whatever the width.
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64")
 INSTALL_HINT = 'install the optional extra: pip install "gdn-nki[torch]"'
 
 
@@ -43,9 +46,10 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def rejection(argument: str, value: str, rule: str, fix: str) -> ContractError:
-    """A ContractError with one violation of a host rule about a torch argument."""
-    return ContractError([Violation(f"{argument}.torch", argument, value, rule, fix)])
+def rejection(argument: str, value: str, rule: str, fix: str, rule_id: str | None = None) -> ContractError:
+    """A ContractError with one violation of a host rule about a torch argument (rule id ``<argument>.torch``
+    unless the rule has an id of its own)."""
+    return ContractError([Violation(rule_id or f"{argument}.torch", argument, value, rule, fix)])
 
 
 def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES) -> None:
@@ -59,22 +63,17 @@ def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES) 
         )
     dtype = str(x.dtype).removeprefix("torch.")
     if dtype not in dtypes:
-        raise rejection(
-            name,
-            f"dtype {dtype}",
-            f"{name} must be one of {dtypes}",
-            f"pass {name}.to(torch.{_nearest_dtype(dtype, dtypes)})",
-        )
+        raise rejection(name, f"dtype {dtype}", f"{name} must be one of {dtypes}", _dtype_fix(name, dtype, dtypes))
 
 
-# The supported dtype to suggest for an unsupported one: the 16-bit float for 16-bit floats (a float16 model's
-# tensors keep their width), float32 for anything else.
-_SAME_WIDTH = {"float16": "bfloat16", "float64": "float32"}
-
-
-def _nearest_dtype(dtype: str, dtypes: tuple[str, ...]) -> str:
-    nearest = _SAME_WIDTH.get(dtype)
-    return nearest if nearest in dtypes else dtypes[0]
+def _dtype_fix(name: str, dtype: str, dtypes: tuple[str, ...]) -> str:
+    """How to convert an unsupported dtype: to float32 when it is lossless (float16 widens exactly) or closest
+    (float64), naming bfloat16 beside it where that is also taken (it halves the traffic, but rounds)."""
+    if dtype not in ("float16", "float64") or "float32" not in dtypes:
+        return f"pass {name}.to(torch.{dtypes[0]})"
+    exact = "lossless" if dtype == "float16" else "the closest"
+    narrow = "; torch.bfloat16 is also taken, but rounds" if "bfloat16" in dtypes else ""
+    return f"pass {name}.to(torch.float32) ({exact}{narrow})"
 
 
 def as_numpy(x: Any) -> np.ndarray:
@@ -233,10 +232,13 @@ def in_torch_terms(
     element indices (``index(kernel name, kernel index)`` -> the caller's index; the kernel's stays in brackets).
     """
     restated = []
+    renames = [(_mention(kernel), caller) for kernel, caller in (names or {}).items() if kernel != caller]
     for v in error.violations:
-        fix = v.fix
+        fix, rule = v.fix, v.rule
         for pattern, idiom in _TORCH_IDIOMS:
             fix = pattern.sub(idiom, fix)
+        for mention, caller in renames:  # "pass recurrent_state=None" -> "pass initial_state=None"
+            fix, rule = mention.sub(caller, fix), mention.sub(caller, rule)
         argument, value = (names or {}).get(v.argument, v.argument), v.value
         found = _INDEX.search(value) if index is not None else None
         if found is not None:
@@ -244,8 +246,17 @@ def in_torch_terms(
             at = index(v.argument, kernel_at)
             if at != kernel_at:
                 value = f"{value[: found.start()]}index {at}{value[found.end() :]} (the kernel's `{v.argument}` {found.group(0)})"
-        restated.append(dataclasses.replace(v, argument=argument, value=value, fix=fix))
+        restated.append(dataclasses.replace(v, argument=argument, value=value, rule=rule, fix=fix))
     return ContractError(restated)
+
+
+def _mention(kernel_name: str) -> re.Pattern[str]:
+    """Where a rule's or fix's text names the kernel's argument: anywhere for a name no English word spells
+    (``recurrent_state``, ``g_log``), else only as code — followed by ``=``, ``[`` or a method's ``.name`` — so
+    that "value heads" or "the key dim" keep their words."""
+    if "_" in kernel_name:
+        return re.compile(rf"\b{kernel_name}\b")
+    return re.compile(rf"\b{kernel_name}(?==|\[|\.[a-z_])")
 
 
 def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[..., Any]:
