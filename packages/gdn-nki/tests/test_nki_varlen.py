@@ -206,3 +206,23 @@ def test_nan_in_a_per_sequence_state_names_the_sequence_not_a_pool_row() -> None
     with pytest.raises(ContractError, match=r"at sequence 1, index \[1, 0, 2, 4\]") as err:
         gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=states)
     assert "pool" not in str(err.value) and "finite initial state for that sequence" in str(err.value)
+
+
+VALUE_ARGUMENTS = ("query", "key", "value", "g_log", "beta", "recurrent_state")
+
+
+@pytest.mark.parametrize("name", VALUE_ARGUMENTS)
+def test_nan_in_any_value_argument_is_rejected_by_name_and_nothing_is_written(name: str) -> None:
+    """Every tensor the kernel reads is scanned before the launch (``check_values``), beta included: a NaN in any
+    one names that argument and its first index, and the state keeps its values."""
+    packed, cu, states, cases = _packed("float32", lengths=(50, 90), seed=14)
+    arrays = {**packed, "recurrent_state": states}
+    where = (0, 0, 77, 3)[: arrays[name].ndim] if name != "recurrent_state" else (1, 0, 2, 4)
+    arrays[name][where] = np.nan
+    before = states.copy()
+    with pytest.raises(ContractError) as err:
+        gdn_nki.prefill_varlen(**arrays, cu_seqlens=cu, scale=cases[0].scale)
+    rule = "g_log.domain" if name == "g_log" else f"{name}.finite"
+    assert {v.rule_id for v in err.value.violations} == {rule}, str(err.value)
+    assert f"`{name}`" in str(err.value) and f"[{', '.join(map(str, where))}]" in str(err.value), str(err.value)
+    assert np.array_equal(states, before, equal_nan=True), "a rejected call writes nothing"

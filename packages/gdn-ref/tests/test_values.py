@@ -100,6 +100,21 @@ def test_check_values_is_the_scan_alone_and_finds_the_first_index() -> None:
     assert {r.split(".")[1] for r in VALUE_RULES} == {"domain", "finite"}
 
 
+ARGUMENTS = ("query", "key", "value", "g_log", "beta", "recurrent_state")
+
+
+@pytest.mark.parametrize("name", ARGUMENTS)
+def test_check_values_scans_every_argument(name: str) -> None:
+    """The scan the entry points call on their own (gdn-nki's prefill_varlen) finds a NaN in each argument it
+    takes, beta and the state included; gdn_cte's rejections above run through ``validate`` instead."""
+    call = _call()
+    where = (0, 0 if name in ("query", "key") else 1, 27, 3)[: call[name].ndim]
+    call[name][where] = np.nan
+    found = check_values(*(call[n] for n in ARGUMENTS))
+    rule = "g_log.domain" if name == "g_log" else f"{name}.finite"
+    assert [(v.rule_id, v.value) for v in found] == [(rule, f"value nan at index [{', '.join(map(str, where))}]")]
+
+
 def test_first_bad_index_crosses_scan_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     import gdn_ref.contract as contract
 
