@@ -8,6 +8,8 @@ import pytest
 
 import gdn_nki
 import nki_cpu
+from gdn_nki.varlen import gdn_cte_varlen, pack_padded, padded_offsets
+from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_ref.contract import ContractError
 from gdn_spec.regimes import Geometry
 from nki_inputs import assert_matches_oracle, case
@@ -226,3 +228,26 @@ def test_nan_in_any_value_argument_is_rejected_by_name_and_nothing_is_written(na
     assert {v.rule_id for v in err.value.violations} == {rule}, str(err.value)
     assert f"`{name}`" in str(err.value) and f"[{', '.join(map(str, where))}]" in str(err.value), str(err.value)
     assert np.array_equal(states, before, equal_nan=True), "a rejected call writes nothing"
+
+
+def test_the_kernels_own_state_slots_read_and_write_the_named_pool_rows() -> None:
+    """``gdn_cte_varlen``'s ``state_slots`` (the host entry point stages rows and passes None): sequence i starts
+    from pool row ``state_slots[i]`` and ends there, in the order given (not sorted), every other row untouched —
+    the same results as the rows gathered into a per-sequence state."""
+    lengths = (50, 130, 20)
+    packed, cu, states, cases = _packed("float32", lengths=lengths, seed=16)
+    starts, seq_chunks = padded_offsets(lengths, CHUNK_BY_ALGORITHM["schur"])
+    padded_len = sum(seq_chunks) * CHUNK_BY_ALGORITHM["schur"]
+    tensors = [pack_padded(packed[n], cu, starts, padded_len) for n in ("query", "key", "value", "g_log", "beta")]
+    options = dict(scale=cases[0].scale, algorithm="schur", mask_pack=gdn_nki.build_mask_pack(), seq_chunks=seq_chunks)
+    slots = (4, 0, 2)  # neither sorted nor the identity
+    pool = np.random.default_rng(4).standard_normal((5, HV, DK, DV)).astype(np.float32)
+    pool[list(slots)] = states
+    before = pool.copy()
+    kernel = gdn_nki.backend.simulate(gdn_cte_varlen)
+    out, _ = kernel(*tensors, **options, recurrent_state=pool, state_slots=slots)
+    gathered = states.copy()
+    want_out, _ = kernel(*tensors, **options, recurrent_state=gathered, state_slots=None)
+    assert np.array_equal(out, want_out), "each sequence starts from its own slot"
+    assert np.array_equal(pool[list(slots)], gathered), "each sequence's final state lands in its own slot"
+    assert pool[[1, 3]].tobytes() == before[[1, 3]].tobytes(), "rows not named stay bit-identical"
