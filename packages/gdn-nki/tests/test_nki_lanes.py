@@ -54,15 +54,18 @@ def _loops(lanes, group_size, depth=PIPELINE_DEPTH):
 def test_each_lane_loops_over_whole_iterations_of_its_whole_units(depth: int, loops: list):
     """Period p issues stage 1 of unit p and the chain of unit p - depth + 1: a lane's loop runs while all units in
     between are whole units of it, in whole iterations of ``depth`` periods (the rest stays unrolled)."""
-    lanes = [_lane("a", 24), _lane("b", 16), _lane("c", 5), _lane("d", 9)]
-    # units 0-5 are a's, 6-9 b's, then c's first four chunks, c's last with d's first three, ...
-    assert _plan(lane_units(lanes, 4))[10:] == [
+    lanes = [_lane("a", 24), _lane("b", 16), _lane("c", 5), _lane("d", 27)]
+    # units 0-5 are a's, 6-9 b's, then c's first four chunks, c's last with d's first three, then six whole units of
+    # d starting at its chunk 3
+    plan = _plan(lane_units(lanes, 4))
+    assert plan[10:13] == [
         [("c", 0, 4, True, False)],
         [("c", 4, 1, False, True), ("d", 0, 3, True, False)],
         [("d", 3, 4, False, False)],
-        [("d", 7, 2, False, True)],
     ]
-    # c starts whole but its second unit is shared; d does not start at a unit boundary
+    assert plan[12:] == [[("d", first, 4, False, first == 23)] for first in range(3, 27, 4)]
+    # c starts whole but its second unit is shared; d has whole units enough for a loop at either depth, but they do
+    # not start at a unit boundary of d (its first unit is shared), so only that check keeps d unrolled
     assert _loops(lanes, 4, depth) == loops
 
 

@@ -8,6 +8,8 @@ groups of 4 chunks keep the launches to a few seconds; production shapes are in 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,18 @@ def test_stage1_idle_rounds_change_only_the_order(monkeypatch: pytest.MonkeyPatc
     c = case("bfloat16", _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=7, regime="initial_state")
     assert schur.STAGE1_IDLE_ROUNDS not in (0, 2), "pick other values to compare against"
     _assert_same_bits_when_patched(c, monkeypatch, schur, "STAGE1_IDLE_ROUNDS", idle_rounds)
+
+
+def test_a_lane_starting_partway_through_a_unit_matches_the_oracle() -> None:
+    """Hv = 2 lanes of 29 chunks in units of 4: lane 1 starts at chunk 1 of a unit (29 % 4), and after the unit it
+    shares with lane 0 it has six whole units of its own — enough for a loop, but one that would not start at a
+    unit boundary of the lane, so its state would not start in its ring's tile 0 (``lanes.steady_states``). Lane 0
+    loops (one iteration); lane 1 must stay unrolled, and both must match the oracle."""
+    first, second = (SimpleNamespace(n_chunks=29, chunk=128, offset=0) for _ in range(2))
+    units = lanes.lane_units([first, second], GROUP)
+    whole = [unit[0].first for unit in units if len(unit) == 1 and unit[0].lane is second and unit[0].width == GROUP]
+    assert whole[0] % GROUP and len(whole) >= 2 * lanes.PIPELINE_DEPTH, "lane 1 has units enough for a loop"
+    assert [run.lane for run in lanes.steady_states(units, GROUP)] == [first], "only the boundary check decides"
+    c = case("float32", _geometry(2, 29 * 128), seed=6, regime="initial_state")
+    out, state = run(c, "schur", group_size=GROUP)  # lane 0's loop runs one iteration: as many records as static
+    assert_matches_oracle(c, out, state, "a lane starting mid-unit")
