@@ -10,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+from gdn_spec.metrics import TOLERANCES
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_kernel.py"
 pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
@@ -57,7 +59,9 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
     for row in data["rows"]:
         assert row["time_us"] > 0 and row["instructions"] > 0
         assert 0 < row["busy_share"]["pe"] <= 1
-        assert row["rel_rms_out"] < 1e-2, "the benchmarked run must also be correct"
+        for output in ("out", "state"):  # the benchmarked run must also be correct, at its dtype's bound
+            bound = TOLERANCES[row["dtype"]][output].rel_rms  # the random regime's condition widens nothing
+            assert row[f"rel_rms_{output}"] <= bound, (row["seq_len"], row["algorithm"], row["dtype"], output)
         assert row["pe_us_per_chunk"] == pytest.approx(row["pe_busy_us"] / row["chunks"])
         assert row["pe_busy_us"] == pytest.approx(row["busy_share"]["pe"] * row["time_us"])
         assert 0 < row["dependency_bound_us"] <= row["time_us"], "a lower bound on the makespan"
