@@ -78,6 +78,8 @@ def test_cu_seqlens_in_an_older_positional_slot_is_rejected_by_name(extra: tuple
     assert "FLA <= 0.2" in str(err.value)
     with pytest.raises(ContractError, match=r"`output_final_state` a tensor"):  # the slot before, likewise
         chunk_gated_delta_rule(*positional, torch.tensor([True]))
+    _, final = chunk_gated_delta_rule(*positional, torch.tensor(True))  # a 0-d tensor is a truth value, as in FLA
+    assert final is not None
 
 
 # --- FLA's options ---

@@ -269,9 +269,9 @@ def _reject_lost_packing(kwargs: dict[str, Any], cu_seqlens: Any) -> None:
 def _reject_tensor_flags(flags: dict[str, Any]) -> None:
     """A tensor in a boolean slot is an older positional order's ``cu_seqlens`` (ninth in FLA <= 0.2 and the
     vLLM / SGLang copies, tenth in FLA 0.3-0.5.0; thirteenth since 0.5.1): rejected by name, never read as a flag
-    (``bool`` of a one-element tensor would pass silently)."""
+    (``bool`` of a one-element tensor would pass silently). A 0-d tensor is a truth value, as FLA reads it."""
     for name, value in flags.items():
-        if is_torch_tensor(value) or isinstance(value, np.ndarray):
+        if (is_torch_tensor(value) or isinstance(value, np.ndarray)) and value.ndim >= 1:  # 0-d: a truth value
             raise rejection(
                 name,
                 f"a tensor of shape {tuple(value.shape)}",
