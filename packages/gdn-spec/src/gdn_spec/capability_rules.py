@@ -188,7 +188,7 @@ def _head_dims(key: str, value: Any) -> tuple[int, ...] | None:
 _RULE_IDS = tuple(rule.id for rule in RULES)
 
 # key -> check(key, value) returning the normalized value or raising CapabilityError. The keys are the fields of
-# impl.Capabilities (a self-test holds the two equal).
+# core.Capabilities (a self-test holds the two equal).
 CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "name": _name,
     "algorithms": _names(ALGORITHMS, "('schur',)", "both"),

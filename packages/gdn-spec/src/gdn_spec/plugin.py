@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 if TYPE_CHECKING:
-    from .impl import Implementation
+    from .core import Implementation
 
 # Names only, no import of gdn_ref at load time: this module loads in every pytest run of an environment with
 # gdn-spec installed, so it must not fail or slow down runs that never ask for the suite.

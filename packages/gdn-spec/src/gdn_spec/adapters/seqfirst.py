@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..impl import ImplementationError
+from ..core import ImplementationError
 from .handoff import ArrayIO, Handoff
 
 # gdn_cte's argument -> the seq-first kernel's name for it (FLA's signature: q, k, v positionally, then keywords).
