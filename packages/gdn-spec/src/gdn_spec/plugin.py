@@ -46,6 +46,12 @@ PROFILES = {
     # Self-tests of the suite's power (mutants): the fewest examples that still exercise every regime.
     "quick": dict(derandomize=True, max_examples=2, deadline=None, database=None, phases=_NO_SHRINK),
 }
+# What each profile's verdict is worth, for the summary's header and the JSON's run block.
+PROFILE_PURPOSES = {
+    "ci": "reproducible verdicts",
+    "dev": "random exploration, failures replayed from the example database",
+    "quick": "a smoke run for the suite's self-tests, not a verdict (use ci)",
+}
 
 
 def register_profiles() -> None:
