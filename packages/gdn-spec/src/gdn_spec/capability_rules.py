@@ -17,10 +17,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
+from gdn_ref.constants import ALGORITHMS, COMPUTE_DTYPES, MAX_HEAD_DIM
 from gdn_ref.contract import RULES
-
-from .regimes import COMPUTE_DTYPES
 
 # Words a declaration may use for a flag as a string, and the bool it meant (for the fix only: never accepted).
 _TRUE_WORDS = frozenset({"true", "yes", "y", "on", "1"})

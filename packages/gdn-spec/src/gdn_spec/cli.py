@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from gdn_ref.constants import ALGORITHMS
+
 from .adapters import ADAPTERS
 from .failures import failure_message
 from .impl import Implementation, ImplementationError, registered, resolve
@@ -300,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--adapter", metavar="NAME[:OPTS]", help="call the kernel through an adapter (list below)")
     check.add_argument("--device", help="torch device for the torch adapters (default: cuda when torch sees one)")
     check.add_argument("--profile", choices=tuple(PROFILES), help="contract profile (default: the adapter's; api)")
-    check.add_argument("--algorithm", default="all", choices=("schur", "neumann", "all"))
+    check.add_argument("--algorithm", default="all", choices=(*ALGORITHMS, "all"))
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
     check.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (e.g. auto, 2; 0 = none)")
     check.add_argument(

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
+from gdn_ref.constants import ALGORITHMS, COMPUTE_DTYPES, MAX_HEAD_DIM
 
 from . import capability_rules
-from .regimes import COMPUTE_DTYPES, Geometry
+from .regimes import Geometry
 
 # Capabilities fields an adapter fills in and a kernel never declares (no key in capability_rules.CHECKS).
 ADAPTER_ONLY_FIELDS = ("set_by_adapter",)
