@@ -66,6 +66,18 @@ def test_the_report_names_the_suite_the_kernel_its_package_and_the_runtime(tmp_p
     assert "  examples: Hypothesis profile quick (2 examples per drawn test: a smoke run" in result["output"]
 
 
+def test_a_plain_pytest_run_names_them_in_its_header(tmp_path: Path) -> None:
+    """Run as ``pytest --pyargs gdn_spec.suite`` (no gdn-spec check summary), pytest's header says the same."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "gdn_spec.suite.test_dtypes", "--gdn-impl", "gdn_ref:gdn_cte"]
+    cmd += ["--collect-only", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False)
+    gdn_ref_version = importlib.metadata.version("gdn-ref")
+    kernel = f"gdn-spec: kernel gdn_ref (gdn-ref {gdn_ref_version}), called directly, profile api"
+    runtime = f"gdn-spec: gdn-spec {importlib.metadata.version('gdn-spec')} on Python {platform.python_version()}"
+    assert kernel in proc.stdout and runtime in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_the_report_names_the_adapter_it_was_asked_for() -> None:
     run = {"profile": "math", "adapter": "fla:scale=internal", "via": "fla adapter (scale=internal), torch 2.5 cpu"}
     text = format_summary(Summary(run=run), "k")

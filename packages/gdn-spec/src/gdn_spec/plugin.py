@@ -120,6 +120,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_PROFILE_KEY] = config.getoption("gdn_profile") or (impl.default_profile if impl else "api")
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What produced this run, in pytest's header: the kernel and its package, the adapter, the contract profile, and
+    the versions of gdn-spec, Python, numpy and torch (``gdn-spec check`` says the same in its summary)."""
+    impl = config.stash.get(_IMPL_KEY, None)
+    if impl is None:
+        return []
+    from .provenance import describe_kernel, describe_runtime, kernel_provenance, runtime_versions
+
+    via = impl.via or "called directly"
+    return [
+        f"gdn-spec: kernel {describe_kernel(kernel_provenance(impl.spec))}, {via}, profile {contract_profile(config)}",
+        f"gdn-spec: {describe_runtime(runtime_versions())}",
+    ]
+
+
 def _in_suite(path: Path) -> bool:
     return SUITE_DIR in Path(path).resolve().parents
 
