@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import ContractError, validate
 from gdn_spec.regimes import NUMPY_DTYPES
 
@@ -93,9 +94,9 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
         g_log: np.ndarray,
         beta: np.ndarray,
         scale: float = 1.0,
-        algorithm: str = "schur",
+        algorithm: str = DEFAULT_ALGORITHM,
         mask_pack: np.ndarray | None = None,
-        group_size: int = 8,
+        group_size: int = DEFAULT_GROUP_SIZE,
         recurrent_state: np.ndarray | None = None,
         cu_seqlens: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,16 +1,24 @@
-"""``gdn-spec check``'s verdict and messages: the exit code of a run that verified nothing, and the fix for a
-kernel module in the current directory that a console script cannot import."""
+"""``gdn-spec check``'s verdict and messages: the exit code of a run that verified nothing, what produced a report
+(versions of the suite, the kernel's package and the runtime), and the fix for a kernel module in the current
+directory that a console script cannot import."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gdn_spec.cli import Summary, format_summary, main, nothing_verified
 from gdn_spec.impl import ImplementationError, load
+from gdn_spec.provenance import describe_kernel, kernel_provenance
 from test_power import check
 
 
@@ -26,6 +34,79 @@ def test_a_run_whose_every_test_is_skipped_exits_5_saying_nothing_was_verified(t
     assert "nothing was verified: no test ran (all 8 were deselected" in deselected["output"], deselected["output"]
     verified = check("gdn_ref:gdn_cte", ("dtypes",), "", tmp_path)
     assert verified["code"] == 0 and "nothing was verified" not in verified["output"], verified["output"]
+    # The JSON records the exit code the user saw, 5 included (it used to be written before 5 was decided).
+    assert skipped["summary"]["run"]["exit_code"] == 5, skipped["summary"]["run"]
+    assert skipped["summary"]["run"]["nothing_verified"].startswith("nothing was verified: all 8 tests were skipped")
+    assert (verified["summary"]["run"]["exit_code"], verified["summary"]["run"]["nothing_verified"]) == (0, "")
+
+
+def test_the_report_names_the_suite_the_kernel_its_package_and_the_runtime(tmp_path: Path) -> None:
+    """A report pasted into an issue must say what produced it. Expected values come from this interpreter's
+    metadata (the check subprocess runs the same executable), not from gdn-spec's own code."""
+    result = check("gdn_ref:gdn_cte", ("dtypes",), "", tmp_path, extra=["--label", "oracle"])
+    run = result["summary"]["run"]
+    assert result["code"] == 0 and run["exit_code"] == 0, result["output"]
+    gdn_ref_version = importlib.metadata.version("gdn-ref")
+    assert run["kernel"] == {
+        "spec": "gdn_ref:gdn_cte",
+        "module": "gdn_ref",
+        "package": "gdn-ref",
+        "version": gdn_ref_version,
+    }
+    assert (run["adapter"], run["via"], run["hypothesis"]) == ("", "", "quick")
+    expected = {
+        "gdn-spec": importlib.metadata.version("gdn-spec"),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+    assert run["versions"] == expected  # no torch: nothing on this path imports it
+    assert f"  kernel:  gdn_ref (gdn-ref {gdn_ref_version})" in result["output"], result["output"]
+    runtime = f"gdn-spec {expected['gdn-spec']} on Python {expected['python']}, numpy {expected['numpy']}"
+    assert f"  suite:   {runtime}" in result["output"], result["output"]
+    assert "  examples: Hypothesis profile quick (2 examples per drawn test: a smoke run" in result["output"]
+
+
+def test_a_plain_pytest_run_names_them_in_its_header(tmp_path: Path) -> None:
+    """Run as ``pytest --pyargs gdn_spec.suite`` (no gdn-spec check summary), pytest's header says the same."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "gdn_spec.suite.test_dtypes", "--gdn-impl", "gdn_ref:gdn_cte"]
+    cmd += ["--collect-only", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False)
+    gdn_ref_version = importlib.metadata.version("gdn-ref")
+    kernel = f"gdn-spec: kernel gdn_ref (gdn-ref {gdn_ref_version}), called directly, profile api"
+    runtime = f"gdn-spec: gdn-spec {importlib.metadata.version('gdn-spec')} on Python {platform.python_version()}"
+    assert kernel in proc.stdout and runtime in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_report_names_the_adapter_it_was_asked_for() -> None:
+    run = {"profile": "math", "adapter": "fla:scale=internal", "via": "fla adapter (scale=internal), torch 2.5 cpu"}
+    text = format_summary(Summary(run=run), "k")
+    assert "  via:     fla adapter (scale=internal), torch 2.5 cpu (--adapter fla:scale=internal)" in text
+
+
+def test_a_kernel_no_installed_package_provides_is_said_so() -> None:
+    """mutants.py is a file of the tests directory on PYTHONPATH: no distribution provides it."""
+    kernel = kernel_provenance("mutants:CORRECT")
+    assert kernel == {"spec": "mutants:CORRECT", "module": "mutants", "package": "", "version": ""}
+    assert describe_kernel(kernel) == "mutants (no installed package provides it)"
+    nested = kernel_provenance("gdn_spec.adapters.seqfirst:wrap_seq_first")  # a submodule: its top-level package
+    assert (nested["package"], nested["version"]) == ("gdn-spec", importlib.metadata.version("gdn-spec"))
+
+
+@pytest.mark.parametrize("imports_torch", [False, True])
+def test_torch_is_named_only_when_the_run_imported_it(imports_torch: bool) -> None:
+    """Checked in a fresh interpreter: this one may have imported torch for other tests."""
+    if imports_torch:
+        torch_version = pytest.importorskip("torch").__version__
+    code = "import json; from gdn_spec.provenance import runtime_versions; print(json.dumps(runtime_versions()))"
+    if imports_torch:
+        code = "import torch; " + code
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    versions = json.loads(proc.stdout)
+    assert ("torch" in versions) == imports_torch, versions
+    if imports_torch:
+        assert versions["torch"] == torch_version
 
 
 def test_nothing_verified_means_no_pass_and_no_failure() -> None:

@@ -57,9 +57,8 @@ def test_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_plugin_names_match_the_sources() -> None:
-    from gdn_ref.constants import ALGORITHMS
+    from gdn_ref.constants import ALGORITHMS, COMPUTE_DTYPES
     from gdn_spec import plugin
-    from gdn_spec.regimes import COMPUTE_DTYPES
 
     assert plugin.ALGORITHMS == ALGORITHMS and plugin.COMPUTE_DTYPES == COMPUTE_DTYPES
     assert (plugin.ENV_VAR, plugin.ENTRY_POINT_GROUP) == (impl.ENV_VAR, impl.ENTRY_POINT_GROUP)

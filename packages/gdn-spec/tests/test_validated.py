@@ -33,6 +33,16 @@ def test_render_verdicts_and_worst_error() -> None:
     assert "0.25 (bfloat16 out, collinear_keys" in table and "hf-torch adapter" in table and "12 s" in table
 
 
+def test_render_says_what_produced_each_run() -> None:
+    """A run recorded with versions names them; one from before versions were recorded shows no line."""
+    recorded = _summary({"numerics": {"passed": 1}}, "new")
+    recorded["run"]["kernel"] = {"spec": "my_pkg:f", "module": "my_pkg", "package": "my-pkg", "version": "1.2.0"}
+    recorded["run"]["versions"] = {"gdn-spec": "0.1.0", "python": "3.11.9", "numpy": "2.2.6", "torch": "2.5.1"}
+    table = render([_summary({"numerics": {"passed": 1}}, "old"), recorded])
+    assert "- #2: my_pkg (my-pkg 1.2.0); gdn-spec 0.1.0 on Python 3.11.9, numpy 2.2.6, torch 2.5.1" in table
+    assert "- #1:" not in table.split("Produced by:")[1]
+
+
 def test_write_section_replaces_only_the_marked_part(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{BEGIN}\nold table\n{END}\noutro\n")

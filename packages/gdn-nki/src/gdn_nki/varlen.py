@@ -7,7 +7,8 @@ own state row (a *slot* of the pool). Units of the software pipeline span lanes 
 sequences share grouped inverses exactly as the heads of a dense launch do.
 
 The per-sequence chunk counts and slots are trace-time integers: one trace per distinct batch layout (see the
-package README, "Varlen", for what that costs on Trainium and where NKI's on-device scalars would take over).
+package's DESIGN.md, "Varlen: a trace-time layout", for what that costs on Trainium and where NKI's on-device
+scalars would take over).
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ import numpy as np
 
 from . import contract
 from .chunked import chunked
-from .constants import ALGORITHM_SCHUR, ALGORITHMS, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from .constants import ALGORITHM_SCHUR, ALGORITHMS, COMPUTE_DTYPES, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 
 # What gdn-spec may run against this implementation (read as a plain attribute; gdn-ref never imports gdn-spec).
-CAPABILITIES = {"name": "gdn-ref", "algorithms": ALGORITHMS, "dtypes": ("float32", "bfloat16")}
+CAPABILITIES = {"name": "gdn-ref", "algorithms": ALGORITHMS, "dtypes": COMPUTE_DTYPES}
 
 
 def gdn_cte(

@@ -30,3 +30,6 @@ MAX_GROUP_SIZE = 16
 
 # Head dims sit on the 128-lane partition axis of on-chip tiles.
 MAX_HEAD_DIM = 128
+
+# The documented compute dtypes: query's dtype sets the dtype of the matmul operands and of out.
+COMPUTE_DTYPES = ("float32", "bfloat16")

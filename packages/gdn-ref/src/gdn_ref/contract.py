@@ -26,13 +26,13 @@ from .constants import (
     ALGORITHMS,
     CHUNK_BY_ALGORITHM,
     CHUNK_SCHUR,
+    COMPUTE_DTYPES,
     MAX_GROUP_SIZE,
     MAX_HEAD_DIM,
     MIN_GROUP_SIZE,
 )
 from .masks import N_MASKS, build_mask_pack
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
 ARGUMENTS = (
     "query",
     "key",

@@ -17,10 +17,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from gdn_ref.constants import ALGORITHMS, MAX_HEAD_DIM
+from gdn_ref.constants import ALGORITHMS, COMPUTE_DTYPES, MAX_HEAD_DIM
 from gdn_ref.contract import RULES
-
-from .regimes import COMPUTE_DTYPES
 
 # Words a declaration may use for a flag as a string, and the bool it meant (for the fix only: never accepted).
 _TRUE_WORDS = frozenset({"true", "yes", "y", "on", "1"})
@@ -188,7 +186,7 @@ def _head_dims(key: str, value: Any) -> tuple[int, ...] | None:
 _RULE_IDS = tuple(rule.id for rule in RULES)
 
 # key -> check(key, value) returning the normalized value or raising CapabilityError. The keys are the fields of
-# impl.Capabilities (a self-test holds the two equal).
+# core.Capabilities (a self-test holds the two equal).
 CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "name": _name,
     "algorithms": _names(ALGORITHMS, "('schur',)", "both"),

@@ -23,12 +23,15 @@ from typing import Any
 
 import pytest
 
+from gdn_ref.constants import ALGORITHMS
+
 from .adapters import ADAPTERS
 from .failures import failure_message
 from .impl import Implementation, ImplementationError, registered, resolve
+from .plugin import PROFILE_PURPOSES, SUBSTITUTION_PROPERTY
 from .plugin import PROFILES as HYPOTHESIS_PROFILES
-from .plugin import SUBSTITUTION_PROPERTY
 from .profiles import PROFILE_DOCS, PROFILES
+from .provenance import describe_kernel, describe_runtime, kernel_provenance, runtime_versions
 from .suite._support import NUMERICS_PROPERTY
 
 SUITE = "gdn_spec.suite"
@@ -153,8 +156,17 @@ def format_summary(summary: Summary, title: str) -> str:
     lines = [f"gdn-spec conformance: {title}"]
     run = summary.run
     if run:
-        lines.append(f"  via:     {run.get('via') or 'called directly (gdn_cte signature, numpy)'}")
+        if "kernel" in run:
+            lines.append(f"  kernel:  {describe_kernel(run['kernel'])}")
+        adapter = f" (--adapter {run['adapter']})" if run.get("adapter") else ""
+        lines.append(f"  via:     {run.get('via') or 'called directly (gdn_cte signature, numpy)'}{adapter}")
         lines.append(f"  profile: {run['profile']} ({PROFILE_DOCS[run['profile']]})")
+        if "hypothesis" in run:
+            lines.append(
+                f"  examples: Hypothesis profile {run['hypothesis']} ({describe_hypothesis(run['hypothesis'])})"
+            )
+        if "versions" in run:
+            lines.append(f"  suite:   {describe_runtime(run['versions'])}")
     lines += ["", f"{'area':<18}{'passed':>8}{'failed':>8}{'skipped':>9}"]
     totals: Counter = Counter()
     for area, counts in summary.by_area().items():
@@ -290,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--adapter", metavar="NAME[:OPTS]", help="call the kernel through an adapter (list below)")
     check.add_argument("--device", help="torch device for the torch adapters (default: cuda when torch sees one)")
     check.add_argument("--profile", choices=tuple(PROFILES), help="contract profile (default: the adapter's; api)")
-    check.add_argument("--algorithm", default="all", choices=("schur", "neumann", "all"))
+    check.add_argument("--algorithm", default="all", choices=(*ALGORITHMS, "all"))
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
     check.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (e.g. auto, 2; 0 = none)")
     check.add_argument(
@@ -308,6 +320,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, extra = _parser().parse_known_args(argv)
     args.pytest_args = [a for a in extra if a != "--"]
     return args
+
+
+def describe_hypothesis(profile: str) -> str:
+    """What a run under the Hypothesis ``profile`` is worth: its examples per drawn test and its purpose."""
+    return f"{HYPOTHESIS_PROFILES[profile]['max_examples']} examples per drawn test: {PROFILE_PURPOSES[profile]}"
 
 
 def _title(impl: Implementation | None, spec: str) -> str:
@@ -328,14 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     summary.run = {
         "implementation": _title(impl, args.impl),
         "spec": args.impl,
+        "kernel": kernel_provenance(impl.spec if impl else args.impl),
+        "adapter": args.adapter or "",
         "via": impl.via if impl else "",
         "profile": profile,
         "label": args.label or "",
+        "hypothesis": args.hypothesis,
     }
     summary.left_out = _left_out(args)
     started = time.perf_counter()
     code = int(pytest.main(build_pytest_args(args), plugins=[collector]))
     summary.run["seconds"] = round(time.perf_counter() - started, 1)
+    summary.run["versions"] = runtime_versions()  # after the run: torch is named only if the run imported it
     if summary.deselected:
         by = " and ".join(
             x for x, on in ((f"-k {args.keyword!r}", args.keyword), ("--algorithm", args.algorithm != "all")) if on
@@ -343,12 +364,14 @@ def main(argv: list[str] | None = None) -> int:
         summary.left_out.append(f"{summary.deselected} tests deselected by {by or 'pytest options'}")
     print("\n" + format_summary(summary, args.label or summary.run["implementation"]))
     print(f"({summary.run['seconds']:.1f} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2))
     unverified = nothing_verified(summary) if code in (0, 5) else None
     if unverified:
         print(f"gdn-spec: {unverified}; exit code 5", file=sys.stderr)
-        return 5  # pytest's "no tests collected": a run that checked nothing must not read as a pass
+        code = 5  # pytest's "no tests collected": a run that checked nothing must not read as a pass
+    summary.run["exit_code"] = code
+    summary.run["nothing_verified"] = unverified or ""
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2))
     return code
 
 

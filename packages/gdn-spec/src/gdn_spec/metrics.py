@@ -19,8 +19,8 @@ the oracle alone, never from the implementation under test:
 - **The state's scale.** The state error of any implementation whose transitions are built from compute-dtype
   operands is about u times the magnitude of the state its last chunk multiplies, and the delta rule can erase
   most of a large initial state (large_state at Dk = 16: 25 000× over 384 tokens). The state's errors are
-  therefore taken relative to the larger of the final state and the oracle's state entering the last CHUNK
-  tokens (``oracle.carried_state``), never the initial state itself: erasure within one chunk is at most ~30×
+  therefore taken relative to the larger of the final state and the oracle's state entering the last chunk
+  (``oracle.LONGEST_CHUNK`` tokens) (``oracle.carried_state``), never the initial state itself: erasure within one chunk is at most ~30×
   at the suite's shapes, so a zero or doubled final state still fails (measured in tests/test_metrics.py).
 """
 
@@ -36,7 +36,6 @@ REF_RMS_FLOOR = 1e-6
 
 FP32_UNIT_ROUNDOFF = 2.0**-24
 BF16_UNIT_ROUNDOFF = 2.0**-8
-CHUNK = 128  # the longest chunk of either algorithm: sums and the triangular solve run over this many terms
 # The largest multiplier a measured condition can apply to the table. The suite's regimes measure at most ~5
 # (near-collinear keys); 8 leaves room for draws a little worse while every bound stays far below a wrong answer.
 MAX_CONDITION = 8.0

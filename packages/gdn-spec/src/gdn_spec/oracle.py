@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_ref.recurrent import recurrent
 
-from .metrics import CHUNK, UNIT_ROUNDOFF, Error, compare, relative_change
+from .metrics import UNIT_ROUNDOFF, Error, compare, relative_change
 from .regimes import Case
+
+# The longer chunk of the two algorithms: the last chunk of either lies within this many final tokens, so the state
+# entering them is at least as large as any chunked implementation's last-chunk state scale (carried_state).
+LONGEST_CHUNK = max(CHUNK_BY_ALGORITHM.values())
 
 
 def oracle(case: Case) -> tuple[np.ndarray, np.ndarray]:
@@ -42,13 +47,13 @@ def oracle_conditions(case: Case, ref_out: np.ndarray, ref_state: np.ndarray) ->
 
 
 def carried_state(case: Case) -> np.ndarray | None:
-    """The oracle's state entering the last CHUNK tokens (the initial state when S <= CHUNK); None without an
+    """The oracle's state entering the last LONGEST_CHUNK tokens (the initial state when S <= LONGEST_CHUNK); None without an
     initial state. Any chunked implementation multiplies this state by transitions built from compute-dtype
     operands in its last chunk, so its state error is about u times this scale (metrics module docstring)."""
     o = case.oracle
     if o["initial_state"] is None:
         return None
-    head = case.geometry.S - CHUNK
+    head = case.geometry.S - LONGEST_CHUNK
     if head <= 0:
         return o["initial_state"]
     tokens = {name: o[name][:, :, :head] for name in ("query", "key", "value", "g_log", "beta")}
@@ -66,4 +71,4 @@ def errors_vs_oracle(case: Case, out: np.ndarray, state: np.ndarray) -> list[Err
     ]
 
 
-__all__ = ["PERTURBED", "carried_state", "errors_vs_oracle", "oracle", "oracle_conditions"]
+__all__ = ["LONGEST_CHUNK", "PERTURBED", "carried_state", "errors_vs_oracle", "oracle", "oracle_conditions"]

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 if TYPE_CHECKING:
-    from .impl import Implementation
+    from .core import Implementation
 
 # Names only, no import of gdn_ref at load time: this module loads in every pytest run of an environment with
 # gdn-spec installed, so it must not fail or slow down runs that never ask for the suite.
@@ -45,6 +45,12 @@ PROFILES = {
     "dev": dict(max_examples=40, deadline=None),
     # Self-tests of the suite's power (mutants): the fewest examples that still exercise every regime.
     "quick": dict(derandomize=True, max_examples=2, deadline=None, database=None, phases=_NO_SHRINK),
+}
+# What each profile's verdict is worth, for the summary's header and the JSON's run block.
+PROFILE_PURPOSES = {
+    "ci": "reproducible verdicts",
+    "dev": "random exploration, failures replayed from the example database",
+    "quick": "a smoke run for the suite's self-tests, not a verdict (use ci)",
 }
 
 
@@ -112,6 +118,21 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"gdn-spec: {exc}") from exc
     config.stash[_IMPL_KEY] = impl
     config.stash[_PROFILE_KEY] = config.getoption("gdn_profile") or (impl.default_profile if impl else "api")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What produced this run, in pytest's header: the kernel and its package, the adapter, the contract profile, and
+    the versions of gdn-spec, Python, numpy and torch (``gdn-spec check`` says the same in its summary)."""
+    impl = config.stash.get(_IMPL_KEY, None)
+    if impl is None:
+        return []
+    from .provenance import describe_kernel, describe_runtime, kernel_provenance, runtime_versions
+
+    via = impl.via or "called directly"
+    return [
+        f"gdn-spec: kernel {describe_kernel(kernel_provenance(impl.spec))}, {via}, profile {contract_profile(config)}",
+        f"gdn-spec: {describe_runtime(runtime_versions())}",
+    ]
 
 
 def _in_suite(path: Path) -> bool:

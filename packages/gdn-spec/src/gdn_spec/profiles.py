@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .impl import Capabilities
+    from .core import Capabilities
 
 MARKER = "gdn_requires"
 

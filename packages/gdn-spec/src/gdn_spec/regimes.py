@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
 NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 # Qwen3-Next uses 16 key heads for 32 value heads (GQA 2), Qwen3.5 16/48 and 16/64; scaled to Hk = 2 these

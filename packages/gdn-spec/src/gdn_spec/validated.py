@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .provenance import describe_kernel, describe_runtime
+
 BEGIN = "<!-- kernels-validated:begin -->"
 END = "<!-- kernels-validated:end -->"
 _LISTED = 8  # failed tests named per kernel
@@ -41,7 +43,8 @@ def _worst(summary: dict[str, Any]) -> str:
 
 def render(summaries: list[dict[str, Any]]) -> str:
     """Two markdown tables — the kernels (how each was called, profile, totals, worst error, time) and the
-    verdict per contract area — and the failed tests of each kernel that has any."""
+    verdict per contract area —, the failed tests of each kernel that has any, and what produced each run (the
+    kernel's package and version, gdn-spec's and the runtime's versions) when its summary records it."""
     lines = [
         "| # | kernel | called via | profile | passed | failed | skipped | worst error / tolerance | time |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -67,6 +70,12 @@ def render(summaries: list[dict[str, Any]]) -> str:
             names = sorted(nodeid.split("::", 1)[-1] for nodeid in failures)
             more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
             lines.append(f"- #{i}: " + ", ".join(f"`{n}`" for n in names[:_LISTED]) + more)
+    produced = [(i, s["run"]) for i, s in enumerate(summaries, 1) if "kernel" in s.get("run", {})]
+    if produced:  # summaries written before gdn-spec recorded versions have none to show
+        lines += ["", "Produced by:", ""]
+        for i, run in produced:
+            runtime = f"; {describe_runtime(run['versions'])}" if "versions" in run else ""
+            lines.append(f"- #{i}: {describe_kernel(run['kernel'])}{runtime}")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..impl import Implementation, ImplementationError
+from ..core import Implementation, ImplementationError
 
 
 @dataclass(frozen=True)

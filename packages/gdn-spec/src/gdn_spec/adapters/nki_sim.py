@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..impl import ImplementationError
+from ..core import ImplementationError
 
 
 def _real_nki() -> bool:

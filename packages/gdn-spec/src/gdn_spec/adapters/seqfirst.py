@@ -17,7 +17,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..impl import ImplementationError
+from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+
+from ..core import ImplementationError
 from .handoff import ArrayIO, Handoff
 
 # gdn_cte's argument -> the seq-first kernel's name for it (FLA's signature: q, k, v positionally, then keywords).
@@ -220,9 +222,9 @@ def wrap_seq_first(
         g_log: np.ndarray,
         beta: np.ndarray,
         scale: float = 1.0,
-        algorithm: str = "schur",
+        algorithm: str = DEFAULT_ALGORITHM,
         mask_pack: np.ndarray | None = None,
-        group_size: int = 8,
+        group_size: int = DEFAULT_GROUP_SIZE,
         recurrent_state: np.ndarray | None = None,
         cu_seqlens: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..impl import ImplementationError
+from ..core import ImplementationError
 from .handoff import Handoff
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

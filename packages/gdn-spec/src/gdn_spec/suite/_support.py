@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM
+from gdn_ref.constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.masks import build_mask_pack
 
 from ..contract import geometry_of
@@ -23,7 +23,7 @@ from ..regimes import EQUAL_HEAD_GEOMETRIES, GROUP_SIZES, HEAD_DIMS, HEAD_GEOMET
 NUMERICS_PROPERTY = "gdn_numerics"
 # Longest draws, in chunks: schur 7 chunks = 3 groups of 2 plus a partial group (group_size 2), or 2 groups of
 # 3 plus one; neumann 8 chunks = 512 tokens. Long enough for state carry, short enough for a 2-core CI.
-MAX_CHUNKS = {"schur": 7, "neumann": 8}
+MAX_CHUNKS = {ALGORITHM_SCHUR: 7, ALGORITHM_NEUMANN: 8}
 # Default per-call budget of drawn shapes, B·Hv·S·Dk·Dv (e.g. 1·4·512·64·128): the float64 oracle and a numpy
 # reference take about a second there on one core. A kernel's declared max_work can only lower it.
 DEFAULT_MAX_WORK = 1 << 24
@@ -35,7 +35,7 @@ def mask_pack() -> np.ndarray:
     return build_mask_pack()
 
 
-def call_args(case: Case, algorithm: str, group_size: int = 8) -> dict[str, Any]:
+def call_args(case: Case, algorithm: str, group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, Any]:
     """gdn_cte keyword arguments for a case (fresh copies, so every call starts from the case's values)."""
     args = {name: None if x is None else x.copy() for name, x in case.kernel.items()}
     args.update(

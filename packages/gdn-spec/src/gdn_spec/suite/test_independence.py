@@ -20,11 +20,11 @@ def _geometry(impl: Implementation, algorithm: str, B: int) -> Geometry:
     return fixed_shape(impl.capabilities, Geometry(B, Hk, 2, 128, 32, 16))
 
 
+_BATCHED = ("query", "key", "value", "g_log", "beta", "recurrent_state")
+
+
 def _item(args: dict, b: int) -> dict:
     return {n: np.ascontiguousarray(x[b : b + 1]) if n in _BATCHED and x is not None else x for n, x in args.items()}
-
-
-_BATCHED = ("query", "key", "value", "g_log", "beta", "recurrent_state")
 
 
 def test_batch_items_are_independent(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
