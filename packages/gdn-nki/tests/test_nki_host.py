@@ -162,7 +162,17 @@ def _kernel_modules() -> list[Path]:
 
 def test_kernel_modules_are_found() -> None:
     names = {p.name for p in _kernel_modules()}
-    assert {"api.py", "stages.py", "schur.py", "neumann.py", "tiles.py", "host.py"} <= names
+    assert {
+        "api.py",
+        "operands.py",
+        "transition.py",
+        "chain.py",
+        "output.py",
+        "schur.py",
+        "neumann.py",
+        "tiles.py",
+        "host.py",
+    } <= names
 
 
 @pytest.mark.parametrize("path", _kernel_modules(), ids=lambda p: p.name)

@@ -15,7 +15,7 @@ def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:
 
 
 def _plan(units):
-    return [[(seg.lane.name, seg.first, seg.width, seg.starts_lane, seg.ends_lane) for seg in unit] for unit in units]
+    return [[(seg.lane.name, seg.begin, seg.width, seg.starts_lane, seg.ends_lane) for seg in unit] for unit in units]
 
 
 def test_units_span_lanes_and_are_full_but_the_last():
@@ -33,13 +33,13 @@ def test_every_chunk_of_every_lane_is_in_exactly_one_unit_in_order(group_size: i
     units = lane_units(lanes, group_size)
     assert all(sum(seg.width for seg in unit) == group_size for unit in units[:-1])
     assert 0 < sum(seg.width for seg in units[-1]) <= group_size
-    seen = [(seg.lane.name, seg.first + j) for unit in units for seg in unit for j in range(seg.width)]
+    seen = [(seg.lane.name, seg.begin + j) for unit in units for seg in unit for j in range(seg.width)]
     assert seen == [(lane.name, j) for lane in lanes for j in range(lane.n_chunks)]
 
 
 def _loops(lanes, group_size, depth=PIPELINE_DEPTH):
     units = lane_units(lanes, group_size)
-    return [(run.lane.name, run.first, run.last) for run in steady_states(units, group_size, depth)]
+    return [(run.lane.name, run.first_period, run.last_period) for run in steady_states(units, group_size, depth)]
 
 
 @pytest.mark.parametrize(

@@ -145,7 +145,7 @@ def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch)
     packed, cu, _, cases = _packed("float32", lengths=(130, 20), seed=11)
     pool = np.random.default_rng(2).standard_normal((3, HV, DK, DV)).astype(np.float32)
     before = pool.copy()
-    original = gdn_nki.stages.advance_state
+    original = gdn_nki.chain.advance_state
     calls = []
 
     def fail_late(*args, **kwargs):  # the first lane's final state is stored before the failure
@@ -154,7 +154,7 @@ def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch)
             raise RuntimeError("injected failure")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(gdn_nki.stages, "advance_state", fail_late)
+    monkeypatch.setattr(gdn_nki.chain, "advance_state", fail_late)
     writes = []
     watched = _WriteWatch(pool, writes)
     with pytest.raises(RuntimeError, match="injected"):

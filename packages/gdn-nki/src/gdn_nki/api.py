@@ -20,8 +20,10 @@ from gdn_ref.constants import (
 from gdn_ref.contract import validate
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
-from . import backend, engines, neumann, schur, stages
+from . import backend, engines, neumann, schur
 from .backend import nki, nl
+from .chunks import Lane
+from .constant_tiles import constants_from_pack, constants_on_device
 from .kernel_assert import assert_valid_call
 from .lanes import LaneInputs, Span, dense_spans, program_lanes, run_lanes
 from .tiles import FP32
@@ -116,25 +118,25 @@ def emit(
     dtype = query.dtype
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     if algorithm == ALGORITHM_SCHUR:
-        consts = stages.constants_from_pack(mask_pack, chunk, dtype)
+        consts = constants_from_pack(mask_pack, chunk, dtype)
         deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
         invert_group, group, system_dtype = schur.invert_group, group_size, dtype
-        idle_rounds = schur.STAGE1_IDLE_ROUNDS_FP32 if dtype == FP32 else schur.STAGE1_IDLE_ROUNDS
+        idle_rounds = schur.OPERAND_IDLE_ROUNDS_FP32 if dtype == FP32 else schur.OPERAND_IDLE_ROUNDS
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
-        consts = stages.constants_on_device(chunk, dtype)
+        consts = constants_on_device(chunk, dtype)
         deferred = functools.partial(neumann.build_block_planes, consts, dtype)
         invert_group, group, system_dtype = neumann.invert_group, neumann.GROUP_SIZE, FP32
-        idle_rounds = neumann.STAGE1_IDLE_ROUNDS
+        idle_rounds = neumann.OPERAND_IDLE_ROUNDS
 
     lanes = [
-        stages.Lane(
+        Lane(
             b=span.b,
             h=h,
             kh=h // ratio,
             offset=span.offset,
             n_chunks=span.n_chunks,
-            slot=span.slot,
+            state_row=span.state_row,
             query=query,
             key=key,
             value=value,

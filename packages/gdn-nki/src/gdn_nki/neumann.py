@@ -1,8 +1,8 @@
 """The neumann intra-chunk inverse (chunk 64): 16-row diagonal sub-blocks by recursive doubling, joined by block
 substitution.
 
-It inverts the upper-triangular system it is given, ``I + Aᵀ`` (``stages.Chunk.a_t``), and the result is the
-``Invᵀ = (I + Aᵀ)⁻¹`` stage 3 multiplies with — no transpose at the end. With ``Aᵀ = A_d + N`` (``A_d`` the
+It inverts the upper-triangular system it is given, ``I + Aᵀ`` (``chunks.Chunk.a_t``), and the result is the
+``Invᵀ = (I + Aᵀ)⁻¹`` the transition stage multiplies with — no transpose at the end. With ``Aᵀ = A_d + N`` (``A_d`` the
 strictly-upper parts of the four 16×16 diagonal blocks, ``N`` the strictly block-upper rest):
 
 - ``X_d = (I + A_d)⁻¹ = (I + P)(I + P²)(I + P⁴)(I + P⁸)`` with ``P = −A_d`` (nilpotent: P¹⁶ = 0, so exact).
@@ -25,7 +25,8 @@ from typing import Any
 
 from . import tiles
 from .backend import nisa, nl
-from .stages import Chunk, Constants
+from .chunks import Chunk
+from .constant_tiles import Constants
 from .tiles import FP32
 
 CHUNK = 64
@@ -33,10 +34,10 @@ SUBBLOCK = 16
 DOUBLING_ROUNDS = 3  # (I + P) then three squarings: P², P⁴, P⁸
 SUBSTITUTION_SWEEPS = CHUNK // SUBBLOCK - 1
 GROUP_SIZE = 8  # chunks per level-major group (the group_size knob is schur's)
-# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``). Measured, one
+# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.operand_idle_rounds``). Measured, one
 # lane bf16, S = 2048 / 8192: 0 rounds 98.4 / 366.3 µs, 1 round 100.0 / 366.2, 2 rounds 99.9 / 371.2, 3 rounds 98.9 /
 # 368.6: none pays here.
-STAGE1_IDLE_ROUNDS = 0
+OPERAND_IDLE_ROUNDS = 0
 
 
 def build_block_planes(consts: Constants, dtype: Any) -> Iterator[None]:
@@ -81,8 +82,8 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, FP32)
     inverse = yield from _block_substitution(a_list, diag_inverse, consts, FP32)
     for chunk, inv in zip(chunks, inverse, strict=True):
-        # into its unit's chain slot (``stages.ChainSlot``), which stage 3 reads, rounded to the compute dtype
-        dst = chunk.slot.inverse_t if chunk.slot is not None else tiles.sbuf(tuple(inv.shape), dtype)
+        # into its place in the unit's tile set (``chunks.ChunkTiles``), which the transition stage reads, rounded to the compute dtype
+        dst = chunk.place.inverse_t if chunk.place is not None else tiles.sbuf(tuple(inv.shape), dtype)
         chunk.inverse_t = tiles.copy_to(dst, inv)
 
 

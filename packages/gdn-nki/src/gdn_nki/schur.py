@@ -5,8 +5,8 @@ the block-diagonal inverses of the current block size h, the merged inverse (blo
 where ``R̃ = A ∘ (−off)`` keeps A's lower-left h×h quadrant of every merged block, negated (mask pack planes
 4..9). Level 0 (2×2 blocks) is ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128.
 
-The system arrives transposed and the result leaves transposed: the kernel hands over ``Aᵀ`` (``stages.Chunk.a_t``,
-made from Γᵀ without a transpose) and stage 3 multiplies with ``Invᵀ``. ``nc_matmul`` computes stationaryᵀ·moving,
+The system arrives transposed and the result leaves transposed: the kernel hands over ``Aᵀ`` (``chunks.Chunk.a_t``,
+made from Γᵀ without a transpose) and the transition stage multiplies with ``Invᵀ``. ``nc_matmul`` computes stationaryᵀ·moving,
 so with ``Aᵀ`` as the stationary operand every product with the system reads A itself: ``mid = R̃·Inv`` is
 ``(Aᵀ)ᵀ Inv`` masked, and from it ``Inv R̃ Inv = (Invᵀ)ᵀ·mid`` and ``(Inv R̃ Inv)ᵀ = midᵀ·Invᵀ``. The masks are
 therefore the pack's planes as they are for the compact levels, and transposed for level 0 (``off0ᵀ``, read with
@@ -52,7 +52,8 @@ from gdn_ref.masks import PLANE_EYE, PLANE_OFF0, off_neg_plane
 
 from . import tiles
 from .backend import nisa, nl
-from .stages import Chunk, Constants
+from .chunks import Chunk
+from .constant_tiles import Constants
 from .tiles import FP32
 
 CHUNK = 128
@@ -63,14 +64,14 @@ COMPACT_LEVELS = range(1, 5)
 # MIN_II-bound ones of 32. Measured (one lane, bf16): 2 is best — larger batches make each level's elementwise step
 # wait for more matmuls (S=2048: 49.5 µs at 1, 48.9 at 2, 51.1 at 4, 53.1 at 8).
 BATCH = 2
-# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``, which says
+# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.operand_idle_rounds``, which says
 # why), for bf16 operands and for fp32 ones. Measured, one lane, S = 2048 / 4096 / 8192 / 16384 µs, bf16: 2 rounds
 # 33.9 / 60.2 / 111.0 / 214.6, 3 rounds 33.9 / 59.6 / 109.4 / 210.9, 4 rounds 34.2 / 61.0 / 112.7 / 217.9; fp32
 # S = 2048 / 8192: 2 rounds 66.1 / 237.4, 3 rounds 66.8 / 238.0; 32 lanes S = 128 bf16 63.7 / 63.6 / 64.6 (an
 # earlier kernel: 0 rounds 35.4 / 118.2 at S = 2048 / 8192, 1 round 36.0 / 121.5; the rounds after a later phase
 # instead 118.7 to 121.9 at S = 8192).
-STAGE1_IDLE_ROUNDS = 3
-STAGE1_IDLE_ROUNDS_FP32 = 2
+OPERAND_IDLE_ROUNDS = 3
+OPERAND_IDLE_ROUNDS_FP32 = 2
 
 
 def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> Iterator[None]:
@@ -152,7 +153,7 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         yield
     inverse_t = [x[:, c, :] for x in compact_t for c in range(x.shape[1])]
     inverse = [x[:, c, :] for x in inverse for c in range(x.shape[1])]
-    full_t = [chunk.slot.inverse_t for chunk in chunks]
+    full_t = [chunk.place.inverse_t for chunk in chunks]
     upper = []  # per chunk, Inv's upper-left 64-block (level 6 reads it)
     for step in _level5(a_t, inverse, inverse_t, full_t, upper, consts.eye, dtype):
         yield step
@@ -284,7 +285,7 @@ def _level5(
     block u of the 64-block of ``Invᵀ`` is then ``[Invᵀ_u, n_vᵀ Invᵀ_v]`` and row block v ``[0, Invᵀ_v]``: the
     diagonal blocks are identity products of the compact ``Inv`` (exact; as stationary it comes out transposed, and
     the identity's rows carry the zeros beside ``Invᵀ_v``), so one evacuation per 64-block writes all of it. The
-    full tile's lower-left 64-block is zero from the launch on (``stages.chain_slots``); level 6 writes the
+    full tile's lower-left 64-block is zero from the launch on (``chunks.allocate_tile_sets``); level 6 writes the
     upper-right one. Inv's upper-left 64-block ``[[Inv_0, 0], [Invᵀ_off01ᵀ = Invᵀ_1ᵀ n_1, Inv_1]]`` comes from the
     same tiles by the same kind of products. Yields once.
     """
