@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import neumann, schur, tiles
+from gdn_nki import engines, neumann, schur, tiles
 from gdn_nki.backend import nisa, nki, nl
 from gdn_nki.chunks import Chunk
 from gdn_nki.constant_tiles import constants_from_pack, constants_on_device
@@ -44,6 +44,11 @@ def _kernel(algorithm: str, dtype: Any) -> Any:
     @nki.jit
     def invert(systems: Any, mask_pack: Any) -> Any:
         out = nl.ndarray(systems.shape, dtype=dtype, buffer=nl.shared_hbm)
+        with engines.balancing(engines.Balancer()):
+            _invert_into(out, systems, mask_pack)
+        return out
+
+    def _invert_into(out: Any, systems: Any, mask_pack: Any) -> None:
         if algorithm == "schur":
             consts = constants_from_pack(mask_pack, chunk, dtype)
             constants, invert_group, system_dtype = schur.load_merge_planes(mask_pack, consts, dtype), schur, dtype
@@ -55,15 +60,13 @@ def _kernel(algorithm: str, dtype: Any) -> Any:
         chunks = []
         for i in range(systems.shape[0]):
             place = SimpleNamespace(inverse_t=tiles.sbuf((chunk, chunk), dtype))
-            nisa.memset(
-                dst=place.inverse_t, value=0.0
-            )  # as chunks.allocate_tile_sets: schur leaves a 64-block unwritten
+            # as chunks.allocate_tile_sets: schur leaves a 64-block unwritten
+            nisa.memset(dst=place.inverse_t, value=0.0)
             chunks.append(Chunk(token=0, a_t=nl.load(systems[i], dtype=system_dtype), place=place))
         for _ in invert_group.invert_group(chunks, consts, dtype):
             pass
         for i, chunk_tiles in enumerate(chunks):
             nl.store(out[i], chunk_tiles.inverse_t)
-        return out
 
     return invert
 

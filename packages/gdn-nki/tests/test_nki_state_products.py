@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import engines, state, tiles
+from gdn_nki import engines, products, state, tiles
 from gdn_nki.backend import nisa, nki, nl
 from gdn_spec.regimes import Geometry
 from nki_cpu.cost import Engine
@@ -22,7 +22,8 @@ def _split_kernel(block):
     hi_out = nl.ndarray(block.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
     lo_out = nl.ndarray(block.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
     tile = nl.load(block)
-    hi, lo = state.split_block(tile, nl.bfloat16)
+    with engines.balancing(engines.Balancer()):
+        hi, lo = state.split_block(tile, nl.bfloat16)
     hi_copy = nl.ndarray(block.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_copy(dst=hi_copy, src=hi, engine=engines.VECTOR)
     nl.store(hi_out, hi_copy)

@@ -56,7 +56,7 @@ def constants_on_device(chunk: int, dtype: Any) -> Constants:
 def _complement(mask: Any) -> Any:
     """1 − mask for a 0/1 tile (exact), in one vector-engine instruction (GpSimd's tensor_scalar is rsqrt-only)."""
     out = tiles.sbuf(tuple(mask.shape), FP32)
-    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, mask.shape[1]))
+    engines.active().charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, mask.shape[1]))
     nisa.tensor_scalar(
         dst=out, data=mask, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0, engine=engines.VECTOR
     )

@@ -14,10 +14,12 @@ They only rank engines; the cost model, not this module, is what measures the ke
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .backend import nisa
+from .kernel_assert import kernel_assert
 
 VECTOR = nisa.engine.vector
 SCALAR = nisa.engine.scalar
@@ -104,12 +106,26 @@ class Balancer:
         return self.charge(engine, ns)
 
 
-BALANCER = Balancer()
+_ACTIVE: contextvars.ContextVar[Balancer] = contextvars.ContextVar("gdn_nki_balancer")
 
 
-def reset() -> None:
-    """Start a new trace with empty queues (called once per kernel launch)."""
-    BALANCER.__init__()
+@contextlib.contextmanager
+def balancing(balancer: Balancer) -> Iterator[Balancer]:
+    """Make ``balancer`` the one the tile helpers (``tiles``) charge and ask while the block runs: a launch creates
+    its own (``api.emit``) and hands it to the pipeline, so no estimate outlives or leaks between traces."""
+    token = _ACTIVE.set(balancer)
+    try:
+        yield balancer
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> Balancer:
+    """The balancer of the launch being traced (``balancing``)."""
+    balancer = _ACTIVE.get(None)
+    kernel_assert(balancer is not None, "gdn_nki: no engine balancer is active; issue kernel work inside "
+                  "engines.balancing(Balancer())")  # fmt: skip
+    return balancer
 
 
 def free_elements(tile: Any) -> int:

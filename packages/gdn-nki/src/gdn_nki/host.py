@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, Violation, enforce, validate
+from gdn_ref.contract import Arguments, ContractError, Violation
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import build_mask_pack
 
@@ -73,15 +73,13 @@ def simulate(
         it was.
     """
     _check_grid(grid)
-    enforce(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, values=check_values
-    )
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    violations = call.violations(values=check_values)
+    if violations:
+        raise ContractError(violations)
     kernel = gdn_cte if grid is None else gdn_cte[grid]
     staged = None if recurrent_state is None else np.array(recurrent_state, order="C", copy=True)
-    out, final_state = backend.simulate(kernel)(
-        query, key, value, g_log, beta, scale=scale, algorithm=algorithm, mask_pack=mask_pack,
-        group_size=group_size, recurrent_state=staged,
-    )  # fmt: skip
+    out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs())
     if recurrent_state is None:
         return out, final_state
     if on_commit is not None:
@@ -128,18 +126,17 @@ def prefill(
     """
     if mask_pack is None and isinstance(algorithm, str) and algorithm == ALGORITHM_SCHUR:
         mask_pack = build_mask_pack()
-    call = (query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
-    violations = [v for v in validate(*call, values=check_values) if v.rule_id != "seq.divisible"]
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    violations = [v for v in call.violations(values=check_values) if v.rule_id != "seq.divisible"]
     if violations:
         raise ContractError(violations)
     seq_len = query.shape[2]
     pad = -seq_len % CHUNK_BY_ALGORITHM[algorithm]
     if pad:
-        query, key, value, g_log, beta = (_pad_tokens(x, pad) for x in (query, key, value, g_log, beta))
-    out, state = simulate(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, check_values=False,
-        on_commit=on_commit,
-    )  # the caller's values were scanned above; the padding is zeros  # fmt: skip
+        names = ("query", "key", "value", "g_log", "beta")
+        call = call.replace(**{name: _pad_tokens(getattr(call, name), pad) for name in names})
+    # the caller's values were scanned above; the padding is zeros
+    out, state = simulate(*call.astuple(), check_values=False, on_commit=on_commit)
     return out[:, :, :seq_len], state
 
 

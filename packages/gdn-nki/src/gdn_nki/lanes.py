@@ -45,7 +45,7 @@ values.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,8 @@ class Segment:
     ends_lane: bool
     chunks: list[Chunk] = field(default_factory=list)  # the stage at hand's view of its chunks
     gate_rows: tuple = ()
-    state: State | None = None  # the lane's initial state, loaded with the unit that starts the lane
+    initial: State | None = None  # the lane's initial state, loaded with the unit that starts the lane
+    entry: State | None = None  # the state the previous unit's chain left (``hand_over``), for the first segment
     start: Any = None
 
     @property
@@ -175,15 +176,16 @@ TILE_SETS_BUDGET = 120 * 1024
 
 @dataclass
 class Pipeline:
-    """What one launch's periods share: the kernel's inputs, the tile sets (unit p's are ``tile_set(p)``), the
-    state rings of the lanes that run a compiled loop, and the state the chain carries."""
+    """What one launch's periods share: the kernel's inputs, the launch's engine balancer, the tile sets (unit p's
+    are ``tile_set(p)``) and the state rings of the lanes that run a compiled loop. The state the chain carries
+    is not here: it passes from period to period as a value (``run_period``)."""
 
     inputs: LaneInputs
+    balancer: engines.Balancer
     group_size: int
     tile_sets: list[list[ChunkTiles]]
     rings: dict[int, list[State]] = field(default_factory=dict)  # id(lane) -> its state tiles
     ring_order: list[int] = field(default_factory=list)  # which ring tile holds the state after chunk j of a unit
-    carried: list[State | None] = field(default_factory=lambda: [None])
     deferred: Callable[[], Iterator[None]] | None = None
     before_inverse: Iterator[None] | None = None  # the deferred constants' on-chip work, until the first inverse
 
@@ -217,7 +219,7 @@ def load(work: Work, pipe: Pipeline) -> None:
             chunk.place = place
         if seg.starts_lane:
             ring = pipe.rings.get(id(lane))
-            seg.state = hbm.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
+            seg.initial = hbm.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
 
 
 def prepare_operands(work: Work, idle_rounds: int = 0) -> Iterator[None]:
@@ -277,13 +279,16 @@ def transitions(work: Work) -> Iterator[None]:
     yield from lockstep([transition.chunk_transition(seg.lane, chunk) for seg in work.unit for chunk in seg.chunks])
 
 
-def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
-    """The state chain of a unit's chunks in order; ``pipe.carried[0]`` holds the current lane's state.
+def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, None, State | None]:
+    """The state chain of a unit's chunks in order, from ``state`` (the state after the previous unit's chain; a
+    segment that starts its lane starts from the lane's initial state instead); returns the state after the
+    unit's last chunk.
 
     Each chunk's output is issued with the NEXT chunk's state update (software-pipelined one chunk behind): its
     products alternate with that link's on the tensor engine and its evacuations follow the link's vector ops, so
     no output instruction sits between two links. The next chunk's e^{γ_last} goes with each link but a unit's last
-    (``chain.advance_state``'s ``next_decay``). A lane with a state ring writes the state after chunk j to tile ``ring_order[j + 1]`` (every unit starts from tile 0).
+    (``chain.advance_state``'s ``next_decay``). A lane with a state ring writes the state after chunk j to tile
+    ``ring_order[j + 1]`` (every unit starts from tile 0).
     """
     final_state = pipe.inputs.final_state
     order = pipe.ring_order
@@ -291,38 +296,57 @@ def advance(unit: Unit, pipe: Pipeline) -> Iterator[None]:
         lane = seg.lane
         ring = pipe.rings.get(id(lane))
         if seg.starts_lane:
-            pipe.carried[0] = seg.state
-            seg.state = None
+            state = seg.initial
+            seg.initial = None
         pending = None
         for k, chunk in enumerate(seg.chunks):
-            entry = pipe.carried[0]
+            entry = state
             final = seg.ends_lane and k == len(seg.chunks) - 1
             dst = ring[order[k + 1]] if ring else None
             following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
             next_decay = following.decay_last if following is not None else None
-            pipe.carried[0] = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending)
+            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending)
             pending = (chunk, entry)
             yield
         if seg.ends_lane:  # the final state is ready before the last output: store it first
-            hbm.store_state(final_state, lane, pipe.carried[0])
+            hbm.store_state(final_state, lane, state)
         if pending is not None:
             output.emit_output(lane, *pending)
         seg.chunks = []
+    return state
 
 
-def transitions_and_chain(work: Work, pipe: Pipeline) -> Iterator[None]:
-    """An inverted unit's transition stage (``transitions``), then its state chain (``advance``), as one step
-    generator."""
+def transitions_and_chain(work: Work, pipe: Pipeline) -> Generator[None, None, State | None]:
+    """An inverted unit's transition stage (``transitions``), then its state chain (``advance``) from the state
+    handed to its first segment, as one step generator returning the state after the unit.
+
+    The handed state is taken from the segment as the chain is set up, so nothing but the chain holds it: it is
+    freed as soon as its last reader (the first chunk's output) is issued.
+    """
+    first = work.unit[0]
+    chain_steps = advance(work.unit, pipe, first.entry)  # a generator: nothing is issued until it runs
+    first.entry = None
     yield from transitions(work)
-    yield from advance(work.unit, pipe)
+    return (yield from chain_steps)
 
 
-def lockstep(steps: list[Iterator[None]]) -> Iterator[None]:
-    """Advance several step generators together, one step of each in turn (step-major), yielding per round."""
-    active = list(steps)
+def lockstep(steps: list[Generator[None, None, Any]]) -> Generator[None, None, list[Any]]:
+    """Advance several step generators together, one step of each in turn (step-major), yielding per round;
+    returns what each returned, in the order given."""
+    results: list[Any] = [None] * len(steps)
+    active = list(enumerate(steps))
     while active:
-        active = [gen for gen in active if next(gen, StopIteration) is not StopIteration]
+        running = []
+        for index, gen in active:
+            try:
+                next(gen)
+            except StopIteration as done:
+                results[index] = done.value
+            else:
+                running.append((index, gen))
+        active = running
         yield
+    return results
 
 
 def _in_order(*steps: Iterator[None]) -> Iterator[None]:
@@ -331,9 +355,10 @@ def _in_order(*steps: Iterator[None]) -> Iterator[None]:
         yield from gen
 
 
-def run_period(pipe: Pipeline, newest: Work | None, middle: Work | None, oldest: Work | None) -> None:
+def run_period(pipe: Pipeline, newest: Work | None, middle: Work | None, oldest: Work | None) -> State | None:
     """One period of the pipeline: the loads and the operands of ``newest``, the inverse of ``middle`` and the
-    transitions and the chain of ``oldest``, their steps interleaved round by round.
+    transitions and the chain of ``oldest``, their steps interleaved round by round; returns the state the chain
+    leaves (None when no unit chains).
 
     With ``depth`` 3 the three are consecutive units, so a unit's latency-bound inverse runs beside the next
     unit's throughput-bound operand stage and the previous unit's chain; with ``depth`` 2 ``middle`` is ``newest``,
@@ -357,14 +382,17 @@ def run_period(pipe: Pipeline, newest: Work | None, middle: Work | None, oldest:
             steps.append(prepare_operands(newest, pipe.inputs.operand_idle_rounds))
     if oldest is not None:
         steps.insert(0, transitions_and_chain(oldest, pipe))
-    for _ in lockstep(steps):
-        pass
+    results = _finish(lockstep(steps))
+    return results[0] if oldest is not None else None
 
 
-def _finish(steps: Iterator[None]) -> None:
-    """Run a step generator to its end."""
-    for _ in steps:
-        pass
+def _finish(steps: Generator[None, None, Any]) -> Any:
+    """Run a step generator to its end; returns what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def period_work(units: list[Unit], p: int, pipe: Pipeline) -> tuple[Work | None, Work | None, Work | None]:
@@ -453,7 +481,7 @@ def state_ring_order(group_size: int) -> list[int] | None:
     return extend([0]) if group_size > 2 else None
 
 
-def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
+def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: engines.Balancer) -> None:
     """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state as one
     ``nl.fori_loop`` whose body is ``depth`` periods.
 
@@ -463,15 +491,16 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
 
     The loop's iteration value is the token offset of the unit its first period loads (step: ``depth`` units of
     tokens), so its HBM accesses need no other arithmetic; what crosses periods lives in tiles allocated before
-    the loop (the tile sets and the lane's state ring); the engine balancer decides once for the body. The
-    program therefore holds each lane's steady state once, whatever its length.
+    the loop (the tile sets and the lane's state ring); ``balancer`` (the launch's, the one the tile helpers
+    consult) decides once for the body. The program therefore holds each lane's steady state once, whatever its
+    length.
     """
     units = lane_units(lanes, group_size)
     if not units:
         return
     depth = pipeline_depth(lanes[0], group_size)
     tile_sets = allocate_tile_sets(group_size, lanes[0], depth)
-    pipe = Pipeline(inputs, group_size, tile_sets, deferred=inputs.deferred_loads)
+    pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
     loops = {run.first_period: run for run in steady_states(units, group_size, depth)}
     if loops:
         pipe.ring_order = state_ring_order(group_size) or []
@@ -482,13 +511,20 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs) -> None:
     while p < periods:
         run = loops.get(p)
         if run is None:
-            run_period(pipe, *period_work(units, p, pipe))
+            hand_over(units, p - depth + 2, run_period(pipe, *period_work(units, p, pipe)))
             p += 1
             continue
-        _compiled_steady_state(pipe, run, units)
+        hand_over(units, run.last_period - depth + 2, _compiled_steady_state(pipe, run, units))
         p = run.last_period + 1
     if pipe.before_inverse is not None:  # a launch with nothing to invert
         _finish(pipe.before_inverse)
+
+
+def hand_over(units: list[Unit], index: int, state: State | None) -> None:
+    """Give the state a unit's chain left to the unit chained next (``units[index]``), which starts from it unless
+    its first segment starts a lane; no unit: the launch's chain is done."""
+    if state is not None and 0 <= index < len(units):
+        units[index][0].entry = state
 
 
 def pipeline_depth(lane: Lane, group_size: int) -> int:
@@ -501,28 +537,29 @@ def pipeline_depth(lane: Lane, group_size: int) -> int:
     return PIPELINE_DEPTH if PIPELINE_DEPTH * set_bytes <= TILE_SETS_BUDGET else 2
 
 
-def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) -> None:
+def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) -> State:
     """Periods ``run.first_period .. run.last_period`` as one ``nl.fori_loop`` over the token offsets of the
-    units whose operands open each iteration."""
+    units whose operands open each iteration; returns the lane's state after them (its ring's tile 0, where every
+    period's chain starts and ends)."""
     lane, group, depth = run.lane, pipe.group_size, pipe.depth
     unit_tokens = group * lane.chunk
     ring = pipe.rings[id(lane)]
     decisions: list[Any] = []
 
-    def unit_at(token: Any, offset: int) -> Unit:
-        return [Segment(lane, -1, group, False, False, start=token + offset * unit_tokens)]
+    def unit_at(token: Any, offset: int, entry: State | None = None) -> Unit:
+        return [Segment(lane, -1, group, False, False, entry=entry, start=token + offset * unit_tokens)]
 
     def body(token: Any) -> None:
-        with engines.BALANCER.fixed(decisions):
+        with pipe.balancer.fixed(decisions):
             for k in range(depth):
                 p = run.first_period + k
-                pipe.carried[0] = ring[0]
                 newest = Work(unit_at(token, k), pipe.tile_set(p))
-                oldest = Work(unit_at(token, k - depth + 1), pipe.tile_set(p - depth + 1))
+                oldest = Work(unit_at(token, k - depth + 1, ring[0]), pipe.tile_set(p - depth + 1))
                 middle = newest if depth == 2 else Work(unit_at(token, k - 1), pipe.tile_set(p - 1))
                 run_period(pipe, newest, middle, oldest)
 
+    units[run.first_period - depth + 1][0].entry = None  # the loop's chains start from the ring's tile 0 instead
     start = units[run.first_period][0].token
     periods = run.last_period - run.first_period + 1
     nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
-    pipe.carried[0] = ring[0]  # after the loop the lane's state is in its ring's tile 0
+    return ring[0]

@@ -42,10 +42,10 @@ def gate_columns(g_rows: Any, beta_rows: Any, dst: Any = None) -> Gates:
     # The scan floors each gate itself (op0), so it does not wait on the floored rows (the same values, summed in
     # the same order).
     gamma_rows = tiles.sbuf((n_chunks, chunk), FP32)
-    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
+    engines.active().charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
     nisa.tensor_scalar_cumulative(dst=gamma_rows, src=g_rows, op0=nl.maximum, op1=nl.add, imm0=LOG_DECAY_FLOOR)
     g_floored = tiles.sbuf((n_chunks, chunk), FP32)
-    engines.BALANCER.charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
+    engines.active().charge(engines.VECTOR, engines.stream_ns(engines.VECTOR, chunk))
     nisa.tensor_scalar(dst=g_floored, data=g_rows, op0=nl.maximum, operand0=LOG_DECAY_FLOOR, engine=engines.VECTOR)
 
     columns_psum = tiles.psum((chunk, 3, n_chunks))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Violation, first_bad_index, validate
+from gdn_ref.contract import Arguments, Violation, first_bad_index, validate
 
 from .api import emit
 from .backend import nki, nl
@@ -310,8 +310,8 @@ def gdn_cte_varlen(
     if final_state is None:
         final_state = nl.ndarray((len(seq_chunks), value_heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     spans = packed_spans(seq_chunks, CHUNK_BY_ALGORITHM[algorithm], slots)
-    emit(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, final_state, out,
-         spans)  # fmt: skip
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    emit(call, out, final_state, spans)
     return out, final_state
 
 
