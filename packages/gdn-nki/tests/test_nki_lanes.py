@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from gdn_nki.lanes import PIPELINE_DEPTH, STATE_RING, lane_units, state_ring_order, steady_states
+from gdn_nki.plan import packed_plan
 
 
 def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:
@@ -81,3 +83,17 @@ def test_the_state_ring_never_overwrites_a_state_still_read(group_size: int):
     assert order[0] == order[-1] == 0 and set(order) <= set(range(STATE_RING))
     for j in range(1, group_size):
         assert order[j + 1] not in (order[j], order[j - 1]), (group_size, j, order)
+
+
+def test_packed_plan_pads_each_sequence_to_its_own_chunk_multiple_and_unpacks_exactly() -> None:
+    plan = packed_plan([37, 128, 1, 130], 64)
+    assert plan.seq_chunks == (1, 2, 1, 3) and plan.starts == (0, 64, 192, 256) and plan.padded_len == 448
+    assert [(s.offset, s.n_chunks, s.state_row) for s in plan.spans([5, 0, 2, 1])] == [
+        (0, 1, 5), (64, 2, 0), (192, 1, 2), (256, 3, 1),
+    ]  # fmt: skip
+    tokens = np.arange(1, 297, dtype=np.float32).reshape(1, 1, 296)
+    packed = plan.pack(tokens)
+    assert packed.shape == (1, 1, 448) and packed[0, 0, 37:64].tolist() == [0.0] * 27 and packed[0, 0, 64] == 38
+    np.testing.assert_array_equal(plan.unpack(packed), tokens)
+    kernel_view = packed_plan([n * 64 for n in plan.seq_chunks], 64)  # what the kernel rebuilds from seq_chunks
+    assert (kernel_view.seq_chunks, kernel_view.starts) == (plan.seq_chunks, plan.starts)

@@ -25,7 +25,8 @@ from .backend import nki, nl
 from .chunks import Lane
 from .constant_tiles import constants_from_pack, constants_on_device
 from .kernel_assert import assert_valid_call
-from .lanes import LaneInputs, Span, dense_spans, program_lanes, run_lanes
+from .lanes import LaneInputs, program_lanes, run_lanes
+from .plan import Span, dense_spans
 from .tiles import FP32
 
 

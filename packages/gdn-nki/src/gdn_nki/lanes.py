@@ -5,7 +5,7 @@ Vocabulary:
 
 | name | what it is |
 |---|---|
-| ``Span`` | one sequence of a launch: its token range in a batch row and its row of the state tensors |
+| ``Span`` (``plan.Span``) | one sequence of a launch: its token range in a batch row and its state row |
 | ``Lane`` (``chunks.Lane``) | one (sequence, value head): what every stage of its chunks reads |
 | unit | ``group_size`` consecutive chunks in lane order, the grain of the grouped inverse; it may span lanes |
 | ``Segment`` | the chunks of one lane inside a unit |
@@ -53,34 +53,10 @@ from . import chain, engines, hbm, operands, output, transition
 from .backend import nl
 from .chunks import Chunk, ChunkTiles, Lane, allocate_tile_sets, chunk_tiles_bytes
 from .constant_tiles import Constants
+from .plan import Span
 from .state import State, state_tile
 
 InvertGroup = Callable[[list[Chunk], Constants, Any], Iterator[None]]
-
-
-@dataclass(frozen=True)
-class Span:
-    """One sequence of a launch: tokens ``[offset, offset + n_chunks·chunk)`` of batch row ``b``, with its
-    initial and final state in row ``state_row`` of the state tensors (trace-time integers)."""
-
-    b: int
-    offset: int
-    n_chunks: int
-    state_row: int
-
-
-def dense_spans(batch: int, seq_len: int, chunk: int) -> list[Span]:
-    """One sequence per batch row, each the whole row, its state in the same row (gdn_cte's layout)."""
-    return [Span(b, 0, seq_len // chunk, b) for b in range(batch)]
-
-
-def packed_spans(seq_chunks: tuple[int, ...], chunk: int, state_rows: tuple[int, ...]) -> list[Span]:
-    """Sequences packed back to back in batch row 0, sequence i ``seq_chunks[i]`` chunks long, its state in row
-    ``state_rows[i]``."""
-    starts = [0]
-    for n in seq_chunks[:-1]:
-        starts.append(starts[-1] + n * chunk)
-    return [Span(0, start, n, row) for start, n, row in zip(starts, seq_chunks, state_rows, strict=True)]
 
 
 def program_lanes(spans: list[Span], value_heads: int) -> list[tuple[Span, int]]:
