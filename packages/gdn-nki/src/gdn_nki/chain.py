@@ -28,14 +28,12 @@ def advance_state(
     (a reused state tile; else a fresh one); with ``pending`` (the previous chunk and its entry state), that chunk's
     output too, its products alternating with the chain's on the tensor engine (``products.issue``).
 
-    Each new block is split into its matmul parts right after its update (measured: issued at first use instead,
-    the split waits in GpSimd's queue behind later work, +4% at S = 8192) — except the lane's ``final`` state,
-    which is only stored. Given the next chunk's e^{γ_last} (``next_decay``: the unit's chain goes on), the block's
-    decayed copy is made then too (``State.decay_for_next``), so the next link adds it to its PSUM product in one
-    single-pass vector op instead of a two-pass scalar_tensor_tensor that also scales (measured, one lane bf16
-    schur, S = 2048 / 4096 / 8192 / 16384: 35.3 / 62.8 / 114.9 / 222.5 -> 34.8 / 62.3 / 114.5 / 222.0 µs; the
-    copy on the vector engine instead saves nothing, on a fixed engine it waits in that queue: ACT 34.8 / 115.5,
-    GpSimd 34.8 / 115.8). Both forms round e^{γ_last}·h to fp32 once before the add.
+    Each new block is split into its matmul parts right after its update — issued at first use instead, the split
+    waits in GpSimd's queue behind later work — except the lane's ``final`` state, which is only stored. Given the
+    next chunk's e^{γ_last} (``next_decay``: the unit's chain goes on), the block's decayed copy is made then too
+    (``State.decay_for_next``), so the next link adds it to its PSUM product in one single-pass vector op instead
+    of a two-pass scalar_tensor_tensor that also scales. Both forms round e^{γ_last}·h to fp32 once before the add.
+    (Figures: PERFORMANCE.md, "Figures behind the kernel's comments".)
     """
     dv = lane.value.shape[3]
     following = dst.written() if dst is not None else state_tile(lane)

@@ -19,11 +19,10 @@ U and W are computed through the other ordering of β, ``Inv · diag(β) = diag(
 ``W = diag(β) (I + Ã)⁻¹ diag(e^γ) K``, β applied on the evacuation of each fp32 product. The system the inverse
 is handed is then ``Ãᵀ = diag(β)(K Kᵀ ∘ Γᵀ)`` (``Chunk.a_t``), made from Γᵀ — the orientation attnᵀ and K_dec
 use — with no transpose of Γᵀ, and the inverse it returns, ``(I + Ã)⁻ᵀ = (I + Ãᵀ)⁻¹``, is the stationary operand
-of both products. V enters unscaled (no rounding of diag(β) V) and so does diag(e^γ) K. Measured, one lane bf16
-schur, against ``A = diag(β)(K Kᵀ ∘ Γ)`` from a tensor-engine transpose of Γᵀ: PE time per chunk 1.32 -> 1.20
-µs, S = 8192 139.0 -> 136.1 µs, and every numerics regime's error as small or smaller (zero gates: state rel-RMS
-3.60e-3 -> 2.98e-3). Moving β into attn and K_dec instead (no β in the transition stage) was faster, 133.9 µs, but
-rounds diag(β) K_dec where K_dec is otherwise exact (zero gates: 3.60e-3 -> 3.80e-3).
+of both products. V enters unscaled (no rounding of diag(β) V) and so does diag(e^γ) K. Against
+``A = diag(β)(K Kᵀ ∘ Γ)`` from a tensor-engine transpose of Γᵀ this saves PE time and loses no accuracy in any
+numerics regime. Moving β into attn and K_dec instead (no β in the transition stage) is faster still, but rounds
+diag(β) K_dec where K_dec is otherwise exact, and its errors grow (PERFORMANCE.md has the figures).
 
 Layout conventions: ``*_t`` tiles are transposed ([head dim, tokens]); columns are [tokens, 1] per-partition
 scalars; ``nc_matmul(stationary=X, moving=Y)`` computes ``Xᵀ Y`` contracting the partition axis.
@@ -189,8 +188,7 @@ def allocate_tile_sets(count: int, lane: Lane, sets: int) -> list[list[ChunkTile
             for j in range(count)
         ]
         # Zero once: schur never writes the lower-left 64-block of Invᵀ (schur._level5). On GpSimd, idle at the
-        # launch's start: on the vector engine these memsets sat ahead of the first unit's gate columns (measured,
-        # one lane bf16 schur: S = 2048 38.8 -> 38.3 µs, S = 8192 134.8 -> 134.3; fp32 S = 2048 70.0 -> 69.7).
+        # launch's start: on the vector engine these memsets sit ahead of the first unit's gate columns.
         for place in tile_set:
             nisa.memset(dst=place.inverse_t, value=0.0, engine=engines.GPSIMD)
         result.append(tile_set)

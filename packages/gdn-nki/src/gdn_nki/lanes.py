@@ -350,9 +350,8 @@ def run_period(pipe: Pipeline, newest: Work | None, middle: Work | None, oldest:
     if newest is not None and middle is newest:
         steps = [_in_order(prepare_operands(newest, pipe.inputs.operand_idle_rounds), invert(newest, pipe))]
     else:
-        # The chain first, then the inverse, then the operands, in every round (measured, one lane bf16 schur, S = 2048
-        # / 8192 µs, against chain, operands, inverse: 36.4 / 120.1 -> 35.4 / 118.2; the other four orders 34.9 /
-        # 124.6 to 36.4 / 126.7)
+        # The chain first, then the inverse, then the operands, in every round: the latency-bound steps ahead of
+        # the throughput-bound ones in every engine's queue (the fastest of the six orders, PERFORMANCE.md)
         steps = [invert(middle, pipe)] if middle is not None else []
         if newest is not None:
             steps.append(prepare_operands(newest, pipe.inputs.operand_idle_rounds))

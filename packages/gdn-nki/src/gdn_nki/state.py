@@ -13,6 +13,9 @@ from .backend import nl
 from .chunks import Lane
 from .tiles import FP32
 
+# Narrowest state column block worth splitting into: below it the fixed per-instruction costs dominate.
+STATE_BLOCK_MIN = 32
+
 
 @dataclass
 class State:
@@ -66,9 +69,7 @@ class State:
 
         GpSimd, not the balancer's pick of GpSimd or the scalar engine: an SBUF-only multiply is the one kind of
         work that can leave the scalar engine, which evacuates PSUM and sets the floor from S = 4096 on, for the
-        engine with the most room (measured, one lane bf16 schur, S = 2048 / 4096 / 8192 / 16384 / 32768:
-        33.9 / 59.6 / 109.4 / 210.9 / 411.3 -> 33.6 / 58.8 / 108.0 / 208.0 / 405.8 µs; fp32 S = 2048 / 8192 and
-        32 lanes S = 128 unchanged; the gate-span scaling moved too: 33.8 / 59.0 / 108.2, so it stays balanced).
+        engine with the most room (the gate-span scaling, moved there too, gains less, so it stays balanced).
         """
         block = self.blocks[j]
         dst = self.decayed_tiles[j] if self.decayed_tiles else tiles.sbuf(tuple(block.shape), FP32)
@@ -83,19 +84,15 @@ def column_blocks(dv: int) -> list[slice]:
     return [slice(0, half), slice(half, dv)]
 
 
-# Narrowest state column block worth splitting into: below it the fixed per-instruction costs dominate.
-STATE_BLOCK_MIN = 32
-
-
 def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
     """The matmul operands of an fp32 state block for the compute ``dtype``, which sum to the block.
 
     fp32: ``[block]``. bf16: ``[hi, lo]`` with ``hi`` the block truncated to bf16 — the upper half of each fp32
     element, read in place (``tiles.high_half``, no instruction) — and ``lo = bf16(block − hi)``, one GpSimd
     instruction (``block − hi`` is exact in fp32; its rounding to bf16 is the split's only error, below 2⁻¹⁶ of
-    the element). GpSimd: the one engine with room in the chain's period (measured: on the vector engine, in
-    line with the chain's update, a chain link takes 0.75 µs instead of 0.3 µs). ``lo`` is made in the given tile
-    (else a fresh one).
+    the element). GpSimd: the one engine with room in the chain's period (on the vector engine, in line with the
+    chain's update, it makes a chain link more than twice as long). ``lo`` is made in the given tile (else a fresh
+    one).
     """
     if dtype == FP32:
         return [block]
