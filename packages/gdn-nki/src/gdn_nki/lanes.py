@@ -13,9 +13,15 @@ Vocabulary:
 | ``Work`` | one unit and its tile set, as a stage sees it |
 | period | one round of issue: the stages of up to ``depth`` units, their steps interleaved (``run_period``) |
 | depth | periods from a unit's operand stage to its chain: 3, or 2 when three tile sets do not fit |
-| ``Pipeline`` | what the periods of a launch share: inputs, tile sets, state rings |
+| ``Pipeline`` | what the periods of a launch share: inputs, the engine balancer, tile sets, state rings |
 | state ring | the state tiles a lane in a compiled loop writes in turn (``state_ring_order``) |
 | ``SteadyState`` | periods of one lane that issue whole units of it: one ``nl.fori_loop`` |
+
+Levels, outermost first: each program of the launch grid takes a contiguous share of the lanes
+(``program_lanes``); a program's lanes are cut into units (``lane_units``); units are issued in periods
+(``run_period``), in which the stages of different units advance together one step per round (``lockstep``); a
+lane's steady-state periods are one compiled loop (``SteadyState``). The state a unit's chain leaves is handed to
+the unit chained next (``hand_over``), as a value, not through shared state.
 
 A unit passes through its stages in this order, each reading what the one before wrote into the unit's tile set.
 Unit p's stage is issued in period p + offset:
@@ -299,9 +305,9 @@ def transitions_and_chain(work: Work, pipe: Pipeline) -> Generator[None, None, S
     The handed state is taken from the segment as the chain is set up, so nothing but the chain holds it: it is
     freed as soon as its last reader (the first chunk's output) is issued.
     """
-    first = work.unit[0]
-    chain_steps = advance(work.unit, pipe, first.entry)  # a generator: nothing is issued until it runs
-    first.entry = None
+    leading = work.unit[0]
+    chain_steps = advance(work.unit, pipe, leading.entry)  # a generator: nothing is issued until it runs
+    leading.entry = None
     yield from transitions(work)
     return (yield from chain_steps)
 
