@@ -106,6 +106,8 @@ def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span]) -> None
 
 
 def _emit_lanes(call: Arguments, out: Any, final_state: Any, spans: list[Span], balancer: engines.Balancer) -> None:
+    """This program's lanes (``program_lanes``) with the algorithm's constants and inverse, issued as the pipeline
+    (``run_lanes``) with ``balancer``."""
     query, key, value, mask_pack, algorithm = call.query, call.key, call.value, call.mask_pack, call.algorithm
     ratio = value.shape[1] // query.shape[1]
     dtype = query.dtype
