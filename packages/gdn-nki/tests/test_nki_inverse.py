@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import neumann, schur, stages, tiles
+from gdn_nki import engines, neumann, schur, tiles
 from gdn_nki.backend import nisa, nki, nl
+from gdn_nki.chunks import Chunk
+from gdn_nki.constant_tiles import constants_from_pack, constants_on_device
 from gdn_nki.tiles import FP32
 from nki_cpu.cost import Engine
 from nki_inputs import PACK
@@ -42,24 +44,29 @@ def _kernel(algorithm: str, dtype: Any) -> Any:
     @nki.jit
     def invert(systems: Any, mask_pack: Any) -> Any:
         out = nl.ndarray(systems.shape, dtype=dtype, buffer=nl.shared_hbm)
+        with engines.balancing(engines.Balancer()):
+            _invert_into(out, systems, mask_pack)
+        return out
+
+    def _invert_into(out: Any, systems: Any, mask_pack: Any) -> None:
         if algorithm == "schur":
-            consts = stages.constants_from_pack(mask_pack, chunk, dtype)
+            consts = constants_from_pack(mask_pack, chunk, dtype)
             constants, invert_group, system_dtype = schur.load_merge_planes(mask_pack, consts, dtype), schur, dtype
         else:
-            consts = stages.constants_on_device(chunk, dtype)
+            consts = constants_on_device(chunk, dtype)
             constants, invert_group, system_dtype = neumann.build_block_planes(consts, dtype), neumann, FP32
         for _ in constants:
             pass
         chunks = []
         for i in range(systems.shape[0]):
-            slot = SimpleNamespace(inverse_t=tiles.sbuf((chunk, chunk), dtype))
-            nisa.memset(dst=slot.inverse_t, value=0.0)  # as stages.chain_slots: schur leaves a 64-block unwritten
-            chunks.append(stages.Chunk(token=0, a_t=nl.load(systems[i], dtype=system_dtype), slot=slot))
+            place = SimpleNamespace(inverse_t=tiles.sbuf((chunk, chunk), dtype))
+            # as chunks.allocate_tile_sets: schur leaves a 64-block unwritten
+            nisa.memset(dst=place.inverse_t, value=0.0)
+            chunks.append(Chunk(token=0, a_t=nl.load(systems[i], dtype=system_dtype), place=place))
         for _ in invert_group.invert_group(chunks, consts, dtype):
             pass
         for i, chunk_tiles in enumerate(chunks):
             nl.store(out[i], chunk_tiles.inverse_t)
-        return out
 
     return invert
 
@@ -97,7 +104,7 @@ def test_the_inverse_of_the_transposed_system(algorithm: str, dtype: Any) -> Non
 @pytest.mark.parametrize("algorithm", ["schur", "neumann"])
 def test_no_full_tile_transpose_on_the_tensor_engine(algorithm: str) -> None:
     """schur's inverse transposes only its 32×32 blocks in fp32 (none in bf16), neumann only its operands, never
-    its result: the system arrives in the orientation the inverse needs (``stages`` module docstring)."""
+    its result: the system arrives in the orientation the inverse needs (``chunks`` module docstring)."""
     chunk = 128 if algorithm == "schur" else 64
     nki.simulate(_kernel(algorithm, nl.bfloat16))(_systems(chunk, GROUP, seed=8), PACK.copy())
     transposes = [r for r in nki_cpu.last_trace().records if r.engine is Engine.PE and r.opcode == "nc_transpose"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from gdn_nki.lanes import PIPELINE_DEPTH, STATE_RING, lane_units, state_ring_order, steady_states
+from gdn_nki.plan import packed_plan
 
 
 def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:
@@ -15,7 +17,7 @@ def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:
 
 
 def _plan(units):
-    return [[(seg.lane.name, seg.first, seg.width, seg.starts_lane, seg.ends_lane) for seg in unit] for unit in units]
+    return [[(seg.lane.name, seg.begin, seg.width, seg.starts_lane, seg.ends_lane) for seg in unit] for unit in units]
 
 
 def test_units_span_lanes_and_are_full_but_the_last():
@@ -33,13 +35,13 @@ def test_every_chunk_of_every_lane_is_in_exactly_one_unit_in_order(group_size: i
     units = lane_units(lanes, group_size)
     assert all(sum(seg.width for seg in unit) == group_size for unit in units[:-1])
     assert 0 < sum(seg.width for seg in units[-1]) <= group_size
-    seen = [(seg.lane.name, seg.first + j) for unit in units for seg in unit for j in range(seg.width)]
+    seen = [(seg.lane.name, seg.begin + j) for unit in units for seg in unit for j in range(seg.width)]
     assert seen == [(lane.name, j) for lane in lanes for j in range(lane.n_chunks)]
 
 
 def _loops(lanes, group_size, depth=PIPELINE_DEPTH):
     units = lane_units(lanes, group_size)
-    return [(run.lane.name, run.first, run.last) for run in steady_states(units, group_size, depth)]
+    return [(run.lane.name, run.first_period, run.last_period) for run in steady_states(units, group_size, depth)]
 
 
 @pytest.mark.parametrize(
@@ -84,3 +86,17 @@ def test_the_state_ring_never_overwrites_a_state_still_read(group_size: int):
     assert order[0] == order[-1] == 0 and set(order) <= set(range(STATE_RING))
     for j in range(1, group_size):
         assert order[j + 1] not in (order[j], order[j - 1]), (group_size, j, order)
+
+
+def test_packed_plan_pads_each_sequence_to_its_own_chunk_multiple_and_unpacks_exactly() -> None:
+    plan = packed_plan([37, 128, 1, 130], 64)
+    assert plan.seq_chunks == (1, 2, 1, 3) and plan.starts == (0, 64, 192, 256) and plan.padded_len == 448
+    assert [(s.offset, s.n_chunks, s.state_row) for s in plan.spans([5, 0, 2, 1])] == [
+        (0, 1, 5), (64, 2, 0), (192, 1, 2), (256, 3, 1),
+    ]  # fmt: skip
+    tokens = np.arange(1, 297, dtype=np.float32).reshape(1, 1, 296)
+    packed = plan.pack(tokens)
+    assert packed.shape == (1, 1, 448) and packed[0, 0, 37:64].tolist() == [0.0] * 27 and packed[0, 0, 64] == 38
+    np.testing.assert_array_equal(plan.unpack(packed), tokens)
+    kernel_view = packed_plan([n * 64 for n in plan.seq_chunks], 64)  # what the kernel rebuilds from seq_chunks
+    assert (kernel_view.seq_chunks, kernel_view.starts) == (plan.seq_chunks, plan.starts)

@@ -65,7 +65,7 @@ def test_the_compiled_steady_state_matches_the_oracle(dtype: str, group_size: in
 
 def test_compiled_loops_of_every_batch_row_and_head_read_their_own_tokens() -> None:
     """Batch row 1 and value head 1 (key head 0, GQA) loop too: the loop's run-time loads address row b, head h of
-    the [B, H, S, D] arguments from an offset written out in the kernel (``stages._chunk_major``), which a B = 1
+    the [B, H, S, D] arguments from an offset written out in the kernel (``hbm._chunk_major``), which a B = 1
     launch cannot check."""
     c = case("bfloat16", Geometry(B=2, Hk=1, Hv=2, S=TWO_ITERATIONS * GROUP * 128, Dk=32, Dv=16), seed=5,
              regime="initial_state")  # fmt: skip
@@ -115,12 +115,12 @@ def test_both_pipeline_depths_give_the_same_bits(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("idle_rounds", [0, 2])
-def test_stage1_idle_rounds_change_only_the_order(monkeypatch: pytest.MonkeyPatch, idle_rounds: int) -> None:
-    """Rounds the operand stage sits out (``schur.STAGE1_IDLE_ROUNDS``) reorder the issued instructions only: the
+def test_operand_idle_rounds_change_only_the_order(monkeypatch: pytest.MonkeyPatch, idle_rounds: int) -> None:
+    """Rounds the operand stage sits out (``schur.OPERAND_IDLE_ROUNDS``) reorder the issued instructions only: the
     same bits as the default, with the compiled loop running."""
     c = case("bfloat16", _geometry(2, (TWO_ITERATIONS + 1) * GROUP * 128), seed=7, regime="initial_state")
-    assert schur.STAGE1_IDLE_ROUNDS not in (0, 2), "pick other values to compare against"
-    _assert_same_bits_when_patched(c, monkeypatch, schur, "STAGE1_IDLE_ROUNDS", idle_rounds)
+    assert schur.OPERAND_IDLE_ROUNDS not in (0, 2), "pick other values to compare against"
+    _assert_same_bits_when_patched(c, monkeypatch, schur, "OPERAND_IDLE_ROUNDS", idle_rounds)
 
 
 def test_a_lane_starting_partway_through_a_unit_matches_the_oracle() -> None:
@@ -130,7 +130,7 @@ def test_a_lane_starting_partway_through_a_unit_matches_the_oracle() -> None:
     loops (one iteration); lane 1 must stay unrolled, and both must match the oracle."""
     first, second = (SimpleNamespace(n_chunks=29, chunk=128, offset=0) for _ in range(2))
     units = lanes.lane_units([first, second], GROUP)
-    whole = [unit[0].first for unit in units if len(unit) == 1 and unit[0].lane is second and unit[0].width == GROUP]
+    whole = [unit[0].begin for unit in units if len(unit) == 1 and unit[0].lane is second and unit[0].width == GROUP]
     assert whole[0] % GROUP and len(whole) >= 2 * lanes.PIPELINE_DEPTH, "lane 1 has units enough for a loop"
     assert [run.lane for run in lanes.steady_states(units, GROUP)] == [first], "only the boundary check decides"
     c = case("float32", _geometry(2, 29 * 128), seed=6, regime="initial_state")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import engines, stages
+from gdn_nki import engines, products, state, tiles
 from gdn_nki.backend import nisa, nki, nl
 from gdn_spec.regimes import Geometry
 from nki_cpu.cost import Engine
@@ -22,7 +22,8 @@ def _split_kernel(block):
     hi_out = nl.ndarray(block.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
     lo_out = nl.ndarray(block.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
     tile = nl.load(block)
-    hi, lo = stages.split_block(tile, nl.bfloat16)
+    with engines.balancing(engines.Balancer()):
+        hi, lo = state.split_block(tile, nl.bfloat16)
     hi_copy = nl.ndarray(block.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_copy(dst=hi_copy, src=hi, engine=engines.VECTOR)
     nl.store(hi_out, hi_copy)
@@ -89,19 +90,19 @@ def test_decayed_copy_link_gives_the_bytes_of_the_scale_add_link(dtype: str, mon
     geometry = Geometry(B=1, Hk=1, Hv=1, S=512, Dk=128, Dv=128)
     c = case(dtype, geometry, seed=6, regime="model_gates")
     made = []
-    original = stages.State.decay_for_next
+    original = state.State.decay_for_next
 
-    def counted(self: stages.State, j: int, decay_last: object) -> None:
+    def counted(self: state.State, j: int, decay_last: object) -> None:
         made.append(j)
         original(self, j, decay_last)
 
-    monkeypatch.setattr(stages.State, "decay_for_next", counted)
+    monkeypatch.setattr(state.State, "decay_for_next", counted)
     with_copies = run(c, "schur")
     assert_matches_oracle(c, *with_copies, f"{dtype} decayed copies")
     chunks = geometry.S // 128
     assert len(made) == 2 * (chunks - 1), "every link but a unit's first reads a decayed copy (two blocks each)"
     assert _scale_adds() == 0, "no link scales and adds in one instruction (the first starts from zero)"
-    monkeypatch.setattr(stages.State, "decay_for_next", lambda self, j, decay_last: None)
+    monkeypatch.setattr(state.State, "decay_for_next", lambda self, j, decay_last: None)
     with_scale_add = run(c, "schur")
     assert _scale_adds() == len(made)
     for got, want in zip(with_copies, with_scale_add, strict=True):
@@ -119,8 +120,8 @@ def test_chain_and_output_products_alternate_and_keep_each_sum(monkeypatch: pyte
     geometry = Geometry(B=1, Hk=1, Hv=1, S=512, Dk=128, Dv=128)
     c = case("bfloat16", geometry, seed=7, regime="initial_state")
     alternating = run(c, "schur", recurrent_state=c.kernel["recurrent_state"].copy())
-    products = [r for r in _pe_matmuls() if r.attrs.get("moving_free") == 64 and "tile_position" not in r.attrs]
-    destinations = [r.writes[0].storage_id for r in products]
+    matmuls = [r for r in _pe_matmuls() if r.attrs.get("moving_free") == 64 and "tile_position" not in r.attrs]
+    destinations = [r.writes[0].storage_id for r in matmuls]
     # somewhere two consecutive 64-column products write different PSUM tiles, then the first again
     triples = zip(destinations, destinations[1:], destinations[2:], strict=False)
     assert any(first == third != second for first, second, third in triples)
@@ -128,9 +129,9 @@ def test_chain_and_output_products_alternate_and_keep_each_sum(monkeypatch: pyte
     def one_group_after_another(groups: list) -> None:
         for dst, terms in groups:
             for k, term in enumerate(terms):
-                stages.tiles.matmul(*term, dst=dst, accumulate=k > 0)
+                tiles.matmul(*term, dst=dst, accumulate=k > 0)
 
-    monkeypatch.setattr(stages, "_issue_products", one_group_after_another)
+    monkeypatch.setattr(products, "issue", one_group_after_another)
     sequential = run(c, "schur", recurrent_state=c.kernel["recurrent_state"].copy())
     for got, want in zip(alternating, sequential, strict=True):
         assert np.asarray(got).tobytes() == np.asarray(want).tobytes()

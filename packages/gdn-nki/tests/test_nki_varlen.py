@@ -8,7 +8,8 @@ import pytest
 
 import gdn_nki
 import nki_cpu
-from gdn_nki.varlen import gdn_cte_varlen, pack_padded, padded_offsets
+from gdn_nki.plan import packed_plan
+from gdn_nki.varlen import gdn_cte_varlen
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_ref.contract import ContractError
 from gdn_spec.regimes import Geometry
@@ -147,7 +148,7 @@ def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch)
     packed, cu, _, cases = _packed("float32", lengths=(130, 20), seed=11)
     pool = np.random.default_rng(2).standard_normal((3, HV, DK, DV)).astype(np.float32)
     before = pool.copy()
-    original = gdn_nki.stages.advance_state
+    original = gdn_nki.chain.advance_state
     calls = []
 
     def fail_late(*args, **kwargs):  # the first lane's final state is stored before the failure
@@ -156,7 +157,7 @@ def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch)
             raise RuntimeError("injected failure")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(gdn_nki.stages, "advance_state", fail_late)
+    monkeypatch.setattr(gdn_nki.chain, "advance_state", fail_late)
     writes = []
     watched = _WriteWatch(pool, writes)
     with pytest.raises(RuntimeError, match="injected"):
@@ -230,24 +231,25 @@ def test_nan_in_any_value_argument_is_rejected_by_name_and_nothing_is_written(na
     assert np.array_equal(states, before, equal_nan=True), "a rejected call writes nothing"
 
 
-def test_the_kernels_own_state_slots_read_and_write_the_named_pool_rows() -> None:
-    """``gdn_cte_varlen``'s ``state_slots`` (the host entry point stages rows and passes None): sequence i starts
-    from pool row ``state_slots[i]`` and ends there, in the order given (not sorted), every other row untouched —
+def test_the_kernels_own_state_rows_read_and_write_the_named_pool_rows() -> None:
+    """``gdn_cte_varlen``'s ``state_rows`` (the host entry point stages rows and passes None): sequence i starts
+    from pool row ``state_rows[i]`` and ends there, in the order given (not sorted), every other row untouched —
     the same results as the rows gathered into a per-sequence state."""
     lengths = (50, 130, 20)
-    packed, cu, states, cases = _packed("float32", lengths=lengths, seed=16)
-    starts, seq_chunks = padded_offsets(lengths, CHUNK_BY_ALGORITHM["schur"])
-    padded_len = sum(seq_chunks) * CHUNK_BY_ALGORITHM["schur"]
-    tensors = [pack_padded(packed[n], cu, starts, padded_len) for n in ("query", "key", "value", "g_log", "beta")]
-    options = dict(scale=cases[0].scale, algorithm="schur", mask_pack=gdn_nki.build_mask_pack(), seq_chunks=seq_chunks)
+    packed, _, states, cases = _packed("float32", lengths=lengths, seed=16)
+    plan = packed_plan(lengths, CHUNK_BY_ALGORITHM["schur"])
+    tensors = [plan.pack(packed[n]) for n in ("query", "key", "value", "g_log", "beta")]
+    options = dict(
+        scale=cases[0].scale, algorithm="schur", mask_pack=gdn_nki.build_mask_pack(), seq_chunks=plan.seq_chunks
+    )
     slots = (4, 0, 2)  # neither sorted nor the identity
     pool = np.random.default_rng(4).standard_normal((5, HV, DK, DV)).astype(np.float32)
     pool[list(slots)] = states
     before = pool.copy()
     kernel = gdn_nki.backend.simulate(gdn_cte_varlen)
-    out, _ = kernel(*tensors, **options, recurrent_state=pool, state_slots=slots)
+    out, _ = kernel(*tensors, **options, recurrent_state=pool, state_rows=slots)
     gathered = states.copy()
-    want_out, _ = kernel(*tensors, **options, recurrent_state=gathered, state_slots=None)
-    assert np.array_equal(out, want_out), "each sequence starts from its own slot"
-    assert np.array_equal(pool[list(slots)], gathered), "each sequence's final state lands in its own slot"
+    want_out, _ = kernel(*tensors, **options, recurrent_state=gathered, state_rows=None)
+    assert np.array_equal(out, want_out), "each sequence starts from its own row"
+    assert np.array_equal(pool[list(slots)], gathered), "each sequence's final state lands in its own row"
     assert pool[[1, 3]].tobytes() == before[[1, 3]].tobytes(), "rows not named stay bit-identical"

@@ -17,13 +17,16 @@ from gdn_ref.constants import (
     DEFAULT_ALGORITHM,
     DEFAULT_GROUP_SIZE,
 )
-from gdn_ref.contract import validate
+from gdn_ref.contract import Arguments
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
-from . import backend, engines, neumann, schur, stages
+from . import backend, engines, neumann, schur
 from .backend import nki, nl
+from .chunks import Lane
+from .constant_tiles import constants_from_pack, constants_on_device
 from .kernel_assert import assert_valid_call
-from .lanes import LaneInputs, Span, dense_spans, program_lanes, run_lanes
+from .lanes import LaneInputs, program_lanes, run_lanes
+from .plan import Span, dense_spans
 from .tiles import FP32
 
 
@@ -73,10 +76,9 @@ def gdn_cte(
         The state is fp32 whatever the compute dtype; the gate prefix sum is fp32. Lanes (b, h) are split
         evenly over an SPMD launch grid (``gdn_cte[n](...)``).
     """
-    assert_valid_call(
-        validate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, host=False)
-    )
-    _warn_once_if_pack_differs(mask_pack)
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    assert_valid_call(call.violations(host=False))
+    _warn_if_pack_differs(mask_pack)
 
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]
@@ -85,56 +87,51 @@ def gdn_cte(
     if final_state is None:
         final_state = nl.ndarray((batch, value_heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     spans = dense_spans(batch, seq_len, CHUNK_BY_ALGORITHM[algorithm])
-    emit(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, final_state, out,
-         spans)  # fmt: skip
+    emit(call, out, final_state, spans)
     return out, final_state
 
 
-def emit(
-    query: Any,
-    key: Any,
-    value: Any,
-    g_log: Any,
-    beta: Any,
-    scale: float,
-    algorithm: str,
-    mask_pack: Any,
-    group_size: int,
-    recurrent_state: Any,
-    final_state: Any,
-    out: Any,
-    spans: list[Span],
-) -> None:
-    """Issue the work of a checked launch: constants, then every (sequence, value head) lane of this program.
+def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span]) -> None:
+    """Issue the work of a checked launch: constants, then every (sequence, value head) lane of this program, with
+    an engine balancer of the launch's own.
 
     Args:
-        As ``gdn_cte``, plus the allocated ``out`` and ``final_state`` and the launch's sequences (``lanes.Span``:
-        token range in q/k/v/gates/out and state row).
+        call (Arguments): the kernel's arguments, as checked.
+        out, final_state (nl.NkiTensor): the allocated output and the final state (the caller's state when given).
+        spans (list[Span]): the launch's sequences (token range in q/k/v/gates/out, state row).
     """
-    engines.reset()
+    balancer = engines.Balancer()
+    with engines.balancing(balancer):
+        _emit_lanes(call, out, final_state, spans, balancer)
+
+
+def _emit_lanes(call: Arguments, out: Any, final_state: Any, spans: list[Span], balancer: engines.Balancer) -> None:
+    """This program's lanes (``program_lanes``) with the algorithm's constants and inverse, issued as the pipeline
+    (``run_lanes``) with ``balancer``."""
+    query, key, value, mask_pack, algorithm = call.query, call.key, call.value, call.mask_pack, call.algorithm
     ratio = value.shape[1] // query.shape[1]
     dtype = query.dtype
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     if algorithm == ALGORITHM_SCHUR:
-        consts = stages.constants_from_pack(mask_pack, chunk, dtype)
+        consts = constants_from_pack(mask_pack, chunk, dtype)
         deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
-        invert_group, group, system_dtype = schur.invert_group, group_size, dtype
-        idle_rounds = schur.STAGE1_IDLE_ROUNDS_FP32 if dtype == FP32 else schur.STAGE1_IDLE_ROUNDS
+        invert_group, group, system_dtype = schur.invert_group, call.group_size, dtype
+        idle_rounds = schur.OPERAND_IDLE_ROUNDS_FP32 if dtype == FP32 else schur.OPERAND_IDLE_ROUNDS
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else
-        consts = stages.constants_on_device(chunk, dtype)
+        consts = constants_on_device(chunk, dtype)
         deferred = functools.partial(neumann.build_block_planes, consts, dtype)
         invert_group, group, system_dtype = neumann.invert_group, neumann.GROUP_SIZE, FP32
-        idle_rounds = neumann.STAGE1_IDLE_ROUNDS
+        idle_rounds = neumann.OPERAND_IDLE_ROUNDS
 
     lanes = [
-        stages.Lane(
+        Lane(
             b=span.b,
             h=h,
             kh=h // ratio,
             offset=span.offset,
             n_chunks=span.n_chunks,
-            slot=span.slot,
+            state_row=span.state_row,
             query=query,
             key=key,
             value=value,
@@ -142,32 +139,34 @@ def emit(
             chunk=chunk,
             dtype=dtype,
             system_dtype=system_dtype,
-            scale=float(scale),
+            scale=float(call.scale),
             consts=consts,
         )
         for span, h in program_lanes(spans, value.shape[1])
     ]
-    inputs = LaneInputs(g_log, beta, recurrent_state, final_state, invert_group, deferred, idle_rounds)
-    run_lanes(lanes, group, inputs)
+    inputs = LaneInputs(call.g_log, call.beta, call.recurrent_state, final_state, invert_group, deferred, idle_rounds)
+    run_lanes(lanes, group, inputs, balancer)
 
 
-_PACK_WARNED: list[bool] = []
-
-
-def _warn_once_if_pack_differs(mask_pack: Any) -> None:
+def _warn_if_pack_differs(mask_pack: Any) -> None:
     """Where the NKI running the kernel can read the mask pack at trace time (nki-cpu), say once per process that
     its contents differ from ``build_mask_pack()``: the kernel would compute garbage from it. The contract leaves
     content checks to the host entry points, so this is a warning, not a rejection."""
-    if mask_pack is None or _PACK_WARNED:
+    if mask_pack is None:
         return
     contents = backend.hbm_contents(mask_pack)
     if contents is None or getattr(contents, "shape", None) != (N_MASKS, CHUNK_SCHUR, CHUNK_SCHUR):
         return
     if not np.array_equal(contents, build_mask_pack()):
-        _PACK_WARNED.append(True)
-        warnings.warn(
-            "gdn_cte: `mask_pack` differs from build_mask_pack(); the kernel computes garbage from it (said once). "
-            "Fix: pass mask_pack=build_mask_pack(), or call gdn_nki.simulate, which rejects it",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _say_pack_differs()
+
+
+@functools.cache
+def _say_pack_differs() -> None:
+    """The warning itself; cached, so a process says it once."""
+    warnings.warn(
+        "gdn_cte: `mask_pack` differs from build_mask_pack(); the kernel computes garbage from it (said once). "
+        "Fix: pass mask_pack=build_mask_pack(), or call gdn_nki.simulate, which rejects it",
+        RuntimeWarning,
+        stacklevel=4,
+    )

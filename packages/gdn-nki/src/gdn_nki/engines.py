@@ -14,10 +14,12 @@ They only rank engines; the cost model, not this module, is what measures the ke
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .backend import nisa
+from .kernel_assert import kernel_assert
 
 VECTOR = nisa.engine.vector
 SCALAR = nisa.engine.scalar
@@ -28,16 +30,12 @@ CLOCK_GHZ = {VECTOR: 0.96, SCALAR: 1.2, GPSIMD: 1.2}  # Trn2 engine clocks (§4.
 GPSIMD_START = 150  # cycles before a GpSimd select/iota streams (§4.5)
 # Time from an instruction's end to a dependent instruction's start on another engine (semaphore + pipeline drain):
 # PERF measured dependent ScalarE instructions every ~264 cycles, MIN_II of them streaming (§4.2), so ~200 cycles,
-# ~200 ns at these clocks (INFER; nki-cpu charges the same). Used to rank a form that waits on one instruction more.
-# Measured (one lane, bf16, S=2048 / 8192): 0 ns 50.4 / 183.1 µs, 100 ns 49.5 / 181.8, 200 ns 49.2 / 180.4,
-# 400 ns 49.7 / 181.6, 1000 ns 50.4 / 187.8.
+# ~200 ns at these clocks (INFER; nki-cpu charges the same). Used to rank a form that waits on one instruction more;
+# of the values swept (PERFORMANCE.md), 200 ns gives the shortest estimated makespans.
 DEPENDENCY_NS = 200.0
 # How far an engine's issued work may trail the busiest engine's (about ten 128-element instructions): enough to
-# absorb the next step's burst, too little to bank a whole phase of idleness. Re-measured on the current kernel (one
-# lane; bf16 schur S=2048 / 8192, fp32 schur S=2048 / 8192, 32 lanes S=128, neumann S=2048, µs): 500 ns 44.8 / 148.9,
-# 71.9 / 261.1, 81.3, 102.7; 750 ns 43.7 / 141.6, 72.7 / 264.2, 79.1, 101.9; 1000 ns 43.9 / 142.3, 72.0 / 260.2, 79.5,
-# 102.5; 1500 ns 43.9 / 142.9, 72.2 / 259.9, 78.8, 102.7; 2000 ns 44.1 / 144.5, 72.4 / 261.9, 78.7, 103.6; 4000 ns
-# 44.1 / 145.7 (bf16).
+# absorb the next step's burst, too little to bank a whole phase of idleness (a tuning knob: of the values swept
+# over bf16 and fp32, one lane and 32 lanes, schur and neumann, 1000 ns is never far from the best; PERFORMANCE.md).
 IDLE_CREDIT_NS = 1000.0
 
 
@@ -104,12 +102,26 @@ class Balancer:
         return self.charge(engine, ns)
 
 
-BALANCER = Balancer()
+_ACTIVE: contextvars.ContextVar[Balancer] = contextvars.ContextVar("gdn_nki_balancer")
 
 
-def reset() -> None:
-    """Start a new trace with empty queues (called once per kernel launch)."""
-    BALANCER.__init__()
+@contextlib.contextmanager
+def balancing(balancer: Balancer) -> Iterator[Balancer]:
+    """Make ``balancer`` the one the tile helpers (``tiles``) charge and ask while the block runs: a launch creates
+    its own (``api.emit``) and hands it to the pipeline, so no estimate outlives or leaks between traces."""
+    token = _ACTIVE.set(balancer)
+    try:
+        yield balancer
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> Balancer:
+    """The balancer of the launch being traced (``balancing``)."""
+    balancer = _ACTIVE.get(None)
+    kernel_assert(balancer is not None, "gdn_nki: no engine balancer is active; issue kernel work inside "
+                  "engines.balancing(Balancer())")  # fmt: skip
+    return balancer
 
 
 def free_elements(tile: Any) -> int:

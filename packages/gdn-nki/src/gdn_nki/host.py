@@ -8,28 +8,28 @@ from collections.abc import Callable
 import numpy as np
 
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, Violation, enforce, validate
+from gdn_ref.contract import Arguments, ContractError, Violation
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import build_mask_pack
+from gdn_ref.packed import (
+    cu_seqlens_violations,
+    layout_violations,
+    packed_token_count,
+    pool_row_violations,
+    state_indices_violations,
+    tensor_violations,
+)
 
 from . import backend
 from .api import gdn_cte
+from .plan import packed_plan
 from .torch_io import accepts_torch
-from .varlen import (
-    cu_seqlens_violations,
-    gdn_cte_varlen,
-    layout_violations,
-    pack_padded,
-    packed_token_count,
-    padded_offsets,
-    pool_row_violations,
-    state_slot_violations,
-    tensor_violations,
-    unpack_padded,
-)
+from .varlen import gdn_cte_varlen
 
 # Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
 LNC_DEGREES = (1, 2)
+# The arguments with a token axis (axis 2): what padding and packing change.
+TOKEN_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
 
 
 @accepts_torch
@@ -73,20 +73,16 @@ def simulate(
         it was.
     """
     _check_grid(grid)
-    enforce(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, values=check_values
-    )
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    violations = call.violations(values=check_values)
+    if violations:
+        raise ContractError(violations)
     kernel = gdn_cte if grid is None else gdn_cte[grid]
-    staged = None if recurrent_state is None else np.array(recurrent_state, order="C", copy=True)
-    out, final_state = backend.simulate(kernel)(
-        query, key, value, g_log, beta, scale=scale, algorithm=algorithm, mask_pack=mask_pack,
-        group_size=group_size, recurrent_state=staged,
-    )  # fmt: skip
+    staged = _stage(recurrent_state, ...)
+    out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs())
     if recurrent_state is None:
         return out, final_state
-    if on_commit is not None:
-        on_commit()
-    recurrent_state[...] = staged  # commit: the launch completed
+    _commit(recurrent_state, ..., staged, on_commit)
     return out, recurrent_state
 
 
@@ -126,20 +122,17 @@ def prefill(
         state and the real tokens' outputs are exactly those of the unpadded sequence. The caller's arguments are
         checked before padding (every rule but the sequence-length one), so an error reports the caller's sizes.
     """
-    if mask_pack is None and isinstance(algorithm, str) and algorithm == ALGORITHM_SCHUR:
-        mask_pack = build_mask_pack()
-    call = (query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
-    violations = [v for v in validate(*call, values=check_values) if v.rule_id != "seq.divisible"]
+    mask_pack = _default_mask_pack(mask_pack, algorithm)
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    violations = [v for v in call.violations(values=check_values) if v.rule_id != "seq.divisible"]
     if violations:
         raise ContractError(violations)
     seq_len = query.shape[2]
     pad = -seq_len % CHUNK_BY_ALGORITHM[algorithm]
     if pad:
-        query, key, value, g_log, beta = (_pad_tokens(x, pad) for x in (query, key, value, g_log, beta))
-    out, state = simulate(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state, check_values=False,
-        on_commit=on_commit,
-    )  # the caller's values were scanned above; the padding is zeros  # fmt: skip
+        call = call.replace(**{name: _pad_tokens(getattr(call, name), pad) for name in TOKEN_ARGUMENTS})
+    # the caller's values were scanned above; the padding is zeros
+    out, state = simulate(*call.astuple(), check_values=False, on_commit=on_commit)
     return out[:, :, :seq_len], state
 
 
@@ -148,22 +141,38 @@ def _check_grid(grid: object) -> None:
     if grid is None:
         return
     if not (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1):
-        raise ValueError(
-            f"simulate: `grid` value {grid!r} must be a positive int (programs of the launch gdn_cte[grid]). "
-            "Fix: pass grid=2, say, or None for one program"
+        rule, fix = (
+            "must be a positive int: the number of programs of the launch gdn_cte[grid]",
+            "pass grid=2, say, or None for one program",
         )
-    if grid not in LNC_DEGREES:
-        raise ContractError(
-            [
-                Violation(
-                    "launch.grid",
-                    "grid",
-                    f"= {grid!r}",
-                    "the launch grid is the logical-NeuronCore degree: 1 or 2 on Trn2/Trn3 (docs/nki-sources.md §1.3)",
-                    "pass grid=None, 1 or 2; the kernel splits the lanes over the programs itself",
-                )
-            ]
+    elif grid not in LNC_DEGREES:
+        rule, fix = (
+            "the launch grid is the logical-NeuronCore degree: 1 or 2 on Trn2/Trn3 (docs/nki-sources.md §1.3)",
+            "pass grid=None, 1 or 2; the kernel splits the lanes over the programs itself",
         )
+    else:
+        return
+    raise ContractError([Violation("launch.grid", "grid", f"value {grid!r}", rule, fix)])
+
+
+def _default_mask_pack(mask_pack: np.ndarray | None, algorithm: object) -> np.ndarray | None:
+    """The caller's mask pack, or ``build_mask_pack()`` for schur when none was passed."""
+    if mask_pack is None and isinstance(algorithm, str) and algorithm == ALGORITHM_SCHUR:
+        return build_mask_pack()
+    return mask_pack
+
+
+def _stage(state: np.ndarray | None, rows: object) -> np.ndarray | None:
+    """A private C-contiguous copy of the state rows a launch reads and writes (``...``: the whole state), so a
+    launch that fails part-way leaves the caller's state as it was."""
+    return None if state is None else np.array(state[rows], order="C", copy=True)
+
+
+def _commit(state: np.ndarray, rows: object, staged: np.ndarray, on_commit: Callable[[], None] | None) -> None:
+    """Write a completed launch's staged rows into the caller's state (``on_commit`` first: it may refuse)."""
+    if on_commit is not None:
+        on_commit()
+    state[rows] = staged
 
 
 def _pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:
@@ -219,47 +228,36 @@ def prefill_varlen(
         call either completes or changes nothing.
     """
     _check_grid(grid)
-    if mask_pack is None and algorithm == ALGORITHM_SCHUR:
-        mask_pack = build_mask_pack()
+    mask_pack = _default_mask_pack(mask_pack, algorithm)
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     # The tensors' own rules first: cu_seqlens is judged against their token count, which a wrong layout
     # (seq-first tensors, a 3-D query) makes meaningless; then the packed layout; then, once all hold, the values.
-    violations = tensor_violations(
-        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
-        padded=False, values=False,
-    )  # fmt: skip
+    violations = tensor_violations(call, padded=False, values=False)
     tokens = packed_token_count(query, violations)
     if tokens is not None:
         violations += cu_seqlens_violations(cu_seqlens, query.shape[0], tokens)
-    violations += state_slot_violations(state_indices)
+    violations += state_indices_violations(state_indices)
     if violations or tokens is None:
         raise ContractError(violations)
-    cu = [int(c) for c in np.asarray(cu_seqlens)]
-    slots = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
-    chunk = CHUNK_BY_ALGORITHM[algorithm]
-    starts, seq_chunks = padded_offsets(np.diff(cu), chunk)
-    violations = layout_violations(query, value, algorithm, recurrent_state, seq_chunks, slots, padded=False)
+    rows = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
+    plan = packed_plan(np.diff(np.asarray(cu_seqlens)), CHUNK_BY_ALGORITHM[algorithm])
+    violations = layout_violations(query, value, algorithm, recurrent_state, plan.seq_chunks, rows, padded=False)
     if not violations and check_values:
         violations = check_values_of(query, key, value, g_log, beta)  # the state's named rows: below
     if violations:
         raise ContractError(violations)
-    rows = list(slots if slots is not None else range(len(seq_chunks)))
-    # Stage the named rows: the kernel reads and writes a private [N, Hv, Dk, Dv] copy, committed to the caller's
-    # state only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
-    staged = None if recurrent_state is None else np.ascontiguousarray(recurrent_state[rows])
+    # The kernel reads and writes a private [N, Hv, Dk, Dv] copy of the named rows, committed to the caller's state
+    # only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
+    state_rows = list(rows if rows is not None else range(len(plan.seq_chunks)))
+    staged = _stage(recurrent_state, state_rows)
     if staged is not None and check_values:
-        violations = pool_row_violations(staged, slots)
+        violations = pool_row_violations(staged, rows)
         if violations:
             raise ContractError(violations)
-    padded_len = sum(seq_chunks) * chunk
-    packed = [pack_padded(x, cu, starts, padded_len) for x in (query, key, value, g_log, beta)]
+    packed = call.replace(**{name: plan.pack(getattr(call, name)) for name in TOKEN_ARGUMENTS}, recurrent_state=staged)
     kernel = gdn_cte_varlen if grid is None else gdn_cte_varlen[grid]
-    out, final_state = backend.simulate(kernel)(
-        *packed, scale=scale, algorithm=algorithm, mask_pack=mask_pack, group_size=group_size,
-        recurrent_state=staged, seq_chunks=seq_chunks, state_slots=None,
-    )  # fmt: skip
+    out, final_state = backend.simulate(kernel)(**packed.as_kwargs(), seq_chunks=plan.seq_chunks, state_rows=None)
     if recurrent_state is None:
-        return unpack_padded(out, cu, starts), final_state
-    if on_commit is not None:
-        on_commit()
-    recurrent_state[rows] = staged  # commit: the launch completed
-    return unpack_padded(out, cu, starts), recurrent_state
+        return plan.unpack(out), final_state
+    _commit(recurrent_state, state_rows, staged, on_commit)
+    return plan.unpack(out), recurrent_state

@@ -1,12 +1,12 @@
 """The neumann intra-chunk inverse (chunk 64): 16-row diagonal sub-blocks by recursive doubling, joined by block
 substitution.
 
-It inverts the upper-triangular system it is given, ``I + Aᵀ`` (``stages.Chunk.a_t``), and the result is the
-``Invᵀ = (I + Aᵀ)⁻¹`` stage 3 multiplies with — no transpose at the end. With ``Aᵀ = A_d + N`` (``A_d`` the
-strictly-upper parts of the four 16×16 diagonal blocks, ``N`` the strictly block-upper rest):
+It inverts the upper-triangular system it is given, ``I + Aᵀ`` (``chunks.Chunk.a_t``), and the result is the
+``Invᵀ = (I + Aᵀ)⁻¹`` the transition stage multiplies with — no transpose at the end. With ``Aᵀ = A_d + N``
+(``A_d`` the strictly-upper parts of the four 16×16 diagonal blocks, ``N`` the strictly block-upper rest):
 
 - ``X_d = (I + A_d)⁻¹ = (I + P)(I + P²)(I + P⁴)(I + P⁸)`` with ``P = −A_d`` (nilpotent: P¹⁶ = 0, so exact).
-  Doubling works on 16-row blocks only: on whole 64-chunks its intermediates reach 1e13+ (gdn-math §3.3).
+  Doubling works on 16-row blocks only: on whole 64-chunks its intermediates reach 1e13+.
 - Block back substitution ``Inv_i = X_ii (E_i − Σ_{m>i} N_im Inv_m)`` for the four block rows, run on all rows
   at once as ``Inv ← X_d − (X_d N) Inv`` starting from ``X_d``: sweep t makes one more block row exact (X_d N is
   nilpotent of index 4), so three sweeps give the exact inverse.
@@ -14,8 +14,11 @@ strictly-upper parts of the four 16×16 diagonal blocks, ``N`` the strictly bloc
 Chunks of a group run level-major, like schur's merge, so independent same-kind instructions are issued together.
 
 The whole inverse runs in fp32 whatever the compute dtype, and only the result is rounded to it: the doubling
-forms powers of the 16×16 blocks, which reach ~1e3 for near-collinear keys (gdn-math §3.3) and must cancel back
-to entries of order 1 — in bf16 that cancellation destroys the result (measured rel. error > 0.5).
+forms powers of the 16×16 blocks, which reach ~1e3 for near-collinear keys and must cancel back to entries of
+order 1 — in bf16 that cancellation destroys the result (measured rel. error > 0.5).
+
+gdn_ref twin: ``gdn_ref.inverse.neumann_inverse`` (the same doubling and substitution, float64, with operand
+rounding hooks).
 """
 
 from __future__ import annotations
@@ -23,20 +26,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from gdn_ref.constants import CHUNK_NEUMANN as CHUNK
+from gdn_ref.constants import SUBBLOCK_NEUMANN as SUBBLOCK
+
 from . import tiles
 from .backend import nisa, nl
-from .stages import Chunk, Constants
+from .chunks import Chunk
+from .constant_tiles import Constants
 from .tiles import FP32
 
-CHUNK = 64
-SUBBLOCK = 16
 DOUBLING_ROUNDS = 3  # (I + P) then three squarings: P², P⁴, P⁸
 SUBSTITUTION_SWEEPS = CHUNK // SUBBLOCK - 1
 GROUP_SIZE = 8  # chunks per level-major group (the group_size knob is schur's)
-# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``). Measured, one
-# lane bf16, S = 2048 / 8192: 0 rounds 98.4 / 366.3 µs, 1 round 100.0 / 366.2, 2 rounds 99.9 / 371.2, 3 rounds 98.9 /
-# 368.6: none pays here.
-STAGE1_IDLE_ROUNDS = 0
+# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.operand_idle_rounds``): none pays
+# with this inverse's steps (PERFORMANCE.md).
+OPERAND_IDLE_ROUNDS = 0
 
 
 def build_block_planes(consts: Constants, dtype: Any) -> Iterator[None]:
@@ -81,8 +85,8 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     diag_inverse = yield from _diagonal_blocks_inverse(a_list, consts, FP32)
     inverse = yield from _block_substitution(a_list, diag_inverse, consts, FP32)
     for chunk, inv in zip(chunks, inverse, strict=True):
-        # into its unit's chain slot (``stages.ChainSlot``), which stage 3 reads, rounded to the compute dtype
-        dst = chunk.slot.inverse_t if chunk.slot is not None else tiles.sbuf(tuple(inv.shape), dtype)
+        # into its place in the unit's tile set (``chunks.ChunkTiles``), which the transition stage reads, rounded to the compute dtype
+        dst = chunk.place.inverse_t if chunk.place is not None else tiles.sbuf(tuple(inv.shape), dtype)
         chunk.inverse_t = tiles.copy_to(dst, inv)
 
 

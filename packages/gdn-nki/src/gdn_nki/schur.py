@@ -5,10 +5,10 @@ the block-diagonal inverses of the current block size h, the merged inverse (blo
 where ``R̃ = A ∘ (−off)`` keeps A's lower-left h×h quadrant of every merged block, negated (mask pack planes
 4..9). Level 0 (2×2 blocks) is ``Inv = I − A ∘ off0``. Levels 1..6 double the block size to 128.
 
-The system arrives transposed and the result leaves transposed: the kernel hands over ``Aᵀ`` (``stages.Chunk.a_t``,
-made from Γᵀ without a transpose) and stage 3 multiplies with ``Invᵀ``. ``nc_matmul`` computes stationaryᵀ·moving,
-so with ``Aᵀ`` as the stationary operand every product with the system reads A itself: ``mid = R̃·Inv`` is
-``(Aᵀ)ᵀ Inv`` masked, and from it ``Inv R̃ Inv = (Invᵀ)ᵀ·mid`` and ``(Inv R̃ Inv)ᵀ = midᵀ·Invᵀ``. The masks are
+The system arrives transposed and the result leaves transposed: the kernel hands over ``Aᵀ``
+(``chunks.Chunk.a_t``, made from Γᵀ without a transpose) and the transition stage multiplies with ``Invᵀ``.
+``nc_matmul`` computes stationaryᵀ·moving, so with ``Aᵀ`` as the stationary operand every product with the system
+reads A itself: ``mid = R̃·Inv`` is ``(Aᵀ)ᵀ Inv`` masked, and from it ``Inv R̃ Inv = (Invᵀ)ᵀ·mid`` and ``(Inv R̃ Inv)ᵀ = midᵀ·Invᵀ``. The masks are
 therefore the pack's planes as they are for the compact levels, and transposed for level 0 (``off0ᵀ``, read with
 ``Aᵀ``).
 
@@ -41,6 +41,9 @@ in the other orientation, so it may differ from the transpose of ``Invᵀ`` in t
 Every level runs over all chunks of the group before the next level starts (level-major): each step issues
 ``group_size`` independent same-kind instructions, which hides each instruction's dependency latency behind its
 siblings. Do not fold this back into a per-chunk loop.
+
+gdn_ref twin: ``gdn_ref.inverse.schur_inverse`` (the same merge on full tiles, float64; ``schur_inverse_blocked``
+is its block-sparse form).
 """
 
 from __future__ import annotations
@@ -48,29 +51,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from gdn_ref.constants import CHUNK_SCHUR as CHUNK
 from gdn_ref.masks import PLANE_EYE, PLANE_OFF0, off_neg_plane
 
 from . import tiles
 from .backend import nisa, nl
-from .stages import Chunk, Constants
+from .chunks import Chunk
+from .constant_tiles import Constants
 from .tiles import FP32
 
-CHUNK = 128
 QUAD = 32  # the smallest PE tile (4×32 rows/columns from NeuronCore-v3) and the compact tiles' width
 N_QUADS = CHUNK // QUAD
 COMPACT_LEVELS = range(1, 5)
 # Chunks per batch-compact tile: one elementwise instruction of 32·BATCH elements per partition instead of BATCH
-# MIN_II-bound ones of 32. Measured (one lane, bf16): 2 is best — larger batches make each level's elementwise step
-# wait for more matmuls (S=2048: 49.5 µs at 1, 48.9 at 2, 51.1 at 4, 53.1 at 8).
+# MIN_II-bound ones of 32. 2 is best: larger batches make each level's elementwise step wait for more matmuls.
 BATCH = 2
-# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.stage1_idle_rounds``, which says
-# why), for bf16 operands and for fp32 ones. Measured, one lane, S = 2048 / 4096 / 8192 / 16384 µs, bf16: 2 rounds
-# 33.9 / 60.2 / 111.0 / 214.6, 3 rounds 33.9 / 59.6 / 109.4 / 210.9, 4 rounds 34.2 / 61.0 / 112.7 / 217.9; fp32
-# S = 2048 / 8192: 2 rounds 66.1 / 237.4, 3 rounds 66.8 / 238.0; 32 lanes S = 128 bf16 63.7 / 63.6 / 64.6 (an
-# earlier kernel: 0 rounds 35.4 / 118.2 at S = 2048 / 8192, 1 round 36.0 / 121.5; the rounds after a later phase
-# instead 118.7 to 121.9 at S = 8192).
-STAGE1_IDLE_ROUNDS = 3
-STAGE1_IDLE_ROUNDS_FP32 = 2
+# Rounds the operand stage sits out after its first phase (``lanes.LaneInputs.operand_idle_rounds``, which says
+# why), for bf16 operands and for fp32 ones: the fastest counts of those swept (PERFORMANCE.md).
+OPERAND_IDLE_ROUNDS = 3
+OPERAND_IDLE_ROUNDS_FP32 = 2
 
 
 def load_merge_planes(mask_pack: Any, consts: Constants, dtype: Any) -> Iterator[None]:
@@ -110,7 +109,7 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
     a_t = [chunk.a_t for chunk in chunks]
     batches = [slice(i, i + BATCH) for i in range(0, len(a_t), BATCH)]
     both = dtype != FP32  # carry Invᵀ beside Inv (see below); with fp32 operands its products cost more than the
-    if both:  # transposes they replace (measured: fp32 S=2048 77.8 -> 78.5 µs), so fp32 transposes each level
+    if both:  # transposes they replace, so fp32 transposes each level
         # Level 0 straight into the compact tiles: I + (Aᵀ ∘ (−off0ᵀ)) summed by the tensor engine (exact: the two
         # terms never overlap), each orientation beside the other; no full-tile inverse and no subtract.
         off0 = [tiles.multiply(x, consts.planes["off0_t_neg"], dtype) for x in a_t]
@@ -131,14 +130,11 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
             for b, inv in zip(batches, inverse, strict=True)
         ]
         # A step of its own: the chain's tensor-engine work, issued between the two, fills the wait for the masks
-        # (measured, one lane bf16: S = 8192 146.1 -> 144.5 µs)
         yield
         products = [_diagonal_product(inv_t, m) for inv_t, m in zip(blocks_t, mid, strict=True)]  # Inv R̃ Inv
         # Inv's merge on the vector engine straight from PSUM, one instruction: the next level's mid waits on it,
         # and the balancer's staged form (a scalar-engine evacuation, then GpSimd's add) is one dependency more
-        # on every level's path; the Invᵀ merge, read a step later, stays the balancer's (measured, one lane bf16
-        # schur: S = 2048 38.3 µs either way, S = 8192 134.3 -> 134.1, fp32 S = 2048 69.7 -> 68.4, S = 8192
-        # 257.6 -> 252.4, 32 lanes S = 128 71.8 -> 71.1; both merges forced: 38.8 / 136.4, 32 lanes 73.2).
+        # on every level's path; the Invᵀ merge, read a step later, stays the balancer's (forcing both is slower).
         inverse = [_merge(inv, p, dtype, engine=tiles.VECTOR) for inv, p in zip(inverse, products, strict=True)]
         if both:
             # (Inv R̃ Inv)ᵀ = (R̃ Inv)ᵀ·Invᵀ from the same mid, merged into the compact Invᵀ: the next level's Invᵀ
@@ -152,7 +148,7 @@ def invert_group(chunks: list[Chunk], consts: Constants, dtype: Any) -> Iterator
         yield
     inverse_t = [x[:, c, :] for x in compact_t for c in range(x.shape[1])]
     inverse = [x[:, c, :] for x in inverse for c in range(x.shape[1])]
-    full_t = [chunk.slot.inverse_t for chunk in chunks]
+    full_t = [chunk.place.inverse_t for chunk in chunks]
     upper = []  # per chunk, Inv's upper-left 64-block (level 6 reads it)
     for step in _level5(a_t, inverse, inverse_t, full_t, upper, consts.eye, dtype):
         yield step
@@ -255,8 +251,8 @@ def _off_block_product(a_t: list[Any], plane: Any, inverse: Any, dtype: Any) -> 
 
     The multiply runs on the vector engine straight from PSUM, never staged (a scalar-engine evacuation, then
     GpSimd's multiply) as the balancer may prefer when the vector engine is busy: it sits on each level's critical
-    path, where a second instruction costs one more dependency latency (measured, one lane bf16 schur: S = 2048
-    45.0 -> 44.5 µs, S = 8192 151.5 -> 148.4 µs). So does the merge of Inv (``invert_group``).
+    path, where a second instruction costs one more dependency latency. So does the merge of Inv
+    (``invert_group``).
     """
     product = tiles.psum(tuple(inverse.shape))
     for c, x_t in enumerate(a_t):
@@ -284,7 +280,7 @@ def _level5(
     block u of the 64-block of ``Invᵀ`` is then ``[Invᵀ_u, n_vᵀ Invᵀ_v]`` and row block v ``[0, Invᵀ_v]``: the
     diagonal blocks are identity products of the compact ``Inv`` (exact; as stationary it comes out transposed, and
     the identity's rows carry the zeros beside ``Invᵀ_v``), so one evacuation per 64-block writes all of it. The
-    full tile's lower-left 64-block is zero from the launch on (``stages.chain_slots``); level 6 writes the
+    full tile's lower-left 64-block is zero from the launch on (``chunks.allocate_tile_sets``); level 6 writes the
     upper-right one. Inv's upper-left 64-block ``[[Inv_0, 0], [Invᵀ_off01ᵀ = Invᵀ_1ᵀ n_1, Inv_1]]`` comes from the
     same tiles by the same kind of products. Yields once.
     """
@@ -300,9 +296,8 @@ def _level5(
             for c, i in enumerate(members):
                 x_t, inv = a_t[i], inverse[i]
                 _tile_matmul(off_psum[_quad(v), c, :], x_t[_quad(u), _quad(v)], inv[_quad(u), :], u * QUAD, v * QUAD)
-            # One pair's copies on each engine: the balancer put all sixteen of a unit on the scalar engine, one
-            # queue on the path (measured, one lane bf16 schur: S = 2048 38.3 -> 37.4 µs, S = 8192 134.1 -> 132.7,
-            # 32 lanes S = 128 71.1 -> 70.6; fp32 unchanged; all on the vector engine: 38.5 / 136.9, 72.7)
+            # One pair's copies on each engine: the balancer would put all sixteen of a unit on the scalar engine,
+            # one queue on the path (all on the vector engine is slower too)
             engine = (tiles.SCALAR, tiles.VECTOR)[v // 2]
             tiles.copy_to(off[_quad(v), :, :], off_psum[_quad(v), :, :], scale=-1.0, engine=engine)
         offs.extend(off[:, c, :] for c in range(len(members)))
@@ -313,9 +308,8 @@ def _level5(
             _tile_matmul(product[_quad(u), :QUAD], inv[_quad(u), :], eye[_quad(u), _quad(u)], u * QUAD, u * QUAD)
             _tile_matmul(product[_quad(u), QUAD:], off[_quad(v), :], inv_t[_quad(v), :], v * QUAD, u * QUAD)
             _tile_matmul(product[_quad(v), :], inv[_quad(v), :], eye[_quad(v), cols], v * QUAD, v * QUAD)
-        # On the vector engine (measured before the n_v copies were split: S = 8192 148.4 -> 147.2 µs with the
-        # output's evacuations free too, against the balancer's choice for both; after: one of the two on the
-        # scalar engine, 134.1 against 132.7).
+        # On the vector engine, not the balancer's choice: faster once the n_v copies above are split over two
+        # engines.
         for h in range(2):
             tiles.copy_to(full[_quad(h, half), _quad(h, half)], product[_quad(h, half), :], engine=tiles.VECTOR)
         upper_psum = tiles.psum((half, half))

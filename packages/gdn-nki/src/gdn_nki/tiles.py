@@ -1,6 +1,6 @@
 """Small helpers for allocating on-chip tiles and issuing the kernel's elementwise work.
 
-Every elementwise helper here asks :mod:`engines` which engine should run it: fixed instructions (exp on the
+Every elementwise helper here asks the launch's balancer (``engines.active``) which engine should run it: fixed instructions (exp on the
 scalar engine, two-tile ops reading PSUM on the vector engine) are charged to their engine, and flexible ones
 (PSUM evacuations, SBUF-only multiplies and row scalings, copies) go to whichever candidate engine has the least
 work queued. Matmuls and transposes run on the tensor engine.
@@ -12,7 +12,7 @@ from typing import Any
 
 from . import engines
 from .backend import nisa, nl
-from .engines import BALANCER, GPSIMD, SCALAR, VECTOR, free_elements, stream_ns
+from .engines import GPSIMD, SCALAR, VECTOR, active, free_elements, stream_ns
 
 FP32 = nl.float32
 BF16_LIKE = (nl.bfloat16, nl.float16)
@@ -62,7 +62,7 @@ def copy_to(dst: Any, src: Any, scale: float = 1.0, engine: Any = None) -> Any:
         options.append((GPSIMD, stream_ns(GPSIMD, n)))
     if engine is not None:
         options = [option for option in options if option[0] == engine]
-    engine = BALANCER.pick(options)
+    engine = active().pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
     elif scale == 1.0:
@@ -80,24 +80,25 @@ def combine(dst: Any, a: Any, b: Any, op: Any, engine: Any = None) -> Any:
     form charged one dependency latency more (its result waits on two instructions in a row, not one).
     """
     n = free_elements(a)
+    balancer = active()
     if engine is not None:
-        BALANCER.charge(engine, stream_ns(engine, n, 1.0 if engine != VECTOR else 2.0))
+        balancer.charge(engine, stream_ns(engine, n, 1.0 if engine != VECTOR else 2.0))
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=engine)
         return dst
     if not (in_psum(a) or in_psum(b)):
         vector_passes = 0.5 if _narrow(a, b, dst) else 2.0
-        engine = BALANCER.pick([(GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, stream_ns(VECTOR, n, vector_passes))])
+        engine = balancer.pick([(GPSIMD, stream_ns(GPSIMD, n)), (VECTOR, stream_ns(VECTOR, n, vector_passes))])
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=engine)
         return dst
-    direct = BALANCER.load[VECTOR] + stream_ns(VECTOR, n)
-    staged = max(BALANCER.load[SCALAR] + stream_ns(SCALAR, n), BALANCER.load[GPSIMD]) + stream_ns(GPSIMD, n)
+    direct = balancer.load[VECTOR] + stream_ns(VECTOR, n)
+    staged = max(balancer.load[SCALAR] + stream_ns(SCALAR, n), balancer.load[GPSIMD]) + stream_ns(GPSIMD, n)
     staged += engines.DEPENDENCY_NS  # one hop more (scalar -> GpSimd) on the op's dependency path
-    if BALANCER.decide(direct <= staged):
-        BALANCER.charge(VECTOR, stream_ns(VECTOR, n))
+    if balancer.decide(direct <= staged):
+        balancer.charge(VECTOR, stream_ns(VECTOR, n))
         nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=VECTOR)
         return dst
     a, b = (_staged(x) for x in (a, b))
-    BALANCER.charge(GPSIMD, stream_ns(GPSIMD, n))
+    balancer.charge(GPSIMD, stream_ns(GPSIMD, n))
     nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=GPSIMD)
     return dst
 
@@ -106,7 +107,7 @@ def _staged(x: Any) -> Any:
     """An SBUF copy of a PSUM tile made by the scalar engine (fp32, exact); SBUF tiles pass through."""
     if not in_psum(x):
         return x
-    BALANCER.charge(SCALAR, stream_ns(SCALAR, free_elements(x)))
+    active().charge(SCALAR, stream_ns(SCALAR, free_elements(x)))
     staged = sbuf(tuple(x.shape), FP32)
     nisa.activation(dst=staged, op=nl.copy, data=x)
     return staged
@@ -129,7 +130,7 @@ def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None, among: tuple[An
         options.append((GPSIMD, stream_ns(GPSIMD, n)))
     if among is not None:
         options = [option for option in options if option[0] in among]
-    engine = BALANCER.pick(options)
+    engine = active().pick(options)
     if engine == SCALAR:
         nisa.activation(dst=dst, op=nl.copy, data=x, scale=column)
     elif engine == GPSIMD:
@@ -142,14 +143,14 @@ def scale_rows(x: Any, column: Any, dtype: Any, dst: Any = None, among: tuple[An
 def exp(data: Any, bias: Any = None, scale: float = 1.0, dtype: Any = FP32) -> Any:
     """``exp(scale * data + bias)`` on the scalar engine into a new tile (bias is a [P, 1] tile)."""
     dst = sbuf(tuple(data.shape), dtype)
-    BALANCER.charge(SCALAR, stream_ns(SCALAR, free_elements(data)))
+    active().charge(SCALAR, stream_ns(SCALAR, free_elements(data)))
     nisa.activation(dst=dst, op=nl.exp, data=data, bias=bias, scale=scale)
     return dst
 
 
 def scale_add(dst: Any, data: Any, column: Any, tile: Any) -> Any:
     """``dst = data * column + tile`` in one vector-engine instruction (``column`` is [P, 1])."""
-    BALANCER.charge(VECTOR, stream_ns(VECTOR, free_elements(data), 2.0))
+    active().charge(VECTOR, stream_ns(VECTOR, free_elements(data), 2.0))
     nisa.scalar_tensor_tensor(dst=dst, data=data, op0=nl.multiply, operand0=column, op1=nl.add, operand1=tile)
     return dst
 
@@ -159,7 +160,7 @@ def select_by_diagonal(dst: Any, on_true_tile: Any, on_false_value: float, cmp_o
 
     A select, not a multiply: values it replaces may be inf (an overflowed exp) and never meet the fill.
     """
-    BALANCER.charge(GPSIMD, stream_ns(GPSIMD, free_elements(dst), start=engines.GPSIMD_START))
+    active().charge(GPSIMD, stream_ns(GPSIMD, free_elements(dst), start=engines.GPSIMD_START))
     nisa.affine_select(
         dst=dst,
         pattern=[[1, dst.shape[1]]],

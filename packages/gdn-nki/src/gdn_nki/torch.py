@@ -25,6 +25,7 @@ import numpy as np
 from gdn_ref.activations import beta_from_logit, log_decay_from_gate
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import ContractError, first_bad_index
+from gdn_ref.packed import cu_seqlens_violations
 
 from .host import prefill_varlen
 from .torch_io import (
@@ -41,7 +42,6 @@ from .torch_io import (
     reject_unwritable_state,
     rejection,
 )
-from .varlen import cu_seqlens_violations
 
 torch = import_torch()
 

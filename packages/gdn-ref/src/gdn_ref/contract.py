@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,39 @@ def dtype_name(dtype: Any) -> str:
 def _shape(x: Any) -> tuple[int, ...] | None:
     shape = getattr(x, "shape", None)
     return None if shape is None else tuple(int(d) for d in shape)
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """One gdn_cte call's arguments exactly as passed (``ARGUMENTS``, in order): the one bundle the entry points
+    hand each other instead of spelling the ten out."""
+
+    query: Any
+    key: Any
+    value: Any
+    g_log: Any
+    beta: Any
+    scale: Any
+    algorithm: Any
+    mask_pack: Any
+    group_size: Any
+    recurrent_state: Any
+
+    def astuple(self) -> tuple[Any, ...]:
+        """The arguments in ``ARGUMENTS`` order (positional form of ``gdn_cte``)."""
+        return tuple(getattr(self, name) for name in ARGUMENTS)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The arguments by name (keyword form of ``gdn_cte``)."""
+        return {name: getattr(self, name) for name in ARGUMENTS}
+
+    def replace(self, **changes: Any) -> Arguments:
+        """A copy with some arguments replaced (e.g. padded tensors, a staged state)."""
+        return replace(self, **changes)
+
+    def violations(self, *, host: bool = True, values: bool = True) -> list[Violation]:
+        """``validate`` of these arguments."""
+        return validate(*self.astuple(), host=host, values=values)
 
 
 class Call:
@@ -574,7 +607,7 @@ G_LOG_DOMAIN = Rule(
 )
 
 # The spec's (0, 1) with its end points: an fp32 sigmoid rounds to exactly 1 from x ≈ 17 and to 0 far below
-# (x ≲ −88 to −104, by formula), and a padding token (gdn_nki.varlen) carries β = 0, a token that writes nothing.
+# (x ≲ −88 to −104, by formula), and a padding token (gdn_nki.plan) carries β = 0, a token that writes nothing.
 # β > 1 (FLA's allow_neg_eigval reaches 2) is outside the contract the kernels' precision is tested for.
 BETA_DOMAIN = Rule(
     "beta.domain",
