@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, loops, opcodes, state
+from nki_cpu import checks, loops, opcodes, operands, state
 from nki_cpu import isa as nisa
 from nki_cpu.dtypes import (
     bfloat16,
@@ -125,12 +125,12 @@ class tile_size:  # noqa: N801 - the NKI name
     gemm_moving_fmax = 512
     psum_bank_fmax = 512
     psum_fmax = 512
-    psum_bank_fmax_bytes = state.PSUM_BANK_BYTES
-    psum_num_banks = state.PSUM_BANKS
+    psum_bank_fmax_bytes = checks.PSUM_BANK_BYTES
+    psum_num_banks = checks.PSUM_BANKS
     bn_stats_fmax = 512
-    sbuf_fmax_bytes = state.SBUF_BYTES_PER_PARTITION
-    sbuf_fmax = state.SBUF_BYTES_PER_PARTITION // 4
-    total_available_sbuf_size = state.SBUF_BYTES_PER_PARTITION
+    sbuf_fmax_bytes = checks.SBUF_BYTES_PER_PARTITION
+    sbuf_fmax = checks.SBUF_BYTES_PER_PARTITION // 4
+    total_available_sbuf_size = checks.SBUF_BYTES_PER_PARTITION
     sbuf_size_bytes = 28 * 1024 * 1024
     psum_min_align = 4
     sbuf_min_align = 4
@@ -167,7 +167,7 @@ def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = ""
         The new tensor, with storage independent of every other allocation.
     """
     if isinstance(buffer, str) and not isinstance(buffer, MemoryRegion):
-        checks.rule(
+        operands.rule(
             "buffer_strings",
             f"ndarray buffer {buffer!r} is a string; pass nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm (NKI 0.3.0+)",
         )
@@ -564,7 +564,7 @@ def broadcast_to(x: NkiTensor, shape: Sequence[int], **_: Any) -> NkiTensor:
     """Expand size-1 dims of ``x`` to ``shape`` (same rank; partition broadcast runs on TensorE)."""
     shape = tuple(shape)
     if len(shape) != x.ndim:
-        raise AssertionError(f"broadcast_to needs the same rank: {x.shape} -> {shape}")
+        checks.fail(f"broadcast_to shape must have the rank of {x.shape}, got {tuple(shape)}")
     src = x
     if x.shape[0] == 1 and shape[0] > 1:
         ones_row = ndarray((1, shape[0]), float32 if x.dtype == float32 else x.dtype, sbuf)

@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from nki_cpu import state
+from nki_cpu import checks, state
 from nki_cpu.cost.record import InstructionRecord
 
 _loop_ids = itertools.count(1)
@@ -64,17 +64,16 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
         construct: the loop's name for error messages (``"fori_loop"``).
 
     Raises:
-        AssertionError: an iteration issued different instructions, or touched other tiles, than the first.
+        checks.NkiValidationError: an iteration issued different instructions, or touched other tiles, than the first.
     """
     launch = state.current()
     if launch.no_reorder_block is not None:
-        from nki_cpu import checks  # late: checks imports tensor, which imports state
-
         checks.rule(
             "loop_in_no_reorder",
             f"{construct} inside nl.no_reorder(): a compiled loop is not supported in a no_reorder block "
             "(nki.language.no_reorder, v2.32.0 and latest); move the loop out of the block, or use a Python for "
             "loop, which is unrolled",
+            launch.relaxed,
         )
     records = launch.trace.records
     frame = LoopFrame()
@@ -94,39 +93,13 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
             if first is None:
                 first = body
             elif body != first:
-                raise AssertionError(_mismatch(construct, n, first, body))
+                checks.fail(_mismatch(construct, n, first, body))
     finally:
         launch.trace.boundaries.append(len(records))
         if repeating:
             launch.loop_repeats -= 1
         launch.loops.remove(frame)
         launch.ended_loops[frame.id] = frame.iteration
-
-
-def check_body_tiles(launch: state.Launch, record: InstructionRecord) -> None:
-    """Reject an instruction touching a tile a compiled loop's body allocated in another iteration (module
-    docstring); called for every record while such tiles exist."""
-    running = {frame.id: frame.iteration for frame in launch.loops}
-    for region in (*record.reads, *record.writes):
-        tag = launch.body_allocations.get(region.storage_id)
-        if tag is None:
-            continue
-        for loop_id, iteration in tag:
-            now = running.get(loop_id)
-            if now is not None and now != iteration:
-                raise AssertionError(
-                    f"{record.opcode}: touches a tile allocated in iteration {iteration} of a compiled loop's body, "
-                    f"in iteration {now}. The body is traced once (nki.language.fori_loop, SDK 2.33): its tiles are "
-                    "one allocation that every iteration reuses, so a previous iteration's tile holds this "
-                    "iteration's data. Fix: allocate tiles whose values cross iterations before the loop"
-                )
-            last = launch.ended_loops.get(loop_id)
-            if now is None and last is not None and iteration != last:
-                raise AssertionError(
-                    f"{record.opcode}: touches a tile allocated in iteration {iteration} of a compiled loop that "
-                    f"ended after iteration {last}. The body is traced once, so after the loop its tiles hold the "
-                    "last iteration's data. Fix: allocate tiles whose values outlive the loop before it"
-                )
 
 
 def _mismatch(construct: str, n: int, first: list[tuple[Any, ...]], body: list[tuple[Any, ...]]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import dtypes, state
+from nki_cpu import checks, dtypes, state
 from nki_cpu.cost.record import Region
 from nki_cpu.scalar import runtime_value
 
@@ -113,7 +113,9 @@ class Storage:
 
 def _norm_dim(dim: int, ndim: int) -> int:
     if not -ndim <= dim < ndim:
-        raise IndexError(f"dimension {dim} out of range for a {ndim}-D tensor")
+        checks.fail(
+            f"tensor dim must be in [-{ndim}, {ndim}) for a {ndim}-D tensor, got {dim}", checks.OutOfBoundsError
+        )
     return dim % ndim
 
 
@@ -259,9 +261,10 @@ class NkiTensor:
             return
         lo, hi = self._extent()
         if lo < 0 or hi >= self._storage_elems():
-            raise IndexError(
-                f"nki-cpu: view {self.shape} (strides {self.strides}, offset {self.offset}) reaches elements "
-                f"[{lo}, {hi}] outside its allocation of {self._storage_elems()} elements"
+            checks.fail(
+                f"view {self.shape} (strides {self.strides}, offset {self.offset}) elements must lie inside its "
+                f"allocation of {self._storage_elems()} elements, got [{lo}, {hi}]",
+                checks.OutOfBoundsError,
             )
 
     def _index_array(self) -> np.ndarray:
@@ -443,7 +446,10 @@ class NkiTensor:
             fill = self.ndim - (len(key) - 1)
             key = key[:at] + (slice(None),) * fill + key[at + 1 :]
         if len(key) > self.ndim:
-            raise IndexError(f"too many indices ({len(key)}) for a {self.ndim}-D tensor of shape {self.shape}")
+            checks.fail(
+                f"index of a {self.ndim}-D tensor of shape {self.shape} takes at most {self.ndim} indices, got {len(key)}",
+                checks.OutOfBoundsError,
+            )
         key = key + (slice(None),) * (self.ndim - len(key))
         shape: list[int] = []
         strides: list[int] = []
@@ -456,7 +462,10 @@ class NkiTensor:
                 runtime_start = runtime_start or not isinstance(k.start, (int, np.integer))
                 k = k.as_slice()
                 if k.start < 0 or k.stop > n:
-                    raise IndexError(f"nl.ds({k.start}, {k.stop - k.start}) out of range for dim {dim} of size {n}")
+                    checks.fail(
+                        f"nl.ds window must lie inside dim {dim} of size {n}, got [{k.start}, {k.stop})",
+                        checks.OutOfBoundsError,
+                    )
             if isinstance(k, slice):
                 start, stop, step = k.indices(n)
                 count = len(range(start, stop, step))
@@ -466,7 +475,10 @@ class NkiTensor:
             elif isinstance(k, (int, np.integer)):
                 i = int(k)
                 if not -n <= i < n:
-                    raise IndexError(f"index {i} out of range for dim {dim} of size {n} (shape {self.shape})")
+                    checks.fail(
+                        f"index of dim {dim} must be in [-{n}, {n}) (shape {self.shape}), got {i}",
+                        checks.OutOfBoundsError,
+                    )
                 i %= n
                 offset += i * s
                 if on_chip and dim == 0:
@@ -498,7 +510,7 @@ class NkiTensor:
             raise NotImplementedError("nki-cpu: dynamic select is not supported")
         n = self.shape[dim]
         if not -n <= index < n:
-            raise IndexError(f"select index {index} out of range for dim {dim} of size {n}")
+            checks.fail(f"select index must be in [-{n}, {n}) for dim {dim}, got {index}", checks.OutOfBoundsError)
         index %= n
         shape = self.shape[:dim] + self.shape[dim + 1 :]
         strides = self.strides[:dim] + self.strides[dim + 1 :]
@@ -510,16 +522,16 @@ class NkiTensor:
         if sorted(dims) != list(range(self.ndim)):
             raise ValueError(f"permute dims {dims} are not a permutation of {self.ndim} dims")
         if self._on_chip and dims[0] != 0:
-            raise AssertionError(f"permute of an on-chip tensor must keep the partition dim first, got {dims}")
+            checks.fail(f"permute dims of an on-chip tensor must keep the partition dim first, got {dims}")
         return self._make([self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset)
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
         """Repeat a size-1 dim ``size`` times with stride 0."""
         dim = _norm_dim(dim, self.ndim)
         if self.shape[dim] != 1:
-            raise AssertionError(f"broadcast dim {dim} must have size 1, got {self.shape[dim]}")
+            checks.fail(f"broadcast dim {dim} must have size 1, got {self.shape[dim]}")
         if self._on_chip and dim == 0:
-            raise AssertionError("broadcast of the partition dim of an on-chip tensor is not allowed")
+            checks.fail(f"broadcast dim of an on-chip tensor must not be the partition dim, got {dim}")
         shape = list(self.shape)
         strides = list(self.strides)
         shape[dim] = size
@@ -530,7 +542,7 @@ class NkiTensor:
         """Insert a size-1 dim at ``dim``."""
         dim = dim % (self.ndim + 1)
         if self._on_chip and dim == 0:
-            raise AssertionError("expand_dim cannot insert before the partition dim of an on-chip tensor")
+            checks.fail(f"expand_dim dim of an on-chip tensor must come after the partition dim, got {dim}")
         shape = list(self.shape)
         strides = list(self.strides)
         shape.insert(dim, 1)
@@ -541,7 +553,7 @@ class NkiTensor:
         """Remove a size-1 dim."""
         dim = _norm_dim(dim, self.ndim)
         if self.shape[dim] != 1:
-            raise AssertionError(f"squeeze_dim dim {dim} must have size 1, got {self.shape[dim]}")
+            checks.fail(f"squeeze_dim dim {dim} must have size 1, got {self.shape[dim]}")
         return self.select(dim, 0)
 
     def reshape(self, shape: Sequence[int] | int, *more: int) -> NkiTensor:
@@ -553,12 +565,15 @@ class NkiTensor:
             known = math.prod(d for d in shape if d != -1)
             shape[shape.index(-1)] = self.size // known if known else 0
         if math.prod(shape) != self.size:
-            raise AssertionError(f"reshape from {self.shape} to {tuple(shape)}: element counts differ")
+            checks.fail(f"reshape shape must hold the {self.size} elements of {self.shape}, got {tuple(shape)}")
         if self._on_chip and shape[0] != self.shape[0]:
-            raise AssertionError(f"reshape of an on-chip tensor must keep dim 0 ({self.shape[0]}), got {shape[0]}")
+            checks.fail(f"reshape dim 0 of an on-chip tensor must stay {self.shape[0]}, got {shape[0]}")
         new_strides = _reshape_strides(self.shape, self.strides, tuple(shape))
         if new_strides is None:
-            raise AssertionError(f"reshape from {self.shape} to {tuple(shape)} is incompatible with the view layout")
+            checks.fail(
+                f"reshape shape must be reachable without a copy from {self.shape} (strides {self.strides}; other shapes are "
+                f"incompatible with the view layout), got {tuple(shape)}"
+            )
         return self._make(shape, new_strides, self.offset)
 
     def reshape_dim(self, dim: int, shape: Sequence[int]) -> NkiTensor:
@@ -581,16 +596,16 @@ class NkiTensor:
         new = dtypes.as_dtype(dtype)
         old_sz, new_sz = self.itemsize, new.itemsize
         if self.strides and self.strides[-1] != 1 and self.shape[-1] != 1:
-            raise AssertionError("view(dtype) needs a contiguous last dim")
+            checks.fail(f"view(dtype) last dim must be contiguous, got stride {self.strides[-1]}")
         if (self.offset * old_sz) % new_sz:
-            raise AssertionError("view(dtype): the view offset is not aligned to the new dtype")
+            checks.fail(f"view(dtype) offset must be aligned to {dtypes.name(new)}, got {self.offset * old_sz} bytes")
         last = self.shape[-1] * old_sz
         if last % new_sz:
-            raise AssertionError(f"view(dtype): last dim of {last} bytes is not a multiple of {new_sz}")
+            checks.fail(f"view(dtype) last dim must be a multiple of {new_sz} bytes, got {last} bytes")
         strides = []
         for s in self.strides[:-1]:
             if (s * old_sz) % new_sz:
-                raise AssertionError("view(dtype): a stride is not a multiple of the new element size")
+                checks.fail(f"view(dtype) strides must be multiples of {new_sz} bytes, got {s * old_sz} bytes")
             strides.append(s * old_sz // new_sz)
         shape = (*self.shape[:-1], last // new_sz)
         return self._make(shape, [*strides, 1], self.offset * old_sz // new_sz, dtype=new)
@@ -624,14 +639,14 @@ class NkiTensor:
         base = self.offset
         if new.itemsize != self.itemsize:
             if (base * self.itemsize) % new.itemsize:
-                raise AssertionError("ap(dtype=): the view offset is not aligned to the new dtype")
+                checks.fail(f"ap dtype offset must be aligned to {dtypes.name(new)}, got {base * self.itemsize} bytes")
             base = base * self.itemsize // new.itemsize
         start = base + (int(offset) if offset is not None else 0)
         if self._on_chip and pairs and pairs[0][1] > 1:
             row = self.storage.row_bytes // new.itemsize
             if pairs[0][0] != row:
-                raise AssertionError(
-                    f"ap pattern partition step {pairs[0][0]} must equal the per-partition element count {row}"
+                checks.fail(
+                    f"ap pattern partition step must equal the per-partition element count {row}, got {pairs[0][0]}"
                 )
         row_offsets = None
         if (scalar_offset is not None or vector_offset is not None) and not self._whole_allocation():
@@ -641,10 +656,10 @@ class NkiTensor:
             start += value * math.prod(self.shape[indirect_dim + 1 :])
         if vector_offset is not None:
             if indirect_dim != 0:
-                raise AssertionError("ap(vector_offset=...) supports only indirect_dim=0")
+                checks.fail(f"ap vector_offset indirect_dim must be 0, got {indirect_dim}")
             idx = vector_offset.read().reshape(-1).astype(np.int64)
             if idx.size != pairs[0][1]:
-                raise AssertionError(f"ap vector_offset has {idx.size} indices, pattern dim 0 has {pairs[0][1]}")
+                checks.fail(f"ap vector_offset index count must equal pattern dim 0 ({pairs[0][1]}), got {idx.size}")
             row_offsets = idx * math.prod(self.shape[1:])
         runtime_start = scalar_offset is not None and not isinstance(scalar_offset, (int, np.integer))
         return self._make(
@@ -664,14 +679,13 @@ def _indirect_on_a_view(view: NkiTensor) -> None:
     (the view's shape); the "NKI Access Patterns" deep dive interprets pattern and offset against the underlying
     storage, ignoring the view's offset, and counts ``indirect_dim`` in the base tensor (docs/nki-sources.md §2.6).
     On the allocation itself both readings address the same bytes."""
-    from nki_cpu import checks  # checks imports this module
-
     checks.rule(
         "ap_scalar_offset_view",
         f"ap with a scalar or vector offset on a view (shape {view.shape}, offset {view.offset}) of a "
         f"{view.storage.shape} allocation: the NKI pages disagree on whether indirect_dim and offset count in the "
         "view or in the underlying tensor; call .ap on the tensor itself, with the view's offset written into "
         "offset= and indirect_dim counted in the tensor's dimensions",
+        state.current().relaxed,
     )
 
 
@@ -734,7 +748,7 @@ def allocate(shape: Sequence[int] | int, dtype: Any, buffer: MemoryRegion, name:
         launch.shared_pool.append(storage)
     if buffer.on_chip:
         if not shape:
-            raise AssertionError("on-chip tensors need at least one (partition) dim")
+            checks.fail(f"ndarray shape of an on-chip tensor must have a partition dim, got {shape}")
         launch.allocate(buffer.value, storage.row_bytes, storage)
     return NkiTensor(storage, dt, shape, _row_major(shape), 0, name)
 

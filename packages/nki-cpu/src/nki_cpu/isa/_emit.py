@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes, state
+from nki_cpu import checks, dtypes, operands, state
 from nki_cpu.cost.record import Engine, InstructionRecord
 from nki_cpu.isa.enums import NkiInstruction, engine
 from nki_cpu.tensor import NkiTensor
@@ -45,12 +45,11 @@ def engine_buffers(instr: str, eng: Engine, **operands: NkiTensor | None) -> Non
 def column_or_scalar(instr: str, name: str, value: Any, dst: NkiTensor) -> np.ndarray | np.float32:
     """A per-partition operand as fp32, broadcastable against ``(P, F)``: Python number or ``(P,1)`` tile."""
     if isinstance(value, NkiTensor):
-        checks.scalar_column(instr, name, value, dst)
+        operands.scalar_column(instr, name, value, dst)
         return value.read_pf()
     if isinstance(value, (int, float, np.integer, np.floating, bool)):
         return np.float32(value)
     checks.fail(f"{instr} {name} must be a number or a (P,1) tensor, got {type(value).__name__}")
-    raise AssertionError  # unreachable
 
 
 _F32_SIGNATURES = {1: (np.float32, np.float32), 2: (np.float32, np.float32, np.float32)}
@@ -135,7 +134,7 @@ def emit(
     if eng is not Engine.PE:  # TensorE checks its PSUM dst before writing (tensor_engine.py)
         for d in dsts:
             if d.storage.kind == "psum":
-                checks.psum_bank(opcode, "dst", d)
+                operands.psum_bank(opcode, "dst", d)
     ins = [t for t in inputs if isinstance(t, NkiTensor)]
     main = dsts[0]
     rec = InstructionRecord(

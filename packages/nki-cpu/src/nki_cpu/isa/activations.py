@@ -6,12 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, compute_into, emit, engine_buffers, resolve_engine
 from nki_cpu.isa._lanewise import RC, apply_unary, lane_attrs, lane_operands, read_out, reduce_into_acc
-from nki_cpu.isa.enums import NkiInstruction, engine, get_nc_version
+from nki_cpu.isa.enums import NkiInstruction, engine
 from nki_cpu.opcodes import Op, add, require_op
+from nki_cpu.target import get_nc_version
 from nki_cpu.tensor import NkiTensor
 
 
@@ -55,15 +56,15 @@ def activation(
     op = require_op(op, instr, "op")
     dst, data = lane_operands(instr, dst, data=data)
     if reduce_op is not None and require_op(reduce_op, instr, "reduce_op").name != "add":
-        checks.rule(
+        operands.rule(
             "activation_reduce_add",
             f"{instr} reduce_op {require_op(reduce_op, instr, 'reduce_op').name} is not allowed (reduce_op must be "
             "nl.add; reduce with nisa.tensor_reduce instead)",
         )
-    checks.fp32_operand(instr, "scale", scale)
+    operands.fp32_operand(instr, "scale", scale)
     eng = resolve_engine(instr, engine, Engine.SCALAR, (Engine.SCALAR, Engine.GPSIMD))
     if eng is Engine.GPSIMD and get_nc_version().value <= 3:
-        checks.rule(
+        operands.rule(
             "activation_engine",
             f"{instr} engine gpsimd is not available on this target (NeuronCore-v4 and newer only); use the scalar "
             "engine",

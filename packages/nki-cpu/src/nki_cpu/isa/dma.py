@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import checks, dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa import enums as _enums
 from nki_cpu.isa._emit import emit
@@ -72,7 +72,7 @@ def _emit_dma(instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: 
 
 
 def _dma_operand(instr: str, name: str, t: Any) -> NkiTensor:
-    t = checks.tensor(instr, name, t)
+    t = operands.tensor(instr, name, t)
     checks.buffer(instr, name, t, checks.HBM_OR_SBUF)
     checks.partitions(instr, name, t)
     return t
@@ -112,7 +112,7 @@ def dma_copy(
     src = _dma_operand(instr, "src", src)
     checks.element_count(instr, dst, src)
     if dge_mode == _enums.dge_mode.hwdge and dst.dtype != src.dtype:
-        checks.same_dtype(instr, "src", src, "dst", dst)
+        operands.same_dtype(instr, "src", src, "dst", dst)
     if dst.dtype == src.dtype:
         dst.write_raw(src.read().reshape(-1))
     else:
@@ -151,7 +151,7 @@ def dma_transpose(
     dst = _dma_operand(instr, "dst", dst)
     src = _dma_operand(instr, "src", src)
     checks.buffer(instr, "dst", dst, checks.SBUF_ONLY)
-    checks.same_dtype(instr, "src", src, "dst", dst)
+    operands.same_dtype(instr, "src", src, "dst", dst)
     if src.itemsize not in (2, 4):
         checks.fail(f"{instr} src dtype {dtypes.name(src.dtype)} must be a 2- or 4-byte dtype")
     if src.ndim not in _DEFAULT_AXES:
@@ -182,7 +182,7 @@ def _runtime_addressed_transpose(instr: str, src: NkiTensor) -> None:
     ("DMA Direct / Indirect Transpose Constraints", v2.29.1-v2.33.0); AWS's nki-library loads such sources with
     ``dma_copy`` and transposes them on the tensor engine, noting that dma_transpose does not support dynamic access
     (MLP TKG ``_load_transposed_tile``, NKI-415)."""
-    checks.rule(
+    operands.rule(
         "indirect_transpose",
         f"{instr} src addressed at run time (nl.ds with a run-time start or a scalar/vector offset) is not a "
         "documented dma_transpose form: load it with dma_copy (dynamic start addresses are documented there) "

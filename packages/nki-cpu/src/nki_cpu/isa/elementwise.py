@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import compute_into, emit, engine_buffers, resolve_engine
 from nki_cpu.isa._lanewise import (
@@ -21,8 +21,9 @@ from nki_cpu.isa._lanewise import (
     require_ops,
     scalar_stage,
 )
-from nki_cpu.isa.enums import NkiInstruction, engine, get_nc_version
+from nki_cpu.isa.enums import NkiInstruction, engine
 from nki_cpu.opcodes import Op, require_op
+from nki_cpu.target import get_nc_version
 from nki_cpu.tensor import NkiTensor
 
 
@@ -57,7 +58,7 @@ def tensor_tensor(
     default = Engine.GPSIMD if (op.name == "power" or all_int) and not any_psum else Engine.VECTOR
     eng = resolve_engine(instr, engine, default, LANE_ENGINES)
     if eng is Engine.SCALAR:
-        checks.rule("tensor_tensor_engine", f"{instr} engine scalar is not allowed (vector or gpsimd)")
+        operands.rule("tensor_tensor_engine", f"{instr} engine scalar is not allowed (vector or gpsimd)")
     engine_buffers(instr, eng, dst=dst, data1=data1, data2=data2)
     if op.bitvec or (all_int and eng is Engine.GPSIMD):
         result = apply(op, int_values(instr, "data1", data1), int_values(instr, "data2", data2), instr)
@@ -156,20 +157,20 @@ def _tensor_scalar_rules(instr: str, eng: Engine, op0: Op, op1: Any, operand0: A
     """The documented engine and operand constraints of ``tensor_scalar`` (README, "What is enforced")."""
     op1_name = op1.name if isinstance(op1, Op) else None
     if eng is Engine.GPSIMD and (op0.name != "rsqrt" or op1 is not None):
-        checks.rule(
+        operands.rule(
             "gpsimd_tensor_scalar",
             f"{instr} engine gpsimd op0={op0.name} op1={op1_name} is not allowed (gpsimd runs tensor_scalar only "
             "for op0=rsqrt, op1=None); use the vector or scalar engine",
         )
     if eng is Engine.SCALAR and get_nc_version().value <= 3 and (op0.name, op1_name) not in SCALAR_ENGINE_PAIRS:
-        checks.rule(
+        operands.rule(
             "scalar_tensor_scalar_ops",
             f"{instr} engine scalar op0={op0.name} op1={op1_name} is not supported on this target (scalar engine "
             "pairs: (multiply, add), (multiply, None), (add, None))",
         )
     if not op0.bitvec:
-        checks.fp32_operand(instr, "operand0", operand0)
-        checks.fp32_operand(instr, "operand1", operand1)
+        operands.fp32_operand(instr, "operand0", operand0)
+        operands.fp32_operand(instr, "operand1", operand1)
 
 
 def scalar_tensor_tensor(
@@ -217,7 +218,7 @@ def scalar_tensor_tensor(
     reduced = reduce_into_acc(instr, "vector", dst, result, reduce_op, reduce_cmd) if reduce_op is not None else None
     dst.write(result)
     if reduce_res is not None and reduced is not None:
-        checks.scalar_column(instr, "reduce_res", reduce_res, dst)
+        operands.scalar_column(instr, "reduce_res", reduce_res, dst)
         reduce_res.write(reduced.reshape(-1, 1))
     return emit(
         instr,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, state
+from nki_cpu import checks, operands, state
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, emit
 from nki_cpu.isa._lanewise import (
@@ -143,7 +143,7 @@ def tensor_scalar_cumulative(
     """
     instr = "tensor_scalar_cumulative"
     dst, src = lane_operands(instr, dst, src=src)
-    checks.float_dtype(instr, "src", src)
+    operands.float_dtype(instr, "src", src)
     op0, op1 = require_ops(instr, op0=op0, op1=op1)
     if op1.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         checks.fail(f"{instr} op1 must be add/subtract/multiply/maximum/minimum, got {op1!r}")

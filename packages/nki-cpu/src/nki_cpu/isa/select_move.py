@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import checks, dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, emit, engine_buffers, resolve_engine, unit_stride
 from nki_cpu.isa._lanewise import (
@@ -198,7 +198,7 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: s
     instr = "nc_stream_shuffle"
     dst, src = on_chip(instr, dst=dst, src=src)
     checks.same_free(instr, "dst", dst, "src", src)
-    checks.same_dtype(instr, "src", src, "dst", dst)
+    operands.same_dtype(instr, "src", src, "dst", dst)
     mask = list(shuffle_mask)
     values = src.read().reshape(src.partitions, -1)
     out = dst.read().reshape(dst.partitions, -1)
