@@ -75,6 +75,21 @@ RULES = frozenset(
         "indirect_transpose",  # no dma_transpose of a src addressed at run time (nl.ds run-time start, offsets)
         "ap_scalar_offset_view",  # .ap(scalar_offset= / vector_offset=) only on a whole allocation, not on a view
         "loop_in_no_reorder",  # no compiled loop (fori_loop / while_loop) inside an nl.no_reorder() block
+        # Run-time values (README, "Run-time values"): device data never reaches the kernel's Python.
+        "device_data",  # tile.read()/.np()/.read_f32()/.lanes()/.storage.raw inside a kernel
+        "runtime_scalars",  # int()/bool()/index/branch/.value of an NkiScalar or VirtualRegister; a run-time .offset
+        "register_alloc_value",  # register_alloc(x): x is None or a compile-time int
+        "scalar_load_source",  # scalar_load / scalar_store: a (1, 1) int32/int64 tile in SBUF or HBM
+        "register_load_source",  # register_load / register_store: a one-element tensor in SBUF or HBM, <= 32 bits
+        "loop_bounds",  # fori_loop bounds are ints or 32-bit run-time values (no floats, bools or int64 scalars)
+        "dynamic_index_count",  # at most one run-time index per view (ds start, scalar_offset, vector_offset)
+        "dynamic_partition_start",  # no run-time start on the partition dim of an SBUF/PSUM tensor
+        "indirect_dim_reslice",  # the dim a run-time index addresses is not sliced again
+        "onchip_offset_int32",  # a run-time offset on an SBUF/PSUM tensor is nl.int32
+        "vector_offset_form",  # vector_offset: an integer SBUF index tile, addressing an HBM tensor
+        "dynamic_dge_mode",  # a DMA addressed at run time needs swdge/hwdge; a vector-offset gather/scatter swdge
+        "dynamic_out_of_bounds",  # a run-time index outside its tensor fails (a DMA with oob_mode.skip skips it)
+        "unique_scatter_indices",  # dma_compute scatters each row once
     }
 )
 

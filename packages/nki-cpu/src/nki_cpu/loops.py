@@ -23,12 +23,15 @@ that doing so computes what the traced-once program would:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nki_cpu import checks, state
-from nki_cpu.cost.record import InstructionRecord
+from nki_cpu.cost.record import InstructionRecord, static_form
+from nki_cpu.tensor import live_storages
 
 _loop_ids = itertools.count(1)
 
@@ -51,17 +54,25 @@ class LoopFrame:
 
 
 def _instruction(record: InstructionRecord, frame: LoopFrame) -> tuple[Any, ...]:
-    """What makes two instructions the same instruction of a program, up to the offsets they address."""
-    operands = tuple(frame.operand(r.storage_id) for r in (*record.reads, *record.writes))
-    return (record.opcode, record.engine.value, record.partitions, record.free_elems, record.dtypes, operands)
+    """What makes two instructions the same instruction of a program: ``static_form`` (opcode, engine, sizes,
+    dtypes, static attrs, immediates, static offsets) with each operand's allocation named up to the iteration."""
+    form = static_form(record)
+    operands = tuple(
+        (*frame.operand(op[0]), *op[1:]) if isinstance(op, tuple) and op and isinstance(op[0], int) else op
+        for op in form[-1]
+    )
+    return (*form[:-1], operands)
 
 
-def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
+def compiled_iterations(values: Iterable[Any], construct: str, trace_value: Any) -> Iterator[Any]:
     """Yield ``values`` as the iterations of one compiled loop (see the module docstring).
 
     Args:
         values: the iteration values, in order.
         construct: the loop's name for error messages (``"fori_loop"``).
+        trace_value: the value to trace the body with when ``values`` is empty: the body is still program text,
+            so it is run once as a trace-only pass — checked and entered in ``Trace.program``, its records and every
+            write it made undone, run-time indices not bounds-checked.
 
     Raises:
         checks.NkiValidationError: an iteration issued different instructions, or touched other tiles, than the first.
@@ -78,6 +89,7 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
     records = launch.trace.records
     frame = LoopFrame()
     launch.loops.append(frame)
+    launch.trace.program.append(("loop", construct))
     first: list[tuple[Any, ...]] | None = None
     repeating = False
     try:
@@ -94,12 +106,37 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
                 first = body
             elif body != first:
                 checks.fail(_mismatch(construct, n, first, body))
+        if first is None:
+            with _undone(launch):
+                yield trace_value
     finally:
         launch.trace.boundaries.append(len(records))
+        launch.trace.program.append(("end",))
         if repeating:
             launch.loop_repeats -= 1
         launch.loops.remove(frame)
         launch.ended_loops[frame.id] = frame.iteration
+
+
+@contextlib.contextmanager
+def _undone(launch: state.Launch) -> Iterator[None]:
+    """Run a block as a trace-only pass: afterwards every allocation's bytes, the engines' accumulators, the matmul
+    groups and the trace's records are as before (``Trace.program`` keeps the block's instructions)."""
+    saved = [(s, s._raw.copy(), None if s.matmul_written is None else s.matmul_written.copy()) for s in live_storages()]
+    accumulators = {k: v.copy() for k, v in launch.accumulators.items()}
+    accumulation = copy.deepcopy(launch.accumulation)
+    length = len(launch.trace.records)
+    launch.dry_run = True
+    try:
+        yield
+    finally:
+        launch.dry_run = False
+        del launch.trace.records[length:]
+        for storage, raw, flags in saved:
+            storage._raw[...] = raw
+            storage.matmul_written = flags
+        launch.accumulators = accumulators
+        launch.accumulation = accumulation
 
 
 def _mismatch(construct: str, n: int, first: list[tuple[Any, ...]], body: list[tuple[Any, ...]]) -> str:

@@ -30,6 +30,7 @@ def compute_operand(instr: str, name: str, t: Any, allowed: Iterable[str] = ON_C
     t = tensor(instr, name, t)
     checks.buffer(instr, name, t, allowed)
     checks.partitions(instr, name, t)
+    in_bounds(instr, name, t)
     if t.ndim < 1:
         checks.fail(f"{instr} {name} must have a partition dim, got shape {t.shape}")
     return t
@@ -86,3 +87,16 @@ def float_dtype(instr: str, name: str, t: NkiTensor) -> None:
     """Operand must be a floating-point tensor."""
     if not dtypes.is_float(t.dtype):
         checks.fail(f"{instr} {name} must have a float dtype, got {dtypes.name(t.dtype)}")
+
+
+def in_bounds(instr: str, name: str, t: NkiTensor) -> None:
+    """A view addressed at run time lies inside its tensor (rule ``dynamic_out_of_bounds``; a DMA with
+    ``oob_mode.skip`` checks it itself)."""
+    if t.runtime is not None and t.runtime.any_out_of_bounds and not state.current().dry_run:
+        checks.rule(
+            "dynamic_out_of_bounds",
+            f"{instr} {name} run-time index must address elements inside the tensor {t.storage.shape}, got an index "
+            "outside it. Fix: keep the index in range, or pass oob_mode=nisa.oob_mode.skip to a DMA to skip it",
+            state.current().relaxed,
+            checks.OutOfBoundsError,
+        )

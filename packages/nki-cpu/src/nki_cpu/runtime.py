@@ -118,7 +118,7 @@ def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
 
 def _unwrap(value: Any, as_torch: bool = False) -> Any:
     if isinstance(value, NkiTensor):
-        return frameworks.numpy_to_torch(value.read()) if as_torch else value.read()
+        return frameworks.numpy_to_torch(value._read()) if as_torch else value._read()
     if isinstance(value, (tuple, list)):
         return type(value)(_unwrap(v, as_torch) for v in value)
     return value

@@ -7,6 +7,7 @@ state outside any launch, so tensors can be built and instructions run in plain 
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 
 from nki_cpu import checks
 from nki_cpu.checks import PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION
-from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site
+from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site, static_form
 
 _storage_ids = itertools.count(1)
 
@@ -60,6 +61,9 @@ class Launch:
     no_reorder_blocks: int = 0
     # Compiled loops that have ended: loop id -> index of their last iteration.
     ended_loops: dict[int, int] = field(default_factory=dict)
+    # Inside the trace-only pass of a compiled loop that runs zero times (``nki_cpu.loops``): its body is checked
+    # and enters the program, but no iteration runs, so run-time indices are not bounds-checked.
+    dry_run: bool = False
 
     def accumulator(self, engine: str) -> np.ndarray:
         """The per-lane fp32 accumulator registers of ``engine`` (``"vector"`` or ``"scalar"``), 128 lanes."""
@@ -72,6 +76,8 @@ class Launch:
         iterations)."""
         if self.loop_repeats:
             rec.repeat = True
+        else:
+            self.trace.program.append(static_form(rec))
         rec.site = caller_site()
         if self.no_reorder_block is not None:
             rec.attrs[NO_REORDER] = self.no_reorder_block
@@ -173,3 +179,33 @@ def reset_detached() -> Launch:
     global _detached
     _detached = Launch()
     return _detached
+
+
+def seal(rule: str, what: str, fix: str) -> None:
+    """Refuse kernel Python a device value: inside a launch only nki-cpu itself reads device data.
+
+    Called first thing by every public accessor of device data (a tile's elements, a register's or scalar's value,
+    a run-time view's resolved offset). On Trainium there is no data while the kernel's Python runs (the kernel is
+    traced once: "NKI Scalar Values" and ``nki.isa.VirtualRegister``, SDK 2.32-2.33), so a kernel that reads one
+    here would be specialised on data it cannot have. The accessor's caller is the kernel when its module is not
+    part of nki-cpu (the instructions read their operands through the same accessors). Host code before and after
+    the launch reads freely.
+
+    Args:
+        rule: the ``checks.RULES`` name (relaxable for one launch: the value is then returned with a warning).
+        what: the accessor, as the kernel wrote it (``"tile._read()"``).
+        fix: the documented form to use instead.
+    """
+    launch = getattr(_local, "launch", None)
+    if launch is None:
+        return
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller == "nki_cpu" or caller.startswith("nki_cpu."):
+        return
+    checks.rule(
+        rule,
+        f"{what} inside a kernel reads a device value the kernel's Python cannot have: on Trainium the kernel is "
+        f"traced once, before any data exists. Fix: {fix}",
+        launch.relaxed,
+        checks.SealedValueError,
+    )

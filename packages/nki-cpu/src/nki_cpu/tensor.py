@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import enum
 import math
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from nki_cpu import checks, dtypes, state
 from nki_cpu.cost.record import Region
-from nki_cpu.scalar import runtime_value
+from nki_cpu.scalar import NkiScalar, runtime_value, sources_of
+
+_DATA_FIX = (
+    "compute on the data with instructions (nisa.*) and move a value the program needs as an offset or bound "
+    "through nisa.scalar_load / nisa.register_load; read results on the host after the launch"
+)
 
 
 class MemoryRegion(str, enum.Enum):
@@ -44,6 +50,27 @@ class MemoryRegion(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class RuntimeIndex:
+    """How a view is addressed at run time (``nl.ds`` with a run-time start, ``.ap(scalar_offset= / vector_offset=)``).
+
+    ``sources``: the registers / tiles the index comes from (the instruction using the view reads them, so the cost
+    model orders it after their loads). ``dim``: the view dimension the index addresses (None when unknown).
+    ``out_of_bounds``: the index lies outside the tensor (the view addresses nothing; an instruction using it fails
+    unless its ``oob_mode`` is ``skip``). ``oob_rows``: per gathered row, True where a vector offset is outside.
+    """
+
+    sources: tuple[Region, ...] = ()
+    dim: int | None = None
+    out_of_bounds: bool = False
+    oob_rows: np.ndarray | None = field(default=None, compare=False)
+
+    @property
+    def any_out_of_bounds(self) -> bool:
+        """True when the index (or one gathered row) lies outside the tensor."""
+        return self.out_of_bounds or (self.oob_rows is not None and bool(self.oob_rows.any()))
+
+
+@dataclass(frozen=True)
 class DynamicSlice:
     """``nl.ds(start, size)``: the window ``start : start + size`` of one dimension."""
 
@@ -54,6 +81,19 @@ class DynamicSlice:
         """The equivalent Python slice (a run-time start at its current value)."""
         start = _scalar_value(self.start)
         return slice(start, start + self.size)
+
+    def is_runtime(self) -> bool:
+        """True when the start is a run-time value (not a trace-time int)."""
+        return not isinstance(self.start, (int, np.integer))
+
+
+# Every allocation alive in the process (a compiled loop's trace-only pass restores their bytes: ``nki_cpu.loops``).
+_LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()
+
+
+def live_storages() -> list[Storage]:
+    """The allocations alive now (kernel arguments included)."""
+    return list(_LIVE)
 
 
 class Storage:
@@ -68,7 +108,8 @@ class Storage:
 
     def __init__(self, raw: np.ndarray, buffer: MemoryRegion, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.id = state.next_storage_id()
-        self.raw = raw
+        self._raw = raw
+        _LIVE.add(self)
         self.buffer = buffer
         self.shape = shape
         self.dtype = dtype
@@ -90,6 +131,12 @@ class Storage:
     # The kernel argument's name when it wraps a caller's read-only numpy array (set by the launch).
     read_only_argument: str | None = None
 
+    @property
+    def raw(self) -> np.ndarray:
+        """The allocation's bytes (host code only inside a launch: rule ``device_data``)."""
+        state.seal("device_data", "tensor.storage.raw", _DATA_FIX)
+        return self._raw
+
     def check_writable(self) -> None:
         """Raise when this is a caller's read-only array: the write could never reach the caller."""
         if self.read_only_argument is not None:
@@ -107,7 +154,7 @@ class Storage:
     def written_flags(self) -> np.ndarray:
         """The per-word 'written by nc_matmul since allocation' flags (created on first use)."""
         if self.matmul_written is None:
-            self.matmul_written = np.zeros((self.raw.size + 3) // 4, dtype=np.uint8)
+            self.matmul_written = np.zeros((self._raw.size + 3) // 4, dtype=np.uint8)
         return self.matmul_written
 
 
@@ -148,18 +195,20 @@ class NkiTensor:
         name: str = "",
         row_offsets: np.ndarray | None = None,
         runtime_start: bool = False,
+        runtime: RuntimeIndex | None = None,
     ) -> None:
         self.storage = storage
         self.dtype = dtype
         self.shape = tuple(int(s) for s in shape)
         self.strides = tuple(int(s) for s in strides)
-        self.offset = int(offset)
+        self._offset = int(offset)
         self.name = name
         self._row_offsets = row_offsets  # indirect (vector_offset) views: per-index-0 start offsets
         # Addressed from a run-time value (nl.ds with a run-time start, .ap(scalar_offset=) of one): the docs call
         # such a view indirect (nki.language.ds, SDK 2.33); nki-cpu resolves the value now, so it keeps this fact
         # for the instructions whose documented limits depend on it (dma_transpose).
         self.runtime_start = runtime_start
+        self.runtime = runtime  # the run-time index of a view addressed at run time (RuntimeIndex), else None
         # A tensor never changes after construction, so its numpy view, region and sizes are computed once.
         self._on_chip: bool = storage.on_chip
         self._view: np.ndarray | None = None
@@ -168,6 +217,19 @@ class NkiTensor:
         self._check_bounds()
 
     # --- basic attributes -----------------------------------------------------------------------------------------
+    @property
+    def offset(self) -> int:
+        """Start element within the storage. For a view addressed at run time (``nl.ds`` with a run-time start,
+        ``.ap(scalar_offset=)`` / ``vector_offset``) it is a run-time value: sealed inside a kernel (rule
+        ``runtime_scalars``)."""
+        if self.runtime_start or self._row_offsets is not None:
+            state.seal(
+                "runtime_scalars",
+                "the .offset of a view addressed at run time",
+                "keep the run-time value as an NkiScalar and pass it on (nl.ds(i, n), .ap(scalar_offset=i))",
+            )
+        return self._offset
+
     @property
     def buffer(self) -> MemoryRegion:
         """The buffer holding this tensor."""
@@ -203,7 +265,7 @@ class NkiTensor:
     def __repr__(self) -> str:
         return (
             f"NkiTensor(shape={self.shape}, dtype={dtypes.name(self.dtype)}, buffer={self.buffer.value}, "
-            f"strides={self.strides}, offset={self.offset})"
+            f"strides={self.strides}, offset={self._offset})"
         )
 
     def __len__(self) -> int:
@@ -213,8 +275,13 @@ class NkiTensor:
         raise TypeError("nki-cpu: tensors are written by instructions (nisa.*, nl.store), not by item assignment")
 
     def is_indirect(self) -> bool:
-        """True for views with a runtime (vector) offset."""
-        return self._row_offsets is not None
+        """True for views addressed at run time: a run-time ``nl.ds`` start, a scalar or a vector offset
+        (nki.language.ds, v2.33.0: "With a runtime start ... the resulting view is indirect")."""
+        return self.runtime_start or self._row_offsets is not None
+
+    def runtime_reads(self) -> tuple[Region, ...]:
+        """The registers / index tiles an instruction using this view reads to form its address."""
+        return self.runtime.sources if self.runtime is not None else ()
 
     def is_runtime_addressed(self) -> bool:
         """True for views whose start or rows come from a run-time value (a scalar or a vector offset)."""
@@ -239,17 +306,17 @@ class NkiTensor:
     # --- numpy access ---------------------------------------------------------------------------------------------
     def _whole_allocation(self) -> bool:
         """True when this view is its allocation as allocated: same shape, row-major, from its first element."""
-        same = self.offset == 0 and self.dtype == self.storage.dtype and self.shape == tuple(self.storage.shape)
+        same = self._offset == 0 and self.dtype == self.storage.dtype and self.shape == tuple(self.storage.shape)
         return same and self.strides == _row_major(self.shape)
 
     def _storage_elems(self) -> int:
-        return self.storage.raw.size // self.itemsize
+        return self.storage._raw.size // self.itemsize
 
     def _extent(self) -> tuple[int, int]:
-        lo = hi = self.offset
+        lo = hi = self._offset
         for n, s in zip(self.shape, self.strides, strict=True):
             if n == 0:
-                return self.offset, self.offset - 1
+                return self._offset, self._offset - 1
             if s > 0:
                 hi += s * (n - 1)
             else:
@@ -259,17 +326,19 @@ class NkiTensor:
     def _check_bounds(self) -> None:
         if self._row_offsets is not None or self._size == 0:
             return
+        if self.runtime is not None and self.runtime.out_of_bounds:
+            return
         lo, hi = self._extent()
         if lo < 0 or hi >= self._storage_elems():
             checks.fail(
-                f"view {self.shape} (strides {self.strides}, offset {self.offset}) elements must lie inside its "
+                f"view {self.shape} (strides {self.strides}, offset {self._offset}) elements must lie inside its "
                 f"allocation of {self._storage_elems()} elements, got [{lo}, {hi}]",
                 checks.OutOfBoundsError,
             )
 
     def _index_array(self) -> np.ndarray:
         """Flat element indices of every element of this view (used for indirect views)."""
-        idx = np.full(self.shape, self.offset, dtype=np.int64)
+        idx = np.full(self.shape, self._offset, dtype=np.int64)
         for k, (n, s) in enumerate(zip(self.shape, self.strides, strict=True)):
             shape = [1] * self.ndim
             shape[k] = n
@@ -279,14 +348,14 @@ class NkiTensor:
                 idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
         return idx
 
-    def np(self) -> np.ndarray:
+    def _np(self) -> np.ndarray:
         """A writable numpy view of the elements (a copy for indirect views: use :meth:`write`).
 
         Notes:
             The view of a direct tensor is built once and cached; callers must not change its shape in place.
         """
         if self._row_offsets is not None:
-            flat = self.storage.raw.view(self.dtype)
+            flat = self.storage._raw.view(self.dtype)
             return flat[self._index_array()]
         view = self._view
         if view is None:
@@ -294,40 +363,78 @@ class NkiTensor:
             view = self._view = np.ndarray(
                 self.shape,
                 dtype=self.dtype,
-                buffer=self.storage.raw,
-                offset=self.offset * isz,
+                buffer=self.storage._raw,
+                offset=self._offset * isz,
                 strides=tuple(s * isz for s in self.strides),
             )
         return view
 
-    def read(self) -> np.ndarray:
+    def _read(self) -> np.ndarray:
         """A copy of the elements at their stored dtype."""
-        return np.array(self.np(), copy=True)
+        return np.array(self._np(), copy=True)
 
-    def read_f32(self) -> np.ndarray:
+    def _read_f32(self) -> np.ndarray:
         """A copy of the elements converted to fp32."""
-        return dtypes.to_f32(self.np())
+        return dtypes.to_f32(self._np())
 
-    def read_pf(self) -> np.ndarray:
+    def _read_pf(self) -> np.ndarray:
         """fp32 copy flattened per partition: ``(P, free_elems)``."""
-        return self.read_f32().reshape(self.partitions, -1)
+        return self._read_f32().reshape(self.partitions, -1)
 
-    def peek_f32(self) -> np.ndarray:
+    def _peek_f32(self) -> np.ndarray:
         """The elements as fp32, WITHOUT a copy when they already are fp32 (treat the result as read-only).
 
         Instructions use it for inputs they only read: results go to fresh arrays and reach ``dst`` through
         :meth:`write`, whose numpy assignment is overlap-safe, so in-place calls still read every input first.
         """
-        values = self.np()
+        values = self._np()
         return values if values.dtype == dtypes.float32 else values.astype(np.float32)
 
-    def lanes(self) -> np.ndarray:
+    def _lanes(self) -> np.ndarray:
         """The elements at their stored dtype as ``(P, free_elems)`` (a view when the layout allows; read-only use)."""
-        return self.np().reshape(self.partitions, -1)
+        return self._np().reshape(self.partitions, -1)
+
+    def _peek_pf(self) -> np.ndarray:
+        """:meth:`peek_f32` flattened per partition: ``(P, free_elems)`` (read-only, possibly shared)."""
+        return self._peek_f32().reshape(self.partitions, -1)
+
+    # --- device data, as host code sees it -------------------------------------------------------------------------
+    # Inside a launch these are sealed from the kernel's Python (rule ``device_data``; ``state.seal``): on Trainium
+    # the kernel is traced before any data exists. nki-cpu's instructions read through the underscored forms.
+    def np(self) -> np.ndarray:
+        """A writable numpy view of the elements (a copy for indirect views); host code only inside a launch."""
+        state.seal("device_data", "tile.np()", _DATA_FIX)
+        return self._np()
+
+    def read(self) -> np.ndarray:
+        """A copy of the elements at their stored dtype; host code only inside a launch."""
+        state.seal("device_data", "tile.read()", _DATA_FIX)
+        return self._read()
+
+    def read_f32(self) -> np.ndarray:
+        """A copy of the elements converted to fp32; host code only inside a launch."""
+        state.seal("device_data", "tile.read_f32()", _DATA_FIX)
+        return self._read_f32()
+
+    def read_pf(self) -> np.ndarray:
+        """fp32 copy flattened per partition, ``(P, free_elems)``; host code only inside a launch."""
+        state.seal("device_data", "tile.read_pf()", _DATA_FIX)
+        return self._read_pf()
+
+    def peek_f32(self) -> np.ndarray:
+        """The elements as fp32 without a copy when they are fp32 (read-only); host code only inside a launch."""
+        state.seal("device_data", "tile.peek_f32()", _DATA_FIX)
+        return self._peek_f32()
 
     def peek_pf(self) -> np.ndarray:
-        """:meth:`peek_f32` flattened per partition: ``(P, free_elems)`` (read-only, possibly shared)."""
-        return self.peek_f32().reshape(self.partitions, -1)
+        """:meth:`peek_f32` flattened per partition (read-only); host code only inside a launch."""
+        state.seal("device_data", "tile.peek_pf()", _DATA_FIX)
+        return self._peek_pf()
+
+    def lanes(self) -> np.ndarray:
+        """The elements as ``(P, free_elems)`` at their stored dtype (read-only); host code only inside a launch."""
+        state.seal("device_data", "tile.lanes()", _DATA_FIX)
+        return self._lanes()
 
     def write(self, values: np.ndarray) -> None:
         """Round ``values`` once into this view's dtype and store them (values reshaped to the view's shape)."""
@@ -337,14 +444,21 @@ class NkiTensor:
         if self._row_offsets is None and values.dtype.kind == "f" and self.dtype.kind not in "iu":
             # Float into float (incl. ml_dtypes): one cast straight into the view — the same RNE conversion as
             # ``astype`` (numpy uses one cast function for both) without an intermediate array. Overlap-safe.
-            np.copyto(self.np(), values.reshape(self.shape), casting="unsafe")
+            np.copyto(self._np(), values.reshape(self.shape), casting="unsafe")
             return
         rounded = dtypes.round_to(values, self.dtype).reshape(self.shape)
         if self._row_offsets is not None:
-            flat = self.storage.raw.view(self.dtype)
+            flat = self.storage._raw.view(self.dtype)
             flat[self._index_array()] = rounded
             return
-        self.np()[...] = rounded
+        self._np()[...] = rounded
+
+    def write_rows(self, values: np.ndarray, rows: np.ndarray) -> None:
+        """:meth:`write` restricted to the rows (index 0 of this view) where ``rows`` is True: a DMA with
+        ``oob_mode.skip`` leaves the others untouched (for a gather, the dst rows whose source row is outside)."""
+        values = dtypes.round_to(np.asarray(values), self.dtype).reshape(self.shape)
+        flat = self.storage._raw.view(self.dtype)
+        flat[self._index_array()[rows]] = values[rows]
 
     def write_raw(self, values: np.ndarray) -> None:
         """Store values already in this view's dtype (bit-exact copies)."""
@@ -352,9 +466,9 @@ class NkiTensor:
             self.storage.check_writable()
         values = np.asarray(values).reshape(self.shape)
         if self._row_offsets is not None:
-            self.storage.raw.view(self.dtype)[self._index_array()] = values
+            self.storage._raw.view(self.dtype)[self._index_array()] = values
             return
-        self.np()[...] = values
+        self._np()[...] = values
 
     def matmul_written(self) -> np.ndarray | None:
         """Per-element 'written by nc_matmul since allocation' flags of this view (None: nothing written yet).
@@ -377,7 +491,7 @@ class NkiTensor:
 
     def _word_flags(self, flags: np.ndarray) -> np.ndarray:
         if self.itemsize == 4 and self._row_offsets is None:
-            return np.ndarray(self.shape, dtype=np.uint8, buffer=flags, offset=self.offset, strides=self.strides)
+            return np.ndarray(self.shape, dtype=np.uint8, buffer=flags, offset=self._offset, strides=self.strides)
         return flags[(self._index_array() * self.itemsize) // 4]
 
     # --- regions for the cost model -------------------------------------------------------------------------------
@@ -405,7 +519,7 @@ class NkiTensor:
         if p_hi - p_lo == 1:
             return Region(st.id, kind, (p_lo, p_hi), (lo_b - p_lo * row, hi_b - p_lo * row))
         # Several partitions: bound the in-partition byte range from the free dims.
-        f_lo = f_hi = self.offset * isz - (self.offset * isz // row) * row
+        f_lo = f_hi = self._offset * isz - (self._offset * isz // row) * row
         if self.ndim and self.strides[0] * isz == row:
             for n, s in zip(self.shape[1:], self.strides[1:], strict=True):
                 if s > 0:
@@ -426,7 +540,13 @@ class NkiTensor:
         dtype: np.dtype | None = None,
         row_offsets: np.ndarray | None = None,
         runtime_start: bool = False,
+        runtime: RuntimeIndex | None = None,
+        keeps_dims: bool = False,
     ) -> NkiTensor:
+        """A view over the same storage. ``runtime``: a new run-time index; otherwise this view's is inherited,
+        with its ``dim`` kept only when ``keeps_dims`` (the new view has this view's dimensions)."""
+        if runtime is None and self.runtime is not None:
+            runtime = self.runtime if keeps_dims else _replace_dim(self.runtime, None)
         return NkiTensor(
             self.storage,
             self.dtype if dtype is None else dtype,
@@ -436,6 +556,7 @@ class NkiTensor:
             self.name,
             row_offsets if row_offsets is not None else self._row_offsets,
             runtime_start or self.runtime_start,
+            runtime,
         )
 
     def __getitem__(self, key: Any) -> NkiTensor:
@@ -453,15 +574,25 @@ class NkiTensor:
         key = key + (slice(None),) * (self.ndim - len(key))
         shape: list[int] = []
         strides: list[int] = []
-        offset = self.offset
+        offset = self._offset
         on_chip = self._on_chip
         last_dropped_stride = 1
         runtime_start = False
+        runtime = None
+        _check_runtime_key(self, key)
+        inherited_dim = self.runtime.dim if self.runtime is not None else None
         for dim, (k, n, s) in enumerate(zip(key, self.shape, self.strides, strict=True)):
+            if dim == inherited_dim:
+                inherited_dim = len(shape) if isinstance(k, slice) else None
             if isinstance(k, DynamicSlice):
-                runtime_start = runtime_start or not isinstance(k.start, (int, np.integer))
+                dynamic = k.is_runtime()
+                runtime_start = runtime_start or dynamic
                 k = k.as_slice()
-                if k.start < 0 or k.stop > n:
+                if dynamic:
+                    runtime = RuntimeIndex(_index_sources(key[dim].start), len(shape), k.start < 0 or k.stop > n)
+                    if runtime.out_of_bounds:
+                        k = slice(0, k.stop - k.start)  # addresses nothing: the instruction using it decides
+                elif k.start < 0 or k.stop > n:
                     checks.fail(
                         f"nl.ds window must lie inside dim {dim} of size {n}, got [{k.start}, {k.stop})",
                         checks.OutOfBoundsError,
@@ -494,7 +625,9 @@ class NkiTensor:
         while len(shape) < min_rank:
             shape.append(1)
             strides.append(last_dropped_stride)
-        return self._make(shape, strides, offset, runtime_start=runtime_start)
+        if runtime is None and self.runtime is not None:
+            runtime = _replace_dim(self.runtime, inherited_dim)
+        return self._make(shape, strides, offset, runtime_start=runtime_start, runtime=runtime)
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
         """View of ``start:end:step`` along ``dim``."""
@@ -514,7 +647,7 @@ class NkiTensor:
         index %= n
         shape = self.shape[:dim] + self.shape[dim + 1 :]
         strides = self.strides[:dim] + self.strides[dim + 1 :]
-        return self._make(shape, strides, self.offset + index * self.strides[dim])
+        return self._make(shape, strides, self._offset + index * self.strides[dim])
 
     def permute(self, dims: Sequence[int]) -> NkiTensor:
         """Reorder dims (on-chip: ``dims[0]`` must be 0)."""
@@ -523,7 +656,7 @@ class NkiTensor:
             raise ValueError(f"permute dims {dims} are not a permutation of {self.ndim} dims")
         if self._on_chip and dims[0] != 0:
             checks.fail(f"permute dims of an on-chip tensor must keep the partition dim first, got {dims}")
-        return self._make([self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset)
+        return self._make([self.shape[d] for d in dims], [self.strides[d] for d in dims], self._offset)
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
         """Repeat a size-1 dim ``size`` times with stride 0."""
@@ -536,7 +669,7 @@ class NkiTensor:
         strides = list(self.strides)
         shape[dim] = size
         strides[dim] = 0
-        return self._make(shape, strides, self.offset)
+        return self._make(shape, strides, self._offset)
 
     def expand_dim(self, dim: int) -> NkiTensor:
         """Insert a size-1 dim at ``dim``."""
@@ -547,7 +680,7 @@ class NkiTensor:
         strides = list(self.strides)
         shape.insert(dim, 1)
         strides.insert(dim, 1)
-        return self._make(shape, strides, self.offset)
+        return self._make(shape, strides, self._offset)
 
     def squeeze_dim(self, dim: int) -> NkiTensor:
         """Remove a size-1 dim."""
@@ -574,7 +707,7 @@ class NkiTensor:
                 f"reshape shape must be reachable without a copy from {self.shape} (strides {self.strides}; other shapes are "
                 f"incompatible with the view layout), got {tuple(shape)}"
             )
-        return self._make(shape, new_strides, self.offset)
+        return self._make(shape, new_strides, self._offset)
 
     def reshape_dim(self, dim: int, shape: Sequence[int]) -> NkiTensor:
         """Split ``dim`` into ``shape`` (one -1 allowed)."""
@@ -597,8 +730,8 @@ class NkiTensor:
         old_sz, new_sz = self.itemsize, new.itemsize
         if self.strides and self.strides[-1] != 1 and self.shape[-1] != 1:
             checks.fail(f"view(dtype) last dim must be contiguous, got stride {self.strides[-1]}")
-        if (self.offset * old_sz) % new_sz:
-            checks.fail(f"view(dtype) offset must be aligned to {dtypes.name(new)}, got {self.offset * old_sz} bytes")
+        if (self._offset * old_sz) % new_sz:
+            checks.fail(f"view(dtype) offset must be aligned to {dtypes.name(new)}, got {self._offset * old_sz} bytes")
         last = self.shape[-1] * old_sz
         if last % new_sz:
             checks.fail(f"view(dtype) last dim must be a multiple of {new_sz} bytes, got {last} bytes")
@@ -608,7 +741,7 @@ class NkiTensor:
                 checks.fail(f"view(dtype) strides must be multiples of {new_sz} bytes, got {s * old_sz} bytes")
             strides.append(s * old_sz // new_sz)
         shape = (*self.shape[:-1], last // new_sz)
-        return self._make(shape, [*strides, 1], self.offset * old_sz // new_sz, dtype=new)
+        return self._make(shape, [*strides, 1], self._offset * old_sz // new_sz, dtype=new)
 
     reinterpret_cast = view
 
@@ -636,7 +769,7 @@ class NkiTensor:
         """
         new = self.dtype if dtype is None else dtypes.as_dtype(dtype)
         pairs = [(int(p[0]), int(p[1])) for p in pattern]
-        base = self.offset
+        base = self._offset
         if new.itemsize != self.itemsize:
             if (base * self.itemsize) % new.itemsize:
                 checks.fail(f"ap dtype offset must be aligned to {dtypes.name(new)}, got {base * self.itemsize} bytes")
@@ -651,24 +784,30 @@ class NkiTensor:
         row_offsets = None
         if (scalar_offset is not None or vector_offset is not None) and not self._whole_allocation():
             _indirect_on_a_view(self)
+        runtime_start = scalar_offset is not None and not isinstance(scalar_offset, (int, np.integer))
+        _check_runtime_ap(self, scalar_offset if runtime_start else None, vector_offset)
+        shape, strides = [n for _, n in pairs], [s for s, _ in pairs]
+        runtime = None
         if scalar_offset is not None:
-            value = _scalar_value(scalar_offset)
-            start += value * math.prod(self.shape[indirect_dim + 1 :])
+            moved = start + _scalar_value(scalar_offset) * math.prod(self.shape[indirect_dim + 1 :])
+            if runtime_start:
+                outside = not _inside(moved, shape, strides, self._storage_elems() * self.itemsize // new.itemsize)
+                runtime = RuntimeIndex(_index_sources(scalar_offset), None, outside)
+                start = start if outside else moved
+            else:
+                start = moved
         if vector_offset is not None:
             if indirect_dim != 0:
                 checks.fail(f"ap vector_offset indirect_dim must be 0, got {indirect_dim}")
-            idx = vector_offset.read().reshape(-1).astype(np.int64)
+            idx = vector_offset._read().reshape(-1).astype(np.int64)
             if idx.size != pairs[0][1]:
                 checks.fail(f"ap vector_offset index count must equal pattern dim 0 ({pairs[0][1]}), got {idx.size}")
+            outside = (idx < 0) | (idx >= self.shape[0])
+            idx = np.where(outside, 0, idx)  # an outside row addresses nothing: the instruction decides (oob_mode)
             row_offsets = idx * math.prod(self.shape[1:])
-        runtime_start = scalar_offset is not None and not isinstance(scalar_offset, (int, np.integer))
+            runtime = RuntimeIndex((vector_offset.region(),), 0, False, outside)
         return self._make(
-            [n for _, n in pairs],
-            [s for s, _ in pairs],
-            start,
-            dtype=new,
-            row_offsets=row_offsets,
-            runtime_start=runtime_start,
+            shape, strides, start, dtype=new, row_offsets=row_offsets, runtime_start=runtime_start, runtime=runtime
         )
 
 
@@ -681,7 +820,7 @@ def _indirect_on_a_view(view: NkiTensor) -> None:
     On the allocation itself both readings address the same bytes."""
     checks.rule(
         "ap_scalar_offset_view",
-        f"ap with a scalar or vector offset on a view (shape {view.shape}, offset {view.offset}) of a "
+        f"ap with a scalar or vector offset on a view (shape {view.shape}, offset {view._offset}) of a "
         f"{view.storage.shape} allocation: the NKI pages disagree on whether indirect_dim and offset count in the "
         "view or in the underlying tensor; call .ap on the tensor itself, with the view's offset written into "
         "offset= and indirect_dim counted in the tensor's dimensions",
@@ -689,9 +828,104 @@ def _indirect_on_a_view(view: NkiTensor) -> None:
     )
 
 
+def _replace_dim(runtime: RuntimeIndex, dim: int | None) -> RuntimeIndex:
+    return RuntimeIndex(runtime.sources, dim, runtime.out_of_bounds, runtime.oob_rows)
+
+
+def _index_sources(value: Any) -> tuple[Region, ...]:
+    """What an instruction addressed by ``value`` reads to form its address: a tile's region, a scalar's registers."""
+    return (value.region(),) if isinstance(value, NkiTensor) else sources_of(value)
+
+
+def _inside(start: int, shape: Sequence[int], strides: Sequence[int], elems: int) -> bool:
+    lo = hi = start
+    for n, s in zip(shape, strides, strict=True):
+        if n == 0:
+            return True
+        if s > 0:
+            hi += s * (n - 1)
+        else:
+            lo += s * (n - 1)
+    return 0 <= lo and hi < elems
+
+
+def _runtime_rule(name: str, message: str) -> None:
+    checks.rule(name, message, state.current().relaxed)
+
+
+def _check_runtime_key(view: NkiTensor, key: tuple[Any, ...]) -> None:
+    """The documented limits of run-time indices in ``view[key]`` (README, "What is enforced")."""
+    dynamic = [dim for dim, k in enumerate(key) if isinstance(k, DynamicSlice) and k.is_runtime()]
+    if view.runtime is not None and view.runtime.dim is not None and view.runtime.dim < len(key):
+        k = key[view.runtime.dim]
+        if not (isinstance(k, slice) and k == slice(None)):
+            _runtime_rule(
+                "indirect_dim_reslice",
+                f"index dim {view.runtime.dim} of a view addressed at run time must be taken whole (the run-time "
+                f"index addresses it), got {k!r}. Fix: fold the slice into the run-time start (nl.ds(i + k, n))",
+            )
+    if not dynamic:
+        return
+    if len(dynamic) > 1 or view.is_indirect():
+        _runtime_rule(
+            "dynamic_index_count",
+            f"index of a view has at most one run-time index (nl.ds run-time start, scalar or vector offset), got "
+            f"{len(dynamic) + (1 if view.is_indirect() else 0)}. Fix: combine them into one start with NkiScalar "
+            "arithmetic (i * stride + j) on a view of the whole tensor",
+        )
+    for dim in dynamic:
+        start = key[dim].start
+        if view._on_chip and dim == 0:
+            _runtime_rule(
+                "dynamic_partition_start",
+                "index partition dim of an SBUF/PSUM tensor must have a trace-time start, got a run-time nl.ds "
+                "start. Fix: address partitions statically; move the data with dma_copy (its HBM side may be "
+                "addressed at run time)",
+            )
+        if view._on_chip and isinstance(start, NkiScalar) and start.dtype != "int32":
+            _runtime_rule(
+                "onchip_offset_int32",
+                f"index run-time start on an SBUF/PSUM tensor must be nl.int32, got {start.dtype}. Fix: load the "
+                "offset from an nl.int32 tile",
+            )
+
+
+def _check_runtime_ap(view: NkiTensor, scalar_offset: Any, vector_offset: Any) -> None:
+    """The documented limits of ``.ap(scalar_offset= / vector_offset=)`` (README, "What is enforced")."""
+    count = (scalar_offset is not None) + (vector_offset is not None) + view.is_indirect()
+    if count > 1:
+        _runtime_rule(
+            "dynamic_index_count",
+            f"ap run-time offsets must be at most one per view (scalar_offset, vector_offset, a run-time nl.ds "
+            f"start), got {count}. Fix: fold the scalar into the index tile, or the indices into one scalar",
+        )
+    if view._on_chip and isinstance(scalar_offset, NkiScalar) and scalar_offset.dtype != "int32":
+        _runtime_rule(
+            "onchip_offset_int32",
+            f"ap scalar_offset on an SBUF/PSUM tensor must be nl.int32, got {scalar_offset.dtype}. Fix: load the "
+            "offset from an nl.int32 tile",
+        )
+    if vector_offset is None:
+        return
+    if not isinstance(vector_offset, NkiTensor):
+        checks.fail(f"ap vector_offset must be an SBUF index tile, got {type(vector_offset).__name__}")
+    if vector_offset.storage.kind != "sbuf" or vector_offset.dtype.kind not in "iu":
+        _runtime_rule(
+            "vector_offset_form",
+            f"ap vector_offset must be an integer index tile in SBUF, got {dtypes.name(vector_offset.dtype)} in "
+            f"{vector_offset.storage.kind}. Fix: load the indices into an nl.int32 SBUF tile",
+        )
+    if view._on_chip:
+        _runtime_rule(
+            "vector_offset_form",
+            f"ap vector_offset must address an HBM tensor (a DMA gather/scatter), got a tensor in "
+            f"{view.storage.kind}. Fix: gather from HBM with dma_copy",
+        )
+
+
 def _scalar_value(value: Any) -> int:
     if isinstance(value, NkiTensor):
-        return int(value.read().reshape(-1)[0])
+        return int(value._read().reshape(-1)[0])
     return runtime_value(value)
 
 

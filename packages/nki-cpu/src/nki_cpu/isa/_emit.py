@@ -46,7 +46,7 @@ def column_or_scalar(instr: str, name: str, value: Any, dst: NkiTensor) -> np.nd
     """A per-partition operand as fp32, broadcastable against ``(P, F)``: Python number or ``(P,1)`` tile."""
     if isinstance(value, NkiTensor):
         operands.scalar_column(instr, name, value, dst)
-        return value.read_pf()
+        return value._read_pf()
     if isinstance(value, (int, float, np.integer, np.floating, bool)):
         return np.float32(value)
     checks.fail(f"{instr} {name} must be a number or a (P,1) tensor, got {type(value).__name__}")
@@ -73,7 +73,7 @@ def compute_into(dst: NkiTensor, ufunc: np.ufunc | None, *operands: Any) -> bool
         computes in fp32 and casts with numpy's own RNE conversion), but without the intermediate array. numpy
         resolves memory overlap between inputs and ``out``, so in-place calls still read every input first.
     """
-    if ufunc is None or dst.dtype.kind in "iu" or dst.is_indirect():
+    if ufunc is None or dst.dtype.kind in "iu" or dst._row_offsets is not None:
         return False
     shape = dst.shape
     full = dst.size
@@ -93,7 +93,7 @@ def compute_into(dst: NkiTensor, ufunc: np.ufunc | None, *operands: Any) -> bool
             return False
         args.append(x)
     with np.errstate(all="ignore"):
-        ufunc(*args, out=dst.np(), signature=_F32_SIGNATURES[ufunc.nin], casting="unsafe")
+        ufunc(*args, out=dst._np(), signature=_F32_SIGNATURES[ufunc.nin], casting="unsafe")
     return True
 
 
@@ -144,10 +144,17 @@ def emit(
         free_elems=(ins[0].free_elems if ins else main.free_elems) if free_elems is None else free_elems,
         dtypes=tuple(dtypes.name(t.dtype) for t in [*ins, *dsts]),
         nbytes=sum(d.size * d.itemsize for d in dsts) if nbytes is None else nbytes,
-        reads=tuple(t.region() for t in ins),
+        reads=tuple(t.region() for t in ins) + tuple(r for t in [*ins, *dsts] for r in t.runtime_reads()),
         writes=tuple(d.region() for d in dsts),
         queue=queue,
         attrs=dict(attrs or {}),
+        operands=tuple(_static_operand(t) for t in [*ins, *dsts])
+        + tuple(v for v in inputs if isinstance(v, (int, float, np.integer, np.floating))),
     )
     state.current().record(rec)
     return NkiInstruction(opcode, rec.index)
+
+
+def _static_operand(t: NkiTensor) -> tuple[Any, ...]:
+    """An operand as the program text holds it: its allocation and layout, the offset only when it is static."""
+    return (t.storage.id, dtypes.name(t.dtype), t.shape, t.strides, "runtime" if t.is_indirect() else t._offset)

@@ -72,7 +72,7 @@ def int_values(instr: str, name: str, t: NkiTensor) -> np.ndarray:
     """An integer operand of a bit-vector op as int64 ``(P, F)``."""
     if not dtypes.is_int(t.dtype):
         checks.fail(f"{instr} {name} must have an integer dtype for a bit-vector op, got {dtypes.name(t.dtype)}")
-    return t.read().reshape(t.partitions, -1).astype(np.int64)
+    return t._read().reshape(t.partitions, -1).astype(np.int64)
 
 
 def lanes(dst: NkiTensor) -> slice:

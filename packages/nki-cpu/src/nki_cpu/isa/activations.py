@@ -72,7 +72,7 @@ def activation(
     engine_buffers(instr, eng, dst=dst, data=data)
     unit_scale = isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale == 1.0
     plain = unit_scale and bias is None and data.dtype in dtypes.EXACT_IN_F32
-    x = data.lanes() if plain else data.peek_pf()  # lanes: converted to fp32 on the fly by compute_into
+    x = data._lanes() if plain else data._peek_pf()  # lanes: converted to fp32 on the fly by compute_into
     if not unit_scale:
         x = x * column_or_scalar(instr, "scale", scale, dst)  # x·1 is exact: skipped for the default scale
     if bias is not None:
@@ -140,7 +140,7 @@ def exponential(
     instr = "exponential"
     dst, src = lane_operands(instr, dst, src=src)
     with np.errstate(all="ignore"):
-        result = np.exp(src.read_pf() - column_or_scalar(instr, "max_value", max_value, dst)).astype(np.float32)
+        result = np.exp(src._read_pf() - column_or_scalar(instr, "max_value", max_value, dst)).astype(np.float32)
     reduced = None
     if reduce_cmd != RC.idle:
         reduced = reduce_into_acc(instr, "vector", dst, result, add, reduce_cmd, reduce_init)

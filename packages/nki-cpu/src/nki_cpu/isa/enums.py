@@ -7,6 +7,7 @@ from typing import Any
 
 # Re-exported as ``nisa.*`` (their homes are the leaf modules ``checks`` and ``target``).
 from nki_cpu.checks import NkiValidationError as NkiValidationError
+from nki_cpu.scalar import VirtualRegister as VirtualRegister
 from nki_cpu.target import get_nc_sub_version as get_nc_sub_version
 from nki_cpu.target import get_nc_version as get_nc_version
 from nki_cpu.target import nc_version as nc_version
@@ -84,19 +85,3 @@ class NkiInstruction:
 
     def __repr__(self) -> str:
         return f"NkiInstruction({self.opcode}#{self.index})"
-
-
-class VirtualRegister:
-    """A runtime 32-bit register (eagerly holds a Python int)."""
-
-    def __init__(self, value: int = 0) -> None:
-        self.value = int(value)
-
-    def __int__(self) -> int:
-        return self.value
-
-    def __index__(self) -> int:
-        return self.value
-
-    def __repr__(self) -> str:
-        return f"VirtualRegister({self.value})"

@@ -107,7 +107,7 @@ def affine_select(
     keep = np.asarray(cmp_op.binary(affine, 0)) != 0 if cmp_op.binary else None
     if keep is None:
         checks.fail(f"{instr} cmp_op {cmp_op!r} is not a comparison")
-    result = np.where(keep, on_true_tile.read_pf(), np.float32(on_false_value)).astype(np.float32)
+    result = np.where(keep, on_true_tile._read_pf(), np.float32(on_false_value)).astype(np.float32)
     dst.write(result)
     return emit(
         instr,
@@ -137,7 +137,7 @@ def tensor_partition_reduce(dst: NkiTensor, op: Op, data: NkiTensor, name: str |
     checks.same_free(instr, "dst", dst, "data", data)
     if dst.shape[0] != 1:
         checks.fail(f"{instr} dst partition dimension {dst.shape[0]} must be 1")
-    values = data.read().reshape(data.partitions, -1).astype(np.int64) if op.bitvec else data.read_pf()
+    values = data._read().reshape(data.partitions, -1).astype(np.int64) if op.bitvec else data._read_pf()
     result = op.reduce(values, axis=0)
     if op.name == "average":
         result = result / np.float32(data.partitions)

@@ -79,8 +79,8 @@ def nc_matmul(
             f"{instr} moving partition dimension {moving.shape[0]} does not match stationary partition dimension "
             f"{k} (contraction dim)"
         )
-    st = stationary.peek_f32().reshape(k, -1)  # fp32 operands are read in place (never written here)
-    mv = moving.peek_f32().reshape(k, -1)
+    st = stationary._peek_f32().reshape(k, -1)  # fp32 operands are read in place (never written here)
+    mv = moving._peek_f32().reshape(k, -1)
     if double_row:
         if stationary.ndim != 3 or stationary.shape[1] != 2 or moving.ndim != 3 or moving.shape[1] != 2:
             checks.fail(
@@ -107,7 +107,7 @@ def nc_matmul(
                 f"{instr} is_transpose dst dtype {dtypes.name(dst.dtype)} must equal stationary dtype "
                 f"{dtypes.name(stationary.dtype)}"
             )
-        raw = stationary.np().reshape(k, m).T
+        raw = stationary._np().reshape(k, m).T
         if dst.dtype == stationary.dtype:
             dst.write_raw(raw)
         else:
@@ -209,7 +209,7 @@ def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
 
 def _accumulate_into(instr: str, dst: NkiTensor, product: np.ndarray, accumulate: bool | None) -> None:
     """Write (``accumulate=False``), add (True) or add-where-written (None) an fp32 product into fp32 ``dst``."""
-    out = dst.np()
+    out = dst._np()
     product = product.reshape(dst.shape)
     if accumulate is False:
         np.copyto(out, product)
@@ -267,7 +267,7 @@ def nc_transpose(
         checks.at_most(instr, "data", "free size", f, checks.VECTOR_TRANSPOSE_MAX)
     if dst.shape[0] != f or dst.free_elems != p:
         checks.fail(f"{instr} dst shape {dst.shape} must be [{f}, {p}] for data shape {data.shape}")
-    dst.write_raw(data.np().reshape(p, f).T)  # overlap-safe numpy assignment
+    dst.write_raw(data._np().reshape(p, f).T)  # overlap-safe numpy assignment
     if eng is Engine.PE:
         track_group(instr, dst, accumulates=False)
         attrs = {"stationary_free": f, "moving_free": p, "fp32": data.dtype == dtypes.float32, "is_transpose": True}
