@@ -16,7 +16,7 @@ import numpy as np
 
 from nki_cpu import checks
 from nki_cpu.checks import PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION
-from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site, static_form
+from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site
 
 _storage_ids = itertools.count(1)
 
@@ -77,7 +77,7 @@ class Launch:
         if self.loop_repeats:
             rec.repeat = True
         else:
-            self.trace.program.append(static_form(rec))
+            self.trace.program.append(rec)
         rec.site = caller_site()
         if self.no_reorder_block is not None:
             rec.attrs[NO_REORDER] = self.no_reorder_block

@@ -125,7 +125,7 @@ class InstructionRecord:
 def static_form(record: InstructionRecord) -> tuple[Any, ...]:
     """What makes two records the same instruction of a program (storage ids still raw): opcode, engine, sizes,
     dtypes, the static attrs, and the operands without their run-time addresses."""
-    attrs = tuple(sorted((k, repr(v)) for k, v in record.attrs.items() if k != NO_REORDER))
+    attrs = tuple((k, v) for k, v in record.attrs.items() if k != NO_REORDER)  # compared with ==, hashed by repr
     operands = record.operands or tuple(
         ("register",) if r.buffer == "register" else (r.storage_id, r.partitions, r.byte_range)
         for r in (*record.reads, *record.writes)
@@ -145,15 +145,17 @@ class Trace:
     # positions where an iteration of a compiled loop starts or ends: the compiler's scheduler reorders instructions
     # only between two of them (``cost.reorder``)
     boundaries: list[int] = field(default_factory=list)
-    # The static program: one entry per instruction the program holds (``static_form``, a compiled loop's body
-    # once, also when it ran zero times) and ``("loop", construct)`` / ``("end",)`` around each compiled loop.
-    program: list[tuple[Any, ...]] = field(default_factory=list)
+    # The static program: each instruction the program holds (its record; a compiled loop's body once, also when
+    # it ran zero times) and ``("loop", construct)`` / ``("end",)`` around each compiled loop.
+    program: list[InstructionRecord | tuple[str, ...]] = field(default_factory=list)
 
     @property
     def static_instructions(self) -> int:
         """Instructions the compiled program holds: each compiled loop's body counted once, also a body that ran
         zero times (``len(records)`` is the dynamic count, every executed instruction)."""
-        return sum(1 for entry in self.program if entry[0] not in ("loop", "end"))
+        if not self.program:  # a trace assembled by hand, not by a launch
+            return sum(1 for record in self.records if not record.repeat)
+        return sum(1 for entry in self.program if isinstance(entry, InstructionRecord))
 
     def fingerprint(self) -> str:
         """A hash of the static program: instructions, engines, shapes, dtypes, static attrs and offsets, which
@@ -167,10 +169,12 @@ class Trace:
                 return (numbers.setdefault(item[0], len(numbers)), *item[1:])
             return item
 
-        canonical = [
-            entry if entry[0] in ("loop", "end") else (*entry[:-1], tuple(renumber(op) for op in entry[-1]))
-            for entry in self.program
-        ]
+        canonical = []
+        for entry in self.program:
+            if isinstance(entry, InstructionRecord):
+                form = static_form(entry)
+                entry = (*form[:-1], tuple(renumber(op) for op in form[-1]))
+            canonical.append(entry)
         return hashlib.sha256(repr(canonical).encode()).hexdigest()
 
     def lifetimes(self) -> dict[int, tuple[int, int]]:

@@ -157,4 +157,10 @@ def emit(
 
 def _static_operand(t: NkiTensor) -> tuple[Any, ...]:
     """An operand as the program text holds it: its allocation and layout, the offset only when it is static."""
-    return (t.storage.id, dtypes.name(t.dtype), t.shape, t.strides, "runtime" if t.is_indirect() else t._offset)
+    return (
+        t.storage.id,
+        t.dtype,
+        t.shape,
+        t.strides,
+        "runtime" if t.runtime_start or t._row_offsets is not None else t._offset,
+    )
