@@ -84,12 +84,7 @@ SCALAR_USES = {
 
 @pytest.mark.parametrize(
     "kind, use",
-    [
-        (kind, use)
-        for kind in ("scalar", "register")
-        for use in sorted(SCALAR_USES)
-        if (kind, use) != ("register", "branch")
-    ],
+    [(kind, use) for kind in ("scalar", "register") for use in sorted(SCALAR_USES)],
 )
 def test_python_uses_of_run_time_values_are_rejected(kind, use):
 

@@ -203,6 +203,30 @@ class VirtualRegister:
     def __bool__(self) -> bool:
         return bool(_refuse("a VirtualRegister", "a truth test (if / while)", self._value))
 
+    def _compare(self, other: Any, op: str) -> bool:
+        value = runtime_value(other) if isinstance(other, (int, NkiScalar, VirtualRegister)) else other
+        return bool(_refuse("a VirtualRegister", f"a comparison ({op})", _COMPARE[op](self._value, value)))
+
+    def __eq__(self, other: object) -> bool:  # type: ignore[override]
+        return self._compare(other, "==")
+
+    def __ne__(self, other: object) -> bool:  # type: ignore[override]
+        return self._compare(other, "!=")
+
+    def __lt__(self, other: Any) -> bool:
+        return self._compare(other, "<")
+
+    def __le__(self, other: Any) -> bool:
+        return self._compare(other, "<=")
+
+    def __gt__(self, other: Any) -> bool:
+        return self._compare(other, ">")
+
+    def __ge__(self, other: Any) -> bool:
+        return self._compare(other, ">=")
+
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return "VirtualRegister(int32)"
 
