@@ -363,6 +363,24 @@ def test_oob_mode_skip_skips_the_rows_outside_and_copies_the_rest():
     np.testing.assert_array_equal(dst.read(), np.full((2, 4), -5.0))
 
 
+def test_relaxed_dynamic_out_of_bounds_warns_and_skips():
+    values = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+    def kernel(x):
+        out = nl.ndarray((2, 4), x.dtype, buffer=nl.shared_hbm)
+        rows = nl.ndarray((2, 4), x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=rows, value=-5.0)
+        index = nl.ndarray((2, 1), nl.int32, buffer=nl.sbuf)
+        nisa.iota(dst=index, pattern=[[0, 1]], offset=0, channel_multiplier=12)  # rows 0 and 12 (outside)
+        nisa.dma_copy(dst=rows, src=x.ap(pattern=[[4, 2], [1, 4]], offset=0, vector_offset=index, indirect_dim=0))
+        nisa.dma_copy(dst=out, src=rows)
+        return out
+
+    with pytest.warns(RuntimeWarning, match="run-time index must address elements inside.*relaxed"):
+        got = _run(kernel, values, relax={"dynamic_out_of_bounds"})
+    np.testing.assert_array_equal(got, np.stack([values[0], np.full(4, -5.0)]))
+
+
 def test_oob_mode_skip_skips_scatter_rows_outside():
     values = np.zeros((6, 4), np.float32)
     hbm = wrap_array(values)

@@ -119,7 +119,7 @@ def dma_copy(
         operands.in_bounds(instr, "dst", dst)
         operands.in_bounds(instr, "src", src)
     values = src._read().reshape(-1) if dst.dtype == src.dtype else src._read_f32().reshape(-1)
-    rows = _rows_in_bounds(dst, src) if skip else None
+    rows = _rows_in_bounds(dst, src)  # outside rows left: oob_mode.skip, or the rule relaxed (then skipped too)
     if rows is None:
         if dst.dtype == src.dtype:
             dst.write_raw(values)
@@ -131,7 +131,7 @@ def dma_copy(
 
 
 def _rows_in_bounds(dst: NkiTensor, src: NkiTensor) -> np.ndarray | None:
-    """Under ``oob_mode.skip``: per transferred row, True where both sides are inside their tensors (None: all
+    """Under ``oob_mode.skip`` (or ``dynamic_out_of_bounds`` relaxed): per transferred row, True where both sides are inside their tensors (None: all
     inside). A scalar or ``nl.ds`` index outside skips the whole transfer; a vector offset skips its rows."""
     rows = np.ones(max(1, (dst if dst._row_offsets is not None else src).shape[0]), dtype=bool)
     outside = False
