@@ -115,6 +115,23 @@ def test_the_offset_of_a_run_time_view_is_sealed_and_a_static_one_is_not():
         _run(kernel, np.zeros((8, 4), np.int32))
 
 
+@pytest.mark.parametrize(
+    "peek",
+    [lambda view, i: view.region(), lambda view, i: nl.ds(i, 2).as_slice()],
+    ids=["region", "as_slice"],
+)
+def test_other_ways_to_the_resolved_address_are_sealed(peek):
+    def kernel(x):
+        t = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[0:1, 0:1])
+        i = nisa.scalar_load(t)
+        assert "offset=runtime" in repr(x[nl.ds(i, 2), :])
+        peek(x[nl.ds(i, 2), :], i)
+
+    with pytest.raises(checks.SealedValueError, match="run-time"):
+        _run(kernel, np.zeros((8, 4), np.int32))
+
+
 def test_run_time_values_address_and_bound_without_being_read():
     def kernel(x, idx):
         out = nl.ndarray((2, 4), x.dtype, buffer=nl.shared_hbm)

@@ -27,6 +27,9 @@ _DATA_FIX = (
 )
 
 
+_OFFSET_FIX = "keep the run-time value as an NkiScalar and pass it on (nl.ds(i, n), .ap(scalar_offset=i))"
+
+
 class MemoryRegion(str, enum.Enum):
     """NKI buffers (``nl.sbuf``, ``nl.psum``, ``nl.private_hbm`` = ``nl.hbm``, ``nl.shared_hbm``)."""
 
@@ -78,7 +81,10 @@ class DynamicSlice:
     size: int
 
     def as_slice(self) -> slice:
-        """The equivalent Python slice (a run-time start at its current value)."""
+        """The equivalent Python slice (a run-time start at its current value: sealed inside a kernel, rule
+        ``runtime_scalars``)."""
+        if self.is_runtime():
+            state.seal("runtime_scalars", "nl.ds(run-time start, n).as_slice()", _OFFSET_FIX)
         start = _scalar_value(self.start)
         return slice(start, start + self.size)
 
@@ -223,11 +229,7 @@ class NkiTensor:
         ``.ap(scalar_offset=)`` / ``vector_offset``) it is a run-time value: sealed inside a kernel (rule
         ``runtime_scalars``)."""
         if self.runtime_start or self._row_offsets is not None:
-            state.seal(
-                "runtime_scalars",
-                "the .offset of a view addressed at run time",
-                "keep the run-time value as an NkiScalar and pass it on (nl.ds(i, n), .ap(scalar_offset=i))",
-            )
+            state.seal("runtime_scalars", "the .offset of a view addressed at run time", _OFFSET_FIX)
         return self._offset
 
     @property
@@ -265,7 +267,7 @@ class NkiTensor:
     def __repr__(self) -> str:
         return (
             f"NkiTensor(shape={self.shape}, dtype={dtypes.name(self.dtype)}, buffer={self.buffer.value}, "
-            f"strides={self.strides}, offset={self._offset})"
+            f"strides={self.strides}, offset={'runtime' if self.is_indirect() else self._offset})"
         )
 
     def __len__(self) -> int:
@@ -496,7 +498,10 @@ class NkiTensor:
 
     # --- regions for the cost model -------------------------------------------------------------------------------
     def region(self) -> Region:
-        """Bounding box of the bytes this view touches (cost-model dependency tracking; computed once)."""
+        """Bounding box of the bytes this view touches (cost-model dependency tracking; computed once). For a view
+        addressed at run time it holds the resolved address: sealed inside a kernel (rule ``runtime_scalars``)."""
+        if self.runtime is not None:
+            state.seal("runtime_scalars", "the .region() of a view addressed at run time", _OFFSET_FIX)
         region = self._region
         if region is None:
             region = self._region = self._compute_region()
