@@ -57,6 +57,11 @@ class SealedValueError(NkiValidationError, TypeError):
     """Kernel Python asked for a value that exists only on the device at run time."""
 
 
+class KernelTypeError(NkiValidationError, TypeError):
+    """A kernel passed an argument of a kind the API does not take (a float loop step, a Python int to
+    ``scalar_store``, scalars of two widths)."""
+
+
 # The documented constraints nki-cpu enforces by name (README, "What is enforced"). ``simulate(kernel,
 # relax={...})`` turns named rules into RuntimeWarnings for one launch: switchable, never silent.
 RULES = frozenset(

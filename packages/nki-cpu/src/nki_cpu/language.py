@@ -145,7 +145,10 @@ def ds(start: Any, size: int) -> DynamicSlice:
     value (``NkiScalar``, ``VirtualRegister``, 1x1 tensor), e.g. a ``fori_loop`` iteration value (nki.language.ds,
     SDK 2.33)."""
     if not isinstance(size, builtins.int) or isinstance(size, builtins.bool):
-        raise TypeError(f"nl.ds: size must be a trace-time int (the access pattern needs a static count), got {size!r}")
+        checks.fail(
+            f"nl.ds size must be a trace-time int (the access pattern needs a static count), got {size!r}",
+            checks.KernelTypeError,
+        )
     return DynamicSlice(start, size)
 
 
@@ -321,7 +324,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int 
     traces its body once (checked, in ``Trace.program``, nothing written).
     """
     if not isinstance(step, builtins.int) or isinstance(step, builtins.bool) or step <= 0:
-        raise TypeError(f"fori_loop: step must be a positive trace-time int, got {step!r}")
+        checks.fail(f"fori_loop step must be a positive trace-time int, got {step!r}", checks.KernelTypeError)
     for name, bound in (("lower", lower), ("upper", upper)):
         _loop_bound("fori_loop", name, bound)
     as_register = any(isinstance(bound, VirtualRegister) for bound in (lower, upper))

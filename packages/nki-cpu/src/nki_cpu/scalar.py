@@ -73,10 +73,15 @@ class NkiScalar:
     def _other(self, other: Any, op: str) -> int:
         if isinstance(other, NkiScalar):
             if other.dtype != self.dtype:
-                raise TypeError(f"NkiScalar {op}: operands of different widths ({self.dtype}, {other.dtype})")
+                checks.fail(
+                    f"NkiScalar {op} operands must have one width, got {self.dtype} and {other.dtype}",
+                    checks.KernelTypeError,
+                )
             return other._value
         if isinstance(other, bool) or not isinstance(other, int):
-            raise TypeError(f"NkiScalar {op}: the other operand must be a Python int or an NkiScalar, got {other!r}")
+            checks.fail(
+                f"NkiScalar {op} operand must be a Python int or an NkiScalar, got {other!r}", checks.KernelTypeError
+            )
         return other
 
     def _result(self, value: int, other: Any) -> NkiScalar:
@@ -104,7 +109,11 @@ class NkiScalar:
 
     def _compare(self, other: Any, op: str) -> TracedComparison:
         if self.dtype == "int64":
-            raise TypeError(f"NkiScalar {op}: comparisons of 64-bit scalars are rejected (NkiScalar page, SDK 2.33)")
+            checks.fail(
+                f"NkiScalar {op} operands must be 32-bit (64-bit comparisons are rejected: nki.isa.NkiScalar, SDK 2.33), "
+                "got int64",
+                checks.KernelTypeError,
+            )
         value = self._other(other, op)
         return TracedComparison(op, _COMPARE[op](self._value, value))
 

@@ -274,7 +274,11 @@ class NkiTensor:
         return self.shape[0]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        raise TypeError("nki-cpu: tensors are written by instructions (nisa.*, nl.store), not by item assignment")
+        checks.fail(
+            "tensor item assignment is not an instruction: tensors are written by instructions (nisa.*, nl.store), "
+            f"got tensor[{key!r}] = ...",
+            checks.KernelTypeError,
+        )
 
     def is_indirect(self) -> bool:
         """True for views addressed at run time: a run-time ``nl.ds`` start, a scalar or a vector offset
@@ -625,7 +629,7 @@ class NkiTensor:
             elif isinstance(k, NkiTensor):
                 raise NotImplementedError("nki-cpu: tensor-valued (runtime) indices are not supported; use .ap()")
             else:
-                raise TypeError(f"unsupported index {k!r}")
+                checks.fail(f"index must be an int, a slice or nl.ds, got {k!r}", checks.KernelTypeError)
         min_rank = 2 if on_chip else 1
         while len(shape) < min_rank:
             shape.append(1)
@@ -658,7 +662,7 @@ class NkiTensor:
         """Reorder dims (on-chip: ``dims[0]`` must be 0)."""
         dims = [_norm_dim(d, self.ndim) for d in dims]
         if sorted(dims) != list(range(self.ndim)):
-            raise ValueError(f"permute dims {dims} are not a permutation of {self.ndim} dims")
+            checks.fail(f"permute dims must be a permutation of {self.ndim} dims, got {dims}")
         if self._on_chip and dims[0] != 0:
             checks.fail(f"permute dims of an on-chip tensor must keep the partition dim first, got {dims}")
         return self._make([self.shape[d] for d in dims], [self.strides[d] for d in dims], self._offset)

@@ -89,12 +89,16 @@ def scalar_store(dst: Any, value: NkiScalar) -> None:
     """Write a run-time scalar to a 1x1 tile of the same width (a Python int is not accepted)."""
     instr = "scalar_store"
     if not isinstance(value, NkiScalar):
-        raise TypeError(f"scalar_store: value must be an NkiScalar, got {value!r}. Fix: nisa.memset for a constant")
+        checks.fail(
+            f"scalar_store value must be an NkiScalar, got {value!r}. Fix: nisa.memset for a constant",
+            checks.KernelTypeError,
+        )
     dst = _one_element(instr, "dst", dst, ((1, 1),), "scalar_load_source", "a 1x1 (shape (1, 1)) tile")
     if dst.dtype.name != value.dtype:
-        raise TypeError(
-            f"scalar_store: dst must be a 1x1 {value.dtype} tile (the scalar's width), got {dst.dtype.name} "
-            f"{tuple(dst.shape)}"
+        checks.fail(
+            f"scalar_store dst must be a 1x1 {value.dtype} tile (the scalar's width), got {dst.dtype.name} "
+            f"{tuple(dst.shape)}",
+            checks.KernelTypeError,
         )
     dst.write(np.full(dst.shape, runtime_value(value), dtype=dst.dtype))
     _record(instr, value.sources[0] if value.sources else _register_region(), dst, dst.dtype)
