@@ -11,10 +11,13 @@ that doing so computes what the traced-once program would:
 
 - every instruction a body issues after its first iteration is recorded with ``repeat=True``, so
   ``Trace.static_instructions`` counts what the compiled program holds and ``len(trace.records)`` what it runs;
-- every iteration must issue the same instructions (opcode, engine, shape, dtypes) on the same tiles as the
-  first: a tile allocated before the loop at the same position, or the same-numbered allocation of the
-  iteration's own. Instructions or tiles chosen by Python state that changes between iterations could not be one
-  program, so they are rejected rather than counted;
+- every iteration must issue the same instructions (``cost.record.static_form``: opcode, engine, shape, dtypes,
+  static attributes, immediates and every offset not addressed at run time) on the same tiles as the first: a
+  tile allocated before the loop at the same position, or the same-numbered allocation of the iteration's own.
+  Instructions, tiles, offsets or constants chosen by Python state that changes between iterations could not be
+  one program, so they are rejected rather than counted;
+- a loop that runs zero times still holds its body: it is traced once as a trace-only pass (checked, entered in
+  ``Trace.program``, every write and record undone);
 - a tile allocated inside a body is one allocation reused by every iteration, so an instruction may touch it only
   in the iteration that allocated it (and, after the loop, only the last iteration's): reading a previous
   iteration's tile would read what the program overwrote. Values that cross iterations live in tiles allocated

@@ -76,13 +76,13 @@ class Launch:
         iterations)."""
         if self.loop_repeats:
             rec.repeat = True
-        else:
-            self.trace.program.append(rec)
         rec.site = caller_site()
         if self.no_reorder_block is not None:
             rec.attrs[NO_REORDER] = self.no_reorder_block
         if self.body_allocations:
             self.check_body_tiles(rec)
+        if not rec.repeat:
+            self.trace.program.append(rec)
         self.trace.append(rec)
         return rec
 
