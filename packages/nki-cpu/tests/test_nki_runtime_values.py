@@ -282,6 +282,26 @@ def test_an_int64_offset_on_sbuf_is_rejected_and_on_hbm_allowed():
     assert wrap_array(np.zeros((8, 8), np.float32))[nl.ds(_scalar(1, "int64"), 2), :].is_indirect()
 
 
+RELAXED_VIEW_FORMS = {
+    "dynamic_index_count": lambda: wrap_array(np.zeros((8, 8), np.float32))[nl.ds(_scalar(1), 2), nl.ds(_scalar(2), 2)],
+    "indirect_dim_reslice": lambda: wrap_array(np.zeros((8, 8), np.float32))[nl.ds(_scalar(1), 4), :][0:2, :],
+    "onchip_offset_int32": lambda: empty((8, 8))[:, nl.ds(_scalar(1, "int64"), 2)],
+    "vector_offset_form": lambda: wrap_array(np.zeros((8, 4), np.float32)).ap(
+        [[4, 2], [1, 4]], offset=0, vector_offset=wrap_array(np.ones((2, 1), np.int32))
+    ),
+    "register_load_source": lambda: nisa.register_load(nisa.register_alloc(), wrap_array(np.ones((2,), np.int32))),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RELAXED_VIEW_FORMS))
+def test_relaxed_run_time_forms_warn_and_proceed(rule):
+    with pytest.warns(RuntimeWarning, match=rf"rule '{rule}' relaxed"):
+        _run(RELAXED_VIEW_FORMS[rule], relax={rule})
+    with pytest.raises(checks.RuleViolationError) as info:
+        _run(RELAXED_VIEW_FORMS[rule])
+    assert info.value.rule == rule
+
+
 def test_relaxed_run_time_view_rules_warn():
     def kernel():
         empty((8, 8))[nl.ds(_scalar(1), 2), :]
