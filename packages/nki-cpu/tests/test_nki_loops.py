@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
+from nki_cpu import checks
 from nki_cpu import isa as nisa
 from nki_cpu import language as nl
 from nki_cpu.cost import estimate
@@ -266,7 +267,7 @@ def test_the_iteration_value_is_a_run_time_scalar() -> None:
     nl.fori_loop(0, 2, body)
     assert seen == [slice(1, 5), slice(4, 8)]
     assert (nisa.NkiScalar(2**31 - 1) + 1).value == -(2**31), "32-bit arithmetic wraps"
-    with pytest.raises(TypeError, match="must be 32-bit"):
+    with pytest.raises(checks.RuleViolationError, match="must be a 32-bit value"):
         nl.fori_loop(0, nisa.NkiScalar(4, "int64"), lambda i: None)
     with pytest.raises(TypeError, match="positive trace-time int"):
         nl.fori_loop(0, 4, lambda i: None, step=0)
@@ -280,9 +281,211 @@ def test_scalar_load_and_store_round_trip_at_the_tiles_width() -> None:
     out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
     nisa.scalar_store(out, scalar)
     assert int(out.read()[0, 0]) == 29
-    with pytest.raises(TypeError, match="1x1 int32 or int64"):
+    with pytest.raises(checks.RuleViolationError, match=r"must be nl\.int32 or nl\.int64, got float32"):
         nisa.scalar_load(nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf))
     with pytest.raises(TypeError, match="must be an NkiScalar"):
         nisa.scalar_store(out, 29)
     with pytest.raises(TypeError, match="1x1 int32 tile"):
         nisa.scalar_store(nl.ndarray((1, 1), dtype=nl.int64, buffer=nl.sbuf), scalar)
+
+
+# --- the body is one program: static offsets and immediates too, also at zero trips -----------------------------------
+def _rows_kernel(body_of):
+    """A kernel copying rows of x [4, 8] into out through a fori_loop whose body ``body_of(x, out, rows)`` makes."""
+
+    def kernel(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        rows = nl.ndarray((1, 8), x.dtype, buffer=nl.sbuf)
+        nl.fori_loop(0, 4, body_of(x, out, rows))
+        return out
+
+    return kernel
+
+
+def test_a_body_advancing_python_state_is_rejected() -> None:
+    def body_of(x, out, rows):
+        row = iter(range(4))
+
+        def body(i):
+            r = next(row)  # Python state: the traced-once body would copy row 0 every time
+            nisa.dma_copy(dst=rows, src=x[r : r + 1, :])
+            nisa.dma_copy(dst=out[r : r + 1, :], src=rows)
+
+        return body
+
+    with pytest.raises(checks.NkiValidationError, match=r"fori_loop body: iteration 1 .* differ at instruction 0"):
+        nki_cpu.simulate(_rows_kernel(body_of))(np.zeros((4, 8), np.float32))
+
+
+def test_a_body_addressing_by_the_iteration_value_is_one_program() -> None:
+    def body_of(x, out, rows):
+        def body(i):
+            nisa.dma_copy(dst=rows, src=x[nl.ds(i, 1), :])
+            nisa.dma_copy(dst=out[nl.ds(i, 1), :], src=rows)
+
+        return body
+
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_array_equal(nki_cpu.simulate(_rows_kernel(body_of))(x), x)
+    assert nki_cpu.last_trace().static_instructions == 2
+
+
+def test_a_body_whose_immediates_change_is_rejected() -> None:
+    scale = iter([1.0, 2.0, 3.0, 4.0])
+
+    def kernel(x):
+        t = nl.load(x)
+        nl.fori_loop(0, 4, lambda i: nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=next(scale)))
+
+    with pytest.raises(checks.NkiValidationError, match="fori_loop body: iteration 1"):
+        nki_cpu.simulate(kernel)(np.ones((4, 8), np.float32))
+
+
+def test_a_zero_trip_body_is_still_checked_and_changes_nothing() -> None:
+    def kernel(x, n):
+        t = nl.load(x)
+        bound = nisa.register_alloc()
+        nisa.register_load(bound, n)
+        nl.fori_loop(
+            0, bound, lambda i: nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add, engine=nisa.scalar_engine)
+        )
+
+    with pytest.raises(checks.RuleViolationError, match="tensor_tensor"):
+        nki_cpu.simulate(kernel)(np.ones((4, 8), np.float32), np.zeros((1,), np.int32))
+
+    def doubling(x, n):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        bound = nisa.register_alloc()
+        nisa.register_load(bound, n)
+        nl.fori_loop(0, bound, lambda i: nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add))
+        nl.store(out, t)
+        return out
+
+    x = np.ones((4, 8), np.float32)
+    np.testing.assert_array_equal(nki_cpu.simulate(doubling)(x, np.zeros((1,), np.int32)), x)
+    zero = nki_cpu.last_trace()
+    np.testing.assert_array_equal(nki_cpu.simulate(doubling)(x, np.full((1,), 3, np.int32)), 8 * x)
+    three = nki_cpu.last_trace()
+    assert zero.static_instructions == three.static_instructions == len(zero.records) + 1
+    assert zero.fingerprint() == three.fingerprint()
+
+
+@pytest.mark.parametrize("bound", [2.7, True, "3"])
+def test_a_loop_bound_that_is_not_an_int_is_rejected(bound) -> None:
+    with pytest.raises(checks.RuleViolationError, match="fori_loop upper must be an int"):
+        nl.fori_loop(0, bound, lambda i: None)
+
+
+def test_a_relaxed_float_bound_warns() -> None:
+    trips = []
+
+    def kernel():
+        nl.fori_loop(0, 2.7, lambda i: trips.append(1))
+
+    with pytest.warns(RuntimeWarning, match="fori_loop upper.*relaxed"):
+        nki_cpu.simulate(kernel, relax={"loop_bounds"})()
+    assert len(trips) == 2
+
+
+# --- while_loop: a compiled loop with the same checks ----------------------------------------------------------------
+def _countdown(counter_values, body_extra=None):
+    """A kernel counting a register down from n to 0 through a tile, one tensor_scalar per trip."""
+
+    def kernel(x, n):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        count = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=count, src=n)
+        r = nisa.register_alloc()
+        nisa.register_load(r, count)
+
+        def body(cond):
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+            nisa.tensor_scalar(dst=count, data=count, op0=nl.subtract, operand0=1.0)
+            if body_extra is not None:
+                body_extra(t)
+            following = nisa.register_alloc()
+            nisa.register_load(following, count)
+            return following
+
+        nl.while_loop(r, body)
+        nl.store(out, t)
+        return out
+
+    return kernel
+
+
+def test_while_loop_is_a_compiled_loop() -> None:
+    x = np.ones((4, 8), np.float32)
+    got = nki_cpu.simulate(_countdown(None))(x, np.full((1, 1), 3, np.int32))
+    np.testing.assert_array_equal(got, 8 * x)
+    trace = nki_cpu.last_trace()
+    repeats = sum(r.repeat for r in trace.records)
+    assert repeats == 2 * 3 and trace.static_instructions == len(trace.records) - repeats
+    np.testing.assert_array_equal(nki_cpu.simulate(_countdown(None))(x, np.zeros((1, 1), np.int32)), x)
+    assert nki_cpu.last_trace().fingerprint() == trace.fingerprint()
+
+
+def test_while_loop_body_must_be_the_same_each_iteration() -> None:
+    calls = iter(range(10))
+
+    def extra(t):
+        if next(calls) == 1:
+            nisa.memset(dst=t, value=0.0)
+
+    with pytest.raises(checks.NkiValidationError, match="while_loop body: iteration 1"):
+        nki_cpu.simulate(_countdown(None, extra))(np.ones((4, 8), np.float32), np.full((1, 1), 3, np.int32))
+
+
+def test_while_loop_inside_no_reorder_is_rejected() -> None:
+    def kernel():
+        with nl.no_reorder():
+            nl.while_loop(nisa.register_alloc(0), lambda r: r)
+
+    with pytest.raises(checks.RuleViolationError, match=r"while_loop inside nl\.no_reorder"):
+        nki_cpu.simulate(kernel)()
+
+
+# --- Trace.fingerprint: one compiled program, however its run-time data differ ---------------------------------------
+def _gather_rows(x, idx):
+    out = nl.ndarray((2, 8), x.dtype, buffer=nl.shared_hbm)
+    index = nl.ndarray((2, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=index, src=idx)
+    rows = nl.ndarray((2, 8), x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=rows, src=x.ap(pattern=[[8, 2], [1, 8]], offset=0, vector_offset=index, indirect_dim=0))
+    first = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=first, src=idx[0:1, :])
+    start = nisa.scalar_load(first)
+    nisa.dma_copy(dst=rows[0:1, :], src=x[nl.ds(start, 1), :])
+    nisa.dma_copy(dst=out, src=rows)
+    return out
+
+
+def test_two_launches_with_different_index_data_have_one_fingerprint() -> None:
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    prints = []
+    for idx in ([[1], [6]], [[5], [0]]):
+        got = nki_cpu.simulate(_gather_rows)(x, np.array(idx, np.int32))
+        np.testing.assert_array_equal(got, x[[idx[0][0], idx[1][0]]])
+        prints.append(nki_cpu.last_trace().fingerprint())
+    assert prints[0] == prints[1]
+
+
+def test_a_kernel_specialising_on_a_value_has_another_fingerprint() -> None:
+    def kernel(x, rows):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        for _ in range(rows):  # unrolled on a Python value: another program
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+        nl.store(out, t)
+        return out
+
+    x = np.ones((4, 8), np.float32)
+    prints = set()
+    for rows in (1, 2):
+        nki_cpu.simulate(kernel)(x, rows)
+        prints.add(nki_cpu.last_trace().fingerprint())
+    assert len(prints) == 2
+    nki_cpu.simulate(kernel)(2 * x, 1)
+    assert nki_cpu.last_trace().fingerprint() in prints  # different data, same program

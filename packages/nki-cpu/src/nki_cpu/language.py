@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, loops, opcodes, state
+from nki_cpu import checks, loops, opcodes, operands, state
 from nki_cpu import isa as nisa
 from nki_cpu.dtypes import (
     bfloat16,
@@ -125,12 +125,12 @@ class tile_size:  # noqa: N801 - the NKI name
     gemm_moving_fmax = 512
     psum_bank_fmax = 512
     psum_fmax = 512
-    psum_bank_fmax_bytes = state.PSUM_BANK_BYTES
-    psum_num_banks = state.PSUM_BANKS
+    psum_bank_fmax_bytes = checks.PSUM_BANK_BYTES
+    psum_num_banks = checks.PSUM_BANKS
     bn_stats_fmax = 512
-    sbuf_fmax_bytes = state.SBUF_BYTES_PER_PARTITION
-    sbuf_fmax = state.SBUF_BYTES_PER_PARTITION // 4
-    total_available_sbuf_size = state.SBUF_BYTES_PER_PARTITION
+    sbuf_fmax_bytes = checks.SBUF_BYTES_PER_PARTITION
+    sbuf_fmax = checks.SBUF_BYTES_PER_PARTITION // 4
+    total_available_sbuf_size = checks.SBUF_BYTES_PER_PARTITION
     sbuf_size_bytes = 28 * 1024 * 1024
     psum_min_align = 4
     sbuf_min_align = 4
@@ -145,7 +145,10 @@ def ds(start: Any, size: int) -> DynamicSlice:
     value (``NkiScalar``, ``VirtualRegister``, 1x1 tensor), e.g. a ``fori_loop`` iteration value (nki.language.ds,
     SDK 2.33)."""
     if not isinstance(size, builtins.int) or isinstance(size, builtins.bool):
-        raise TypeError(f"nl.ds: size must be a trace-time int (the access pattern needs a static count), got {size!r}")
+        checks.fail(
+            f"nl.ds size must be a trace-time int (the access pattern needs a static count), got {size!r}",
+            checks.KernelTypeError,
+        )
     return DynamicSlice(start, size)
 
 
@@ -167,7 +170,7 @@ def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = ""
         The new tensor, with storage independent of every other allocation.
     """
     if isinstance(buffer, str) and not isinstance(buffer, MemoryRegion):
-        checks.rule(
+        operands.rule(
             "buffer_strings",
             f"ndarray buffer {buffer!r} is a string; pass nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm (NKI 0.3.0+)",
         )
@@ -226,7 +229,7 @@ def rand(shape: Sequence[int], dtype: Any = float32, buffer: Any = sbuf, name: s
 def random_seed(seed: Any) -> None:
     """Seed ``rand`` from an int or a 1x1 tensor."""
     global _rng
-    value = int(seed.read().reshape(-1)[0]) if isinstance(seed, NkiTensor) else int(seed)
+    value = int(seed._read().reshape(-1)[0]) if isinstance(seed, NkiTensor) else int(seed)
     _rng = np.random.default_rng(value)
 
 
@@ -269,7 +272,7 @@ def is_on_chip(buffer: Any) -> bool:
 
 def device_print(prefix: str, x: Any) -> None:
     """Print a tensor's values immediately (simulator behaviour)."""
-    print(prefix, x.read() if isinstance(x, NkiTensor) else x)
+    print(prefix, x._read() if isinstance(x, NkiTensor) else x)
 
 
 @contextlib.contextmanager
@@ -317,24 +320,81 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int 
 
     As in NKI 0.7 (nki.language.fori_loop, SDK 2.33), ``i`` is an ``NkiScalar`` (a ``VirtualRegister`` when a bound
     is one): usable as an offset and in +, -, * arithmetic, never as a Python int. Bounds are ints, registers or
-    32-bit scalars; ``step`` is a positive trace-time int.
+    32-bit scalars (rule ``loop_bounds``); ``step`` is a positive trace-time int. A loop that runs zero times still
+    traces its body once (checked, in ``Trace.program``, nothing written).
     """
     if not isinstance(step, builtins.int) or isinstance(step, builtins.bool) or step <= 0:
-        raise TypeError(f"fori_loop: step must be a positive trace-time int, got {step!r}")
+        checks.fail(f"fori_loop step must be a positive trace-time int, got {step!r}", checks.KernelTypeError)
     for name, bound in (("lower", lower), ("upper", upper)):
-        if isinstance(bound, NkiScalar) and bound.dtype != "int32":
-            raise TypeError(f"fori_loop: {name} is a {bound.dtype} scalar; a loop bound must be 32-bit")
+        _loop_bound("fori_loop", name, bound)
     as_register = any(isinstance(bound, VirtualRegister) for bound in (lower, upper))
-    values = builtins.range(runtime_value(lower), runtime_value(upper), step)
-    for i in loops.compiled_iterations(values, "fori_loop"):
+    start = runtime_value(lower)
+    values = builtins.range(start, runtime_value(upper), step)
+    for i in loops.compiled_iterations(values, "fori_loop", start):
         body_fun(VirtualRegister(i) if as_register else NkiScalar(i))
 
 
-def while_loop(init_reg: Any, body_fun: Callable[[Any], Any]) -> None:
-    """Runtime loop: while the register is non-zero, ``reg = body_fun(reg)``."""
-    reg = init_reg
-    while int(reg) != 0:
-        reg = body_fun(reg)
+def _loop_bound(instr: str, name: str, bound: Any) -> None:
+    """A loop bound is an int, a ``VirtualRegister`` or an int32 ``NkiScalar`` (rule ``loop_bounds``)."""
+    if isinstance(bound, NkiScalar):
+        if bound.dtype != "int32":
+            operands.rule(
+                "loop_bounds",
+                f"{instr} {name} must be a 32-bit value, got an {bound.dtype} NkiScalar (the trip-count comparison "
+                "has no 64-bit form: nki.isa.scalar_load, SDK 2.33). Fix: load the bound from an nl.int32 tile",
+            )
+        return
+    if isinstance(bound, VirtualRegister):
+        return
+    if isinstance(bound, builtins.bool) or not isinstance(bound, (builtins.int, np.integer)):
+        operands.rule(
+            "loop_bounds",
+            f"{instr} {name} must be an int, a VirtualRegister or an int32 NkiScalar, got {bound!r}. Fix: round it "
+            "on the host (a float bound is not truncated by the compiler)",
+        )
+
+
+class _Condition:
+    """The register a ``while_loop`` tests next (the body's return value)."""
+
+    def __init__(self, register: VirtualRegister) -> None:
+        self.register = register
+
+    def values(self) -> Iterator[VirtualRegister]:
+        while runtime_value(self.register) != 0:
+            yield _copy_register(self.register)
+
+
+def _copy_register(register: VirtualRegister) -> VirtualRegister:
+    """The body's ``r``: the condition passed by value (nki.language.while_loop)."""
+    copy = VirtualRegister()
+    copy.set(runtime_value(register), register.sources)
+    return copy
+
+
+def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
+    """Compiled loop while a register is non-zero: ``r = init; while r != 0: r = body_fun(r)``.
+
+    As ``fori_loop``: one body in the program (checked the same every iteration, later iterations recorded as
+    repeats, traced once when ``init`` is zero), not inside ``nl.no_reorder()``. The body gets the condition as a
+    ``VirtualRegister`` (by value) and returns the next condition register (nki.language.while_loop, v2.32.0 and
+    latest).
+    """
+    if not isinstance(init, VirtualRegister):
+        operands.rule(
+            "loop_bounds",
+            f"while_loop init must be a VirtualRegister, got {type(init).__name__}. Fix: r = nisa.register_alloc(); "
+            "nisa.register_load(r, tile)",
+        )
+        init = VirtualRegister(runtime_value(init))
+    condition = _Condition(init)
+    for r in loops.compiled_iterations(condition.values(), "while_loop", _copy_register(init)):
+        following = body_fun(r)
+        if not isinstance(following, VirtualRegister):
+            checks.fail(
+                f"while_loop body_fun must return the next condition VirtualRegister, got {type(following).__name__}"
+            )
+        condition.register = following
 
 
 def program_id(axis: int = 0) -> int:
@@ -564,7 +624,7 @@ def broadcast_to(x: NkiTensor, shape: Sequence[int], **_: Any) -> NkiTensor:
     """Expand size-1 dims of ``x`` to ``shape`` (same rank; partition broadcast runs on TensorE)."""
     shape = tuple(shape)
     if len(shape) != x.ndim:
-        raise AssertionError(f"broadcast_to needs the same rank: {x.shape} -> {shape}")
+        checks.fail(f"broadcast_to shape must have the rank of {x.shape}, got {tuple(shape)}")
     src = x
     if x.shape[0] == 1 and shape[0] > 1:
         ones_row = ndarray((1, shape[0]), float32 if x.dtype == float32 else x.dtype, sbuf)

@@ -11,10 +11,13 @@ that doing so computes what the traced-once program would:
 
 - every instruction a body issues after its first iteration is recorded with ``repeat=True``, so
   ``Trace.static_instructions`` counts what the compiled program holds and ``len(trace.records)`` what it runs;
-- every iteration must issue the same instructions (opcode, engine, shape, dtypes) on the same tiles as the
-  first: a tile allocated before the loop at the same position, or the same-numbered allocation of the
-  iteration's own. Instructions or tiles chosen by Python state that changes between iterations could not be one
-  program, so they are rejected rather than counted;
+- every iteration must issue the same instructions (``cost.record.static_form``: opcode, engine, shape, dtypes,
+  static attributes, immediates and every offset not addressed at run time) on the same tiles as the first: a
+  tile allocated before the loop at the same position, or the same-numbered allocation of the iteration's own.
+  Instructions, tiles, offsets or constants chosen by Python state that changes between iterations could not be
+  one program, so they are rejected rather than counted;
+- a loop that runs zero times still holds its body: it is traced once as a trace-only pass (checked, entered in
+  ``Trace.program``, every write and record undone);
 - a tile allocated inside a body is one allocation reused by every iteration, so an instruction may touch it only
   in the iteration that allocated it (and, after the loop, only the last iteration's): reading a previous
   iteration's tile would read what the program overwrote. Values that cross iterations live in tiles allocated
@@ -23,12 +26,15 @@ that doing so computes what the traced-once program would:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from nki_cpu import state
-from nki_cpu.cost.record import InstructionRecord
+from nki_cpu import checks, state
+from nki_cpu.cost.record import InstructionRecord, static_form
+from nki_cpu.tensor import live_storages
 
 _loop_ids = itertools.count(1)
 
@@ -51,34 +57,42 @@ class LoopFrame:
 
 
 def _instruction(record: InstructionRecord, frame: LoopFrame) -> tuple[Any, ...]:
-    """What makes two instructions the same instruction of a program, up to the offsets they address."""
-    operands = tuple(frame.operand(r.storage_id) for r in (*record.reads, *record.writes))
-    return (record.opcode, record.engine.value, record.partitions, record.free_elems, record.dtypes, operands)
+    """What makes two instructions the same instruction of a program: ``static_form`` (opcode, engine, sizes,
+    dtypes, static attrs, immediates, static offsets) with each operand's allocation named up to the iteration."""
+    form = static_form(record)
+    operands = tuple(
+        (*frame.operand(op[0]), *op[1:]) if isinstance(op, tuple) and op and isinstance(op[0], int) else op
+        for op in form[-1]
+    )
+    return (*form[:-1], operands)
 
 
-def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
+def compiled_iterations(values: Iterable[Any], construct: str, trace_value: Any) -> Iterator[Any]:
     """Yield ``values`` as the iterations of one compiled loop (see the module docstring).
 
     Args:
         values: the iteration values, in order.
         construct: the loop's name for error messages (``"fori_loop"``).
+        trace_value: the value to trace the body with when ``values`` is empty: the body is still program text,
+            so it is run once as a trace-only pass — checked and entered in ``Trace.program``, its records and every
+            write it made undone, run-time indices not bounds-checked.
 
     Raises:
-        AssertionError: an iteration issued different instructions, or touched other tiles, than the first.
+        checks.NkiValidationError: an iteration issued different instructions, or touched other tiles, than the first.
     """
     launch = state.current()
     if launch.no_reorder_block is not None:
-        from nki_cpu import checks  # late: checks imports tensor, which imports state
-
         checks.rule(
             "loop_in_no_reorder",
             f"{construct} inside nl.no_reorder(): a compiled loop is not supported in a no_reorder block "
             "(nki.language.no_reorder, v2.32.0 and latest); move the loop out of the block, or use a Python for "
             "loop, which is unrolled",
+            launch.relaxed,
         )
     records = launch.trace.records
     frame = LoopFrame()
     launch.loops.append(frame)
+    launch.trace.program.append(("loop", construct))
     first: list[tuple[Any, ...]] | None = None
     repeating = False
     try:
@@ -94,39 +108,38 @@ def compiled_iterations(values: Iterable[Any], construct: str) -> Iterator[Any]:
             if first is None:
                 first = body
             elif body != first:
-                raise AssertionError(_mismatch(construct, n, first, body))
+                checks.fail(_mismatch(construct, n, first, body))
+        if first is None:
+            with _undone(launch):
+                yield trace_value
     finally:
         launch.trace.boundaries.append(len(records))
+        launch.trace.program.append(("end",))
         if repeating:
             launch.loop_repeats -= 1
         launch.loops.remove(frame)
         launch.ended_loops[frame.id] = frame.iteration
 
 
-def check_body_tiles(launch: state.Launch, record: InstructionRecord) -> None:
-    """Reject an instruction touching a tile a compiled loop's body allocated in another iteration (module
-    docstring); called for every record while such tiles exist."""
-    running = {frame.id: frame.iteration for frame in launch.loops}
-    for region in (*record.reads, *record.writes):
-        tag = launch.body_allocations.get(region.storage_id)
-        if tag is None:
-            continue
-        for loop_id, iteration in tag:
-            now = running.get(loop_id)
-            if now is not None and now != iteration:
-                raise AssertionError(
-                    f"{record.opcode}: touches a tile allocated in iteration {iteration} of a compiled loop's body, "
-                    f"in iteration {now}. The body is traced once (nki.language.fori_loop, SDK 2.33): its tiles are "
-                    "one allocation that every iteration reuses, so a previous iteration's tile holds this "
-                    "iteration's data. Fix: allocate tiles whose values cross iterations before the loop"
-                )
-            last = launch.ended_loops.get(loop_id)
-            if now is None and last is not None and iteration != last:
-                raise AssertionError(
-                    f"{record.opcode}: touches a tile allocated in iteration {iteration} of a compiled loop that "
-                    f"ended after iteration {last}. The body is traced once, so after the loop its tiles hold the "
-                    "last iteration's data. Fix: allocate tiles whose values outlive the loop before it"
-                )
+@contextlib.contextmanager
+def _undone(launch: state.Launch) -> Iterator[None]:
+    """Run a block as a trace-only pass: afterwards every allocation's bytes, the engines' accumulators, the matmul
+    groups and the trace's records are as before (``Trace.program`` keeps the block's instructions)."""
+    saved = [(s, s._raw.copy(), None if s.matmul_written is None else s.matmul_written.copy()) for s in live_storages()]
+    accumulators = {k: v.copy() for k, v in launch.accumulators.items()}
+    accumulation = copy.deepcopy(launch.accumulation)
+    length = len(launch.trace.records)
+    launch.dry_run = True
+    try:
+        yield
+    finally:
+        launch.dry_run = False
+        del launch.trace.records[length:]
+        for storage, raw, flags in saved:
+            storage._raw[...] = raw
+            storage.matmul_written = flags
+        launch.accumulators = accumulators
+        launch.accumulation = accumulation
 
 
 def _mismatch(construct: str, n: int, first: list[tuple[Any, ...]], body: list[tuple[Any, ...]]) -> str:

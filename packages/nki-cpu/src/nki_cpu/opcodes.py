@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from nki_cpu import checks
+
 F32 = np.float32
 
 
@@ -61,7 +63,7 @@ class Op:
     def reduce(self, values: np.ndarray, axis: int) -> np.ndarray:
         """Reduce ``values`` along ``axis`` with this op (left fold; see README for subtract)."""
         if self.binary is None:
-            raise AssertionError(f"{self.name} is not a reduction operator")
+            checks.fail(f"reduction op must be a binary operator token, got nl.{self.name}")
         ufunc = _REDUCERS.get(self.name)
         if ufunc is not None:
             return ufunc.reduce(values, axis=axis)
@@ -220,7 +222,7 @@ IDENTITY = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf, "m
 
 
 def require_op(op: object, instr: str, arg: str) -> Op:
-    """Return ``op`` if it is an operator token, else raise the simulator-style AssertionError."""
+    """Return ``op`` if it is an operator token, else raise the simulator-style error (``checks``)."""
     if not isinstance(op, Op):
-        raise AssertionError(f"{instr} {arg} must be an nl operator token (e.g. nl.add), got {op!r}")
+        checks.fail(f"{instr} {arg} must be an nl operator token (e.g. nl.add), got {op!r}")
     return op

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from nki_cpu import checks, frameworks, state
+from nki_cpu import checks, frameworks, isa, language, state
 from nki_cpu.cost.record import Trace
+from nki_cpu.target import get_nc_version
 from nki_cpu.tensor import MemoryRegion, NkiTensor, wrap_array
 
 _last_traces: list[Trace] = []
@@ -117,7 +118,7 @@ def _positional_names(fn: Callable[..., Any], count: int) -> list[str]:
 
 def _unwrap(value: Any, as_torch: bool = False) -> Any:
     if isinstance(value, NkiTensor):
-        return frameworks.numpy_to_torch(value.read()) if as_torch else value.read()
+        return frameworks.numpy_to_torch(value._read()) if as_torch else value._read()
     if isinstance(value, (tuple, list)):
         return type(value)(_unwrap(v, as_torch) for v in value)
     return value
@@ -127,7 +128,7 @@ def simulate(
     kernel: Callable[..., Any],
     *,
     check_capacity: bool = True,
-    sbuf_bytes_per_partition: int = state.SBUF_BYTES_PER_PARTITION,
+    sbuf_bytes_per_partition: int = checks.SBUF_BYTES_PER_PARTITION,
     blas_threads: int | None = 1,
     relax: Iterable[str] = (),
 ) -> Callable[..., Any]:
@@ -221,8 +222,6 @@ def lnc_degrees() -> tuple[int, ...]:
     The SDK supports an LNC degree of 1 or 2, and since NKI 0.7.0 (SDK 2.33) a grid that differs from the
     compiler's LNC degree is an error (LNC page, v2.33.1; docs/nki-sources.md §1.3).
     """
-    from nki_cpu.isa.enums import get_nc_version
-
     return (1,) if get_nc_version().value <= 2 else (1, 2)
 
 
@@ -273,8 +272,6 @@ def install_as_nki() -> types.ModuleType:
             "nki-cpu: a real 'nki' package is importable in this environment; install_as_nki() refuses to shadow "
             "it. Use the real package, or uninstall it to run kernels on nki-cpu."
         )
-    from nki_cpu import isa, language
-
     facade = types.ModuleType("nki", "nki-cpu standing in for the Neuron 'nki' package (nki_cpu.install_as_nki)")
     typing_mod = types.ModuleType("nki.typing")
     typing_mod.tensor = _TensorAnnotation()  # type: ignore[attr-defined]

@@ -7,21 +7,16 @@ state outside any launch, so tensors can be built and instructions run in plain 
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from nki_cpu import checks
+from nki_cpu.checks import PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION
 from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site
-
-# Trn2 SBUF per partition usable by kernels: 224 KiB − 16 KiB − 8 B (NKILIB constant, docs/nki-sources.md §2.9, for
-# sbuf_fmax_bytes / total_available_sbuf_size on v3).
-SBUF_BYTES_PER_PARTITION = 224 * 1024 - 16 * 1024 - 8
-# PSUM: 8 banks × 2 KiB per partition (docs/nki-sources.md §2.9, §4.1).
-PSUM_BANK_BYTES = 2048
-PSUM_BANKS = 8
-PSUM_BYTES_PER_PARTITION = PSUM_BANK_BYTES * PSUM_BANKS
 
 _storage_ids = itertools.count(1)
 
@@ -66,6 +61,9 @@ class Launch:
     no_reorder_blocks: int = 0
     # Compiled loops that have ended: loop id -> index of their last iteration.
     ended_loops: dict[int, int] = field(default_factory=dict)
+    # Inside the trace-only pass of a compiled loop that runs zero times (``nki_cpu.loops``): its body is checked
+    # and enters the program, but no iteration runs, so run-time indices are not bounds-checked.
+    dry_run: bool = False
 
     def accumulator(self, engine: str) -> np.ndarray:
         """The per-lane fp32 accumulator registers of ``engine`` (``"vector"`` or ``"scalar"``), 128 lanes."""
@@ -82,11 +80,36 @@ class Launch:
         if self.no_reorder_block is not None:
             rec.attrs[NO_REORDER] = self.no_reorder_block
         if self.body_allocations:
-            from nki_cpu import loops  # late: loops imports this module
-
-            loops.check_body_tiles(self, rec)
+            self.check_body_tiles(rec)
+        if not rec.repeat:
+            self.trace.program.append(rec)
         self.trace.append(rec)
         return rec
+
+    def check_body_tiles(self, record: InstructionRecord) -> None:
+        """Reject an instruction touching a tile a compiled loop's body allocated in another iteration (module
+        docstring of ``nki_cpu.loops``); called for every record while such tiles exist."""
+        running = {frame.id: frame.iteration for frame in self.loops}
+        for region in (*record.reads, *record.writes):
+            tag = self.body_allocations.get(region.storage_id)
+            if tag is None:
+                continue
+            for loop_id, iteration in tag:
+                now = running.get(loop_id)
+                if now is not None and now != iteration:
+                    checks.fail(
+                        f"{record.opcode}: touches a tile allocated in iteration {iteration} of a compiled loop's body, "
+                        f"in iteration {now}. The body is traced once (nki.language.fori_loop, SDK 2.33): its tiles are "
+                        "one allocation that every iteration reuses, so a previous iteration's tile holds this "
+                        "iteration's data. Fix: allocate tiles whose values cross iterations before the loop"
+                    )
+                last = self.ended_loops.get(loop_id)
+                if now is None and last is not None and iteration != last:
+                    checks.fail(
+                        f"{record.opcode}: touches a tile allocated in iteration {iteration} of a compiled loop that "
+                        f"ended after iteration {last}. The body is traced once, so after the loop its tiles hold the "
+                        "last iteration's data. Fix: allocate tiles whose values outlive the loop before it"
+                    )
 
     def allocate(self, buffer: str, bytes_per_partition: int, owner: Any) -> None:
         """Account an on-chip allocation; raise when the per-partition capacity is exceeded.
@@ -102,8 +125,6 @@ class Launch:
         live = self.live
         live[buffer] += bytes_per_partition
         if self.check_capacity and live[buffer] > cap:
-            from nki_cpu import checks  # late: checks imports tensor, which imports this module
-
             checks.capacity(buffer, live[buffer], cap, bytes_per_partition)
         if buffer == "sbuf":
             if live[buffer] > self.trace.sbuf_high_water:
@@ -158,3 +179,33 @@ def reset_detached() -> Launch:
     global _detached
     _detached = Launch()
     return _detached
+
+
+def seal(rule: str, what: str, fix: str) -> None:
+    """Refuse kernel Python a device value: inside a launch only nki-cpu itself reads device data.
+
+    Called first thing by every public accessor of device data (a tile's elements, a register's or scalar's value,
+    a run-time view's resolved offset). On Trainium there is no data while the kernel's Python runs (the kernel is
+    traced once: "NKI Scalar Values" and ``nki.isa.VirtualRegister``, SDK 2.32-2.33), so a kernel that reads one
+    here would be specialised on data it cannot have. The accessor's caller is the kernel when its module is not
+    part of nki-cpu (the instructions read their operands through the same accessors). Host code before and after
+    the launch reads freely.
+
+    Args:
+        rule: the ``checks.RULES`` name (relaxable for one launch: the value is then returned with a warning).
+        what: the accessor, as the kernel wrote it (``"tile._read()"``).
+        fix: the documented form to use instead.
+    """
+    launch = getattr(_local, "launch", None)
+    if launch is None:
+        return
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller == "nki_cpu" or caller.startswith("nki_cpu."):
+        return
+    checks.rule(
+        rule,
+        f"{what} inside a kernel reads a device value the kernel's Python cannot have: on Trainium the kernel is "
+        f"traced once, before any data exists. Fix: {fix}",
+        launch.relaxed,
+        checks.SealedValueError,
+    )

@@ -9,6 +9,7 @@ any instruction's semantics.
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 import sys
 from collections.abc import Collection
@@ -114,6 +115,22 @@ class InstructionRecord:
     # Where the kernel issued it: the kernel's call stack, innermost first, as (file, line, function), at most
     # SITE_DEPTH frames (``caller_site``); ``site_label`` names one, ``cost.report.site_breakdown`` groups time by it
     site: tuple[tuple[str, int, str], ...] = ()
+    # The instruction as the program text holds it, independent of run-time values: per tensor operand (reads,
+    # then writes) ``(storage id, dtype, shape, strides, offset)`` with the offset ``"runtime"`` for a view
+    # addressed at run time, then the immediates (Python numbers) it was given. Empty for records built without
+    # operands (then ``reads`` / ``writes`` stand in). ``nki_cpu.loops`` and ``Trace.fingerprint`` compare it.
+    operands: tuple[Any, ...] = ()
+
+
+def static_form(record: InstructionRecord) -> tuple[Any, ...]:
+    """What makes two records the same instruction of a program (storage ids still raw): opcode, engine, sizes,
+    dtypes, the static attrs, and the operands without their run-time addresses."""
+    attrs = tuple((k, v) for k, v in record.attrs.items() if k != NO_REORDER)  # compared with ==, hashed by repr
+    operands = record.operands or tuple(
+        ("register",) if r.buffer == "register" else (r.storage_id, r.partitions, r.byte_range)
+        for r in (*record.reads, *record.writes)
+    )
+    return (record.opcode, record.engine.value, record.partitions, record.free_elems, record.dtypes, attrs, operands)
 
 
 @dataclass
@@ -128,12 +145,37 @@ class Trace:
     # positions where an iteration of a compiled loop starts or ends: the compiler's scheduler reorders instructions
     # only between two of them (``cost.reorder``)
     boundaries: list[int] = field(default_factory=list)
+    # The static program: each instruction the program holds (its record; a compiled loop's body once, also when
+    # it ran zero times) and ``("loop", construct)`` / ``("end",)`` around each compiled loop.
+    program: list[InstructionRecord | tuple[str, ...]] = field(default_factory=list)
 
     @property
     def static_instructions(self) -> int:
-        """Instructions the compiled program holds: each compiled loop's body counted once (``len(records)`` is
-        the dynamic count, every executed instruction)."""
-        return sum(1 for record in self.records if not record.repeat)
+        """Instructions the compiled program holds: each compiled loop's body counted once, also a body that ran
+        zero times (``len(records)`` is the dynamic count, every executed instruction)."""
+        if not self.program:  # a trace assembled by hand, not by a launch
+            return sum(1 for record in self.records if not record.repeat)
+        return sum(1 for entry in self.program if isinstance(entry, InstructionRecord))
+
+    def fingerprint(self) -> str:
+        """A hash of the static program: instructions, engines, shapes, dtypes, static attrs and offsets, which
+        allocation each operand is (numbered by first use), and the compiled-loop structure — not run-time
+        addresses, trip counts or data. Two launches of one compiled program give one fingerprint; a kernel whose
+        Python specialised on a value gives another."""
+        numbers: dict[int, int] = {}
+
+        def renumber(item: Any) -> Any:
+            if isinstance(item, tuple) and item and isinstance(item[0], int) and not isinstance(item[0], bool):
+                return (numbers.setdefault(item[0], len(numbers)), *item[1:])
+            return item
+
+        canonical = []
+        for entry in self.program:
+            if isinstance(entry, InstructionRecord):
+                form = static_form(entry)
+                entry = (*form[:-1], tuple(renumber(op) for op in form[-1]))
+            canonical.append(entry)
+        return hashlib.sha256(repr(canonical).encode()).hexdigest()
 
     def lifetimes(self) -> dict[int, tuple[int, int]]:
         """First and last position of an instruction touching each on-chip allocation (``allocations``) that some

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
-
-import numpy as np
 
 from nki_cpu.isa.activations import activation, activation_reduce, exponential
 from nki_cpu.isa.dma import dma_compute, dma_copy, dma_transpose
@@ -38,57 +35,21 @@ from nki_cpu.isa.reductions import (
     tensor_scalar_reduce,
     tensor_tensor_scan,
 )
+from nki_cpu.isa.registers import (
+    register_alloc,
+    register_load,
+    register_move,
+    register_store,
+    scalar_load,
+    scalar_store,
+)
 from nki_cpu.isa.select_move import memset, nc_stream_shuffle, range_select, select_reduce, tensor_copy_predicated
 from nki_cpu.isa.tensor_engine import nc_matmul, nc_transpose
 from nki_cpu.scalar import NkiScalar
-from nki_cpu.tensor import NkiTensor
+from nki_cpu.tensor import NkiTensor as NkiTensor
 
 # The submodule import above bound ``isa.tensor_engine`` to the module; the NKI name is the engine constant.
 tensor_engine = engine.tensor  # noqa: F811
-
-
-def register_alloc(x: Any = None) -> VirtualRegister:
-    """A runtime register holding ``x`` (an int, or the value of a 1x1 tensor)."""
-    if isinstance(x, NkiTensor):
-        return VirtualRegister(int(x.read().reshape(-1)[0]))
-    return VirtualRegister(0 if x is None else int(x))
-
-
-def register_move(dst: VirtualRegister, src: Any) -> None:
-    """``dst = src`` (register or int)."""
-    dst.value = int(src)
-
-
-def register_load(dst: VirtualRegister, src: NkiTensor) -> None:
-    """Load a register from a 1x1 tensor."""
-    dst.value = int(src.read().reshape(-1)[0])
-
-
-def register_store(dst: NkiTensor, src: VirtualRegister) -> None:
-    """Store a register into a 1x1 tensor."""
-    dst.write(np.full(dst.shape, int(src), dtype=np.int64))
-
-
-def scalar_load(src: NkiTensor) -> NkiScalar:
-    """Read a 1x1 ``nl.int32`` / ``nl.int64`` tile into a run-time scalar of the tile's width (SDK 2.33)."""
-    if src.dtype.name not in ("int32", "int64") or math.prod(src.shape) != 1:
-        raise TypeError(
-            f"scalar_load: src must be a 1x1 int32 or int64 tile, got {src.dtype.name} {tuple(src.shape)}. Fix: "
-            "load from a [1, 1] nl.int32 (or nl.int64) tile"
-        )
-    return NkiScalar(int(src.read().reshape(-1)[0]), src.dtype.name)
-
-
-def scalar_store(dst: NkiTensor, value: NkiScalar) -> None:
-    """Write a run-time scalar to a 1x1 tile of the same width (SDK 2.33: a Python int is not accepted)."""
-    if not isinstance(value, NkiScalar):
-        raise TypeError(f"scalar_store: value must be an NkiScalar, got {value!r}. Fix: nisa.memset for a constant")
-    if dst.dtype.name != value.dtype or math.prod(dst.shape) != 1:
-        raise TypeError(
-            f"scalar_store: dst must be a 1x1 {value.dtype} tile (the scalar's width), got {dst.dtype.name} "
-            f"{tuple(dst.shape)}"
-        )
-    dst.write(np.full(dst.shape, value.value, dtype=dst.dtype))
 
 
 def core_barrier(data: Any = None, cores: Any = (0, 1), engine: Any = engine.gpsimd, name: str | None = None) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes, state
+from nki_cpu import checks, dtypes, operands, state
 from nki_cpu.cost.record import Engine, InstructionRecord
 from nki_cpu.isa.enums import NkiInstruction, engine
 from nki_cpu.tensor import NkiTensor
@@ -45,12 +45,11 @@ def engine_buffers(instr: str, eng: Engine, **operands: NkiTensor | None) -> Non
 def column_or_scalar(instr: str, name: str, value: Any, dst: NkiTensor) -> np.ndarray | np.float32:
     """A per-partition operand as fp32, broadcastable against ``(P, F)``: Python number or ``(P,1)`` tile."""
     if isinstance(value, NkiTensor):
-        checks.scalar_column(instr, name, value, dst)
-        return value.read_pf()
+        operands.scalar_column(instr, name, value, dst)
+        return value._read_pf()
     if isinstance(value, (int, float, np.integer, np.floating, bool)):
         return np.float32(value)
     checks.fail(f"{instr} {name} must be a number or a (P,1) tensor, got {type(value).__name__}")
-    raise AssertionError  # unreachable
 
 
 _F32_SIGNATURES = {1: (np.float32, np.float32), 2: (np.float32, np.float32, np.float32)}
@@ -74,7 +73,7 @@ def compute_into(dst: NkiTensor, ufunc: np.ufunc | None, *operands: Any) -> bool
         computes in fp32 and casts with numpy's own RNE conversion), but without the intermediate array. numpy
         resolves memory overlap between inputs and ``out``, so in-place calls still read every input first.
     """
-    if ufunc is None or dst.dtype.kind in "iu" or dst.is_indirect():
+    if ufunc is None or dst.dtype.kind in "iu" or dst._row_offsets is not None:
         return False
     shape = dst.shape
     full = dst.size
@@ -94,7 +93,7 @@ def compute_into(dst: NkiTensor, ufunc: np.ufunc | None, *operands: Any) -> bool
             return False
         args.append(x)
     with np.errstate(all="ignore"):
-        ufunc(*args, out=dst.np(), signature=_F32_SIGNATURES[ufunc.nin], casting="unsafe")
+        ufunc(*args, out=dst._np(), signature=_F32_SIGNATURES[ufunc.nin], casting="unsafe")
     return True
 
 
@@ -135,7 +134,7 @@ def emit(
     if eng is not Engine.PE:  # TensorE checks its PSUM dst before writing (tensor_engine.py)
         for d in dsts:
             if d.storage.kind == "psum":
-                checks.psum_bank(opcode, "dst", d)
+                operands.psum_bank(opcode, "dst", d)
     ins = [t for t in inputs if isinstance(t, NkiTensor)]
     main = dsts[0]
     rec = InstructionRecord(
@@ -145,10 +144,23 @@ def emit(
         free_elems=(ins[0].free_elems if ins else main.free_elems) if free_elems is None else free_elems,
         dtypes=tuple(dtypes.name(t.dtype) for t in [*ins, *dsts]),
         nbytes=sum(d.size * d.itemsize for d in dsts) if nbytes is None else nbytes,
-        reads=tuple(t.region() for t in ins),
+        reads=tuple(t.region() for t in ins) + tuple(r for t in [*ins, *dsts] for r in t.runtime_reads()),
         writes=tuple(d.region() for d in dsts),
         queue=queue,
         attrs=dict(attrs or {}),
+        operands=tuple(_static_operand(t) for t in [*ins, *dsts])
+        + tuple(v for v in inputs if isinstance(v, (int, float, np.integer, np.floating))),
     )
     state.current().record(rec)
     return NkiInstruction(opcode, rec.index)
+
+
+def _static_operand(t: NkiTensor) -> tuple[Any, ...]:
+    """An operand as the program text holds it: its allocation and layout, the offset only when it is static."""
+    return (
+        t.storage.id,
+        t.dtype,
+        t.shape,
+        t.strides,
+        "runtime" if t.runtime_start or t._row_offsets is not None else t._offset,
+    )

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes, state
+from nki_cpu import checks, dtypes, operands, state
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, unit_stride
 from nki_cpu.isa.enums import reduce_cmd
@@ -23,9 +23,9 @@ FP32_MIN = float(np.finfo(np.float32).min)
 LANE_ENGINES = (Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD)
 
 
-def on_chip(instr: str, **operands: Any) -> tuple[NkiTensor, ...]:
+def on_chip(instr: str, **tiles: Any) -> tuple[NkiTensor, ...]:
     """``checks.compute_operand`` on each named operand, in the order given; the checked tensors in that order."""
-    return tuple(checks.compute_operand(instr, name, t) for name, t in operands.items())
+    return tuple(operands.compute_operand(instr, name, t) for name, t in tiles.items())
 
 
 def lane_operands(instr: str, dst: Any, *, not_both_psum: bool = False, **inputs: Any) -> tuple[NkiTensor, ...]:
@@ -72,7 +72,7 @@ def int_values(instr: str, name: str, t: NkiTensor) -> np.ndarray:
     """An integer operand of a bit-vector op as int64 ``(P, F)``."""
     if not dtypes.is_int(t.dtype):
         checks.fail(f"{instr} {name} must have an integer dtype for a bit-vector op, got {dtypes.name(t.dtype)}")
-    return t.read().reshape(t.partitions, -1).astype(np.int64)
+    return t._read().reshape(t.partitions, -1).astype(np.int64)
 
 
 def lanes(dst: NkiTensor) -> slice:
@@ -96,7 +96,7 @@ def scalar_stage(
         return apply_unary(op, values, instr)
     if op.bitvec:
         if isinstance(operand, NkiTensor):
-            checks.scalar_column(instr, slot, operand, dst)
+            operands.scalar_column(instr, slot, operand, dst)
             rhs: Any = int_values(instr, slot, operand)
         else:
             rhs = np.int64(int(operand))
@@ -150,7 +150,7 @@ def read_out(
         if reduced is None:
             reduced = state.current().accumulator(acc_name)[lanes(dst)].copy()
         if check_column:
-            checks.scalar_column(instr, "reduce_res", reduce_res, dst)
+            operands.scalar_column(instr, "reduce_res", reduce_res, dst)
         reduce_res.write((-reduced if negate else reduced).reshape(-1, 1))
         writes.append(reduce_res)
     return writes

@@ -6,12 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, compute_into, emit, engine_buffers, resolve_engine
 from nki_cpu.isa._lanewise import RC, apply_unary, lane_attrs, lane_operands, read_out, reduce_into_acc
-from nki_cpu.isa.enums import NkiInstruction, engine, get_nc_version
+from nki_cpu.isa.enums import NkiInstruction, engine
 from nki_cpu.opcodes import Op, add, require_op
+from nki_cpu.target import get_nc_version
 from nki_cpu.tensor import NkiTensor
 
 
@@ -55,15 +56,15 @@ def activation(
     op = require_op(op, instr, "op")
     dst, data = lane_operands(instr, dst, data=data)
     if reduce_op is not None and require_op(reduce_op, instr, "reduce_op").name != "add":
-        checks.rule(
+        operands.rule(
             "activation_reduce_add",
             f"{instr} reduce_op {require_op(reduce_op, instr, 'reduce_op').name} is not allowed (reduce_op must be "
             "nl.add; reduce with nisa.tensor_reduce instead)",
         )
-    checks.fp32_operand(instr, "scale", scale)
+    operands.fp32_operand(instr, "scale", scale)
     eng = resolve_engine(instr, engine, Engine.SCALAR, (Engine.SCALAR, Engine.GPSIMD))
     if eng is Engine.GPSIMD and get_nc_version().value <= 3:
-        checks.rule(
+        operands.rule(
             "activation_engine",
             f"{instr} engine gpsimd is not available on this target (NeuronCore-v4 and newer only); use the scalar "
             "engine",
@@ -71,7 +72,7 @@ def activation(
     engine_buffers(instr, eng, dst=dst, data=data)
     unit_scale = isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale == 1.0
     plain = unit_scale and bias is None and data.dtype in dtypes.EXACT_IN_F32
-    x = data.lanes() if plain else data.peek_pf()  # lanes: converted to fp32 on the fly by compute_into
+    x = data._lanes() if plain else data._peek_pf()  # lanes: converted to fp32 on the fly by compute_into
     if not unit_scale:
         x = x * column_or_scalar(instr, "scale", scale, dst)  # x·1 is exact: skipped for the default scale
     if bias is not None:
@@ -139,7 +140,7 @@ def exponential(
     instr = "exponential"
     dst, src = lane_operands(instr, dst, src=src)
     with np.errstate(all="ignore"):
-        result = np.exp(src.read_pf() - column_or_scalar(instr, "max_value", max_value, dst)).astype(np.float32)
+        result = np.exp(src._read_pf() - column_or_scalar(instr, "max_value", max_value, dst)).astype(np.float32)
     reduced = None
     if reduce_cmd != RC.idle:
         reduced = reduce_into_acc(instr, "vector", dst, result, add, reduce_cmd, reduce_init)

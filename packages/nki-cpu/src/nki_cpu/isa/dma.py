@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import checks, dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa import enums as _enums
 from nki_cpu.isa._emit import emit
@@ -72,7 +72,7 @@ def _emit_dma(instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: 
 
 
 def _dma_operand(instr: str, name: str, t: Any) -> NkiTensor:
-    t = checks.tensor(instr, name, t)
+    t = operands.tensor(instr, name, t)
     checks.buffer(instr, name, t, checks.HBM_OR_SBUF)
     checks.partitions(instr, name, t)
     return t
@@ -112,12 +112,74 @@ def dma_copy(
     src = _dma_operand(instr, "src", src)
     checks.element_count(instr, dst, src)
     if dge_mode == _enums.dge_mode.hwdge and dst.dtype != src.dtype:
-        checks.same_dtype(instr, "src", src, "dst", dst)
-    if dst.dtype == src.dtype:
-        dst.write_raw(src.read().reshape(-1))
-    else:
-        dst.write(src.read_f32().reshape(-1))
+        operands.same_dtype(instr, "src", src, "dst", dst)
+    _dynamic_dge(instr, dge_mode, dst=dst, src=src)
+    skip = oob_mode == _enums.oob_mode.skip
+    if not skip:
+        operands.in_bounds(instr, "dst", dst)
+        operands.in_bounds(instr, "src", src)
+    values = src._read().reshape(-1) if dst.dtype == src.dtype else src._read_f32().reshape(-1)
+    rows = _rows_in_bounds(dst, src)  # outside rows left: oob_mode.skip, or the rule relaxed (then skipped too)
+    if rows is None:
+        if dst.dtype == src.dtype:
+            dst.write_raw(values)
+        else:
+            dst.write(values)
+    elif rows.any():
+        _write_valid_rows(dst, values, rows)
     return _emit_dma(instr, dst, [src], False, dge_mode)
+
+
+def _rows_in_bounds(dst: NkiTensor, src: NkiTensor) -> np.ndarray | None:
+    """Under ``oob_mode.skip`` (or ``dynamic_out_of_bounds`` relaxed): per transferred row, True where both sides are inside their tensors (None: all
+    inside). A scalar or ``nl.ds`` index outside skips the whole transfer; a vector offset skips its rows."""
+    rows = np.ones(max(1, (dst if dst._row_offsets is not None else src).shape[0]), dtype=bool)
+    outside = False
+    for t in (dst, src):
+        if t.runtime is None or not t.runtime.any_out_of_bounds:
+            continue
+        outside = True
+        if t.runtime.out_of_bounds:
+            rows[:] = False
+        elif t.runtime.oob_rows is not None and t.runtime.oob_rows.size == rows.size:
+            rows &= ~t.runtime.oob_rows
+        else:
+            rows[:] = False
+    return rows if outside else None
+
+
+def _write_valid_rows(dst: NkiTensor, values: np.ndarray, rows: np.ndarray) -> None:
+    """Write ``values`` (dst's elements, row-major) into the rows of ``dst`` flagged in ``rows`` (index 0)."""
+    if dst._row_offsets is not None:
+        dst.write_rows(values, rows)
+        return
+    kept = dst._read().reshape(rows.size, -1)
+    new = dtypes.round_to(np.asarray(values), dst.dtype).reshape(rows.size, -1)
+    kept[rows] = new[rows]
+    dst.write_raw(kept.reshape(-1))
+
+
+def _dynamic_dge(instr: str, mode: Any, **views: NkiTensor) -> None:
+    """A DMA addressed at run time needs descriptors generated on device (rule ``dynamic_dge_mode``): software or
+    hardware DGE for a dynamic start, software DGE for a vector-offset gather/scatter (ISA ``dma_copy``,
+    v2.29.1-v2.33.0: "When either sw_dge or hw_dge mode is used, the src and dst tensors can have a dynamic start
+    address ... When sw_dge is selected, nisa.dma_copy can also perform a gather or scatter operation")."""
+    for name, t in views.items():
+        if not t.is_indirect():
+            continue
+        if mode == _enums.dge_mode.none:
+            operands.rule(
+                "dynamic_dge_mode",
+                f"{instr} {name} addressed at run time needs descriptors generated on device, got "
+                "dge_mode=none (descriptors written before the launch). Fix: dge_mode=swdge or hwdge (or leave it "
+                "unknown)",
+            )
+        elif t._row_offsets is not None and mode == _enums.dge_mode.hwdge:
+            operands.rule(
+                "dynamic_dge_mode",
+                f"{instr} {name} gathered/scattered through a vector offset needs software DGE, got "
+                "dge_mode=hwdge. Fix: dge_mode=swdge (or leave it unknown)",
+            )
 
 
 def dma_transpose(
@@ -151,7 +213,7 @@ def dma_transpose(
     dst = _dma_operand(instr, "dst", dst)
     src = _dma_operand(instr, "src", src)
     checks.buffer(instr, "dst", dst, checks.SBUF_ONLY)
-    checks.same_dtype(instr, "src", src, "dst", dst)
+    operands.same_dtype(instr, "src", src, "dst", dst)
     if src.itemsize not in (2, 4):
         checks.fail(f"{instr} src dtype {dtypes.name(src.dtype)} must be a 2- or 4-byte dtype")
     if src.ndim not in _DEFAULT_AXES:
@@ -170,7 +232,7 @@ def dma_transpose(
         if src.ndim == 2 and src.shape[0] != 16:
             checks.fail(f"{instr} hwdge 2-D src.shape[0] must be 16, got {src.shape[0]}")
         checks.at_most(instr, "src", "last dim", src.shape[-1], 128)
-    dst.write_raw(np.transpose(src.read(), axes))
+    dst.write_raw(np.transpose(src._read(), axes))
     return _emit_dma(instr, dst, [src], True, dge_mode)
 
 
@@ -182,7 +244,7 @@ def _runtime_addressed_transpose(instr: str, src: NkiTensor) -> None:
     ("DMA Direct / Indirect Transpose Constraints", v2.29.1-v2.33.0); AWS's nki-library loads such sources with
     ``dma_copy`` and transposes them on the tensor engine, noting that dma_transpose does not support dynamic access
     (MLP TKG ``_load_transposed_tile``, NKI-415)."""
-    checks.rule(
+    operands.rule(
         "indirect_transpose",
         f"{instr} src addressed at run time (nl.ds with a run-time start or a scalar/vector offset) is not a "
         "documented dma_transpose form: load it with dma_copy (dynamic start addresses are documented there) "
@@ -220,10 +282,27 @@ def dma_compute(
         checks.fail(f"{instr} reduce_op must be nl.add, got {op!r}")
     srcs = [_dma_operand(instr, f"srcs[{i}]", s) for i, s in enumerate(srcs)]
     checks.at_most(instr, "srcs", "count", len(srcs), 16)
+    for i, s in enumerate(srcs):
+        operands.in_bounds(instr, f"srcs[{i}]", s)
+    operands.in_bounds(instr, "dst", dst)
+    _unique_scatter(instr, dst)
     scales = list(scales) if scales is not None else [1.0] * len(srcs)
     acc = np.zeros(dst.size, dtype=np.float32)
     for s, scale in zip(srcs, scales, strict=True):
         checks.element_count(instr, dst, s)
-        acc = acc + s.read_f32().reshape(-1) * np.float32(scale)
+        acc = acc + s._read_f32().reshape(-1) * np.float32(scale)
     dst.write(acc)
     return _emit_dma(instr, dst, srcs, False, "unknown")
+
+
+def _unique_scatter(instr: str, dst: NkiTensor) -> None:
+    """A ``dma_compute`` scattering through a vector offset writes each row once (rule ``unique_scatter_indices``):
+    the page's ``unique_indices`` describes the indices, and what the DMA writes when two rows meet is not
+    documented, so repeated indices are rejected rather than resolved one way here."""
+    offsets = dst._row_offsets
+    if offsets is not None and np.unique(offsets).size != offsets.size:
+        operands.rule(
+            "unique_scatter_indices",
+            f"{instr} dst scatter indices must be distinct (each row written once), got {offsets.size - np.unique(offsets).size} "
+            "repeated. Fix: combine the rows that share an index before the scatter",
+        )

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import compute_into, emit, engine_buffers, resolve_engine
 from nki_cpu.isa._lanewise import (
@@ -21,8 +21,9 @@ from nki_cpu.isa._lanewise import (
     require_ops,
     scalar_stage,
 )
-from nki_cpu.isa.enums import NkiInstruction, engine, get_nc_version
+from nki_cpu.isa.enums import NkiInstruction, engine
 from nki_cpu.opcodes import Op, require_op
+from nki_cpu.target import get_nc_version
 from nki_cpu.tensor import NkiTensor
 
 
@@ -57,13 +58,13 @@ def tensor_tensor(
     default = Engine.GPSIMD if (op.name == "power" or all_int) and not any_psum else Engine.VECTOR
     eng = resolve_engine(instr, engine, default, LANE_ENGINES)
     if eng is Engine.SCALAR:
-        checks.rule("tensor_tensor_engine", f"{instr} engine scalar is not allowed (vector or gpsimd)")
+        operands.rule("tensor_tensor_engine", f"{instr} engine scalar is not allowed (vector or gpsimd)")
     engine_buffers(instr, eng, dst=dst, data1=data1, data2=data2)
     if op.bitvec or (all_int and eng is Engine.GPSIMD):
         result = apply(op, int_values(instr, "data1", data1), int_values(instr, "data2", data2), instr)
         dst.write(result)
     else:
-        lhs, rhs = data1.lanes(), data2.lanes()  # converted to fp32 on the fly by compute_into
+        lhs, rhs = data1._lanes(), data2._lanes()  # converted to fp32 on the fly by compute_into
         if not compute_into(dst, op.binary_ufunc, lhs, rhs):
             dst.write(apply(op, dtypes.to_f32(lhs), dtypes.to_f32(rhs), instr))
     return emit(instr, eng, dst, [data1, data2], attrs=lane_attrs(op, data1, data2, dst))
@@ -90,7 +91,7 @@ def _tensor_scalar_into(
         return False
     if data.dtype not in dtypes.EXACT_IN_F32:
         return False
-    values = data.lanes()  # converted to fp32 on the fly
+    values = data._lanes()  # converted to fp32 on the fly
     if op1 is None:
         return compute_into(dst, op0.binary_ufunc, *((rhs0, values) if reverse0 else (values, rhs0)))
     with np.errstate(all="ignore"):
@@ -138,7 +139,7 @@ def tensor_scalar(
     op0 = require_op(op0, instr, "op0")
     _tensor_scalar_rules(instr, eng, op0, op1, operand0, operand1)
     if not _tensor_scalar_into(dst, data, op0, operand0, reverse0, op1, operand1, reverse1):
-        values: np.ndarray = int_values(instr, "data", data) if op0.bitvec else data.peek_pf()
+        values: np.ndarray = int_values(instr, "data", data) if op0.bitvec else data._peek_pf()
         values = scalar_stage(instr, values, op0, operand0, reverse0, dst, "operand0")
         values = scalar_stage(instr, values, op1, operand1, reverse1, dst, "operand1")
         dst.write(values)
@@ -156,20 +157,20 @@ def _tensor_scalar_rules(instr: str, eng: Engine, op0: Op, op1: Any, operand0: A
     """The documented engine and operand constraints of ``tensor_scalar`` (README, "What is enforced")."""
     op1_name = op1.name if isinstance(op1, Op) else None
     if eng is Engine.GPSIMD and (op0.name != "rsqrt" or op1 is not None):
-        checks.rule(
+        operands.rule(
             "gpsimd_tensor_scalar",
             f"{instr} engine gpsimd op0={op0.name} op1={op1_name} is not allowed (gpsimd runs tensor_scalar only "
             "for op0=rsqrt, op1=None); use the vector or scalar engine",
         )
     if eng is Engine.SCALAR and get_nc_version().value <= 3 and (op0.name, op1_name) not in SCALAR_ENGINE_PAIRS:
-        checks.rule(
+        operands.rule(
             "scalar_tensor_scalar_ops",
             f"{instr} engine scalar op0={op0.name} op1={op1_name} is not supported on this target (scalar engine "
             "pairs: (multiply, add), (multiply, None), (add, None))",
         )
     if not op0.bitvec:
-        checks.fp32_operand(instr, "operand0", operand0)
-        checks.fp32_operand(instr, "operand1", operand1)
+        operands.fp32_operand(instr, "operand0", operand0)
+        operands.fp32_operand(instr, "operand1", operand1)
 
 
 def scalar_tensor_tensor(
@@ -211,13 +212,13 @@ def scalar_tensor_tensor(
     instr = "scalar_tensor_tensor"
     dst, data, operand1 = lane_operands(instr, dst, data=data, operand1=operand1, not_both_psum=True)
     op0, op1 = require_ops(instr, op0=op0, op1=op1)
-    t = scalar_stage(instr, data.read_pf(), op0, operand0, reverse0, dst, "operand0")
-    other = operand1.read_pf()
+    t = scalar_stage(instr, data._read_pf(), op0, operand0, reverse0, dst, "operand0")
+    other = operand1._read_pf()
     result = apply(op1, other, t, instr) if reverse1 else apply(op1, t, other, instr)
     reduced = reduce_into_acc(instr, "vector", dst, result, reduce_op, reduce_cmd) if reduce_op is not None else None
     dst.write(result)
     if reduce_res is not None and reduced is not None:
-        checks.scalar_column(instr, "reduce_res", reduce_res, dst)
+        operands.scalar_column(instr, "reduce_res", reduce_res, dst)
         reduce_res.write(reduced.reshape(-1, 1))
     return emit(
         instr,
@@ -250,9 +251,9 @@ def tensor_copy(
     eng = resolve_engine(instr, engine, Engine.VECTOR, LANE_ENGINES)
     engine_buffers(instr, eng, dst=dst, src=src)
     if dst.dtype == src.dtype:
-        dst.write_raw(src.np().reshape(src.partitions, -1))  # overlap-safe numpy assignment, no extra copy
+        dst.write_raw(src._np().reshape(src.partitions, -1))  # overlap-safe numpy assignment, no extra copy
     else:
-        dst.write(src.peek_pf())
+        dst.write(src._peek_pf())
     return emit(instr, eng, dst, [src], attrs=lane_attrs("copy", src, dst))
 
 
@@ -270,5 +271,5 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiI
     instr = "reciprocal"
     dst, data = lane_operands(instr, dst, data=data)
     with np.errstate(all="ignore"):
-        dst.write(np.float32(1.0) / data.read_pf())
+        dst.write(np.float32(1.0) / data._read_pf())
     return emit(instr, Engine.VECTOR, dst, [data], attrs=lane_attrs("reciprocal", data, dst))

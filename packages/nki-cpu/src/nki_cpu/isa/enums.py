@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import enum
-import os
 from typing import Any
+
+# Re-exported as ``nisa.*`` (their homes are the leaf modules ``checks`` and ``target``).
+from nki_cpu.checks import NkiValidationError as NkiValidationError
+from nki_cpu.scalar import VirtualRegister as VirtualRegister
+from nki_cpu.target import get_nc_sub_version as get_nc_sub_version
+from nki_cpu.target import get_nc_version as get_nc_version
+from nki_cpu.target import nc_version as nc_version
 
 
 class engine(enum.Enum):  # noqa: N801 - the NKI name
@@ -59,37 +65,11 @@ class matmul_perf_mode(str, enum.Enum):  # noqa: N801
     double_row = "double_row"
 
 
-class nc_version(enum.Enum):  # noqa: N801
-    """NeuronCore generation."""
-
-    gen2 = 2
-    gen3 = 3
-    gen4 = 4
-
-
 class dma_engine(enum.Enum):  # noqa: N801
     """DMA engine selector for ``sendrecv``."""
 
     dma = 1
     gpsimd_dma = 2
-
-
-_TARGETS = {"trn1": 2, "inf2": 2, "gen2": 2, "trn2": 3, "gen3": 3, "trn3": 4, "gen4": 4}
-
-
-def get_nc_version() -> nc_version:
-    """Target generation from ``NEURON_PLATFORM_TARGET_OVERRIDE`` (default Trn2 = gen3; README)."""
-    target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2").lower()
-    return nc_version(_TARGETS.get(target, 3))
-
-
-def get_nc_sub_version() -> int:
-    """Silicon revision (always 0 here)."""
-    return 0
-
-
-class NkiValidationError(Exception):
-    """Raised when hardware constraints are violated (nki-cpu raises AssertionError like the simulator)."""
 
 
 class NkiInstruction:
@@ -105,19 +85,3 @@ class NkiInstruction:
 
     def __repr__(self) -> str:
         return f"NkiInstruction({self.opcode}#{self.index})"
-
-
-class VirtualRegister:
-    """A runtime 32-bit register (eagerly holds a Python int)."""
-
-    def __init__(self, value: int = 0) -> None:
-        self.value = int(value)
-
-    def __int__(self) -> int:
-        return self.value
-
-    def __index__(self) -> int:
-        return self.value
-
-    def __repr__(self) -> str:
-        return f"VirtualRegister({self.value})"

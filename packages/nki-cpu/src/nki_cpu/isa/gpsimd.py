@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nki_cpu import checks
+from nki_cpu import checks, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import emit, unit_stride
 from nki_cpu.isa.enums import NkiInstruction
@@ -59,7 +59,7 @@ def iota(
         The instruction handle.
     """
     instr = "iota"
-    dst = checks.compute_operand(instr, "dst", dst, checks.SBUF_ONLY)
+    dst = operands.compute_operand(instr, "dst", dst, checks.SBUF_ONLY)
     values = _affine_values(instr, dst, pattern, offset, channel_multiplier).astype(np.int32)
     dst.write(values if dst.dtype.kind in "iu" else values.astype(np.float32))
     return emit(
@@ -100,14 +100,14 @@ def affine_select(
     """
     instr = "affine_select"
     cmp_op = require_op(cmp_op, instr, "cmp_op")
-    dst = checks.compute_operand(instr, "dst", dst, checks.SBUF_ONLY)
-    on_true_tile = checks.compute_operand(instr, "on_true_tile", on_true_tile, checks.SBUF_ONLY)
+    dst = operands.compute_operand(instr, "dst", dst, checks.SBUF_ONLY)
+    on_true_tile = operands.compute_operand(instr, "on_true_tile", on_true_tile, checks.SBUF_ONLY)
     checks.lanewise(instr, dst, on_true_tile=on_true_tile)
     affine = _affine_values(instr, dst, pattern, offset, channel_multiplier)
     keep = np.asarray(cmp_op.binary(affine, 0)) != 0 if cmp_op.binary else None
     if keep is None:
         checks.fail(f"{instr} cmp_op {cmp_op!r} is not a comparison")
-    result = np.where(keep, on_true_tile.read_pf(), np.float32(on_false_value)).astype(np.float32)
+    result = np.where(keep, on_true_tile._read_pf(), np.float32(on_false_value)).astype(np.float32)
     dst.write(result)
     return emit(
         instr,
@@ -132,12 +132,12 @@ def tensor_partition_reduce(dst: NkiTensor, op: Op, data: NkiTensor, name: str |
     """
     instr = "tensor_partition_reduce"
     op = require_op(op, instr, "op")
-    dst = checks.compute_operand(instr, "dst", dst, checks.SBUF_ONLY)
-    data = checks.compute_operand(instr, "data", data, checks.SBUF_ONLY)
+    dst = operands.compute_operand(instr, "dst", dst, checks.SBUF_ONLY)
+    data = operands.compute_operand(instr, "data", data, checks.SBUF_ONLY)
     checks.same_free(instr, "dst", dst, "data", data)
     if dst.shape[0] != 1:
         checks.fail(f"{instr} dst partition dimension {dst.shape[0]} must be 1")
-    values = data.read().reshape(data.partitions, -1).astype(np.int64) if op.bitvec else data.read_pf()
+    values = data._read().reshape(data.partitions, -1).astype(np.int64) if op.bitvec else data._read_pf()
     result = op.reduce(values, axis=0)
     if op.name == "average":
         result = result / np.float32(data.partitions)

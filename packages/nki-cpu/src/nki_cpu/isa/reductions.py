@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, state
+from nki_cpu import checks, operands, state
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, emit
 from nki_cpu.isa._lanewise import (
@@ -64,7 +64,7 @@ def tensor_reduce(
     kept = int(np.prod(data.shape[1 : axes[0]], dtype=np.int64))
     if dst.free_elems != kept:
         checks.fail(f"{instr} dst elements per partition {dst.free_elems} do not match the kept size {kept}")
-    values = int_values(instr, "data", data) if op.bitvec else data.read_pf()
+    values = int_values(instr, "data", data) if op.bitvec else data._read_pf()
     values = values.reshape(data.partitions, kept, -1)
     with np.errstate(all="ignore"):
         result = op.reduce(values, axis=2)
@@ -104,7 +104,7 @@ def tensor_tensor_scan(
     instr = "tensor_tensor_scan"
     dst, data0, data1 = lane_operands(instr, dst, data0=data0, data1=data1, not_both_psum=True)
     op0, op1 = require_ops(instr, op0=op0, op1=op1)
-    a, b = data0.read_pf(), data1.read_pf()
+    a, b = data0._read_pf(), data1._read_pf()
     r = np.broadcast_to(column_or_scalar(instr, "initial", initial, dst), (dst.partitions, 1)).reshape(-1)
     r = r.astype(np.float32)
     out = np.empty_like(a)
@@ -143,11 +143,11 @@ def tensor_scalar_cumulative(
     """
     instr = "tensor_scalar_cumulative"
     dst, src = lane_operands(instr, dst, src=src)
-    checks.float_dtype(instr, "src", src)
+    operands.float_dtype(instr, "src", src)
     op0, op1 = require_ops(instr, op0=op0, op1=op1)
     if op1.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         checks.fail(f"{instr} op1 must be add/subtract/multiply/maximum/minimum, got {op1!r}")
-    values = apply(op0, src.read_pf(), column_or_scalar(instr, "imm0", imm0, dst), instr).astype(np.float32)
+    values = apply(op0, src._read_pf(), column_or_scalar(instr, "imm0", imm0, dst), instr).astype(np.float32)
     acc = state.current().accumulator("vector")
     lns = lanes(dst)
     if reduce_cmd in (RC.reset_reduce, RC.reset, RC.idle):
@@ -200,7 +200,7 @@ def tensor_scalar_reduce(
     instr = "tensor_scalar_reduce"
     dst, data = lane_operands(instr, dst, data=data)
     op0 = require_op(op0, instr, "op0")
-    result = scalar_stage(instr, data.read_pf(), op0, operand0, reverse0, dst, "operand0")
+    result = scalar_stage(instr, data._read_pf(), op0, operand0, reverse0, dst, "operand0")
     reduced = reduce_into_acc(instr, "vector", dst, result, reduce_op, reduce_cmd, reduce_init)
     dst.write(result)
     writes = read_out(instr, dst, reduce_res, reduced, check_column=True, negate=reduce_res_negate)
@@ -222,7 +222,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiIns
     dst, data = on_chip(instr, dst=dst, data=data)
     checks.same_partitions(instr, "dst", dst, "data", data)
     checks.at_most(instr, "data", "free size", data.free_elems, 512)
-    x = data.read_pf().astype(np.float64)
+    x = data._read_pf().astype(np.float64)
     cols = []
     for half in (x[:, 0::2], x[:, 1::2]):
         n = half.shape[1]
@@ -245,7 +245,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiInst
     """
     instr = "bn_aggr"
     dst, data = on_chip(instr, dst=dst, data=data)
-    x = data.read_pf().astype(np.float64).reshape(data.partitions, -1, 3)
+    x = data._read_pf().astype(np.float64).reshape(data.partitions, -1, 3)
     count, mean, m2 = x[..., 0], x[..., 1], x[..., 2]
     total = count.sum(axis=1)
     safe = np.where(total == 0, 1, total)

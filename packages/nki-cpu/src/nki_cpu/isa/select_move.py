@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import checks, dtypes
+from nki_cpu import checks, dtypes, operands
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import column_or_scalar, emit, engine_buffers, resolve_engine, unit_stride
 from nki_cpu.isa._lanewise import (
@@ -66,7 +66,7 @@ def range_select(
     keep = (apply(c0, idx, column_or_scalar(instr, "bound0", bound0, dst), instr) != 0) & (
         apply(c1, idx, column_or_scalar(instr, "bound1", bound1, dst), instr) != 0
     )
-    result = np.where(keep, on_true_tile.read_pf(), np.float32(on_false_value)).astype(np.float32)
+    result = np.where(keep, on_true_tile._read_pf(), np.float32(on_false_value)).astype(np.float32)
     reduced = reduce_into_acc(instr, "vector", dst, result, reduce_op or maximum, reduce_cmd)
     dst.write(result)
     writes = read_out(instr, dst, reduce_res, reduced)
@@ -109,7 +109,7 @@ def select_reduce(
     instr = "select_reduce"
     dst, predicate, on_true = lane_operands(instr, dst, predicate=predicate, on_true=on_true)
     pred = _predicate(dst, predicate, reverse_pred)
-    result = np.where(pred, on_true.read_pf(), column_or_scalar(instr, "on_false", on_false, dst)).astype(np.float32)
+    result = np.where(pred, on_true._read_pf(), column_or_scalar(instr, "on_false", on_false, dst)).astype(np.float32)
     reduced = None
     if reduce_cmd != RC.idle:
         reduced = reduce_into_acc(instr, "vector", dst, result, reduce_op or maximum, reduce_cmd)
@@ -120,7 +120,7 @@ def select_reduce(
 
 def _predicate(dst: NkiTensor, predicate: NkiTensor, reverse: bool) -> np.ndarray:
     """The predicate as booleans ``(P, F)`` (non-zero = true), inverted when ``reverse``."""
-    pred = predicate.read().reshape(dst.partitions, -1) != 0
+    pred = predicate._read().reshape(dst.partitions, -1) != 0
     return ~pred if reverse else pred
 
 
@@ -142,11 +142,11 @@ def tensor_copy_predicated(
     instr = "tensor_copy_predicated"
     dst, predicate = lane_operands(instr, dst, predicate=predicate)
     pred = _predicate(dst, predicate, reverse_pred)
-    current = dst.read().reshape(dst.partitions, -1)
+    current = dst._read().reshape(dst.partitions, -1)
     if isinstance(src, NkiTensor):
         (src,) = on_chip(instr, src=src)
         checks.lanewise(instr, dst, src=src)
-        new = src.read().reshape(dst.partitions, -1)
+        new = src._read().reshape(dst.partitions, -1)
         new = new if src.dtype == dst.dtype else dtypes.round_to(dtypes.to_f32(new), dst.dtype)
     else:
         new = dtypes.round_to(np.full(current.shape, src, dtype=np.float32), dst.dtype)
@@ -198,10 +198,10 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Any, name: s
     instr = "nc_stream_shuffle"
     dst, src = on_chip(instr, dst=dst, src=src)
     checks.same_free(instr, "dst", dst, "src", src)
-    checks.same_dtype(instr, "src", src, "dst", dst)
+    operands.same_dtype(instr, "src", src, "dst", dst)
     mask = list(shuffle_mask)
-    values = src.read().reshape(src.partitions, -1)
-    out = dst.read().reshape(dst.partitions, -1)
+    values = src._read().reshape(src.partitions, -1)
+    out = dst._read().reshape(dst.partitions, -1)
     for j in range(dst.partitions):
         m = int(mask[j % 32])
         if m == 255:

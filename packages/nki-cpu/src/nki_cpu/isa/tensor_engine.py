@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from nki_cpu import accumulation, checks, dtypes, state
+from nki_cpu import accumulation, checks, dtypes, operands, state
 from nki_cpu.cost.record import Engine
 from nki_cpu.isa._emit import emit, resolve_engine
 from nki_cpu.isa.enums import NkiInstruction, engine, matmul_perf_mode
@@ -63,11 +63,11 @@ def nc_matmul(
         same as untiled (README, known unknown 17).
     """
     instr = "nc_matmul"
-    stationary = checks.compute_operand(instr, "stationary", stationary, checks.SBUF_ONLY)
-    moving = checks.compute_operand(instr, "moving", moving, checks.SBUF_ONLY)
+    stationary = operands.compute_operand(instr, "stationary", stationary, checks.SBUF_ONLY)
+    moving = operands.compute_operand(instr, "moving", moving, checks.SBUF_ONLY)
     double_row = perf_mode in (matmul_perf_mode.double_row, "double_row")
     for nm, t in (("stationary", stationary), ("moving", moving)):
-        checks.float_dtype(instr, nm, t)
+        operands.float_dtype(instr, nm, t)
     if (stationary.dtype in _FP32_LIKE) != (moving.dtype in _FP32_LIKE):
         checks.fail(
             f"{instr} moving dtype {dtypes.name(moving.dtype)} cannot be mixed with stationary dtype "
@@ -79,8 +79,8 @@ def nc_matmul(
             f"{instr} moving partition dimension {moving.shape[0]} does not match stationary partition dimension "
             f"{k} (contraction dim)"
         )
-    st = stationary.peek_f32().reshape(k, -1)  # fp32 operands are read in place (never written here)
-    mv = moving.peek_f32().reshape(k, -1)
+    st = stationary._peek_f32().reshape(k, -1)  # fp32 operands are read in place (never written here)
+    mv = moving._peek_f32().reshape(k, -1)
     if double_row:
         if stationary.ndim != 3 or stationary.shape[1] != 2 or moving.ndim != 3 or moving.shape[1] != 2:
             checks.fail(
@@ -92,13 +92,13 @@ def nc_matmul(
     m, n = st.shape[1], mv.shape[1]
     checks.at_most(instr, "stationary", "free size", m, checks.GEMM_STATIONARY_FMAX)
     checks.at_most(instr, "moving", "free size", n, checks.GEMM_MOVING_FMAX)
-    dst = checks.compute_operand(instr, "dst", dst, checks.PSUM_ONLY)
+    dst = operands.compute_operand(instr, "dst", dst, checks.PSUM_ONLY)
     if dst.shape[0] != m:
         checks.fail(f"{instr} dst partition dimension {dst.shape[0]} does not match stationary free size {m}")
     if dst.free_elems != n:
         checks.fail(f"{instr} dst elements per partition {dst.free_elems} do not match moving free size {n}")
     pe_tile = pe_tiling(instr, k, m, tile_position, tile_size, double_row)
-    checks.psum_bank(instr, "dst", dst)
+    operands.psum_bank(instr, "dst", dst)
     if is_transpose:
         if mv.shape != (k, k):
             checks.fail(f"{instr} is_transpose needs a [{k}, {k}] identity as moving, got {moving.shape}")
@@ -107,7 +107,7 @@ def nc_matmul(
                 f"{instr} is_transpose dst dtype {dtypes.name(dst.dtype)} must equal stationary dtype "
                 f"{dtypes.name(stationary.dtype)}"
             )
-        raw = stationary.np().reshape(k, m).T
+        raw = stationary._np().reshape(k, m).T
         if dst.dtype == stationary.dtype:
             dst.write_raw(raw)
         else:
@@ -151,7 +151,7 @@ def pe_tiling(instr: str, k: int, m: int, tile_position: Any, tile_size: Any, do
     if not tile_position and not tile_size:
         return {}
     if not tile_position or not tile_size:
-        checks.rule(
+        operands.rule(
             "pe_tiling",
             f"{instr} tile_position {tuple(tile_position)} and tile_size {tuple(tile_size)} must both be set to "
             "enable tiling mode (or both left empty for the whole PE array)",
@@ -161,9 +161,9 @@ def pe_tiling(instr: str, k: int, m: int, tile_position: Any, tile_size: Any, do
     pe = checks.PMAX
     for axis, start, extent in (("row", position[0], size[0]), ("column", position[1], size[1])):
         if not 0 < extent <= pe:
-            checks.rule("pe_tiling", f"{instr} tile_size {axis} size {extent} must be in [1, {pe}]")
+            operands.rule("pe_tiling", f"{instr} tile_size {axis} size {extent} must be in [1, {pe}]")
         elif start < 0 or start % extent or start + extent > pe:
-            checks.rule(
+            operands.rule(
                 "pe_tiling",
                 f"{instr} tile_position start {axis} {start} must be a multiple of the {axis} size {extent} with "
                 f"start + size <= {pe}",
@@ -171,7 +171,7 @@ def pe_tiling(instr: str, k: int, m: int, tile_position: Any, tile_size: Any, do
     if k > size[0] or m > size[1]:
         checks.fail(f"{instr} stationary [{k}, {m}] does not fit tile_size {size}")
     if double_row and size[1] < pe:
-        checks.rule("pe_tiling", f"{instr} perf_mode double_row cannot be combined with column tiling {size}")
+        operands.rule("pe_tiling", f"{instr} perf_mode double_row cannot be combined with column tiling {size}")
     return {
         "pe_rows": (position[0], min(pe, position[0] + size[0])),
         "pe_cols": (position[1], min(pe, position[1] + size[1])),
@@ -185,7 +185,6 @@ def _pair(instr: str, name: str, value: Any) -> tuple[int, int]:
         return operator.index(first), operator.index(second)
     except (TypeError, ValueError):
         checks.fail(f"{instr} {name} must be a pair of integers, got {value!r}")
-        raise AssertionError from None  # unreachable
 
 
 def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
@@ -201,7 +200,7 @@ def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
     key = (region.storage_id, region.partitions, region.byte_range)
     outstanding = launch.accumulation.matmul(key, dst.storage, len(launch.trace.records), accumulates)
     if outstanding > accumulation.LIMIT:
-        checks.rule(
+        operands.rule(
             "accumulation_groups",
             f"{instr} dst outstanding accumulation groups {outstanding} exceeds maximum {accumulation.LIMIT} "
             "(one per PSUM bank; a group runs from its first to its last accumulating nc_matmul into one region)",
@@ -210,7 +209,7 @@ def track_group(instr: str, dst: NkiTensor, accumulates: bool) -> None:
 
 def _accumulate_into(instr: str, dst: NkiTensor, product: np.ndarray, accumulate: bool | None) -> None:
     """Write (``accumulate=False``), add (True) or add-where-written (None) an fp32 product into fp32 ``dst``."""
-    out = dst.np()
+    out = dst._np()
     product = product.reshape(dst.shape)
     if accumulate is False:
         np.copyto(out, product)
@@ -252,23 +251,23 @@ def nc_transpose(
         The instruction handle.
     """
     instr = "nc_transpose"
-    dst = checks.compute_operand(instr, "dst", dst)
-    data = checks.compute_operand(instr, "data", data)
+    dst = operands.compute_operand(instr, "dst", dst)
+    data = operands.compute_operand(instr, "data", data)
     default = Engine.PE if data.buffer.kind == "sbuf" and dst.buffer.kind == "psum" else Engine.VECTOR
     eng = resolve_engine(instr, engine, default, (Engine.PE, Engine.VECTOR))
     p, f = data.shape[0], data.free_elems
-    checks.same_dtype(instr, "data", data, "dst", dst)
+    operands.same_dtype(instr, "data", data, "dst", dst)
     if eng is Engine.PE:
         checks.buffer(instr, "data", data, checks.SBUF_ONLY)
         checks.buffer(instr, "dst", dst, checks.PSUM_ONLY)
         checks.at_most(instr, "data", "free size", f, checks.PMAX)
-        checks.psum_bank(instr, "dst", dst)
+        operands.psum_bank(instr, "dst", dst)
     else:
         checks.at_most(instr, "data", "partition dimension", p, checks.VECTOR_TRANSPOSE_MAX)
         checks.at_most(instr, "data", "free size", f, checks.VECTOR_TRANSPOSE_MAX)
     if dst.shape[0] != f or dst.free_elems != p:
         checks.fail(f"{instr} dst shape {dst.shape} must be [{f}, {p}] for data shape {data.shape}")
-    dst.write_raw(data.np().reshape(p, f).T)  # overlap-safe numpy assignment
+    dst.write_raw(data._np().reshape(p, f).T)  # overlap-safe numpy assignment
     if eng is Engine.PE:
         track_group(instr, dst, accumulates=False)
         attrs = {"stationary_free": f, "moving_free": p, "fp32": data.dtype == dtypes.float32, "is_transpose": True}
