@@ -229,23 +229,3 @@ def test_nki_version_check(version: str, ok: bool) -> None:
 def test_nki_version_unknown_warns() -> None:
     with pytest.warns(RuntimeWarning, match="cannot read the installed nki version"):
         backend.check_nki_version(None)
-
-
-@pytest.mark.nki_cpu_only  # nki-cpu's refusal / its readable arguments
-def test_raw_kernel_says_once_that_a_mask_pack_is_wrong() -> None:
-    import warnings
-
-    from gdn_nki import api
-
-    api._say_pack_differs.cache_clear()
-    c = case("float32", Geometry(B=1, Hk=1, Hv=1, S=128, Dk=16, Dv=16), seed=17)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        backend.simulate(gdn_nki.gdn_cte)(**kernel_kwargs(c, "schur"))  # a right pack never warns
-    kwargs = kernel_kwargs(c, "schur")
-    kwargs["mask_pack"][1] = kwargs["mask_pack"][1].T
-    with pytest.warns(RuntimeWarning, match="`mask_pack` differs from build_mask_pack"):
-        backend.simulate(gdn_nki.gdn_cte)(**kernel_kwargs(c, "schur", mask_pack=kwargs["mask_pack"]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once: the second launch is silent
-        backend.simulate(gdn_nki.gdn_cte)(**kernel_kwargs(c, "schur", mask_pack=kwargs["mask_pack"]))

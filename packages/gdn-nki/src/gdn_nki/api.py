@@ -4,23 +4,18 @@ with the packed-varlen kernel (``varlen.py``)."""
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
-
-import numpy as np
 
 from gdn_ref.constants import (
     ALGORITHM_NEUMANN,
     ALGORITHM_SCHUR,
     CHUNK_BY_ALGORITHM,
-    CHUNK_SCHUR,
     DEFAULT_ALGORITHM,
     DEFAULT_GROUP_SIZE,
 )
 from gdn_ref.contract import Arguments
-from gdn_ref.masks import N_MASKS, build_mask_pack
 
-from . import backend, engines, neumann, schur
+from . import engines, neumann, schur
 from .backend import nki, nl
 from .chunks import Lane
 from .constant_tiles import constants_from_pack, constants_on_device
@@ -78,7 +73,6 @@ def gdn_cte(
     """
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     assert_valid_call(call.violations(host=False))
-    _warn_if_pack_differs(mask_pack)
 
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]
@@ -146,27 +140,3 @@ def _emit_lanes(call: Arguments, out: Any, final_state: Any, spans: list[Span], 
     ]
     inputs = LaneInputs(call.g_log, call.beta, call.recurrent_state, final_state, invert_group, deferred, idle_rounds)
     run_lanes(lanes, group, inputs, balancer)
-
-
-def _warn_if_pack_differs(mask_pack: Any) -> None:
-    """Where the NKI running the kernel can read the mask pack at trace time (nki-cpu), say once per process that
-    its contents differ from ``build_mask_pack()``: the kernel would compute garbage from it. The contract leaves
-    content checks to the host entry points, so this is a warning, not a rejection."""
-    if mask_pack is None:
-        return
-    contents = backend.hbm_contents(mask_pack)
-    if contents is None or getattr(contents, "shape", None) != (N_MASKS, CHUNK_SCHUR, CHUNK_SCHUR):
-        return
-    if not np.array_equal(contents, build_mask_pack()):
-        _say_pack_differs()
-
-
-@functools.cache
-def _say_pack_differs() -> None:
-    """The warning itself; cached, so a process says it once."""
-    warnings.warn(
-        "gdn_cte: `mask_pack` differs from build_mask_pack(); the kernel computes garbage from it (said once). "
-        "Fix: pass mask_pack=build_mask_pack(), or call gdn_nki.simulate, which rejects it",
-        RuntimeWarning,
-        stacklevel=4,
-    )

@@ -89,22 +89,12 @@ from nki_cpu.frameworks import numpy_to_torch, torch_to_numpy  # noqa: E402 - ho
 BACKEND_NAME = "nki" if USING_REAL_NKI else "nki-cpu"
 
 
-def hbm_contents(tensor: object) -> object:
-    """The values of an HBM kernel argument when the NKI running the kernel can read them at trace time (nki-cpu
-    runs eagerly on the caller's memory), else None (the real tracer sees shapes and dtypes only)."""
-    if USING_REAL_NKI:  # pragma: no cover - needs the Neuron SDK
-        return None
-    read = getattr(tensor, "read", None)
-    return None if read is None else read()
-
-
 __all__ = [
     "BACKEND_NAME",
     "MIN_NKI_VERSION",
     "MIN_SDK",
     "USING_REAL_NKI",
     "check_nki_version",
-    "hbm_contents",
     "nisa",
     "nki",
     "nl",
