@@ -978,14 +978,15 @@ def validate_tkg(*args: Any, host: bool = True, **kwargs: Any) -> list[Violation
 
 
 def validate_step(
-    args: dict[str, Any], scale: Any = 1.0, use_qk_l2norm: Any = False, *, host: bool = True
+    args: dict[str, Any], scale: Any = 1.0, use_qk_l2norm: Any = False, *, host: bool = True, values: bool = True
 ) -> list[Violation]:
     """Check a ``gdn_step`` call: the tensors' layouts, one gating form, the pool and (host) the index values.
 
     Args:
         args (dict): the step's tensors by name (``STEP_SPECS``; omitted ones absent or None).
         scale: the output scale, a finite real. use_qk_l2norm: a bool.
-        host (bool): also read the values (finite inputs, gates' domains, indices); False at trace time.
+        host (bool): also read the index values (always, on the host: they address the pool) and, with
+            ``values``, scan the inputs (finite, gates' domains); False at trace time.
 
     Returns:
         list[Violation]: every broken rule (empty = valid).
@@ -1014,13 +1015,14 @@ def validate_step(
         found.append(Violation("use_qk_l2norm.bool", "use_qk_l2norm", f"value {use_qk_l2norm!r}",
                                "use_qk_l2norm must be a bool", "pass True or False", STEP))  # fmt: skip
     if host and not found:
+        found += index_violations(indices, accepted, sizes["P"], sizes["T"])
+    if host and values and not found:
         found += _finite_violations(STEP, args, ("query", "key", "value", "a", "b", "A_log", "dt_bias"))
         if args.get("g_log") is not None:
             found += [replace(v, api=STEP) for v in (G_LOG_DOMAIN.check(_gates_call(args)), BETA_DOMAIN.check(
                 _gates_call(args))) if v is not None]  # fmt: skip
         else:
             found += _fused_gate_violation(STEP, args["a"], args["A_log"], args["dt_bias"])
-        found += index_violations(indices, accepted, sizes["P"], sizes["T"])
     return found
 
 

@@ -1,0 +1,323 @@
+"""The decode recurrence on device: T tokens of one request from a state row, every head, in plain NKI.
+
+Both decode kernels issue their work here: ``gdn_tkg`` (AWS's fused single-token step, ``tkg.py``) and the serving
+step on a state pool (``step.py``). A request's state is held in SBUF as [Dk, heads·Dv] fp32 (Dk on partitions,
+each head's [Dk, Dv] block contiguous, as the pool stores it) for a block of heads at a time, so on-chip memory is
+bounded by ``HEAD_BLOCK_BYTES`` whatever Hv. Per token and value head h (key head j = h // (Hv/Hk)):
+
+    kS  = k_jᵀ S_h                      tensor engine, [1, Dv] on partition 0 (before the decay)
+    u   = β_h (v_h − α_h kS)             one vector instruction pair on the row
+    S_h = α_h S_h + k_j uᵀ               outer product on the tensor engine, then one scalar_tensor_tensor
+    o_h = (scale q_j)ᵀ S_h               tensor engine, [1, Dv]
+
+which is ``gdn_ref.recurrent`` token by token (decay, delta against the decayed state, rank-1 write, read after
+the write). All arithmetic is fp32 whatever the compute dtype (the DMA widens bf16 inputs and narrows ``out``),
+as HF's and AWS's references compute decode.
+
+Run-time addressing: a pool row is an ``NkiScalar`` (``nki.isa.scalar_load`` of an index tile), used only as the
+``scalar_offset`` of ``.ap`` on the pool ("NKI Access Patterns" and ``nki.isa.scalar_load``, SDK 2.33); a padding
+request's work sits in an ``nl.fori_loop`` whose trip count (0 or 1) is itself loaded from device memory, so it
+reads and writes nothing of the pool ("NKI Dynamic Loops"; ``nl.fori_loop`` with a 32-bit NkiScalar bound,
+SDK 2.33). No index is ever a Python value at trace time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
+
+from .backend import nisa, nl
+from .tiles import FP32, matmul, sbuf
+
+# SBUF a request's state block may take per partition: 32 KiB of the 192 KiB (Trn2) leaves room for double
+# buffering and the token operands; a block of Qwen3-Next heads (Dv = 128) is 64 heads.
+HEAD_BLOCK_BYTES = 32 * 1024
+INT32 = nl.int32
+
+
+def heads_per_block(value_heads: int, dv: int) -> int:
+    """Value heads whose fp32 [Dk, Dv] states fit ``HEAD_BLOCK_BYTES`` per partition (at least one)."""
+    return max(1, min(value_heads, HEAD_BLOCK_BYTES // (4 * dv)))
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes of a decode launch: requests, tokens each, key/value heads, head dims."""
+
+    requests: int
+    tokens: int
+    key_heads: int
+    value_heads: int
+    dk: int
+    dv: int
+
+    @property
+    def ratio(self) -> int:
+        return self.value_heads // self.key_heads
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Where a launch's gates come from: precomputed (``g_log``, ``beta`` [N, T, Hv]) or fused (``a``, ``b``
+    [N, T, Hv] raw, ``A_log``, ``dt_bias`` [Hv])."""
+
+    g_log: Any = None
+    beta: Any = None
+    a: Any = None
+    b: Any = None
+    A_log: Any = None
+    dt_bias: Any = None
+
+    @property
+    def fused(self) -> bool:
+        return self.a is not None
+
+
+@dataclass(frozen=True)
+class OutputNorm:
+    """The gated RMSNorm ``gdn_tkg`` folds into its output: ``z`` [N, T, Hv, Dv] (compute dtype) and
+    ``norm_weight`` [Dv] fp32."""
+
+    z: Any
+    norm_weight: Any
+
+
+def state_block(pool: Any, row: Any, shapes: Shapes, h0: int, heads: int) -> Any:
+    """The [Dk, heads, Dv] HBM view of heads ``h0 .. h0 + heads`` of pool row ``row``: a trace-time int, or an
+    ``NkiScalar`` used as the run-time ``scalar_offset`` (counted in rows of the pool: indirect_dim 0)."""
+    head = shapes.dk * shapes.dv
+    pattern = [[shapes.dv, shapes.dk], [head, heads], [1, shapes.dv]]
+    if isinstance(row, int):
+        return pool.ap(pattern=pattern, offset=(row * shapes.value_heads + h0) * head)
+    return pool.ap(pattern=pattern, offset=h0 * head, scalar_offset=row, indirect_dim=0)
+
+
+def _token_offset(shapes: Shapes, n: int, t: int, heads: int, width: int) -> int:
+    """Element offset of token t of request n in a token-major [N, T, heads, width] tensor."""
+    return ((n * shapes.tokens + t) * heads) * width
+
+
+class Constants:
+    """Per-launch tiles: ones for partition sums, eps columns, and the per-head fused-gating constants."""
+
+    def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None):
+        dk, hv = shapes.dk, shapes.value_heads
+        self.ones = sbuf((dk, dk), FP32)
+        nisa.memset(dst=self.ones, value=1.0)
+        self.l2_eps = sbuf((dk, 1), FP32)
+        nisa.memset(dst=self.l2_eps, value=L2NORM_EPS)
+        self.rms_eps = sbuf((1, 1), FP32)
+        nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS)
+        self.decay_rate = self.dt_bias = None
+        if gates.fused:
+            # exp(A_log) and dt_bias on every partition, once per launch: [Dk, Hv].
+            a_log = sbuf((dk, hv), FP32)
+            nisa.dma_copy(dst=a_log, src=gates.A_log.ap(pattern=[[0, dk], [1, hv]], offset=0))
+            self.decay_rate = sbuf((dk, hv), FP32)
+            nisa.activation(dst=self.decay_rate, op=nl.exp, data=a_log)
+            self.dt_bias = sbuf((dk, hv), FP32)
+            nisa.dma_copy(dst=self.dt_bias, src=gates.dt_bias.ap(pattern=[[0, dk], [1, hv]], offset=0))
+        self.norm_weight = None
+        if norm is not None:
+            self.norm_weight = sbuf((1, shapes.dv), FP32)
+            nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[shapes.dv, 1], [1, shapes.dv]]))
+
+
+def token_gates(shapes: Shapes, gates: Gates, consts: Constants, n: int, t: int) -> tuple[Any, Any]:
+    """α = exp(g) and β of every value head for token t of request n, each [Dk, Hv] fp32, equal on every
+    partition (a column is a per-partition scalar for the state's rows, partition 0 one for the token's rows)."""
+    dk, hv = shapes.dk, shapes.value_heads
+    every_partition = [[0, dk], [1, hv]]
+    offset = _token_offset(shapes, n, t, hv, 1)
+    alpha, beta = sbuf((dk, hv), FP32), sbuf((dk, hv), FP32)
+    if not gates.fused:
+        log_decay = sbuf((dk, hv), FP32)
+        nisa.dma_copy(dst=log_decay, src=gates.g_log.ap(pattern=every_partition, offset=offset))
+        nisa.activation(dst=alpha, op=nl.exp, data=log_decay)
+        nisa.dma_copy(dst=beta, src=gates.beta.ap(pattern=every_partition, offset=offset))
+        return alpha, beta
+    raw_a, raw_b = sbuf((dk, hv), FP32), sbuf((dk, hv), FP32)
+    nisa.dma_copy(dst=raw_a, src=gates.a.ap(pattern=every_partition, offset=offset))
+    nisa.dma_copy(dst=raw_b, src=gates.b.ap(pattern=every_partition, offset=offset))
+    shifted = sbuf((dk, hv), FP32)
+    nisa.tensor_tensor(dst=shifted, data1=raw_a, data2=consts.dt_bias, op=nl.add)
+    softplus = sbuf((dk, hv), FP32)
+    nisa.activation(dst=softplus, op=nl.softplus, data=shifted)
+    rate = sbuf((dk, hv), FP32)  # exp(A_log)·softplus(a + dt_bias) = −g
+    nisa.tensor_tensor(dst=rate, data1=softplus, data2=consts.decay_rate, op=nl.multiply)
+    nisa.activation(dst=alpha, op=nl.exp, data=rate, scale=-1.0)
+    nisa.activation(dst=beta, op=nl.sigmoid, data=raw_b)
+    return alpha, beta
+
+
+def token_keys(
+    shapes: Shapes, query: Any, key: Any, consts: Constants, n: int, t: int, scale: float, l2norm: bool
+) -> tuple[Any, Any, Any]:
+    """q and k of token t of request n in fp32: q·scale and k as columns [Dk, Hk] (the matmuls' stationaries),
+    k again as a row [1, Hk·Dk] on partition 0 (the outer product's stationary); L2-normalized first when asked.
+
+    The column sums of q² and k² come from one matmul against ones, which leaves every partition holding every
+    sum, so partition 0 has the key norms its row needs.
+    """
+    dk, hk = shapes.dk, shapes.key_heads
+    offset = _token_offset(shapes, n, t, hk, dk)
+    columns = sbuf((dk, 2 * hk), FP32)  # [q_0 .. q_{Hk-1}, k_0 .. k_{Hk-1}]
+    as_columns = [[1, dk], [dk, hk]]
+    nisa.dma_copy(dst=columns[:, 0:hk], src=query.ap(pattern=as_columns, offset=offset))
+    nisa.dma_copy(dst=columns[:, hk : 2 * hk], src=key.ap(pattern=as_columns, offset=offset))
+    k_row = sbuf((1, hk * dk), FP32)
+    nisa.dma_copy(dst=k_row, src=key.ap(pattern=[[hk * dk, 1], [1, hk * dk]], offset=offset))
+    q_cols, k_cols = sbuf((dk, hk), FP32), sbuf((dk, hk), FP32)
+    if not l2norm:
+        nisa.tensor_scalar(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale))
+        nisa.tensor_copy(dst=k_cols, src=columns[:, hk : 2 * hk])
+        return q_cols, k_cols, k_row
+    squares = sbuf((dk, 2 * hk), FP32)
+    nisa.tensor_tensor(dst=squares, data1=columns, data2=columns, op=nl.multiply)
+    sums = matmul(consts.ones, squares)  # [Dk, 2Hk]: every partition holds every column's sum
+    inverse_norm = sbuf((dk, 2 * hk), FP32)
+    nisa.activation(dst=inverse_norm, op=nl.rsqrt, data=sums, bias=consts.l2_eps)
+    nisa.scalar_tensor_tensor(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale),
+                              op1=nl.multiply, operand1=inverse_norm[:, 0:hk])  # fmt: skip
+    nisa.tensor_tensor(dst=k_cols, data1=columns[:, hk : 2 * hk], data2=inverse_norm[:, hk : 2 * hk], op=nl.multiply)
+    for j in range(hk):
+        piece = k_row[:, j * dk : (j + 1) * dk]
+        nisa.tensor_scalar(dst=piece, data=piece, op0=nl.multiply, operand0=inverse_norm[0:1, hk + j : hk + j + 1])
+    return q_cols, k_cols, k_row
+
+
+def advance_heads(
+    shapes: Shapes, state: Any, h0: int, heads: int, keys: tuple[Any, Any, Any], v_row: Any, gates: tuple[Any, Any]
+) -> Any:
+    """One token through heads ``h0 .. h0 + heads`` of a state block (updated in place); returns their outputs as
+    a [1, heads·Dv] fp32 row."""
+    dv, r = shapes.dv, shapes.ratio
+    q_cols, k_cols, k_row = keys
+    alpha, beta = gates
+    out_row = sbuf((1, heads * dv), FP32)
+    for i in range(heads):
+        h, j = h0 + i, (h0 + i) // r
+        block = state[:, i * dv : (i + 1) * dv]
+        recalled = matmul(k_cols[:, j : j + 1], block)  # kᵀS, [1, Dv]
+        delta = sbuf((1, dv), FP32)  # α kᵀS − v, then × (−β) = β (v − α kᵀS)
+        nisa.scalar_tensor_tensor(dst=delta, data=recalled, op0=nl.multiply, operand0=alpha[0:1, h : h + 1],
+                                  op1=nl.subtract, operand1=v_row[:, i * dv : (i + 1) * dv])  # fmt: skip
+        nisa.tensor_scalar(dst=delta, data=delta, op0=nl.multiply, operand0=beta[0:1, h : h + 1],
+                           op1=nl.multiply, operand1=-1.0)  # fmt: skip
+        write = matmul(k_row[:, j * shapes.dk : (j + 1) * shapes.dk], delta)  # k uᵀ, [Dk, Dv]
+        nisa.scalar_tensor_tensor(dst=block, data=block, op0=nl.multiply, operand0=alpha[:, h : h + 1],
+                                  op1=nl.add, operand1=write)  # fmt: skip
+        read = matmul(q_cols[:, j : j + 1], block)  # (scale q)ᵀ S, [1, Dv]
+        nisa.tensor_copy(dst=out_row[:, i * dv : (i + 1) * dv], src=read)
+    return out_row
+
+
+def gated_rms_norm(shapes: Shapes, out_row: Any, z_row: Any, consts: Constants, heads: int) -> None:
+    """``out_row`` ← RMSNorm(out) · norm_weight · silu(z) per head, in place (``gdn_ref.decode.gated_rms_norm``)."""
+    dv = shapes.dv
+    squares = sbuf((1, heads * dv), FP32)
+    nisa.tensor_tensor(dst=squares, data1=out_row, data2=out_row, op=nl.multiply)
+    sums = sbuf((1, heads), FP32)
+    nisa.tensor_reduce(dst=sums, op=nl.add, data=squares.reshape((1, heads, dv)), axis=2)
+    inverse_rms = sbuf((1, heads), FP32)
+    nisa.activation(dst=inverse_rms, op=nl.rsqrt, data=sums, scale=1.0 / dv, bias=consts.rms_eps)
+    for i in range(heads):
+        piece = out_row[:, i * dv : (i + 1) * dv]
+        nisa.scalar_tensor_tensor(dst=piece, data=piece, op0=nl.multiply, operand0=inverse_rms[:, i : i + 1],
+                                  op1=nl.multiply, operand1=consts.norm_weight)  # fmt: skip
+    gate = sbuf((1, heads * dv), FP32)
+    nisa.activation(dst=gate, op=nl.silu, data=z_row)
+    nisa.tensor_tensor(dst=out_row, data1=out_row, data2=gate, op=nl.multiply)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Where one request's state comes from and goes: ``source`` / ``target`` HBM tensors of rows
+    [.., Hv, Dk, Dv]; ``read_row`` a trace-time int or an NkiScalar; ``token_rows`` the row the state after
+    each token is written to (None: only the final state, to ``final_row``)."""
+
+    n: int
+    source: Any
+    target: Any
+    read_row: Any
+    final_row: Any = None
+    token_rows: tuple[Any, ...] | None = None
+
+
+def emit_request(
+    shapes: Shapes,
+    tensors: tuple[Any, Any, Any, Any],
+    gates: Gates,
+    consts: Constants,
+    request: Request,
+    scale: float,
+    l2norm: bool,
+    norm: OutputNorm | None = None,
+) -> None:
+    """Every token of one request, a block of heads at a time: load the block's state, advance it token by token
+    (storing outputs, and the state after each token when ``token_rows``), then store the final state.
+
+    Args:
+        tensors: (query [N, T, Hk, Dk], key, value [N, T, Hv, Dv], out [N, T, Hv, Dv]) in HBM.
+    """
+    query, key, value, out = tensors
+    dv, hv, n = shapes.dv, shapes.value_heads, request.n
+    block = heads_per_block(hv, dv)
+    for h0 in range(0, hv, block):
+        heads = min(block, hv - h0)
+        state = sbuf((shapes.dk, heads * dv), FP32)
+        nisa.dma_copy(dst=state, src=state_block(request.source, request.read_row, shapes, h0, heads))
+        for t in range(shapes.tokens):
+            keys = token_keys(shapes, query, key, consts, n, t, scale, l2norm)
+            alpha_beta = token_gates(shapes, gates, consts, n, t)
+            row_pattern = [[heads * dv, 1], [1, heads * dv]]
+            offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
+            v_row = sbuf((1, heads * dv), FP32)
+            nisa.dma_copy(dst=v_row, src=value.ap(pattern=row_pattern, offset=offset))
+            out_row = advance_heads(shapes, state, h0, heads, keys, v_row, alpha_beta)
+            if norm is not None:
+                z_row = sbuf((1, heads * dv), FP32)
+                nisa.dma_copy(dst=z_row, src=norm.z.ap(pattern=row_pattern, offset=offset))
+                gated_rms_norm(shapes, out_row, z_row, consts, heads)
+            nisa.dma_copy(dst=out.ap(pattern=row_pattern, offset=offset), src=out_row)
+            if request.token_rows is not None:
+                target = state_block(request.target, request.token_rows[t], shapes, h0, heads)
+                nisa.dma_copy(dst=target, src=state)
+        if request.token_rows is None:
+            nisa.dma_copy(dst=state_block(request.target, request.final_row, shapes, h0, heads), src=state)
+
+
+def load_scalar(src: Any) -> Any:
+    """An int32 [1, 1] HBM or SBUF view as a run-time ``NkiScalar`` (``nki.isa.scalar_load`` reads SBUF)."""
+    tile = sbuf((1, 1), INT32)
+    if src.buffer == nl.sbuf:
+        nisa.tensor_copy(dst=tile, src=src)
+    else:
+        nisa.dma_copy(dst=tile, src=src)
+    return nisa.scalar_load(tile)
+
+
+def when_live(row_tile: Any, body: Callable[[], None]) -> None:
+    """Run ``body`` once when the int32 [1, 1] ``row_tile`` holds a row (>= 0), never for padding (-1): the trip
+    count of a compiled loop, computed and loaded on device."""
+    live = sbuf((1, 1), INT32)
+    nisa.tensor_scalar(dst=live, data=row_tile, op0=nl.greater_equal, operand0=0)
+    trips = nisa.scalar_load(live)
+    nl.fori_loop(0, trips, lambda _: body())
+
+
+def zero_outputs(shapes: Shapes, out: Any, n: int) -> None:
+    """Write zeros to every output of request n (a padding request's outputs are defined as zeros)."""
+    width = shapes.tokens * shapes.value_heads * shapes.dv
+    zeros = sbuf((1, width), out.dtype)
+    nisa.memset(dst=zeros, value=0.0)
+    nisa.dma_copy(dst=out.ap(pattern=[[width, 1], [1, width]], offset=n * width), src=zeros)
+
+
+def allocate_out(shapes: Shapes, dtype: Any) -> Any:
+    """The [N, T, Hv, Dv] output in HBM."""
+    return nl.ndarray((shapes.requests, shapes.tokens, shapes.value_heads, shapes.dv), dtype=dtype,
+                      buffer=nl.shared_hbm)  # fmt: skip
