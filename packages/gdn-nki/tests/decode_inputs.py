@@ -23,7 +23,7 @@ class StepInputs:
     beta: np.ndarray
     a: np.ndarray
     b: np.ndarray
-    A_log: np.ndarray  # noqa: N815 - the documented name
+    A_log: np.ndarray
     dt_bias: np.ndarray
     pool: np.ndarray
     extra: dict = field(default_factory=dict)
