@@ -3,7 +3,7 @@
 Both decode kernels issue their work here: ``gdn_tkg`` (AWS's fused single-token step, ``tkg.py``) and the serving
 step on a state pool (``step.py``). A request's state is held in SBUF as [Dk, heads·Dv] fp32 (Dk on partitions,
 each head's [Dk, Dv] block contiguous, as the pool stores it) for a block of heads at a time, so on-chip memory is
-bounded by ``HEAD_BLOCK_BYTES`` whatever Hv. Per token and value head h (key head j = h // (Hv/Hk)):
+bounded by ``PSUM_BANK_FP32`` whatever Hv. Per token and value head h (key head j = h // (Hv/Hk)):
 
     kS  = k_jᵀ S_h                      tensor engine, [1, Dv] on partition 0 (before the decay)
     u   = β_h (v_h − α_h kS)             one vector instruction pair on the row
@@ -30,17 +30,20 @@ from typing import Any
 from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 
 from .backend import nisa, nl
-from .tiles import FP32, matmul, sbuf
+from .engines import GPSIMD
+from .tiles import FP32, matmul, psum, sbuf
 
-# SBUF a request's state block may take per partition: 32 KiB of the 192 KiB (Trn2) leaves room for double
-# buffering and the token operands; a block of Qwen3-Next heads (Dv = 128) is 64 heads.
-HEAD_BLOCK_BYTES = 32 * 1024
+# Value heads per state block: the heads whose token rows (kᵀS, the outputs) fill one fp32 PSUM bank per partition
+# (2 KiB = 512 fp32; a PSUM tile's free size is at most a bank). A block's state is heads·Dv·4 bytes per partition
+# (2 KiB for Qwen3-Next's Dv = 128), two blocks live at a time (the next one is loaded while this one computes):
+# on-chip memory is bounded whatever Hv and N.
+PSUM_BANK_FP32 = 512
 INT32 = nl.int32
 
 
 def heads_per_block(value_heads: int, dv: int) -> int:
-    """Value heads whose fp32 [Dk, Dv] states fit ``HEAD_BLOCK_BYTES`` per partition (at least one)."""
-    return max(1, min(value_heads, HEAD_BLOCK_BYTES // (4 * dv)))
+    """Value heads per state block (at least one)."""
+    return max(1, min(value_heads, PSUM_BANK_FP32 // dv))
 
 
 @dataclass(frozen=True)
@@ -189,29 +192,52 @@ def token_keys(
     return q_cols, k_cols, k_row
 
 
+def recall_keys(shapes: Shapes, k_cols: Any, alpha: Any, beta: Any) -> Any:
+    """(αβ)_h · k_{h // (Hv/Hk)} for every value head h: [Dk, Hv] fp32, the stationaries of the recall."""
+    dk, hk, r = shapes.dk, shapes.key_heads, shapes.ratio
+    rate = sbuf((dk, shapes.value_heads), FP32)
+    nisa.tensor_tensor(dst=rate, data1=alpha, data2=beta, op=nl.multiply)
+    scaled = sbuf((dk, shapes.value_heads), FP32)
+    nisa.tensor_tensor(dst=scaled.reshape((dk, hk, r)), data1=k_cols.expand_dim(2).broadcast(2, r),
+                       data2=rate.reshape((dk, hk, r)), op=nl.multiply)  # fmt: skip
+    return scaled
+
+
 def advance_heads(
-    shapes: Shapes, state: Any, h0: int, heads: int, keys: tuple[Any, Any, Any], v_row: Any, gates: tuple[Any, Any]
+    shapes: Shapes, state: Any, h0: int, heads: int, keys: tuple[Any, Any, Any], v_row: Any, gates: tuple[Any, Any, Any]
 ) -> Any:
     """One token through heads ``h0 .. h0 + heads`` of a state block (updated in place); returns their outputs as
-    a [1, heads·Dv] fp32 row."""
-    dv, r = shapes.dv, shapes.ratio
-    q_cols, k_cols, k_row = keys
-    alpha, beta = gates
-    out_row = sbuf((1, heads * dv), FP32)
+    a [1, heads·Dv] fp32 row.
+
+    The gates ride on operands the tensor engine reads anyway: the recall uses the stationary (αβ k), so
+    u = βv − (αβ k)ᵀS is one vector subtract with a PSUM input for the whole block (βv is scaled on GpSimd,
+    otherwise idle), the decay is the scalar of the state update, and the outputs leave PSUM on the scalar engine.
+    Per head the vector engine runs only the [Dk, Dv] state update.
+    """
+    dv, dk, r = shapes.dv, shapes.dk, shapes.ratio
+    q_cols, _, k_row = keys
+    alpha, beta, scaled_keys = gates
+    as_heads = (1, heads, dv)
+    scaled_v = sbuf((1, heads * dv), FP32)  # βv
+    nisa.tensor_tensor(dst=scaled_v.reshape(as_heads), data1=v_row.reshape(as_heads),
+                       data2=beta[0:1, h0 : h0 + heads].expand_dim(2).broadcast(2, dv), op=nl.multiply,
+                       engine=GPSIMD)  # fmt: skip
+    recalled = psum((1, heads * dv))
+    for i in range(heads):
+        h = h0 + i
+        matmul(scaled_keys[:, h : h + 1], state[:, i * dv : (i + 1) * dv], dst=recalled[:, i * dv : (i + 1) * dv])
+    delta = sbuf((1, heads * dv), FP32)  # u = β (v − α kᵀS)
+    nisa.tensor_tensor(dst=delta, data1=scaled_v, data2=recalled, op=nl.subtract)
+    read = psum((1, heads * dv))
     for i in range(heads):
         h, j = h0 + i, (h0 + i) // r
         block = state[:, i * dv : (i + 1) * dv]
-        recalled = matmul(k_cols[:, j : j + 1], block)  # kᵀS, [1, Dv]
-        delta = sbuf((1, dv), FP32)  # α kᵀS − v, then × (−β) = β (v − α kᵀS)
-        nisa.scalar_tensor_tensor(dst=delta, data=recalled, op0=nl.multiply, operand0=alpha[0:1, h : h + 1],
-                                  op1=nl.subtract, operand1=v_row[:, i * dv : (i + 1) * dv])  # fmt: skip
-        nisa.tensor_scalar(dst=delta, data=delta, op0=nl.multiply, operand0=beta[0:1, h : h + 1],
-                           op1=nl.multiply, operand1=-1.0)  # fmt: skip
-        write = matmul(k_row[:, j * shapes.dk : (j + 1) * shapes.dk], delta)  # k uᵀ, [Dk, Dv]
+        write = matmul(k_row[:, j * dk : (j + 1) * dk], delta[:, i * dv : (i + 1) * dv])  # k uᵀ, [Dk, Dv]
         nisa.scalar_tensor_tensor(dst=block, data=block, op0=nl.multiply, operand0=alpha[:, h : h + 1],
                                   op1=nl.add, operand1=write)  # fmt: skip
-        read = matmul(q_cols[:, j : j + 1], block)  # (scale q)ᵀ S, [1, Dv]
-        nisa.tensor_copy(dst=out_row[:, i * dv : (i + 1) * dv], src=read)
+        matmul(q_cols[:, j : j + 1], block, dst=read[:, i * dv : (i + 1) * dv])  # (scale q)ᵀ S
+    out_row = sbuf((1, heads * dv), FP32)
+    nisa.activation(dst=out_row, op=nl.copy, data=read)
     return out_row
 
 
@@ -257,27 +283,40 @@ def emit_request(
     l2norm: bool,
     norm: OutputNorm | None = None,
 ) -> None:
-    """Every token of one request, a block of heads at a time: load the block's state, advance it token by token
-    (storing outputs, and the state after each token when ``token_rows``), then store the final state.
+    """Every token of one request, a block of heads at a time: each token's q/k and gates once, then per block
+    load its state (the next block's load issued before this one computes, so the DMA overlaps the math),
+    advance it token by token (storing outputs, and the state after each token when ``token_rows``), and store
+    the final state.
 
     Args:
         tensors: (query [N, T, Hk, Dk], key, value [N, T, Hv, Dv], out [N, T, Hv, Dv]) in HBM.
     """
     query, key, value, out = tensors
     dv, hv, n = shapes.dv, shapes.value_heads, request.n
-    block = heads_per_block(hv, dv)
-    for h0 in range(0, hv, block):
-        heads = min(block, hv - h0)
+    per_token = []
+    for t in range(shapes.tokens):
+        keys = token_keys(shapes, query, key, consts, n, t, scale, l2norm)
+        alpha, beta = token_gates(shapes, gates, consts, n, t)
+        per_token.append((keys, (alpha, beta, recall_keys(shapes, keys[1], alpha, beta))))
+    size = heads_per_block(hv, dv)
+    blocks = [(h0, min(size, hv - h0)) for h0 in range(0, hv, size)]
+
+    def load(h0: int, heads: int) -> Any:
         state = sbuf((shapes.dk, heads * dv), FP32)
         nisa.dma_copy(dst=state, src=state_block(request.source, request.read_row, shapes, h0, heads))
-        for t in range(shapes.tokens):
-            keys = token_keys(shapes, query, key, consts, n, t, scale, l2norm)
-            alpha_beta = token_gates(shapes, gates, consts, n, t)
-            row_pattern = [[heads * dv, 1], [1, heads * dv]]
+        return state
+
+    upcoming = load(*blocks[0])
+    for b, (h0, heads) in enumerate(blocks):
+        state = upcoming
+        if b + 1 < len(blocks):
+            upcoming = load(*blocks[b + 1])
+        row_pattern = [[heads * dv, 1], [1, heads * dv]]
+        for t, (keys, token_gate) in enumerate(per_token):
             offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
             v_row = sbuf((1, heads * dv), FP32)
             nisa.dma_copy(dst=v_row, src=value.ap(pattern=row_pattern, offset=offset))
-            out_row = advance_heads(shapes, state, h0, heads, keys, v_row, alpha_beta)
+            out_row = advance_heads(shapes, state, h0, heads, keys, v_row, token_gate)
             if norm is not None:
                 z_row = sbuf((1, heads * dv), FP32)
                 nisa.dma_copy(dst=z_row, src=norm.z.ap(pattern=row_pattern, offset=offset))
