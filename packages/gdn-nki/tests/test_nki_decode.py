@@ -141,3 +141,15 @@ def test_rows_are_device_data_and_padding_runs_nothing() -> None:
         counts.append((trace.static_instructions, len(trace.records)))
     assert counts[0] == counts[1]
     assert counts[2][1] < counts[0][1]  # the padding request issued no state traffic or math
+
+
+def test_a_launch_grid_splits_requests_and_changes_nothing() -> None:
+    x = step_inputs(9, "float32", N=3, T=2)
+    rows = np.array([[5, 1], [-1, -1], [2, 7]], np.int32)
+    pools = [x.pool.copy(), x.pool.copy()]
+    outs = [gdn_nki.decode_step(x.query, x.key, x.value, pool, rows, **x.gates(True), grid=grid)[0]
+            for pool, grid in zip(pools, (None, 2), strict=True)]  # fmt: skip
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(pools[0], pools[1])
+    assert not np.array_equal(pools[0], x.pool)
+    with pytest.raises(ContractError, match=r"gdn_step rejected[\s\S]*\[launch.grid\]"):
+        gdn_nki.decode_step(x.query, x.key, x.value, pools[0], rows, **x.gates(True), grid=3)

@@ -3,12 +3,13 @@
 Both decode kernels issue their work here: ``gdn_tkg`` (AWS's fused single-token step, ``tkg.py``) and the serving
 step on a state pool (``step.py``). A request's state is held in SBUF as [Dk, heads·Dv] fp32 (Dk on partitions,
 each head's [Dk, Dv] block contiguous, as the pool stores it) for a block of heads at a time, so on-chip memory is
-bounded by ``PSUM_BANK_FP32`` whatever Hv. Per token and value head h (key head j = h // (Hv/Hk)):
+bounded whatever Hv (a block's token rows fill one PSUM bank: ``heads_per_block``). Per token and value head h
+(key head j = h // (Hv/Hk)), with α = exp(g):
 
-    kS  = k_jᵀ S_h                      tensor engine, [1, Dv] on partition 0 (before the decay)
-    u   = β_h (v_h − α_h kS)             one vector instruction pair on the row
-    S_h = α_h S_h + k_j uᵀ               outer product on the tensor engine, then one scalar_tensor_tensor
-    o_h = (scale q_j)ᵀ S_h               tensor engine, [1, Dv]
+    r   = (α_h β_h k_j)ᵀ S_h              tensor engine, [1, Dv] on partition 0 (the gates ride on the stationary)
+    u   = β_h v_h − r                     one vector subtract for the block (β v scaled on GpSimd)
+    S_h = α_h S_h + k_j uᵀ                outer product on the tensor engine, then one scalar_tensor_tensor
+    o_h = (scale q_j)ᵀ S_h                tensor engine, [1, Dv]
 
 which is ``gdn_ref.recurrent`` token by token (decay, delta against the decayed state, rank-1 write, read after
 the write). All arithmetic is fp32 whatever the compute dtype (the DMA widens bf16 inputs and narrows ``out``),

@@ -9,6 +9,7 @@ import numpy as np
 from gdn_ref.contract import STEP, ContractError, Violation, validate_step, validate_tkg
 
 from . import backend
+from .host import LNC_DEGREES
 from .step import gdn_step, step_tensors
 from .tkg import gdn_tkg
 from .varlen import pool_row_violations
@@ -65,6 +66,10 @@ def decode_step(
         and put back if the launch fails part-way, so a call completes or leaves the pool as it was; the cost is
         the rows touched, never the pool.
     """
+    if grid is not None and (isinstance(grid, bool) or grid not in LNC_DEGREES):
+        raise ContractError([Violation("launch.grid", "grid", f"= {grid!r}", "the launch grid is the "
+                                       f"logical-NeuronCore degree: one of {LNC_DEGREES}",
+                                       "pass grid=None, 1 or 2; the kernel splits the requests itself", STEP)])  # fmt: skip
     if scale is None:
         scale = float(np.shape(query)[-1]) ** -0.5 if len(np.shape(query)) == 4 else 1.0
     tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
