@@ -32,7 +32,7 @@ from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 
 from .backend import nisa, nl
 from .engines import GPSIMD
-from .tiles import FP32, matmul, psum, sbuf
+from .tiles import FP32, matmul, psum, sbuf, transpose
 
 # Value heads per state block: the heads whose token rows (kᵀS, the outputs) fill one fp32 PSUM bank per partition
 # (2 KiB = 512 fp32; a PSUM tile's free size is at most a bank). A block's state is heads·Dv·4 bytes per partition
@@ -168,10 +168,14 @@ def token_keys(
     """
     dk, hk = shapes.dk, shapes.key_heads
     offset = _token_offset(shapes, n, t, hk, dk)
-    columns = sbuf((dk, 2 * hk), FP32)  # [q_0 .. q_{Hk-1}, k_0 .. k_{Hk-1}]
-    as_columns = [[1, dk], [dk, hk]]
-    nisa.dma_copy(dst=columns[:, 0:hk], src=query.ap(pattern=as_columns, offset=offset))
-    nisa.dma_copy(dst=columns[:, hk : 2 * hk], src=key.ap(pattern=as_columns, offset=offset))
+    # Loaded as rows (each head's Dk contiguous in HBM) and turned into columns on the tensor engine: a column
+    # load straight from HBM would move one element per descriptor.
+    rows = sbuf((2 * hk, dk), FP32)  # [q_0 .. q_{Hk-1}, k_0 .. k_{Hk-1}] as rows
+    as_rows = [[dk, hk], [1, dk]]
+    nisa.dma_copy(dst=rows[0:hk, :], src=query.ap(pattern=as_rows, offset=offset))
+    nisa.dma_copy(dst=rows[hk : 2 * hk, :], src=key.ap(pattern=as_rows, offset=offset))
+    columns = sbuf((dk, 2 * hk), FP32)
+    nisa.activation(dst=columns, op=nl.copy, data=transpose(rows))
     k_row = sbuf((1, hk * dk), FP32)
     nisa.dma_copy(dst=k_row, src=key.ap(pattern=[[hk * dk, 1], [1, hk * dk]], offset=offset))
     q_cols, k_cols = sbuf((dk, hk), FP32), sbuf((dk, hk), FP32)
