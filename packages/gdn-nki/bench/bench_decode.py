@@ -108,7 +108,7 @@ def table(rows: list[Row]) -> str:
     """The markdown table of the cells."""
     lines = [
         "| N | T | indices | makespan µs | µs per request | compiler order µs | MiB moved | HBM floor µs | × HBM floor "
-        "(program / compiler order) | model DMA floor µs | × model floor | binding floor |",
+        "(program / compiler order) | model DMA floor µs | × model DMA floor | binding floor |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
