@@ -135,6 +135,8 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch.py",
     "packages/gdn-nki/tests/test_torch_options.py",
     "packages/gdn-nki/tests/test_qwen3_next.py",
+    "packages/gdn-nki/tests/test_torch_decode.py",
+    "packages/gdn-nki/tests/test_qwen3_next_generate.py",
 )
 
 

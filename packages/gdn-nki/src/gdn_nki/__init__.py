@@ -2,6 +2,8 @@
 
 ``gdn_cte`` is the documented ``@nki.jit`` kernel (algorithms "schur" and "neumann"); ``simulate`` runs it on
 the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` accepts any sequence length.
+Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
+pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
 """
 
 from gdn_ref.constants import (
@@ -21,6 +23,9 @@ from gdn_ref.masks import N_MASKS, build_mask_pack
 from .api import gdn_cte
 from .backend import BACKEND_NAME
 from .host import prefill, prefill_varlen, simulate
+from .serving import decode_step, tkg_simulate
+from .step import gdn_step
+from .tkg import gdn_tkg
 from .varlen import gdn_cte_varlen
 
 __all__ = [
@@ -37,9 +42,13 @@ __all__ = [
     "N_MASKS",
     "ContractError",
     "build_mask_pack",
+    "decode_step",
     "gdn_cte",
     "gdn_cte_varlen",
+    "gdn_step",
+    "gdn_tkg",
     "prefill",
     "prefill_varlen",
     "simulate",
+    "tkg_simulate",
 ]

@@ -1,7 +1,8 @@
 """gdn-ref: reference implementations of the chunked gated delta rule (GDN).
 
 The float64 token-by-token oracle (:func:`recurrent`), the chunk-parallel form with either intra-chunk inverse
-(:func:`chunked`), the inverses themselves, the schur mask pack, and the documented ``gdn_cte`` API on the host.
+(:func:`chunked`), the inverses themselves, the schur mask pack, the documented ``gdn_cte`` API on the host, and the
+float64 decode oracle (:func:`decode_steps`, :func:`gdn_tkg_reference`).
 """
 
 from .api import gdn_cte
@@ -20,6 +21,8 @@ from .constants import (
     SUBBLOCK_NEUMANN,
 )
 from .contract import ContractError
+from .decode import decode_steps, fused_gates, gated_rms_norm, l2_normalize
+from .decode import gdn_tkg as gdn_tkg_reference
 from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
 from .masks import (
     N_MASKS,
@@ -54,7 +57,12 @@ __all__ = [
     "ContractError",
     "build_mask_pack",
     "chunked",
+    "decode_steps",
+    "fused_gates",
+    "gated_rms_norm",
     "gdn_cte",
+    "gdn_tkg_reference",
+    "l2_normalize",
     "neumann_inverse",
     "off_block_mask",
     "off_neg_plane",

@@ -41,9 +41,8 @@ def log_decay_from_gate(gate: Any, a_log: Any, dt_bias: Any = None) -> np.ndarra
     x = np.asarray(gate).astype(np.float32)
     if dt_bias is not None:
         x = x + np.asarray(dt_bias).astype(np.float32)  # an fp32 sum, rounded as FLA and HF round it
-    softplus = np.logaddexp(0.0, x.astype(np.float64))  # log(1 + e^x) without overflow for large x
     with np.errstate(over="ignore"):  # exp(A_log) past fp32's range is a reset: -inf after the rounding
-        return (-np.exp(np.asarray(a_log).astype(np.float64)) * softplus).astype(np.float32)
+        return log_decay64(x, a_log).astype(np.float32)
 
 
 def beta_from_logit(logit: Any) -> np.ndarray:
@@ -55,5 +54,16 @@ def beta_from_logit(logit: Any) -> np.ndarray:
     Returns:
         np.ndarray: float32 β, same shape.
     """
-    x = np.asarray(logit).astype(np.float64)
-    return np.exp(-np.logaddexp(0.0, -x)).astype(np.float32)  # 1 / (1 + e^-x) without overflow for x << 0
+    return sigmoid64(logit).astype(np.float32)
+
+
+def log_decay64(x: Any, a_log: Any) -> np.ndarray:
+    """``−exp(A_log) · softplus(x)`` in float64, ``x`` the gate with its bias already added: the formula itself,
+    shared by the fp32 activation above and the float64 decode oracle (``gdn_ref.decode.fused_gates``)."""
+    softplus = np.logaddexp(0.0, np.asarray(x).astype(np.float64))  # log(1 + e^x) without overflow for large x
+    return -np.exp(np.asarray(a_log).astype(np.float64)) * softplus
+
+
+def sigmoid64(x: Any) -> np.ndarray:
+    """``1 / (1 + e^−x)`` in float64, without overflow for x << 0."""
+    return np.exp(-np.logaddexp(0.0, -np.asarray(x).astype(np.float64)))

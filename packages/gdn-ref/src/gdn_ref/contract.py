@@ -59,7 +59,8 @@ class ContractError(ValueError):
 def rejection_message(violations: list[Violation]) -> str:
     """The text of a rejected call: how many rules broke, then each violation (argument, value, rule, fix)."""
     lines = "\n".join(f"  - {v}" for v in violations)
-    return f"gdn_cte rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
+    api = violations[0].api if violations else "gdn_cte"
+    return f"{api} rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,10 @@ class Violation:
     value: str
     rule: str
     fix: str
+    api: str = "gdn_cte"  # whose contract: gdn_cte, or the decode entry points gdn_tkg and gdn_step (below)
 
     def __str__(self) -> str:
-        return f"gdn_cte: `{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
+        return f"{self.api}: `{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
 
 
 def dtype_name(dtype: Any) -> str:
@@ -828,3 +830,286 @@ def check_values(
 
 
 _VALUE_RULE_ORDER = tuple(r.id for r in RULES if r.id in VALUE_RULES)
+
+
+# --- decode: ``gdn_tkg`` (AWS's fused single-token step) and ``gdn_step`` (the serving step on a state pool) ---
+#
+# Their tensors are described by layout specs: dimension symbols (a symbol names one size across the call) and a
+# dtype class. One generic check turns a spec into the rank / shape / dtype rules, so every message names the
+# argument, its value, the expected layout and the fix, exactly as gdn_cte's do.
+
+TKG = "gdn_tkg"
+STEP = "gdn_step"
+INDEX_DTYPE = "int32"  # the dtype of index tensors a kernel reads with nki.isa.scalar_load (int32 or int64)
+PADDING_INDEX = -1  # a request whose state row is -1 is padding: nothing of it is read or written
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor argument of a decode entry point: its layouts (dimension symbols; several = alternatives by
+    rank), its dtype class ("compute" = float32/bfloat16 and the first compute tensor's, else a dtype name) and
+    whether it may be omitted (None)."""
+
+    layouts: tuple[tuple[str, ...], ...]
+    dtype: str
+    why: str
+    optional: bool = False
+
+
+def _spec(dims: str, dtype: str, why: str, optional: bool = False) -> TensorSpec:
+    return TensorSpec(tuple(tuple(d.split()) for d in dims.split("|")), dtype, why, optional)
+
+
+TKG_SPECS: dict[str, TensorSpec] = {
+    "q": _spec("BH K", "compute", "RAW query, GQA-expanded, not l2-normed"),
+    "k": _spec("BH K", "compute", "RAW key, GQA-expanded, not l2-normed"),
+    "v": _spec("BH V", "compute", "value"),
+    "b": _spec("BH", "float32", "RAW beta pre-sigmoid"),
+    "a": _spec("BH", "float32", "RAW gate input (pre-softplus)"),
+    "A_log": _spec("Hv", "float32", "per-v-head log decay coefficient"),
+    "dt_bias": _spec("Hv", "float32", "per-v-head softplus bias"),
+    "z": _spec("BH V", "compute", "output gate of the gated RMSNorm"),
+    "norm_weight": _spec("V", "float32", "RMSNorm weight"),
+    "state_in": _spec("BH K V", "float32", "recurrent state before the token, fp32"),
+}
+
+STEP_SPECS: dict[str, TensorSpec] = {
+    "query": _spec("N T Hk Dk", "compute", "query, token-major"),
+    "key": _spec("N T Hk Dk", "compute", "key, token-major"),
+    "value": _spec("N T Hv Dv", "compute", "value, token-major"),
+    "g_log": _spec("N T Hv", "float32", "precomputed log-decay", optional=True),
+    "beta": _spec("N T Hv", "float32", "precomputed update strength", optional=True),
+    "a": _spec("N T Hv", "float32", "RAW gate input (pre-softplus) for fused gating", optional=True),
+    "b": _spec("N T Hv", "float32", "RAW beta pre-sigmoid for fused gating", optional=True),
+    "A_log": _spec("Hv", "float32", "per-v-head log decay coefficient for fused gating", optional=True),
+    "dt_bias": _spec("Hv", "float32", "per-v-head softplus bias for fused gating", optional=True),
+    "state_pool": _spec("P Hv Dk Dv", "float32", "state pool, fp32, updated in place"),
+    "state_indices": _spec("N|N T", INDEX_DTYPE, "pool row of each request ([N]) or of each token's state ([N, T])"),
+    "num_accepted_tokens": _spec("N", INDEX_DTYPE, "accepted tokens of the previous step", optional=True),
+}
+PRECOMPUTED_GATES = ("g_log", "beta")
+FUSED_GATES = ("a", "b", "A_log", "dt_bias")
+
+
+def _layout_text(layouts: tuple[tuple[str, ...], ...]) -> str:
+    return " or ".join(f"[{', '.join(dims)}]" for dims in layouts)
+
+
+def spec_violations(api: str, specs: dict[str, TensorSpec], args: dict[str, Any]) -> tuple[list[Violation], dict]:
+    """The rank, shape and dtype rules of every tensor in ``specs``, and the sizes its symbols take.
+
+    Returns:
+        tuple: the violations, in argument order, and ``{symbol: size}`` bound by the first tensor naming it.
+    """
+    found: list[Violation] = []
+    sizes: dict[str, int] = {}
+    compute: str | None = None
+    for name, spec in specs.items():
+        x = args.get(name)
+        if x is None:
+            if not spec.optional:
+                found.append(Violation(f"{name}.required", name, "None", f"{name} ({spec.why}) is required",
+                                       f"pass {name} laid out as {_layout_text(spec.layouts)}", api))  # fmt: skip
+            continue
+        shape = _shape(x)
+        dims = next((d for d in spec.layouts if shape is not None and len(d) == len(shape)), None)
+        if dims is None or any(s < 1 for s in shape):
+            value = f"of type {type(x).__name__}" if shape is None else f"shape {shape}"
+            found.append(Violation(f"{name}.rank", name, value,
+                                   f"{name} ({spec.why}) must be a non-empty tensor {_layout_text(spec.layouts)}",
+                                   f"pass {name} laid out as {_layout_text(spec.layouts)}", api))  # fmt: skip
+            continue
+        expected = tuple(sizes.setdefault(sym, size) for sym, size in zip(dims, shape, strict=True))
+        if expected != shape:
+            layout = ", ".join(f"{sym}={size}" for sym, size in zip(dims, expected, strict=True))
+            found.append(Violation(f"{name}.shape", name, f"shape {shape}",
+                                   f"{name} must be [{', '.join(dims)}] = [{layout}], the sizes the earlier "
+                                   "arguments set", f"pass {name} shaped {expected}", api))  # fmt: skip
+        dt = None if getattr(x, "dtype", None) is None else dtype_name(x.dtype)
+        if spec.dtype == "compute":
+            if compute is None and dt not in COMPUTE_DTYPES:
+                found.append(Violation(f"{name}.dtype", name, f"dtype {dt}",
+                                       f"{name}'s dtype sets the compute dtype and must be one of {COMPUTE_DTYPES}",
+                                       f"cast {name} to bfloat16 (or float32)", api))  # fmt: skip
+            elif compute is not None and dt != compute:
+                found.append(Violation(f"{name}.dtype", name, f"dtype {dt}",
+                                       f"{name} must have the compute dtype ({compute})",
+                                       f"pass {name} in {compute}", api))  # fmt: skip
+            compute = compute or dt
+        elif dt != spec.dtype:
+            found.append(Violation(f"{name}.dtype", name, f"dtype {dt}", f"{name} ({spec.why}) must be {spec.dtype}",
+                                   f"pass {name}.astype(np.{spec.dtype})", api))  # fmt: skip
+    return found, sizes
+
+
+def _head_dim_violations(api: str, sizes: dict, dims: tuple[tuple[str, str], ...]) -> list[Violation]:
+    fix = f"split the head dimension into pieces of at most {MAX_HEAD_DIM}"
+    return [
+        Violation("head_dim.max", arg, f"head dim {sym}={sizes[sym]}", f"{sym} must be <= {MAX_HEAD_DIM}", fix, api)
+        for sym, arg in dims
+        if sizes.get(sym, 0) > MAX_HEAD_DIM
+    ]
+
+
+def _finite_violations(api: str, args: dict[str, Any], names: tuple[str, ...]) -> list[Violation]:
+    found = []
+    for name in names:
+        x = args.get(name)
+        if not isinstance(x, np.ndarray):
+            continue
+        where = first_bad_index(x, _nonfinite)
+        if where is not None:
+            found.append(Violation(f"{name}.finite", name, f"value {float(x[where])} at index {list(where)}",
+                                   f"{name} must hold finite numbers: NaN and ±Inf reach every later token through "
+                                   "the state", f"find where the producer of {name} overflowed (the index above)",
+                                   api))  # fmt: skip
+    return found
+
+
+def fused_log_decay(a: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray) -> np.ndarray:
+    """g = −exp(A_log)·softplus(a + dt_bias) in float32, as a kernel computes it (for the g.domain check)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.asarray(a, dtype=np.float32) + np.asarray(dt_bias, dtype=np.float32)
+        return -np.exp(np.asarray(A_log, dtype=np.float32)) * np.logaddexp(np.float32(0), x)
+
+
+def _fused_gate_violation(api: str, a: Any, A_log: Any, dt_bias: Any) -> list[Violation]:
+    if not all(isinstance(x, np.ndarray) for x in (a, A_log, dt_bias)):
+        return []
+    # a's last axis runs over the value heads ([.., Hv]; gdn_tkg's [BH] rows are b·Hv + h).
+    per_head = np.reshape(a, (-1, np.shape(A_log)[0]))
+    where = first_bad_index(fused_log_decay(per_head, A_log, dt_bias), _outside_log_decay)
+    if where is None:
+        return []
+    return [Violation("g.domain", "A_log", f"fused g {float(fused_log_decay(per_head, A_log, dt_bias)[where])} at a index {int(np.ravel_multi_index(where, per_head.shape))}",
+                      "g = -exp(A_log)*softplus(a + dt_bias) must be a log-decay <= 0 and not NaN (exp(A_log) "
+                      "overflows past A_log ~ 88, and inf * softplus(...) = 0 is NaN)",
+                      "keep A_log below 88 (A = exp(A_log) is the decay rate) and a + dt_bias finite", api)]  # fmt: skip
+
+
+def validate_tkg(*args: Any, host: bool = True, **kwargs: Any) -> list[Violation]:
+    """Check a ``gdn_tkg`` call (q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in) against its rules.
+
+    Args:
+        args, kwargs: the call as passed to ``gdn_tkg``; tensors need only ``.shape`` and ``.dtype``.
+        host (bool): also scan the values (finite inputs, fused g <= 0); False at trace time.
+
+    Returns:
+        list[Violation]: every broken rule (empty = valid), each naming argument, value, rule and fix.
+    """
+    call = dict(zip(TKG_SPECS, args, strict=False)) | kwargs
+    found, sizes = spec_violations(TKG, TKG_SPECS, call)
+    found += _head_dim_violations(TKG, sizes, (("K", "q"), ("V", "v")))
+    if "BH" in sizes and "Hv" in sizes and sizes["BH"] % sizes["Hv"]:
+        found.append(Violation("heads.bh_divisible", "A_log", f"Hv={sizes['Hv']} with BH={sizes['BH']}",
+                               "BH must be a multiple of Hv = len(A_log): row r is batch r // Hv, value head r % Hv",
+                               "pass A_log and dt_bias per value head and q/k/v/z with B*Hv rows", TKG))  # fmt: skip
+    if host and not found:
+        found += _finite_violations(TKG, call, tuple(TKG_SPECS))
+        found += _fused_gate_violation(TKG, call["a"], call["A_log"], call["dt_bias"])
+    return found
+
+
+def validate_step(
+    args: dict[str, Any], scale: Any = 1.0, use_qk_l2norm: Any = False, *, host: bool = True, values: bool = True
+) -> list[Violation]:
+    """Check a ``gdn_step`` call: the tensors' layouts, one gating form, the pool and (host) the index values.
+
+    Args:
+        args (dict): the step's tensors by name (``STEP_SPECS``; omitted ones absent or None).
+        scale: the output scale, a finite real. use_qk_l2norm: a bool.
+        host (bool): also read the index values (always, on the host: they address the pool) and, with
+            ``values``, scan the inputs (finite, gates' domains); False at trace time.
+
+    Returns:
+        list[Violation]: every broken rule (empty = valid).
+    """
+    found, sizes = spec_violations(STEP, STEP_SPECS, args)
+    found += _head_dim_violations(STEP, sizes, (("Dk", "key"), ("Dv", "value")))
+    if "Hk" in sizes and "Hv" in sizes and sizes["Hv"] % sizes["Hk"]:
+        found.append(Violation("heads.gqa_divisible", "value", f"Hv={sizes['Hv']} with Hk={sizes['Hk']}",
+                               "Hv must be divisible by Hk; value head h reads key/query head h // (Hv//Hk)",
+                               "use a value head count that is a multiple of the key head count", STEP))  # fmt: skip
+    given = {name for name in (*PRECOMPUTED_GATES, *FUSED_GATES) if args.get(name) is not None}
+    if given not in (set(PRECOMPUTED_GATES), set(FUSED_GATES)):
+        found.append(Violation("gates.form", "g_log", f"gates given: {sorted(given) or 'none'}",
+                               "pass exactly one gating form: precomputed (g_log, beta) or fused (a, b, A_log, "
+                               "dt_bias)", "pass g_log and beta, or a, b, A_log and dt_bias, not a mix", STEP))  # fmt: skip
+    indices, accepted = args.get("state_indices"), args.get("num_accepted_tokens")
+    if accepted is not None and len(_shape(indices) or ()) != 2:
+        found.append(Violation("num_accepted_tokens.form", "num_accepted_tokens", "given with [N] state_indices",
+                               "num_accepted_tokens picks the row a request resumes from among its [N, T] "
+                               "state_indices", "pass state_indices of shape [N, T], or no num_accepted_tokens",
+                               STEP))  # fmt: skip
+    if not (isinstance(scale, numbers.Real) and not isinstance(scale, bool) and np.isfinite(float(scale))):
+        found.append(Violation("scale.number", "scale", f"value {scale!r}", "scale must be a finite real number",
+                               "pass scale=Dk ** -0.5", STEP))  # fmt: skip
+    if not isinstance(use_qk_l2norm, bool):
+        found.append(Violation("use_qk_l2norm.bool", "use_qk_l2norm", f"value {use_qk_l2norm!r}",
+                               "use_qk_l2norm must be a bool", "pass True or False", STEP))  # fmt: skip
+    if host and not found:
+        found += index_violations(indices, accepted, sizes["P"], sizes["T"])
+    if host and values and not found:
+        found += _finite_violations(STEP, args, ("query", "key", "value", "a", "b", "A_log", "dt_bias"))
+        if args.get("g_log") is not None:
+            found += [replace(v, api=STEP) for v in (G_LOG_DOMAIN.check(_gates_call(args)), BETA_DOMAIN.check(
+                _gates_call(args))) if v is not None]  # fmt: skip
+        else:
+            found += _fused_gate_violation(STEP, args["a"], args["A_log"], args["dt_bias"])
+    return found
+
+
+def _gates_call(args: dict[str, Any]) -> Call:
+    """A gdn_cte ``Call`` carrying only the step's gates, so the documented g_log / beta domain rules run on them
+    as written (they read the gates' own shapes and dtypes only)."""
+    n, t, hv = args["g_log"].shape
+    return Call(dict(zip(ARGUMENTS, (np.empty((n, 1, t, 1)), None, np.empty((n, hv, t, 1)), args["g_log"],
+                                     args["beta"], 1.0, ALGORITHM_SCHUR, None, 8, None), strict=True)))  # fmt: skip
+
+
+def index_violations(state_indices: Any, num_accepted_tokens: Any, pool_rows: int, tokens: int) -> list[Violation]:
+    """The values of a step's indices: rows in [-1, P), a padding request (-1) all padding, a live one without
+    -1, every row written by a live request distinct, and ``num_accepted_tokens`` in [1, T] for live requests.
+
+    Args:
+        state_indices (np.ndarray): [N] or [N, T] int32.
+        num_accepted_tokens (np.ndarray | None): [N] int32.
+        pool_rows (int): P. tokens (int): T.
+
+    Returns:
+        list[Violation]: the first broken rule of each kind.
+    """
+    rows = np.asarray(state_indices).astype(np.int64)
+    rows = rows.reshape(rows.shape[0], -1)
+    found = []
+    outside = np.argwhere((rows < PADDING_INDEX) | (rows >= pool_rows))
+    if outside.size:
+        at = tuple(int(i) for i in outside[0])
+        found.append(Violation("state_indices.range", "state_indices", f"value {int(rows[at])} at {list(at)}",
+                               f"every index must name one of the pool's {pool_rows} rows, or be -1 (padding)",
+                               f"use indices in [0, {pool_rows}) or -1", STEP))  # fmt: skip
+        return found
+    padding = rows[:, 0] == PADDING_INDEX
+    mixed = np.flatnonzero((rows == PADDING_INDEX).any(axis=1) & ~(rows == PADDING_INDEX).all(axis=1))
+    if mixed.size:
+        found.append(Violation("state_indices.padding", "state_indices", f"row {int(mixed[0])}: "
+                               f"{rows[mixed[0]].tolist()}", "a request is padding (every index -1) or live (no -1)",
+                               "mark a padding request with -1 in every column, and give a live one a row per "
+                               "token", STEP))  # fmt: skip
+    live = rows[~padding].reshape(-1)
+    values, counts = np.unique(live, return_counts=True)
+    if (counts > 1).any():
+        found.append(Violation("state_indices.distinct", "state_indices",
+                               f"rows {values[counts > 1].tolist()} named more than once",
+                               "every pool row a live request reads or writes must be its own: two writers of one "
+                               "row would race", "give every request (and every kept token) its own row", STEP))  # fmt: skip
+    if num_accepted_tokens is not None:
+        accepted = np.asarray(num_accepted_tokens).astype(np.int64)
+        bad = np.flatnonzero(~padding & ((accepted < 1) | (accepted > tokens)))
+        if bad.size:
+            found.append(Violation("num_accepted_tokens.range", "num_accepted_tokens",
+                                   f"value {int(accepted[bad[0]])} for request {int(bad[0])}",
+                                   f"a live request resumes from the state after one of its T={tokens} previous "
+                                   "tokens: num_accepted_tokens in [1, T]", "pass the accepted count, at least 1",
+                                   STEP))  # fmt: skip
+    return found

@@ -1,0 +1,143 @@
+"""Decode step cost: makespan per step from nki-cpu's cost model, bytes moved, and the HBM-bandwidth floor.
+
+Qwen3-Next's heads (Hk = 16 key heads, Hv = 32 value heads, Dk = Dv = 128), bf16 I/O, fused gating and in-kernel
+q/k l2norm (what a Qwen3-Next layer calls), ``gdn_step`` through ``gdn_nki.decode_step``, for N requests in
+{1, 8, 64, 256} and T new tokens in {1, 4}; T = 4 is run in both pool forms: [N] indices (the state after the
+4 tokens written back) and vLLM's [N, T] (the state after every token kept, 4 writes per request).
+
+Makespan in the kernel's own program order, and in the order a reordering compiler would issue the same
+instructions (nki-cpu's ``estimate(trace, order="critical_path")``, as ``bench_kernel.py`` reports it).
+
+Floors:
+
+- HBM: the bytes the launch moves (nki-cpu's count of every DMA: states read and written, q/k/v/z/out, gates,
+  indices) at one NeuronCore's share of the device's HBM bandwidth: 2.9 TB/s for 8 NeuronCore-v3 ("Trainium2
+  Architecture Guide for NKI", Neuron docs, latest (SDK 2.33): "4 HBM stacks with a total device memory capacity
+  of 96GiB and bandwidth of 2.9TB/s", "8 NeuronCores (v3)"), i.e. 362.5 B/ns;
+- the cost model's own DMA floor (``CostReport.makespan_floor``: bytes at 16 DMA engines × 17 B/ns and the
+  efficiency of each transfer's contiguous runs). A pool row's [Dk, Dv] blocks are 512 B per partition (one
+  fp32 row of Dv = 128), which the model's efficiency curve puts at 60 % of the DMA peak, and that peak (272 B/ns)
+  is itself below the HBM share: on nki-cpu's model no schedule reaches the HBM floor.
+
+    python packages/gdn-nki/bench/bench_decode.py [--out FILE] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+import gdn_nki
+import nki_cpu
+from nki_cpu.cost import estimate
+
+KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 32, 128
+REQUESTS = (1, 8, 64, 256)
+TOKENS = (1, 4)
+HBM_BYTES_PER_NS = 2.9e12 / 8 / 1e9  # one NeuronCore's share of Trn2's 2.9 TB/s (module docstring)
+# The order a reordering compiler would issue the same instructions in, beside the kernel's own program order (as
+# bench_kernel.py reports it): neuronx-cc reorders independent instructions by default (docs/nki-sources.md §4.6).
+COMPILER_ORDER = "critical_path"
+
+
+@dataclass
+class Row:
+    """One cell of the table."""
+
+    requests: int
+    tokens: int
+    form: str
+    makespan_us: float
+    compiler_order_us: float
+    bytes_moved: int
+    hbm_floor_us: float
+    model_floor_us: float
+    binding: str
+    instructions: int
+    wall_s: float
+
+    @property
+    def hbm_ratio(self) -> float:
+        return self.makespan_us / self.hbm_floor_us
+
+    @property
+    def model_ratio(self) -> float:
+        return self.makespan_us / self.model_floor_us
+
+
+def measure(requests: int, tokens: int, keep_every_token: bool, seed: int = 0) -> Row:
+    """One ``decode_step`` launch at Qwen3-Next's heads, estimated."""
+    rng = np.random.default_rng(seed)
+    bf16, f32 = ml_dtypes.bfloat16, np.float32
+    q = rng.standard_normal((requests, tokens, KEY_HEADS, HEAD_DIM)).astype(bf16)
+    k = rng.standard_normal((requests, tokens, KEY_HEADS, HEAD_DIM)).astype(bf16)
+    v = rng.standard_normal((requests, tokens, VALUE_HEADS, HEAD_DIM)).astype(bf16)
+    a, b = rng.standard_normal((2, requests, tokens, VALUE_HEADS)).astype(f32)
+    a_log, dt_bias = np.zeros(VALUE_HEADS, f32), np.zeros(VALUE_HEADS, f32)
+    width = tokens if keep_every_token else 1
+    pool = np.zeros((requests * width, VALUE_HEADS, HEAD_DIM, HEAD_DIM), f32)
+    indices = np.arange(requests * width, dtype=np.int32).reshape((requests, width) if keep_every_token else -1)
+    start = time.perf_counter()
+    gdn_nki.decode_step(q, k, v, pool, indices, a=a, b=b, A_log=a_log, dt_bias=dt_bias, use_qk_l2norm=True,
+                        check_values=False)  # fmt: skip
+    wall = time.perf_counter() - start
+    trace = nki_cpu.last_trace()
+    report = estimate(trace)
+    floor = report.makespan_floor
+    return Row(
+        requests=requests,
+        tokens=tokens,
+        form="[N, T] (every token kept)" if keep_every_token else "[N]",
+        makespan_us=report.makespan_ns / 1e3,
+        compiler_order_us=estimate(trace, order=COMPILER_ORDER).makespan_ns / 1e3,
+        bytes_moved=int(report.dma_bytes),
+        hbm_floor_us=report.dma_bytes / HBM_BYTES_PER_NS / 1e3,
+        model_floor_us=floor.parts["dma"] / 1e3,
+        binding=floor.binding,
+        instructions=len(trace.records),
+        wall_s=wall,
+    )
+
+
+def table(rows: list[Row]) -> str:
+    """The markdown table of the cells."""
+    lines = [
+        "| N | T | indices | makespan µs | µs per request | compiler order µs | MiB moved | HBM floor µs | × HBM floor "
+        "(program / compiler order) | model DMA floor µs | × model DMA floor | binding floor |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.requests} | {r.tokens} | {r.form} | {r.makespan_us:,.1f} | {r.makespan_us / r.requests:,.1f} | "
+            f"{r.compiler_order_us:,.1f} | {r.bytes_moved / 2**20:,.1f} | {r.hbm_floor_us:,.1f} | {r.hbm_ratio:.2f} / "
+            f"{r.compiler_order_us / r.hbm_floor_us:.2f} | {r.model_floor_us:,.1f} | {r.model_ratio:.2f} | {r.binding} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the markdown table here")
+    parser.add_argument("--quick", action="store_true", help="N in {1, 8} only")
+    args = parser.parse_args()
+    rows = []
+    for requests in REQUESTS[:2] if args.quick else REQUESTS:
+        for tokens in TOKENS:
+            for keep in (False, True) if tokens > 1 else (False,):
+                rows.append(measure(requests, tokens, keep))
+                r = rows[-1]
+                print(f"N={requests} T={tokens} {r.form}: {r.makespan_us:,.1f} us ({r.instructions} instr, "
+                      f"{r.wall_s:.1f} s)", flush=True)  # fmt: skip
+    text = table(rows)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

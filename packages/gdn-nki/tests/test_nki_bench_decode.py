@@ -1,0 +1,37 @@
+"""The decode benchmark measures one launch end to end and derives its floors from what the launch moved."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_decode.py"
+pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_decode"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_cell_at_qwen3_next_heads(bench) -> None:
+    row = bench.measure(1, 1, keep_every_token=False)
+    state_bytes = 2 * bench.VALUE_HEADS * bench.HEAD_DIM**2 * 4  # one pool row read and written
+    assert state_bytes <= row.bytes_moved < 1.1 * state_bytes  # the state dominates a decode step's traffic
+    assert row.hbm_floor_us == pytest.approx(row.bytes_moved / (2.9e12 / 8) * 1e6)
+    assert row.makespan_us >= row.model_floor_us >= row.hbm_floor_us  # no schedule beats its floors
+    assert "| 1 | 1 | [N] |" in bench.table([row])
+
+
+def test_keeping_every_token_writes_every_token(bench) -> None:
+    plain, kept = bench.measure(1, 2, keep_every_token=False), bench.measure(1, 2, keep_every_token=True)
+    row_bytes = bench.VALUE_HEADS * bench.HEAD_DIM**2 * 4
+    # one more state row written, and one more int32 index read
+    assert kept.bytes_moved - plain.bytes_moved == row_bytes + 4

@@ -1,0 +1,155 @@
+"""gdn_tkg and gdn_step against the fp64 decode oracle; the pool's in-place rows, padding and rejections."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gdn_nki
+from decode_inputs import DTYPES, assert_within, step_inputs
+from gdn_ref import decode_steps, gdn_tkg_reference
+from gdn_ref.contract import ContractError
+
+
+def _tkg_inputs(seed: int, dtype: str, B=2, Hv=4, K=32, V=16):
+    rng = np.random.default_rng(seed)
+    bh, f32, cd = B * Hv, np.float32, DTYPES[dtype]
+    return dict(
+        q=rng.standard_normal((bh, K)).astype(cd),
+        k=rng.standard_normal((bh, K)).astype(cd),
+        v=rng.standard_normal((bh, V)).astype(cd),
+        b=rng.standard_normal(bh).astype(f32),
+        a=(0.5 * rng.standard_normal(bh)).astype(f32),
+        A_log=(0.5 * rng.standard_normal(Hv)).astype(f32),
+        dt_bias=(0.3 * rng.standard_normal(Hv)).astype(f32),
+        z=rng.standard_normal((bh, V)).astype(cd),
+        norm_weight=(1.0 + 0.2 * rng.standard_normal(V)).astype(f32),
+        state_in=(0.3 * rng.standard_normal((bh, K, V))).astype(f32),
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tkg_matches_the_oracle(dtype: str) -> None:
+    x = _tkg_inputs(1, dtype)
+    state_in = x["state_in"].copy()
+    out, state = gdn_nki.tkg_simulate(**x)
+    ref_out, ref_state = gdn_tkg_reference(**x)
+    assert out.dtype == x["q"].dtype and state.dtype == np.float32
+    assert_within("out", out, ref_out, dtype)
+    assert_within("state", state, ref_state, dtype)
+    assert np.array_equal(x["state_in"], state_in)  # state_in is only read
+
+
+def test_tkg_rejects_before_launch() -> None:
+    x = _tkg_inputs(2, "float32")
+    x["v"] = x["v"].astype(np.float64)
+    with pytest.raises(ContractError, match=r"gdn_tkg rejected[\s\S]*`v` dtype float64"):
+        gdn_nki.tkg_simulate(**x)
+
+
+def _expected(x, fused: bool, reads, l2norm: bool, scale: float):
+    g, beta = x.oracle_gates(fused)
+    return decode_steps(x.query, x.key, x.value, g, beta, scale, x.pool[reads], l2norm=l2norm)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_step_final_state_form_updates_named_rows_only(dtype: str, fused: bool) -> None:
+    x = step_inputs(3, dtype)
+    indices = np.array([5, -1, 2], np.int32)
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, fused, [5, 0, 2], True, 0.2)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, **x.gates(fused), scale=0.2,
+                                    use_qk_l2norm=True)  # fmt: skip
+    assert pool is x.pool and out.dtype == x.query.dtype
+    for n, row in ((0, 5), (2, 2)):
+        assert_within("out", out[n], ref_out[n], dtype)
+        assert_within("state", pool[row], ref_states[n, -1], dtype)
+    assert not out[1].any()  # padding: zeros
+    untouched = [r for r in range(8) if r not in (5, 2)]
+    assert np.array_equal(pool[untouched], before[untouched])  # bit-identical
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step_keeps_every_token_state_and_resumes_from_the_accepted_one(dtype: str) -> None:
+    x = step_inputs(4, dtype, T=3, P=12)
+    indices = np.array([[4, 1, 9], [-1, -1, -1], [0, 6, 7]], np.int32)
+    accepted = np.array([2, 0, 3], np.int32)
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, False, [1, 0, 7], False, 0.3)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(False),
+                                    scale=0.3)  # fmt: skip
+    for n in (0, 2):
+        assert_within("out", out[n], ref_out[n], dtype)
+        for t in range(3):
+            assert_within("state", pool[indices[n, t]], ref_states[n, t], dtype)
+    untouched = [r for r in range(12) if r not in indices[[0, 2]]]
+    assert np.array_equal(pool[untouched], before[untouched])
+
+
+@pytest.mark.parametrize(
+    ("indices", "rule"),
+    [([5, 5, 2], "state_indices.distinct"), ([5, 8, 2], "state_indices.range"), ([5, -2, 2], "state_indices.range")],
+)
+def test_step_rejections_leave_the_pool_untouched(indices, rule) -> None:
+    x = step_inputs(5, "float32")
+    before = x.pool.copy()
+    with pytest.raises(ContractError, match=rf"gdn_step rejected[\s\S]*\[{rule}\]"):
+        gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array(indices, np.int32), **x.gates(False))
+    assert np.array_equal(x.pool, before)
+
+
+def test_step_rejects_nan_in_a_read_row_but_not_elsewhere() -> None:
+    x = step_inputs(6, "float32")
+    x.pool[3, 0, 0, 0] = np.nan  # a free slot: never read
+    gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array([5, -1, 2], np.int32), **x.gates(False))
+    x.pool[5, 1, 2, 3] = np.inf
+    before = x.pool.copy()
+    with pytest.raises(ContractError, match=r"recurrent_state.finite"):
+        gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array([5, -1, 2], np.int32), **x.gates(False))
+    assert np.array_equal(x.pool, before, equal_nan=True)
+
+
+def test_failed_launch_restores_the_rows_it_wrote(monkeypatch) -> None:
+    x = step_inputs(7, "float32")
+    before = x.pool.copy()
+    real = gdn_nki.serving.backend.simulate
+
+    def failing(kernel):
+        def launch(*args, **kwargs):
+            real(kernel)(*args, **kwargs)  # the kernel writes its rows ...
+            raise RuntimeError("device fault after the stores")  # ... and then the launch fails
+
+        return launch
+
+    monkeypatch.setattr(gdn_nki.serving.backend, "simulate", failing)
+    with pytest.raises(RuntimeError, match="device fault"):
+        gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array([5, -1, 2], np.int32), **x.gates(False))
+    assert np.array_equal(x.pool, before)
+
+
+@pytest.mark.nki_cpu_only
+def test_rows_are_device_data_and_padding_runs_nothing() -> None:
+    """Different rows, same program (the rows are never trace-time values); a padding request's body never runs."""
+    import nki_cpu
+
+    x = step_inputs(8, "float32", N=2, T=1)
+    counts = []
+    for rows in ([1, 6], [6, 0], [7, -1]):
+        gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array(rows, np.int32), **x.gates(False))
+        trace = nki_cpu.last_trace()
+        counts.append((trace.static_instructions, len(trace.records)))
+    assert counts[0] == counts[1]
+    assert counts[2][1] < counts[0][1]  # the padding request issued no state traffic or math
+
+
+def test_a_launch_grid_splits_requests_and_changes_nothing() -> None:
+    x = step_inputs(9, "float32", N=3, T=2)
+    rows = np.array([[5, 1], [-1, -1], [2, 7]], np.int32)
+    pools = [x.pool.copy(), x.pool.copy()]
+    outs = [gdn_nki.decode_step(x.query, x.key, x.value, pool, rows, **x.gates(True), grid=grid)[0]
+            for pool, grid in zip(pools, (None, 2), strict=True)]  # fmt: skip
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(pools[0], pools[1])
+    assert not np.array_equal(pools[0], x.pool)
+    with pytest.raises(ContractError, match=r"gdn_step rejected[\s\S]*\[launch.grid\]"):
+        gdn_nki.decode_step(x.query, x.key, x.value, pools[0], rows, **x.gates(True), grid=3)

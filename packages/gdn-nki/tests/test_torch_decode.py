@@ -1,0 +1,118 @@
+"""The decode drop-ins on torch: FLA's and vLLM's fused_recurrent_gated_delta_rule and vLLM/SGLang's
+fused_sigmoid_gating_delta_rule_update, against HF's torch recurrence and the fp64 oracle; rejections by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
+
+from decode_inputs import assert_within, step_inputs  # noqa: E402
+from gdn_nki.torch_decode import (  # noqa: E402
+    fused_recurrent_gated_delta_rule,
+    fused_sigmoid_gating_delta_rule_update,
+    vllm_fused_recurrent_gated_delta_rule,
+)
+from gdn_nki.torch_io import as_torch  # noqa: E402
+from gdn_ref import decode_steps, fused_gates  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
+
+
+def _t(x: np.ndarray):
+    return as_torch(np.ascontiguousarray(x))
+
+
+def test_fla_form_matches_hf_recurrence_with_gqa_varlen_and_final_state() -> None:
+    hf = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    x = step_inputs(31, "float32", N=3, T=2, Hk=2, Hv=4)
+    q, k, v = (_t(a.reshape(1, 6, *a.shape[2:])) for a in (x.query, x.key, x.value))
+    g, beta = (_t(a.reshape(1, 6, -1)) for a in (x.g_log, x.beta))
+    cu = torch.tensor([0, 1, 4, 6], dtype=torch.int64)  # lengths 1, 3, 2: grouped by length, one launch each
+    h0 = _t(x.pool[:3])
+    o, final = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=h0, output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)  # fmt: skip
+    assert torch.equal(h0, _t(x.pool[:3]))  # FLA's initial_state is only read
+    for n, (a, b) in enumerate(((0, 1), (1, 4), (4, 6))):
+        want_o, want_state = hf.torch_recurrent_gated_delta_rule(
+            *(t[:, a:b].repeat_interleave(2, dim=2) for t in (q, k)), v[:, a:b], g[:, a:b], beta[:, a:b],
+            initial_state=h0[n : n + 1].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        torch.testing.assert_close(o[:, a:b], want_o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(final[n : n + 1], want_state, rtol=1e-5, atol=1e-5)
+
+
+def test_fla_form_rejects_what_it_cannot_honour() -> None:
+    x = step_inputs(32, "float32", N=1, T=1)
+    q, k, v = (_t(a) for a in (x.query, x.key, x.value))
+    with pytest.raises(ContractError, match=r"`gk` given"):
+        fused_recurrent_gated_delta_rule(q, k, v, gk=torch.zeros(1, 1, 4, 32))
+    with pytest.raises(ContractError, match=r"`beta` shape \(1, 1, 4, 16\)"):
+        fused_recurrent_gated_delta_rule(q, k, v, _t(x.g_log), beta=torch.ones(1, 1, 4, 16))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vllm_spec_decode_form_updates_the_pool_rows_in_place(dtype: str) -> None:
+    x = step_inputs(33, dtype, N=3, T=3, P=12)
+    rows = np.array([[4, 1, 9], [-1, -1, -1], [0, 6, 7]], np.int32)
+    accepted = np.array([2, 0, 3], np.int32)
+    before = x.pool.copy()
+    pool = torch.from_numpy(x.pool)
+    packed = [_t(a.reshape(1, 9, *a.shape[2:])) for a in (x.query, x.key, x.value, x.g_log, x.beta)]
+    cu = torch.tensor([0, 3, 6, 9], dtype=torch.int32)
+    q, k, v = packed[:3]
+    o, state = vllm_fused_recurrent_gated_delta_rule(q, k, v, packed[3], packed[4], scale=0.3, initial_state=pool,
+                                                     cu_seqlens=cu, ssm_state_indices=_t(rows),
+                                                     num_accepted_tokens=_t(accepted), use_qk_l2norm_in_kernel=True)  # fmt: skip
+    assert state is pool
+    ref_out, ref_states = decode_steps(x.query, x.key, x.value, x.g_log, x.beta, 0.3, before[[1, 0, 7]], l2norm=True)
+    got = o.float().numpy().reshape(3, 3, *o.shape[2:])
+    for n in (0, 2):
+        assert_within("out", got[n], ref_out[n], dtype)
+        for t in range(3):
+            assert_within("state", x.pool[rows[n, t]], ref_states[n, t], dtype)
+    assert not got[1].any()
+    untouched = [r for r in range(12) if r not in rows[[0, 2]]]
+    assert np.array_equal(x.pool[untouched], before[untouched])
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(retrieve_parent_token=torch.zeros(2, 2, dtype=torch.int64)), "retrieve_parent_token"),
+        (dict(inplace_final_state=False), "inplace_final_state"),
+        (dict(ssm_state_indices=torch.tensor([1, 2], dtype=torch.int32)), r"ssm_state_indices.*shape \(2,\)"),
+        (dict(cu_seqlens=torch.tensor([0, 1, 4], dtype=torch.int32)), r"sequence lengths \[1, 3\]"),
+        (dict(ssm_state_indices=torch.tensor([[1, 2], [2, 3]], dtype=torch.int32)), "state_indices.distinct"),
+    ],
+)
+def test_vllm_form_rejections_leave_the_pool_untouched(change, match) -> None:
+    x = step_inputs(34, "float32", N=2, T=2, P=6)
+    before = x.pool.copy()
+    packed = [_t(a.reshape(1, 4, *a.shape[2:])) for a in (x.query, x.key, x.value, x.g_log, x.beta)]
+    kwargs = dict(initial_state=torch.from_numpy(x.pool), cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32),
+                  ssm_state_indices=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))  # fmt: skip
+    kwargs.update(change)
+    with pytest.raises(ContractError, match=match):
+        vllm_fused_recurrent_gated_delta_rule(*packed, **kwargs)
+    assert np.array_equal(x.pool, before)
+
+
+def test_sigmoid_gating_update_matches_the_fused_oracle() -> None:
+    x = step_inputs(35, "float32", N=3, T=1, P=8)
+    rows = np.array([6, -1, 2], np.int32)
+    before = x.pool.copy()
+    pool = torch.from_numpy(x.pool)
+    flat = [_t(a.reshape(1, 3, *a.shape[2:])) for a in (x.query, x.key, x.value)]
+    a2d, b2d = (_t(a.reshape(3, -1)) for a in (x.a, x.b))  # SGLang passes [B*T, HV]
+    o = fused_sigmoid_gating_delta_rule_update(_t(x.A_log), a2d, _t(x.dt_bias), 1.0, 20.0, *flat, b2d, pool,
+                                               _t(rows), use_qk_l2norm_in_kernel=True,
+                                               cu_seqlens=torch.tensor([0, 1, 2, 3]))  # fmt: skip
+    g, beta = fused_gates(x.a, x.b, x.A_log, x.dt_bias)
+    ref_out, ref_states = decode_steps(x.query, x.key, x.value, g, beta, 32**-0.5, before[[6, 0, 2]], l2norm=True)
+    got = o.numpy().reshape(3, 1, *o.shape[2:])
+    for n, row in ((0, 6), (2, 2)):
+        assert_within("out", got[n], ref_out[n], "float32")
+        assert_within("state", x.pool[row], ref_states[n, -1], "float32")
+    with pytest.raises(ContractError, match="softplus_beta"):
+        fused_sigmoid_gating_delta_rule_update(_t(x.A_log), a2d, _t(x.dt_bias), 2.0, 20.0, *flat, b2d, pool, _t(rows))
