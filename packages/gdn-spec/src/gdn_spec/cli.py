@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 from .adapters import ADAPTERS
+from .decode.adapters import DECODE_ADAPTERS
+from .decode.impl import FAMILIES, is_decode, resolve_family
 from .failures import failure_message
-from .impl import Implementation, ImplementationError, registered, resolve
+from .impl import Implementation, ImplementationError, registered
 from .plugin import PROFILES as HYPOTHESIS_PROFILES
 from .plugin import SUBSTITUTION_PROPERTY
 from .profiles import PROFILE_DOCS, PROFILES
@@ -153,7 +155,8 @@ def format_summary(summary: Summary, title: str) -> str:
     lines = [f"gdn-spec conformance: {title}"]
     run = summary.run
     if run:
-        lines.append(f"  via:     {run.get('via') or 'called directly (gdn_cte signature, numpy)'}")
+        signature = "decode_step" if run.get("family") == "decode" else "gdn_cte"
+        lines.append(f"  via:     {run.get('via') or f'called directly ({signature} signature, numpy)'}")
         lines.append(f"  profile: {run['profile']} ({PROFILE_DOCS[run['profile']]})")
     lines += ["", f"{'area':<18}{'passed':>8}{'failed':>8}{'skipped':>9}"]
     totals: Counter = Counter()
@@ -225,6 +228,7 @@ def build_pytest_args(args: argparse.Namespace) -> list[str]:
     """pytest command line for a ``check`` invocation."""
     targets = [f"{SUITE}.test_{area}" for area in args.area] if args.area else [SUITE]
     argv = ["--pyargs", *targets, "--gdn-impl", args.impl, "--gdn-algorithm", args.algorithm]
+    argv += ["--gdn-family", args.family]
     if args.adapter:
         argv += ["--gdn-adapter", args.adapter]
     if args.device:
@@ -265,11 +269,15 @@ def _epilog() -> str:
         f"  {name:<10} {kind.doc} [default profile {kind.default_profile}]" for name, kind in ADAPTERS.items()
     )
     profiles = "\n".join(f"  {name:<10} {doc}" for name, doc in PROFILE_DOCS.items())
+    decode_adapters = "\n".join(
+        f"  {name:<12} {kind.doc} [default profile math]" for name, kind in DECODE_ADAPTERS.items()
+    )
     return (
         f"areas (--area):\n  {', '.join(AREAS)}\n"
         f"contract profiles (--profile):\n{profiles}\n"
         f"adapters (--adapter NAME[:key=value,...]):\n{adapters}\n"
         "  seq-first options: scale=argument|internal|caller, gqa=native|repeat, state=kv|vk, varlen=no|yes\n"
+        f"decode adapters (a decode kernel, --family decode):\n{decode_adapters}\n"
         f"registered implementations (gdn_spec.implementations): {names}\n"
         "A kernel in a module of the current directory: PYTHONPATH=. gdn-spec check my_kernel:gdn_cte (the current\n"
         "directory is not on sys.path for console scripts).\n"
@@ -289,6 +297,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("impl", help="module:callable (or a registered gdn_spec.implementations name)")
     check.add_argument("--adapter", metavar="NAME[:OPTS]", help="call the kernel through an adapter (list below)")
     check.add_argument("--device", help="torch device for the torch adapters (default: cuda when torch sees one)")
+    check.add_argument(
+        "--family",
+        default="auto",
+        choices=FAMILIES,
+        help="prefill (gdn_cte's signature) or decode (decode_step's: the decode_* areas); default auto: decode when "
+        "the callable declares gdn_spec_decode_capabilities or --adapter is a decode adapter",
+    )
     check.add_argument("--profile", choices=tuple(PROFILES), help="contract profile (default: the adapter's; api)")
     check.add_argument("--algorithm", default="all", choices=("schur", "neumann", "all"))
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
@@ -318,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gdn-spec`` console script; returns the exit code."""
     args = parse_args(argv)
     try:
-        impl = resolve(args.impl, adapter=args.adapter, device=args.device)
+        impl = resolve_family(args.impl, adapter=args.adapter, device=args.device, family=args.family)
     except ImplementationError as exc:
         print(f"gdn-spec: {exc}", file=sys.stderr)
         return 2
@@ -329,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "implementation": _title(impl, args.impl),
         "spec": args.impl,
         "via": impl.via if impl else "",
+        "family": "decode" if is_decode(impl) or args.family == "decode" else "prefill",
         "profile": profile,
         "label": args.label or "",
     }
