@@ -248,11 +248,11 @@ def build_pytest_args(args: argparse.Namespace) -> list[str]:
     return argv + list(args.pytest_args)
 
 
-def _left_out(args: argparse.Namespace) -> list[str]:
-    """What the run's restrictions leave out, said in the summary."""
+def _left_out(args: argparse.Namespace, decode: bool = False) -> list[str]:
+    """What the run's restrictions leave out of the run's family's areas, said in the summary."""
     items = []
     if args.area:
-        rest = [a for a in AREAS if a not in args.area]
+        rest = [a for a in AREAS if a not in args.area and a.startswith("decode_") == decode]
         if rest:
             items.append(f"--area: {', '.join(rest)}")
     if args.algorithm != "all":
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile": profile,
         "label": args.label or "",
     }
-    summary.left_out = _left_out(args)
+    summary.left_out = _left_out(args, summary.run["family"] == "decode")
     started = time.perf_counter()
     code = int(pytest.main(build_pytest_args(args), plugins=[collector]))
     summary.run["seconds"] = round(time.perf_counter() - started, 1)

@@ -144,6 +144,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if decode_module != config.stash.get(_DECODE_KEY, False) else None
 
 
+def _other_family(item: pytest.Item, config: pytest.Config) -> str | None:
+    """Why a suite test of the other family does not run (a module named explicitly is collected whatever
+    ``pytest_ignore_collect`` says)."""
+    decode_run = config.stash.get(_DECODE_KEY, False)
+    if Path(item.path).name.startswith(DECODE_MODULE_PREFIX) == decode_run:
+        return None
+    kernel, area = ("decode", "prefill") if decode_run else ("prefill", "decode")
+    return f"a {kernel} kernel: the {area} family's areas do not apply to it"
+
+
 def _explicitly_parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0]
@@ -184,7 +194,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
             )
             continue
-        reason = impl.capabilities.unsupported(algorithm, dtype) or _unmet_promise(item, profile, impl)
+        reason = (
+            _other_family(item, config)
+            or impl.capabilities.unsupported(algorithm, dtype)
+            or _unmet_promise(item, profile, impl)
+        )
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
     if deselected:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from ..adapters import ADAPTERS
 from ..impl import Implementation, ImplementationError, resolve
 from .adapters import DECODE_ADAPTERS, adapt_decode, is_decode_adapter
 from .capabilities import CAPABILITIES_ATTR, DecodeCapabilities
@@ -54,7 +55,7 @@ def resolve_family(
     declared = getattr(loaded.fn, CAPABILITIES_ATTR, None) is not None
     if family == "auto" and not declared and not is_decode_adapter(adapter):
         return resolve(option, environ, adapter, device)
-    if adapter and not is_decode_adapter(adapter):
+    if adapter and adapter.partition(":")[0] in ADAPTERS:
         raise ImplementationError(
             f"adapter {adapter!r} is a prefill adapter; a decode kernel takes one of {', '.join(DECODE_ADAPTERS)}"
         )
