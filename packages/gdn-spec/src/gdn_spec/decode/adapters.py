@@ -39,6 +39,17 @@ POOL_BY_ADAPTER = {
     "state_in_place": False,
 }
 
+# What vLLM's fused_recurrent_gated_delta_rule defines (vllm/model_executor/layers/fla/ops/fused_recurrent.py):
+# precomputed g only; [N] indices only with T = 1 (with T > 1 its state after token t goes to entry n + t of a
+# 1-D index tensor, another request's); no meaning for an index of -1 (the kernel reads and writes row -1's
+# address: serving code filters padding out before the call); no argument checks.
+VLLM_BY_ADAPTER = {
+    "gating": ("precomputed",),
+    "final_state_only": False,
+    "padding": False,
+    "validates_arguments": False,
+}
+
 
 @dataclass(frozen=True)
 class DecodeAdapter:
@@ -80,8 +91,7 @@ def adapt_decode(impl: Implementation, spec: str, device: str | None = None) -> 
         if options:
             raise ImplementationError(f"adapter {name!r} takes no options, got {sorted(options)}")
         fn = wrap_vllm(impl.fn, io)
-        caps = replace(caps, gating=("precomputed",), validates_arguments=False, final_state_only=False,
-                       set_by_adapter=("gating", "validates_arguments", "final_state_only"))  # fmt: skip
+        caps = replace(caps, **VLLM_BY_ADAPTER, set_by_adapter=tuple(VLLM_BY_ADAPTER))
         label = f"{name} adapter, {io.describe()}"
         names = {"state_pool": "initial_state", "state_indices": "ssm_state_indices", "g_log": "g"}
     else:
