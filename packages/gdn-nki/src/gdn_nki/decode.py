@@ -4,15 +4,16 @@ Both decode kernels issue their work here: ``gdn_tkg`` (AWS's fused single-token
 step on a state pool (``step.py``). A request's state is held in SBUF as [Dk, heads·Dv] fp32 (Dk on partitions,
 each head's [Dk, Dv] block contiguous, as the pool stores it) for a block of heads at a time, so on-chip memory is
 bounded whatever Hv (a block's token rows fill one PSUM bank: ``heads_per_block``). Per token and value head h
-(key head j = h // (Hv/Hk)), with α = exp(g):
+(key head j = h // (Hv/Hk)), with α = exp(g), q already scaled and c_j = k_jᵀ q_j:
 
-    r   = (α_h β_h k_j)ᵀ S_h              tensor engine, [1, Dv] on partition 0 (the gates ride on the stationary)
-    u   = β_h v_h − r                     one vector subtract for the block (β v scaled on GpSimd)
-    S_h = α_h S_h + k_j uᵀ                outer product on the tensor engine, then one scalar_tensor_tensor
-    o_h = (scale q_j)ᵀ S_h                tensor engine, [1, Dv]
+    [r; w] = [α_h β_h k_j, c_j α_h β_h k_j − α_h q_j]ᵀ S_h       one matmul against the old state, [2, Dv]
+    [u; o] = [β_h v_h; c_j β_h v_h] − [r; w]                      one subtract for a block of heads
+    S_h    = α_h S_h + k_j uᵀ                                     outer product (tensor engine) + one update
 
-which is ``gdn_ref.recurrent`` token by token (decay, delta against the decayed state, rank-1 write, read after
-the write). All arithmetic is fp32 whatever the compute dtype (the DMA widens bf16 inputs and narrows ``out``),
+so u = β(v − α kᵀS) and o = α qᵀS + c u = qᵀ(α S + k uᵀ), the read after the write, without reading the new state
+again: per head two matmuls and one [Dk, Dv] vector instruction, the gates riding on the matmul's stationary. That is
+``gdn_ref.recurrent`` token by token (decay, delta against the decayed state, rank-1 write, read after the
+write). All arithmetic is fp32 whatever the compute dtype (the DMA widens bf16 inputs and narrows ``out``),
 as HF's and AWS's references compute decode.
 
 Run-time addressing: a pool row is an ``NkiScalar`` (``nki.isa.scalar_load`` of an index tile), used only as the
@@ -115,6 +116,8 @@ class Constants:
         nisa.memset(dst=self.l2_eps, value=L2NORM_EPS)
         self.rms_eps = sbuf((1, 1), FP32)
         nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS)
+        self.second_row = sbuf((2, 1), FP32)  # [0; 1]: selects partition 1 of a two-row tile
+        nisa.iota(dst=self.second_row, pattern=[[0, 1]], offset=0, channel_multiplier=1)
         self.decay_rate = self.dt_bias = None
         if gates.fused:
             # exp(A_log) and dt_bias on every partition, once per launch: [Dk, Hv].
@@ -182,7 +185,7 @@ def token_keys(
     if not l2norm:
         nisa.tensor_scalar(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale))
         nisa.tensor_copy(dst=k_cols, src=columns[:, hk : 2 * hk])
-        return q_cols, k_cols, k_row
+        return q_cols, k_cols, k_row, _overlap(q_cols, k_cols, consts)
     squares = sbuf((dk, 2 * hk), FP32)
     nisa.tensor_tensor(dst=squares, data1=columns, data2=columns, op=nl.multiply)
     sums = matmul(consts.ones, squares)  # [Dk, 2Hk]: every partition holds every column's sum
@@ -194,56 +197,94 @@ def token_keys(
     for j in range(hk):
         piece = k_row[:, j * dk : (j + 1) * dk]
         nisa.tensor_scalar(dst=piece, data=piece, op0=nl.multiply, operand0=inverse_norm[0:1, hk + j : hk + j + 1])
-    return q_cols, k_cols, k_row
+    return q_cols, k_cols, k_row, _overlap(q_cols, k_cols, consts)
 
 
-def recall_keys(shapes: Shapes, k_cols: Any, alpha: Any, beta: Any) -> Any:
-    """(αβ)_h · k_{h // (Hv/Hk)} for every value head h: [Dk, Hv] fp32, the stationaries of the recall."""
-    dk, hk, r = shapes.dk, shapes.key_heads, shapes.ratio
-    rate = sbuf((dk, shapes.value_heads), FP32)
-    nisa.tensor_tensor(dst=rate, data1=alpha, data2=beta, op=nl.multiply)
-    scaled = sbuf((dk, shapes.value_heads), FP32)
-    nisa.tensor_tensor(dst=scaled.reshape((dk, hk, r)), data1=k_cols.expand_dim(2).broadcast(2, r),
-                       data2=rate.reshape((dk, hk, r)), op=nl.multiply)  # fmt: skip
-    return scaled
+def _overlap(q_cols: Any, k_cols: Any, consts: Constants) -> Any:
+    """c_j = k_jᵀ (scale q_j) of every key head, [Dk, Hk] with every partition holding every value."""
+    products = sbuf(tuple(q_cols.shape), FP32)
+    nisa.tensor_tensor(dst=products, data1=q_cols, data2=k_cols, op=nl.multiply)
+    overlap = sbuf(tuple(q_cols.shape), FP32)
+    nisa.activation(dst=overlap, op=nl.copy, data=matmul(consts.ones, products))
+    return overlap
+
+
+def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, consts: Constants) -> tuple[Any, Any]:
+    """The operands one token's gates ride on, for every value head h (key head j): the tensor engine's
+    stationaries [Dk, 2·Hv] (column 2h = α_h β_h k_j, column 2h + 1 = c_j α_h β_h k_j − α_h q_j, c_j = k_jᵀ q_j,
+    q already scaled) and the row factors [2, Hv] (row 0 = β_h, row 1 = c_j β_h).
+
+    With them one matmul per head gives the rows r = (αβk)ᵀS and c r − α qᵀS, and one subtract for a block
+    of heads gives u = βv − r on partition 0 and the output o = α qᵀS + c u (the read after the write,
+    Sᵀ_new q = α Sᵀq + u kᵀq) on partition 1.
+    """
+    dk, hk, r, hv = shapes.dk, shapes.key_heads, shapes.ratio, shapes.value_heads
+    q_cols, k_cols, _, overlap = keys
+    by_value_head = (dk, hk, r)
+
+    def per_value_head(per_key_head: Any) -> Any:  # [Dk, Hk] seen as [Dk, Hk, r] (stride 0)
+        return per_key_head.expand_dim(2).broadcast(2, r)
+
+    def product(a: Any, b: Any) -> Any:  # [Dk, Hv] = a ⊙ b, each a [Dk, Hv] tile or a per-key-head view
+        dst = sbuf((dk, hv), FP32)
+        nisa.tensor_tensor(dst=dst.reshape(by_value_head), data1=a, data2=b, op=nl.multiply)
+        return dst
+
+    rate = product(alpha.reshape(by_value_head), beta.reshape(by_value_head))
+    recall = product(per_value_head(k_cols), rate.reshape(by_value_head))  # αβ k
+    corrected = product(recall.reshape(by_value_head), per_value_head(overlap))  # c αβ k
+    read = product(alpha.reshape(by_value_head), per_value_head(q_cols))  # α q
+    stationaries = sbuf((dk, 2 * hv), FP32)
+    pairs = stationaries.reshape((dk, hv, 2))
+    nisa.tensor_copy(dst=pairs[:, :, 0:1], src=recall.reshape((dk, hv, 1)))
+    nisa.tensor_tensor(dst=pairs[:, :, 1:2], data1=corrected.reshape((dk, hv, 1)), data2=read.reshape((dk, hv, 1)),
+                       op=nl.subtract)  # fmt: skip
+    scaled_beta = product(per_value_head(overlap), beta.reshape(by_value_head))  # c β
+    difference = sbuf((2, hv), FP32)
+    nisa.tensor_tensor(dst=difference, data1=scaled_beta[0:2, :], data2=beta[0:2, :], op=nl.subtract)
+    factors = sbuf((2, hv), FP32)  # β + [0; 1] (cβ − β)
+    nisa.scalar_tensor_tensor(dst=factors, data=difference, op0=nl.multiply, operand0=consts.second_row,
+                              op1=nl.add, operand1=beta[0:2, :])  # fmt: skip
+    return stationaries, factors
 
 
 def advance_heads(
-    shapes: Shapes, state: Any, h0: int, heads: int, keys: tuple[Any, Any, Any], v_row: Any, gates: tuple[Any, Any, Any]
+    shapes: Shapes, state: Any, h0: int, heads: int, k_row: Any, v_rows: Any, operands: tuple[Any, Any], alpha: Any
 ) -> Any:
-    """One token through heads ``h0 .. h0 + heads`` of a state block (updated in place); returns their outputs as
-    a [1, heads·Dv] fp32 row.
+    """One token through heads ``h0 .. h0 + heads`` of a state block (updated in place).
 
-    The gates ride on operands the tensor engine reads anyway: the recall uses the stationary (αβ k), so
-    u = βv − (αβ k)ᵀS is one vector subtract with a PSUM input for the whole block (βv is scaled on GpSimd,
-    otherwise idle), the decay is the scalar of the state update, and the outputs leave PSUM on the scalar engine.
-    Per head the vector engine runs only the [Dk, Dv] state update.
+    Args:
+        k_row: [1, Hk·Dk] the keys on partition 0. v_rows: [2, heads·Dv] the block's values on partitions 0 and 1.
+        operands: ``gate_operands``'. alpha: [Dk, Hv] α on every partition.
+
+    Returns:
+        [2, heads·Dv] fp32: row 0 the deltas u, row 1 the outputs.
+
+    Notes:
+        Per head the tensor engine runs two matmuls (the two rows against the old state, the rank-1 write) and
+        the vector engine one [Dk, Dv] update; the row arithmetic is one GpSimd multiply and one vector subtract
+        for the block.
     """
     dv, dk, r = shapes.dv, shapes.dk, shapes.ratio
-    q_cols, _, k_row = keys
-    alpha, beta, scaled_keys = gates
-    as_heads = (1, heads, dv)
-    scaled_v = sbuf((1, heads * dv), FP32)  # βv
-    nisa.tensor_tensor(dst=scaled_v.reshape(as_heads), data1=v_row.reshape(as_heads),
-                       data2=beta[0:1, h0 : h0 + heads].expand_dim(2).broadcast(2, dv), op=nl.multiply,
+    stationaries, factors = operands
+    as_heads = (2, heads, dv)
+    scaled_v = sbuf((2, heads * dv), FP32)  # [β v; c β v]
+    nisa.tensor_tensor(dst=scaled_v.reshape(as_heads), data1=v_rows.reshape(as_heads),
+                       data2=factors[:, h0 : h0 + heads].expand_dim(2).broadcast(2, dv), op=nl.multiply,
                        engine=GPSIMD)  # fmt: skip
-    recalled = psum((1, heads * dv))
+    rows = psum((2, heads * dv))
     for i in range(heads):
         h = h0 + i
-        matmul(scaled_keys[:, h : h + 1], state[:, i * dv : (i + 1) * dv], dst=recalled[:, i * dv : (i + 1) * dv])
-    delta = sbuf((1, heads * dv), FP32)  # u = β (v − α kᵀS)
-    nisa.tensor_tensor(dst=delta, data1=scaled_v, data2=recalled, op=nl.subtract)
-    read = psum((1, heads * dv))
+        matmul(stationaries[:, 2 * h : 2 * h + 2], state[:, i * dv : (i + 1) * dv], dst=rows[:, i * dv : (i + 1) * dv])
+    mixed = sbuf((2, heads * dv), FP32)  # [u; o]
+    nisa.tensor_tensor(dst=mixed, data1=scaled_v, data2=rows, op=nl.subtract)
     for i in range(heads):
         h, j = h0 + i, (h0 + i) // r
         block = state[:, i * dv : (i + 1) * dv]
-        write = matmul(k_row[:, j * dk : (j + 1) * dk], delta[:, i * dv : (i + 1) * dv])  # k uᵀ, [Dk, Dv]
+        write = matmul(k_row[:, j * dk : (j + 1) * dk], mixed[0:1, i * dv : (i + 1) * dv])  # k uᵀ, [Dk, Dv]
         nisa.scalar_tensor_tensor(dst=block, data=block, op0=nl.multiply, operand0=alpha[:, h : h + 1],
                                   op1=nl.add, operand1=write)  # fmt: skip
-        matmul(q_cols[:, j : j + 1], block, dst=read[:, i * dv : (i + 1) * dv])  # (scale q)ᵀ S
-    out_row = sbuf((1, heads * dv), FP32)
-    nisa.activation(dst=out_row, op=nl.copy, data=read)
-    return out_row
+    return mixed
 
 
 def gated_rms_norm(shapes: Shapes, out_row: Any, z_row: Any, consts: Constants, heads: int) -> None:
@@ -302,7 +343,7 @@ def emit_request(
     for t in range(shapes.tokens):
         keys = token_keys(shapes, query, key, consts, n, t, scale, l2norm)
         alpha, beta = token_gates(shapes, gates, consts, n, t)
-        per_token.append((keys, (alpha, beta, recall_keys(shapes, keys[1], alpha, beta))))
+        per_token.append((keys[2], alpha, gate_operands(shapes, keys, alpha, beta, consts)))
     size = heads_per_block(hv, dv)
     blocks = [(h0, min(size, hv - h0)) for h0 in range(0, hv, size)]
 
@@ -317,15 +358,18 @@ def emit_request(
         if b + 1 < len(blocks):
             upcoming = load(*blocks[b + 1])
         row_pattern = [[heads * dv, 1], [1, heads * dv]]
-        for t, (keys, token_gate) in enumerate(per_token):
+        for t, (k_row, alpha, operands) in enumerate(per_token):
             offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
-            v_row = sbuf((1, heads * dv), FP32)
-            nisa.dma_copy(dst=v_row, src=value.ap(pattern=row_pattern, offset=offset))
-            out_row = advance_heads(shapes, state, h0, heads, keys, v_row, token_gate)
+            v_rows = sbuf((2, heads * dv), FP32)  # the same values on partitions 0 and 1
+            nisa.dma_copy(dst=v_rows, src=value.ap(pattern=[[0, 2], [1, heads * dv]], offset=offset))
+            out_row = advance_heads(shapes, state, h0, heads, k_row, v_rows, operands, alpha)[1:2, :]
             if norm is not None:
+                normed = sbuf((1, heads * dv), FP32)  # the norm's row arithmetic on partition 0
+                nisa.dma_copy(dst=normed, src=out_row)
                 z_row = sbuf((1, heads * dv), FP32)
                 nisa.dma_copy(dst=z_row, src=norm.z.ap(pattern=row_pattern, offset=offset))
-                gated_rms_norm(shapes, out_row, z_row, consts, heads)
+                gated_rms_norm(shapes, normed, z_row, consts, heads)
+                out_row = normed
             nisa.dma_copy(dst=out.ap(pattern=row_pattern, offset=offset), src=out_row)
             if request.token_rows is not None:
                 target = state_block(request.target, request.token_rows[t], shapes, h0, heads)

@@ -119,15 +119,16 @@ def gdn_step(
 def _read_index(state_indices: Any, num_accepted_tokens: Any, indices: Any, n: int, tokens: int) -> Any:
     """The [1, 1] int32 tile holding request n's read row: ``indices[0]``, or with ``num_accepted_tokens`` the
     entry ``num_accepted_tokens[n] - 1`` of its row, gathered by a run-time offset (the count clamped to [1, T] on
-    device so that a padding request's unchecked count addresses its own row)."""
+    device, so that a padding request's unchecked count still addresses its own row)."""
     if num_accepted_tokens is None:
         return indices[:, 0:1]
     accepted = sbuf((1, 1), INT32)
     nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[1, 1], [1, 1]], offset=n))
     nisa.tensor_scalar(dst=accepted, data=accepted, op0=nl.maximum, operand0=1, op1=nl.minimum, operand1=tokens)
+    nisa.tensor_scalar(dst=accepted, data=accepted, op0=nl.subtract, operand0=1)  # the position, 0-based
     position = nisa.scalar_load(accepted)
     read_tile = sbuf((1, 1), INT32)
-    entry = state_indices.ap(pattern=[[1, 1], [1, 1]], offset=n * tokens - 1, scalar_offset=position, indirect_dim=1)
+    entry = state_indices.ap(pattern=[[1, 1], [1, 1]], offset=n * tokens, scalar_offset=position, indirect_dim=1)
     nisa.dma_copy(dst=read_tile, src=entry)
     return read_tile
 

@@ -51,6 +51,7 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Any = None,
+    **kwargs: Any,
 ) -> tuple[Any, Any]:
     """FLA's ``fused_recurrent_gated_delta_rule`` on gdn-nki's decode kernel.
 
@@ -63,11 +64,14 @@ def fused_recurrent_gated_delta_rule(
         beta: [B, T, HV] (None: ones). scale: default K**-0.5.
         initial_state: [N, HV, K, V] (only read). output_final_state: return the final states.
         use_qk_l2norm_in_kernel: L2-normalize q and k in the kernel. cu_seqlens: [N + 1] packed boundaries.
+        kwargs: ignored, as HF's ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer)
+            ignores what the layer passes through (``use_cache``, attention kwargs).
 
     Returns:
         tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked).
     """
     torch = import_torch()
+    del kwargs  # see Args
     for name, value in (("gk", gk), ("gv", gv)):
         if value is not None:
             raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
