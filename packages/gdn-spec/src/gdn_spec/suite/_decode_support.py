@@ -51,6 +51,8 @@ def base_geometry(caps: DecodeCapabilities, tokens: int = 1, requests: int = BAS
 def decode_shapes(draw: st.DrawFn, caps: DecodeCapabilities, *, min_tokens: int = 1) -> DecodeGeometry:
     """A decode call's sizes within the declared support."""
     top = min(MAX_TOKENS, caps.max_tokens or MAX_TOKENS)
+    if not (caps.final_state_only or caps.per_token_states):  # no addressing form carries T > 1
+        top = 1
     hk, hv = draw(st.sampled_from(HEAD_GEOMETRIES if caps.gqa else EQUAL_HEAD_GEOMETRIES))
     return DecodeGeometry(
         N=draw(st.integers(1, min(MAX_REQUESTS, caps.max_requests or MAX_REQUESTS))),
