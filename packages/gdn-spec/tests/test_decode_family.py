@@ -68,10 +68,9 @@ def test_the_expectation_is_the_oracle_token_by_token() -> None:
     v = case.values
     for i, n in enumerate(case.live):
         start = case.pool_before[case.read_rows[n]][None].astype(np.float64)
-        heads = np.arange(4) // 2
         o, states = decode_steps(v["query"][n : n + 1], v["key"][n : n + 1], v["value"][n : n + 1],
                                  v["g_log"][n : n + 1], v["beta"][n : n + 1], case.call["scale"], start)  # fmt: skip
-        assert np.allclose(out[i], o[0]) and heads.size == 4
+        assert np.allclose(out[i], o[0])
         assert np.allclose(pool[case.call["state_indices"][n]], states[0])
 
 

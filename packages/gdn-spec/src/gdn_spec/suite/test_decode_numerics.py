@@ -41,7 +41,7 @@ def _drawn(impl: Implementation, gdn_dtype: str, request: pytest.FixtureRequest,
         geometry = data.draw(decode_shapes(caps), label="geometry")
         addressing = data.draw(addressings(caps, geometry), label="addressing")
         case = make_decode_case(regime, geometry, gdn_dtype, seed, addressing=addressing, **options)
-        _judge(impl, case, request, regime if not options else f"{regime} {options}")
+        _judge(impl, case, request, ", ".join([regime, *(f"{key}={value}" for key, value in options.items())]))
 
     check()
 
