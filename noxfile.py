@@ -20,7 +20,8 @@ nox.options.error_on_missing_interpreters = False
 ROOT = Path(__file__).parent
 PACKAGES = ["gdn-ref", "gdn-spec", "nki-cpu", "gdn-nki"]
 # Implementations the conformance suite runs against: "module:callable" specs.
-IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki:simulate"]
+# gdn_nki:decode_step declares gdn_spec_decode_capabilities: it runs the decode family.
+IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki:simulate", "gdn_nki:decode_step"]
 
 
 def _interpreter(version: str) -> str:
@@ -72,7 +73,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """The gdn-spec suite against every implementation, both algorithms, fp32 and bf16."""
+    """The gdn-spec suite against every implementation, both algorithms, fp32 and bf16 (the decode family for
+    gdn-nki's decode step)."""
     _install_repo(session)
     impls = session.posargs or IMPLEMENTATIONS
     for impl in impls:
@@ -110,11 +112,27 @@ def thirdparty(session: nox.Session) -> None:
         f"{HF_QWEN3_NEXT}:torch_recurrent_gated_delta_rule",
         "hf-torch",
     )
+    check(
+        "HF transformers torch_recurrent_gated_delta_rule as a decode step",
+        f"{HF_QWEN3_NEXT}:torch_recurrent_gated_delta_rule",
+        "hf-decode",
+    )
     session.install("flash-linear-attention>=0.4")
     # FLA's naive references: pure torch, one head count for q, k and v (the adapter repeats key heads).
     check("FLA naive_chunk_gated_delta_rule", f"{FLA_NAIVE}:naive_chunk_gated_delta_rule", "fla-torch:gqa=repeat")
     check(
         "FLA naive_recurrent_gated_delta_rule", f"{FLA_NAIVE}:naive_recurrent_gated_delta_rule", "fla-torch:gqa=repeat"
+    )
+    check(
+        "FLA naive_recurrent_gated_delta_rule as a decode step",
+        f"{FLA_NAIVE}:naive_recurrent_gated_delta_rule",
+        "fla-decode:gqa=repeat",
+    )
+    check(
+        "gdn-nki vLLM-compatible decode drop-in",
+        "gdn_nki.torch_decode:vllm_fused_recurrent_gated_delta_rule",
+        "vllm-decode",
+        third_party=False,
     )
     check(
         "gdn-nki FLA-compatible torch entry point",

@@ -128,6 +128,22 @@ def test_step_contract_rules() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "bad", "rule"),
+    [("g_log", 0.5, "g_log.domain"), ("g_log", np.nan, "g_log.domain"), ("beta", 1.5, "beta.domain"),
+     ("beta", np.nan, "beta.finite"), ("beta", np.inf, "beta.finite"), ("beta", -0.25, "beta.domain")],
+)  # fmt: skip
+def test_step_gates_are_scanned_in_the_callers_layout(name: str, bad: float, rule: str) -> None:
+    """Precomputed gates ([N, T, Hv]) go through gdn_cte's domain rules and the finite scan; the violation names
+    the element as the caller laid it out."""
+    args = _step_args()
+    args[name] = args[name].copy()
+    args[name][2, 3, 1] = bad
+    found = validate_step(args)
+    assert [(v.rule_id, v.argument) for v in found] == [(rule, name)], found
+    assert "at index [2, 3, 1]" in found[0].value
+
+
+@pytest.mark.parametrize(
     ("indices", "accepted", "rule"),
     [
         ([[0, 1], [8, 2]], None, "state_indices.range"),

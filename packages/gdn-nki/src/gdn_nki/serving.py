@@ -97,6 +97,12 @@ def decode_step(
     return out, state_pool
 
 
+decode_step.gdn_spec_decode_capabilities = {  # read by gdn-spec's decode family (gdn_spec.decode)
+    "name": "gdn-nki decode_step",
+    "example_scale": 0.5,  # each call is traced and interpreted by nki-cpu: half the profile's examples
+}
+
+
 def _rows(state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None) -> tuple[list[int], list[int]]:
     """The pool rows a valid call reads (one per live request) and writes (every index of a live request)."""
     rows = np.asarray(state_indices).astype(np.int64)

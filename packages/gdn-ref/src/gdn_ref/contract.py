@@ -562,12 +562,19 @@ def _value_rule(name: str, bad: Callable[[np.ndarray], np.ndarray], rule_id: str
         prerequisites = (f"{name}.shape", f"{name}.dtype", "query.dtype")
         if any(pid in RULES_BY_ID and RULES_BY_ID[pid].check(call) is not None for pid in prerequisites):
             return None
-        where = first_bad_index(x, bad)
-        if where is None:
-            return None
-        return _violation(rule_id, name, f"value {float(x[where])} at index {list(where)}", rule, fix)
+        return _first_bad_value(x, name, bad, rule_id, rule, fix)
 
     return check
+
+
+def _first_bad_value(
+    x: np.ndarray, name: str, bad: Callable[[np.ndarray], np.ndarray], rule_id: str, rule: str, fix: str
+) -> Violation | None:
+    """The violation naming ``x``'s first element (C order, in the caller's layout) where ``bad`` holds."""
+    where = first_bad_index(x, bad)
+    if where is None:
+        return None
+    return _violation(rule_id, name, f"value {float(x[where])} at index {list(where)}", rule, fix)
 
 
 _FINITE_WHY = {
@@ -595,17 +602,22 @@ def _finite_rule(name: str) -> Rule:
     )
 
 
+# The gate domains' rule and fix texts, shared by gdn_cte's rules and the decode step's gates (``_step_gates``).
+_G_LOG_DOMAIN_TEXT = (
+    "g_log must be a log-decay <= 0 and not NaN (-inf is allowed: decay exactly 0, a state reset)",
+    "pass the log of the decay (e.g. -exp(A_log)*softplus(a + dt_bias)); check g_log and beta were not swapped",
+)
+_BETA_DOMAIN_TEXT = (
+    "beta is a per-token update strength in [0, 1] (the spec's (0, 1), with the 0 and 1 an fp32 sigmoid "
+    "rounds to); beta > 1 (negative-eigenvalue delta rules reach 2) is outside this kernel's contract",
+    "pass sigmoid(b) of the layer's beta projection; check g_log and beta were not swapped",
+)
+
 G_LOG_DOMAIN = Rule(
     "g_log.domain",
     "Per-token log-decay (negative) in HBM, fp32.",
     ("g_log",),
-    _value_rule(
-        "g_log",
-        _outside_log_decay,
-        "g_log.domain",
-        "g_log must be a log-decay <= 0 and not NaN (-inf is allowed: decay exactly 0, a state reset)",
-        "pass the log of the decay (e.g. -exp(A_log)*softplus(a + dt_bias)); check g_log and beta were not swapped",
-    ),
+    _value_rule("g_log", _outside_log_decay, "g_log.domain", *_G_LOG_DOMAIN_TEXT),
 )
 
 # The spec's (0, 1) with its end points: an fp32 sigmoid rounds to exactly 1 from x ≈ 17 and to 0 far below
@@ -615,14 +627,7 @@ BETA_DOMAIN = Rule(
     "beta.domain",
     "Per-token update strength in (0, 1) in HBM, fp32.",
     ("beta",),
-    _value_rule(
-        "beta",
-        _outside_update_strength,
-        "beta.domain",
-        "beta is a per-token update strength in [0, 1] (the spec's (0, 1), with the 0 and 1 an fp32 sigmoid "
-        "rounds to); beta > 1 (negative-eigenvalue delta rules reach 2) is outside this kernel's contract",
-        "pass sigmoid(b) of the layer's beta projection; check g_log and beta were not swapped",
-    ),
+    _value_rule("beta", _outside_update_strength, "beta.domain", *_BETA_DOMAIN_TEXT),
 )
 
 LAYOUTS = {
@@ -1050,21 +1055,22 @@ def validate_step(
     if host and not found:
         found += index_violations(indices, accepted, sizes["P"], sizes["T"])
     if host and values and not found:
-        found += _finite_violations(STEP, args, ("query", "key", "value", "a", "b", "A_log", "dt_bias"))
+        found += _finite_violations(STEP, args, ("query", "key", "value", "beta", "a", "b", "A_log", "dt_bias"))
         if args.get("g_log") is not None:
-            found += [replace(v, api=STEP) for v in (G_LOG_DOMAIN.check(_gates_call(args)), BETA_DOMAIN.check(
-                _gates_call(args))) if v is not None]  # fmt: skip
+            found += _step_gates(args)
         else:
             found += _fused_gate_violation(STEP, args["a"], args["A_log"], args["dt_bias"])
     return found
 
 
-def _gates_call(args: dict[str, Any]) -> Call:
-    """A gdn_cte ``Call`` carrying only the step's gates, so the documented g_log / beta domain rules run on them
-    as written (they read the gates' own shapes and dtypes only)."""
-    n, t, hv = args["g_log"].shape
-    return Call(dict(zip(ARGUMENTS, (np.empty((n, 1, t, 1)), None, np.empty((n, hv, t, 1)), args["g_log"],
-                                     args["beta"], 1.0, ALGORITHM_SCHUR, None, 8, None), strict=True)))  # fmt: skip
+def _step_gates(args: dict[str, Any]) -> list[Violation]:
+    """gdn_cte's g_log / beta domain rules on a step's precomputed gates ([N, T, Hv], the step's own layout, so
+    an index names the caller's element)."""
+    found = (
+        _first_bad_value(args["g_log"], "g_log", _outside_log_decay, "g_log.domain", *_G_LOG_DOMAIN_TEXT),
+        _first_bad_value(args["beta"], "beta", _outside_update_strength, "beta.domain", *_BETA_DOMAIN_TEXT),
+    )
+    return [replace(v, api=STEP) for v in found if v is not None]
 
 
 def index_violations(state_indices: Any, num_accepted_tokens: Any, pool_rows: int, tokens: int) -> list[Violation]:

@@ -26,8 +26,10 @@ import pytest
 from gdn_ref.constants import ALGORITHMS
 
 from .adapters import ADAPTERS
+from .decode.adapters import DECODE_ADAPTERS
+from .decode.impl import FAMILIES, is_decode, resolve_family
 from .failures import failure_message
-from .impl import Implementation, ImplementationError, registered, resolve
+from .impl import Implementation, ImplementationError, registered
 from .plugin import PROFILE_PURPOSES, SUBSTITUTION_PROPERTY
 from .plugin import PROFILES as HYPOTHESIS_PROFILES
 from .profiles import PROFILE_DOCS, PROFILES
@@ -159,7 +161,8 @@ def format_summary(summary: Summary, title: str) -> str:
         if "kernel" in run:
             lines.append(f"  kernel:  {describe_kernel(run['kernel'])}")
         adapter = f" (--adapter {run['adapter']})" if run.get("adapter") else ""
-        lines.append(f"  via:     {run.get('via') or 'called directly (gdn_cte signature, numpy)'}{adapter}")
+        signature = "decode_step" if run.get("family") == "decode" else "gdn_cte"
+        lines.append(f"  via:     {run.get('via') or f'called directly ({signature} signature, numpy)'}{adapter}")
         lines.append(f"  profile: {run['profile']} ({PROFILE_DOCS[run['profile']]})")
         if "hypothesis" in run:
             lines.append(
@@ -237,6 +240,7 @@ def build_pytest_args(args: argparse.Namespace) -> list[str]:
     """pytest command line for a ``check`` invocation."""
     targets = [f"{SUITE}.test_{area}" for area in args.area] if args.area else [SUITE]
     argv = ["--pyargs", *targets, "--gdn-impl", args.impl, "--gdn-algorithm", args.algorithm]
+    argv += ["--gdn-family", args.family]
     if args.adapter:
         argv += ["--gdn-adapter", args.adapter]
     if args.device:
@@ -256,11 +260,11 @@ def build_pytest_args(args: argparse.Namespace) -> list[str]:
     return argv + list(args.pytest_args)
 
 
-def _left_out(args: argparse.Namespace) -> list[str]:
-    """What the run's restrictions leave out, said in the summary."""
+def _left_out(args: argparse.Namespace, decode: bool = False) -> list[str]:
+    """What the run's restrictions leave out of the run's family's areas, said in the summary."""
     items = []
     if args.area:
-        rest = [a for a in AREAS if a not in args.area]
+        rest = [a for a in AREAS if a not in args.area and a.startswith("decode_") == decode]
         if rest:
             items.append(f"--area: {', '.join(rest)}")
     if args.algorithm != "all":
@@ -277,11 +281,15 @@ def _epilog() -> str:
         f"  {name:<10} {kind.doc} [default profile {kind.default_profile}]" for name, kind in ADAPTERS.items()
     )
     profiles = "\n".join(f"  {name:<10} {doc}" for name, doc in PROFILE_DOCS.items())
+    decode_adapters = "\n".join(
+        f"  {name:<12} {kind.doc} [default profile math]" for name, kind in DECODE_ADAPTERS.items()
+    )
     return (
         f"areas (--area):\n  {', '.join(AREAS)}\n"
         f"contract profiles (--profile):\n{profiles}\n"
         f"adapters (--adapter NAME[:key=value,...]):\n{adapters}\n"
         "  seq-first options: scale=argument|internal|caller, gqa=native|repeat, state=kv|vk, varlen=no|yes\n"
+        f"decode adapters (a decode kernel, --family decode):\n{decode_adapters}\n"
         f"registered implementations (gdn_spec.implementations): {names}\n"
         "A kernel in a module of the current directory: PYTHONPATH=. gdn-spec check my_kernel:gdn_cte (the current\n"
         "directory is not on sys.path for console scripts).\n"
@@ -301,6 +309,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("impl", help="module:callable (or a registered gdn_spec.implementations name)")
     check.add_argument("--adapter", metavar="NAME[:OPTS]", help="call the kernel through an adapter (list below)")
     check.add_argument("--device", help="torch device for the torch adapters (default: cuda when torch sees one)")
+    check.add_argument(
+        "--family",
+        default="auto",
+        choices=FAMILIES,
+        help="prefill (gdn_cte's signature) or decode (decode_step's: the decode_* areas); default auto: decode when "
+        "the callable declares gdn_spec_decode_capabilities or --adapter is a decode adapter",
+    )
     check.add_argument("--profile", choices=tuple(PROFILES), help="contract profile (default: the adapter's; api)")
     check.add_argument("--algorithm", default="all", choices=(*ALGORITHMS, "all"))
     check.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
@@ -335,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gdn-spec`` console script; returns the exit code."""
     args = parse_args(argv)
     try:
-        impl = resolve(args.impl, adapter=args.adapter, device=args.device)
+        impl = resolve_family(args.impl, adapter=args.adapter, device=args.device, family=args.family)
     except ImplementationError as exc:
         print(f"gdn-spec: {exc}", file=sys.stderr)
         return 2
@@ -348,11 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         "kernel": kernel_provenance(impl.spec if impl else args.impl),
         "adapter": args.adapter or "",
         "via": impl.via if impl else "",
+        "family": "decode" if is_decode(impl) or args.family == "decode" else "prefill",
         "profile": profile,
         "label": args.label or "",
         "hypothesis": args.hypothesis,
     }
-    summary.left_out = _left_out(args)
+    summary.left_out = _left_out(args, summary.run["family"] == "decode")
     started = time.perf_counter()
     code = int(pytest.main(build_pytest_args(args), plugins=[collector]))
     summary.run["seconds"] = round(time.perf_counter() - started, 1)

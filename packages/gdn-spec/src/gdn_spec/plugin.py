@@ -27,6 +27,9 @@ ENV_VAR = "GDN_SPEC_IMPL"
 ENTRY_POINT_GROUP = "gdn_spec.implementations"
 CONTRACT_PROFILES = ("api", "math")  # gdn_spec.profiles.PROFILES (names only, see above)
 ADAPTER_NAMES = ("fla", "fla-torch", "hf-torch", "torch", "nki")  # gdn_spec.adapters.ADAPTERS
+DECODE_ADAPTER_NAMES = ("fla-decode", "hf-decode", "vllm-decode")  # gdn_spec.decode.adapters.DECODE_ADAPTERS
+FAMILIES = ("auto", "prefill", "decode")  # gdn_spec.decode.impl.FAMILIES
+DECODE_MODULE_PREFIX = "test_decode_"  # the decode family's suite modules; every other one is prefill's
 
 SUITE_DIR = Path(__file__).parent / "suite"
 _IMPL_KEY = pytest.StashKey["Implementation | None"]()
@@ -72,7 +75,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gdn-adapter",
         default=None,
         metavar="NAME[:KEY=VALUE,...]",
-        help=f"call the implementation through an adapter of gdn_spec.adapters: {', '.join(ADAPTER_NAMES)}.",
+        help=f"call the implementation through an adapter of gdn_spec.adapters: {', '.join(ADAPTER_NAMES)}; "
+        f"of a decode kernel: {', '.join(DECODE_ADAPTER_NAMES)}.",
+    )
+    group.addoption(
+        "--gdn-family",
+        default="auto",
+        choices=FAMILIES,
+        help="prefill (gdn_cte's signature) or decode (decode_step's: the test_decode_* modules); default auto: "
+        "decode when the callable declares gdn_spec_decode_capabilities or the adapter is a decode adapter.",
     )
     group.addoption("--gdn-device", default=None, help="torch device for the torch adapters (default: cuda if any).")
     group.addoption(
@@ -90,6 +101,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _PROFILE_KEY = pytest.StashKey[str]()
+_DECODE_KEY = pytest.StashKey[bool]()
 
 
 def _suite_requested(config: pytest.Config) -> bool:
@@ -108,15 +120,17 @@ def pytest_configure(config: pytest.Config) -> None:
     # Conformance verdicts default to the reproducible profile; --hypothesis-profile dev opts into exploring.
     if not config.getoption("hypothesis_profile", default=None):
         settings.load_profile("ci")
-    from .impl import ImplementationError, resolve  # the suite was asked for: now gdn_ref may load
+    from .decode.impl import is_decode, resolve_family  # the suite was asked for: now gdn_ref may load
+    from .impl import ImplementationError
 
+    family = config.getoption("gdn_family")
     try:
-        impl = resolve(
-            config.getoption("gdn_impl"), adapter=config.getoption("gdn_adapter"), device=config.getoption("gdn_device")
-        )
+        impl = resolve_family(config.getoption("gdn_impl"), adapter=config.getoption("gdn_adapter"),
+                              device=config.getoption("gdn_device"), family=family)  # fmt: skip
     except ImplementationError as exc:
         raise pytest.UsageError(f"gdn-spec: {exc}") from exc
     config.stash[_IMPL_KEY] = impl
+    config.stash[_DECODE_KEY] = is_decode(impl) or (impl is None and family == "decode")
     config.stash[_PROFILE_KEY] = config.getoption("gdn_profile") or (impl.default_profile if impl else "api")
 
 
@@ -137,6 +151,28 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def _in_suite(path: Path) -> bool:
     return SUITE_DIR in Path(path).resolve().parents
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A run checks one family: the decode modules (``test_decode_*``) for a decode kernel, the others otherwise."""
+    if (
+        collection_path.suffix != ".py"
+        or not collection_path.name.startswith("test_")
+        or not _in_suite(collection_path)
+    ):
+        return None
+    decode_module = collection_path.name.startswith(DECODE_MODULE_PREFIX)
+    return True if decode_module != config.stash.get(_DECODE_KEY, False) else None
+
+
+def _other_family(item: pytest.Item, config: pytest.Config) -> str | None:
+    """Why a suite test of the other family does not run (a module named explicitly is collected whatever
+    ``pytest_ignore_collect`` says)."""
+    decode_run = config.stash.get(_DECODE_KEY, False)
+    if Path(item.path).name.startswith(DECODE_MODULE_PREFIX) == decode_run:
+        return None
+    kernel, area = ("decode", "prefill") if decode_run else ("prefill", "decode")
+    return f"a {kernel} kernel: the {area} family's areas do not apply to it"
 
 
 def _explicitly_parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -179,7 +215,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
             )
             continue
-        reason = impl.capabilities.unsupported(algorithm, dtype) or _unmet_promise(item, profile, impl)
+        reason = (
+            _other_family(item, config)
+            or impl.capabilities.unsupported(algorithm, dtype)
+            or _unmet_promise(item, profile, impl)
+        )
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
     if deselected:

@@ -19,7 +19,7 @@ one mutant each for scale applied twice, heads repeated wrongly and the state tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,11 +54,15 @@ ADAPTERS: dict[str, AdapterKind] = {
 }
 
 
-def parse(spec: str) -> tuple[str, dict[str, str]]:
-    """``NAME[:key=value,...]`` -> (name, options); unknown names and malformed options are errors."""
+def parse(spec: str, presets: Mapping[str, tuple[tuple[str, str], ...]] | None = None) -> tuple[str, dict[str, str]]:
+    """``NAME[:key=value,...]`` -> (name, options); unknown names and malformed options are errors.
+
+    ``presets``: adapter name -> its preset options, for another registry (``gdn_spec.decode.adapters``);
+    default ``ADAPTERS``'."""
+    presets = {n: kind.preset for n, kind in ADAPTERS.items()} if presets is None else presets
     name, _, raw = spec.partition(":")
-    if name not in ADAPTERS:
-        raise ImplementationError(f"unknown adapter {name!r}; choose one of {', '.join(ADAPTERS)}")
+    if name not in presets:
+        raise ImplementationError(f"unknown adapter {name!r}; choose one of {', '.join(presets)}")
     given: dict[str, str] = {}
     for item in filter(None, raw.split(",")):
         key, eq, value = item.partition("=")
@@ -70,7 +74,7 @@ def parse(spec: str) -> tuple[str, dict[str, str]]:
                 f"adapter option {key!r} given twice in {spec!r} ({given[key]!r} and {value!r}); keep one"
             )
         given[key] = value
-    return name, {**dict(ADAPTERS[name].preset), **given}
+    return name, {**dict(presets[name]), **given}
 
 
 def adapt(impl: Implementation, spec: str, device: str | None = None) -> Implementation:
