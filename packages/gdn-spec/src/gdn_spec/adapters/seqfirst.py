@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..failures import returned_kind
 from ..impl import ImplementationError
 from .handoff import ArrayIO, Handoff
 
@@ -244,7 +245,7 @@ def wrap_seq_first(
             kwargs["output_final_state"] = True
             result = fn(*(handoff.to_kernel(caller, seq_first(x)) for caller, x in positional), **kwargs)
         if not isinstance(result, tuple) or len(result) != 2:
-            raise TypeError(f"a seq-first kernel returns (o, final_state); got {type(result).__name__}")
+            raise TypeError(f"a seq-first kernel returns (o, final_state); got {returned_kind(result)}")
         out, final = result
         if final is None:
             raise TypeError("the kernel returned final_state=None although output_final_state=True was passed")

@@ -15,6 +15,7 @@ from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM
 from gdn_ref.masks import build_mask_pack
 
 from ..contract import geometry_of
+from ..failures import returned_kind
 from ..impl import Capabilities, Implementation
 from ..metrics import Error, describe
 from ..plugin import note_substitution
@@ -67,7 +68,7 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
         pytest.fail(f"the call changed the caller's `{shown}`{aka}: {_read_only_rule(impl, name, shown)}",
                     pytrace=False)  # fmt: skip
     if not isinstance(result, tuple) or len(result) != 2:
-        pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
+        pytest.fail(f"gdn_cte must return (out, final_state); got {returned_kind(result)}", pytrace=False)
     out, state = result
     return np.asarray(out), state if isinstance(state, np.ndarray) else np.asarray(state)
 
