@@ -170,13 +170,13 @@ torch_fla_writes_key = writing(torch_fla_style, "k")
 torch_fla_writes_key_then_raises = writing(torch_fla_style, "k", then_raise=True)
 
 
-
 def fla_returns_three(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
     """``fla_style`` returning (o, final_state, None): the adapter must say how many items came back."""
     return (*fla_style(q, k, v, g, beta, scale, initial_state, output_final_state), None)
 
 
 fla_returns_three.gdn_spec_capabilities = dict(CAPS)
+
 
 class ScaleTwice(Glue):
     """Multiplies q by the scale AND passes it to a kernel that applies it."""

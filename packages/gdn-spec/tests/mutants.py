@@ -323,6 +323,7 @@ def warns_on_huge_gates(**call: Any) -> tuple[np.ndarray, np.ndarray]:
 
 warns_on_huge_gates.gdn_spec_capabilities = {**CAPS, "name": "mutant:warns_on_huge_gates"}
 
+
 def returns_three_items(**call: Any) -> tuple[np.ndarray, np.ndarray, None]:
     """The correct base returning (out, state, None): the suite must say how many items came back."""
     return (*CORRECT(**call), None)
