@@ -20,7 +20,9 @@ nox.options.error_on_missing_interpreters = False
 ROOT = Path(__file__).parent
 PACKAGES = ["gdn-ref", "gdn-spec", "nki-cpu", "gdn-nki"]
 # Implementations the conformance suite runs against: "module:callable" specs.
-IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki:simulate"]
+# gdn-nki's is ``simulate`` for dense calls and ``prefill_varlen`` with cu_seqlens (``simulate`` alone takes none, and
+# the varlen area skipped it).
+IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki.conformance:simulate_with_varlen"]
 
 
 def _interpreter(version: str) -> str:
@@ -124,7 +126,6 @@ def thirdparty(session: nox.Session) -> None:
     )
     check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki", third_party=False)
     check("gdn-nki simulate with torch tensors", "gdn_nki:simulate", "torch", third_party=False)
-    session.run("pytest", "-q", "-n", "0", "packages/gdn-spec/tests/test_adapters.py", env=SINGLE_THREAD_BLAS)
     session.run("python", "-m", "gdn_spec.validated", "--readme", "README.md", *summaries)
 
 
@@ -132,14 +133,26 @@ def thirdparty(session: nox.Session) -> None:
 # comparison was written against.
 INTEGRATION_DEPS = ("torch>=2.4", "transformers>=5.24")
 INTEGRATION_TESTS = ("packages/gdn-nki/tests/test_torch.py", "packages/gdn-nki/tests/test_qwen3_next.py")
+# The other packages' tests that skip without torch (the tests session installs none): run here, where it is, selected
+# by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
+TORCH_GATED_TESTS = {
+    "nki-cpu": ("packages/nki-cpu/tests/test_nki_torch.py",),
+    "gdn-spec": ("packages/gdn-spec/tests/test_adapters.py", "packages/gdn-spec/tests/test_power_adapters.py"),
+}
+TORCH_GATED_SELECTION = "torch or hf_transformers"
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """gdn-nki in PyTorch model code: torch tensors at the host entry points, the FLA-compatible entry point
-    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path."""
+    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path; then the torch
+    tests of nki-cpu (torch tensors as launch arguments) and gdn-spec (the torch adapters, torch mutants)."""
     _install_repo(session, *INTEGRATION_DEPS)
     session.run("pytest", "-n", _xdist_workers(), "-q", *INTEGRATION_TESTS, *session.posargs, env=SINGLE_THREAD_BLAS)
+    for paths in TORCH_GATED_TESTS.values():
+        session.run(
+            "pytest", "-n", _xdist_workers(), "-q", "-k", TORCH_GATED_SELECTION, *paths, env=SINGLE_THREAD_BLAS
+        )  # fmt: skip
 
 
 @nox.session
