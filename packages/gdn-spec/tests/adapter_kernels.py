@@ -243,7 +243,8 @@ def _adapted(kernel, glue_type: type[Glue], **conventions: str):
 BROKEN_ADAPTERS = {
     "scale_twice": (_adapted(fla_style, ScaleTwice), ("numerics",), "float32 and random"),
     "tiled_heads": (_adapted(hf_style, TiledHeads, scale="internal", gqa="repeat"), ("head_mapping",), ""),
-    "transposed_state": (_adapted(fla_style, TransposedState), ("numerics",), "float32 and initial_state"),
+    # (not the long cases: at Dk != Dv the transposed state breaks the kernel before any number is compared)
+    "transposed_state": (_adapted(fla_style, TransposedState), ("numerics",), "float32 and initial_state and not long"),
 }
 for _name, (_fn, _areas, _k) in BROKEN_ADAPTERS.items():
     globals()[_name] = _fn
