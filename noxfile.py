@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import nox
@@ -20,8 +21,9 @@ nox.options.error_on_missing_interpreters = False
 ROOT = Path(__file__).parent
 PACKAGES = ["gdn-ref", "gdn-spec", "nki-cpu", "gdn-nki"]
 # Implementations the conformance suite runs against: "module:callable" specs.
-# gdn_nki:decode_step declares gdn_spec_decode_capabilities: it runs the decode family.
-IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki:simulate", "gdn_nki:decode_step"]
+# gdn-nki's prefill is ``simulate`` for dense calls and ``prefill_varlen`` with cu_seqlens (``simulate`` alone takes
+# none, and the varlen area skipped it); gdn_nki:decode_step declares gdn_spec_decode_capabilities: the decode family.
+IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki.conformance:simulate_with_varlen", "gdn_nki:decode_step"]
 
 
 def _interpreter(version: str) -> str:
@@ -74,11 +76,35 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The gdn-spec suite against every implementation, both algorithms, fp32 and bf16 (the decode family for
-    gdn-nki's decode step)."""
+    gdn-nki's decode step): the runs at once, each report printed whole when it ends (in order), the session
+    failing when any run does."""
     _install_repo(session)
     impls = session.posargs or IMPLEMENTATIONS
-    for impl in impls:
-        session.run("gdn-spec", "check", impl, "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS)
+    _run_concurrently(session, [["gdn-spec", "check", impl, "-n", _xdist_workers()] for impl in impls])
+
+
+def _run_concurrently(session: nox.Session, commands: list[list[str]]) -> None:
+    """Start every command in the session's virtualenv, then print each one's output in order once it has ended.
+
+    One after the other, the cores idled through each run's start-up and its last slow tests: gdn-ref's run is
+    short and gdn-nki's long, so gdn-ref's now runs inside gdn-nki's (their workers share the cores).
+    """
+    env = {**os.environ, **SINGLE_THREAD_BLAS, "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")])}
+    started = []
+    for command in commands:
+        session.log(" ".join(command))
+        output = tempfile.TemporaryFile(mode="w+")
+        started.append((command, subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT), output))
+    failed = []
+    for command, process, output in started:
+        code = process.wait()
+        output.seek(0)
+        print(output.read(), flush=True)
+        output.close()
+        if code:
+            failed.append(f"{' '.join(command)} (exit code {code})")
+    if failed:
+        session.error("failed: " + "; ".join(failed))
 
 
 HF_QWEN3_NEXT = "transformers.models.qwen3_next.modeling_qwen3_next"
@@ -142,7 +168,6 @@ def thirdparty(session: nox.Session) -> None:
     )
     check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki", third_party=False)
     check("gdn-nki simulate with torch tensors", "gdn_nki:simulate", "torch", third_party=False)
-    session.run("pytest", "-q", "-n", "0", "packages/gdn-spec/tests/test_adapters.py", env=SINGLE_THREAD_BLAS)
     session.run("python", "-m", "gdn_spec.validated", "--readme", "README.md", *summaries)
 
 
@@ -156,14 +181,26 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_decode.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
 )
+# The other packages' tests that skip without torch (the tests session installs none): run here, where it is, selected
+# by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
+TORCH_GATED_TESTS = {
+    "nki-cpu": ("packages/nki-cpu/tests/test_nki_torch.py",),
+    "gdn-spec": ("packages/gdn-spec/tests/test_adapters.py", "packages/gdn-spec/tests/test_power_adapters.py"),
+}
+TORCH_GATED_SELECTION = "torch or hf_transformers"
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """gdn-nki in PyTorch model code: torch tensors at the host entry points, the FLA-compatible entry point
-    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path."""
+    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path; then the torch
+    tests of nki-cpu (torch tensors as launch arguments) and gdn-spec (the torch adapters, torch mutants)."""
     _install_repo(session, *INTEGRATION_DEPS)
     session.run("pytest", "-n", _xdist_workers(), "-q", *INTEGRATION_TESTS, *session.posargs, env=SINGLE_THREAD_BLAS)
+    for paths in TORCH_GATED_TESTS.values():
+        session.run(
+            "pytest", "-n", _xdist_workers(), "-q", "-k", TORCH_GATED_SELECTION, *paths, env=SINGLE_THREAD_BLAS
+        )  # fmt: skip
 
 
 @nox.session

@@ -27,7 +27,7 @@ from mutants import recurrence
 CAPS = {"max_work": 1 << 22}
 
 
-def _run(q, k, v, g, beta, scale, initial_state, cu_seqlens, leak=False):
+def _run(q, k, v, g, beta, scale, initial_state, cu_seqlens, leak=False, flaw=None):
     """Head-major recurrence over each packed sequence; returns (out in q's dtype, fp32 states [N, Hv, K, V])."""
     B, Hv, S, Dv = v.shape
     bounds = [0, S] if cu_seqlens is None else [int(b) for b in cu_seqlens]
@@ -40,7 +40,9 @@ def _run(q, k, v, g, beta, scale, initial_state, cu_seqlens, leak=False):
     for i in range(n):
         a, b = bounds[i], bounds[i + 1]
         first = finals[-1] if leak and finals else start[i : i + 1] if cu_seqlens is not None else start
-        o, final = recurrence(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], g[:, :, a:b], beta[:, :, a:b], scale, first)
+        o, final = recurrence(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], g[:, :, a:b], beta[:, :, a:b], scale, first, flaw
+        )
         out[:, :, a:b] = o
         finals.append(final)
     return out.astype(q.dtype), np.concatenate(finals).astype(np.float32)
@@ -61,6 +63,24 @@ def fla_style(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, final = _run(*(seq_first(x) for x in (q, k, v, g, beta)), scale, initial_state, cu_seqlens)
     return seq_first(o), final if output_final_state else None
+
+
+def _flawed(flaw: str, doc: str) -> Callable[..., Any]:
+    """``fla_style`` with one ``mutants.recurrence`` flaw in every sequence it runs."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        o, final = _run(*(seq_first(x) for x in (q, k, v, g, beta)), scale, initial_state, cu_seqlens, flaw=flaw)
+        return seq_first(o), final if output_final_state else None
+
+    kernel.__doc__ = doc
+    return kernel
+
+
+# issue 29: a kernel skipping the decay on the tokens of a partial last chunk (right on every chunk-multiple
+# length), and one restarting from a zero state every 1024 tokens (right on every short length).
+fla_undecayed_tail = _flawed("undecayed_tail", "``fla_style`` leaving the tokens of a partial last chunk undecayed.")
+fla_lost_carry = _flawed("lost_carry", "``fla_style`` restarting from a zero state every 1024 tokens.")
 
 
 def leaky_varlen(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -99,7 +119,15 @@ def caller_scaled_style(q, k, v, g, beta, initial_state=None, output_final_state
 
 
 # The base kernels' declaration; on_torch's and writing's kernels inherit it (functools.wraps copies __dict__).
-for _kernel in (fla_style, leaky_varlen, hf_style, v_first_style, caller_scaled_style):
+for _kernel in (
+    fla_style,
+    leaky_varlen,
+    hf_style,
+    v_first_style,
+    caller_scaled_style,
+    fla_undecayed_tail,
+    fla_lost_carry,
+):
     _kernel.gdn_spec_capabilities = dict(CAPS)
 
 
@@ -164,10 +192,20 @@ fla_writes_query_then_raises = writing(fla_style, "q", then_raise=True)
 torch_fla_style = on_torch(fla_style)
 torch_hf_style = on_torch(hf_style)
 torch_caller_scaled_style = on_torch(caller_scaled_style)
+torch_fla_undecayed_tail = on_torch(fla_undecayed_tail)
+torch_fla_lost_carry = on_torch(fla_lost_carry)
 torch_hf_writes_query = writing(torch_hf_style, "query")
 torch_caller_scaled_writes_query = writing(torch_caller_scaled_style, "q")
 torch_fla_writes_key = writing(torch_fla_style, "k")
 torch_fla_writes_key_then_raises = writing(torch_fla_style, "k", then_raise=True)
+
+
+def fla_returns_three(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """``fla_style`` returning (o, final_state, None): the adapter must say how many items came back."""
+    return (*fla_style(q, k, v, g, beta, scale, initial_state, output_final_state), None)
+
+
+fla_returns_three.gdn_spec_capabilities = dict(CAPS)
 
 
 class ScaleTwice(Glue):
@@ -205,7 +243,8 @@ def _adapted(kernel, glue_type: type[Glue], **conventions: str):
 BROKEN_ADAPTERS = {
     "scale_twice": (_adapted(fla_style, ScaleTwice), ("numerics",), "float32 and random"),
     "tiled_heads": (_adapted(hf_style, TiledHeads, scale="internal", gqa="repeat"), ("head_mapping",), ""),
-    "transposed_state": (_adapted(fla_style, TransposedState), ("numerics",), "float32 and initial_state"),
+    # (not the long cases: at Dk != Dv the transposed state breaks the kernel before any number is compared)
+    "transposed_state": (_adapted(fla_style, TransposedState), ("numerics",), "float32 and initial_state and not long"),
 }
 for _name, (_fn, _areas, _k) in BROKEN_ADAPTERS.items():
     globals()[_name] = _fn

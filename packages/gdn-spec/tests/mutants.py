@@ -19,6 +19,9 @@ from gdn_spec.regimes import NUMPY_DTYPES
 
 CAPS = {"max_work": 1 << 22}
 PREFIX_CHUNK = 64  # the chunk of the prefix-difference flaw (neumann's; schur's 128 fails the same way)
+# The "lost_carry" kernel restarts from a zero state every 1024 tokens (8 schur chunks: one group at the default
+# group size), as a compiled loop over groups losing its carry between iterations would.
+LOST_CARRY_TOKENS = 1024
 # Head sizes of the "head_dims_16_64" kernel: two of the suite's drawn sizes, so its numerics still run.
 LIMITED_HEAD_DIMS = (16, 64)
 
@@ -55,11 +58,15 @@ def recurrence(
     elif flaw == "clamp_g_at_minus_5":
         g = np.maximum(g, -5.0)
     v, alpha, b = v.astype(np.float64), np.exp(g.astype(np.float64)), beta.astype(np.float64)
+    if flaw == "undecayed_tail":  # the tokens of a partial last (64-token) chunk keep the state undecayed
+        alpha[..., q.shape[2] - q.shape[2] % PREFIX_CHUNK :] = 1.0
     if flaw == "beta_ignored":
         b = np.ones_like(b)
     S = state.astype(np.float64)
     out = np.empty(v.shape)
     for t in range(q.shape[2]):
+        if flaw == "lost_carry" and t and t % LOST_CARRY_TOKENS == 0:
+            S = np.zeros_like(S)
         a, kt, qt = alpha[:, :, t, None, None], k[:, :, t], q[:, :, t]
         before = S
         if flaw == "pre_decay_delta":  # the delta reads the state before the decay
@@ -262,6 +269,8 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "cumsum_gates_in_place": (make(api="cumsum_gates_in_place"), ("aliasing",), ""),
     "new_state_nans_supplied": (make(api="new_state_nans_supplied"), ("aliasing",), ""),
     "chunk_edge_reset": (make("chunk_edge_reset"), ("varlen",), ""),
+    # issue 29: exact for 1024 tokens, then a zero state (no short draw reaches a second group at group size 8).
+    "lost_carry": (make("lost_carry"), ("numerics",), "long and float32 and model_gates"),
     # packed documents leaking into the next one (its output wrong, its final state, the leak decayed out, right),
     # and right outputs with the final states in the wrong rows: the varlen failure must name what failed.
     "varlen_leak": (make("varlen_leak"), ("varlen",), ""),
@@ -323,6 +332,14 @@ def warns_on_huge_gates(**call: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 warns_on_huge_gates.gdn_spec_capabilities = {**CAPS, "name": "mutant:warns_on_huge_gates"}
+
+
+def returns_three_items(**call: Any) -> tuple[np.ndarray, np.ndarray, None]:
+    """The correct base returning (out, state, None): the suite must say how many items came back."""
+    return (*CORRECT(**call), None)
+
+
+returns_three_items.gdn_spec_capabilities = {**CAPS, "name": "mutant:returns_three_items"}
 
 for _name, (_fn, _areas, _k) in FLAWS.items():
     globals()[_name] = _fn

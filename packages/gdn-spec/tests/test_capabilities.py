@@ -44,6 +44,7 @@ BAD = [
     ({"varlen": "yes"}, ("varlen='yes'", "must be a bool", "write True without quotes", "cu_seqlens")),
     ({"varlen": None}, ("varlen=None", "must be a bool")),
     ({"fixed_scale": 1}, ("fixed_scale=1", "must be a bool", "Dk**-0.5")),
+    ({"any_seq_len": "yes"}, ("any_seq_len='yes'", "must be a bool", "chunk multiple")),
     ({"equal_head_dims": "yes"}, ("equal_head_dims='yes'", "must be a bool", "Dk == Dv")),
     ({"inexpressible_rules": "recurrent_state.writable"}, ("inexpressible_rules=", "not a bare string")),
     ({"inexpressible_rules": ("no.such_rule",)}, ("'no.such_rule', which is not one of",)),

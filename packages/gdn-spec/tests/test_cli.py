@@ -197,3 +197,35 @@ def test_help_says_how_to_check_a_kernel_of_the_current_directory(capsys: pytest
         main(["check", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "PYTHONPATH=. gdn-spec check my_kernel:gdn_cte (the current directory is not on sys.path" in out, out
+
+
+def test_a_module_failing_at_import_is_one_line_and_exit_2(
+    console_script_cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kernel module raising anything but ImportError at import gave a raw traceback and exit 1 (the code of a
+    failed kernel): now the ImportError's one line — the module and the exception — and its exit code 2."""
+    (console_script_cwd / "raising_kernel.py").write_text("raise RuntimeError('no device found')\n")
+    monkeypatch.syspath_prepend(str(console_script_cwd))
+    assert main(["check", "raising_kernel:gdn_cte"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "gdn-spec: cannot import 'raising_kernel' for 'raising_kernel:gdn_cte': importing it raised RuntimeError: "
+        "no device found\n"
+    ), err
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "expected"),
+    [
+        ("mutants:returns_three_items", (), "gdn_cte must return (out, final_state); got a tuple of 3 items"),
+        ("adapter_kernels:fla_returns_three", ("--adapter", "fla"), "returns (o, final_state); got a tuple of 3 items"),
+    ],
+)
+def test_a_wrong_arity_return_is_reported_with_its_length(
+    spec: str, extra: tuple[str, ...], expected: str, tmp_path: Path
+) -> None:
+    """A 3-tuple was reported as "got tuple", which reads as the right type."""
+    result = check(spec, ("determinism",), "", tmp_path, extra=extra)
+    failures = result["summary"]["failures"]
+    assert result["code"] == 1 and failures, result["output"]
+    assert all(expected in message for message in failures.values()), failures

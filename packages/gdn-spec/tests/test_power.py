@@ -164,7 +164,7 @@ FEWER_LANES = {
         "test_mask_pack.py::test_schur_rejects_bad_pack[one-entry-changed-schur]",
         "test_aliasing.py::test_supplied_state_updated_in_place[float32-schur]",
         "test_divisibility.py::test_sequence_length[schur-S192-reject]",
-        "test_chunk_boundary.py::test_one_call_equals_two[float32-random-C5-first3-group2-schur]",
+        "test_chunk_boundary.py::test_one_call_equals_two[float32-C5-first3-group2-model_gates-schur]",
         "test_neumann.py::test_rejects_supplied_state[float32-random-neumann]",
         "test_determinism.py::test_bitwise_repeatable[neumann-bfloat16]",
         "test_varlen.py::test_sequences_ending_inside_a_chunk_match_the_oracle[float32-zero-start-schur]",

@@ -6,12 +6,15 @@ stops early and is reported; restrictions are reported as left out."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
 from adapter_kernels import BROKEN_ADAPTERS
 from gdn_spec.cli import parse_args
+from gdn_spec.regimes import REGIMES
+from mutants import LOST_CARRY_TOKENS
 from test_power import check
 
 
@@ -42,6 +45,60 @@ def test_correct_glue_passes_the_same_runs(spec: str, adapter: str, areas, keywo
     assert result["code"] == 0, result["output"]
     summary = result["summary"]
     assert summary["totals"].get("passed", 0) > 0 and "fla adapter" in summary["run"]["via"]
+
+
+TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+# (kernel, adapter arguments, what it gets wrong): issue 29's two classes, as numpy and torch kernels. Every short
+# draw of the suite passed both (no draw reached 1024 tokens; a seq-first kernel never saw a partial chunk).
+LONG_AND_RAGGED = [
+    ("mutants:lost_carry", (), "lost_carry"),
+    ("adapter_kernels:fla_lost_carry", ("--adapter", "fla"), "lost_carry"),
+    ("adapter_kernels:fla_undecayed_tail", ("--adapter", "fla"), "undecayed_tail"),
+    pytest.param(
+        "adapter_kernels:torch_fla_lost_carry", ("--adapter", "fla-torch", "--device", "cpu"), "lost_carry", marks=TORCH
+    ),
+    pytest.param(
+        "adapter_kernels:torch_fla_undecayed_tail",
+        ("--adapter", "fla-torch", "--device", "cpu"),
+        "undecayed_tail",
+        marks=TORCH,
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "extra", "flaw"), LONG_AND_RAGGED)
+def test_a_lost_carry_and_an_undecayed_ragged_tail_fail_the_math_profile(
+    spec: str, extra: tuple[str, ...], flaw: str, tmp_path: Path
+) -> None:
+    """A kernel exact for 1024 tokens that then restarts from a zero state, and a seq-first kernel leaving the
+    tokens of a partial last chunk undecayed, fail the numerics area under the math profile, each long-sequence
+    failure naming the regime and the length (for a seq-first kernel, a length ending inside a chunk)."""
+    result = check(spec, ("numerics",), "long", tmp_path, extra=(*extra, "--profile", "math"))
+    failures = result["summary"]["failures"]
+    assert result["code"] == 1 and failures, result["output"]
+    long_failures = [m for t, m in failures.items() if "test_long_sequences_match_oracle" in t]
+    assert long_failures, failures
+    seq_first = "--adapter" in extra
+    for message in long_failures:
+        found = re.search(r"long sequence, (\w+), S=(\d+) tokens", message)
+        assert found and found[1] in REGIMES, message
+        length = int(found[2])
+        assert length > 2 * LOST_CARRY_TOKENS and (length % 64 != 0) == seq_first, message
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra"),
+    [
+        ("adapter_kernels:fla_style", ("--adapter", "fla")),
+        pytest.param("adapter_kernels:torch_fla_style", ("--adapter", "fla-torch", "--device", "cpu"), marks=TORCH),
+    ],
+)
+def test_correct_kernels_pass_the_long_and_ragged_draws(spec: str, extra: tuple[str, ...], tmp_path: Path) -> None:
+    """The correct seq-first kernel passes the whole numerics area: its short draws end inside chunks too."""
+    result = check(spec, ("numerics",), "", tmp_path, extra=(*extra, "--profile", "math"))
+    assert result["code"] == 0, result["output"]
+    outcomes = result["summary"]["outcomes"]
+    assert sum(o == "passed" for t, o in outcomes.items() if "test_long_sequences" in t) == 10, outcomes
 
 
 def test_varlen_area(tmp_path: Path) -> None:

@@ -111,9 +111,11 @@ def test_measured_condition_separates_well_and_ill_conditioned_regimes() -> None
 def test_huge_gates_sit_mid_chunk_among_normal_ones() -> None:
     g = make_case("huge_gates", GEO, "float32", 9).kernel["g_log"]
     huge = g <= HUGE_GATES[0]
-    positions = np.nonzero(huge)[-1]
-    assert np.any(positions % 64 != 0)  # mid-chunk, not only at chunk starts
     assert np.all(huge.reshape(*huge.shape[:-1], -1, 64).any(axis=-1))  # at least one in every 64 tokens
+    # The gates below -1e4 are the per-64-token ones (the alternating stretch is -1e4 itself): every one sits past
+    # a chunk's first token. Asked of all huge gates, the stretch alone passed a regime putting the rest at starts.
+    deeper = np.nonzero(g < HUGE_GATES[0])[-1]
+    assert deeper.size >= huge.shape[-1] // 64 and np.all(deeper % 64 != 0), deeper % 64
     assert np.any(g < -1e29) and np.any(g == -88.0) and np.mean(g > -1) > 0.5  # mostly normal gates
 
 

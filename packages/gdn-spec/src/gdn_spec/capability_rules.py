@@ -205,6 +205,7 @@ CHECKS: dict[str, Callable[[str, Any], Any]] = {
     ),
     "inexpressible_rules": _names(_RULE_IDS, "('recurrent_state.writable',)", "none"),
     "varlen": _flag("True when the kernel accepts cu_seqlens, else leave the key out"),
+    "any_seq_len": _flag("True when a dense call takes any S, not only a chunk multiple, else leave the key out"),
     "fixed_scale": _flag("True when the kernel applies Dk**-0.5 itself and takes no scale, else leave the key out"),
 }
 

@@ -58,6 +58,9 @@ class Capabilities:
             their rejection cases are skipped with the reason.
         varlen (bool): it accepts ``cu_seqlens`` (int64 ``[N + 1]``, B = 1, one initial state per sequence),
             checked by the ``varlen`` area.
+        any_seq_len (bool): a dense call accepts any S >= 1, not only the algorithm's chunk multiple (a seq-first
+            kernel pads or masks its last chunk itself; set by the seq-first adapters). Numerics draws then end
+            inside a chunk (a ragged tail) as well as on a chunk edge, and the long draws always do.
         fixed_scale (bool): it applies Dk**-0.5 itself and cannot be given another scale (HF's
             ``torch_*_gated_delta_rule``; set by the ``scale=internal`` adapters); True skips the test of a
             caller's scale.
@@ -81,6 +84,7 @@ class Capabilities:
     state_in_place: bool = True
     inexpressible_rules: tuple[str, ...] = ()
     varlen: bool = False
+    any_seq_len: bool = False
     fixed_scale: bool = False
     set_by_adapter: tuple[str, ...] = ()
 

@@ -40,6 +40,16 @@ _EXPLANATION_NOISE = re.compile(r"^\s*(?:\+\s+where\b|\+\s+and\b)")
 _EXPLANATION_TAIL = re.compile(r"^\s*(?:Use -v to get|Full diff:)")
 
 
+def returned_kind(result: Any) -> str:
+    """What a kernel returned, for the message refusing it: "a tuple of 3 items", "a list of 2 items", "ndarray".
+
+    A kernel returning (out, state, extra) was told it returned "tuple", which reads as the right type."""
+    if isinstance(result, (tuple, list)):
+        items = len(result)
+        return f"a {type(result).__name__} of {items} item{'' if items == 1 else 's'}"
+    return type(result).__name__
+
+
 def failure_message(report: Any, limit: int = FAILURE_CHARS) -> str:
     """The failure's own message, on one line.
 

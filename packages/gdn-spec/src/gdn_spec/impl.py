@@ -38,6 +38,10 @@ def load(spec: str) -> Implementation:
     except ImportError as exc:
         hint = _current_directory_hint(spec, exc)
         raise ImplementationError(f"cannot import {module_name!r} for {spec!r}: {exc}{hint}") from exc
+    except Exception as exc:  # the module's own code failed at import: the same one line, the same exit code
+        raise ImplementationError(
+            f"cannot import {module_name!r} for {spec!r}: importing it raised {type(exc).__name__}: {exc}"
+        ) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ImplementationError(f"{spec!r}: {type(obj).__name__} {obj!r} has no attribute {part!r}")

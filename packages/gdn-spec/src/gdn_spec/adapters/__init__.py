@@ -116,8 +116,9 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
             validates_arguments=False,
             state_in_place=False,
             varlen=conventions.takes_cu_seqlens,
+            any_seq_len=True,  # FLA's and HF's kernels take any T (the last chunk padded or masked inside)
             fixed_scale=conventions.scale == "internal",
-            set_by_adapter=("validates_arguments", "state_in_place", "varlen", "fixed_scale"),
+            set_by_adapter=("validates_arguments", "state_in_place", "varlen", "any_seq_len", "fixed_scale"),
         )
         label = f"{name} adapter ({conventions.describe()}){io_label}"
         names = kernel_names(impl.fn)

@@ -20,6 +20,7 @@ import numpy as np
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 
 from ..core import ImplementationError
+from ..failures import returned_kind
 from .handoff import ArrayIO, Handoff
 
 # gdn_cte's argument -> the seq-first kernel's name for it (FLA's signature: q, k, v positionally, then keywords).
@@ -246,7 +247,7 @@ def wrap_seq_first(
             kwargs["output_final_state"] = True
             result = fn(*(handoff.to_kernel(caller, seq_first(x)) for caller, x in positional), **kwargs)
         if not isinstance(result, tuple) or len(result) != 2:
-            raise TypeError(f"a seq-first kernel returns (o, final_state); got {type(result).__name__}")
+            raise TypeError(f"a seq-first kernel returns (o, final_state); got {returned_kind(result)}")
         out, final = result
         if final is None:
             raise TypeError("the kernel returned final_state=None although output_final_state=True was passed")

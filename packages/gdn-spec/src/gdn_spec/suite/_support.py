@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -11,18 +11,20 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from gdn_ref.constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.constants import ALGORITHM_NEUMANN, ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, DEFAULT_GROUP_SIZE
 from gdn_ref.masks import build_mask_pack
 
 from ..contract import geometry_of
+from ..failures import returned_kind
 from ..impl import Capabilities, Implementation
 from ..metrics import Error, describe
 from ..plugin import note_substitution
 from ..regimes import EQUAL_HEAD_GEOMETRIES, GROUP_SIZES, HEAD_DIMS, HEAD_GEOMETRIES, Case, Geometry
 
 NUMERICS_PROPERTY = "gdn_numerics"
-# Longest draws, in chunks: schur 7 chunks = 3 groups of 2 plus a partial group (group_size 2), or 2 groups of
-# 3 plus one; neumann 8 chunks = 512 tokens. Long enough for state carry, short enough for a 2-core CI.
+# Longest short draws, in chunks: schur 7 chunks = 3 groups of 2 plus a partial group (group_size 2), or 2 groups
+# of 3 plus one; neumann 8 chunks = 512 tokens. Long enough for state carry at every head size, short enough for a
+# 2-core CI; several full groups at the default group size are the long cases' (``LONG_CASES``).
 MAX_CHUNKS = {ALGORITHM_SCHUR: 7, ALGORITHM_NEUMANN: 8}
 # Default per-call budget of drawn shapes, B·Hv·S·Dk·Dv (e.g. 1·4·512·64·128): the float64 oracle and a numpy
 # reference take about a second there on one core. A kernel's declared max_work can only lower it.
@@ -67,7 +69,7 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
         pytest.fail(f"the call changed the caller's `{shown}`{aka}: {_read_only_rule(impl, name, shown)}",
                     pytrace=False)  # fmt: skip
     if not isinstance(result, tuple) or len(result) != 2:
-        pytest.fail(f"gdn_cte must return (out, final_state); got {type(result).__name__}")
+        pytest.fail(f"gdn_cte must return (out, final_state); got {returned_kind(result)}", pytrace=False)
     out, state = result
     return np.asarray(out), state if isinstance(state, np.ndarray) else np.asarray(state)
 
@@ -198,16 +200,87 @@ def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometr
     Hk, Hv = draw(st.sampled_from(HEAD_GEOMETRIES if algorithm == ALGORITHM_SCHUR else EQUAL_HEAD_GEOMETRIES))
     chunks = draw(st.integers(1, MAX_CHUNKS[algorithm]))
     head_dims = drawable_head_dims(caps)
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    # A kernel taking any S gets lengths ending inside a chunk too: real prompts are almost never chunk multiples.
+    tail = draw(st.integers(0, chunk - 1)) if caps.any_seq_len else 0
     geometry = Geometry(
         B=draw(st.integers(1, 2)),
         Hk=Hk,
         Hv=Hv,
-        S=chunks * CHUNK_BY_ALGORITHM[algorithm],
+        S=chunks * chunk - tail,
         Dk=(Dk := draw(st.sampled_from(head_dims))),
         # An implementation without Dk ≠ Dv is drawn at Dv = Dk (its other draws are unchanged).
         Dv=Dk if caps.equal_head_dims else draw(st.sampled_from(head_dims)),
     )
     return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
+
+
+@dataclass(frozen=True)
+class LongCase:
+    """One long sequence every run checks, whatever the example budget: many chunks at a few small lanes.
+
+    Attributes:
+        regime (str): the input regime (``REGIMES``).
+        chunks (int): schur chunks of 128 tokens (neumann runs the same tokens in 64-token chunks).
+        group_size (int): schur's chunks per group (8 is the default a serving stack runs).
+        geometry (Geometry): B, Hk, Hv, Dk, Dv of the call (S is ``chunks`` · 128, less ``RAGGED_TAIL`` for a
+            kernel taking any S).
+    """
+
+    regime: str
+    chunks: int
+    group_size: int
+    geometry: Geometry
+
+    @property
+    def id(self) -> str:
+        return f"{self.regime}-{self.chunks}chunks-group{self.group_size}"
+
+
+# Long draws: a state carried across many chunks and groups (a compiled loop losing its carry after N iterations,
+# accumulation drift). Two full groups at the default group size and a partial one (17 chunks = 2176 tokens), 40
+# chunks (5120 tokens, five groups) at one lane, and 20 chunks in groups of 3 from an incoming state; cheap at a
+# few lanes and small head dims (the oracle and a numpy kernel take ~0.1 s per case, gdn-nki's simulation ~0.6 s).
+LONG_CASES = (
+    LongCase("model_gates", 17, 8, Geometry(1, 1, 2, 0, 32, 16)),
+    LongCase("zero_gate", 40, 8, Geometry(1, 1, 1, 0, 16, 16)),
+    LongCase("initial_state", 20, 3, Geometry(2, 1, 1, 0, 16, 32)),
+)
+# Tokens short of a chunk multiple in a long draw for a kernel taking any S: 2176 - 37 = 2139 = 33·64 + 27, a
+# partial last chunk for either algorithm.
+RAGGED_TAIL = 37
+
+
+def long_geometry(caps: Capabilities, case: LongCase, algorithm: str) -> Geometry:
+    """The geometry of a long case for this implementation, or a skip naming the limit it cannot meet.
+
+    Args:
+        caps (Capabilities): what the implementation declares.
+        case (LongCase): the long sequence to run.
+        algorithm (str): "schur" or "neumann" (which needs Hk == Hv: the case's value heads get a key head each).
+
+    Returns:
+        Geometry: the case's S (less ``RAGGED_TAIL`` under ``any_seq_len``) at the nearest supported head dims and
+        within max_lanes (``supported``); above max_work, at the smallest drawable head dims and one lane first —
+        the length is the point of the case, the lanes and head dims are not.
+
+    Notes:
+        A kernel declaring a max_seq_len below the case's S is skipped naming it, never run shorter: a short run
+        would pass the case without checking what it is for.
+    """
+    S = case.chunks * CHUNK_SCHUR - (RAGGED_TAIL if caps.any_seq_len else 0)
+    Hk = case.geometry.Hv if algorithm == ALGORITHM_NEUMANN else case.geometry.Hk
+    geometry = supported(caps, replace(case.geometry, Hk=Hk, S=S), shrink_lanes=True)
+    if caps.max_work is not None and geometry.work > caps.max_work:
+        smallest = min(drawable_head_dims(caps))
+        cheaper = replace(geometry, B=1, Hk=1, Hv=1, Dk=smallest, Dv=smallest)
+        note_substitution(
+            f"ran at B=1, Hk=1, Hv=1, Dk=Dv={smallest} instead of {geometry}: {caps.name}: "
+            f"B·Hv·S·Dk·Dv={geometry.work} exceeds its declared max_work={caps.max_work}"
+        )
+        geometry = cheaper
+    require_fits(caps, geometry)
+    return geometry
 
 
 def supported(caps: Capabilities, geometry: Geometry, *, shrink_lanes: bool = False) -> Geometry:

@@ -3,6 +3,8 @@ the state — wherever the split falls relative to chunk and group boundaries.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -13,8 +15,22 @@ from gdn_spec.regimes import Geometry, make_case
 
 from ._support import assert_close, call_args, fixed_shape, run
 
-# (chunks in total, chunks in the first call, group_size): splits before, inside and after a group boundary.
-SPLITS = [(2, 1, 8), (3, 1, 2), (3, 2, 2), (5, 3, 2), (4, 2, 3)]
+# (chunks in total, chunks in the first call, group_size, regime): splits before, inside and after a group boundary,
+# and after two full groups at the default group size. Each split runs one of the two regimes, alternating (the
+# regimes are sampled over the splits, not crossed with them: each still meets group sizes 2 and 8).
+SPLITS = [
+    (2, 1, 8, "random"),
+    (3, 1, 2, "model_gates"),
+    (3, 2, 2, "random"),
+    (5, 3, 2, "model_gates"),
+    (4, 2, 3, "random"),
+    (17, 16, 8, "model_gates"),
+]
+# The split's lanes and head dims: GQA and Dk != Dv up to 5 chunks; one lane pair of small heads beyond (the long
+# split checks the carry after two full groups, cheaply).
+GEOMETRY = Geometry(1, 2, 4, 0, 32, 16)
+LONG_GEOMETRY = Geometry(1, 1, 2, 0, 16, 16)
+LONG_SPLIT_CHUNKS = 8
 
 
 def _token_slice(args: dict, start: int, stop: int, state: np.ndarray) -> dict:
@@ -28,11 +44,11 @@ def _token_slice(args: dict, start: int, stop: int, state: np.ndarray) -> dict:
 
 
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])  # needs a supplied state to carry
-@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"C{s[0]}-first{s[1]}-group{s[2]}")
-@pytest.mark.parametrize("regime", ["random", "model_gates"])
-def test_one_call_equals_two(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, split, regime: str) -> None:
-    chunks, first, group_size = split
-    geometry = fixed_shape(gdn_impl.capabilities, Geometry(1, 2, 4, chunks * CHUNK_SCHUR, 32, 16), shrink_lanes=True)
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"C{s[0]}-first{s[1]}-group{s[2]}-{s[3]}")
+def test_one_call_equals_two(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, split) -> None:
+    chunks, first, group_size, regime = split
+    shape = LONG_GEOMETRY if chunks > LONG_SPLIT_CHUNKS else GEOMETRY
+    geometry = fixed_shape(gdn_impl.capabilities, replace(shape, S=chunks * CHUNK_SCHUR), shrink_lanes=True)
     case = make_case(regime, geometry, gdn_dtype, chunks * 10 + first, supply_state=True)
     whole = call_args(case, gdn_algorithm, group_size)
     initial = whole["recurrent_state"].copy()

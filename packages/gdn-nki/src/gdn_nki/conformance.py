@@ -1,0 +1,55 @@
+"""gdn-nki as one gdn-spec implementation for both of its launch paths: dense calls and packed sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+
+from .backend import BACKEND_NAME
+from .host import prefill_varlen, simulate
+
+
+def simulate_with_varlen(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    g_log: np.ndarray,
+    beta: np.ndarray,
+    scale: float = 1.0,
+    algorithm: str = DEFAULT_ALGORITHM,
+    mask_pack: np.ndarray | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    recurrent_state: np.ndarray | None = None,
+    cu_seqlens: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``simulate`` (``gdn_cte``), or with ``cu_seqlens`` ``prefill_varlen`` (``gdn_cte_varlen``, one launch).
+
+    Dimensions:
+        As ``simulate``; with ``cu_seqlens`` [N + 1], B = 1 and the sequences packed along S (any lengths).
+
+    Args:
+        query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state: as ``simulate``;
+            with ``cu_seqlens``, ``recurrent_state`` is [N, Hv, Dk, Dv] (row i = sequence i), as ``prefill_varlen``.
+        cu_seqlens: None (a dense call), or int [N + 1] sequence offsets, 0 = cu_seqlens[0] < ... = S.
+
+    Returns:
+        tuple: (out, final state) of the path taken; a supplied state is that array, updated in place.
+
+    Notes:
+        gdn-spec's ``varlen`` area calls gdn_cte's signature with ``cu_seqlens``: ``simulate`` takes none, so
+        registered alone the varlen kernel went unchecked by ``nox -s conformance``. This callable runs every
+        other area through ``simulate`` unchanged and the varlen area through ``prefill_varlen``.
+    """
+    if cu_seqlens is None:
+        return simulate(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    return prefill_varlen(
+        query, key, value, g_log, beta, cu_seqlens, scale, algorithm, mask_pack, group_size, recurrent_state
+    )
+
+
+simulate_with_varlen.gdn_spec_capabilities = {  # read by gdn-spec's conformance suite
+    **simulate.gdn_spec_capabilities,
+    "name": f"gdn-nki ({BACKEND_NAME}; simulate, prefill_varlen with cu_seqlens)",
+    "varlen": True,
+}
