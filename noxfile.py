@@ -137,13 +137,15 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_qwen3_next.py",
     "packages/gdn-nki/tests/test_torch_decode.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
+    "packages/gdn-nki/tests/test_serve_qwen3_next.py",
 )
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """gdn-nki in PyTorch model code: torch tensors at the host entry points, the FLA-compatible entry point
-    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path."""
+    (varlen, state pools, bad input), a Qwen3-Next layer and model against HF's own torch path, and a serving loop
+    (continuous batching, speculative decoding, prefix cache) token for token against HF."""
     _install_repo(session, *INTEGRATION_DEPS)
     session.run("pytest", "-n", _xdist_workers(), "-q", *INTEGRATION_TESTS, *session.posargs, env=SINGLE_THREAD_BLAS)
 
