@@ -22,6 +22,7 @@ agreement is reported (first divergence, token match rate).
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ from serving.model import PackedQwen3Next
 from serving.pool import StatePool, check
 
 LOGIT_TOLERANCE = 1e-4  # fp32
+# What one trace covers: decode's indices are device data; today's varlen prefill takes the packed layout (each
+# sequence's chunk count) at trace time, so it traces once per distinct layout until bucketed prefill lands.
+TRACE_UNIT = {"gdn_step": "one per (N, T) bucket", "gdn_cte_varlen": "one per packed layout, not yet per bucket"}
 
 
 def build_model(dtype: torch.dtype, seed: int = 0) -> Qwen3NextForCausalLM:
@@ -139,7 +143,8 @@ def summary(engine: Engine, traces: dict, verdicts: list[Verdict], dtype: str) -
         "tokens accepted",
     ]
     for name, t in sorted(traces.items()):
-        lines.append(f"  kernel {name}: {t['launches']} launches, {t['traces']} distinct trace-time signatures")
+        lines.append(f"  kernel {name}: {t['launches']} launches, {t['traces']} distinct trace-time signatures "
+                     f"({TRACE_UNIT.get(name, 'per shape')})")  # fmt: skip
     for v in verdicts:
         lines.append(f"  request {v.rid:2d}: {v.tokens:3d} tokens, match {v.matched / v.tokens:6.1%}, first divergence "
                      f"{'-' if v.first_divergence is None else v.first_divergence}, max |logit diff| to it {v.max_logit_error:.1e}")  # fmt: skip
@@ -152,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompt", type=int, default=300)
     parser.add_argument("--max-new", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block", type=int, default=Config.block, help="prefill chunk / prefix-cache block")
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     args = parser.parse_args(argv)
     ok = True
     for dtype in args.dtype:
         requests = workload(args.requests, args.max_prompt, args.max_new, args.seed)
-        engine, traces = serve(dtype, requests, Config())
+        engine, traces = serve(dtype, requests, Config(block=args.block), log=functools.partial(print, flush=True))
         verdicts = judge(build_model(getattr(torch, dtype)), requests)
         print("\n".join(summary(engine, traces, verdicts, dtype)))
         matched = sum(v.matched for v in verdicts)

@@ -155,10 +155,9 @@ class Engine:
         tokens = self._prefill(self._in("prefill")[: self.config.max_prefill_seqs])
         tokens += self._decode(decoding)
         self.pool.audit()
-        entry_hits = sum(e.hits for e in self.prefix.values())
         self.log(f"step {self.step_no:3d}  running {len(self._in('prefill', 'decode')):2d}  waiting "
                  f"{len(self._in('waiting')):2d}  tokens {tokens:4d}  pool rows {self.pool.in_use:3d}/"
-                 f"{len(self.pool.owner)}  cache hits {self.stats['cache_hits']} (live entries' hits {entry_hits})")  # fmt: skip
+                 f"{len(self.pool.owner)}  cache hits {self.stats['cache_hits']}")  # fmt: skip
         self.step_no += 1
 
     def _prefill(self, batch: list[Request]) -> int:
