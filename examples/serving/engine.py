@@ -107,10 +107,13 @@ class Engine:
         if end % self.config.block or end >= len(r.prompt) or key in self.prefix:
             return None
         if len(self.prefix) >= self.config.cache_entries:
-            complete = [k for k, e in self.prefix.items() if e.conv]  # not one being written this step
-            if not complete:
+            # Leaves first (as a radix cache): a prefix others extend is worth more than its longest extension.
+            # Least recently used among complete leaves (not one being written this step).
+            leaves = [k for k, e in self.prefix.items() if e.conv and not any(
+                len(other) > len(k) and other[: len(k)] == k for other in self.prefix)]  # fmt: skip
+            if not leaves:
                 return None
-            self._evict(complete[0])
+            self._evict(leaves[0])
         owner = ("cache", r.rid, end)
         try:
             rows = self.pool.allocate(owner, len(self.model.gdn_layers))
