@@ -180,6 +180,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_qwen3_next.py",
     "packages/gdn-nki/tests/test_torch_decode.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
+    "packages/gdn-nki/tests/test_serve_qwen3_next.py",
 )
 # The other packages' tests that skip without torch (the tests session installs none): run here, where it is, selected
 # by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
@@ -193,8 +194,9 @@ TORCH_GATED_SELECTION = "torch or hf_transformers"
 @nox.session
 def integration(session: nox.Session) -> None:
     """gdn-nki in PyTorch model code: torch tensors at the host entry points, the FLA-compatible entry point
-    (varlen, state pools, bad input) and a Qwen3-Next layer and model against HF's own torch path; then the torch
-    tests of nki-cpu (torch tensors as launch arguments) and gdn-spec (the torch adapters, torch mutants)."""
+    (varlen, state pools, bad input), a Qwen3-Next layer and model against HF's own torch path, and a serving loop
+    (continuous batching, speculative decoding, prefix cache) token for token against HF; then the torch tests of
+    nki-cpu (torch tensors as launch arguments) and gdn-spec (the torch adapters, torch mutants)."""
     _install_repo(session, *INTEGRATION_DEPS)
     session.run("pytest", "-n", _xdist_workers(), "-q", *INTEGRATION_TESTS, *session.posargs, env=SINGLE_THREAD_BLAS)
     for paths in TORCH_GATED_TESTS.values():

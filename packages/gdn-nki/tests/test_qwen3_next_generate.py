@@ -5,25 +5,14 @@ without torch and transformers (``nox -s integration`` installs both)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+
+from example_scripts import load_example
 
 torch = pytest.importorskip("torch", reason="torch is not installed (nox -s integration installs it)")
 pytest.importorskip("transformers", reason="transformers is not installed (nox -s integration installs it)")
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "qwen3_next_layer.py"
 PROMPT, NEW_TOKENS = 16, 4
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("qwen3_next_layer", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_greedy_generation_on_gdn_nki_equals_hf_fp32() -> None:
@@ -32,7 +21,7 @@ def test_greedy_generation_on_gdn_nki_equals_hf_fp32() -> None:
     from gdn_nki.torch import chunk_gated_delta_rule
     from gdn_nki.torch_decode import fused_recurrent_gated_delta_rule
 
-    example = _example()
+    example = load_example("qwen3_next_layer")
     hf = example.hf
     torch.manual_seed(0)
     model = Qwen3NextForCausalLM(example.tiny_config()).eval()

@@ -1,0 +1,236 @@
+"""The scheduler: admission into pool rows, packed chunked prefill, one decode call for all running requests
+with speculative verification, a prefix cache, aborts, and a progress line per step."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from .model import PackedQwen3Next, RequestCache, Segment
+from .pool import PoolExhaustedError, StatePool, check
+
+
+@dataclass
+class Request:
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    arrival: int
+    abort_at: int | None = None  # the step at which the client goes away
+    output: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # the row each output token was the argmax of
+    cache: RequestCache | None = None
+    prefilled: int = 0
+    state: str = "waiting"  # waiting, prefill, decode, done, aborted
+    cached_tokens: int = 0
+
+
+@dataclass
+class CacheEntry:
+    rows: dict[int, int]  # GDN layer -> pool row holding the state after the prefix
+    conv: dict
+    kv: dict
+    owner: tuple
+    hits: int = 0
+
+
+@dataclass
+class Config:
+    block: int = 32  # prefill chunks end on multiples of this; prefix-cache checkpoints sit there
+    max_prefill_seqs: int = 4  # segments packed into one prefill call
+    max_running: int = 6
+    spec_tokens: int = 3  # T: tokens verified per request per decode step (1 = no speculation)
+    cache_entries: int = 16
+
+
+class Engine:
+    """Continuous batching over ``PackedQwen3Next``; ``step()`` until ``idle``."""
+
+    def __init__(self, model: PackedQwen3Next, pool: StatePool, config: Config, log=print) -> None:
+        self.model, self.pool, self.config, self.log = model, pool, config, log
+        self.requests: dict[int, Request] = {}
+        self.prefix: OrderedDict[tuple[int, ...], CacheEntry] = OrderedDict()
+        self.step_no = 0
+        self.stats = dict(prefill_tokens=0, cached_tokens=0, cache_hits=0, drafted=0, accepted_drafts=0,
+                          decode_steps=0, prefill_calls=0, aborted=0)  # fmt: skip
+        self.batch_sizes: dict[str, list[int]] = {"prefill": [], "decode": []}  # requests per call, per step
+
+    def submit(self, request: Request) -> None:
+        self.requests[request.rid] = request
+
+    @property
+    def idle(self) -> bool:
+        return all(r.state in ("done", "aborted") for r in self.requests.values())
+
+    def _in(self, *states: str) -> list[Request]:
+        return [r for r in self.requests.values() if r.state in states and r.arrival <= self.step_no]
+
+    # --- admission, prefix cache, release -------------------------------------------------------------------------
+
+    def _admit(self, r: Request) -> bool:
+        try:
+            rows = self.pool.allocate(r.rid, len(self.model.gdn_layers) * self.config.spec_tokens)
+        except PoolExhaustedError:
+            return False
+        width = self.config.spec_tokens
+        r.cache = RequestCache(
+            r.rid, {i: rows[j * width : (j + 1) * width] for j, i in enumerate(self.model.gdn_layers)}
+        )
+        r.state = "prefill"
+        hit = self._longest_prefix(r.prompt)
+        if hit is not None:
+            entry = self.prefix[hit]
+            self.prefix.move_to_end(hit)
+            for i, row in entry.rows.items():  # INTERIM host copy of the checkpoint (see kernels.py)
+                self.pool.assert_owned([row], entry.owner)
+                self.pool.states[r.cache.rows[i][0]] = self.pool.states[row]
+            r.cache.conv = {i: c.clone() for i, c in entry.conv.items()}
+            r.cache.kv = dict(entry.kv.items())
+            r.cache.length = r.prefilled = r.cached_tokens = len(hit)
+            entry.hits += 1
+            self.stats["cache_hits"] += 1
+            self.stats["cached_tokens"] += len(hit)
+        return True
+
+    def _longest_prefix(self, prompt: list[int]) -> tuple[int, ...] | None:
+        """The longest cached block-aligned prefix shorter than the prompt (its last token must still run)."""
+        for end in range(((len(prompt) - 1) // self.config.block) * self.config.block, 0, -self.config.block):
+            if tuple(prompt[:end]) in self.prefix:
+                return tuple(prompt[:end])
+        return None
+
+    def _checkpoint_rows(self, r: Request, end: int) -> dict[int, int] | None:
+        """Pool rows for a checkpoint of ``r``'s prompt at ``end`` (a block boundary), or None."""
+        key = tuple(r.prompt[:end])
+        if end % self.config.block or end >= len(r.prompt) or key in self.prefix:
+            return None
+        if len(self.prefix) >= self.config.cache_entries:
+            # Leaves first (as a radix cache): a prefix others extend is worth more than its longest extension.
+            # Least recently used among complete leaves (not one being written this step).
+            leaves = [k for k, e in self.prefix.items() if e.conv and not any(
+                len(other) > len(k) and other[: len(k)] == k for other in self.prefix)]  # fmt: skip
+            if not leaves:
+                return None
+            self._evict(leaves[0])
+        owner = ("cache", r.rid, end)
+        try:
+            rows = self.pool.allocate(owner, len(self.model.gdn_layers))
+        except PoolExhaustedError:
+            return None
+        self.prefix[key] = CacheEntry(dict(zip(self.model.gdn_layers, rows, strict=True)), {}, {}, owner)
+        return self.prefix[key].rows
+
+    def _evict(self, key: tuple[int, ...]) -> None:
+        entry = self.prefix.pop(key)
+        self.pool.release(entry.owner, list(entry.rows.values()))
+
+    def _release(self, r: Request, state: str) -> None:
+        self.pool.release(r.rid, self.pool.rows_of(r.rid))
+        r.state, r.cache = state, None
+
+    def abort(self, r: Request) -> None:
+        """Free the request's rows and drop the checkpoints it wrote; no other row may change."""
+        untouched = [row for row, o in enumerate(self.pool.owner) if not _belongs(o, r.rid)]
+        before = self.pool.states[untouched].clone()
+        for key in [k for k, e in self.prefix.items() if e.owner[1] == r.rid]:
+            self._evict(key)
+        if r.cache is not None:
+            self._release(r, "aborted")
+        r.state = "aborted"
+        self.stats["aborted"] += 1
+        check(not [o for o in self.pool.owner if _belongs(o, r.rid)], f"aborted request {r.rid} still owns rows")
+        after = self.pool.states[untouched]
+        check(torch.equal(after.nan_to_num(7.0), before.nan_to_num(7.0)), f"aborting {r.rid} changed others' rows")
+
+    # --- one scheduler step ---------------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        for r in self._in("waiting", "prefill", "decode"):
+            if r.abort_at is not None and r.abort_at <= self.step_no:
+                self.abort(r)
+        decoding = self._in("decode")
+        running = len(self._in("prefill", "decode"))
+        for r in self._in("waiting"):
+            if running < self.config.max_running and self._admit(r):
+                running += 1
+        tokens = self._prefill(self._in("prefill")[: self.config.max_prefill_seqs])
+        tokens += self._decode(decoding)
+        self.pool.audit()
+        self.log(f"step {self.step_no:3d}  running {len(self._in('prefill', 'decode')):2d}  waiting "
+                 f"{len(self._in('waiting')):2d}  tokens {tokens:4d}  pool rows {self.pool.in_use:3d}/"
+                 f"{len(self.pool.owner)}  cache hits {self.stats['cache_hits']}")  # fmt: skip
+        self.step_no += 1
+
+    def _prefill(self, batch: list[Request]) -> int:
+        if not batch:
+            return 0
+        segments = []
+        for r in batch:
+            end = min(len(r.prompt), (r.prefilled // self.config.block + 1) * self.config.block)
+            segments.append(Segment(r.cache, r.prompt[r.prefilled : end], self._checkpoint_rows(r, end)))
+        logits = self.model.forward(segments, decode=False)
+        self.batch_sizes["prefill"].append(len(segments))
+        self.stats["prefill_calls"] += 1
+        at = 0
+        for r, s in zip(batch, segments, strict=True):
+            self.model.commit(s, len(s.tokens))
+            at += len(s.tokens)
+            r.prefilled += len(s.tokens)
+            self.stats["prefill_tokens"] += len(s.tokens)
+            if s.checkpoint and tuple(r.prompt[: r.prefilled]) in self.prefix:
+                entry = self.prefix[tuple(r.prompt[: r.prefilled])]
+                entry.conv, entry.kv = r.cache.clone_host_caches()
+            if r.prefilled == len(r.prompt):
+                self._emit(r, [logits[at - 1]])
+                r.state = "decode" if r.state == "prefill" else r.state
+        return sum(len(s.tokens) for s in segments)
+
+    def _decode(self, batch: list[Request]) -> int:
+        if not batch:
+            return 0
+        width = self.config.spec_tokens
+        segments = [Segment(r.cache, [r.output[-1], *self._draft(r, width - 1)]) for r in batch]
+        logits = self.model.forward(segments, decode=True).reshape(len(batch), width, -1)
+        self.batch_sizes["decode"].append(len(segments))
+        self.stats["decode_steps"] += 1
+        for r, s, rows in zip(batch, segments, logits, strict=True):
+            guesses = rows.argmax(-1).tolist()
+            accepted = 1
+            while accepted < width and s.tokens[accepted] == guesses[accepted - 1]:
+                accepted += 1
+            self.stats["drafted"] += width - 1
+            self.stats["accepted_drafts"] += accepted - 1
+            self.model.commit(s, accepted)
+            r.cache.accepted = accepted
+            self._emit(r, list(rows[:accepted]))
+        return len(batch) * width
+
+    def _draft(self, r: Request, count: int) -> list[int]:
+        """Suffix-lookup draft (prompt lookup over every request's tokens, as vLLM's n-gram / suffix decoding):
+        what followed the latest earlier occurrence of the request's last 3, 2 or 1 tokens, padded with the last."""
+        own = r.prompt + r.output
+        histories = [own] + [q.prompt + q.output for q in self.requests.values() if q is not r and q.output]
+        for n in (3, 2, 1):
+            suffix = own[-n:]
+            for history in histories:
+                stop = len(history) - n - (1 if history is own else 0)
+                for at in range(stop, -1, -1):
+                    if history[at : at + n] == suffix:
+                        follow = history[at + n : at + n + count]
+                        return follow + [own[-1]] * (count - len(follow))
+        return [own[-1]] * count
+
+    def _emit(self, r: Request, rows: list[torch.Tensor]) -> None:
+        for row in rows:
+            if len(r.output) < r.max_new_tokens:
+                r.output.append(int(row.argmax()))
+                r.logits.append(row.float().clone())
+        if len(r.output) >= r.max_new_tokens:
+            self._release(r, "done")
+
+
+def _belongs(owner: object, rid: int) -> bool:
+    """A pool owner that is request ``rid`` or a prefix-cache entry it wrote."""
+    return owner == rid or (isinstance(owner, tuple) and owner[1] == rid)

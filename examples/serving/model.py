@@ -1,0 +1,144 @@
+"""HF's Qwen3-Next layers run over a packed batch of request segments, each with its own caches.
+
+Every projection, norm, convolution weight, rotary embedding, attention function and MLP is the HF module's own;
+what this module adds is the bookkeeping HF's single-batch ``Cache`` cannot do for a continuous batch: per request
+a causal-conv1d state and a KV cache (host tensors), and GDN states in rows of the shared pool, reached only
+through ``GdnKernels``. A forward leaves the caches untouched until ``commit`` says how many of a segment's tokens
+were accepted (speculative decoding rolls back the rest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+from .kernels import GdnKernels
+from .pool import StatePool, check
+
+
+@dataclass
+class RequestCache:
+    """One request's caches: conv states and KV per layer, and per GDN layer ``width`` pool rows (row 0 holds the
+    state during prefill; a decode of T tokens writes the state after token t to row t)."""
+
+    rid: int
+    rows: dict[int, list[int]]
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    accepted: int = 1  # the current state is in rows[layer][accepted - 1]
+    length: int = 0  # tokens in the caches
+
+    def clone_host_caches(self) -> tuple[dict, dict]:
+        return (
+            {i: c.clone() for i, c in self.conv.items()},
+            {i: (k.clone(), v.clone()) for i, (k, v) in self.kv.items()},
+        )
+
+
+@dataclass
+class Segment:
+    """Tokens of one request in a packed forward; ``checkpoint`` maps a GDN layer to a prefix-cache row."""
+
+    cache: RequestCache
+    tokens: list[int]
+    checkpoint: dict[int, int] | None = None
+    pending: dict = field(default_factory=dict)
+
+
+class PackedQwen3Next:
+    """``model`` (``Qwen3NextForCausalLM``) over packed segments, its GDN cores on ``kernels``."""
+
+    def __init__(self, model: hf.Qwen3NextForCausalLM, pool: StatePool) -> None:
+        self.model, self.pool = model, pool
+        self.kernels = GdnKernels(pool.states)
+        self.layers = list(model.model.layers)
+        self.gdn_layers = [i for i, layer in enumerate(self.layers) if layer.block_type == "linear_attention"]
+
+    @torch.no_grad()
+    def forward(self, segments: list[Segment], decode: bool) -> torch.Tensor:
+        """Logits [tokens, vocab] of the segments' tokens, in packing order. ``decode``: every segment has the
+        same T tokens and reads its state from row ``accepted - 1`` (else: prefill, row 0 read and written)."""
+        ids = torch.tensor([t for s in segments for t in s.tokens])[None]
+        positions = torch.cat([torch.arange(s.cache.length, s.cache.length + len(s.tokens)) for s in segments])[None]
+        bounds = [0]
+        for s in segments:
+            bounds.append(bounds[-1] + len(s.tokens))
+        h = self.model.model.embed_tokens(ids)
+        rotary = self.model.model.rotary_emb(h, positions)
+        for i, layer in enumerate(self.layers):
+            x = layer.input_layernorm(h)
+            if layer.block_type == "linear_attention":
+                mixed = self._gdn(i, layer.linear_attn, x, segments, bounds, decode)
+            else:
+                mixed = self._attention(i, layer.self_attn, x, rotary, segments, bounds)
+            h = h + mixed
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(self.model.model.norm(h))[0]
+
+    def _gdn(self, i, la, x, segments, bounds, decode) -> torch.Tensor:
+        q, k, v, z, b, a = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
+        mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
+        width = la.conv_kernel_size - 1
+        convolved = []
+        for s, start, end in zip(segments, bounds, bounds[1:], strict=False):
+            state = s.cache.conv.get(i, torch.zeros(mixed.shape[1], width, dtype=mixed.dtype))
+            joined = torch.cat([state, mixed[start:end].T], dim=1)
+            out = hf.causal_conv1d_fn(joined[None], la.conv1d.weight.squeeze(1), la.conv1d.bias, la.activation)
+            convolved.append(out[0, :, width:].T)
+            s.pending[("conv", i)] = joined  # committed as joined[:, accepted : accepted + width]
+        mixed = torch.cat(convolved)[None]
+        q, k, v = torch.split(mixed, [la.key_dim, la.key_dim, la.value_dim], dim=-1)
+        q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
+        v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
+        beta = b.sigmoid()
+        g = -la.A_log.float().exp() * torch.nn.functional.softplus(a.float() + la.dt_bias)
+        for s in segments:
+            self.pool.assert_owned(s.cache.rows[i], s.cache.rid)
+            if s.checkpoint:
+                self.pool.assert_owned([s.checkpoint[i]], ("cache", s.cache.rid, s.cache.length + len(s.tokens)))
+        if decode:
+            rows = [s.cache.rows[i] for s in segments]
+            o = self.kernels.decode(q, k, v, g, beta, [r[: len(segments[0].tokens)] for r in rows],
+                                    [s.cache.accepted for s in segments])  # fmt: skip
+        else:
+            checkpoints = [s.checkpoint[i] if s.checkpoint else None for s in segments]
+            o = self.kernels.prefill(q, k, v, g, beta, bounds, [s.cache.rows[i][0] for s in segments], checkpoints)
+        check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
+        o = la.norm(o.reshape(-1, la.head_v_dim), z.reshape(-1, la.head_v_dim))
+        return la.out_proj(o.reshape(1, o.shape[0] // la.num_v_heads, -1))
+
+    def _attention(self, i, at, x, rotary, segments, bounds) -> torch.Tensor:
+        shape = (*x.shape[:-1], -1, at.head_dim)
+        q, gate = torch.chunk(at.q_proj(x).view(*x.shape[:-1], -1, at.head_dim * 2), 2, dim=-1)
+        q = at.q_norm(q.view(shape)).transpose(1, 2)
+        k = at.k_norm(at.k_proj(x).view(shape)).transpose(1, 2)
+        v = at.v_proj(x).view(shape).transpose(1, 2)
+        q, k = hf.apply_rotary_pos_emb(q, k, *rotary)
+        outs = []
+        for s, start, end in zip(segments, bounds, bounds[1:], strict=False):
+            past_k, past_v = s.cache.kv.get(i, (k[:, :, :0], v[:, :, :0]))
+            keys, values = torch.cat([past_k, k[:, :, start:end]], 2), torch.cat([past_v, v[:, :, start:end]], 2)
+            past, new = past_k.shape[2], end - start
+            allowed = torch.arange(past + new)[None, :] <= torch.arange(past, past + new)[:, None]
+            mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
+            out, _ = hf.eager_attention_forward(at, q[:, :, start:end], keys, values, mask[None, None], at.scaling)
+            outs.append(out)
+            s.pending[("kv", i)] = (keys, values)  # committed as the first past + accepted positions
+        out = torch.cat(outs, dim=1).reshape(*x.shape[:-1], -1)
+        return at.o_proj(out * torch.sigmoid(gate.reshape(*x.shape[:-1], -1)))
+
+    def commit(self, segment: Segment, accepted: int) -> None:
+        """Keep the caches' effect of the segment's first ``accepted`` tokens (its GDN state is in row
+        ``accepted - 1`` after a decode, row 0 after a prefill)."""
+        cache = segment.cache
+        for (kind, i), value in segment.pending.items():
+            if kind == "conv":
+                width = value.shape[1] - len(segment.tokens)
+                cache.conv[i] = value[:, accepted : accepted + width].clone()
+            else:
+                keep = cache.length + accepted
+                cache.kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
+        cache.length += accepted
+        segment.pending.clear()

@@ -1,0 +1,69 @@
+"""The serving loop of ``examples/serve_qwen3_next.py`` on a short stream: continuous batching on one state pool,
+chunked prefill, speculative verification with rollback, prefix-cache hits, aborts — every request's greedy tokens
+HF's own fp32 ones, logits within 1e-4, and the pool's bookkeeping loud when broken. Skipped, with the reason,
+without torch and transformers (``nox -s integration`` installs both)."""
+
+from __future__ import annotations
+
+import pytest
+
+from example_scripts import load_example
+
+torch = pytest.importorskip("torch", reason="torch is not installed (nox -s integration installs it)")
+pytest.importorskip("transformers", reason="transformers is not installed (nox -s integration installs it)")
+
+
+def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
+    example = load_example("serve_qwen3_next")
+    from serving.engine import Config
+
+    requests = example.workload(count=7, max_prompt=70, max_new=10, seed=3)
+    engine, traces = example.serve("float32", requests, Config(), log=lambda line: None)
+    verdicts = example.judge(example.build_model(torch.float32), requests)
+
+    assert verdicts and all(v.first_divergence is None for v in verdicts), verdicts
+    assert max(v.max_logit_error for v in verdicts) <= example.LOGIT_TOLERANCE, verdicts
+    stats = engine.stats
+    # The stream exercised what it is meant to: aborts, cache hits, drafts both accepted and rejected, prompts
+    # longer than one prefill chunk, and pool rows handed to a second owner.
+    assert stats["aborted"] >= 1 and stats["cache_hits"] >= 1, stats
+    assert 0 < stats["accepted_drafts"] < stats["drafted"], stats
+    assert any(len(r.prompt) > 2 * engine.config.block for r in requests)
+    rows = [row for row, _ in engine.pool.allocations]
+    assert len(rows) > len(set(rows)), "no pool row was reused"
+    # One launch per GDN layer per call; decode traced once per (N, T) bucket; prefill once per layout — with
+    # today's trace-time varlen prefill and chunks within one kernel chunk, one per distinct sequence count.
+    gdn_layers = len(engine.model.gdn_layers)
+    for kernel, phase in (("gdn_step", "decode"), ("gdn_cte_varlen", "prefill")):
+        sizes = engine.batch_sizes[phase]
+        assert traces[kernel]["launches"] == len(sizes) * gdn_layers, (kernel, traces)
+        assert traces[kernel]["traces"] == len(set(sizes)), (kernel, traces, sizes)
+
+
+def test_a_row_not_owned_is_refused_and_poison_is_loud() -> None:
+    example = load_example("serve_qwen3_next")
+    from serving.engine import Config, Engine, Request
+    from serving.model import PackedQwen3Next, RequestCache, Segment
+    from serving.pool import StatePool
+
+    from gdn_ref.contract import ContractError
+
+    model = example.build_model(torch.float32)
+    pool = StatePool(8, 4, 32, 64)
+    engine = Engine(PackedQwen3Next(model, pool), pool, Config(spec_tokens=1), log=lambda line: None)
+    engine.submit(Request(0, [1, 2, 3], 5, 0))
+    engine.submit(Request(1, [4, 5], 5, 0, abort_at=1))
+    engine.step()  # both prefilled
+    victim = engine.requests[1].cache.rows[engine.model.gdn_layers[0]][0]
+    engine.step()  # request 1 aborted: its row poisoned, request 0 decoded
+    assert torch.isnan(pool.states[victim]).all() and pool.owner[victim] is None
+
+    # A cache that names a freed row is stopped before any kernel runs ...
+    layer = engine.model.gdn_layers[0]
+    stolen = RequestCache(0, {layer: [victim]}, length=1)
+    with pytest.raises(AssertionError, match=f"pool row {victim} is owned by None"):
+        engine.model.forward([Segment(stolen, [7])], decode=False)
+    # ... and, with the ownership check bypassed, the kernel refuses the poisoned row itself.
+    pool.owner[victim] = 0
+    with pytest.raises(ContractError, match="finite"):
+        engine.model.forward([Segment(stolen, [7])], decode=False)
