@@ -20,7 +20,9 @@ from gdn_ref.masks import N_MASKS, build_mask_pack
 
 from .api import gdn_cte
 from .backend import BACKEND_NAME
+from .bucket import gdn_cte_bucket
 from .host import prefill, prefill_varlen, simulate
+from .serving import configure_buckets, configured_buckets, prefill_bucket
 from .varlen import gdn_cte_varlen
 
 __all__ = [
@@ -37,9 +39,13 @@ __all__ = [
     "N_MASKS",
     "ContractError",
     "build_mask_pack",
+    "configure_buckets",
+    "configured_buckets",
     "gdn_cte",
+    "gdn_cte_bucket",
     "gdn_cte_varlen",
     "prefill",
+    "prefill_bucket",
     "prefill_varlen",
     "simulate",
 ]

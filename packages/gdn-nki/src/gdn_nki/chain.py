@@ -23,6 +23,7 @@ def advance_state(
     dst: State | None = None,
     next_decay: Any = None,
     pending: tuple[Chunk, State] | None = None,
+    boundary: Any = None,
 ) -> State:
     """One link of the sequential chain: h' = e^{γ_last} h + (Tᵀ)ᵀ h + K_decᵀ U, per column block of h, into ``dst``
     (a reused state tile; else a fresh one); with ``pending`` (the previous chunk and its entry state), that chunk's
@@ -52,6 +53,8 @@ def advance_state(
             tiles.combine(new, update, state.decayed[j], nl.add, engine=engines.VECTOR)
         else:
             tiles.scale_add(new, state.blocks[j], chunk.decay_last, update)
+        if boundary is not None:
+            boundary.apply(new, cols)
         if not final:
             following.parts(j)
             if next_decay is not None:

@@ -94,6 +94,7 @@ class Segment:
     initial: State | None = None  # the lane's initial state, loaded with the unit that starts the lane
     entry: State | None = None  # the state the previous unit's chain left (``hand_over``), for the first segment
     start: Any = None
+    first_chunk: Any = None  # with ``start``: the lane's chunk index of ``start`` (a bucket's boundary tables read it)
 
     @property
     def token(self) -> Any:
@@ -103,6 +104,12 @@ class Segment:
     def token_of(self, j: int) -> Any:
         """The first token of the segment's chunk j."""
         return self.token + j * self.lane.chunk
+
+    def chunk_index(self, j: int) -> Any:
+        """The index of the segment's chunk j among its batch row's chunks (an int, or a run-time scalar)."""
+        if self.first_chunk is not None:
+            return self.first_chunk + j
+        return self.lane.offset // self.lane.chunk + self.begin + j
 
 
 @dataclass
@@ -123,6 +130,10 @@ class LaneInputs:
     # line up with the operand stage's), so its later phases queue behind the inverse's and the chain's next steps
     # instead of ahead of them — those are latency-bound and bound the period, the operand stage has slack.
     operand_idle_rounds: int = 0
+    # A bucketed launch's sequence boundaries (``boundaries.ChunkBoundaries``): initial states come from the pool
+    # rows its tables name and every chain link stores and blends at the boundary after it; None: a lane is one
+    # sequence (its initial state from ``recurrent_state``, its final state stored at its end).
+    boundaries: Any = None
 
 
 Unit = list[Segment]
@@ -201,7 +212,13 @@ def load(work: Work, pipe: Pipeline) -> None:
             chunk.place = place
         if seg.starts_lane:
             ring = pipe.rings.get(id(lane))
-            seg.initial = hbm.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
+            dst = ring[0] if ring else None
+            if inputs.boundaries is not None:
+                seg.initial = hbm.initial_state_from(
+                    lambda tile, h=lane.h: inputs.boundaries.initial_state(h, tile), lane, dst
+                )
+            else:
+                seg.initial = hbm.initial_state(inputs.recurrent_state, lane, dst)
 
 
 def prepare_operands(work: Work, idle_rounds: int = 0) -> Iterator[None]:
@@ -272,7 +289,7 @@ def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, 
     (``chain.advance_state``'s ``next_decay``). A lane with a state ring writes the state after chunk j to tile
     ``ring_order[j + 1]`` (every unit starts from tile 0).
     """
-    final_state = pipe.inputs.final_state
+    final_state, boundaries = pipe.inputs.final_state, pipe.inputs.boundaries
     order = pipe.ring_order
     for seg in unit:
         lane = seg.lane
@@ -287,10 +304,11 @@ def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, 
             dst = ring[order[k + 1]] if ring else None
             following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
             next_decay = following.decay_last if following is not None else None
-            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending)
+            link = None if boundaries is None else boundaries.link(lane.h, seg.chunk_index(k), final)
+            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending, link)
             pending = (chunk, entry)
             yield
-        if seg.ends_lane:  # the final state is ready before the last output: store it first
+        if seg.ends_lane and boundaries is None:  # the final state is ready before the last output: store it first
             hbm.store_state(final_state, lane, state)
         if pending is not None:
             output.emit_output(lane, *pending)
@@ -527,8 +545,13 @@ def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) 
     ring = pipe.rings[id(lane)]
     decisions: list[Any] = []
 
-    def unit_at(token: Any, offset: int, entry: State | None = None) -> Unit:
-        return [Segment(lane, -1, group, False, False, entry=entry, start=token + offset * unit_tokens)]
+    by_chunk = pipe.inputs.boundaries is not None  # a bucket's loop runs over chunk indices (its tables' columns)
+
+    def unit_at(index: Any, offset: int, entry: State | None = None) -> Unit:
+        if by_chunk:
+            first = index + offset * group
+            return [Segment(lane, -1, group, False, False, entry=entry, start=first * lane.chunk, first_chunk=first)]
+        return [Segment(lane, -1, group, False, False, entry=entry, start=index + offset * unit_tokens)]
 
     def body(token: Any) -> None:
         with pipe.balancer.fixed(decisions):
@@ -540,7 +563,11 @@ def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) 
                 run_period(pipe, newest, middle, oldest)
 
     units[run.first_period - depth + 1][0].entry = None  # the loop's chains start from the ring's tile 0 instead
-    start = units[run.first_period][0].token
     periods = run.last_period - run.first_period + 1
-    nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
+    if by_chunk:
+        start = units[run.first_period][0].chunk_index(0)
+        nl.fori_loop(start, start + periods * group, body, step=depth * group)
+    else:
+        start = units[run.first_period][0].token
+        nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
     return ring[0]
