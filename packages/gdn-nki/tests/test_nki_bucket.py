@@ -270,3 +270,29 @@ def test_the_raw_kernel_refuses_a_pool_of_the_wrong_shape() -> None:
             **padded, chunk_bounds=np.array([0, 1], np.int32), state_indices=np.array([0], np.int32),
             state_pool=np.zeros((2, HV, DK, DV + 1), np.float32), mask_pack=PACK,
         )  # fmt: skip
+
+
+def test_the_torch_entry_point_takes_a_bucket_and_checkpoints() -> None:
+    torch = pytest.importorskip("torch")
+    from gdn_nki.torch import chunk_gated_delta_rule
+    from gdn_nki.torch_io import as_torch
+
+    batch = _batch([37, 0, 300], [2, 6, 5], seeds=[3, 4, 5])
+    seq_first = {name: as_torch(np.ascontiguousarray(np.moveaxis(batch.packed[name], 1, 2))) for name in TENSORS}
+    qkv = [seq_first[name] for name in ("query", "key", "value")]
+    gates = [seq_first[name] for name in ("g_log", "beta")]
+    cu = torch.from_numpy(batch.cu.astype(np.int64))
+    trace_time_pool = torch.from_numpy(batch.pool.copy())
+    live = torch.tensor([2, 5])
+    want, _ = chunk_gated_delta_rule(*qkv, *gates, initial_state=trace_time_pool, output_final_state=True,
+                                     cu_seqlens=cu[[0, 1, 3]], state_indices=live)  # fmt: skip
+    pool = torch.from_numpy(batch.pool.copy())
+    checkpoints = torch.tensor([[-1, -1], [-1, -1], [7, 8]], dtype=torch.int32)
+    got, final = chunk_gated_delta_rule(*qkv, *gates, initial_state=pool, output_final_state=True, cu_seqlens=cu,
+                                        state_indices=torch.from_numpy(batch.rows), bucket=BUCKET,
+                                        checkpoint_every=C, checkpoint_indices=checkpoints)  # fmt: skip
+    assert final is pool
+    assert torch.equal(got, want), "the bucketed form equals the trace-time form bit for bit"
+    assert torch.equal(pool[[2, 5]], trace_time_pool[[2, 5]])
+    changed = [r for r in range(POOL_ROWS) if not torch.equal(pool[r], torch.from_numpy(batch.pool[r]))]
+    assert changed == [2, 5, 7, 8], "the two live rows and sequence 2's checkpoints after 128 and 256 of 300 tokens"
