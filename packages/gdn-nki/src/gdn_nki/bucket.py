@@ -88,7 +88,9 @@ def gdn_cte_bucket(
     n_chunks = tokens // chunk
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     every = checkpoint_every // chunk
-    tables = boundaries.build(chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices)
+    tables = boundaries.build(
+        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, positions=group_size
+    )
     emit(call, out, state_pool, [Span(0, 0, n_chunks, 0)], tables)
     return out, state_pool
 

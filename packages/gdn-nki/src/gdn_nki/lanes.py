@@ -210,6 +210,9 @@ def load(work: Work, pipe: Pipeline) -> None:
         seg.chunks = hbm.load_chunks(lane, seg.token, seg.width)
         for chunk, place in zip(seg.chunks, work.tiles[positions], strict=True):
             chunk.place = place
+        if inputs.boundaries is not None:  # the state each chunk's successor may start from, loaded ahead
+            for j, place in enumerate(work.tiles[positions]):
+                inputs.boundaries.load_next_initial(lane.h, seg.chunk_index(j), place.initial)
         if seg.starts_lane:
             ring = pipe.rings.get(id(lane))
             dst = ring[0] if ring else None
@@ -278,7 +281,9 @@ def transitions(work: Work) -> Iterator[None]:
     yield from lockstep([transition.chunk_transition(seg.lane, chunk) for seg in work.unit for chunk in seg.chunks])
 
 
-def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, None, State | None]:
+def advance(
+    unit: Unit, pipe: Pipeline, state: State | None, tile_set: list[ChunkTiles] | None = None
+) -> Generator[None, None, State | None]:
     """The state chain of a unit's chunks in order, from ``state`` (the state after the previous unit's chain; a
     segment that starts its lane starts from the lane's initial state instead); returns the state after the
     unit's last chunk.
@@ -291,7 +296,7 @@ def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, 
     """
     final_state, boundaries = pipe.inputs.final_state, pipe.inputs.boundaries
     order = pipe.ring_order
-    for seg in unit:
+    for seg, positions in _positions(unit):
         lane = seg.lane
         ring = pipe.rings.get(id(lane))
         if seg.starts_lane:
@@ -304,7 +309,10 @@ def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, 
             dst = ring[order[k + 1]] if ring else None
             following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
             next_decay = following.decay_last if following is not None else None
-            link = None if boundaries is None else boundaries.link(lane.h, seg.chunk_index(k), final)
+            link = None
+            if boundaries is not None:
+                position = positions.start + k
+                link = boundaries.link(lane.h, seg.chunk_index(k), final, position, tile_set[position].initial)
             state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending, link)
             pending = (chunk, entry)
             yield
@@ -324,7 +332,7 @@ def transitions_and_chain(work: Work, pipe: Pipeline) -> Generator[None, None, S
     freed as soon as its last reader (the first chunk's output) is issued.
     """
     leading = work.unit[0]
-    chain_steps = advance(work.unit, pipe, leading.entry)  # a generator: nothing is issued until it runs
+    chain_steps = advance(work.unit, pipe, leading.entry, work.tiles)  # a generator: nothing is issued until it runs
     leading.entry = None
     yield from transitions(work)
     return (yield from chain_steps)
@@ -497,8 +505,9 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     units = lane_units(lanes, group_size)
     if not units:
         return
-    depth = pipeline_depth(lanes[0], group_size)
-    tile_sets = allocate_tile_sets(group_size, lanes[0], depth)
+    bucketed = inputs.boundaries is not None
+    depth = pipeline_depth(lanes[0], group_size, bucketed)
+    tile_sets = allocate_tile_sets(group_size, lanes[0], depth, initial=bucketed)
     pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
     loops = {run.first_period: run for run in steady_states(units, group_size, depth)}
     if loops:
@@ -526,13 +535,13 @@ def hand_over(units: list[Unit], index: int, state: State | None) -> None:
         units[index][0].entry = state
 
 
-def pipeline_depth(lane: Lane, group_size: int) -> int:
+def pipeline_depth(lane: Lane, group_size: int, initial: bool = False) -> int:
     """``PIPELINE_DEPTH`` tile sets when they fit beside the rest of a launch's on-chip memory, else two.
 
     Three fp32 tile sets for 16-chunk groups at head dim 128 (57.6 KB each) and the loads and working tiles
     beside them would not fit in SBUF; the two-stage pipeline needs one set less.
     """
-    set_bytes = group_size * chunk_tiles_bytes(lane)
+    set_bytes = group_size * chunk_tiles_bytes(lane, initial)
     return PIPELINE_DEPTH if PIPELINE_DEPTH * set_bytes <= TILE_SETS_BUDGET else 2
 
 
