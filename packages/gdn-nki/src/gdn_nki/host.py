@@ -22,14 +22,12 @@ from gdn_ref.packed import (
 
 from . import backend, serving
 from .api import gdn_cte
-from .plan import packed_plan
+from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .torch_io import accepts_torch
 from .varlen import gdn_cte_varlen
 
 # Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
 LNC_DEGREES = (1, 2)
-# The arguments with a token axis (axis 2): what padding and packing change.
-TOKEN_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
 
 
 @accepts_torch
@@ -130,7 +128,7 @@ def prefill(
     seq_len = query.shape[2]
     pad = -seq_len % CHUNK_BY_ALGORITHM[algorithm]
     if pad:
-        call = call.replace(**{name: _pad_tokens(getattr(call, name), pad) for name in TOKEN_ARGUMENTS})
+        call = call.replace(**{name: pad_tokens(getattr(call, name), pad) for name in TOKEN_ARGUMENTS})
     # the caller's values were scanned above; the padding is zeros
     out, state = simulate(*call.astuple(), check_values=False, on_commit=on_commit)
     return out[:, :, :seq_len], state
@@ -166,12 +164,6 @@ def _commit(state: np.ndarray, rows: object, staged: np.ndarray, on_commit: Call
     if on_commit is not None:
         on_commit()
     state[rows] = staged
-
-
-def _pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:
-    widths = [(0, 0)] * x.ndim
-    widths[2] = (0, pad)
-    return np.pad(x, widths)
 
 
 def prefill_varlen(

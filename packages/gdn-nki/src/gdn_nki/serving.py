@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from gdn_ref.bucketed import bucket_violations
+from gdn_ref.bucketed import bucket_violations, padded_tokens
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, Violation
 from gdn_ref.contract import check_values as check_values_of
@@ -23,9 +23,7 @@ from gdn_ref.packed import tensor_violations
 
 from . import backend
 from .bucket import gdn_cte_bucket
-from .plan import packed_plan
-
-TOKEN_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
+from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 
 _BUCKETS: list[tuple[int, int]] = []
 
@@ -54,7 +52,7 @@ def smallest_bucket(lengths: Sequence[int], chunk: int) -> tuple[int, int] | Non
     None when no bucket is configured; ``ContractError`` when buckets are configured but none holds the batch."""
     if not _BUCKETS:
         return None
-    needed = sum(-(-int(n) // chunk) for n in lengths) * chunk
+    needed = padded_tokens(lengths, chunk)
     for tokens, slots in _BUCKETS:
         if tokens >= needed and slots >= len(lengths) and tokens % chunk == 0:
             return tokens, slots
@@ -141,7 +139,7 @@ def prefill_bucket(
     lengths = np.diff(bounds.astype(np.int64))
     plan = packed_plan(lengths, chunk)
     tokens, slots = bucket
-    packed = {name: _pad_to(plan.pack(getattr(call, name)), tokens) for name in TOKEN_ARGUMENTS}
+    packed = {name: pad_tokens(plan.pack(getattr(call, name)), tokens - plan.padded_len) for name in TOKEN_ARGUMENTS}
     chunk_bounds = np.full(slots + 1, sum(plan.seq_chunks), np.int32)
     chunk_bounds[: seqs + 1] = np.cumsum((0, *plan.seq_chunks))
     slot_rows = np.full(slots, -1, np.int32)
@@ -173,7 +171,7 @@ def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:
     chosen = smallest_bucket(lengths, chunk)
     if chosen is not None:
         return chosen
-    return max(1, int(sum(-(-int(n) // chunk) for n in lengths))) * chunk, len(lengths)
+    return max(chunk, padded_tokens(lengths, chunk)), len(lengths)
 
 
 def _pool_violations(pool: np.ndarray, call: Arguments) -> list[Violation]:
@@ -186,13 +184,6 @@ def _pool_violations(pool: np.ndarray, call: Arguments) -> list[Violation]:
     return [Violation("bucket.pool", "recurrent_state", f"shape {shape} {getattr(pool, 'dtype', None)}",
                       f"the state pool must be a writable [P, {', '.join(map(str, want))}] float32 array",
                       "pass the pool the server keeps its recurrent states in")]  # fmt: skip
-
-
-def _pad_to(x: np.ndarray, tokens: int) -> np.ndarray:
-    """``x`` with zero tokens appended on axis 2 up to ``tokens``."""
-    widths = [(0, 0)] * x.ndim
-    widths[2] = (0, tokens - x.shape[2])
-    return np.pad(x, widths)
 
 
 def _checkpoint_rows(table: np.ndarray, lengths: np.ndarray, every: int, slots: int) -> np.ndarray:

@@ -58,6 +58,11 @@ def bucket_violations(
     return found
 
 
+def padded_tokens(lengths: Sequence[int] | np.ndarray, chunk: int) -> int:
+    """Tokens of sequences of these lengths packed with each padded to its own chunk multiple."""
+    return int(sum(-(-int(n) // chunk) for n in lengths)) * chunk
+
+
 def _bounds_violations(bounds: np.ndarray, tokens: int) -> list[Violation]:
     found = []
     if bounds[0] != 0:
@@ -83,7 +88,7 @@ def _bucket_violations(bucket: Any, lengths: np.ndarray, chunk: int) -> list[Vio
         return [Violation("bucket.form", "bucket", f"value {bucket!r}", "a bucket is (T tokens, N sequences), ints",
                           "pass bucket=(T, N), e.g. (4096, 8)")]  # fmt: skip
     total, slots = shape
-    needed = int(sum(-(-int(n) // chunk) for n in lengths.clip(min=0))) * chunk
+    needed = padded_tokens(lengths.clip(min=0), chunk)
     found = []
     if total <= 0 or total % chunk:
         found.append(Violation("bucket.tokens", "bucket", f"T={total}",
