@@ -69,6 +69,8 @@ TRACE_SEQ_LEN = 2048  # one-lane launches at this S get a Perfetto trace, a PNG 
 ONE_LANE_FP32_SEQ_LENS = (2048,)
 ALGORITHMS = ("schur", "neumann")
 VARLEN_LENGTHS = (37, 512, 1000, 2900, 130)
+SHORT_PROMPTS = (50,) * 64  # a batch of many short prompts: the bucketed form's other extreme
+BUCKET_TOKEN_STEP = 1024  # a server's bucket sizes in the varlen rows: tokens rounded up to this
 VARLEN_HEADS = (16, 32)  # Qwen3-Next's Hk, Hv
 
 # The scale matrix: lane counts x sequence lengths, each cell run unless its estimated instruction count exceeds
@@ -197,6 +199,13 @@ class VarlenRow:
     instructions_one_launch: int
     bit_identical: bool
     interpret_s: float
+    # The bucketed form (``gdn_nki.prefill_bucket``) on the same tokens: a bucket of exactly the padded tokens and
+    # sequences, and a server's bucket (``bucket``, tokens rounded up to BUCKET_TOKEN_STEP, slots to a power of 2)
+    time_bucket_exact_us: float = 0.0
+    time_bucket_us: float = 0.0
+    bucket: tuple[int, int] = (0, 0)
+    static_instructions_bucket: int = 0
+    bucket_bit_identical: bool = False
 
     @property
     def speedup(self) -> float:
@@ -508,6 +517,15 @@ def measure_varlen(lengths: tuple[int, ...], key_heads: int, value_heads: int) -
         np.array_equal(dense_out[i : i + 1, :, :n], out[:, :, cu[i] : cu[i + 1]]) for i, n in enumerate(lengths)
     )
     chunk = gdn_nki.CHUNK
+    padded_tokens = sum(-(-n // chunk) * chunk for n in lengths)
+    bucket = (-(-padded_tokens // BUCKET_TOKEN_STEP) * BUCKET_TOKEN_STEP, 1 << (len(lengths) - 1).bit_length())
+    bucketed = []
+    for tokens, slots in ((padded_tokens, len(lengths)), bucket):
+        bucket_out, bucket_state = gdn_nki.prefill_bucket(**packed, cu_seqlens=cu, bucket=(tokens, slots),
+                                                          scale=cases[0].scale)  # fmt: skip
+        bucketed.append(launch_report().makespan_ns / 1e3)
+        identical_bucket = np.array_equal(bucket_out, out) and np.array_equal(bucket_state, state)
+    static_bucket = nki_cpu.last_traces()[0].static_instructions if not gdn_nki.backend.USING_REAL_NKI else 0
     return VarlenRow(
         lengths=tuple(lengths),
         heads=f"{key_heads}/{value_heads}",
@@ -521,7 +539,30 @@ def measure_varlen(lengths: tuple[int, ...], key_heads: int, value_heads: int) -
         instructions_one_launch=one.instructions,
         bit_identical=bool(identical),
         interpret_s=time.perf_counter() - start,
+        time_bucket_exact_us=bucketed[0],
+        time_bucket_us=bucketed[1],
+        bucket=bucket,
+        static_instructions_bucket=static_bucket,
+        bucket_bit_identical=bool(identical_bucket),
     )
+
+
+def bucket_table(rows: list[VarlenRow]) -> str:
+    """The bucketed form of each varlen row as a markdown table."""
+    lines = [
+        "| batch | Hk/Hv | trace-time form µs | bucket of exactly the batch µs (×) | server bucket (T, N) | µs (×) "
+        "| static instructions | bit-identical to the trace-time form |",
+        "|---|---|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        batch = ", ".join(map(str, r.lengths)) if len(set(r.lengths)) > 1 else f"{len(r.lengths)} × {r.lengths[0]}"
+        lines.append(
+            f"| {batch} | {r.heads} | {r.time_one_launch_us:.1f} | {r.time_bucket_exact_us:.1f} "
+            f"({r.time_bucket_exact_us / r.time_one_launch_us:.2f}×) | {r.bucket} | {r.time_bucket_us:.1f} "
+            f"({r.time_bucket_us / r.time_one_launch_us:.2f}×) | {r.static_instructions_bucket} | "
+            f"{'yes' if r.bucket_bit_identical else 'NO'} |"
+        )
+    return "\n".join(lines)
 
 
 def _pad_tokens(x: np.ndarray, length: int) -> np.ndarray:
@@ -954,6 +995,11 @@ def markdown(
             "so this understates what separate launches cost). Bit-identical: the one launch against both the "
             "separate launches and the padded-to-the-longest launch.",
             varlen_table(varlen_rows),
+            "The bucketed form (`prefill_bucket`, one compiled program per bucket) on the same tokens: a bucket of "
+            "exactly the padded tokens and sequences, and a server's bucket (tokens rounded up to "
+            f"{BUCKET_TOKEN_STEP}, slots to a power of two: the cost of padding). Static instructions: the server "
+            "bucket's program.",
+            bucket_table(varlen_rows),
         ]
     return "\n\n".join(
         [
@@ -1010,6 +1056,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--varlen-lengths", type=int, nargs="*", default=list(VARLEN_LENGTHS),
                         help="prompt lengths of the varlen row (none: skip it)")  # fmt: skip
     parser.add_argument("--varlen-heads", type=int, nargs=2, default=list(VARLEN_HEADS), metavar=("HK", "HV"))
+    parser.add_argument("--short-prompts", type=int, nargs="*", default=list(SHORT_PROMPTS),
+                        help="lengths of the many-short-prompts varlen row (none: skip it)")  # fmt: skip
     parser.add_argument("--one-lane-fp32-seq-lens", type=int, nargs="*", default=list(ONE_LANE_FP32_SEQ_LENS),
                         help="one-lane fp32 rows (both algorithms) in the perf table")  # fmt: skip
     parser.add_argument("--long-error-seq-len", type=int, default=LONG_ERROR_SEQ_LEN,
@@ -1022,11 +1070,14 @@ def main(argv: list[str] | None = None) -> None:
     print("gdn_cte cost-model benchmark", flush=True)
     rows = perf_rows(tuple(args.seq_lens), tuple(args.qwen_seq_lens), args.out, tuple(args.one_lane_fp32_seq_lens))
     varlen_rows = []
-    if args.varlen_lengths:
-        varlen_rows.append(measure_varlen(tuple(args.varlen_lengths), *args.varlen_heads))
+    for lengths in (args.varlen_lengths, args.short_prompts):
+        if not lengths:
+            continue
+        varlen_rows.append(measure_varlen(tuple(lengths), *args.varlen_heads))
         v = varlen_rows[-1]
-        print(f"  varlen {v.lengths} {v.heads}: one launch {v.time_one_launch_us:.1f} us, one by one "
-              f"{v.time_separate_us:.1f} us (interpreted in {v.interpret_s:.0f} s)", flush=True)  # fmt: skip
+        print(f"  varlen {len(v.lengths)} prompts {v.heads}: one launch {v.time_one_launch_us:.1f} us, one by one "
+              f"{v.time_separate_us:.1f} us, bucketed {v.time_bucket_exact_us:.1f} us "
+              f"(interpreted in {v.interpret_s:.0f} s)", flush=True)  # fmt: skip
     records = [] if args.skip_accuracy else accuracy_sweep()
     long_records = long_errors(args.long_error_seq_len) if args.long_error_seq_len else []
     scale = scale_rows(

@@ -36,7 +36,7 @@ def bench() -> ModuleType:
 
 
 def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    small_varlen = ["--varlen-lengths", "37", "200", "--varlen-heads", "1", "2"]
+    small_varlen = ["--varlen-lengths", "37", "200", "--varlen-heads", "1", "2", "--short-prompts", "50", "50", "50"]
     bench.main(
         [
             "--out",
@@ -117,7 +117,10 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
     assert all(e["geometry"]["S"] == 256 and e["ok"] for e in long_errors)
     report = (tmp_path / "bench_kernel.md").read_text()
     assert report.startswith("# gdn_cte kernel") and "## What the makespan waits on" in report
-    (varlen,) = data["varlen"]
+    varlen, short = data["varlen"]
+    assert short["lengths"] == [50, 50, 50] and short["bucket"] == [1024, 4]
+    assert varlen["bucket_bit_identical"] and short["bucket_bit_identical"], "the bucketed form reproduces varlen"
+    assert "| 3 × 50 | 1/2 |" in printed
     assert varlen["lengths"] == [37, 200] and varlen["lanes"] == 4 and varlen["padded_tokens"] == 384
     assert varlen["bit_identical"], "one launch must reproduce the separate launches exactly"
     assert varlen["time_separate_us"] == pytest.approx(sum(varlen["separate_us"]))

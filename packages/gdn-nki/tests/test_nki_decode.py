@@ -113,7 +113,7 @@ def test_step_rejects_nan_in_a_read_row_but_not_elsewhere() -> None:
 def test_failed_launch_restores_the_rows_it_wrote(monkeypatch) -> None:
     x = step_inputs(7, "float32")
     before = x.pool.copy()
-    real = gdn_nki.serving.backend.simulate
+    real = gdn_nki.decode_host.backend.simulate
 
     def failing(kernel):
         def launch(*args, **kwargs):
@@ -122,7 +122,7 @@ def test_failed_launch_restores_the_rows_it_wrote(monkeypatch) -> None:
 
         return launch
 
-    monkeypatch.setattr(gdn_nki.serving.backend, "simulate", failing)
+    monkeypatch.setattr(gdn_nki.decode_host.backend, "simulate", failing)
     with pytest.raises(RuntimeError, match="device fault"):
         gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array([5, -1, 2], np.int32), **x.gates(False))
     assert np.array_equal(x.pool, before)

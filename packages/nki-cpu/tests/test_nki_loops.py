@@ -289,6 +289,30 @@ def test_scalar_load_and_store_round_trip_at_the_tiles_width() -> None:
         nisa.scalar_store(nl.ndarray((1, 1), dtype=nl.int64, buffer=nl.sbuf), scalar)
 
 
+def test_scalar_load_from_a_table_column_the_iteration_addresses_is_one_body() -> None:
+    """A compiled loop reading entry i of an SBUF table (``scalar_load`` of ``table[:, nl.ds(i, 1)]``) and using it
+    as a DMA row index issues one body: the load's operand is the table, not the resolved column."""
+
+    def kernel(x, table):
+        out = nl.ndarray((3, 8), x.dtype, buffer=nl.shared_hbm)
+        entries = nl.ndarray((1, 3), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=entries, src=table)
+        row = nl.ndarray((1, 8), x.dtype, buffer=nl.sbuf)
+
+        def body(i):
+            index = nisa.scalar_load(entries[:, nl.ds(i, 1)])
+            nisa.dma_copy(dst=row, src=x[nl.ds(index, 1), :])
+            nisa.dma_copy(dst=out[nl.ds(i, 1), :], src=row)
+
+        nl.fori_loop(0, 3, body)
+        return out
+
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    got = nki_cpu.simulate(kernel)(x, np.array([[5, 0, 7]], np.int32))
+    np.testing.assert_array_equal(got, x[[5, 0, 7]])
+    assert nki_cpu.last_trace().static_instructions == 4
+
+
 # --- the body is one program: static offsets and immediates too, also at zero trips -----------------------------------
 def _rows_kernel(body_of):
     """A kernel copying rows of x [4, 8] into out through a fori_loop whose body ``body_of(x, out, rows)`` makes."""

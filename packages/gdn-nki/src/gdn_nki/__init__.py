@@ -22,8 +22,10 @@ from gdn_ref.masks import N_MASKS, build_mask_pack
 
 from .api import gdn_cte
 from .backend import BACKEND_NAME
+from .bucket import gdn_cte_bucket
+from .bucket_host import configure_buckets, configured_buckets, prefill_bucket
+from .decode_host import decode_step, tkg_simulate
 from .host import prefill, prefill_varlen, simulate
-from .serving import decode_step, tkg_simulate
 from .step import gdn_step
 from .tkg import gdn_tkg
 from .varlen import gdn_cte_varlen
@@ -42,12 +44,16 @@ __all__ = [
     "N_MASKS",
     "ContractError",
     "build_mask_pack",
+    "configure_buckets",
+    "configured_buckets",
     "decode_step",
     "gdn_cte",
+    "gdn_cte_bucket",
     "gdn_cte_varlen",
     "gdn_step",
     "gdn_tkg",
     "prefill",
+    "prefill_bucket",
     "prefill_varlen",
     "simulate",
     "tkg_simulate",

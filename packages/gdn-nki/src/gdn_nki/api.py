@@ -85,7 +85,7 @@ def gdn_cte(
     return out, final_state
 
 
-def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span]) -> None:
+def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span], boundaries: Any = None) -> None:
     """Issue the work of a checked launch: constants, then every (sequence, value head) lane of this program, with
     an engine balancer of the launch's own.
 
@@ -93,13 +93,16 @@ def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span]) -> None
         call (Arguments): the kernel's arguments, as checked.
         out, final_state (nl.NkiTensor): the allocated output and the final state (the caller's state when given).
         spans (list[Span]): the launch's sequences (token range in q/k/v/gates/out, state row).
+        boundaries (boundaries.ChunkBoundaries): a bucketed launch's per-chunk tables (``LaneInputs.boundaries``).
     """
     balancer = engines.Balancer()
     with engines.balancing(balancer):
-        _emit_lanes(call, out, final_state, spans, balancer)
+        _emit_lanes(call, out, final_state, spans, balancer, boundaries)
 
 
-def _emit_lanes(call: Arguments, out: Any, final_state: Any, spans: list[Span], balancer: engines.Balancer) -> None:
+def _emit_lanes(
+    call: Arguments, out: Any, final_state: Any, spans: list[Span], balancer: engines.Balancer, boundaries: Any
+) -> None:
     """This program's lanes (``program_lanes``) with the algorithm's constants and inverse, issued as the pipeline
     (``run_lanes``) with ``balancer``."""
     query, key, value, mask_pack, algorithm = call.query, call.key, call.value, call.mask_pack, call.algorithm
@@ -138,5 +141,7 @@ def _emit_lanes(call: Arguments, out: Any, final_state: Any, spans: list[Span], 
         )
         for span, h in program_lanes(spans, value.shape[1])
     ]
-    inputs = LaneInputs(call.g_log, call.beta, call.recurrent_state, final_state, invert_group, deferred, idle_rounds)
+    inputs = LaneInputs(
+        call.g_log, call.beta, call.recurrent_state, final_state, invert_group, deferred, idle_rounds, boundaries
+    )
     run_lanes(lanes, group, inputs, balancer)

@@ -23,6 +23,7 @@ def advance_state(
     dst: State | None = None,
     next_decay: Any = None,
     pending: tuple[Chunk, State] | None = None,
+    boundary: Any = None,
 ) -> State:
     """One link of the sequential chain: h' = e^{γ_last} h + (Tᵀ)ᵀ h + K_decᵀ U, per column block of h, into ``dst``
     (a reused state tile; else a fresh one); with ``pending`` (the previous chunk and its entry state), that chunk's
@@ -46,18 +47,23 @@ def advance_state(
         products.issue(groups)
         # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
         # queue holds an instruction that waits on the chain (the split's one GpSimd op excepted, see split_block).
+        after = new if boundary is None else boundary.after_chunk(new, cols)
         if state.zero:
-            tiles.copy_to(new, update, engine=engines.VECTOR)
+            tiles.copy_to(after, update, engine=engines.VECTOR)
         elif j in state.decayed:
-            tiles.combine(new, update, state.decayed[j], nl.add, engine=engines.VECTOR)
+            tiles.combine(after, update, state.decayed[j], nl.add, engine=engines.VECTOR)
         else:
-            tiles.scale_add(new, state.blocks[j], chunk.decay_last, update)
+            tiles.scale_add(after, state.blocks[j], chunk.decay_last, update)
+        if boundary is not None:
+            boundary.blend(after, new, cols)
         if not final:
             following.parts(j)
             if next_decay is not None:
                 following.decay_for_next(j, next_decay)
         if output is not None:
             output.evacuate(cols)
+    if boundary is not None:
+        boundary.store(following.whole)
     if output is not None:
         output.store()
     return following

@@ -125,6 +125,7 @@ class ChunkTiles:
     value: Any  # [C, Dv] compute dtype, position j of ``values``
     k_gamma: Any  # [C, Dk] compute dtype, diag(e^γ) K
     q_decay_t: Any  # [Dk, C] fp32
+    initial: Any = None  # [Dk, Dv] fp32, a bucketed launch's entry state where a sequence starts after the chunk
 
     def for_inverse(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as the inverse sees it: Ãᵀ from the operand stage, its inverse written
@@ -153,9 +154,11 @@ TRANSITION_INPUTS = ("inverse_t", "value", "k_gamma", "q_decay_t")  # what the t
 TRANSITION_OUTPUTS = ("u", "transition_t", "q_eff_t")  # what the transition writes for the chain
 
 
-def allocate_tile_sets(count: int, lane: Lane, sets: int) -> list[list[ChunkTiles]]:
+def allocate_tile_sets(count: int, lane: Lane, sets: int, initial: bool = False) -> list[list[ChunkTiles]]:
     """``sets`` tile sets of ``count`` positions for chunks of ``lane``'s shapes and dtypes (every lane of a launch
-    has the same); the transition's outputs are one tile per position, shared by the sets."""
+    has the same); the transition's outputs are one tile per position, shared by the sets. ``initial``: each
+    position also holds the initial state a bucketed launch may start after the chunk (``ChunkTiles.initial``,
+    loaded with the unit so the chain never waits for it)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
     shared = [
@@ -183,6 +186,7 @@ def allocate_tile_sets(count: int, lane: Lane, sets: int) -> list[list[ChunkTile
                 value=values[:, j, :],
                 k_gamma=tiles.sbuf((c, dk), dtype),
                 q_decay_t=tiles.sbuf((dk, c), FP32),
+                initial=tiles.sbuf((dk, dv), FP32) if initial else None,
                 **shared[j],
             )
             for j in range(count)
@@ -195,16 +199,17 @@ def allocate_tile_sets(count: int, lane: Lane, sets: int) -> list[list[ChunkTile
     return result
 
 
-def chunk_tiles_bytes(lane: Lane) -> int:
-    """SBUF bytes per partition of one position's own tiles (``allocate_tile_sets``; not the shared transition
-    outputs)."""
+def chunk_tiles_bytes(lane: Lane, initial: bool = False) -> int:
+    """SBUF bytes per partition of one position's own tiles (``allocate_tile_sets``, with ``initial`` as there; not
+    the shared transition outputs)."""
     c, dk, dv = lane.chunk, lane.key.shape[3], lane.value.shape[3]
 
     def size(dtype: Any) -> int:
         return 4 if dtype == FP32 else 2
 
     compute = size(lane.dtype) * (c + dk + dv + c + dk)  # attn_t, k_decay, v, inverse_t, k_gamma
-    return compute + size(lane.system_dtype) * c + 4 * (c + 1 + 3)  # a_t; q_decay_t, e^γ_last, the gate columns
+    own = compute + size(lane.system_dtype) * c + 4 * (c + 1 + 3)  # a_t; q_decay_t, e^γ_last, the gate columns
+    return own + (4 * dv if initial else 0)
 
 
 def tile_of(chunk: Chunk, name: str, like: Any, dtype: Any) -> Any:

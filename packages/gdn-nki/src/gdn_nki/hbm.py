@@ -6,12 +6,13 @@ A run's first token is an int, or a compiled loop's run-time scalar (``lanes``);
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import tiles
 from .backend import nisa, nl
 from .chunks import Chunk, Lane
-from .state import State, column_blocks
+from .state import State, column_blocks, state_tile
 from .tiles import FP32
 
 
@@ -98,14 +99,30 @@ def initial_state(recurrent_state: Any, lane: Lane, dst: State | None = None) ->
             nisa.memset(dst=dst.whole, value=0.0)
         else:
             nisa.dma_copy(dst=dst.whole, src=recurrent_state[lane.state_row, lane.h, :, :])
-        dst.written()
-        for j in range(len(dst.blocks)):
-            dst.parts(j)
-        return dst
+        return _ready(dst)
     if recurrent_state is None:
         return State(None, operand_dtype=lane.dtype)
     whole = nl.load(recurrent_state[lane.state_row, lane.h, :, :], dtype=FP32)
     return State([whole[:, cols] for cols in column_blocks(whole.shape[1])], whole, lane.dtype)
+
+
+def initial_state_from(load: Callable[[Any], None], lane: Lane, dst: State | None = None) -> State:
+    """A lane's initial state written by ``load`` (given the [Dk, Dv] fp32 tile) into ``dst`` (a reused state tile,
+    its parts made at once as ``initial_state`` does) or a fresh state tile."""
+    if dst is not None:
+        load(dst.whole)
+        return _ready(dst)
+    state = state_tile(lane)
+    load(state.whole)
+    return state
+
+
+def _ready(dst: State) -> State:
+    """A reused state tile just written, its parts made (what a compiled loop expects at every iteration)."""
+    dst.written()
+    for j in range(len(dst.blocks)):
+        dst.parts(j)
+    return dst
 
 
 def store_state(final_state: Any, lane: Lane, state: State) -> None:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, Violation
 from gdn_ref.contract import check_values as check_values_of
-from gdn_ref.masks import build_mask_pack
+from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import (
     cu_seqlens_violations,
     layout_violations,
@@ -20,16 +20,14 @@ from gdn_ref.packed import (
     tensor_violations,
 )
 
-from . import backend
+from . import backend, bucket_host
 from .api import gdn_cte
-from .plan import packed_plan
+from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .torch_io import accepts_torch
 from .varlen import gdn_cte_varlen
 
 # Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
 LNC_DEGREES = (1, 2)
-# The arguments with a token axis (axis 2): what padding and packing change.
-TOKEN_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
 
 
 @accepts_torch
@@ -122,7 +120,7 @@ def prefill(
         state and the real tokens' outputs are exactly those of the unpadded sequence. The caller's arguments are
         checked before padding (every rule but the sequence-length one), so an error reports the caller's sizes.
     """
-    mask_pack = _default_mask_pack(mask_pack, algorithm)
+    mask_pack = default_mask_pack(mask_pack, algorithm)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = [v for v in call.violations(values=check_values) if v.rule_id != "seq.divisible"]
     if violations:
@@ -130,7 +128,7 @@ def prefill(
     seq_len = query.shape[2]
     pad = -seq_len % CHUNK_BY_ALGORITHM[algorithm]
     if pad:
-        call = call.replace(**{name: _pad_tokens(getattr(call, name), pad) for name in TOKEN_ARGUMENTS})
+        call = call.replace(**{name: pad_tokens(getattr(call, name), pad) for name in TOKEN_ARGUMENTS})
     # the caller's values were scanned above; the padding is zeros
     out, state = simulate(*call.astuple(), check_values=False, on_commit=on_commit)
     return out[:, :, :seq_len], state
@@ -155,13 +153,6 @@ def _check_grid(grid: object) -> None:
     raise ContractError([Violation("launch.grid", "grid", f"value {grid!r}", rule, fix)])
 
 
-def _default_mask_pack(mask_pack: np.ndarray | None, algorithm: object) -> np.ndarray | None:
-    """The caller's mask pack, or ``build_mask_pack()`` for schur when none was passed."""
-    if mask_pack is None and isinstance(algorithm, str) and algorithm == ALGORITHM_SCHUR:
-        return build_mask_pack()
-    return mask_pack
-
-
 def _stage(state: np.ndarray | None, rows: object) -> np.ndarray | None:
     """A private C-contiguous copy of the state rows a launch reads and writes (``...``: the whole state), so a
     launch that fails part-way leaves the caller's state as it was."""
@@ -173,12 +164,6 @@ def _commit(state: np.ndarray, rows: object, staged: np.ndarray, on_commit: Call
     if on_commit is not None:
         on_commit()
     state[rows] = staged
-
-
-def _pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:
-    widths = [(0, 0)] * x.ndim
-    widths[2] = (0, pad)
-    return np.pad(x, widths)
 
 
 def prefill_varlen(
@@ -198,6 +183,9 @@ def prefill_varlen(
     grid: int | None = None,
     check_values: bool = True,
     on_commit: Callable[[], None] | None = None,
+    bucket: tuple[int, int] | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_indices: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences of any lengths in ONE kernel launch (``gdn_cte_varlen``), each from its own state.
 
@@ -216,6 +204,13 @@ def prefill_varlen(
         check_values: scan every element first, as ``simulate`` does (default on).
         on_commit: called once the launch has completed, right before the named rows are written, as
             ``simulate``'s.
+        bucket: (T, N): run the bucket's one compiled program instead (``bucket_host.prefill_bucket``: the layout
+            and the pool rows are device data, empty sequences and -1 rows allowed, ``out`` as here). Omitted:
+            the smallest bucket of ``bucket_host.configure_buckets`` holding the batch; with none configured, the
+            trace-time form (one program per batch layout, no padding beyond each sequence's chunk multiple: the
+            better choice for one-off calls).
+        checkpoint_every, checkpoint_indices: prefix-cache checkpoints (bucketed form only; without a bucket the
+            batch's own size is used): see ``bucket_host.prefill_bucket``.
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, final states): the supplied state/pool itself, updated, or a
@@ -228,7 +223,13 @@ def prefill_varlen(
         call either completes or changes nothing.
     """
     _check_grid(grid)
-    mask_pack = _default_mask_pack(mask_pack, algorithm)
+    if bucket is not None or checkpoint_every is not None or bucket_host.configured_buckets():
+        return bucket_host.prefill_bucket(
+            query, key, value, g_log, beta, cu_seqlens, bucket, scale, algorithm, mask_pack, group_size,
+            recurrent_state, state_indices, checkpoint_every, checkpoint_indices, grid=grid,
+            check_values=check_values, on_commit=on_commit,
+        )  # fmt: skip
+    mask_pack = default_mask_pack(mask_pack, algorithm)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     # The tensors' own rules first: cu_seqlens is judged against their token count, which a wrong layout
     # (seq-first tensors, a 3-D query) makes meaningless; then the packed layout; then, once all hold, the values.

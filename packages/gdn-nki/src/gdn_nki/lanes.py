@@ -94,6 +94,7 @@ class Segment:
     initial: State | None = None  # the lane's initial state, loaded with the unit that starts the lane
     entry: State | None = None  # the state the previous unit's chain left (``hand_over``), for the first segment
     start: Any = None
+    first_chunk: Any = None  # with ``start``: the lane's chunk index of ``start`` (a bucket's boundary tables read it)
 
     @property
     def token(self) -> Any:
@@ -103,6 +104,12 @@ class Segment:
     def token_of(self, j: int) -> Any:
         """The first token of the segment's chunk j."""
         return self.token + j * self.lane.chunk
+
+    def chunk_index(self, j: int) -> Any:
+        """The index of the segment's chunk j among its batch row's chunks (an int, or a run-time scalar)."""
+        if self.first_chunk is not None:
+            return self.first_chunk + j
+        return self.lane.offset // self.lane.chunk + self.begin + j
 
 
 @dataclass
@@ -123,6 +130,10 @@ class LaneInputs:
     # line up with the operand stage's), so its later phases queue behind the inverse's and the chain's next steps
     # instead of ahead of them — those are latency-bound and bound the period, the operand stage has slack.
     operand_idle_rounds: int = 0
+    # A bucketed launch's sequence boundaries (``boundaries.ChunkBoundaries``): initial states come from the pool
+    # rows its tables name and every chain link stores and blends at the boundary after it; None: a lane is one
+    # sequence (its initial state from ``recurrent_state``, its final state stored at its end).
+    boundaries: Any = None
 
 
 Unit = list[Segment]
@@ -199,9 +210,18 @@ def load(work: Work, pipe: Pipeline) -> None:
         seg.chunks = hbm.load_chunks(lane, seg.token, seg.width)
         for chunk, place in zip(seg.chunks, work.tiles[positions], strict=True):
             chunk.place = place
+        if inputs.boundaries is not None:  # the state each chunk's successor may start from, loaded ahead
+            for j, place in enumerate(work.tiles[positions]):
+                inputs.boundaries.load_next_initial(lane.h, seg.chunk_index(j), place.initial)
         if seg.starts_lane:
             ring = pipe.rings.get(id(lane))
-            seg.initial = hbm.initial_state(inputs.recurrent_state, lane, ring[0] if ring else None)
+            dst = ring[0] if ring else None
+            if inputs.boundaries is not None:
+                seg.initial = hbm.initial_state_from(
+                    lambda tile, h=lane.h: inputs.boundaries.initial_state(h, tile), lane, dst
+                )
+            else:
+                seg.initial = hbm.initial_state(inputs.recurrent_state, lane, dst)
 
 
 def prepare_operands(work: Work, idle_rounds: int = 0) -> Iterator[None]:
@@ -261,7 +281,9 @@ def transitions(work: Work) -> Iterator[None]:
     yield from lockstep([transition.chunk_transition(seg.lane, chunk) for seg in work.unit for chunk in seg.chunks])
 
 
-def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, None, State | None]:
+def advance(
+    unit: Unit, pipe: Pipeline, state: State | None, tile_set: list[ChunkTiles] | None = None
+) -> Generator[None, None, State | None]:
     """The state chain of a unit's chunks in order, from ``state`` (the state after the previous unit's chain; a
     segment that starts its lane starts from the lane's initial state instead); returns the state after the
     unit's last chunk.
@@ -272,9 +294,9 @@ def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, 
     (``chain.advance_state``'s ``next_decay``). A lane with a state ring writes the state after chunk j to tile
     ``ring_order[j + 1]`` (every unit starts from tile 0).
     """
-    final_state = pipe.inputs.final_state
+    final_state, boundaries = pipe.inputs.final_state, pipe.inputs.boundaries
     order = pipe.ring_order
-    for seg in unit:
+    for seg, positions in _positions(unit):
         lane = seg.lane
         ring = pipe.rings.get(id(lane))
         if seg.starts_lane:
@@ -287,10 +309,14 @@ def advance(unit: Unit, pipe: Pipeline, state: State | None) -> Generator[None, 
             dst = ring[order[k + 1]] if ring else None
             following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
             next_decay = following.decay_last if following is not None else None
-            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending)
+            link = None
+            if boundaries is not None:
+                position = positions.start + k
+                link = boundaries.link(lane.h, seg.chunk_index(k), final, position, tile_set[position].initial)
+            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending, link)
             pending = (chunk, entry)
             yield
-        if seg.ends_lane:  # the final state is ready before the last output: store it first
+        if seg.ends_lane and boundaries is None:  # the final state is ready before the last output: store it first
             hbm.store_state(final_state, lane, state)
         if pending is not None:
             output.emit_output(lane, *pending)
@@ -306,7 +332,7 @@ def transitions_and_chain(work: Work, pipe: Pipeline) -> Generator[None, None, S
     freed as soon as its last reader (the first chunk's output) is issued.
     """
     leading = work.unit[0]
-    chain_steps = advance(work.unit, pipe, leading.entry)  # a generator: nothing is issued until it runs
+    chain_steps = advance(work.unit, pipe, leading.entry, work.tiles)  # a generator: nothing is issued until it runs
     leading.entry = None
     yield from transitions(work)
     return (yield from chain_steps)
@@ -479,8 +505,9 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     units = lane_units(lanes, group_size)
     if not units:
         return
-    depth = pipeline_depth(lanes[0], group_size)
-    tile_sets = allocate_tile_sets(group_size, lanes[0], depth)
+    bucketed = inputs.boundaries is not None
+    depth = pipeline_depth(lanes[0], group_size, bucketed)
+    tile_sets = allocate_tile_sets(group_size, lanes[0], depth, initial=bucketed)
     pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
     loops = {run.first_period: run for run in steady_states(units, group_size, depth)}
     if loops:
@@ -508,13 +535,13 @@ def hand_over(units: list[Unit], index: int, state: State | None) -> None:
         units[index][0].entry = state
 
 
-def pipeline_depth(lane: Lane, group_size: int) -> int:
+def pipeline_depth(lane: Lane, group_size: int, initial: bool = False) -> int:
     """``PIPELINE_DEPTH`` tile sets when they fit beside the rest of a launch's on-chip memory, else two.
 
     Three fp32 tile sets for 16-chunk groups at head dim 128 (57.6 KB each) and the loads and working tiles
     beside them would not fit in SBUF; the two-stage pipeline needs one set less.
     """
-    set_bytes = group_size * chunk_tiles_bytes(lane)
+    set_bytes = group_size * chunk_tiles_bytes(lane, initial)
     return PIPELINE_DEPTH if PIPELINE_DEPTH * set_bytes <= TILE_SETS_BUDGET else 2
 
 
@@ -527,8 +554,13 @@ def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) 
     ring = pipe.rings[id(lane)]
     decisions: list[Any] = []
 
-    def unit_at(token: Any, offset: int, entry: State | None = None) -> Unit:
-        return [Segment(lane, -1, group, False, False, entry=entry, start=token + offset * unit_tokens)]
+    by_chunk = pipe.inputs.boundaries is not None  # a bucket's loop runs over chunk indices (its tables' columns)
+
+    def unit_at(index: Any, offset: int, entry: State | None = None) -> Unit:
+        if by_chunk:
+            first = index + offset * group
+            return [Segment(lane, -1, group, False, False, entry=entry, start=first * lane.chunk, first_chunk=first)]
+        return [Segment(lane, -1, group, False, False, entry=entry, start=index + offset * unit_tokens)]
 
     def body(token: Any) -> None:
         with pipe.balancer.fixed(decisions):
@@ -540,7 +572,11 @@ def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) 
                 run_period(pipe, newest, middle, oldest)
 
     units[run.first_period - depth + 1][0].entry = None  # the loop's chains start from the ring's tile 0 instead
-    start = units[run.first_period][0].token
     periods = run.last_period - run.first_period + 1
-    nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
+    if by_chunk:
+        start = units[run.first_period][0].chunk_index(0)
+        nl.fori_loop(start, start + periods * group, body, step=depth * group)
+    else:
+        start = units[run.first_period][0].token
+        nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
     return ring[0]

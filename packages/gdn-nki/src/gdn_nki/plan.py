@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+# The arguments with a token axis (axis 2): what padding and packing change.
+TOKEN_ARGUMENTS = ("query", "key", "value", "g_log", "beta")
+
 
 @dataclass(frozen=True)
 class Span:
@@ -87,3 +90,10 @@ def packed_plan(lengths: Sequence[int], chunk: int) -> PackedPlan:
     for n in seq_chunks[:-1]:
         starts.append(starts[-1] + n * chunk)
     return PackedPlan(chunk, lengths, seq_chunks, tuple(starts))
+
+
+def pad_tokens(x: np.ndarray, pad: int) -> np.ndarray:
+    """``x`` with ``pad`` zero tokens appended on axis 2 (g = 0, β = 0 for the gates: exact padding)."""
+    widths = [(0, 0)] * x.ndim
+    widths[2] = (0, pad)
+    return np.pad(x, widths)

@@ -87,6 +87,9 @@ def chunk_gated_delta_rule(
     initial_state_indices: torch.Tensor | None = None,
     algorithm: str = DEFAULT_ALGORITHM,
     group_size: int = DEFAULT_GROUP_SIZE,
+    bucket: tuple[int, int] | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_indices: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
@@ -129,6 +132,12 @@ def chunk_gated_delta_rule(
             in-place pools). Not in FLA's signature. ``initial_state_indices`` (SGLang's and FlashInfer's name)
             is the same argument.
         algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
+        bucket (tuple[int, int] | None): with ``cu_seqlens``, (T, N): run the bucket's one compiled program
+            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed); omitted: the
+            configured default (``gdn_nki.configure_buckets``), else the trace-time form.
+        checkpoint_every (int | None), checkpoint_indices (torch.Tensor | None): prefix-cache checkpoints into
+            the pool (``state_indices``): the state after every ``checkpoint_every`` tokens (a multiple of the
+            algorithm's chunk) of sequence i goes to row ``checkpoint_indices[i, k]`` (-1: none).
         kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
             ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
             is rejected, naming the closest valid one (a misspelt option must not vanish).
@@ -198,6 +207,8 @@ def chunk_gated_delta_rule(
         out, final = prefill_varlen(
             query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
+            bucket=bucket, checkpoint_every=checkpoint_every,
+            checkpoint_indices=None if checkpoint_indices is None else as_numpy(torch.as_tensor(checkpoint_indices)),
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .serving import decode_step
+from .decode_host import decode_step
 from .torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, import_torch, rejection, state_buffer
 
 INDEX_DTYPES = ("int32", "int64")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constants import CHUNK
+from .constants import ALGORITHM_SCHUR, CHUNK
 
 UPPER_NEG_FILL = -1e9  # exp(−1e9 + anything bounded) underflows to exactly 0 in fp32 and bf16
 
@@ -84,3 +84,11 @@ def build_mask_pack(chunk: int = CHUNK) -> np.ndarray:
         if 2 * half <= chunk:
             pack[off_neg_plane(level)] = -off_block_mask(chunk, half)
     return pack
+
+
+def default_mask_pack(mask_pack: np.ndarray | None, algorithm: object) -> np.ndarray | None:
+    """The caller's mask pack, or ``build_mask_pack()`` for schur when none was passed (the host entry points'
+    default)."""
+    if mask_pack is None and isinstance(algorithm, str) and algorithm == ALGORITHM_SCHUR:
+        return build_mask_pack()
+    return mask_pack

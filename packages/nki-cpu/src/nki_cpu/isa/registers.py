@@ -20,6 +20,7 @@ import numpy as np
 
 from nki_cpu import checks, dtypes, operands, state
 from nki_cpu.cost.record import Engine, InstructionRecord, Region
+from nki_cpu.isa._emit import _static_operand
 from nki_cpu.scalar import NkiScalar, VirtualRegister, runtime_value
 
 # The engine nki-cpu charges a register load/store to (the pages do not say which sequencer executes it;
@@ -36,7 +37,12 @@ def _register_region() -> Region:
 def _record(opcode: str, src: Any, dst: Any, dtype: np.dtype) -> None:
     """One record: a 1-element transfer between a tile and a register (either side a Region or a tensor)."""
     reads = (src if isinstance(src, Region) else src.region(),)
+    if not isinstance(src, Region):  # a tile addressed at run time also reads the registers addressing it
+        reads += tuple(src.runtime_reads())
     writes = (dst if isinstance(dst, Region) else dst.region(),)
+    # The program text's operands: a tile addressed at run time without its resolved address (``_static_operand``),
+    # so a compiled loop's body and the fingerprint see one instruction whatever the iteration's index.
+    forms = tuple(("register",) if isinstance(x, Region) else _static_operand(x) for x in (src, dst))
     rec = InstructionRecord(
         opcode=opcode,
         engine=REGISTER_ENGINE,
@@ -46,6 +52,7 @@ def _record(opcode: str, src: Any, dst: Any, dtype: np.dtype) -> None:
         nbytes=dtype.itemsize,
         reads=reads,
         writes=writes,
+        operands=forms,
     )
     state.current().record(rec)
 

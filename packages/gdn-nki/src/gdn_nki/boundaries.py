@@ -1,0 +1,307 @@
+"""Where the sequences of a bucketed launch start and end, on device: per-chunk tables built from the kernel's
+device tensors (chunk boundaries, pool rows, checkpoint rows) by instructions, and what the chain does with them
+at each chunk boundary (``bucket.gdn_cte_bucket``).
+
+A bucket runs every value head as one lane over all of its chunks, as a dense launch with one batch row does. The
+only sequence-dependent work is at chunk boundaries of the chain, and NKI 2.33 has no data-dependent branch
+("NKI Scalar Values", SDK 2.33: a comparison of run-time scalars is traced but cannot be used), so both become
+arithmetic and run-time addresses:
+
+- at a sequence's first chunk the carried state is replaced by the pool row's state (or zero): the state after the
+  chunk before is blended ``keep · h + init`` with ``keep`` 0 there and 1 elsewhere (exact: ``keep`` is 0 or 1, and
+  ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered at the
+  start (``_gather_initial_states``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
+  no load of the chain reads the pool its stores write;
+- after a sequence's last chunk (and after each checkpoint's chunk) the state is stored to its pool row by a DMA
+  addressed at run time (a row read with ``nisa.scalar_load``); a chunk with nothing to store addresses row P, one
+  past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
+  ``nki.isa.oob_mode`` v2.29.1). The chain writes the state after a chunk into a tile of its own (``after``), the
+  stores read it and the blend makes the next entry from it, so the chain never waits for a store.
+
+Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the last chunk and names nothing):
+
+| table | shape | holds |
+|---|---|---|
+| ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N where none starts or it has no row |
+| ``end_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to (a sequence's end); P where none |
+| ``checkpoint_row`` | [1, n + 1] int32 | the pool row of the checkpoint after chunk c; P where none (only with checkpoints) |
+| ``keep`` | [Dk, n + 1] fp32 | 0 where a sequence with at least one chunk starts at chunk c, else 1 (on every partition) |
+
+They are sums over the sequences (on partitions) of 0/1 comparisons of an iota against the boundaries, weighted by
+``row − P`` (``slot − N``): a tensor-engine product with fp32 operands, exact for integers below 2²⁴. A zero-length sequence has
+weight 0 (its state stays in its row, untouched); two sequences with chunks never start or end at the same chunk.
+
+The kernel trusts the tables' inputs (as FlashInfer's and vLLM's kernels do); the host entry points check them
+first (``gdn_ref.bucketed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import tiles
+from .backend import nisa, nl
+from .tiles import FP32
+
+INT32 = nl.int32
+MAX_TABLE = 512  # columns of a table: the tensor engine's moving free size
+
+
+@dataclass
+class ChunkBoundaries:
+    """The per-chunk tables of a bucketed launch, the pool they address, and the tiles the chain writes the state
+    after a chunk into (module docstring)."""
+
+    pool: Any  # [P, Hv, Dk, Dv] fp32 @ HBM
+    initial: Any  # [N + 1, Hv, Dk, Dv] fp32 @ HBM: the initial states, gathered (``_gather_initial_states``)
+    start_slot: Any
+    end_row: Any
+    keep: Any
+    checkpoint_row: Any = None
+    # One [Dk, Dv] fp32 tile per position of a unit: the state after the chunk there, before the blend, which the
+    # store DMAs read. Blending in place instead would make the blend (and the whole chain) wait for the stores.
+    after: list[Any] = field(default_factory=list)
+
+    def initial_state(self, h: int, dst: Any) -> None:
+        """Load value head ``h`` of the state chunk 0's sequence starts from into ``dst`` ([Dk, Dv] fp32): the pool
+        row, or zero."""
+        self._load_initial(_column(self.start_slot, 0), h, dst)
+
+    def load_next_initial(self, h: int, c: Any, dst: Any) -> None:
+        """With the loads of chunk ``c`` (an int, or a compiled loop's run-time scalar): DMA value head ``h`` of
+        the initial state a sequence starting at chunk c + 1 starts from (zeros where none does) into ``dst``
+        ([Dk, Dv] fp32, the chunk's ``ChunkTiles.initial``), periods before the chain's blend reads it."""
+        self._load_initial(_column(self.start_slot, c + 1), h, dst)
+
+    def link(self, h: int, c: Any, last: bool, position: int, init: Any) -> BoundaryLink:
+        """What the chain's link for chunk ``c`` (an int, or a compiled loop's run-time scalar) of value head ``h``,
+        at ``position`` in its unit, does at the boundary after it: the rows its state is stored to (read now,
+        ahead of the link), the blend with ``init`` (``load_next_initial``), applied per state block
+        (``BoundaryLink``). ``last``: the lane's last chunk (no next chunk to start)."""
+        stores = [nisa.scalar_load(_column(self.end_row, c))]
+        if self.checkpoint_row is not None:
+            stores.append(nisa.scalar_load(_column(self.checkpoint_row, c)))
+        if last:
+            return BoundaryLink(self.pool, h, stores, None, None, None)
+        after = self.after[position % len(self.after)]
+        return BoundaryLink(self.pool, h, stores, _column(self.keep, c + 1), init, after)
+
+    def _load_initial(self, slot_entry: Any, h: int, dst: Any) -> None:
+        """DMA value head ``h`` of the gathered initial state the table entry names (slot N: zeros) into ``dst``."""
+        slot = nisa.scalar_load(slot_entry)
+        nisa.dma_copy(dst=dst, src=_pool_view(self.initial, slot, h, slice(0, dst.shape[1])))
+
+
+@dataclass
+class BoundaryLink:
+    """The boundary after one chunk: the rows its state goes to, the next chunk's ``keep`` column and initial
+    state, and the tile the state after the chunk is written into (the last three None after a lane's last chunk:
+    the state is written in place and only stored)."""
+
+    pool: Any
+    h: int
+    rows: list[Any]
+    keep: Any
+    init: Any
+    after: Any
+
+    def after_chunk(self, block: Any, cols: slice) -> Any:
+        """Where the link writes column block ``cols`` of the state after the chunk (``block``: the next chunk's
+        entry state's block)."""
+        return block if self.after is None else self.after[:, cols]
+
+    def blend(self, after: Any, block: Any, cols: slice) -> None:
+        """Make the next chunk's entry block ``block = keep · after + init`` from column block ``cols`` of the state
+        after the chunk (``after``); nothing after a lane's last chunk."""
+        if self.keep is not None:
+            tiles.scale_add(block, after, self.keep, self.init[:, cols])
+
+    def store(self, whole: Any) -> None:
+        """Store the state after the chunk to each row, one DMA per row for the whole [Dk, Dv] state (skipped where
+        the row is P); ``whole``: the state tile, read when the link wrote in place (a lane's last chunk)."""
+        src = whole if self.after is None else self.after
+        for row in self.rows:
+            nisa.dma_copy(dst=_pool_view(self.pool, row, self.h, slice(0, src.shape[1])), src=src,
+                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+
+
+def _column(table: Any, c: Any) -> Any:
+    """Column ``c`` of a table: a static slice, or a run-time ``nl.ds`` start on the free axis."""
+    return table[:, c : c + 1] if isinstance(c, int) else table[:, nl.ds(c, 1)]
+
+
+def _pool_view(pool: Any, row: Any, h: int, cols: slice) -> Any:
+    """Columns ``cols`` of value head ``h`` of pool row ``row`` (a run-time scalar), [Dk, cols], on the pool itself
+    (``.ap`` on an argument, never on a view: hbm._chunk_major says why)."""
+    _, _, dk, dv = pool.shape
+    pattern = [[dv, dk], [1, cols.stop - cols.start]]
+    return pool.ap(pattern=pattern, offset=h * dk * dv + cols.start, scalar_offset=row, indirect_dim=0)
+
+
+def build(
+    chunk_bounds: Any,
+    state_indices: Any,
+    pool: Any,
+    n_chunks: int,
+    checkpoint_every: int = 0,
+    checkpoint_indices: Any = None,
+    positions: int = 1,
+) -> ChunkBoundaries:
+    """The tables of a bucket of ``n_chunks`` chunks from the kernel's device tensors.
+
+    Args:
+        chunk_bounds (nl.NkiTensor): [N + 1] int32 @ HBM, sequence i is chunks ``chunk_bounds[i] ..
+            chunk_bounds[i + 1] − 1``; non-decreasing, from 0, at most ``n_chunks``.
+        state_indices (nl.NkiTensor): [N] int32 @ HBM, pool row per sequence, −1 = none.
+        pool (nl.NkiTensor): [P, Hv, Dk, Dv] fp32 @ HBM.
+        n_chunks (int): chunks of the bucket.
+        checkpoint_every (int): chunks between checkpoints (0: none).
+        checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, pool row of checkpoint k (after ``(k + 1) ·
+            checkpoint_every`` chunks of sequence i), −1 = none.
+        positions (int): chunks per unit of the pipeline (the group size): one ``after`` tile each.
+
+    Returns:
+        ChunkBoundaries: the tables, in SBUF.
+    """
+    seqs = state_indices.shape[0]
+    rows_total, dk = pool.shape[0], pool.shape[2]
+    width = n_chunks + 1
+    first = _vector(chunk_bounds, seqs, 0)
+    end = _vector(chunk_bounds, seqs, 1)
+    live = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_tensor(dst=live, data1=end, data2=first, op=nl.greater)
+    chunk_index = tiles.sbuf((seqs, width), FP32)
+    nisa.iota(dst=chunk_index, pattern=[[1, width]], offset=0)
+    starts = _equal(chunk_index, first, 0.0)
+    ends = _equal(chunk_index, end, 1.0)
+    rows = _vector(state_indices, seqs, 0)
+    has_row = _at_least_zero(rows)
+    row_weight = _weight(rows, rows_total, has_row, live)
+    slot = tiles.sbuf((seqs, 1), FP32)
+    nisa.iota(dst=slot, pattern=[[0, 1]], offset=0, channel_multiplier=1)
+    slot_weight = _weight(slot, seqs, has_row, live)
+
+    ones = tiles.sbuf((seqs, dk), FP32)
+    nisa.memset(dst=ones, value=1.0)
+    live_rows = tiles.sbuf((seqs, dk), FP32)
+    nisa.tensor_scalar(dst=live_rows, data=ones, op0=nl.multiply, operand0=live)
+    started = tiles.psum((dk, width))
+    nisa.nc_matmul(dst=started, stationary=live_rows, moving=starts)
+    keep = tiles.sbuf((dk, width), FP32)
+    nisa.tensor_scalar(dst=keep, data=started, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
+
+    checkpoint_row = None
+    if checkpoint_every:
+        checkpoint_row = _checkpoint_table(
+            chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end
+        )
+    dv = pool.shape[3]
+    after = [tiles.sbuf((dk, dv), FP32) for _ in range(positions)]
+    initial = _gather_initial_states(pool, state_indices, seqs)
+    return ChunkBoundaries(
+        pool, initial, _sum_table(slot_weight, starts, seqs), _sum_table(row_weight, ends, rows_total), keep,
+        checkpoint_row, after,
+    )  # fmt: skip
+
+
+def _vector(tensor: Any, length: int, offset: int, stride: int = 1) -> Any:
+    """Elements ``offset + i·stride`` (i < length) of an int32 HBM tensor (1-D, or a column of a row-major 2-D one)
+    as an fp32 column [length, 1]."""
+    raw = tiles.sbuf((length, 1), INT32)
+    nisa.dma_copy(dst=raw, src=tensor.ap(pattern=[[stride, length], [1, 1]], offset=offset))
+    column = tiles.sbuf((length, 1), FP32)
+    nisa.tensor_copy(dst=column, src=raw)
+    return column
+
+
+def _equal(chunk_index: Any, bound: Any, shift: float) -> Any:
+    """0/1 [N, width]: ``c + shift == bound_i``."""
+    found = tiles.sbuf(tuple(chunk_index.shape), FP32)
+    nisa.tensor_scalar(dst=found, data=chunk_index, op0=nl.add, operand0=shift, op1=nl.equal, operand1=bound)
+    return found
+
+
+def _at_least_zero(values: Any) -> Any:
+    """0/1 per partition: ``values >= 0`` (a pool row, not −1)."""
+    found = tiles.sbuf(tuple(values.shape), FP32)
+    nisa.tensor_scalar(dst=found, data=values, op0=nl.greater_equal, operand0=0.0)
+    return found
+
+
+def _weight(values: Any, total: int, *flags: Any) -> Any:
+    """Per sequence ``(value − total)`` where every 0/1 flag is 1, else 0 (so a table's sum plus ``total`` is the
+    value, or ``total``)."""
+    weight = tiles.sbuf(tuple(values.shape), FP32)
+    nisa.tensor_scalar(dst=weight, data=values, op0=nl.subtract, operand0=float(total))
+    for flag in flags:
+        nisa.tensor_tensor(dst=weight, data1=weight, data2=flag, op=nl.multiply)
+    return weight
+
+
+def _gather_initial_states(pool: Any, state_indices: Any, seqs: int) -> Any:
+    """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``state_indices[i]`` (not read for −1: the DMA skips
+    the row outside the pool), slot N zeros.
+
+    Gathered before any state is stored, so the chain's loads read this copy and never the pool its stores write:
+    a load and a store of the pool addressed at run time could be the same row for all the program can tell, and
+    would be ordered one after the other on the chain's path.
+    """
+    _, heads, dk, dv = pool.shape
+    initial = nl.ndarray((seqs + 1, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    zero = tiles.sbuf((dk, dv), FP32)
+    nisa.memset(dst=zero, value=0.0)
+    for h in range(heads):
+        nisa.dma_copy(dst=initial[seqs, h, :, :], src=zero)
+    rows = tiles.sbuf((1, seqs), INT32)
+    nisa.dma_copy(dst=rows, src=state_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
+    pattern = [[dv, heads * dk], [1, dv]]
+    for i in range(seqs):
+        row = nisa.scalar_load(rows[:, i : i + 1])
+        src = pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+        nisa.dma_copy(dst=initial.ap(pattern=pattern, offset=i * heads * dk * dv), src=src,
+                      oob_mode=nisa.oob_mode.skip)  # fmt: skip
+    return initial
+
+
+def _sum_table(weight: Any, found: Any, total: int) -> Any:
+    """[1, width] int32: ``total + Σ_i weight_i · found[i, c]``."""
+    sums = tiles.psum((1, found.shape[1]))
+    nisa.nc_matmul(dst=sums, stationary=weight, moving=found)
+    table = tiles.sbuf((1, found.shape[1]), INT32)
+    nisa.tensor_scalar(dst=table, data=sums, op0=nl.add, operand0=float(total))
+    return table
+
+
+def _checkpoint_table(
+    chunk_bounds: Any,
+    checkpoint_indices: Any,
+    seqs: int,
+    width: int,
+    rows_total: int,
+    every: int,
+    first: Any,
+    end: Any,
+) -> Any:
+    """[1, width] int32: the pool row of the checkpoint taken after chunk c, else P.
+
+    Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's;
+    the sum runs over the sequences on partitions, one checkpoint index k at a time (accumulating in PSUM).
+    """
+    per_seq = checkpoint_indices.shape[1]
+    total = tiles.psum((1, width))
+    chunk_index = tiles.sbuf((seqs, width), FP32)
+    nisa.iota(dst=chunk_index, pattern=[[1, width]], offset=1)  # c + 1: the chunks done after chunk c
+    for k in range(per_seq):
+        at = tiles.sbuf((seqs, 1), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
+        nisa.tensor_scalar(dst=at, data=first, op0=nl.add, operand0=float((k + 1) * every))
+        inside = tiles.sbuf((seqs, 1), FP32)
+        nisa.tensor_tensor(dst=inside, data1=end, data2=at, op=nl.greater_equal)
+        found = tiles.sbuf((seqs, width), FP32)
+        nisa.tensor_scalar(dst=found, data=chunk_index, op0=nl.equal, operand0=at)
+        rows = _vector(checkpoint_indices, seqs, k, per_seq)
+        weight = _weight(rows, rows_total, _at_least_zero(rows), inside)
+        nisa.nc_matmul(dst=total, stationary=weight, moving=found, accumulate=k > 0)
+    table = tiles.sbuf((1, width), INT32)
+    nisa.tensor_scalar(dst=table, data=total, op0=nl.add, operand0=float(rows_total))
+    return table

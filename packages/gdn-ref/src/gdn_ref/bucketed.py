@@ -1,0 +1,152 @@
+"""The rules of a bucketed serving launch's layout (a bucket of T tokens and N sequence slots): what a host checks
+before it hands the layout to a kernel that reads it on device and trusts it.
+
+They differ from a trace-time packed launch's (``gdn_ref.packed``) where a server's batches do: a sequence may be
+empty, a slot may have no pool row (−1: start from zero, store nothing, the padding-slot convention of vLLM and
+SGLang), and checkpoint rows (``checkpoint_indices``) are pool rows too. Each rule returns ``Violation``s naming
+the argument, the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .contract import Violation
+from .packed import _describe_vector, integer_vector
+
+
+def bucket_violations(
+    cu_seqlens: Any,
+    tokens: int,
+    chunk: int,
+    bucket: Any,
+    pool_rows: int,
+    state_indices: Any,
+    checkpoint_every: Any = None,
+    checkpoint_indices: Any = None,
+) -> list[Violation]:
+    """Every broken rule of a bucketed launch's layout.
+
+    Args:
+        cu_seqlens: [n + 1] integers from 0, non-decreasing (empty sequences allowed), ending at ``tokens``.
+        tokens (int): packed real tokens passed.
+        chunk (int): the algorithm's chunk.
+        bucket: (T, N): T a positive chunk multiple holding every sequence padded to its chunk multiple, N >= n;
+            None: not checked (the host has not chosen one yet).
+        pool_rows (int): rows P of the state pool.
+        state_indices: [n] integers, each −1 or a row in [0, P); distinct among sequences with tokens.
+        checkpoint_every: None, or tokens between checkpoints, a positive chunk multiple.
+        checkpoint_indices: with ``checkpoint_every``, [n, K] integers, each −1 or a pool row; distinct from each
+            other and from the live ``state_indices``.
+
+    Returns:
+        list[Violation]: empty when the layout is valid.
+    """
+    bounds = integer_vector(cu_seqlens)
+    if bounds is None or bounds.size < 2:
+        return [Violation("bucket.cu_seqlens", "cu_seqlens", _describe_vector(cu_seqlens),
+                          "cu_seqlens must be a 1-D integer tensor [n + 1] (n >= 1 sequence slots)",
+                          "pass the cumulative sequence lengths, e.g. [0, len0, len0 + len1, ...]")]  # fmt: skip
+    found = _bounds_violations(bounds.astype(np.int64), tokens)
+    lengths = np.diff(bounds.astype(np.int64))
+    if bucket is not None:
+        found += _bucket_violations(bucket, lengths, chunk)
+    found += _rows_violations(state_indices, lengths, pool_rows, checkpoint_every, checkpoint_indices, chunk)
+    return found
+
+
+def padded_tokens(lengths: Sequence[int] | np.ndarray, chunk: int) -> int:
+    """Tokens of sequences of these lengths packed with each padded to its own chunk multiple."""
+    return int(sum(-(-int(n) // chunk) for n in lengths)) * chunk
+
+
+def _bounds_violations(bounds: np.ndarray, tokens: int) -> list[Violation]:
+    found = []
+    if bounds[0] != 0:
+        found.append(Violation("bucket.cu_seqlens_start", "cu_seqlens", f"first entry {int(bounds[0])}",
+                               "cu_seqlens must start at 0", "prepend 0"))  # fmt: skip
+    steps = np.diff(bounds)
+    if (steps < 0).any():
+        at = int(np.argmax(steps < 0))
+        found.append(Violation("bucket.cu_seqlens_order", "cu_seqlens",
+                               f"entries {int(bounds[at])}, {int(bounds[at + 1])} at {at}, {at + 1}",
+                               "cu_seqlens must be non-decreasing (an empty sequence repeats an entry)",
+                               "give cumulative lengths, not the lengths themselves"))  # fmt: skip
+    if bounds[-1] != tokens:
+        found.append(Violation("bucket.cu_seqlens_end", "cu_seqlens", f"last entry {int(bounds[-1])}",
+                               f"cu_seqlens must end at the packed token count T={tokens}",
+                               "give the boundaries of exactly the tokens passed"))  # fmt: skip
+    return found
+
+
+def _bucket_violations(bucket: Any, lengths: np.ndarray, chunk: int) -> list[Violation]:
+    shape = tuple(bucket) if isinstance(bucket, (tuple, list)) else None
+    if shape is None or len(shape) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in shape):
+        return [Violation("bucket.form", "bucket", f"value {bucket!r}", "a bucket is (T tokens, N sequences), ints",
+                          "pass bucket=(T, N), e.g. (4096, 8)")]  # fmt: skip
+    total, slots = shape
+    needed = padded_tokens(lengths.clip(min=0), chunk)
+    found = []
+    if total <= 0 or total % chunk:
+        found.append(Violation("bucket.tokens", "bucket", f"T={total}",
+                               f"T must be a positive multiple of the chunk ({chunk})",
+                               f"round T up to a multiple of {chunk}"))  # fmt: skip
+    elif needed > total:
+        found.append(Violation("bucket.holds_tokens", "bucket", f"T={total}",
+                               f"the sequences padded to their chunk multiples take {needed} tokens",
+                               f"use a bucket of at least {needed} tokens"))  # fmt: skip
+    if slots < len(lengths):
+        found.append(Violation("bucket.holds_sequences", "bucket", f"N={slots}",
+                               f"the call has {len(lengths)} sequences", f"use a bucket of at least {len(lengths)} slots"))  # fmt: skip
+    return found
+
+
+def _rows_violations(
+    state_indices: Any,
+    lengths: np.ndarray,
+    pool_rows: int,
+    checkpoint_every: Any,
+    checkpoint_indices: Any,
+    chunk: int,
+) -> list[Violation]:
+    rows = integer_vector(state_indices)
+    if rows is None or rows.shape != lengths.shape:
+        return [Violation("bucket.state_indices", "state_indices", _describe_vector(state_indices),
+                          f"state_indices must be [n] = [{len(lengths)}] integers, one pool row (or -1) per sequence",
+                          "pass one row per sequence; -1 for a sequence without a state row")]  # fmt: skip
+    found = _in_pool("state_indices", rows, pool_rows)
+    named = [int(r) for r, n in zip(rows, lengths, strict=True) if r >= 0 and n > 0]
+    if checkpoint_every is not None:
+        every_ok = isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
+        if not (every_ok and checkpoint_every > 0 and checkpoint_every % chunk == 0):
+            return [*found, Violation("bucket.checkpoint_every", "checkpoint_every", f"value {checkpoint_every!r}",
+                                      f"checkpoints are taken every positive multiple of the chunk ({chunk}) tokens",
+                                      f"pass a multiple of {chunk}, e.g. {2 * chunk}")]  # fmt: skip
+        table = np.asarray(checkpoint_indices) if checkpoint_indices is not None else None
+        if table is not None and table.dtype.kind not in "iu":
+            table = None
+        if table is None or table.ndim != 2 or table.shape[0] != len(lengths) or not table.shape[1]:
+            shape = None if table is None else table.shape
+            return [*found, Violation("bucket.checkpoint_indices", "checkpoint_indices", f"shape {shape}",
+                                      f"checkpoint_indices must be [n, K] = [{len(lengths)}, K] integers",
+                                      "one row per sequence, one pool row (or -1) per checkpoint")]  # fmt: skip
+        found += _in_pool("checkpoint_indices", table.reshape(-1), pool_rows)
+        named += [int(r) for r in table.reshape(-1) if r >= 0]
+    repeated = sorted({r for r in named if named.count(r) > 1})
+    if repeated:
+        found.append(Violation("bucket.rows_distinct", "state_indices", f"rows {repeated} named twice",
+                               "each live sequence's state row and each checkpoint row is written by one store, so "
+                               "they must be distinct", "give every sequence and checkpoint its own pool row"))  # fmt: skip
+    return found
+
+
+def _in_pool(name: str, rows: Sequence[int] | np.ndarray, pool_rows: int) -> list[Violation]:
+    outside = sorted({int(r) for r in rows if not -1 <= r < pool_rows})
+    if not outside:
+        return []
+    return [Violation(f"bucket.{name}_range", name, f"rows {outside}",
+                      f"every row must be -1 (none) or a row of the pool's {pool_rows}",
+                      f"use rows in [0, {pool_rows}) or -1")]  # fmt: skip
