@@ -163,7 +163,7 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
 
 PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inverse, transition and chain
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
-# loads and every stage's working tiles — measured at most ~70 KB at head dim 128 and group 16 in fp32.
+# loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
 
 

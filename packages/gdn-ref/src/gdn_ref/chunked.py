@@ -327,10 +327,10 @@ def chunked(
         tuple[np.ndarray, np.ndarray]: out [B, Hv, S, Dv] and final state [B, Hv, Dk, Dv], both compute_dtype.
 
     Notes:
-        Per chunk with entry state S₀ (gdn-math §2.1): γ = chunk-local cumsum of g; Γ_ij = e^{Σ_{j<t≤i} g_t}
+        Per chunk with entry state S₀: γ = chunk-local cumsum of g; Γ_ij = e^{Σ_{j<t≤i} g_t}
         (i ≥ j; summed directly, never as γ_i − γ_j, so a huge or −inf gate mid-chunk costs nothing);
         A = strictly_lower(diag(β)(KKᵀ∘Γ)); T = (I + A)^{-1};
-        V_new = T·(diag(β)V − diag(βe^γ) K S₀)  (schur applies T on the state chain, as the kernel does;
+        V_new = T·(diag(β)V − diag(βe^γ) K S₀)  (schur applies T on the state chain;
         neumann forms W = T diag(βe^γ)K and U = T diag(β)V first and takes V_new = U − W S₀, as FLA does);
         O = scale·(diag(e^γ) Q S₀ + (QKᵀ∘Γ) V_new);  S_C = e^{γ_C} S₀ + (diag(e^{γ_C−γ}) K)ᵀ V_new.
         State-independent work is vectorized over every (lane, head, chunk) of a slab; only the state chain

@@ -11,8 +11,8 @@ the oracle alone, never from the implementation under test:
   sensitivity to u-sized perturbations of its operands. ``condition`` is that sensitivity in units of u: the
   oracle is re-run with q, k, v and the initial state each perturbed by independent relative noise uniform in
   [−u, u], and the rel-RMS change of an output, divided by u, is its condition. Well-conditioned regimes measure
-  ≈ 1 (random keys: 0.97 for out, 0.84 for the state, at bf16); near-collinear keys ≈ 4 (ill-conditioned I + A,
-  gdn-math §3.3). Both bounds of an output are multiplied by ``min(MAX_CONDITION, max(1, condition))``, so
+  ≈ 1 (random keys: 0.97 for out, 0.84 for the state, at bf16); near-collinear keys ≈ 4 (the triangular solve of
+  an ill-conditioned I + A). Both bounds of an output are multiplied by ``min(MAX_CONDITION, max(1, condition))``, so
   well-conditioned cases are held to the table exactly and no case's bound grows past MAX_CONDITION = 8 times
   the table (bf16: 8e-2 rel-RMS, 0.32 max; fp32: 1.6e-3, 1.6e-2): a wrong result (a zero output is rel-RMS 1)
   always fails. The table itself budgets no ill-conditioning, so nothing is counted twice.
