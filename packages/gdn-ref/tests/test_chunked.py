@@ -105,7 +105,7 @@ def test_mask_pack_driven_schur_equals_blocked_schur(bf16: bool) -> None:
 def test_ill_conditioned_keys_bf16_doubling_breaks_so_neumann_inverts_in_fp32() -> None:
     # Near-collinear unit keys, β near 1, g = 0: A_ii ≈ strictly-lower ones, whose powers in the doubling reach
     # binomial sizes (C(15,7) ≈ 6e3) and must cancel. In float64 both algorithms are exact. A doubling inverse with
-    # bf16 operands fails the cancellation (gdn-math §3.3) — which is why the kernel, and this emulation, run
+    # bf16 operands fails the cancellation — which is why the kernel, and this emulation, run
     # neumann's inverse in fp32; schur forms no powers and keeps bf16 operands.
     x = make_inputs(36, S=256, gate="zero", keys="collinear", beta_range=(0.97, 0.999))
     out_ref, _ = recurrent(*x.args())

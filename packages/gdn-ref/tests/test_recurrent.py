@@ -59,7 +59,7 @@ def test_oracle_matches_independent_scalar_loop() -> None:
 
 
 def _delta_on_pre_decay_state(x) -> np.ndarray:
-    """A different model (gdn-math §1.1): u = β(v − Sᵀk) on the state BEFORE the decay."""
+    """A different model: u = β(v − Sᵀk) on the state BEFORE the decay."""
     q, k = x.query[:, 0], x.key[:, 0]
     state = x.initial_state[:, 0].copy()
     out = np.empty_like(x.value[:, 0])
