@@ -296,3 +296,52 @@ def test_the_torch_entry_point_takes_a_bucket_and_checkpoints() -> None:
     assert torch.equal(pool[[2, 5]], trace_time_pool[[2, 5]])
     changed = [r for r in range(POOL_ROWS) if not torch.equal(pool[r], torch.from_numpy(batch.pool[r]))]
     assert changed == [2, 5, 7, 8], "the two live rows and sequence 2's checkpoints after 128 and 256 of 300 tokens"
+
+
+def test_resuming_from_a_row_it_does_not_write_leaves_that_row_and_matches_the_uninterrupted_prefill() -> None:
+    """``read_indices``: two sequences resume from one checkpoint row into rows of their own (a prefix-cache hit
+    shared by two requests); each equals the uninterrupted prefill bit for bit and the checkpoint row is untouched.
+    Layouts with read rows are one program."""
+    batch = _batch([3 * C + 9], [0], seeds=[21])
+    out, pool = _run(batch, checkpoint_every=C, checkpoint_indices=np.array([[5, -1, -1]], np.int32))
+    seq, tail = batch.cases[0], 3 * C + 9 - C
+    resume = _batch([tail, tail], [6, 7], seeds=[0, 0], pool_seed=4)
+    resume.packed = {name: np.concatenate([seq.kernel[name][:, :, C:]] * 2, axis=2) for name in TENSORS}
+    resume.pool[5] = pool[5]
+    read = np.array([5, 5], np.int32)
+    resumed_out, resumed_pool = _run(resume, read_indices=read)
+    first = None if gdn_nki.backend.USING_REAL_NKI else nki_cpu.last_traces()[0].fingerprint()
+    for i in range(2):
+        assert np.array_equal(resumed_out[:, :, i * tail : (i + 1) * tail], out[:, :, C:]), f"sequence {i}: out"
+        assert np.array_equal(resumed_pool[6 + i], pool[0]), f"sequence {i}: final state"
+    unwritten = [r for r in range(POOL_ROWS) if r not in (6, 7)]
+    assert resumed_pool[unwritten].tobytes() == resume.pool[unwritten].tobytes(), "a row not written changed"
+    # Another layout of the bucket with read rows (one from zero, one from a row it does not write): same program.
+    other = _batch([40, 0, C + 1], [2, 3, 9], seeds=[5, 6, 7])
+    _run(other, read_indices=np.array([-1, 4, 11], np.int32))
+    if first is not None:
+        assert nki_cpu.last_traces()[0].fingerprint() == first
+
+
+def test_a_read_row_the_launch_writes_is_rejected_and_nothing_changes() -> None:
+    batch = _batch([C + 3, 20], [0, 1], seeds=[1, 2])
+    cases = {
+        "another sequence's state row": dict(read_indices=np.array([1, 1], np.int32)),
+        "a checkpoint row": dict(
+            read_indices=np.array([4, -1], np.int32),
+            checkpoint_every=C,
+            checkpoint_indices=np.array([[4], [-1]], np.int32),
+        ),
+    }
+    for what, extra in cases.items():
+        pool = batch.pool.copy()
+        with pytest.raises(ContractError, match="read_rows_written") as error:
+            gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, scale=DK**-0.5,
+                                   recurrent_state=pool, state_indices=batch.rows, **extra)  # fmt: skip
+        assert "read_indices" in str(error.value), what
+        assert pool.tobytes() == batch.pool.tobytes(), f"{what}: the pool changed"
+    pool = batch.pool.copy()
+    pool[9, 1, 2, 3] = np.nan  # a poisoned row a sequence would start from is refused before the launch
+    with pytest.raises(ContractError, match=r"pool row 9.*recurrent_state\.finite"):
+        gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, scale=DK**-0.5,
+                               recurrent_state=pool, state_indices=batch.rows, read_indices=np.array([9, -1]))  # fmt: skip

@@ -11,7 +11,9 @@ arithmetic and run-time addresses:
   chunk before is blended ``keep · h + init`` with ``keep`` 0 there and 1 elsewhere (exact: ``keep`` is 0 or 1, and
   ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered at the
   start (``_gather_initial_states``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
-  no load of the chain reads the pool its stores write;
+  no load of the chain reads the pool its stores write. The rows read are ``state_indices``, or ``read_indices``
+  where a sequence starts from another row than the one it ends in (a prefix-cache hit: the cache's row is read,
+  the request's own row written);
 - after a sequence's last chunk (and after each checkpoint's chunk) the state is stored to its pool row by a DMA
   addressed at run time (a row read with ``nisa.scalar_load``); a chunk with nothing to store addresses row P, one
   past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
@@ -147,6 +149,7 @@ def build(
     checkpoint_every: int = 0,
     checkpoint_indices: Any = None,
     positions: int = 1,
+    read_indices: Any = None,
 ) -> ChunkBoundaries:
     """The tables of a bucket of ``n_chunks`` chunks from the kernel's device tensors.
 
@@ -160,6 +163,9 @@ def build(
         checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, pool row of checkpoint k (after ``(k + 1) ·
             checkpoint_every`` chunks of sequence i), −1 = none.
         positions (int): chunks per unit of the pipeline (the group size): one ``after`` tile each.
+        read_indices (nl.NkiTensor): [N] int32 @ HBM, the pool row sequence i starts from when it is not the row
+            its final state goes to (a prefix-cache hit resumes from a cache row it must not overwrite), −1 =
+            zero; None: ``state_indices``.
 
     Returns:
         ChunkBoundaries: the tables, in SBUF.
@@ -178,9 +184,11 @@ def build(
     rows = _vector(state_indices, seqs, 0)
     has_row = _at_least_zero(rows)
     row_weight = _weight(rows, rows_total, has_row, live)
+    reads = state_indices if read_indices is None else read_indices
+    has_read = has_row if read_indices is None else _at_least_zero(_vector(read_indices, seqs, 0))
     slot = tiles.sbuf((seqs, 1), FP32)
     nisa.iota(dst=slot, pattern=[[0, 1]], offset=0, channel_multiplier=1)
-    slot_weight = _weight(slot, seqs, has_row, live)
+    slot_weight = _weight(slot, seqs, has_read, live)
 
     ones = tiles.sbuf((seqs, dk), FP32)
     nisa.memset(dst=ones, value=1.0)
@@ -198,7 +206,7 @@ def build(
         )
     dv = pool.shape[3]
     after = [tiles.sbuf((dk, dv), FP32) for _ in range(positions)]
-    initial = _gather_initial_states(pool, state_indices, seqs)
+    initial = _gather_initial_states(pool, reads, seqs)
     return ChunkBoundaries(
         pool, initial, _sum_table(slot_weight, starts, seqs), _sum_table(row_weight, ends, rows_total), keep,
         checkpoint_row, after,
@@ -239,8 +247,8 @@ def _weight(values: Any, total: int, *flags: Any) -> Any:
     return weight
 
 
-def _gather_initial_states(pool: Any, state_indices: Any, seqs: int) -> Any:
-    """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``state_indices[i]`` (not read for −1: the DMA skips
+def _gather_initial_states(pool: Any, read_indices: Any, seqs: int) -> Any:
+    """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``read_indices[i]`` (not read for −1: the DMA skips
     the row outside the pool), slot N zeros.
 
     Gathered before any state is stored, so the chain's loads read this copy and never the pool its stores write:
@@ -254,7 +262,7 @@ def _gather_initial_states(pool: Any, state_indices: Any, seqs: int) -> Any:
     for h in range(heads):
         nisa.dma_copy(dst=initial[seqs, h, :, :], src=zero)
     rows = tiles.sbuf((1, seqs), INT32)
-    nisa.dma_copy(dst=rows, src=state_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
+    nisa.dma_copy(dst=rows, src=read_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
     pattern = [[dv, heads * dk], [1, dv]]
     for i in range(seqs):
         row = nisa.scalar_load(rows[:, i : i + 1])

@@ -47,6 +47,7 @@ def gdn_cte_bucket(
     group_size: int = DEFAULT_GROUP_SIZE,
     checkpoint_every: int = 0,
     checkpoint_indices: Any = None,
+    read_indices: Any = None,
 ) -> tuple[Any, Any]:
     """Chunked gated delta-rule prefill of up to N packed sequences in a bucket of T tokens, the layout on device.
 
@@ -69,6 +70,10 @@ def gdn_cte_bucket(
         checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, run-time: pool row of the state after
             ``(k + 1) · checkpoint_every`` tokens of sequence i (its padded tokens); −1, or a checkpoint past the
             sequence's chunks: not stored. Distinct from each other and from ``state_indices``'s live rows.
+        read_indices (nl.NkiTensor): [N] int32 @ HBM, run-time, optional: the pool row sequence i starts from
+            when it differs from the row it ends in (``state_indices``), e.g. a prefix-cache row it resumes from and
+            must not overwrite; −1: start from zero. None: each sequence starts from its ``state_indices`` row.
+            Rows may repeat; none is a row this launch writes for another sequence or a checkpoint.
 
     Returns:
         tuple: ``out`` [1, Hv, T, Dv] in the compute dtype (padding tokens' rows are not meaningful) and
@@ -82,21 +87,27 @@ def gdn_cte_bucket(
     """
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, state_pool)
     assert_valid_call(tensor_violations(call, host=False))
-    _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices)
+    _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices, read_indices)
     value_heads, tokens, dv = value.shape[1], query.shape[2], value.shape[3]
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     n_chunks = tokens // chunk
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     every = checkpoint_every // chunk
     tables = boundaries.build(
-        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, positions=group_size
-    )
+        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, positions=group_size,
+        read_indices=read_indices,
+    )  # fmt: skip
     emit(call, out, state_pool, [Span(0, 0, n_chunks, 0)], tables)
     return out, state_pool
 
 
 def _check_layout_tensors(
-    call: Arguments, chunk_bounds: Any, state_indices: Any, checkpoint_every: int, checkpoint_indices: Any
+    call: Arguments,
+    chunk_bounds: Any,
+    state_indices: Any,
+    checkpoint_every: int,
+    checkpoint_indices: Any,
+    read_indices: Any = None,
 ) -> None:
     """The trace-time rules of the layout tensors and the pool (their shapes and dtypes; their values are data)."""
     pool, value = call.recurrent_state, call.value
@@ -111,6 +122,11 @@ def _check_layout_tensors(
         len(seqs) == 1 and 1 <= seqs[0] <= MAX_SEQUENCES and state_indices.dtype == nl.int32,
         f"gdn_cte_bucket: `state_indices` {seqs} {state_indices.dtype} must be [N] int32 with 1 <= N <= "
         f"{MAX_SEQUENCES}. Fix: one pool row (or -1) per sequence slot, as int32",
+    )
+    kernel_assert(
+        read_indices is None or (tuple(read_indices.shape) == seqs and read_indices.dtype == nl.int32),
+        f"gdn_cte_bucket: `read_indices` {tuple(getattr(read_indices, 'shape', ()))} must be [N] = {list(seqs)} "
+        "int32, as `state_indices`. Fix: one pool row to start from (or -1) per sequence slot, as int32",
     )
     kernel_assert(
         tuple(chunk_bounds.shape) == (seqs[0] + 1,) and chunk_bounds.dtype == nl.int32,

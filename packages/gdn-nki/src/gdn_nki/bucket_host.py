@@ -19,7 +19,7 @@ from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GRO
 from gdn_ref.contract import Arguments, ContractError, Violation
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
-from gdn_ref.packed import tensor_violations
+from gdn_ref.packed import pool_row_violations, tensor_violations
 
 from . import backend
 from .bucket import gdn_cte_bucket
@@ -77,6 +77,7 @@ def prefill_bucket(
     state_indices: np.ndarray | None = None,
     checkpoint_every: int | None = None,
     checkpoint_indices: np.ndarray | None = None,
+    read_indices: np.ndarray | None = None,
     *,
     grid: int | None = None,
     check_values: bool = True,
@@ -101,13 +102,18 @@ def prefill_bucket(
         checkpoint_every: tokens between checkpoints (a chunk multiple), or None.
         checkpoint_indices: [n, K] pool rows: row of the state after ``(k + 1) · checkpoint_every`` tokens of
             sequence i, −1 = none; a checkpoint past the sequence's length is not stored.
+        read_indices: optional [n] pool rows sequence i starts from instead of its ``state_indices`` row (−1:
+            zero), e.g. a prefix-cache row a request resumes from and must not overwrite; rows may repeat, none
+            may be written by the launch for another sequence or a checkpoint. Omitted: the ``state_indices`` rows.
         grid, check_values, on_commit: as ``prefill_varlen`` (value heads are split over the grid's programs).
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, the pool).
 
     Notes:
-        Every rule is checked before the launch (``gdn_ref.bucketed``); a rejected call changes nothing. On this
+        Every rule is checked before the launch (``gdn_ref.bucketed``), and with ``check_values`` the values of
+        the pool rows the launch reads (a NaN left in a free row must not reach a sequence); a rejected call
+        changes nothing. On this
         CPU the kernel runs on a staged copy of the pool and only the rows it names are committed once it has
         completed; on Trainium the kernel writes the named rows of the device pool itself.
     """
@@ -125,18 +131,22 @@ def prefill_bucket(
         pool = np.zeros((seqs, value.shape[1], dk, dv), np.float32)
     rows = np.arange(seqs) if state_indices is None else state_indices
     violations = bucket_violations(
-        cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows, checkpoint_every, checkpoint_indices
-    )
+        cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows, checkpoint_every, checkpoint_indices,
+        read_indices,
+    )  # fmt: skip
     if not violations and bucket is None:
         bucket = _choose(np.diff(bounds.astype(np.int64)), chunk)
         violations = bucket_violations(cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows)
     if not violations and recurrent_state is not None:
         violations = _pool_violations(recurrent_state, call)
+    lengths = np.diff(bounds.astype(np.int64))
     if not violations and check_values:
         violations = check_values_of(query, key, value, g_log, beta)
+        read = [int(r) for r, n in zip(rows if read_indices is None else read_indices, lengths, strict=True)
+                if r >= 0 and n > 0]  # fmt: skip
+        violations = violations or pool_row_violations(pool[read], read)
     if violations:
         raise ContractError(violations)
-    lengths = np.diff(bounds.astype(np.int64))
     plan = packed_plan(lengths, chunk)
     tokens, slots = bucket
     packed = {name: pad_tokens(plan.pack(getattr(call, name)), tokens - plan.padded_len) for name in TOKEN_ARGUMENTS}
@@ -150,8 +160,11 @@ def prefill_bucket(
             "checkpoint_every": checkpoint_every,
             "checkpoint_indices": _checkpoint_rows(checkpoint_indices, lengths, checkpoint_every, slots),
         }
+    if read_indices is not None:
+        extra["read_indices"] = np.full(slots, -1, np.int32)
+        extra["read_indices"][:seqs] = np.asarray(read_indices)
     named = [int(r) for r in slot_rows if r >= 0]
-    if extra:
+    if checkpoint_every is not None:
         named += [int(r) for r in extra["checkpoint_indices"].flat if r >= 0]
     staged = np.array(pool, dtype=np.float32, order="C", copy=True)
     kernel = gdn_cte_bucket if grid is None else gdn_cte_bucket[grid]

@@ -186,6 +186,7 @@ def prefill_varlen(
     bucket: tuple[int, int] | None = None,
     checkpoint_every: int | None = None,
     checkpoint_indices: np.ndarray | None = None,
+    read_indices: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences of any lengths in ONE kernel launch (``gdn_cte_varlen``), each from its own state.
 
@@ -209,8 +210,9 @@ def prefill_varlen(
             the smallest bucket of ``bucket_host.configure_buckets`` holding the batch; with none configured, the
             trace-time form (one program per batch layout, no padding beyond each sequence's chunk multiple: the
             better choice for one-off calls).
-        checkpoint_every, checkpoint_indices: prefix-cache checkpoints (bucketed form only; without a bucket the
-            batch's own size is used): see ``bucket_host.prefill_bucket``.
+        checkpoint_every, checkpoint_indices, read_indices: prefix-cache checkpoints, and rows to start from
+            other than the rows written (bucketed form only; without a bucket the batch's own size is used): see
+            ``bucket_host.prefill_bucket``.
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, final states): the supplied state/pool itself, updated, or a
@@ -223,10 +225,11 @@ def prefill_varlen(
         call either completes or changes nothing.
     """
     _check_grid(grid)
-    if bucket is not None or checkpoint_every is not None or bucket_host.configured_buckets():
+    bucketed = bucket is not None or checkpoint_every is not None or read_indices is not None
+    if bucketed or bucket_host.configured_buckets():
         return bucket_host.prefill_bucket(
             query, key, value, g_log, beta, cu_seqlens, bucket, scale, algorithm, mask_pack, group_size,
-            recurrent_state, state_indices, checkpoint_every, checkpoint_indices, grid=grid,
+            recurrent_state, state_indices, checkpoint_every, checkpoint_indices, read_indices, grid=grid,
             check_values=check_values, on_commit=on_commit,
         )  # fmt: skip
     mask_pack = default_mask_pack(mask_pack, algorithm)

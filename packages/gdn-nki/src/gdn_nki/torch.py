@@ -90,6 +90,7 @@ def chunk_gated_delta_rule(
     bucket: tuple[int, int] | None = None,
     checkpoint_every: int | None = None,
     checkpoint_indices: torch.Tensor | None = None,
+    read_indices: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
@@ -138,6 +139,10 @@ def chunk_gated_delta_rule(
         checkpoint_every (int | None), checkpoint_indices (torch.Tensor | None): prefix-cache checkpoints into
             the pool (``state_indices``): the state after every ``checkpoint_every`` tokens (a multiple of the
             algorithm's chunk) of sequence i goes to row ``checkpoint_indices[i, k]`` (-1: none).
+        read_indices (torch.Tensor | None): [N] pool rows sequence i starts from when it is not the row it ends in
+            (``state_indices``): a prefix-cache hit resumes from the cache's row without overwriting it, on
+            device (-1: zero state). Bucketed form (``gdn_nki.prefill_varlen``'s ``read_indices``). Not SGLang's
+            ``initial_state_indices``, which names the rows read and written alike.
         kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
             ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
             is rejected, naming the closest valid one (a misspelt option must not vanish).
@@ -208,7 +213,7 @@ def chunk_gated_delta_rule(
             query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
             bucket=bucket, checkpoint_every=checkpoint_every,
-            checkpoint_indices=None if checkpoint_indices is None else as_numpy(torch.as_tensor(checkpoint_indices)),
+            checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
@@ -343,6 +348,11 @@ def _state_indices(state_indices: Any, initial_state_indices: Any) -> Any:
         raise rejection("initial_state_indices", "given with state_indices", "initial_state_indices is another "
                         "name for state_indices", "pass one of them", rule_id="keyword.alias")  # fmt: skip
     return initial_state_indices
+
+
+def _index_array(rows: Any) -> np.ndarray | None:
+    """Pool-row indices (a tensor or a sequence of ints) as a numpy array, None kept."""
+    return None if rows is None else as_numpy(torch.as_tensor(rows))
 
 
 def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> torch.Tensor:

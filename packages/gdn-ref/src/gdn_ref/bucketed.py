@@ -27,6 +27,7 @@ def bucket_violations(
     state_indices: Any,
     checkpoint_every: Any = None,
     checkpoint_indices: Any = None,
+    read_indices: Any = None,
 ) -> list[Violation]:
     """Every broken rule of a bucketed launch's layout.
 
@@ -41,6 +42,9 @@ def bucket_violations(
         checkpoint_every: None, or tokens between checkpoints, a positive chunk multiple.
         checkpoint_indices: with ``checkpoint_every``, [n, K] integers, each −1 or a pool row; distinct from each
             other and from the live ``state_indices``.
+        read_indices: None (each sequence starts from its ``state_indices`` row), or [n] integers, each −1 (start
+            from zero) or a pool row; rows may repeat, but none may be a row the launch writes for another
+            sequence or a checkpoint (the launch would both read and overwrite it).
 
     Returns:
         list[Violation]: empty when the layout is valid.
@@ -55,6 +59,8 @@ def bucket_violations(
     if bucket is not None:
         found += _bucket_violations(bucket, lengths, chunk)
     found += _rows_violations(state_indices, lengths, pool_rows, checkpoint_every, checkpoint_indices, chunk)
+    if read_indices is not None and not found:
+        found += _read_violations(read_indices, state_indices, lengths, pool_rows, checkpoint_indices)
     return found
 
 
@@ -112,12 +118,10 @@ def _rows_violations(
     checkpoint_indices: Any,
     chunk: int,
 ) -> list[Violation]:
-    rows = integer_vector(state_indices)
-    if rows is None or rows.shape != lengths.shape:
-        return [Violation("bucket.state_indices", "state_indices", _describe_vector(state_indices),
-                          f"state_indices must be [n] = [{len(lengths)}] integers, one pool row (or -1) per sequence",
-                          "pass one row per sequence; -1 for a sequence without a state row")]  # fmt: skip
-    found = _in_pool("state_indices", rows, pool_rows)
+    rows, found = _pool_row_vector("state_indices", state_indices, lengths, pool_rows,
+                                   "pass one row per sequence; -1 for a sequence without a state row")  # fmt: skip
+    if rows is None:
+        return found
     named = [int(r) for r, n in zip(rows, lengths, strict=True) if r >= 0 and n > 0]
     if checkpoint_every is not None:
         every_ok = isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
@@ -141,6 +145,39 @@ def _rows_violations(
                                "each live sequence's state row and each checkpoint row is written by one store, so "
                                "they must be distinct", "give every sequence and checkpoint its own pool row"))  # fmt: skip
     return found
+
+
+def _read_violations(
+    read_indices: Any, state_indices: Any, lengths: np.ndarray, pool_rows: int, checkpoint_indices: Any
+) -> list[Violation]:
+    """``read_indices``: [n] rows (or −1), none written by the launch except as the same sequence's state row."""
+    reads, found = _pool_row_vector("read_indices", read_indices, lengths, pool_rows,
+                                    "pass the row each sequence starts from; -1 to start from zero")  # fmt: skip
+    if reads is None:
+        return found
+    rows = integer_vector(state_indices)
+    written = {int(r): i for i, (r, n) in enumerate(zip(rows, lengths, strict=True)) if r >= 0 and n > 0}
+    if checkpoint_indices is not None:
+        written.update({int(r): -1 for r in np.asarray(checkpoint_indices).reshape(-1) if r >= 0})
+    clashes = sorted({int(r) for i, (r, n) in enumerate(zip(reads, lengths, strict=True))
+                      if n > 0 and r >= 0 and written.get(int(r), i) != i})  # fmt: skip
+    if clashes:
+        found.append(Violation("bucket.read_rows_written", "read_indices", f"rows {clashes}",
+                               "a row a sequence starts from must not be written by the same launch for another "
+                               "sequence or as a checkpoint", "start from a row this launch does not write"))  # fmt: skip
+    return found
+
+
+def _pool_row_vector(
+    name: str, values: Any, lengths: np.ndarray, pool_rows: int, fix: str
+) -> tuple[np.ndarray | None, list[Violation]]:
+    """``values`` as [n] pool rows (each −1 or in the pool), or None and the violation of its form."""
+    rows = integer_vector(values)
+    if rows is None or rows.shape != lengths.shape:
+        return None, [Violation(f"bucket.{name}", name, _describe_vector(values),
+                                f"{name} must be [n] = [{len(lengths)}] integers, one pool row (or -1) per sequence",
+                                fix)]  # fmt: skip
+    return rows, _in_pool(name, rows, pool_rows)
 
 
 def _in_pool(name: str, rows: Sequence[int] | np.ndarray, pool_rows: int) -> list[Violation]:
