@@ -4,19 +4,22 @@ GatedDeltaNet cores run on gdn-nki alone, judged token for token against HF's ow
 The tiny config of ``qwen3_next_layer.py`` (random weights, nothing downloaded). The engine (``serving/``) keeps
 one fp32 state pool for every request and GDN layer: per request and layer T rows (T = the speculative width),
 allocated on arrival, freed (poisoned with NaN) on completion or abort, and reused. Each step packs waiting
-prompts and 32-token chunks of long ones into ONE prefill call per GDN layer (``chunk_gated_delta_rule`` with
-``cu_seqlens`` and ``state_indices``) and every running request into ONE decode call per GDN layer (vLLM's
-``fused_recurrent_gated_delta_rule`` with [N, T] rows and ``num_accepted_tokens``): T tokens verified at a time
-from an n-gram draft, rolled back to the accepted prefix by reading the accepted token's row next step. Prompts
-that share a block-aligned prefix with an earlier one start from its checkpoint row. INTERIM: checkpoints are taken
-where a prefill chunk stops on a block boundary and copied row to row on the host (serving/kernels.py), until
-bucketed prefill's on-device checkpoints land. HF's GDN functions are replaced by ones that raise while the engine
-runs.
+prompts and chunks of long ones into ONE prefill launch per GDN layer, in the smallest of a few configured prefill
+buckets (T tokens, N sequences) that holds them (``chunk_gated_delta_rule(..., bucket=(T, N))``: the layout and
+the pool rows are device data, so each bucket is one compiled program), and every running request into ONE decode
+launch per GDN layer (vLLM's ``fused_recurrent_gated_delta_rule`` with [N, T] rows and ``num_accepted_tokens``,
+N padded to a decode bucket with -1 rows): T tokens verified at a time from an n-gram draft, rolled back to the
+accepted prefix by reading the accepted token's row next step. Prefix cache: the prefill kernel writes the state
+at every block boundary inside a prompt into rows the cache owns (``checkpoint_every``, ``checkpoint_indices``),
+and a prompt that shares a block-aligned prefix with an earlier one starts from that row (``read_indices``: read
+on device, the request's own row written) — no pool row is copied on the host. HF's GDN functions are replaced by
+ones that raise while the engine runs.
 
 Judged: fp32, every request's greedy tokens equal HF's ``generate`` and every logit within 1e-4; bf16, the
-agreement is reported (first divergence, token match rate).
+agreement is reported (first divergence, token match rate). Programs: every launch of a bucket ran the same static
+program (nki-cpu's ``Trace.fingerprint()``), one per bucket used.
 
-    python examples/serve_qwen3_next.py [--requests 12] [--max-prompt 300] [--dtype float32 bfloat16]
+    python examples/serve_qwen3_next.py [--requests 12] [--max-prompt 600] [--dtype float32 bfloat16]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import functools
 import random
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qwen3_next_layer import tiny_config
 from serving.engine import Config, Engine, Request
-from serving.kernels import counting_traces, hf_gdn_forbidden
+from serving.kernels import Launch, hf_gdn_forbidden, recording_programs
 from serving.model import PackedQwen3Next
 from serving.pool import StatePool, check
 
 LOGIT_TOLERANCE = 1e-4  # fp32
-# What one trace covers: decode's indices are device data; today's varlen prefill takes the packed layout (each
-# sequence's chunk count) at trace time, so it traces once per distinct layout until bucketed prefill lands.
-TRACE_UNIT = {"gdn_step": "one per (N, T) bucket", "gdn_cte_varlen": "one per packed layout, not yet per bucket"}
+KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step"}
 
 
 def build_model(dtype: torch.dtype, seed: int = 0) -> Qwen3NextForCausalLM:
@@ -58,12 +60,12 @@ def build_model(dtype: torch.dtype, seed: int = 0) -> Qwen3NextForCausalLM:
     return model.to(dtype)
 
 
-def workload(count: int, max_prompt: int, max_new: int, seed: int) -> list[Request]:
-    """Random lengths (1 token up to ``max_prompt``), random arrival steps, a third sharing one of two prefixes,
-    every fourth repeating an earlier prompt (a cache hit and drafts to accept), every fifth aborted a few steps
-    after it arrives."""
+def workload(count: int, max_prompt: int, max_new: int, seed: int, block: int = Config().block) -> list[Request]:
+    """Random lengths (1 token up to ``max_prompt``), random arrival steps, a third sharing one of two prefixes of
+    one to two cache blocks, every fourth repeating an earlier prompt (a cache hit and drafts to accept), every
+    fifth aborted a few steps after it arrives."""
     rng = random.Random(seed)
-    shared = [[rng.randrange(256) for _ in range(rng.randrange(40, 80))] for _ in range(2)]
+    shared = [[rng.randrange(256) for _ in range(rng.randrange(block + 1, 2 * block + block // 2))] for _ in range(2)]
     requests = []
     for rid in range(count):
         length = rng.choice([1, rng.randrange(2, 16), rng.randrange(16, max_prompt + 1)])
@@ -108,43 +110,51 @@ def judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]
 
 
 def serve(dtype: str, requests: list[Request], config: Config, log=print) -> tuple[Engine, dict]:
-    """Run ``requests`` through the engine on a fresh model; returns the engine and the trace counts."""
+    """Run ``requests`` through the engine on a fresh model; returns the engine and its programs: per phase and
+    bucket, how many launches ran each static program (``programs``)."""
     model = build_model(getattr(torch, dtype))
     heads = model.config.linear_num_value_heads
     dims = model.config.linear_key_head_dim, model.config.linear_value_head_dim
     gdn = sum(t == "linear_attention" for t in model.config.layer_types)
     pool = StatePool(config.max_running * gdn * config.spec_tokens + config.cache_entries * gdn, heads, *dims)
-    engine = Engine(PackedQwen3Next(model, pool), pool, config, log)
+    engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log)
     for r in requests:
         engine.submit(r)
-    with hf_gdn_forbidden(), counting_traces() as traces:
+    with hf_gdn_forbidden(), recording_programs() as launches:
         while not engine.idle:
             engine.step()
     check(pool.in_use == sum(len(e.rows) for e in engine.prefix.values()), "rows outlived their requests")
-    per_kernel: dict[str, dict[str, int]] = {}
-    for (name, *_), launches in traces.items():
-        entry = per_kernel.setdefault(name, {"traces": 0, "launches": 0})
-        entry["traces"] += 1
-        entry["launches"] += launches
-    return engine, per_kernel
+    return engine, programs(engine.model.kernels.calls, launches)
 
 
-def summary(engine: Engine, traces: dict, verdicts: list[Verdict], dtype: str) -> list[str]:
+def programs(calls: list[tuple[str, tuple[int, int]]], launches: list[Launch]) -> dict:
+    """{phase: {bucket: Counter(program fingerprint)}} from the seam's calls (phase, bucket) and the launches in
+    the same order (one per call); a launch of another kernel than the phase's is an error."""
+    check(len(calls) == len(launches), f"{len(calls)} kernel calls but {len(launches)} launches")
+    found: dict[str, dict[tuple[int, int], Counter]] = {}
+    for (phase, bucket), launch in zip(calls, launches, strict=True):
+        check(launch.kernel == KERNEL_OF_PHASE[phase], f"{phase} launched {launch.kernel}")
+        found.setdefault(phase, {}).setdefault(bucket, Counter())[launch.program] += 1
+    return found
+
+
+def summary(engine: Engine, programs: dict, verdicts: list[Verdict], dtype: str) -> list[str]:
     s = engine.stats
     done = sum(r.state == "done" for r in engine.requests.values())
     computed = s["prefill_tokens"]
     lines = [
         f"{dtype}: {len(engine.requests)} requests ({done} done, {s['aborted']} aborted) in {engine.step_no} steps; "
         f"pool high water {engine.pool.high_water}/{len(engine.pool.owner)} rows",
-        f"  prefix cache (INTERIM: host row copies at chunk boundaries): {s['cache_hits']} hits, "
-        f"{s['cached_tokens']} prompt tokens not recomputed ({s['cached_tokens'] / max(1, computed + s['cached_tokens']):.0%} "
-        f"of {computed + s['cached_tokens']})",
+        f"  prefix cache (checkpoints written by the prefill kernel every {engine.config.block} tokens): "
+        f"{s['cache_hits']} hits, {s['cached_tokens']} prompt tokens not recomputed "
+        f"({s['cached_tokens'] / max(1, computed + s['cached_tokens']):.0%} of {computed + s['cached_tokens']})",
         f"  speculative decoding: {s['decode_steps']} decode steps, {s['accepted_drafts']}/{s['drafted']} drafted "
         "tokens accepted",
     ]
-    for name, t in sorted(traces.items()):
-        lines.append(f"  kernel {name}: {t['launches']} launches, {t['traces']} distinct trace-time signatures "
-                     f"({TRACE_UNIT.get(name, 'per shape')})")  # fmt: skip
+    for phase, buckets in sorted(programs.items()):
+        for bucket, runs in sorted(buckets.items()):
+            lines.append(f"  {phase} bucket {'x'.join(map(str, bucket)):>7} ({KERNEL_OF_PHASE[phase]}): "
+                         f"{sum(runs.values())} launches, {len(runs)} static program(s)")  # fmt: skip
     for v in verdicts:
         lines.append(f"  request {v.rid:2d}: {v.tokens:3d} tokens, match {v.matched / v.tokens:6.1%}, first divergence "
                      f"{'-' if v.first_divergence is None else v.first_divergence}, max |logit diff| to it {v.max_logit_error:.1e}")  # fmt: skip
@@ -154,18 +164,17 @@ def summary(engine: Engine, traces: dict, verdicts: list[Verdict], dtype: str) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=12)
-    parser.add_argument("--max-prompt", type=int, default=300)
+    parser.add_argument("--max-prompt", type=int, default=600)
     parser.add_argument("--max-new", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block", type=int, default=Config.block, help="prefill chunk / prefix-cache block")
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     args = parser.parse_args(argv)
     ok = True
     for dtype in args.dtype:
         requests = workload(args.requests, args.max_prompt, args.max_new, args.seed)
-        engine, traces = serve(dtype, requests, Config(block=args.block), log=functools.partial(print, flush=True))
+        engine, ran = serve(dtype, requests, Config(), log=functools.partial(print, flush=True))
         verdicts = judge(build_model(getattr(torch, dtype)), requests)
-        print("\n".join(summary(engine, traces, verdicts, dtype)))
+        print("\n".join(summary(engine, ran, verdicts, dtype)))
         matched = sum(v.matched for v in verdicts)
         print(f"  {dtype} agreement with HF: {matched}/{sum(v.tokens for v in verdicts)} tokens, "
               f"{sum(v.first_divergence is None for v in verdicts)}/{len(verdicts)} requests identical")  # fmt: skip

@@ -1,5 +1,6 @@
-"""The scheduler: admission into pool rows, packed chunked prefill, one decode call for all running requests
-with speculative verification, a prefix cache, aborts, and a progress line per step."""
+"""The scheduler: admission into pool rows, packed chunked prefill into one of a few prefill buckets, one decode
+call for all running requests with speculative verification, a prefix cache whose checkpoints the prefill kernel
+writes, aborts, and a progress line per step."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kernels import CHUNK, Buckets
 from .model import PackedQwen3Next, RequestCache, Segment
 from .pool import PoolExhaustedError, StatePool, check
 
@@ -29,7 +31,7 @@ class Request:
 
 @dataclass
 class CacheEntry:
-    rows: dict[int, int]  # GDN layer -> pool row holding the state after the prefix
+    rows: dict[int, int]  # GDN layer -> pool row holding the state after the prefix (written by the prefill kernel)
     conv: dict
     kv: dict
     owner: tuple
@@ -38,11 +40,15 @@ class CacheEntry:
 
 @dataclass
 class Config:
-    block: int = 32  # prefill chunks end on multiples of this; prefix-cache checkpoints sit there
-    max_prefill_seqs: int = 4  # segments packed into one prefill call
+    buckets: Buckets = field(default_factory=Buckets)  # prefill / decode shapes; the prefix cache's block
     max_running: int = 6
     spec_tokens: int = 3  # T: tokens verified per request per decode step (1 = no speculation)
     cache_entries: int = 16
+
+    @property
+    def block(self) -> int:
+        """Prefix-cache checkpoints sit on multiples of this many prompt tokens."""
+        return self.buckets.block
 
 
 class Engine:
@@ -55,7 +61,9 @@ class Engine:
         self.step_no = 0
         self.stats = dict(prefill_tokens=0, cached_tokens=0, cache_hits=0, drafted=0, accepted_drafts=0,
                           decode_steps=0, prefill_calls=0, aborted=0)  # fmt: skip
-        self.batch_sizes: dict[str, list[int]] = {"prefill": [], "decode": []}  # requests per call, per step
+        if config.max_running > max(config.buckets.decode):
+            raise ValueError(f"max_running {config.max_running} exceeds the largest decode bucket "
+                             f"{max(config.buckets.decode)}")  # fmt: skip
 
     def submit(self, request: Request) -> None:
         self.requests[request.rid] = request
@@ -79,37 +87,40 @@ class Engine:
             r.rid, {i: rows[j * width : (j + 1) * width] for j, i in enumerate(self.model.gdn_layers)}
         )
         r.state = "prefill"
-        hit = self._longest_prefix(r.prompt)
-        if hit is not None:
-            entry = self.prefix[hit]
-            self.prefix.move_to_end(hit)
-            for i, row in entry.rows.items():  # INTERIM host copy of the checkpoint (see kernels.py)
-                self.pool.assert_owned([row], entry.owner)
-                self.pool.states[r.cache.rows[i][0]] = self.pool.states[row]
-            r.cache.conv = {i: c.clone() for i, c in entry.conv.items()}
-            r.cache.kv = dict(entry.kv.items())
-            r.cache.length = r.prefilled = r.cached_tokens = len(hit)
-            entry.hits += 1
-            self.stats["cache_hits"] += 1
-            self.stats["cached_tokens"] += len(hit)
         return True
 
+    def _resume(self, r: Request, hit: tuple[int, ...]) -> tuple[object, dict[int, int]]:
+        """Start ``r`` after the cached prefix ``hit``: its host caches copied from the entry; its GDN state is read
+        from the entry's rows by the prefill kernel itself (``Segment.read``), which writes ``r``'s own rows."""
+        entry = self.prefix[hit]
+        self.prefix.move_to_end(hit)
+        r.cache.conv = {i: c.clone() for i, c in entry.conv.items()}
+        r.cache.kv = dict(entry.kv.items())
+        r.cache.length = r.prefilled = r.cached_tokens = len(hit)
+        entry.hits += 1
+        self.stats["cache_hits"] += 1
+        self.stats["cached_tokens"] += len(hit)
+        return entry.owner, entry.rows
+
     def _longest_prefix(self, prompt: list[int]) -> tuple[int, ...] | None:
-        """The longest cached block-aligned prefix shorter than the prompt (its last token must still run)."""
+        """The longest cached block-aligned prefix shorter than the prompt (its last token must still run), among
+        complete entries (not one a launch of this step is about to write)."""
         for end in range(((len(prompt) - 1) // self.config.block) * self.config.block, 0, -self.config.block):
-            if tuple(prompt[:end]) in self.prefix:
+            entry = self.prefix.get(tuple(prompt[:end]))
+            if entry is not None and entry.conv:
                 return tuple(prompt[:end])
         return None
 
-    def _checkpoint_rows(self, r: Request, end: int) -> dict[int, int] | None:
-        """Pool rows for a checkpoint of ``r``'s prompt at ``end`` (a block boundary), or None."""
+    def _checkpoint_rows(self, r: Request, end: int, pinned: set[tuple[int, ...]]) -> dict[int, int] | None:
+        """Pool rows for a checkpoint of ``r``'s prompt at ``end`` (a block boundary), or None. ``pinned``: entries
+        this step's prefill reads, never evicted for it (their rows must not be handed out and written)."""
         key = tuple(r.prompt[:end])
         if end % self.config.block or end >= len(r.prompt) or key in self.prefix:
             return None
         if len(self.prefix) >= self.config.cache_entries:
             # Leaves first (as a radix cache): a prefix others extend is worth more than its longest extension.
-            # Least recently used among complete leaves (not one being written this step).
-            leaves = [k for k, e in self.prefix.items() if e.conv and not any(
+            # Least recently used among complete leaves (not one being written or read this step).
+            leaves = [k for k, e in self.prefix.items() if e.conv and k not in pinned and not any(
                 len(other) > len(k) and other[: len(k)] == k for other in self.prefix)]  # fmt: skip
             if not leaves:
                 return None
@@ -155,33 +166,58 @@ class Engine:
         for r in self._in("waiting"):
             if running < self.config.max_running and self._admit(r):
                 running += 1
-        tokens = self._prefill(self._in("prefill")[: self.config.max_prefill_seqs])
+        launched = len(self.model.kernels.calls)
+        tokens = self._prefill(self._in("prefill"))
         tokens += self._decode(decoding)
         self.pool.audit()
+        shapes = {phase: "x".join(map(str, bucket)) for phase, bucket in self.model.kernels.calls[launched:]}
         self.log(f"step {self.step_no:3d}  running {len(self._in('prefill', 'decode')):2d}  waiting "
-                 f"{len(self._in('waiting')):2d}  tokens {tokens:4d}  pool rows {self.pool.in_use:3d}/"
-                 f"{len(self.pool.owner)}  cache hits {self.stats['cache_hits']}")  # fmt: skip
+                 f"{len(self._in('waiting')):2d}  tokens {tokens:4d}  prefill bucket {shapes.get('prefill', '-'):>7}  "
+                 f"decode bucket {shapes.get('decode', '-'):>4}  pool rows {self.pool.in_use:3d}/{len(self.pool.owner)}  "
+                 f"cache hits {self.stats['cache_hits']}")  # fmt: skip
         self.step_no += 1
 
-    def _prefill(self, batch: list[Request]) -> int:
+    def _prefill(self, candidates: list[Request]) -> int:
+        """One prefill launch per GDN layer: the candidates' next chunks packed into the largest prefill bucket
+        (the kernel seam runs the smallest that holds them). A chunk that does not finish its prompt ends on a
+        block boundary, so every chunk starts on one and the kernel's checkpoints inside it land on the prefix
+        cache's blocks; a request's first chunk resumes from the longest cached prefix of its prompt."""
+        block = self.config.block
+        tokens_left, slots_left = max(self.config.buckets.prefill)
+        batch, segments, pinned = [], [], set()
+        for r in candidates:
+            hit = self._longest_prefix(r.prompt) if r.prefilled == 0 else None
+            start = len(hit) if hit else r.prefilled
+            remaining = len(r.prompt) - start
+            take = remaining if _padded(remaining) <= tokens_left else tokens_left // block * block
+            if not slots_left:
+                break
+            if not take:  # no room for this one's next block; a shorter prompt after it may still fit
+                continue
+            read = None
+            if hit:
+                read = self._resume(r, hit)
+                pinned.add(hit)
+            tokens_left, slots_left = tokens_left - _padded(take), slots_left - 1
+            batch.append(r)
+            segments.append(Segment(r.cache, r.prompt[start : start + take], read))
         if not batch:
             return 0
-        segments = []
-        for r in batch:
-            end = min(len(r.prompt), (r.prefilled // self.config.block + 1) * self.config.block)
-            segments.append(Segment(r.cache, r.prompt[r.prefilled : end], self._checkpoint_rows(r, end)))
+        for r, s in zip(batch, segments, strict=True):
+            s.checkpoints = [self._checkpoint_rows(r, r.prefilled + (k + 1) * block, pinned)
+                             for k in range(len(s.tokens) // block)]  # fmt: skip
         logits = self.model.forward(segments, decode=False)
-        self.batch_sizes["prefill"].append(len(segments))
         self.stats["prefill_calls"] += 1
         at = 0
         for r, s in zip(batch, segments, strict=True):
+            for k, rows in enumerate(s.checkpoints):
+                if rows:
+                    entry = self.prefix[tuple(r.prompt[: r.prefilled + (k + 1) * block])]
+                    entry.conv, entry.kv = self.model.host_caches_after(s, (k + 1) * block)
             self.model.commit(s, len(s.tokens))
             at += len(s.tokens)
             r.prefilled += len(s.tokens)
             self.stats["prefill_tokens"] += len(s.tokens)
-            if s.checkpoint and tuple(r.prompt[: r.prefilled]) in self.prefix:
-                entry = self.prefix[tuple(r.prompt[: r.prefilled])]
-                entry.conv, entry.kv = r.cache.clone_host_caches()
             if r.prefilled == len(r.prompt):
                 self._emit(r, [logits[at - 1]])
                 r.state = "decode" if r.state == "prefill" else r.state
@@ -193,7 +229,6 @@ class Engine:
         width = self.config.spec_tokens
         segments = [Segment(r.cache, [r.output[-1], *self._draft(r, width - 1)]) for r in batch]
         logits = self.model.forward(segments, decode=True).reshape(len(batch), width, -1)
-        self.batch_sizes["decode"].append(len(segments))
         self.stats["decode_steps"] += 1
         for r, s, rows in zip(batch, segments, logits, strict=True):
             guesses = rows.argmax(-1).tolist()
@@ -229,6 +264,11 @@ class Engine:
                 r.logits.append(row.float().clone())
         if len(r.output) >= r.max_new_tokens:
             self._release(r, "done")
+
+
+def _padded(tokens: int) -> int:
+    """Tokens a sequence of ``tokens`` takes of a prefill bucket: its length rounded up to the kernel's chunk."""
+    return -(-tokens // CHUNK) * CHUNK
 
 
 def _belongs(owner: object, rid: int) -> bool:

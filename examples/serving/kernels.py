@@ -1,111 +1,168 @@
-"""The engine's ONE seam to the GatedDeltaNet kernels, how often they were traced, and the guard that keeps HF's
-own GDN functions off the serving path.
+"""The engine's ONE seam to the GatedDeltaNet kernels, the programs they ran, and the guard that keeps HF's own
+GDN functions off the serving path.
 
-``GdnKernels`` is the only place that calls gdn-nki. It is written against the API main has today:
+``GdnKernels`` is the only place that calls gdn-nki, and every call runs one of a few configured buckets, so a
+compiling backend traces each bucket once for the whole run:
 
-- ``prefill``: ``gdn_nki.torch.chunk_gated_delta_rule`` on the packed sequences (``cu_seqlens``) with the pool
-  as ``initial_state`` and one row per sequence (``state_indices``), read and written in place. Prefix-cache
-  checkpoints are INTERIM: the engine stops a chunk of prefill at a block boundary and this seam copies the
-  sequence's row into its checkpoint row on the host after the launch. With bucketed prefill (``prefill_varlen(
-  ..., bucket=(T, N), checkpoint_every=, checkpoint_indices=)``) the kernel writes checkpoints into pool rows on
-  device mid-sequence and pads the launch to a bucket; only ``prefill`` changes (the engine already passes the
-  checkpoint rows), and the trace count below becomes one per bucket.
+- ``prefill``: ``gdn_nki.torch.chunk_gated_delta_rule`` in its bucketed form (``bucket=(T, N)``): the packed
+  sequences padded to the smallest configured prefill bucket that holds them, the pool as ``initial_state``, and
+  per sequence the row it ends in (``state_indices``), the row it starts from (``read_indices``: its own row, a
+  prefix-cache row it resumes from, or -1 for a zero state) and its prefix-cache checkpoint rows
+  (``checkpoint_every`` = the cache's block, ``checkpoint_indices`` [N, T / block], -1 = none). The kernel reads
+  and writes every one of those rows on device — no pool row is copied on the host anywhere on the serving path.
 - ``decode``: vLLM's ``fused_recurrent_gated_delta_rule`` form (``gdn_nki.torch_decode``): every request the
   same T tokens, rows [N] (T = 1) or [N, T] (the state after token t to row [n, t], read from
-  [n, num_accepted_tokens[n] - 1]) — speculative verification and its rollback without copying a state.
+  [n, num_accepted_tokens[n] - 1]) — speculative verification and its rollback without copying a state. N is
+  padded to the smallest configured decode bucket with -1 rows (vLLM's padding slots: zero work, nothing stored).
+
+``recording_programs`` records each launch's kernel and static program (nki-cpu's ``Trace.fingerprint()``); with
+``GdnKernels.calls`` (phase and bucket per call) it shows every launch of a bucket ran one program.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from gdn_nki import backend
 from gdn_nki.torch import chunk_gated_delta_rule
 from gdn_nki.torch_decode import vllm_fused_recurrent_gated_delta_rule
+from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM
 
 # What HF's Qwen3-Next would call for a GatedDeltaNet core; none may run while the engine serves.
 HF_GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+# The prefill kernel's chunk: a sequence takes its length rounded up to it of a bucket, checkpoints sit on it.
+CHUNK = CHUNK_BY_ALGORITHM[DEFAULT_ALGORITHM]
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The shapes the kernels are launched at: prefill (T tokens, N sequences), decode request counts N (each of
+    the engine's T tokens), and the prefix-cache block (the checkpoint spacing, a multiple of ``CHUNK``). A
+    prefill sequence takes its length rounded up to ``CHUNK`` of a bucket's T."""
+
+    prefill: tuple[tuple[int, int], ...] = ((256, 4), (512, 4))
+    decode: tuple[int, ...] = (2, 4, 8)
+    block: int = CHUNK
+
+    def __post_init__(self) -> None:
+        if self.block % CHUNK or any(tokens % self.block for tokens, _ in self.prefill):
+            raise ValueError(f"the block ({self.block}) must be a multiple of the kernel's chunk ({CHUNK}) and "
+                             f"divide every prefill bucket's tokens ({sorted(self.prefill)})")  # fmt: skip
+
+    def prefill_bucket(self, lengths: Sequence[int]) -> tuple[int, int]:
+        """The smallest prefill bucket holding sequences of these lengths."""
+        need = sum(-(-n // CHUNK) * CHUNK for n in lengths)
+        for tokens, slots in sorted(self.prefill):
+            if tokens >= need and slots >= len(lengths):
+                return tokens, slots
+        raise ValueError(f"no prefill bucket of {sorted(self.prefill)} holds {len(lengths)} sequences of {need} "
+                         "padded tokens; the engine packs no more than the largest holds")  # fmt: skip
+
+    def decode_bucket(self, requests: int) -> int:
+        """The smallest decode bucket holding ``requests`` requests."""
+        for slots in sorted(self.decode):
+            if slots >= requests:
+                return slots
+        raise ValueError(f"no decode bucket of {sorted(self.decode)} holds {requests} requests")
 
 
 class GdnKernels:
     """Prefill and decode of the GDN core on one state pool [P, Hv, K, V] fp32 (a torch tensor, updated in place).
 
     Tensors are seq-first and packed: q, k [1, T, Hk, K], v [1, T, Hv, V], g, beta [1, T, Hv]; q and k are
-    L2-normalized in the kernel (Qwen3-Next's ``use_qk_l2norm_in_kernel``)."""
+    L2-normalized in the kernel (Qwen3-Next's ``use_qk_l2norm_in_kernel``). ``calls`` lists (phase, bucket) per
+    call, in order."""
 
-    def __init__(self, pool: torch.Tensor) -> None:
-        self.pool = pool
-        self.calls: Counter[str] = Counter()
+    def __init__(self, pool: torch.Tensor, buckets: Buckets) -> None:
+        self.pool, self.buckets = pool, buckets
+        self.calls: list[tuple[str, tuple[int, int]]] = []
 
-    def prefill(self, q, k, v, g, beta, cu_seqlens: list[int], rows: list[int],
-                checkpoint_rows: list[int | None]) -> torch.Tensor:  # fmt: skip
-        """Sequence i resumes from and ends in pool row ``rows[i]``; when ``checkpoint_rows[i]`` is a row, the
-        state at the sequence's end is also copied there (interim: see the module docstring)."""
-        self.calls["prefill"] += 1
+    def prefill(self, q, k, v, g, beta, cu_seqlens: list[int], rows: list[int], reads: list[int],
+                checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
+        """Sequence i starts from pool row ``reads[i]`` (-1: zero), ends in ``rows[i]``, and stores the state after
+        each ``block`` of its tokens to ``checkpoints[i][j]`` (-1: none; at most T / block per sequence)."""
+        lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+        bucket = self.buckets.prefill_bucket(lengths)
+        width = bucket[0] // self.buckets.block  # checkpoints a bucket's sequence can hold: a fixed program shape
+        table = torch.full((len(rows), width), -1, dtype=torch.int32)
+        for i, wanted in enumerate(checkpoints):
+            table[i, : len(wanted)] = torch.tensor(wanted, dtype=torch.int32)
+        self.calls.append(("prefill", bucket))
         o, _ = chunk_gated_delta_rule(
             q, k, v, g, beta, initial_state=self.pool, output_final_state=True, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), state_indices=torch.tensor(rows),
+            cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), state_indices=torch.tensor(rows, dtype=torch.int32),
+            read_indices=torch.tensor(reads, dtype=torch.int32), bucket=bucket,
+            checkpoint_every=self.buckets.block, checkpoint_indices=table,
         )  # fmt: skip
-        for row, checkpoint in zip(rows, checkpoint_rows, strict=True):
-            if checkpoint is not None:
-                self.pool[checkpoint] = self.pool[row]  # INTERIM host copy; on device with checkpoint_indices
         return o
 
     def decode(self, q, k, v, g, beta, rows: list[list[int]], accepted: list[int]) -> torch.Tensor:
-        """N requests of T tokens each: ``rows`` [N, T] (or [N] with T = 1), ``accepted`` [N] in [1, T]."""
-        self.calls["decode"] += 1
+        """N requests of T tokens each: ``rows`` [N, T] (or [N] with T = 1), ``accepted`` [N] in [1, T]; padded
+        to the decode bucket with -1 rows (their outputs dropped)."""
         n, tokens = len(rows), q.shape[1] // len(rows)
-        index = torch.tensor(rows, dtype=torch.int32)
+        slots = self.buckets.decode_bucket(n)
+        self.calls.append(("decode", (slots, tokens)))
+        pad = (slots - n) * tokens
+        q, k, v, g, beta = (torch.cat([x, x.new_zeros((1, pad, *x.shape[2:]))], dim=1) for x in (q, k, v, g, beta))
+        index = torch.full((slots, tokens), -1, dtype=torch.int32)
+        index[:n] = torch.tensor(rows, dtype=torch.int32).reshape(n, -1)[:, :tokens]
         o, _ = vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, initial_state=self.pool, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=torch.arange(0, n * tokens + 1, tokens, dtype=torch.int32),
-            ssm_state_indices=index if tokens > 1 else index.reshape(n),
-            num_accepted_tokens=torch.tensor(accepted, dtype=torch.int32) if tokens > 1 else None,
+            cu_seqlens=torch.arange(0, slots * tokens + 1, tokens, dtype=torch.int32),
+            ssm_state_indices=index if tokens > 1 else index.reshape(slots),
+            num_accepted_tokens=torch.tensor([*accepted, *[1] * (slots - n)], dtype=torch.int32)
+            if tokens > 1 else None,
         )  # fmt: skip
-        return o
+        return o[:, : n * tokens]
 
 
-def _trace_key(kernel: Any, args: tuple, kwargs: dict) -> tuple:
-    """What a trace depends on: the kernel, every array's shape and dtype, every other argument's value (arrays'
-    contents are device data a trace never reads)."""
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: the kernel's name and its static program (nki-cpu's ``Trace.fingerprint()`` of each
+    program of the launch grid; None with the real ``nki``, whose traces nki-cpu cannot see)."""
 
-    def part(x: Any) -> Any:
-        if isinstance(x, np.ndarray):
-            return ("array", x.shape, str(x.dtype))
-        return x if isinstance(x, (int, float, str, bool, tuple, type(None))) else type(x).__name__
-
-    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", repr(kernel))
-    return (name, tuple(part(a) for a in args), tuple(sorted((k, part(v)) for k, v in kwargs.items())))
+    kernel: str
+    program: tuple[str, ...] | None
 
 
 @contextlib.contextmanager
-def counting_traces() -> Iterator[Counter]:
-    """Count launches per distinct trace key: the number of keys is how many programs a compiling backend traces
-    (nki-cpu interprets every launch; the real ``nki`` would trace each key once). Keys: ``_trace_key``."""
-    seen: Counter = Counter()
+def recording_programs() -> Iterator[list[Launch]]:
+    """Record every kernel launch (``backend.simulate``) while the block runs, in order."""
+    launches: list[Launch] = []
     launch = backend.simulate
 
     def recording(kernel: Any) -> Any:
         run = launch(kernel)
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", repr(kernel))
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            seen[_trace_key(kernel, args, kwargs)] += 1
-            return run(*args, **kwargs)
+            result = run(*args, **kwargs)
+            launches.append(Launch(name, _programs()))
+            return result
 
         return call
 
     backend.simulate = recording
     try:
-        yield seen
+        yield launches
     finally:
         backend.simulate = launch
+
+
+def _programs() -> tuple[str, ...] | None:
+    """The fingerprints of the launch that just ran (one per program of its grid), or None on the real ``nki``."""
+    if backend.USING_REAL_NKI:
+        return None
+    import nki_cpu
+
+    return tuple(trace.fingerprint() for trace in nki_cpu.last_traces())
 
 
 @contextlib.contextmanager

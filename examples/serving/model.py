@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
-from .kernels import GdnKernels
+from .kernels import Buckets, GdnKernels
 from .pool import StatePool, check
 
 
@@ -30,29 +30,29 @@ class RequestCache:
     accepted: int = 1  # the current state is in rows[layer][accepted - 1]
     length: int = 0  # tokens in the caches
 
-    def clone_host_caches(self) -> tuple[dict, dict]:
-        return (
-            {i: c.clone() for i, c in self.conv.items()},
-            {i: (k.clone(), v.clone()) for i, (k, v) in self.kv.items()},
-        )
-
 
 @dataclass
 class Segment:
-    """Tokens of one request in a packed forward; ``checkpoint`` maps a GDN layer to a prefix-cache row."""
+    """Tokens of one request in a packed forward.
+
+    ``read``: (owner, {GDN layer: pool row}) of the rows a prefill starts from instead of the request's own (a
+    prefix-cache entry it resumes from); None: the request's own row, or zero at its first token.
+    ``checkpoints[k]``: {GDN layer: prefix-cache row} for the state after ``(k + 1) · block`` of the segment's
+    tokens, or None."""
 
     cache: RequestCache
     tokens: list[int]
-    checkpoint: dict[int, int] | None = None
+    read: tuple[object, dict[int, int]] | None = None
+    checkpoints: list[dict[int, int] | None] = field(default_factory=list)
     pending: dict = field(default_factory=dict)
 
 
 class PackedQwen3Next:
     """``model`` (``Qwen3NextForCausalLM``) over packed segments, its GDN cores on ``kernels``."""
 
-    def __init__(self, model: hf.Qwen3NextForCausalLM, pool: StatePool) -> None:
+    def __init__(self, model: hf.Qwen3NextForCausalLM, pool: StatePool, buckets: Buckets) -> None:
         self.model, self.pool = model, pool
-        self.kernels = GdnKernels(pool.states)
+        self.kernels = GdnKernels(pool.states, buckets)
         self.layers = list(model.model.layers)
         self.gdn_layers = [i for i, layer in enumerate(self.layers) if layer.block_type == "linear_attention"]
 
@@ -94,17 +94,24 @@ class PackedQwen3Next:
         v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
         beta = b.sigmoid()
         g = -la.A_log.float().exp() * torch.nn.functional.softplus(a.float() + la.dt_bias)
+        block = self.kernels.buckets.block
         for s in segments:
             self.pool.assert_owned(s.cache.rows[i], s.cache.rid)
-            if s.checkpoint:
-                self.pool.assert_owned([s.checkpoint[i]], ("cache", s.cache.rid, s.cache.length + len(s.tokens)))
+            if s.read:
+                self.pool.assert_owned([s.read[1][i]], s.read[0])
+            for column, rows in enumerate(s.checkpoints):
+                if rows:
+                    at = s.cache.length + (column + 1) * block
+                    self.pool.assert_owned([rows[i]], ("cache", s.cache.rid, at))
         if decode:
             rows = [s.cache.rows[i] for s in segments]
             o = self.kernels.decode(q, k, v, g, beta, [r[: len(segments[0].tokens)] for r in rows],
                                     [s.cache.accepted for s in segments])  # fmt: skip
         else:
-            checkpoints = [s.checkpoint[i] if s.checkpoint else None for s in segments]
-            o = self.kernels.prefill(q, k, v, g, beta, bounds, [s.cache.rows[i][0] for s in segments], checkpoints)
+            reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
+            checkpoints = [[rows[i] if rows else -1 for rows in s.checkpoints] for s in segments]
+            o = self.kernels.prefill(q, k, v, g, beta, bounds, [s.cache.rows[i][0] for s in segments], reads,
+                                     checkpoints)  # fmt: skip
         check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
         o = la.norm(o.reshape(-1, la.head_v_dim), z.reshape(-1, la.head_v_dim))
         return la.out_proj(o.reshape(1, o.shape[0] // la.num_v_heads, -1))
@@ -133,12 +140,20 @@ class PackedQwen3Next:
         """Keep the caches' effect of the segment's first ``accepted`` tokens (its GDN state is in row
         ``accepted - 1`` after a decode, row 0 after a prefill)."""
         cache = segment.cache
+        cache.conv, cache.kv = self.host_caches_after(segment, accepted, clone=False)
+        cache.length += accepted
+        segment.pending.clear()
+
+    def host_caches_after(self, segment: Segment, tokens: int, clone: bool = True) -> tuple[dict, dict]:
+        """The request's conv states and KV cache after the segment's first ``tokens`` tokens (before ``commit``):
+        what a prefix-cache checkpoint inside the segment keeps beside its pool rows."""
+        conv, kv = dict(segment.cache.conv), dict(segment.cache.kv)
         for (kind, i), value in segment.pending.items():
             if kind == "conv":
                 width = value.shape[1] - len(segment.tokens)
-                cache.conv[i] = value[:, accepted : accepted + width].clone()
+                conv[i] = value[:, tokens : tokens + width].clone()
             else:
-                keep = cache.length + accepted
-                cache.kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
-        cache.length += accepted
-        segment.pending.clear()
+                keep = segment.cache.length + tokens
+                kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
+                kv[i] = tuple(x.clone() for x in kv[i]) if clone else kv[i]
+        return conv, kv
