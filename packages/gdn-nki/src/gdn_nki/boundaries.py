@@ -9,8 +9,8 @@ arithmetic and run-time addresses:
 
 - at a sequence's first chunk the carried state is replaced by the pool row's state (or zero): the state after the
   chunk before is blended ``keep · h + init`` with ``keep`` 0 there and 1 elsewhere (exact: ``keep`` is 0 or 1, and
-  ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered at the
-  start (``_gather_initial_states``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
+  ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered per
+  value head (``InitialStates``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
   no load of the chain reads the pool its stores write;
 - after a sequence's last chunk (and after each checkpoint's chunk) the state is stored to its pool row by a DMA
   addressed at run time (a row read with ``nisa.scalar_load``); a chunk with nothing to store addresses row P, one
@@ -46,6 +46,7 @@ from .tiles import FP32
 
 INT32 = nl.int32
 MAX_TABLE = 512  # columns of a table: the tensor engine's moving free size
+FOUND_TILES = 4  # the checkpoint table's comparison tiles, written in turn (SBUF independent of K)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ChunkBoundaries:
     after a chunk into (module docstring)."""
 
     pool: Any  # [P, Hv, Dk, Dv] fp32 @ HBM
-    initial: Any  # [N + 1, Hv, Dk, Dv] fp32 @ HBM: the initial states, gathered (``_gather_initial_states``)
+    initial: InitialStates  # the named pool rows' states, gathered per value head
     start_slot: Any
     end_row: Any
     keep: Any
@@ -89,8 +90,9 @@ class ChunkBoundaries:
 
     def _load_initial(self, slot_entry: Any, h: int, dst: Any) -> None:
         """DMA value head ``h`` of the gathered initial state the table entry names (slot N: zeros) into ``dst``."""
+        self.initial.gather(h)
         slot = nisa.scalar_load(slot_entry)
-        nisa.dma_copy(dst=dst, src=_pool_view(self.initial, slot, h, slice(0, dst.shape[1])))
+        nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, slice(0, dst.shape[1])))
 
 
 @dataclass
@@ -198,7 +200,7 @@ def build(
         )
     dv = pool.shape[3]
     after = [tiles.sbuf((dk, dv), FP32) for _ in range(positions)]
-    initial = _gather_initial_states(pool, state_indices, seqs)
+    initial = _initial_states(pool, state_indices, seqs)
     return ChunkBoundaries(
         pool, initial, _sum_table(slot_weight, starts, seqs), _sum_table(row_weight, ends, rows_total), keep,
         checkpoint_row, after,
@@ -239,29 +241,50 @@ def _weight(values: Any, total: int, *flags: Any) -> Any:
     return weight
 
 
-def _gather_initial_states(pool: Any, state_indices: Any, seqs: int) -> Any:
+@dataclass
+class InitialStates:
     """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``state_indices[i]`` (not read for −1: the DMA skips
-    the row outside the pool), slot N zeros.
+    the row outside the pool), slot N zeros; gathered one value head at a time (``gather``).
 
-    Gathered before any state is stored, so the chain's loads read this copy and never the pool its stores write:
-    a load and a store of the pool addressed at run time could be the same row for all the program can tell, and
-    would be ordered one after the other on the chain's path.
+    The chain's loads read this copy and never the pool its stores write: a load and a store of the pool addressed
+    at run time could be the same row for all the program can tell, and would be ordered one after the other on
+    the chain's path. A head is gathered when its lane's first chunks are loaded, before any of its states is
+    stored (the stores before it write other heads), one DMA per slot: the first lane waits for its own [Dk, Dv]
+    states only, and no copy of a later head's sits in the DMA queues ahead of the first chunks' loads.
     """
+
+    pool: Any
+    rows: Any  # [1, N] int32 tile: the slots' pool rows
+    tensor: Any
+    zero: Any  # [Dk, Dv] fp32 zeros
+    gathered: set[int] = field(default_factory=set)
+
+    def gather(self, h: int) -> None:
+        """Copy value heads ``h`` and ``h + 1`` of each slot's pool row, and zeros into slot N (once per head):
+        the next lane's states a lane ahead, so its first chunk does not wait out a gather's latency."""
+        for head in (h, h + 1):
+            if head not in self.gathered and head < self.tensor.shape[1]:
+                self._gather(head)
+
+    def _gather(self, h: int) -> None:
+        self.gathered.add(h)
+        seqs, dv = self.rows.shape[1], self.zero.shape[1]
+        nisa.dma_copy(dst=self.tensor[seqs, h, :, :], src=self.zero)
+        for i in range(seqs):
+            row = nisa.scalar_load(self.rows[:, i : i + 1])
+            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_pool_view(self.pool, row, h, slice(0, dv)),
+                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+
+
+def _initial_states(pool: Any, state_indices: Any, seqs: int) -> InitialStates:
+    """The launch's ``InitialStates``, nothing gathered yet."""
     _, heads, dk, dv = pool.shape
-    initial = nl.ndarray((seqs + 1, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    tensor = nl.ndarray((seqs + 1, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     zero = tiles.sbuf((dk, dv), FP32)
     nisa.memset(dst=zero, value=0.0)
-    for h in range(heads):
-        nisa.dma_copy(dst=initial[seqs, h, :, :], src=zero)
     rows = tiles.sbuf((1, seqs), INT32)
     nisa.dma_copy(dst=rows, src=state_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
-    pattern = [[dv, heads * dk], [1, dv]]
-    for i in range(seqs):
-        row = nisa.scalar_load(rows[:, i : i + 1])
-        src = pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
-        nisa.dma_copy(dst=initial.ap(pattern=pattern, offset=i * heads * dk * dv), src=src,
-                      oob_mode=nisa.oob_mode.skip)  # fmt: skip
-    return initial
+    return InitialStates(pool, rows, tensor, zero)
 
 
 def _sum_table(weight: Any, found: Any, total: int) -> Any:
@@ -286,22 +309,29 @@ def _checkpoint_table(
     """[1, width] int32: the pool row of the checkpoint taken after chunk c, else P.
 
     Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's;
-    the sum runs over the sequences on partitions, one checkpoint index k at a time (accumulating in PSUM).
+    the sum runs over the sequences on partitions, one checkpoint index k at a time (accumulating in PSUM). The
+    per-checkpoint columns are made for all k at once ([N, K] tiles), and the K comparisons are independent of
+    each other, so building the table is a few instructions deep whatever K: the first chain link reads it.
     """
     per_seq = checkpoint_indices.shape[1]
-    total = tiles.psum((1, width))
+    at = tiles.sbuf((seqs, per_seq), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
+    nisa.iota(dst=at, pattern=[[every, per_seq]], offset=every)
+    nisa.tensor_scalar(dst=at, data=at, op0=nl.add, operand0=first)
+    inside = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_scalar(dst=inside, data=at, op0=nl.less_equal, operand0=end)
+    raw = tiles.sbuf((seqs, per_seq), INT32)
+    nisa.dma_copy(dst=raw, src=checkpoint_indices)
+    rows = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_copy(dst=rows, src=raw)
+    weight = _weight(rows, rows_total, _at_least_zero(rows), inside)
     chunk_index = tiles.sbuf((seqs, width), FP32)
     nisa.iota(dst=chunk_index, pattern=[[1, width]], offset=1)  # c + 1: the chunks done after chunk c
+    total = tiles.psum((1, width))
+    found = [tiles.sbuf((seqs, width), FP32) for _ in range(min(per_seq, FOUND_TILES))]
     for k in range(per_seq):
-        at = tiles.sbuf((seqs, 1), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
-        nisa.tensor_scalar(dst=at, data=first, op0=nl.add, operand0=float((k + 1) * every))
-        inside = tiles.sbuf((seqs, 1), FP32)
-        nisa.tensor_tensor(dst=inside, data1=end, data2=at, op=nl.greater_equal)
-        found = tiles.sbuf((seqs, width), FP32)
-        nisa.tensor_scalar(dst=found, data=chunk_index, op0=nl.equal, operand0=at)
-        rows = _vector(checkpoint_indices, seqs, k, per_seq)
-        weight = _weight(rows, rows_total, _at_least_zero(rows), inside)
-        nisa.nc_matmul(dst=total, stationary=weight, moving=found, accumulate=k > 0)
+        at_k = found[k % len(found)]
+        nisa.tensor_scalar(dst=at_k, data=chunk_index, op0=nl.equal, operand0=at[:, k : k + 1])
+        nisa.nc_matmul(dst=total, stationary=weight[:, k : k + 1], moving=at_k, accumulate=k > 0)
     table = tiles.sbuf((1, width), INT32)
     nisa.tensor_scalar(dst=table, data=total, op0=nl.add, operand0=float(rows_total))
     return table
