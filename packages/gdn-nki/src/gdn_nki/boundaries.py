@@ -23,8 +23,8 @@ Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the las
 | table | shape | holds |
 |---|---|---|
 | ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N where none starts or it has no row |
-| ``end_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to (a sequence's end); P where none |
-| ``checkpoint_row`` | [1, n + 1] int32 | the pool row of the checkpoint after chunk c; P where none (only with checkpoints) |
+| ``store_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to: a sequence's end (with a row), else a checkpoint's; P where none |
+| ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none |
 | ``keep`` | [Dk, n + 1] fp32 | 0 where a sequence with at least one chunk starts at chunk c, else 1 (on every partition) |
 
 They are sums over the sequences (on partitions) of 0/1 comparisons of an iota against the boundaries, weighted by
@@ -57,9 +57,10 @@ class ChunkBoundaries:
     pool: Any  # [P, Hv, Dk, Dv] fp32 @ HBM
     initial: InitialStates  # the named pool rows' states, gathered per value head
     start_slot: Any
-    end_row: Any
+    store_row: Any
     keep: Any
-    checkpoint_row: Any = None
+    # With checkpoints: per slot, the checkpoint row its final state is copied to once stored (``lane_done``)
+    copy_row: Any = None
     # One [Dk, Dv] fp32 tile per position of a unit: the state after the chunk there, before the blend, which the
     # store DMAs read. Blending in place instead would make the blend (and the whole chain) wait for the stores.
     after: list[Any] = field(default_factory=list)
@@ -80,13 +81,23 @@ class ChunkBoundaries:
         at ``position`` in its unit, does at the boundary after it: the rows its state is stored to (read now,
         ahead of the link), the blend with ``init`` (``load_next_initial``), applied per state block
         (``BoundaryLink``). ``last``: the lane's last chunk (no next chunk to start)."""
-        stores = [nisa.scalar_load(_column(self.end_row, c))]
-        if self.checkpoint_row is not None:
-            stores.append(nisa.scalar_load(_column(self.checkpoint_row, c)))
+        stores = [nisa.scalar_load(_column(self.store_row, c))]
         if last:
             return BoundaryLink(self.pool, h, stores, None, None, None)
         after = self.after[position % len(self.after)]
         return BoundaryLink(self.pool, h, stores, _column(self.keep, c + 1), init, after)
+
+    def lane_done(self, h: int) -> None:
+        """After value head ``h``'s last link: copy the final state of each sequence whose last checkpoint is its
+        end from its pool row to that checkpoint's row (skipped where ``copy_row`` names row P), so the chain
+        stores each chunk's state once even where a checkpoint and an end coincide."""
+        if self.copy_row is None:
+            return
+        dv = self.pool.shape[3]
+        for i in range(self.copy_row.shape[1]):
+            src = _pool_view(self.pool, nisa.scalar_load(self.initial.rows[:, i : i + 1]), h, slice(0, dv))
+            dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
+            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
     def _load_initial(self, slot_entry: Any, h: int, dst: Any) -> None:
         """DMA value head ``h`` of the gathered initial state the table entry names (slot N: zeros) into ``dst``."""
@@ -193,17 +204,18 @@ def build(
     keep = tiles.sbuf((dk, width), FP32)
     nisa.tensor_scalar(dst=keep, data=started, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
 
-    checkpoint_row = None
+    end_row = _sum_table(row_weight, ends, rows_total)
+    copy_row = None
     if checkpoint_every:
-        checkpoint_row = _checkpoint_table(
-            chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end
-        )
+        end_row, copy_row = _with_checkpoints(
+            end_row, chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end,
+            has_row, live,
+        )  # fmt: skip
     dv = pool.shape[3]
     after = [tiles.sbuf((dk, dv), FP32) for _ in range(positions)]
     initial = _initial_states(pool, state_indices, seqs)
     return ChunkBoundaries(
-        pool, initial, _sum_table(slot_weight, starts, seqs), _sum_table(row_weight, ends, rows_total), keep,
-        checkpoint_row, after,
+        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, keep, copy_row, after,
     )  # fmt: skip
 
 
@@ -296,7 +308,8 @@ def _sum_table(weight: Any, found: Any, total: int) -> Any:
     return table
 
 
-def _checkpoint_table(
+def _with_checkpoints(
+    end_row: Any,
     chunk_bounds: Any,
     checkpoint_indices: Any,
     seqs: int,
@@ -305,13 +318,24 @@ def _checkpoint_table(
     every: int,
     first: Any,
     end: Any,
-) -> Any:
-    """[1, width] int32: the pool row of the checkpoint taken after chunk c, else P.
+    has_row: Any,
+    live: Any,
+) -> tuple[Any, Any]:
+    """The store table with the checkpoints in it, and the per-slot rows a final state is copied to.
 
-    Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's;
-    the sum runs over the sequences on partitions, one checkpoint index k at a time (accumulating in PSUM). The
-    per-checkpoint columns are made for all k at once ([N, K] tiles), and the K comparisons are independent of
-    each other, so building the table is a few instructions deep whatever K: the first chain link reads it.
+    Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's.
+    One chunk holds at most one sequence's end and checkpoints, so each chunk stores its state to ONE row: the
+    end's where there is one (and a state row), else the checkpoint's. Only where a sequence's last checkpoint is
+    its end, with a state row, does the checkpoint need a second copy: ``copy_row[i]`` names it (else P), and
+    ``ChunkBoundaries.lane_done`` copies the stored final state there, pool row to pool row, once per value head.
+
+    The checkpoints' table is a sum over the sequences on partitions, one checkpoint index k at a time
+    (accumulating in PSUM); the per-checkpoint columns are made for all k at once ([N, K] tiles) and the K
+    comparisons are independent of each other, so the table is a few instructions deep whatever K (the first
+    chain link reads it).
+
+    Returns:
+        ``([1, width] int32 store rows, [1, N] int32 copy rows)``.
     """
     per_seq = checkpoint_indices.shape[1]
     at = tiles.sbuf((seqs, per_seq), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
@@ -332,6 +356,24 @@ def _checkpoint_table(
         at_k = found[k % len(found)]
         nisa.tensor_scalar(dst=at_k, data=chunk_index, op0=nl.equal, operand0=at[:, k : k + 1])
         nisa.nc_matmul(dst=total, stationary=weight[:, k : k + 1], moving=at_k, accumulate=k > 0)
-    table = tiles.sbuf((1, width), INT32)
-    nisa.tensor_scalar(dst=table, data=total, op0=nl.add, operand0=float(rows_total))
-    return table
+    # Where no end is stored (row P in end_row), the checkpoint's row: end_row + [end_row == P]·(Σ weights)
+    no_end = tiles.sbuf((1, width), FP32)
+    nisa.tensor_scalar(dst=no_end, data=end_row, op0=nl.equal, operand0=float(rows_total))
+    checkpoint = tiles.sbuf((1, width), FP32)
+    nisa.tensor_tensor(dst=checkpoint, data1=total, data2=no_end, op=nl.multiply)
+    store_row = tiles.sbuf((1, width), INT32)
+    nisa.tensor_tensor(dst=store_row, data1=checkpoint, data2=end_row, op=nl.add)
+
+    # A last checkpoint at the end of a sequence with a state row: its weight (row − P), summed over k, per slot
+    at_end = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_scalar(dst=at_end, data=at, op0=nl.equal, operand0=end)
+    nisa.tensor_tensor(dst=at_end, data1=at_end, data2=weight, op=nl.multiply)
+    copy_weight = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_reduce(dst=copy_weight, op=nl.add, data=at_end, axis=1)
+    for flag in (has_row, live):
+        nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=flag, op=nl.multiply)
+    slot_index = tiles.sbuf((seqs, seqs), FP32)  # c − p: 0 on the diagonal
+    nisa.iota(dst=slot_index, pattern=[[1, seqs]], offset=0, channel_multiplier=-1)
+    identity = tiles.sbuf((seqs, seqs), FP32)
+    nisa.tensor_scalar(dst=identity, data=slot_index, op0=nl.equal, operand0=0.0)
+    return store_row, _sum_table(copy_weight, identity, rows_total)
