@@ -12,9 +12,11 @@ arithmetic and run-time addresses:
   ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered per
   value head (``InitialStates``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
   no load of the chain reads the pool its stores write;
-- after a sequence's last chunk (and after each checkpoint's chunk) the state is stored to its pool row by a DMA
-  addressed at run time (a row read with ``nisa.scalar_load``); a chunk with nothing to store addresses row P, one
-  past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
+- after each chunk the state is stored by ONE DMA addressed at run time (a row read with ``nisa.scalar_load``):
+  to the row of the sequence ending there, else to the row of a checkpoint taken there (one chunk holds at most one
+  sequence's end and checkpoints); a last checkpoint that is its sequence's end is copied from that row once the
+  head's chain is done (``ChunkBoundaries.lane_done``). A chunk with nothing to store addresses row P, one past the
+  pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
   ``nki.isa.oob_mode`` v2.29.1). The chain writes the state after a chunk into a tile of its own (``after``), the
   stores read it and the blend makes the next entry from it, so the chain never waits for a store.
 
