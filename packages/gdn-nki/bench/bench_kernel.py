@@ -72,6 +72,11 @@ VARLEN_LENGTHS = (37, 512, 1000, 2900, 130)
 SHORT_PROMPTS = (50,) * 64  # a batch of many short prompts: the bucketed form's other extreme
 BUCKET_TOKEN_STEP = 1024  # a server's bucket sizes in the varlen rows: tokens rounded up to this
 VARLEN_HEADS = (16, 32)  # Qwen3-Next's Hk, Hv
+# Prefix-cache checkpoints: one sequence of this length in a bucket of its size, with a checkpoint every
+# CHECKPOINT_EVERY tokens (NxD Inference's and vLLM's block size) against the same launch without; Hk, Hv.
+CHECKPOINT_SEQ_LEN = 8192
+CHECKPOINT_EVERY = 256
+CHECKPOINT_HEADS = (2, 4)
 
 # The scale matrix: lane counts x sequence lengths, each cell run unless its estimated instruction count exceeds
 # the budget (measured: ~6-8k instructions a second to interpret and schedule on this machine, so the 1.1M of
@@ -210,6 +215,26 @@ class VarlenRow:
     @property
     def speedup(self) -> float:
         return self.time_separate_us / self.time_one_launch_us
+
+
+@dataclass
+class CheckpointRow:
+    """One sequence in a bucket of its size, with prefix-cache checkpoints and without, against ``gdn_cte``."""
+
+    seq_len: int
+    every: int
+    heads: str
+    time_cte_us: float
+    time_bucket_us: float
+    time_checkpoints_us: float
+    static_bucket: int
+    static_checkpoints: int
+    checkpoints_exact: bool  # each checkpoint row equals the final state of the prefill truncated there
+
+    @property
+    def checkpoint_cost(self) -> float:
+        """What the checkpoints add to the bucket's makespan, as a fraction of it."""
+        return self.time_checkpoints_us / self.time_bucket_us - 1.0
 
 
 @dataclass
@@ -547,21 +572,82 @@ def measure_varlen(lengths: tuple[int, ...], key_heads: int, value_heads: int) -
     )
 
 
+def measure_checkpoints(seq_len: int, every: int, key_heads: int, value_heads: int) -> CheckpointRow:
+    """One sequence (bf16, schur) through ``gdn_cte``, the bucket of its size, and that bucket with a checkpoint
+    every ``every`` tokens; the checkpoints checked against the bucket's own truncated prefills."""
+    c = make_case("random", Geometry(B=1, Hk=key_heads, Hv=value_heads, S=seq_len, Dk=HEAD_DIM, Dv=HEAD_DIM),
+                  "bfloat16", seq_len)  # fmt: skip
+    tensors = {name: c.kernel[name] for name in ("query", "key", "value", "g_log", "beta")}
+    gdn_nki.prefill(**tensors, scale=c.scale)
+    cte = launch_report().makespan_ns / 1e3
+    count = seq_len // every
+    times, statics, pools = [], [], []
+    for extra in ({}, {"checkpoint_every": every, "checkpoint_indices": np.arange(1, count + 1, dtype=np.int32)[None]}):
+        pool = np.zeros((count + 1, value_heads, HEAD_DIM, HEAD_DIM), np.float32)
+        gdn_nki.prefill_bucket(**tensors, cu_seqlens=np.array([0, seq_len]), bucket=(seq_len, 1), scale=c.scale,
+                               recurrent_state=pool, state_indices=np.array([0], np.int32), **extra)  # fmt: skip
+        times.append(launch_report().makespan_ns / 1e3)
+        statics.append(nki_cpu.last_traces()[0].static_instructions if not gdn_nki.backend.USING_REAL_NKI else 0)
+        pools.append(pool)
+    exact = np.array_equal(pools[1][0], pools[0][0])
+    for k in (0, count // 2 - 1):  # two checkpoints against the prefill truncated there
+        cut = (k + 1) * every
+        truncated = np.zeros((1, value_heads, HEAD_DIM, HEAD_DIM), np.float32)
+        gdn_nki.prefill_bucket(**{name: x[:, :, :cut] for name, x in tensors.items()}, cu_seqlens=np.array([0, cut]),
+                               bucket=(cut, 1), scale=c.scale, recurrent_state=truncated,
+                               state_indices=np.array([0], np.int32))  # fmt: skip
+        exact &= np.array_equal(pools[1][k + 1], truncated[0])
+    return CheckpointRow(seq_len, every, f"{key_heads}/{value_heads}", cte, times[0], times[1], statics[0],
+                         statics[1], bool(exact))  # fmt: skip
+
+
+def checkpoint_table(rows: list[CheckpointRow]) -> str:
+    """The checkpoint rows as a markdown table."""
+    header = ("S", "every", "Hk/Hv", "gdn_cte µs", "bucket µs (× gdn_cte)", "with checkpoints µs", "checkpoints cost",
+              "static instructions (without / with)", "checkpoints exact")  # fmt: skip
+    body = [
+        (
+            r.seq_len,
+            r.every,
+            r.heads,
+            f"{r.time_cte_us:.1f}",
+            f"{r.time_bucket_us:.1f} ({r.time_bucket_us / r.time_cte_us:.2f}×)",
+            f"{r.time_checkpoints_us:.1f}",
+            f"{r.checkpoint_cost:+.1%}",
+            f"{r.static_bucket:,} / {r.static_checkpoints:,}",
+            "yes" if r.checkpoints_exact else "NO",
+        )
+        for r in rows
+    ]
+    return _markdown_table(header, "--:|--:|---|--:|--:|--:|--:|--:|---", body)
+
+
 def bucket_table(rows: list[VarlenRow]) -> str:
     """The bucketed form of each varlen row as a markdown table."""
-    lines = [
-        "| batch | Hk/Hv | trace-time form µs | bucket of exactly the batch µs (×) | server bucket (T, N) | µs (×) "
-        "| static instructions | bit-identical to the trace-time form |",
-        "|---|---|---:|---:|---|---:|---:|---|",
-    ]
+    header = ("batch", "Hk/Hv", "trace-time form µs", "bucket of exactly the batch µs (×)", "server bucket (T, N)",
+              "µs (×)", "static instructions", "bit-identical to the trace-time form")  # fmt: skip
+    body = []
     for r in rows:
         batch = ", ".join(map(str, r.lengths)) if len(set(r.lengths)) > 1 else f"{len(r.lengths)} × {r.lengths[0]}"
-        lines.append(
-            f"| {batch} | {r.heads} | {r.time_one_launch_us:.1f} | {r.time_bucket_exact_us:.1f} "
-            f"({r.time_bucket_exact_us / r.time_one_launch_us:.2f}×) | {r.bucket} | {r.time_bucket_us:.1f} "
-            f"({r.time_bucket_us / r.time_one_launch_us:.2f}×) | {r.static_instructions_bucket} | "
-            f"{'yes' if r.bucket_bit_identical else 'NO'} |"
+        body.append(
+            (
+                batch,
+                r.heads,
+                f"{r.time_one_launch_us:.1f}",
+                f"{r.time_bucket_exact_us:.1f} ({r.time_bucket_exact_us / r.time_one_launch_us:.2f}×)",
+                r.bucket,
+                f"{r.time_bucket_us:.1f} ({r.time_bucket_us / r.time_one_launch_us:.2f}×)",
+                r.static_instructions_bucket,
+                "yes" if r.bucket_bit_identical else "NO",
+            )
         )
+    return _markdown_table(header, "---|---|--:|--:|---|--:|--:|---", body)
+
+
+def _markdown_table(header: tuple[str, ...], align: str, body: list[tuple]) -> str:
+    """A markdown table: the header cells, the alignment row's cells joined by "|", a tuple of cells per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + align + "|"]
+    lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in body]
     return "\n".join(lines)
 
 
@@ -931,6 +1017,7 @@ def markdown(
     scale: list[Row | Skipped] | None = None,
     varlen_rows: list[VarlenRow] | None = None,
     long_records: list[dict[str, Any]] | None = None,
+    checkpoint_rows: list[CheckpointRow] | None = None,
 ) -> str:
     """The whole report."""
     traces = [r.trace_file for r in rows if r.trace_file]
@@ -1001,6 +1088,13 @@ def markdown(
             "bucket's program.",
             bucket_table(varlen_rows),
         ]
+    if checkpoint_rows:
+        varlen += [
+            "Prefix-cache checkpoints (`prefill_bucket(..., checkpoint_every=, checkpoint_indices=)`): one sequence "
+            "in a bucket of its size with a checkpoint every `every` tokens against the same launch without, and "
+            "`gdn_cte` on it. Exact: the final state unchanged and checkpoints equal the truncated prefills.",
+            checkpoint_table(checkpoint_rows),
+        ]
     return "\n\n".join(
         [
             "# gdn_cte kernel: cost-model estimates",
@@ -1058,6 +1152,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--varlen-heads", type=int, nargs=2, default=list(VARLEN_HEADS), metavar=("HK", "HV"))
     parser.add_argument("--short-prompts", type=int, nargs="*", default=list(SHORT_PROMPTS),
                         help="lengths of the many-short-prompts varlen row (none: skip it)")  # fmt: skip
+    parser.add_argument("--checkpoint-seq-len", type=int, default=CHECKPOINT_SEQ_LEN,
+                        help="S of the checkpoint-cost row (0: skip it)")  # fmt: skip
+    parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY)
+    parser.add_argument("--checkpoint-heads", type=int, nargs=2, default=list(CHECKPOINT_HEADS), metavar=("HK", "HV"))
     parser.add_argument("--one-lane-fp32-seq-lens", type=int, nargs="*", default=list(ONE_LANE_FP32_SEQ_LENS),
                         help="one-lane fp32 rows (both algorithms) in the perf table")  # fmt: skip
     parser.add_argument("--long-error-seq-len", type=int, default=LONG_ERROR_SEQ_LEN,
@@ -1078,6 +1176,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  varlen {len(v.lengths)} prompts {v.heads}: one launch {v.time_one_launch_us:.1f} us, one by one "
               f"{v.time_separate_us:.1f} us, bucketed {v.time_bucket_exact_us:.1f} us "
               f"(interpreted in {v.interpret_s:.0f} s)", flush=True)  # fmt: skip
+    checkpoint_rows = []
+    if args.checkpoint_seq_len:
+        checkpoint_rows.append(measure_checkpoints(args.checkpoint_seq_len, args.checkpoint_every,
+                                                   *args.checkpoint_heads))  # fmt: skip
+        r = checkpoint_rows[-1]
+        print(f"  checkpoints every {r.every} at S = {r.seq_len} {r.heads}: bucket {r.time_bucket_us:.1f} us, with "
+              f"checkpoints {r.time_checkpoints_us:.1f} us ({r.checkpoint_cost:+.1%})", flush=True)  # fmt: skip
     records = [] if args.skip_accuracy else accuracy_sweep()
     long_records = long_errors(args.long_error_seq_len) if args.long_error_seq_len else []
     scale = scale_rows(
@@ -1085,7 +1190,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     targets = judge_targets(rows, scale)
     target_name = ", ".join(sorted({r.cost_target for r in rows}))
-    report = markdown(rows, targets, records, target_name, scale, varlen_rows, long_records)
+    report = markdown(rows, targets, records, target_name, scale, varlen_rows, long_records, checkpoint_rows)
     print(report)
     print(f"\n(total bench time {time.perf_counter() - start:.0f} s)")
     if args.out is not None:
@@ -1096,6 +1201,7 @@ def main(argv: list[str] | None = None) -> None:
             "rows": [{**asdict(r), "pe_us_per_chunk": r.pe_us_per_chunk} for r in rows],
             "scale": [{"ran": isinstance(c, Row), **asdict(c)} for c in scale],
             "varlen": [{**asdict(v), "speedup": v.speedup} for v in varlen_rows],
+            "checkpoints": [{**asdict(r), "checkpoint_cost": r.checkpoint_cost} for r in checkpoint_rows],
             "targets": [
                 {"name": t.name, "measured": t.measured, "threshold": t.threshold, "at_most": t.at_most, "met": t.met}
                 for t in targets

@@ -37,6 +37,7 @@ def bench() -> ModuleType:
 
 def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     small_varlen = ["--varlen-lengths", "37", "200", "--varlen-heads", "1", "2", "--short-prompts", "50", "50", "50"]
+    small_checkpoints = ["--checkpoint-seq-len", "512", "--checkpoint-every", "256", "--checkpoint-heads", "1", "1"]
     bench.main(
         [
             "--out",
@@ -52,6 +53,7 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
             "--long-error-seq-len",
             "256",
             *small_varlen,
+            *small_checkpoints,
         ]
     )
     printed = capsys.readouterr().out
@@ -120,6 +122,12 @@ def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, c
     varlen, short = data["varlen"]
     assert short["lengths"] == [50, 50, 50] and short["bucket"] == [1024, 4]
     assert varlen["bucket_bit_identical"] and short["bucket_bit_identical"], "the bucketed form reproduces varlen"
+    (checkpoints,) = data["checkpoints"]
+    assert checkpoints["seq_len"] == 512 and checkpoints["checkpoints_exact"], "checkpoints = truncated prefills"
+    assert checkpoints["checkpoint_cost"] == pytest.approx(
+        checkpoints["time_checkpoints_us"] / checkpoints["time_bucket_us"] - 1
+    )
+    assert checkpoints["static_checkpoints"] > checkpoints["static_bucket"] > 0
     assert "| 3 × 50 | 1/2 |" in printed
     assert varlen["lengths"] == [37, 200] and varlen["lanes"] == 4 and varlen["padded_tokens"] == 384
     assert varlen["bit_identical"], "one launch must reproduce the separate launches exactly"

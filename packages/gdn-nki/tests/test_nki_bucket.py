@@ -202,6 +202,26 @@ def test_checkpoints_equal_truncated_prefills_and_resume_exactly() -> None:
     assert np.array_equal(resumed_pool[4], pool[0])
 
 
+def test_a_checkpoint_at_a_sequence_end_is_its_final_state() -> None:
+    """A sequence whose length is a checkpoint multiple: its last checkpoint is its final state, bit for bit, in
+    both rows (the chain stores it once, a copy makes the second), with a state row or without one."""
+    every = 2 * C
+    batch = _batch([4 * C, 2 * C - 7, 2 * C, 3 * C], [0, 1, -1, 2], seeds=[21, 22, 23, 24])
+    checkpoints = np.array([[3, 4], [5, 6], [7, 8], [9, 10]], np.int32)
+    out, pool = _run(batch, (12 * C, 4), checkpoint_every=every, checkpoint_indices=checkpoints)
+    plain_out, plain_pool = _run(batch, (12 * C, 4))
+    assert np.array_equal(out, plain_out) and np.array_equal(pool[:3], plain_pool[:3])
+    assert np.array_equal(pool[4], pool[0])  # the last checkpoint of a sequence with a state row
+    zero_start = _batch([2 * C], [0], seeds=[0])  # the -1 sequence's final state, from a prefill that keeps it
+    zero_start.cases = [batch.cases[2]]
+    zero_start.packed = {name: batch.cases[2].kernel[name] for name in TENSORS}
+    zero_start.pool[0] = 0.0
+    _, zero_pool = _run(zero_start, (12 * C, 4))
+    assert np.array_equal(pool[7], zero_pool[0])
+    untouched = [5, 6, 8, 10, 11]  # checkpoints past their sequence's length (2C − 7 < 2C), rows no one names
+    assert pool[untouched].tobytes() == batch.pool[untouched].tobytes()
+
+
 def test_checkpoints_on_and_off_are_one_program() -> None:
     if gdn_nki.backend.USING_REAL_NKI:
         pytest.skip("fingerprints are nki-cpu's")

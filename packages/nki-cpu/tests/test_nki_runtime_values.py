@@ -400,6 +400,30 @@ def test_oob_mode_skip_skips_the_rows_outside_and_copies_the_rest():
     np.testing.assert_array_equal(dst.read(), np.full((2, 4), -5.0))
 
 
+def test_a_store_skipped_outside_its_tensor_orders_nothing():
+    """A skipped transfer touches no byte: two stores skipped past the end wait neither for each other nor for a
+    store to row 0 (an in-bounds run-time address is resolved as before: two stores to row 2 are ordered)."""
+
+    def kernel(pool, rows):
+        src = nl.ndarray((1, 4), pool.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=src, value=1.0)
+        index = nl.ndarray((1, 4), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=index, src=rows)
+        for k in range(4):  # rows 0, 9 (outside), 9 (outside), 2, 2
+            row = nisa.scalar_load(index[:, k : k + 1])
+            dst = pool.ap(pattern=[[4, 1], [1, 4]], offset=0, scalar_offset=row, indirect_dim=0)
+            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+
+    values = np.zeros((8, 4), np.float32)
+    _run(kernel, values, np.array([[0, 9, 9, 2]], np.int32))
+    np.testing.assert_array_equal(values[[0, 2]], np.ones((2, 4)))
+    stores = [r for r in nki_cpu.last_trace().records if r.opcode == "dma_copy"][1:]
+    first, skipped, again, to_two, to_two_again = (store.writes[0] for store in stores)
+    assert not skipped.overlaps(first) and not again.overlaps(skipped) and not again.overlaps(first)
+    assert to_two_again.overlaps(to_two) and not to_two.overlaps(first)
+
+
 def test_relaxed_dynamic_out_of_bounds_warns_and_skips():
     values = np.arange(40, dtype=np.float32).reshape(10, 4)
 

@@ -9,14 +9,16 @@ arithmetic and run-time addresses:
 
 - at a sequence's first chunk the carried state is replaced by the pool row's state (or zero): the state after the
   chunk before is blended ``keep · h + init`` with ``keep`` 0 there and 1 elsewhere (exact: ``keep`` is 0 or 1, and
-  ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered at the
-  start (``_gather_initial_states``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
+  ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered per
+  value head (``InitialStates``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
   no load of the chain reads the pool its stores write. The rows read are ``state_indices``, or ``read_indices``
   where a sequence starts from another row than the one it ends in (a prefix-cache hit: the cache's row is read,
   the request's own row written);
-- after a sequence's last chunk (and after each checkpoint's chunk) the state is stored to its pool row by a DMA
-  addressed at run time (a row read with ``nisa.scalar_load``); a chunk with nothing to store addresses row P, one
-  past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
+- after each chunk the state is stored by ONE DMA addressed at run time (a row read with ``nisa.scalar_load``):
+  to the row of the sequence ending there, else to the row of a checkpoint taken there (one chunk holds at most one
+  sequence's end and checkpoints); a last checkpoint that is its sequence's end is copied from that row once the
+  head's chain is done (``ChunkBoundaries.lane_done``). A chunk with nothing to store addresses row P, one past the
+  pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
   ``nki.isa.oob_mode`` v2.29.1). The chain writes the state after a chunk into a tile of its own (``after``), the
   stores read it and the blend makes the next entry from it, so the chain never waits for a store.
 
@@ -25,8 +27,8 @@ Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the las
 | table | shape | holds |
 |---|---|---|
 | ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N where none starts or it has no row |
-| ``end_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to (a sequence's end); P where none |
-| ``checkpoint_row`` | [1, n + 1] int32 | the pool row of the checkpoint after chunk c; P where none (only with checkpoints) |
+| ``store_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to: a sequence's end (with a row), else a checkpoint's; P where none |
+| ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none |
 | ``keep`` | [Dk, n + 1] fp32 | 0 where a sequence with at least one chunk starts at chunk c, else 1 (on every partition) |
 
 They are sums over the sequences (on partitions) of 0/1 comparisons of an iota against the boundaries, weighted by
@@ -48,6 +50,7 @@ from .tiles import FP32
 
 INT32 = nl.int32
 MAX_TABLE = 512  # columns of a table: the tensor engine's moving free size
+FOUND_TILES = 4  # the checkpoint table's comparison tiles, written in turn (SBUF independent of K)
 
 
 @dataclass
@@ -56,11 +59,12 @@ class ChunkBoundaries:
     after a chunk into (module docstring)."""
 
     pool: Any  # [P, Hv, Dk, Dv] fp32 @ HBM
-    initial: Any  # [N + 1, Hv, Dk, Dv] fp32 @ HBM: the initial states, gathered (``_gather_initial_states``)
+    initial: InitialStates  # the named pool rows' states, gathered per value head
     start_slot: Any
-    end_row: Any
+    store_row: Any
     keep: Any
-    checkpoint_row: Any = None
+    # With checkpoints: per slot, the checkpoint row its final state is copied to once stored (``lane_done``)
+    copy_row: Any = None
     # One [Dk, Dv] fp32 tile per position of a unit: the state after the chunk there, before the blend, which the
     # store DMAs read. Blending in place instead would make the blend (and the whole chain) wait for the stores.
     after: list[Any] = field(default_factory=list)
@@ -81,18 +85,29 @@ class ChunkBoundaries:
         at ``position`` in its unit, does at the boundary after it: the rows its state is stored to (read now,
         ahead of the link), the blend with ``init`` (``load_next_initial``), applied per state block
         (``BoundaryLink``). ``last``: the lane's last chunk (no next chunk to start)."""
-        stores = [nisa.scalar_load(_column(self.end_row, c))]
-        if self.checkpoint_row is not None:
-            stores.append(nisa.scalar_load(_column(self.checkpoint_row, c)))
+        stores = [nisa.scalar_load(_column(self.store_row, c))]
         if last:
             return BoundaryLink(self.pool, h, stores, None, None, None)
         after = self.after[position % len(self.after)]
         return BoundaryLink(self.pool, h, stores, _column(self.keep, c + 1), init, after)
 
+    def lane_done(self, h: int) -> None:
+        """After value head ``h``'s last link: copy the final state of each sequence whose last checkpoint is its
+        end from its pool row to that checkpoint's row (skipped where ``copy_row`` names row P), so the chain
+        stores each chunk's state once even where a checkpoint and an end coincide."""
+        if self.copy_row is None:
+            return
+        dv = self.pool.shape[3]
+        for i in range(self.copy_row.shape[1]):
+            src = _pool_view(self.pool, nisa.scalar_load(self.initial.rows[:, i : i + 1]), h, slice(0, dv))
+            dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
+            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+
     def _load_initial(self, slot_entry: Any, h: int, dst: Any) -> None:
         """DMA value head ``h`` of the gathered initial state the table entry names (slot N: zeros) into ``dst``."""
+        self.initial.gather(h)
         slot = nisa.scalar_load(slot_entry)
-        nisa.dma_copy(dst=dst, src=_pool_view(self.initial, slot, h, slice(0, dst.shape[1])))
+        nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, slice(0, dst.shape[1])))
 
 
 @dataclass
@@ -199,17 +214,18 @@ def build(
     keep = tiles.sbuf((dk, width), FP32)
     nisa.tensor_scalar(dst=keep, data=started, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
 
-    checkpoint_row = None
+    end_row = _sum_table(row_weight, ends, rows_total)
+    copy_row = None
     if checkpoint_every:
-        checkpoint_row = _checkpoint_table(
-            chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end
-        )
+        end_row, copy_row = _with_checkpoints(
+            end_row, chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end,
+            has_row, live,
+        )  # fmt: skip
     dv = pool.shape[3]
     after = [tiles.sbuf((dk, dv), FP32) for _ in range(positions)]
-    initial = _gather_initial_states(pool, reads, seqs)
+    initial = _initial_states(pool, reads, seqs)
     return ChunkBoundaries(
-        pool, initial, _sum_table(slot_weight, starts, seqs), _sum_table(row_weight, ends, rows_total), keep,
-        checkpoint_row, after,
+        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, keep, copy_row, after,
     )  # fmt: skip
 
 
@@ -247,29 +263,50 @@ def _weight(values: Any, total: int, *flags: Any) -> Any:
     return weight
 
 
-def _gather_initial_states(pool: Any, read_indices: Any, seqs: int) -> Any:
-    """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``read_indices[i]`` (not read for −1: the DMA skips
-    the row outside the pool), slot N zeros.
+@dataclass
+class InitialStates:
+    """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``read_indices[i]`` (``state_indices`` when none) (not read for −1: the DMA skips
+    the row outside the pool), slot N zeros; gathered one value head at a time (``gather``).
 
-    Gathered before any state is stored, so the chain's loads read this copy and never the pool its stores write:
-    a load and a store of the pool addressed at run time could be the same row for all the program can tell, and
-    would be ordered one after the other on the chain's path.
+    The chain's loads read this copy and never the pool its stores write: a load and a store of the pool addressed
+    at run time could be the same row for all the program can tell, and would be ordered one after the other on
+    the chain's path. A head is gathered when its lane's first chunks are loaded, before any of its states is
+    stored (the stores before it write other heads), one DMA per slot: the first lane waits for its own [Dk, Dv]
+    states only, and no copy of a later head's sits in the DMA queues ahead of the first chunks' loads.
     """
+
+    pool: Any
+    rows: Any  # [1, N] int32 tile: the slots' pool rows
+    tensor: Any
+    zero: Any  # [Dk, Dv] fp32 zeros
+    gathered: set[int] = field(default_factory=set)
+
+    def gather(self, h: int) -> None:
+        """Copy value heads ``h`` and ``h + 1`` of each slot's pool row, and zeros into slot N (once per head):
+        the next lane's states a lane ahead, so its first chunk does not wait out a gather's latency."""
+        for head in (h, h + 1):
+            if head not in self.gathered and head < self.tensor.shape[1]:
+                self._gather(head)
+
+    def _gather(self, h: int) -> None:
+        self.gathered.add(h)
+        seqs, dv = self.rows.shape[1], self.zero.shape[1]
+        nisa.dma_copy(dst=self.tensor[seqs, h, :, :], src=self.zero)
+        for i in range(seqs):
+            row = nisa.scalar_load(self.rows[:, i : i + 1])
+            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_pool_view(self.pool, row, h, slice(0, dv)),
+                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+
+
+def _initial_states(pool: Any, read_indices: Any, seqs: int) -> InitialStates:
+    """The launch's ``InitialStates``, nothing gathered yet."""
     _, heads, dk, dv = pool.shape
-    initial = nl.ndarray((seqs + 1, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    tensor = nl.ndarray((seqs + 1, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     zero = tiles.sbuf((dk, dv), FP32)
     nisa.memset(dst=zero, value=0.0)
-    for h in range(heads):
-        nisa.dma_copy(dst=initial[seqs, h, :, :], src=zero)
     rows = tiles.sbuf((1, seqs), INT32)
     nisa.dma_copy(dst=rows, src=read_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
-    pattern = [[dv, heads * dk], [1, dv]]
-    for i in range(seqs):
-        row = nisa.scalar_load(rows[:, i : i + 1])
-        src = pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
-        nisa.dma_copy(dst=initial.ap(pattern=pattern, offset=i * heads * dk * dv), src=src,
-                      oob_mode=nisa.oob_mode.skip)  # fmt: skip
-    return initial
+    return InitialStates(pool, rows, tensor, zero)
 
 
 def _sum_table(weight: Any, found: Any, total: int) -> Any:
@@ -281,7 +318,8 @@ def _sum_table(weight: Any, found: Any, total: int) -> Any:
     return table
 
 
-def _checkpoint_table(
+def _with_checkpoints(
+    end_row: Any,
     chunk_bounds: Any,
     checkpoint_indices: Any,
     seqs: int,
@@ -290,26 +328,62 @@ def _checkpoint_table(
     every: int,
     first: Any,
     end: Any,
-) -> Any:
-    """[1, width] int32: the pool row of the checkpoint taken after chunk c, else P.
+    has_row: Any,
+    live: Any,
+) -> tuple[Any, Any]:
+    """The store table with the checkpoints in it, and the per-slot rows a final state is copied to.
 
-    Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's;
-    the sum runs over the sequences on partitions, one checkpoint index k at a time (accumulating in PSUM).
+    Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's.
+    One chunk holds at most one sequence's end and checkpoints, so each chunk stores its state to ONE row: the
+    end's where there is one (and a state row), else the checkpoint's. Only where a sequence's last checkpoint is
+    its end, with a state row, does the checkpoint need a second copy: ``copy_row[i]`` names it (else P), and
+    ``ChunkBoundaries.lane_done`` copies the stored final state there, pool row to pool row, once per value head.
+
+    The checkpoints' table is a sum over the sequences on partitions, one checkpoint index k at a time
+    (accumulating in PSUM); the per-checkpoint columns are made for all k at once ([N, K] tiles) and the K
+    comparisons are independent of each other, so the table is a few instructions deep whatever K (the first
+    chain link reads it).
+
+    Returns:
+        ``([1, width] int32 store rows, [1, N] int32 copy rows)``.
     """
     per_seq = checkpoint_indices.shape[1]
-    total = tiles.psum((1, width))
+    at = tiles.sbuf((seqs, per_seq), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
+    nisa.iota(dst=at, pattern=[[every, per_seq]], offset=every)
+    nisa.tensor_scalar(dst=at, data=at, op0=nl.add, operand0=first)
+    inside = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_scalar(dst=inside, data=at, op0=nl.less_equal, operand0=end)
+    raw = tiles.sbuf((seqs, per_seq), INT32)
+    nisa.dma_copy(dst=raw, src=checkpoint_indices)
+    rows = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_copy(dst=rows, src=raw)
+    weight = _weight(rows, rows_total, _at_least_zero(rows), inside)
     chunk_index = tiles.sbuf((seqs, width), FP32)
     nisa.iota(dst=chunk_index, pattern=[[1, width]], offset=1)  # c + 1: the chunks done after chunk c
+    total = tiles.psum((1, width))
+    found = [tiles.sbuf((seqs, width), FP32) for _ in range(min(per_seq, FOUND_TILES))]
     for k in range(per_seq):
-        at = tiles.sbuf((seqs, 1), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
-        nisa.tensor_scalar(dst=at, data=first, op0=nl.add, operand0=float((k + 1) * every))
-        inside = tiles.sbuf((seqs, 1), FP32)
-        nisa.tensor_tensor(dst=inside, data1=end, data2=at, op=nl.greater_equal)
-        found = tiles.sbuf((seqs, width), FP32)
-        nisa.tensor_scalar(dst=found, data=chunk_index, op0=nl.equal, operand0=at)
-        rows = _vector(checkpoint_indices, seqs, k, per_seq)
-        weight = _weight(rows, rows_total, _at_least_zero(rows), inside)
-        nisa.nc_matmul(dst=total, stationary=weight, moving=found, accumulate=k > 0)
-    table = tiles.sbuf((1, width), INT32)
-    nisa.tensor_scalar(dst=table, data=total, op0=nl.add, operand0=float(rows_total))
-    return table
+        at_k = found[k % len(found)]
+        nisa.tensor_scalar(dst=at_k, data=chunk_index, op0=nl.equal, operand0=at[:, k : k + 1])
+        nisa.nc_matmul(dst=total, stationary=weight[:, k : k + 1], moving=at_k, accumulate=k > 0)
+    # Where no end is stored (row P in end_row), the checkpoint's row: end_row + [end_row == P]·(Σ weights)
+    no_end = tiles.sbuf((1, width), FP32)
+    nisa.tensor_scalar(dst=no_end, data=end_row, op0=nl.equal, operand0=float(rows_total))
+    checkpoint = tiles.sbuf((1, width), FP32)
+    nisa.tensor_tensor(dst=checkpoint, data1=total, data2=no_end, op=nl.multiply)
+    store_row = tiles.sbuf((1, width), INT32)
+    nisa.tensor_tensor(dst=store_row, data1=checkpoint, data2=end_row, op=nl.add)
+
+    # A last checkpoint at the end of a sequence with a state row: its weight (row − P), summed over k, per slot
+    at_end = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_scalar(dst=at_end, data=at, op0=nl.equal, operand0=end)
+    nisa.tensor_tensor(dst=at_end, data1=at_end, data2=weight, op=nl.multiply)
+    copy_weight = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_reduce(dst=copy_weight, op=nl.add, data=at_end, axis=1)
+    for flag in (has_row, live):
+        nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=flag, op=nl.multiply)
+    slot_index = tiles.sbuf((seqs, seqs), FP32)  # c − p: 0 on the diagonal
+    nisa.iota(dst=slot_index, pattern=[[1, seqs]], offset=0, channel_multiplier=-1)
+    identity = tiles.sbuf((seqs, seqs), FP32)
+    nisa.tensor_scalar(dst=identity, data=slot_index, op0=nl.equal, operand0=0.0)
+    return store_row, _sum_table(copy_weight, identity, rows_total)

@@ -318,6 +318,8 @@ def advance(
             yield
         if seg.ends_lane and boundaries is None:  # the final state is ready before the last output: store it first
             hbm.store_state(final_state, lane, state)
+        elif seg.ends_lane:
+            boundaries.lane_done(lane.h)
         if pending is not None:
             output.emit_output(lane, *pending)
         seg.chunks = []

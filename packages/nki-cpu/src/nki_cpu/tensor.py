@@ -515,6 +515,10 @@ class NkiTensor:
         isz = self.itemsize
         st = self.storage
         kind = st.kind
+        if self.runtime is not None and self.runtime.out_of_bounds:
+            # Addressed at run time outside its tensor: the transfer is skipped (``oob_mode.skip``) and touches no
+            # byte, so it orders nothing; an in-bounds run-time address is resolved like any other.
+            return Region(st.id, kind, (0, 0), (0, 0))
         if self._row_offsets is not None:
             idx = self._index_array()
             lo, hi = int(idx.min()), int(idx.max())
