@@ -195,8 +195,9 @@ def drawable_head_dims(caps: Capabilities) -> tuple[int, ...]:
 
 
 @st.composite
-def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometry, int]:
-    """A (geometry, group_size) draw for the algorithm, fitted into the implementation's limits."""
+def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities, max_lanes: int | None = None) -> tuple[Geometry, int]:
+    """A (geometry, group_size) draw for the algorithm, fitted into the implementation's limits and, when
+    ``max_lanes`` is given, into that many lanes (B·Hv; ``_fewer_lanes``: S and the head dims kept)."""
     Hk, Hv = draw(st.sampled_from(HEAD_GEOMETRIES if algorithm == ALGORITHM_SCHUR else EQUAL_HEAD_GEOMETRIES))
     chunks = draw(st.integers(1, MAX_CHUNKS[algorithm]))
     head_dims = drawable_head_dims(caps)
@@ -212,7 +213,10 @@ def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometr
         # An implementation without Dk ≠ Dv is drawn at Dv = Dk (its other draws are unchanged).
         Dv=Dk if caps.equal_head_dims else draw(st.sampled_from(head_dims)),
     )
-    return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
+    fitted = fit(geometry, caps, algorithm)
+    if max_lanes is not None and fitted.lanes > max_lanes:
+        fitted = _fewer_lanes(fitted, max_lanes)
+    return fitted, draw(st.sampled_from(GROUP_SIZES))
 
 
 @dataclass(frozen=True)
