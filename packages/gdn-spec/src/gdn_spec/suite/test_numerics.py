@@ -3,9 +3,9 @@
 Hypothesis draws the shape, group size, seed and whether a zero state buffer is supplied; the regime is a
 parameter so every regime is covered in every run whatever the example budget. The plain regime (``SHAPE_SWEEP``)
 sweeps shapes with the profile's full example count at every lane count; every other regime, whose point is its
-values, runs half as many shapes (at least one) at up to ``REGIME_MAX_LANES`` lanes: each regime still meets every
-algorithm and dtype, at a sample of shapes (every length, head dim and group size; fewer repeats of the same
-recurrence side by side).
+values, runs half as many shapes (at least one) at up to ``REGIME_MAX_LANES`` lanes, each ending inside a chunk
+for a kernel taking any S: each regime still meets every algorithm and dtype, at a sample of shapes (every length,
+head dim and group size; fewer repeats of the same recurrence side by side).
 
 Under a derandomized profile (``ci``, ``quick``) each value regime draws from its own seed (its name, algorithm and
 dtype): one shared seed gave every regime the same shapes, so the eleven value regimes ran three shapes between
@@ -61,7 +61,7 @@ def test_matches_oracle(
     sweep = regime == SHAPE_SWEEP
     examples = max(1, round(settings.default.max_examples * caps.example_scale * (1.0 if sweep else 0.5)))
     may_supply = gdn_algorithm != ALGORITHM_NEUMANN
-    drawn = shapes(gdn_algorithm, caps, max_lanes=None if sweep else REGIME_MAX_LANES)
+    drawn = shapes(gdn_algorithm, caps, max_lanes=None if sweep else REGIME_MAX_LANES, inside_chunk=not sweep)
 
     @settings(max_examples=examples)
     @given(shape=drawn, seed=st.integers(0, 2**32 - 1), supply=st.booleans())
