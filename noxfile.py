@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import nox
@@ -20,10 +21,19 @@ nox.options.error_on_missing_interpreters = False
 
 ROOT = Path(__file__).parent
 PACKAGES = ["gdn-ref", "gdn-spec", "nki-cpu", "gdn-nki"]
-# Implementations the conformance suite runs against: "module:callable" specs.
-# gdn-nki's prefill is ``simulate`` for dense calls and ``prefill_varlen`` with cu_seqlens (``simulate`` alone takes
-# none, and the varlen area skipped it); gdn_nki:decode_step declares gdn_spec_decode_capabilities: the decode family.
-IMPLEMENTATIONS = ["gdn_ref:gdn_cte", "gdn_nki.conformance:simulate_with_varlen", "gdn_nki:decode_step"]
+# Implementations the conformance suite runs against: "module:callable" specs, each with the pytest-xdist workers of
+# its run, longest run first. gdn-nki's prefill is ``simulate`` for dense calls and ``prefill_varlen`` with
+# cu_seqlens (``simulate`` alone takes none, and the varlen area skipped it); gdn_nki:decode_step declares
+# gdn_spec_decode_capabilities: the decode family.
+# The runs share the cores (``_run_concurrently``): the simulated kernel's run, about three quarters of the CPU time,
+# gets two workers so that it keeps both cores busy once the short runs end; those run in one process each, since a
+# worker costs a process start, the imports and a collection of the suite (about 3 s of CPU each) and two more would
+# only take turns on the same cores.
+IMPLEMENTATIONS = {
+    "gdn_nki.conformance:simulate_with_varlen": "2",
+    "gdn_ref:gdn_cte": "0",
+    "gdn_nki:decode_step": "0",
+}
 
 
 def _interpreter(version: str) -> str:
@@ -76,35 +86,55 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The gdn-spec suite against every implementation, both algorithms, fp32 and bf16 (the decode family for
-    gdn-nki's decode step): the runs at once, each report printed whole when it ends (in order), the session
-    failing when any run does."""
+    gdn-nki's decode step): the runs at once, each report printed whole when it ends, the session failing when
+    any run does.
+
+    Measured from a fresh clone on 2 cores shared with other jobs (load about 7, so CPU time; wall time there
+    says little): user + sys CPU of gdn-nki's run 76 s (two workers), gdn-ref's 14 s, the decode run 6.6 s, the
+    setup (virtualenv, four editable installs from uv's cache) about 6 s; the whole session 106 s. On the 2 cores
+    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test.
+    """
     _install_repo(session)
-    impls = session.posargs or IMPLEMENTATIONS
-    _run_concurrently(session, [["gdn-spec", "check", impl, "-n", _xdist_workers()] for impl in impls])
+    # Implementations named on the command line, or a worker count set in GDN_TEST_WORKERS, take the usual workers.
+    plan = (
+        dict.fromkeys(session.posargs or IMPLEMENTATIONS, _xdist_workers())
+        if session.posargs or "GDN_TEST_WORKERS" in os.environ
+        else IMPLEMENTATIONS
+    )
+    _run_concurrently(session, [["gdn-spec", "check", impl, "-n", workers] for impl, workers in plan.items()])
 
 
 def _run_concurrently(session: nox.Session, commands: list[list[str]]) -> None:
-    """Start every command in the session's virtualenv, then print each one's output in order once it has ended.
+    """Start every command in the session's virtualenv, then print each one's output whole as soon as it has ended.
 
-    One after the other, the cores idled through each run's start-up and its last slow tests: gdn-ref's run is
-    short and gdn-nki's long, so gdn-ref's now runs inside gdn-nki's (their workers share the cores).
+    One after the other, the cores idled through each run's start-up and its last slow tests: the short runs now
+    go inside the long one (their processes share the cores), and a short run's report is printed while the long
+    one goes on.
     """
     env = {**os.environ, **SINGLE_THREAD_BLAS, "PATH": os.pathsep.join([session.bin, os.environ.get("PATH", "")])}
-    started = []
+    running = []
     for command in commands:
         session.log(" ".join(command))
         output = tempfile.TemporaryFile(mode="w+")
-        started.append((command, subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT), output))
+        running.append((command, subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT), output))
     failed = []
-    for command, process, output in started:
-        code = process.wait()
-        output.seek(0)
-        print(output.read(), flush=True)
-        output.close()
-        if code:
-            failed.append(f"{' '.join(command)} (exit code {code})")
+    while running:
+        ended = [run for run in running if run[1].poll() is not None]
+        if not ended:
+            time.sleep(REPORT_POLL_SECONDS)
+        for command, process, output in ended:
+            running.remove((command, process, output))
+            output.seek(0)
+            print(output.read(), flush=True)
+            output.close()
+            if process.returncode:
+                failed.append(f"{' '.join(command)} (exit code {process.returncode})")
     if failed:
         session.error("failed: " + "; ".join(failed))
+
+
+# How often _run_concurrently looks for ended runs: a report shows at most this late, and polling costs nothing.
+REPORT_POLL_SECONDS = 0.2
 
 
 HF_QWEN3_NEXT = "transformers.models.qwen3_next.modeling_qwen3_next"

@@ -125,6 +125,26 @@ def test_drawn_shapes_stay_inside_the_declared_head_dims(raw: dict, algorithm: s
     assert any(dk != dv for dk, dv in seen) == (len(sizes) > 1 and not caps.equal_head_dims), seen
 
 
+@pytest.mark.parametrize("algorithm", ["schur", "neumann"])
+def test_value_regime_draws_end_inside_a_chunk_at_few_lanes(algorithm: str) -> None:
+    """The value regimes' draws (``inside_chunk``, ``max_lanes``) for a kernel taking any S: every length ends
+    inside a chunk, at most two lanes, and still several chunks. Hypothesis favours a tail of 0 in its first
+    examples, so with three examples a regime could otherwise miss a ragged-tail bug."""
+    caps = Capabilities.from_mapping({"any_seq_len": True}, "k")
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    chunks_seen: set[int] = set()
+
+    @settings(max_examples=60, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(shape=shapes(algorithm, caps, max_lanes=2, inside_chunk=True))
+    def draw(shape: tuple[Geometry, int]) -> None:
+        geometry, _ = shape
+        assert geometry.S % chunk and geometry.lanes <= 2, geometry
+        chunks_seen.add(-(-geometry.S // chunk))
+
+    draw()
+    assert max(chunks_seen) > 2, chunks_seen
+
+
 # Declarations of the head-dim tests below (as from_mapping dicts), and the (Dk, Dv) requests they are asked for:
 # the suite's fixed shapes, its drawn sizes, and odd sizes around them.
 HEAD_DIM_DECLARATIONS = {

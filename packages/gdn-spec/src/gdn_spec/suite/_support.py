@@ -126,9 +126,10 @@ def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
 
         - above max_seq_len: S only, to the most whole chunks within it (at least one);
         - above max_lanes (B·Hv): B, then the heads (``_fewer_lanes``), S and the head dims kept;
-        - above max_work (at most ``DEFAULT_MAX_WORK``): S halved, in whole chunks, down to one chunk; then the
-          head dims, to the smallest drawable size, only when one lane of that S is above the budget; then as many
-          lanes as the budget allows, shrunk as for max_lanes (B, then the heads).
+        - above max_work (at most ``DEFAULT_MAX_WORK``): S halved, in whole chunks, down to one chunk (a length
+          ending inside a chunk keeps its partial last chunk); then the head dims, to the smallest drawable size,
+          only when one lane of that S is above the budget; then as many lanes as the budget allows, shrunk as for
+          max_lanes (B, then the heads).
 
     Notes:
         A lane limit used to shrink S and the head sizes first (the work rule, applied to every limit): every
@@ -149,8 +150,9 @@ def fit(geometry: Geometry, caps: Capabilities, algorithm: str) -> Geometry:
     budget = min(caps.max_work or DEFAULT_MAX_WORK, DEFAULT_MAX_WORK)
     if g.work <= budget:
         return g
-    while g.work > budget and g.S > chunk:
-        g = replace(g, S=max(chunk, (g.S // 2) // chunk * chunk))
+    tail = -g.S % chunk  # tokens short of whole chunks: a ragged draw stays ragged
+    while g.work > budget and g.S + tail > chunk:
+        g = replace(g, S=max(chunk, (g.S + tail) // 2 // chunk * chunk) - tail)
     if g.S * g.Dk * g.Dv > budget:  # one lane alone is above the budget: fewer lanes cannot help
         smallest = min(drawable_head_dims(caps))  # the cheapest head size the implementation declares
         g = replace(g, Dk=smallest, Dv=smallest)
@@ -195,14 +197,32 @@ def drawable_head_dims(caps: Capabilities) -> tuple[int, ...]:
 
 
 @st.composite
-def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometry, int]:
-    """A (geometry, group_size) draw for the algorithm, fitted into the implementation's limits."""
+def shapes(
+    draw: st.DrawFn,
+    algorithm: str,
+    caps: Capabilities,
+    max_lanes: int | None = None,
+    inside_chunk: bool = False,
+) -> tuple[Geometry, int]:
+    """A (geometry, group_size) draw for the algorithm, fitted into the implementation's limits.
+
+    Args:
+        draw (st.DrawFn): Hypothesis's draw.
+        algorithm (str): "schur" or "neumann".
+        caps (Capabilities): what the implementation declares.
+        max_lanes (int | None): at most this many lanes (B·Hv; ``_fewer_lanes``: S and the head dims kept).
+        inside_chunk (bool): for a kernel taking any S, a length ending inside a chunk every time (otherwise a
+            chunk multiple is one of the tails drawn, and Hypothesis favours it in its first examples).
+
+    Returns:
+        tuple[Geometry, int]: the shape and the schur group size.
+    """
     Hk, Hv = draw(st.sampled_from(HEAD_GEOMETRIES if algorithm == ALGORITHM_SCHUR else EQUAL_HEAD_GEOMETRIES))
     chunks = draw(st.integers(1, MAX_CHUNKS[algorithm]))
     head_dims = drawable_head_dims(caps)
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     # A kernel taking any S gets lengths ending inside a chunk too: real prompts are almost never chunk multiples.
-    tail = draw(st.integers(0, chunk - 1)) if caps.any_seq_len else 0
+    tail = draw(st.integers(1 if inside_chunk else 0, chunk - 1)) if caps.any_seq_len else 0
     geometry = Geometry(
         B=draw(st.integers(1, 2)),
         Hk=Hk,
@@ -212,6 +232,8 @@ def shapes(draw: st.DrawFn, algorithm: str, caps: Capabilities) -> tuple[Geometr
         # An implementation without Dk ≠ Dv is drawn at Dv = Dk (its other draws are unchanged).
         Dv=Dk if caps.equal_head_dims else draw(st.sampled_from(head_dims)),
     )
+    if max_lanes is not None and geometry.lanes > max_lanes:  # before the work budget, which would halve S first
+        geometry = _fewer_lanes(geometry, max_lanes)
     return fit(geometry, caps, algorithm), draw(st.sampled_from(GROUP_SIZES))
 
 
