@@ -25,27 +25,17 @@ SDK 2.33). No index is ever a Python value at trace time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 
 from .backend import nisa, nl
-from .engines import GPSIMD
-from .tiles import FP32, matmul, psum, sbuf, transpose
+from .state_tiles import PLANES, LayoutConstants, block_operands, tile_layout, tile_products, tile_update
+from .tiles import FP32, matmul, sbuf, transpose
 
-# Value heads per state block: the heads whose token rows (kᵀS, the outputs) fill one fp32 PSUM bank per partition
-# (2 KiB = 512 fp32; a PSUM tile's free size is at most a bank). A block's state is heads·Dv·4 bytes per partition
-# (2 KiB for Qwen3-Next's Dv = 128), two blocks live at a time (the next one is loaded while this one computes):
-# on-chip memory is bounded whatever Hv and N.
-PSUM_BANK_FP32 = 512
 INT32 = nl.int32
-
-
-def heads_per_block(value_heads: int, dv: int) -> int:
-    """Value heads per state block (at least one)."""
-    return max(1, min(value_heads, PSUM_BANK_FP32 // dv))
 
 
 @dataclass(frozen=True)
@@ -90,53 +80,45 @@ class OutputNorm:
     norm_weight: Any
 
 
-def state_block(pool: Any, row: Any, shapes: Shapes, h0: int, heads: int) -> Any:
-    """The [Dk, heads, Dv] HBM view of heads ``h0 .. h0 + heads`` of pool row ``row``: a trace-time int, or an
-    ``NkiScalar`` used as the run-time ``scalar_offset`` (counted in rows of the pool: indirect_dim 0)."""
-    head = shapes.dk * shapes.dv
-    pattern = [[shapes.dv, shapes.dk], [head, heads], [1, shapes.dv]]
-    if isinstance(row, int):
-        return pool.ap(pattern=pattern, offset=(row * shapes.value_heads + h0) * head)
-    return pool.ap(pattern=pattern, offset=h0 * head, scalar_offset=row, indirect_dim=0)
-
-
 def _token_offset(shapes: Shapes, n: int, t: int, heads: int, width: int) -> int:
     """Element offset of token t of request n in a token-major [N, T, heads, width] tensor."""
     return ((n * shapes.tokens + t) * heads) * width
 
 
 class Constants:
-    """Per-launch tiles: ones for partition sums, eps columns, and the per-head fused-gating constants."""
+    """Per-launch tiles: the state layout and its 0/1 tiles, ones for partition sums, eps columns, and the
+    per-head fused-gating constants. Per-head tiles span ``layout.lanes`` partitions (every consumer's)."""
 
     def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None):
         dk, hv = shapes.dk, shapes.value_heads
-        self.ones = sbuf((dk, dk), FP32)
+        self.layout = tile_layout(dk, shapes.dv, hv)
+        self.tiles = LayoutConstants(self.layout)
+        lanes = self.layout.lanes
+        self.ones = sbuf((dk, lanes), FP32)
         nisa.memset(dst=self.ones, value=1.0)
         self.l2_eps = sbuf((dk, 1), FP32)
         nisa.memset(dst=self.l2_eps, value=L2NORM_EPS)
-        self.rms_eps = sbuf((1, 1), FP32)
+        self.rms_eps = sbuf((lanes, 1), FP32)
         nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS)
-        self.second_row = sbuf((2, 1), FP32)  # [0; 1]: selects partition 1 of a two-row tile
-        nisa.iota(dst=self.second_row, pattern=[[0, 1]], offset=0, channel_multiplier=1)
         self.decay_rate = self.dt_bias = None
         if gates.fused:
-            # exp(A_log) and dt_bias on every partition, once per launch: [Dk, Hv].
-            a_log = sbuf((dk, hv), FP32)
-            nisa.dma_copy(dst=a_log, src=gates.A_log.ap(pattern=[[0, dk], [1, hv]], offset=0))
-            self.decay_rate = sbuf((dk, hv), FP32)
+            # exp(A_log) and dt_bias on every partition, once per launch: [lanes, Hv].
+            a_log = sbuf((lanes, hv), FP32)
+            nisa.dma_copy(dst=a_log, src=gates.A_log.ap(pattern=[[0, lanes], [1, hv]], offset=0))
+            self.decay_rate = sbuf((lanes, hv), FP32)
             nisa.activation(dst=self.decay_rate, op=nl.exp, data=a_log)
-            self.dt_bias = sbuf((dk, hv), FP32)
-            nisa.dma_copy(dst=self.dt_bias, src=gates.dt_bias.ap(pattern=[[0, dk], [1, hv]], offset=0))
+            self.dt_bias = sbuf((lanes, hv), FP32)
+            nisa.dma_copy(dst=self.dt_bias, src=gates.dt_bias.ap(pattern=[[0, lanes], [1, hv]], offset=0))
         self.norm_weight = None
         if norm is not None:
-            self.norm_weight = sbuf((1, shapes.dv), FP32)
-            nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[shapes.dv, 1], [1, shapes.dv]]))
+            self.norm_weight = sbuf((lanes, shapes.dv), FP32)
+            nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[0, lanes], [1, shapes.dv]]))
 
 
 def token_gates(shapes: Shapes, gates: Gates, consts: Constants, n: int, t: int) -> tuple[Any, Any]:
-    """α = exp(g) and β of every value head for token t of request n, each [Dk, Hv] fp32, equal on every
-    partition (a column is a per-partition scalar for the state's rows, partition 0 one for the token's rows)."""
-    dk, hv = shapes.dk, shapes.value_heads
+    """α = exp(g) and β of every value head for token t of request n, each [lanes, Hv] fp32, equal on every
+    partition (``state_tiles.block_operands`` picks each partition's head from them)."""
+    dk, hv = consts.layout.lanes, shapes.value_heads
     every_partition = [[0, dk], [1, hv]]
     offset = _token_offset(shapes, n, t, hv, 1)
     alpha, beta = sbuf((dk, hv), FP32), sbuf((dk, hv), FP32)
@@ -163,11 +145,11 @@ def token_gates(shapes: Shapes, gates: Gates, consts: Constants, n: int, t: int)
 def token_keys(
     shapes: Shapes, query: Any, key: Any, consts: Constants, n: int, t: int, scale: float, l2norm: bool
 ) -> tuple[Any, Any, Any]:
-    """q and k of token t of request n in fp32: q·scale and k as columns [Dk, Hk] (the matmuls' stationaries),
-    k again as a row [1, Hk·Dk] on partition 0 (the outer product's stationary); L2-normalized first when asked.
+    """q and k of token t of request n in fp32: q·scale and k as columns [Dk, Hk], L2-normalized first when
+    asked, and their overlaps c_j = k_jᵀ q_j on every partition ([lanes, Hk]).
 
     The column sums of q² and k² come from one matmul against ones, which leaves every partition holding every
-    sum, so partition 0 has the key norms its row needs.
+    sum.
     """
     dk, hk = shapes.dk, shapes.key_heads
     offset = _token_offset(shapes, n, t, hk, dk)
@@ -179,137 +161,103 @@ def token_keys(
     nisa.dma_copy(dst=rows[hk : 2 * hk, :], src=key.ap(pattern=as_rows, offset=offset))
     columns = sbuf((dk, 2 * hk), FP32)
     nisa.activation(dst=columns, op=nl.copy, data=transpose(rows))
-    k_row = sbuf((1, hk * dk), FP32)
-    nisa.dma_copy(dst=k_row, src=key.ap(pattern=[[hk * dk, 1], [1, hk * dk]], offset=offset))
     q_cols, k_cols = sbuf((dk, hk), FP32), sbuf((dk, hk), FP32)
     if not l2norm:
         nisa.tensor_scalar(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale))
         nisa.tensor_copy(dst=k_cols, src=columns[:, hk : 2 * hk])
-        return q_cols, k_cols, k_row, _overlap(q_cols, k_cols, consts)
+        return q_cols, k_cols, _overlap(q_cols, k_cols, consts)
     squares = sbuf((dk, 2 * hk), FP32)
     nisa.tensor_tensor(dst=squares, data1=columns, data2=columns, op=nl.multiply)
-    sums = matmul(consts.ones, squares)  # [Dk, 2Hk]: every partition holds every column's sum
+    sums = matmul(consts.ones[:, 0:dk], squares)  # [Dk, 2Hk]: every partition holds every column's sum
     inverse_norm = sbuf((dk, 2 * hk), FP32)
     nisa.activation(dst=inverse_norm, op=nl.rsqrt, data=sums, bias=consts.l2_eps)
     nisa.scalar_tensor_tensor(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale),
                               op1=nl.multiply, operand1=inverse_norm[:, 0:hk])  # fmt: skip
     nisa.tensor_tensor(dst=k_cols, data1=columns[:, hk : 2 * hk], data2=inverse_norm[:, hk : 2 * hk], op=nl.multiply)
-    for j in range(hk):
-        piece = k_row[:, j * dk : (j + 1) * dk]
-        nisa.tensor_scalar(dst=piece, data=piece, op0=nl.multiply, operand0=inverse_norm[0:1, hk + j : hk + j + 1])
-    return q_cols, k_cols, k_row, _overlap(q_cols, k_cols, consts)
+    return q_cols, k_cols, _overlap(q_cols, k_cols, consts)
 
 
 def _overlap(q_cols: Any, k_cols: Any, consts: Constants) -> Any:
-    """c_j = k_jᵀ (scale q_j) of every key head, [Dk, Hk] with every partition holding every value."""
+    """c_j = k_jᵀ (scale q_j) of every key head, [lanes, Hk] with every partition holding every value."""
     products = sbuf(tuple(q_cols.shape), FP32)
     nisa.tensor_tensor(dst=products, data1=q_cols, data2=k_cols, op=nl.multiply)
-    overlap = sbuf(tuple(q_cols.shape), FP32)
+    overlap = sbuf((consts.ones.shape[1], q_cols.shape[1]), FP32)
     nisa.activation(dst=overlap, op=nl.copy, data=matmul(consts.ones, products))
     return overlap
 
 
 def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, consts: Constants) -> tuple[Any, Any]:
-    """The operands one token's gates ride on, for every value head h (key head j): the tensor engine's
-    stationaries [Dk, 2·Hv] (column 2h = α_h β_h k_j, column 2h + 1 = c_j α_h β_h k_j − α_h q_j, c_j = k_jᵀ q_j,
-    q already scaled) and the row factors [2, Hv] (row 0 = β_h, row 1 = c_j β_h).
+    """The operands one token's gates ride on, for every value head h (key head j), q already scaled:
 
-    With them one matmul per head gives the rows r = (αβk)ᵀS and c r − α qᵀS, and one subtract for a block
-    of heads gives u = βv − r on partition 0 and the output o = α qᵀS + c u (the read after the write,
-    Sᵀ_new q = α Sᵀq + u kᵀq) on partition 1.
+    - columns [Dk, tiles, 3, H] (value head h = tile·H + h'): plane 0 the recall α_h β_h k_j, plane 1 the read
+      c_j α_h β_h k_j − α_h q_j (c_j = k_jᵀ q_j), plane 2 the key k_j;
+    - c_j β_h [lanes, Hv] on every partition.
+
+    With them the tile products (``state_tiles``) give u = β v − (αβk)ᵀS and the output
+    o = c β v − (c αβk − α q)ᵀS = α qᵀS + c u (the read after the write, Sᵀ_new q = α Sᵀq + u kᵀq) from the old
+    state.
     """
     dk, hk, r, hv = shapes.dk, shapes.key_heads, shapes.ratio, shapes.value_heads
-    q_cols, k_cols, _, overlap = keys
-    by_value_head = (dk, hk, r)
+    layout, lanes = consts.layout, consts.layout.lanes
+    q_cols, k_cols, overlap = keys
 
-    def per_value_head(per_key_head: Any) -> Any:  # [Dk, Hk] seen as [Dk, Hk, r] (stride 0)
+    def per_value_head(per_key_head: Any) -> Any:  # [P, Hk] seen as [P, Hk, r] (stride 0)
         return per_key_head.expand_dim(2).broadcast(2, r)
 
-    def product(a: Any, b: Any) -> Any:  # [Dk, Hv] = a ⊙ b, each a [Dk, Hv] tile or a per-key-head view
-        dst = sbuf((dk, hv), FP32)
-        nisa.tensor_tensor(dst=dst.reshape(by_value_head), data1=a, data2=b, op=nl.multiply)
+    def product(a: Any, b: Any, partitions: int = dk) -> Any:  # [P, Hv] = a ⊙ b, each [P, Hv] or per key head
+        dst = sbuf((partitions, hv), FP32)
+        nisa.tensor_tensor(dst=dst.reshape((partitions, hk, r)), data1=a, data2=b, op=nl.multiply)
         return dst
 
-    rate = product(alpha.reshape(by_value_head), beta.reshape(by_value_head))
-    recall = product(per_value_head(k_cols), rate.reshape(by_value_head))  # αβ k
-    corrected = product(recall.reshape(by_value_head), per_value_head(overlap))  # c αβ k
-    read = product(alpha.reshape(by_value_head), per_value_head(q_cols))  # α q
-    stationaries = sbuf((dk, 2 * hv), FP32)
-    pairs = stationaries.reshape((dk, hv, 2))
-    nisa.tensor_copy(dst=pairs[:, :, 0:1], src=recall.reshape((dk, hv, 1)))
-    nisa.tensor_tensor(dst=pairs[:, :, 1:2], data1=corrected.reshape((dk, hv, 1)), data2=read.reshape((dk, hv, 1)),
-                       op=nl.subtract)  # fmt: skip
-    scaled_beta = product(per_value_head(overlap), beta.reshape(by_value_head))  # c β
-    difference = sbuf((2, hv), FP32)
-    nisa.tensor_tensor(dst=difference, data1=scaled_beta[0:2, :], data2=beta[0:2, :], op=nl.subtract)
-    factors = sbuf((2, hv), FP32)  # β + [0; 1] (cβ − β)
-    nisa.scalar_tensor_tensor(dst=factors, data=difference, op0=nl.multiply, operand0=consts.second_row,
-                              op1=nl.add, operand1=beta[0:2, :])  # fmt: skip
-    return stationaries, factors
+    def by_value_head(tile: Any) -> Any:
+        return tile.reshape((tile.shape[0], hk, r))
+
+    alpha_k, beta_k = alpha[0:dk, :], beta[0:dk, :]
+    rate = product(by_value_head(alpha_k), by_value_head(beta_k))
+    recall = product(per_value_head(k_cols), by_value_head(rate))  # αβ k
+    corrected = product(by_value_head(recall), per_value_head(overlap[0:dk, :]))  # c αβ k
+    read = product(by_value_head(alpha_k), per_value_head(q_cols))  # α q
+    keys_v = sbuf((dk, hv), FP32)
+    nisa.tensor_copy(dst=by_value_head(keys_v), src=per_value_head(k_cols))
+    columns = sbuf((dk, layout.tiles, PLANES, layout.heads), FP32)
+
+    def plane(i: int) -> Any:
+        return columns[:, :, i, :]
+
+    def tiled(tile: Any) -> Any:
+        return tile.reshape((dk, layout.tiles, layout.heads))
+
+    nisa.tensor_copy(dst=plane(0), src=tiled(recall))
+    nisa.tensor_tensor(dst=plane(1), data1=tiled(corrected), data2=tiled(read), op=nl.subtract)
+    nisa.tensor_copy(dst=plane(2), src=tiled(keys_v))
+    scaled_beta = product(per_value_head(overlap), by_value_head(beta), partitions=lanes)  # c β
+    return columns, scaled_beta
 
 
-def advance_heads(
-    shapes: Shapes, state: Any, h0: int, heads: int, k_row: Any, v_rows: Any, operands: tuple[Any, Any], alpha: Any
-) -> Any:
-    """One token through heads ``h0 .. h0 + heads`` of a state block (updated in place).
-
-    Args:
-        k_row: [1, Hk·Dk] the keys on partition 0. v_rows: [2, heads·Dv] the block's values on partitions 0 and 1.
-        operands: ``gate_operands``'. alpha: [Dk, Hv] α on every partition.
-
-    Returns:
-        [2, heads·Dv] fp32: row 0 the deltas u, row 1 the outputs.
-
-    Notes:
-        Per head the tensor engine runs two matmuls (the two rows against the old state, the rank-1 write) and
-        the vector engine one [Dk, Dv] update; the row arithmetic is one GpSimd multiply and one vector subtract
-        for the block.
-    """
-    dv, dk, r = shapes.dv, shapes.dk, shapes.ratio
-    stationaries, factors = operands
-    as_heads = (2, heads, dv)
-    scaled_v = sbuf((2, heads * dv), FP32)  # [β v; c β v]
-    nisa.tensor_tensor(dst=scaled_v.reshape(as_heads), data1=v_rows.reshape(as_heads),
-                       data2=factors[:, h0 : h0 + heads].expand_dim(2).broadcast(2, dv), op=nl.multiply,
-                       engine=GPSIMD)  # fmt: skip
-    rows = psum((2, heads * dv))
-    for i in range(heads):
-        h = h0 + i
-        matmul(stationaries[:, 2 * h : 2 * h + 2], state[:, i * dv : (i + 1) * dv], dst=rows[:, i * dv : (i + 1) * dv])
-    mixed = sbuf((2, heads * dv), FP32)  # [u; o]
-    nisa.tensor_tensor(dst=mixed, data1=scaled_v, data2=rows, op=nl.subtract)
-    for i in range(heads):
-        h, j = h0 + i, (h0 + i) // r
-        block = state[:, i * dv : (i + 1) * dv]
-        write = matmul(k_row[:, j * dk : (j + 1) * dk], mixed[0:1, i * dv : (i + 1) * dv])  # k uᵀ, [Dk, Dv]
-        nisa.scalar_tensor_tensor(dst=block, data=block, op0=nl.multiply, operand0=alpha[:, h : h + 1],
-                                  op1=nl.add, operand1=write)  # fmt: skip
-    return mixed
-
-
-def gated_rms_norm(shapes: Shapes, out_row: Any, z_row: Any, consts: Constants, heads: int) -> None:
-    """``out_row`` ← RMSNorm(out) · norm_weight · silu(z) per head, in place (``gdn_ref.decode.gated_rms_norm``)."""
-    dv = shapes.dv
-    squares = sbuf((1, heads * dv), FP32)
-    nisa.tensor_tensor(dst=squares, data1=out_row, data2=out_row, op=nl.multiply)
-    sums = sbuf((1, heads), FP32)
-    nisa.tensor_reduce(dst=sums, op=nl.add, data=squares.reshape((1, heads, dv)), axis=2)
-    inverse_rms = sbuf((1, heads), FP32)
-    nisa.activation(dst=inverse_rms, op=nl.rsqrt, data=sums, scale=1.0 / dv, bias=consts.rms_eps)
-    for i in range(heads):
-        piece = out_row[:, i * dv : (i + 1) * dv]
-        nisa.scalar_tensor_tensor(dst=piece, data=piece, op0=nl.multiply, operand0=inverse_rms[:, i : i + 1],
-                                  op1=nl.multiply, operand1=consts.norm_weight)  # fmt: skip
-    gate = sbuf((1, heads * dv), FP32)
-    nisa.activation(dst=gate, op=nl.silu, data=z_row)
-    nisa.tensor_tensor(dst=out_row, data1=out_row, data2=gate, op=nl.multiply)
+def gated_rms_norm(shapes: Shapes, rows: Any, z_rows: Any, consts: Constants) -> None:
+    """``rows`` [H, Dv] ← RMSNorm(rows) · norm_weight · silu(z) per head (row), in place
+    (``gdn_ref.decode.gated_rms_norm``)."""
+    heads, dv = rows.shape[0], shapes.dv
+    squares = sbuf((heads, dv), FP32)
+    nisa.tensor_tensor(dst=squares, data1=rows, data2=rows, op=nl.multiply)
+    sums = sbuf((heads, 1), FP32)
+    nisa.tensor_reduce(dst=sums, op=nl.add, data=squares, axis=1)
+    inverse_rms = sbuf((heads, 1), FP32)
+    nisa.activation(dst=inverse_rms, op=nl.rsqrt, data=sums, scale=1.0 / dv, bias=consts.rms_eps[0:heads, :])
+    nisa.scalar_tensor_tensor(dst=rows, data=rows, op0=nl.multiply, operand0=inverse_rms,
+                              op1=nl.multiply, operand1=consts.norm_weight[0:heads, :])  # fmt: skip
+    gate = sbuf((heads, dv), FP32)
+    nisa.activation(dst=gate, op=nl.silu, data=z_rows)
+    nisa.tensor_tensor(dst=rows, data1=rows, data2=gate, op=nl.multiply)
 
 
 @dataclass(frozen=True)
 class Request:
     """Where one request's state comes from and goes: ``source`` / ``target`` HBM tensors of rows
     [.., Hv, Dk, Dv]; ``read_row`` a trace-time int or an NkiScalar; ``token_rows`` the row the state after
-    each token is written to (None: only the final state, to ``final_row``)."""
+    each token is written to (None: only the final state, to ``final_row``); ``out_row`` the request's row of
+    ``out`` (None: ``n``). A run-time row outside its tensor (-1: padding) makes every transfer addressed by it a
+    no-op (``oob_mode.skip``): nothing read, nothing written."""
 
     n: int
     source: Any
@@ -317,9 +265,39 @@ class Request:
     read_row: Any
     final_row: Any = None
     token_rows: tuple[Any, ...] | None = None
+    out_row: Any = None
 
 
-def emit_request(
+def _row_view(tensor: Any, row: Any, pattern: list[list[int]], offset: int) -> tuple[Any, dict[str, Any]]:
+    """``tensor``'s view ``pattern`` at ``offset`` within row ``row`` (a trace-time int, or an ``NkiScalar``
+    used as the run-time ``scalar_offset`` of dim 0) and the DMA keywords it needs: a run-time row outside the
+    tensor skips the transfer ("nki.isa.dma_copy", ``oob_mode``, SDK 2.33)."""
+    if isinstance(row, int):
+        row_size = 1
+        for size in tensor.shape[1:]:
+            row_size *= size
+        return tensor.ap(pattern=pattern, offset=row * row_size + offset), {}
+    view = tensor.ap(pattern=pattern, offset=offset, scalar_offset=row, indirect_dim=0)
+    return view, {"oob_mode": nisa.oob_mode.skip}
+
+
+def copy_rows(dst: Any, src: Any) -> None:
+    """One DMA between a tile and a ``_row_view`` (given as ``(view, keywords)``), either way round."""
+    (dst, dst_kw), (src, src_kw) = (d if isinstance(d, tuple) else (d, {}) for d in (dst, src))
+    nisa.dma_copy(dst=dst, src=src, **dst_kw, **src_kw)
+
+
+@dataclass
+class Prepared:
+    """A request with its state tiles loading and every state-independent operand issued: ``states`` the tiles in
+    order, ``operands[b][t]`` block b's ``BlockOperands`` for token t."""
+
+    request: Request
+    states: list[Any]
+    operands: list[list[Any]]
+
+
+def prepare_request(
     shapes: Shapes,
     tensors: tuple[Any, Any, Any, Any],
     gates: Gates,
@@ -327,55 +305,113 @@ def emit_request(
     request: Request,
     scale: float,
     l2norm: bool,
-    norm: OutputNorm | None = None,
-) -> None:
-    """Every token of one request, a block of heads at a time: each token's q/k and gates once, then per block
-    load its state (the next block's load issued before this one computes, so the DMA overlaps the math),
-    advance it token by token (storing outputs, and the state after each token when ``token_rows``), and store
-    the final state.
-
-    Args:
-        tensors: (query [N, T, Hk, Dk], key, value [N, T, Hv, Dv], out [N, T, Hv, Dv]) in HBM.
-    """
-    query, key, value, out = tensors
-    dv, hv, n = shapes.dv, shapes.value_heads, request.n
+) -> Prepared:
+    """Issue one request's state loads (every tile) and the operands of its tokens: q/k and gates, then per block
+    of tiles the selection products and value rows."""
+    query, key, value, _ = tensors
+    dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     per_token = []
     for t in range(shapes.tokens):
         keys = token_keys(shapes, query, key, consts, n, t, scale, l2norm)
         alpha, beta = token_gates(shapes, gates, consts, n, t)
-        per_token.append((keys[2], alpha, gate_operands(shapes, keys, alpha, beta, consts)))
-    size = heads_per_block(hv, dv)
-    blocks = [(h0, min(size, hv - h0)) for h0 in range(0, hv, size)]
-
-    def load(h0: int, heads: int) -> Any:
-        state = sbuf((shapes.dk, heads * dv), FP32)
-        nisa.dma_copy(dst=state, src=state_block(request.source, request.read_row, shapes, h0, heads))
-        return state
-
-    upcoming = load(*blocks[0])
-    for b, (h0, heads) in enumerate(blocks):
-        state = upcoming
-        if b + 1 < len(blocks):
-            upcoming = load(*blocks[b + 1])
-        row_pattern = [[heads * dv, 1], [1, heads * dv]]
-        for t, (k_row, alpha, operands) in enumerate(per_token):
+        columns, scaled_beta = gate_operands(shapes, keys, alpha, beta, consts)
+        per_token.append((columns, (alpha, beta, scaled_beta)))
+    states = []
+    pattern = [[layout.free, layout.partitions], [1, layout.free]]
+    for tile in range(layout.tiles):
+        state = sbuf((layout.partitions, layout.free), FP32)
+        copy_rows(state, _row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
+        states.append(state)
+    operands = []
+    block = layout.block_heads
+    for h0 in range(0, hv, block):
+        per_block = []
+        for t, (columns, gates_) in enumerate(per_token):
+            values = sbuf((block, dv), FP32)
             offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
-            v_rows = sbuf((2, heads * dv), FP32)  # the same values on partitions 0 and 1
-            nisa.dma_copy(dst=v_rows, src=value.ap(pattern=[[0, 2], [1, heads * dv]], offset=offset))
-            out_row = advance_heads(shapes, state, h0, heads, k_row, v_rows, operands, alpha)[1:2, :]
-            if norm is not None:
-                normed = sbuf((1, heads * dv), FP32)  # the norm's row arithmetic on partition 0
-                nisa.dma_copy(dst=normed, src=out_row)
-                z_row = sbuf((1, heads * dv), FP32)
-                nisa.dma_copy(dst=z_row, src=norm.z.ap(pattern=row_pattern, offset=offset))
-                gated_rms_norm(shapes, normed, z_row, consts, heads)
-                out_row = normed
-            nisa.dma_copy(dst=out.ap(pattern=row_pattern, offset=offset), src=out_row)
-            if request.token_rows is not None:
-                target = state_block(request.target, request.token_rows[t], shapes, h0, heads)
-                nisa.dma_copy(dst=target, src=state)
-        if request.token_rows is None:
-            nisa.dma_copy(dst=state_block(request.target, request.final_row, shapes, h0, heads), src=state)
+            nisa.dma_copy(dst=values, src=value.ap(pattern=[[dv, block], [1, dv]], offset=offset))
+            per_block.append(block_operands(layout, consts.tiles, columns, gates_, values, h0))
+        operands.append(per_block)
+    return Prepared(request=request, states=states, operands=operands)
+
+
+def finish_request(
+    shapes: Shapes, tensors: tuple[Any, Any, Any, Any], consts: Constants, prepared: Prepared,
+    norm: OutputNorm | None = None,
+) -> None:  # fmt: skip
+    """Advance every tile of a prepared request through its tokens (token by token, tile by tile), store the
+    outputs, and store each tile after its last token (or after every token, with ``token_rows``).
+
+    The products of the next (token, tile) step are issued before this step's update whenever they touch another
+    tile, so the tensor engine does not wait on this step's PSUM evacuation (it issues in program order).
+    """
+    out = tensors[3]
+    dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
+    h, request = layout.heads, prepared.request
+    out_row = request.n if request.out_row is None else request.out_row
+    per_block = layout.tiles_per_block
+    tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
+    rows_pattern = [[dv, h], [1, dv]]
+
+    def finish(step: tuple[int, int], mixed: Any) -> None:
+        t, tile = step
+        state = prepared.states[tile]
+        ops = prepared.operands[tile // per_block][t]
+        outputs = tile_update(layout, consts.tiles, ops, tile % per_block, state, mixed)[h : 2 * h, :]
+        within = (t * hv + tile * h) * dv
+        if norm is not None:
+            normed = sbuf((h, dv), FP32)  # the norm's row arithmetic from partition 0
+            nisa.dma_copy(dst=normed, src=outputs)
+            z_rows = sbuf((h, dv), FP32)
+            copy_rows(z_rows, _row_view(norm.z, request.n, rows_pattern, within))
+            gated_rms_norm(shapes, normed, z_rows, consts)
+            outputs = normed
+        copy_rows(_row_view(out, out_row, rows_pattern, within), outputs)
+        within_row = tile * layout.partitions * layout.free
+        if request.token_rows is not None:
+            copy_rows(_row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
+        elif t == shapes.tokens - 1:
+            copy_rows(_row_view(request.target, request.final_row, tile_pattern, within_row), state)
+
+    pending = None
+    for step in [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]:
+        if pending is not None and pending[0][1] == step[1]:
+            finish(*pending)  # the same tile: its update must land before these products read it
+            pending = None
+        t, tile = step
+        ops = prepared.operands[tile // per_block][t]
+        mixed = tile_products(layout, ops, tile % per_block, prepared.states[tile])
+        if pending is not None:
+            finish(*pending)
+        pending = (step, mixed)
+    finish(*pending)
+
+
+def emit_requests(
+    shapes: Shapes,
+    tensors: tuple[Any, Any, Any, Any],
+    gates: Gates,
+    consts: Constants,
+    requests: Iterable[Request],
+    scale: float,
+    l2norm: bool,
+    norm: OutputNorm | None = None,
+) -> None:
+    """Every request, each prepared one ahead of finishing the previous: request n+1's state loads and operands
+    come before request n's stores and updates in program order, so the DMA queues and in-order engines reach
+    them while request n computes.
+
+    Args:
+        tensors: (query [N, T, Hk, Dk], key, value [N, T, Hv, Dv], out [N, T, Hv, Dv]) in HBM.
+    """
+    pending = None
+    for request in requests:
+        prepared = prepare_request(shapes, tensors, gates, consts, request, scale, l2norm)
+        if pending is not None:
+            finish_request(shapes, tensors, consts, pending, norm)
+        pending = prepared
+    if pending is not None:
+        finish_request(shapes, tensors, consts, pending, norm)
 
 
 def load_scalar(src: Any) -> Any:
@@ -397,12 +433,18 @@ def when_live(row_tile: Any, body: Callable[[], None]) -> None:
     nl.fori_loop(0, trips, lambda _: body())
 
 
-def zero_outputs(shapes: Shapes, out: Any, n: int) -> None:
-    """Write zeros to every output of request n (a padding request's outputs are defined as zeros)."""
-    width = shapes.tokens * shapes.value_heads * shapes.dv
-    zeros = sbuf((1, width), out.dtype)
+def zero_row(shapes: Shapes, dtype: Any) -> Any:
+    """A [1, T·Hv·Dv] tile of zeros: one request's outputs, made once per launch."""
+    zeros = sbuf((1, shapes.tokens * shapes.value_heads * shapes.dv), dtype)
     nisa.memset(dst=zeros, value=0.0)
-    nisa.dma_copy(dst=out.ap(pattern=[[width, 1], [1, width]], offset=n * width), src=zeros)
+    return zeros
+
+
+def zero_outputs(out: Any, row: Any, zeros: Any) -> None:
+    """Write ``zeros`` (``zero_row``) to every output of row ``row`` of ``out`` (a padding request's outputs are
+    defined as zeros; a run-time row outside ``out`` writes nothing)."""
+    width = zeros.shape[1]
+    copy_rows(_row_view(out, row, [[width, 1], [1, width]], 0), zeros)
 
 
 def allocate_out(shapes: Shapes, dtype: Any) -> Any:

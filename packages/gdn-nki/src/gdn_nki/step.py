@@ -9,8 +9,8 @@ native, the fp32 state pool [P, Hv, Dk, Dv] updated in place. Each request's poo
 - ``state_indices`` [N, T] (vLLM's form): the state after token t is written to row ``state_indices[n, t]`` — every
   draft token's state kept, so a rejected draft is rolled back by resuming from the accepted one; request n reads
   row ``state_indices[n, num_accepted_tokens[n] - 1]`` (row ``state_indices[n, 0]`` without num_accepted_tokens).
-- A request whose read index is -1 is padding: its work sits in a compiled loop of zero trips, so it reads and
-  writes nothing of the pool; its outputs are zeros.
+- A request whose read index is -1 is padding: every pool transfer it addresses is outside the pool and skipped by
+  the DMA (``oob_mode.skip``), so it reads and writes nothing of the pool; its outputs are zeros.
 
 Gating is precomputed (``g_log``, ``beta``) or fused (``a``, ``b``, ``A_log``, ``dt_bias``: g = −exp(A_log)·
 softplus(a + dt_bias), β = sigmoid(b)); ``use_qk_l2norm`` L2-normalizes q and k on device (eps 1e-6).
@@ -30,10 +30,10 @@ from .decode import (
     Request,
     Shapes,
     allocate_out,
-    emit_request,
+    emit_requests,
     load_scalar,
-    when_live,
     zero_outputs,
+    zero_row,
 )
 from .kernel_assert import assert_valid_call
 from .tiles import sbuf
@@ -100,19 +100,25 @@ def gdn_step(
     consts = Constants(shapes, gates, None)
     per_token = len(state_indices.shape) == 2
     width = tokens if per_token else 1
-    for n in range(nl.program_id(0), n_req, nl.num_programs(0)):
-        indices = sbuf((1, width), INT32)
-        nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[width, 1], [1, width]], offset=n * width))
-        read_tile = _read_index(state_indices, num_accepted_tokens, indices, n, tokens)
-        read_row = load_scalar(read_tile)
-        if per_token:
-            token_rows = tuple(load_scalar(indices[:, t : t + 1]) for t in range(tokens))
-            request = Request(n=n, source=state_pool, target=state_pool, read_row=read_row, token_rows=token_rows)
-        else:
-            request = Request(n=n, source=state_pool, target=state_pool, read_row=read_row, final_row=read_row)
-        _when_padding(read_tile, lambda n=n: zero_outputs(shapes, out, n))
-        when_live(read_tile, lambda request=request: emit_request(
-            shapes, (query, key, value, out), gates, consts, request, float(scale), use_qk_l2norm))  # fmt: skip
+    zeros = zero_row(shapes, out.dtype)
+
+    def requests() -> Any:
+        for n in range(nl.program_id(0), n_req, nl.num_programs(0)):
+            indices = sbuf((1, width), INT32)
+            nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[width, 1], [1, width]], offset=n * width))
+            read_tile = _read_index(state_indices, num_accepted_tokens, indices, n, tokens)
+            read_row = load_scalar(read_tile)
+            zero_outputs(out, _row_if(read_tile, n, live=False), zeros)
+            out_row = _row_if(read_tile, n, live=True)
+            if per_token:
+                token_rows = tuple(load_scalar(indices[:, t : t + 1]) for t in range(tokens))
+                yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row, token_rows=token_rows,
+                              out_row=out_row)  # fmt: skip
+            else:
+                yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row, final_row=read_row,
+                              out_row=out_row)  # fmt: skip
+
+    emit_requests(shapes, (query, key, value, out), gates, consts, requests(), float(scale), use_qk_l2norm)
     return out, state_pool
 
 
@@ -133,8 +139,12 @@ def _read_index(state_indices: Any, num_accepted_tokens: Any, indices: Any, n: i
     return read_tile
 
 
-def _when_padding(row_tile: Any, body: Any) -> None:
-    """Run ``body`` once when the [1, 1] int32 ``row_tile`` holds -1 (padding), else never."""
-    padding = sbuf((1, 1), INT32)
-    nisa.tensor_scalar(dst=padding, data=row_tile, op0=nl.less, operand0=0)
-    nl.fori_loop(0, nisa.scalar_load(padding), lambda _: body())
+def _row_if(read_tile: Any, n: int, live: bool) -> Any:
+    """Row n of ``out`` as a run-time value when request n is live (``live``) or padding (``not live``), else -1
+    (outside ``out``: the transfers it addresses are skipped). The [1, 1] int32 ``read_tile`` holds the request's
+    read row, -1 for padding."""
+    flag = sbuf((1, 1), INT32)
+    nisa.tensor_scalar(dst=flag, data=read_tile, op0=nl.greater_equal if live else nl.less, operand0=0,
+                       op1=nl.multiply, operand1=n + 1)  # fmt: skip
+    nisa.tensor_scalar(dst=flag, data=flag, op0=nl.subtract, operand0=1)
+    return nisa.scalar_load(flag)
