@@ -25,6 +25,7 @@ SDK 2.33). No index is ever a Python value at trace time.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +33,16 @@ from typing import Any
 from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 
 from .backend import nisa, nl
-from .state_tiles import PLANES, LayoutConstants, block_operands, tile_layout, tile_products, tile_update
+from .engines import GPSIMD
+from .state_tiles import PLANES, LayoutConstants, Steps, block_operands, tile_layout, tile_products, tile_update
 from .tiles import FP32, matmul, sbuf, transpose
 
 INT32 = nl.int32
+# Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
+# dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
+# heads, T = 1), and a request's state tiles are in SBUF from its loads to its stores (3 requests at a time).
+PREPARED_AHEAD = 2
+_DONE = object()
 
 
 @dataclass(frozen=True)
@@ -115,78 +122,107 @@ class Constants:
             nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[0, lanes], [1, shapes.dv]]))
 
 
-def token_gates(shapes: Shapes, gates: Gates, consts: Constants, n: int, t: int) -> tuple[Any, Any]:
-    """α = exp(g) and β of every value head for token t of request n, each [lanes, Hv] fp32, equal on every
-    partition (``state_tiles.block_operands`` picks each partition's head from them)."""
-    dk, hv = consts.layout.lanes, shapes.value_heads
-    every_partition = [[0, dk], [1, hv]]
+def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: int, t: int) -> tuple[Any, Any]:
+    """Token t of request n's gate inputs on every partition, [lanes, Hv] fp32 each: (g, β) precomputed, or the
+    raw (a, b) of fused gating."""
+    hv = shapes.value_heads
+    every_partition = [[0, lanes], [1, hv]]
     offset = _token_offset(shapes, n, t, hv, 1)
-    alpha, beta = sbuf((dk, hv), FP32), sbuf((dk, hv), FP32)
+    first, second = (gates.a, gates.b) if gates.fused else (gates.g_log, gates.beta)
+    tiles = sbuf((lanes, hv), FP32), sbuf((lanes, hv), FP32)
+    for tile, src in zip(tiles, (first, second), strict=True):
+        nisa.dma_copy(dst=tile, src=src.ap(pattern=every_partition, offset=offset))
+    return tiles
+
+
+def token_gates(gates: Gates, consts: Constants, loaded: tuple[Any, Any]) -> Steps:
+    """α = exp(g) and β of every value head from ``load_gates``' tiles, each [lanes, Hv] fp32, equal on every
+    partition (``state_tiles.block_operands`` picks each partition's head from them). A ``Steps`` generator."""
+    shape = tuple(loaded[0].shape)
+    alpha = sbuf(shape, FP32)
     if not gates.fused:
-        log_decay = sbuf((dk, hv), FP32)
-        nisa.dma_copy(dst=log_decay, src=gates.g_log.ap(pattern=every_partition, offset=offset))
+        log_decay, beta = loaded
         nisa.activation(dst=alpha, op=nl.exp, data=log_decay)
-        nisa.dma_copy(dst=beta, src=gates.beta.ap(pattern=every_partition, offset=offset))
         return alpha, beta
-    raw_a, raw_b = sbuf((dk, hv), FP32), sbuf((dk, hv), FP32)
-    nisa.dma_copy(dst=raw_a, src=gates.a.ap(pattern=every_partition, offset=offset))
-    nisa.dma_copy(dst=raw_b, src=gates.b.ap(pattern=every_partition, offset=offset))
-    shifted = sbuf((dk, hv), FP32)
-    nisa.tensor_tensor(dst=shifted, data1=raw_a, data2=consts.dt_bias, op=nl.add)
-    softplus = sbuf((dk, hv), FP32)
-    nisa.activation(dst=softplus, op=nl.softplus, data=shifted)
-    rate = sbuf((dk, hv), FP32)  # exp(A_log)·softplus(a + dt_bias) = −g
-    nisa.tensor_tensor(dst=rate, data1=softplus, data2=consts.decay_rate, op=nl.multiply)
-    nisa.activation(dst=alpha, op=nl.exp, data=rate, scale=-1.0)
+    raw_a, raw_b = loaded
+    beta = sbuf(shape, FP32)
     nisa.activation(dst=beta, op=nl.sigmoid, data=raw_b)
+    shifted = sbuf(shape, FP32)
+    nisa.tensor_tensor(dst=shifted, data1=raw_a, data2=consts.dt_bias, op=nl.add)
+    yield
+    softplus = sbuf(shape, FP32)
+    nisa.activation(dst=softplus, op=nl.softplus, data=shifted)
+    yield
+    rate = sbuf(shape, FP32)  # exp(A_log)·softplus(a + dt_bias) = −g
+    nisa.tensor_tensor(dst=rate, data1=softplus, data2=consts.decay_rate, op=nl.multiply)
+    yield
+    nisa.activation(dst=alpha, op=nl.exp, data=rate, scale=-1.0)
+    yield
     return alpha, beta
 
 
-def token_keys(
-    shapes: Shapes, query: Any, key: Any, consts: Constants, n: int, t: int, scale: float, l2norm: bool
-) -> tuple[Any, Any, Any]:
-    """q and k of token t of request n in fp32: q·scale and k as columns [Dk, Hk], L2-normalized first when
-    asked, and their overlaps c_j = k_jᵀ q_j on every partition ([lanes, Hk]).
-
-    The column sums of q² and k² come from one matmul against ones, which leaves every partition holding every
-    sum.
-    """
+def load_keys(shapes: Shapes, query: Any, key: Any, n: int, t: int) -> Any:
+    """Token t of request n's q and k as rows [2Hk, Dk] fp32 (q heads, then k heads): each head's Dk is
+    contiguous in HBM; a column load would move one element per descriptor."""
     dk, hk = shapes.dk, shapes.key_heads
     offset = _token_offset(shapes, n, t, hk, dk)
-    # Loaded as rows (each head's Dk contiguous in HBM) and turned into columns on the tensor engine: a column
-    # load straight from HBM would move one element per descriptor.
-    rows = sbuf((2 * hk, dk), FP32)  # [q_0 .. q_{Hk-1}, k_0 .. k_{Hk-1}] as rows
+    rows = sbuf((2 * hk, dk), FP32)
     as_rows = [[dk, hk], [1, dk]]
     nisa.dma_copy(dst=rows[0:hk, :], src=query.ap(pattern=as_rows, offset=offset))
     nisa.dma_copy(dst=rows[hk : 2 * hk, :], src=key.ap(pattern=as_rows, offset=offset))
+    return rows
+
+
+def token_keys(shapes: Shapes, rows: Any, consts: Constants, scale: float, l2norm: bool) -> Steps:
+    """q and k of a token from ``load_keys``' rows: q·scale and k as columns [Dk, Hk] (turned on the tensor
+    engine), L2-normalized first when asked, and their overlaps c_j = k_jᵀ q_j on every partition ([lanes, Hk]).
+
+    The column sums of q² and k² come from one matmul against ones, which leaves every partition holding every
+    sum. A ``Steps`` generator.
+    """
+    dk, hk = shapes.dk, shapes.key_heads
+    turned = transpose(rows)
+    yield
     columns = sbuf((dk, 2 * hk), FP32)
-    nisa.activation(dst=columns, op=nl.copy, data=transpose(rows))
+    nisa.activation(dst=columns, op=nl.copy, data=turned)
+    yield
     q_cols, k_cols = sbuf((dk, hk), FP32), sbuf((dk, hk), FP32)
     if not l2norm:
         nisa.tensor_scalar(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale))
         nisa.tensor_copy(dst=k_cols, src=columns[:, hk : 2 * hk])
-        return q_cols, k_cols, _overlap(q_cols, k_cols, consts)
+        yield
+        overlap = yield from _overlap(q_cols, k_cols, consts)
+        return q_cols, k_cols, overlap
     squares = sbuf((dk, 2 * hk), FP32)
     nisa.tensor_tensor(dst=squares, data1=columns, data2=columns, op=nl.multiply)
+    yield
     sums = matmul(consts.ones[:, 0:dk], squares)  # [Dk, 2Hk]: every partition holds every column's sum
+    yield
     inverse_norm = sbuf((dk, 2 * hk), FP32)
     nisa.activation(dst=inverse_norm, op=nl.rsqrt, data=sums, bias=consts.l2_eps)
+    yield
     nisa.scalar_tensor_tensor(dst=q_cols, data=columns[:, 0:hk], op0=nl.multiply, operand0=float(scale),
                               op1=nl.multiply, operand1=inverse_norm[:, 0:hk])  # fmt: skip
     nisa.tensor_tensor(dst=k_cols, data1=columns[:, hk : 2 * hk], data2=inverse_norm[:, hk : 2 * hk], op=nl.multiply)
-    return q_cols, k_cols, _overlap(q_cols, k_cols, consts)
+    yield
+    overlap = yield from _overlap(q_cols, k_cols, consts)
+    return q_cols, k_cols, overlap
 
 
-def _overlap(q_cols: Any, k_cols: Any, consts: Constants) -> Any:
+def _overlap(q_cols: Any, k_cols: Any, consts: Constants) -> Steps:
     """c_j = k_jᵀ (scale q_j) of every key head, [lanes, Hk] with every partition holding every value."""
     products = sbuf(tuple(q_cols.shape), FP32)
     nisa.tensor_tensor(dst=products, data1=q_cols, data2=k_cols, op=nl.multiply)
+    yield
+    sums = matmul(consts.ones, products)
+    yield
     overlap = sbuf((consts.ones.shape[1], q_cols.shape[1]), FP32)
-    nisa.activation(dst=overlap, op=nl.copy, data=matmul(consts.ones, products))
+    nisa.activation(dst=overlap, op=nl.copy, data=sums)
+    yield
     return overlap
 
 
-def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, consts: Constants) -> tuple[Any, Any]:
+def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, consts: Constants) -> Steps:
     """The operands one token's gates ride on, for every value head h (key head j), q already scaled:
 
     - columns [Dk, tiles, 3, H] (value head h = tile·H + h'): plane 0 the recall α_h β_h k_j, plane 1 the read
@@ -195,7 +231,7 @@ def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, 
 
     With them the tile products (``state_tiles``) give u = β v − (αβk)ᵀS and the output
     o = c β v − (c αβk − α q)ᵀS = α qᵀS + c u (the read after the write, Sᵀ_new q = α Sᵀq + u kᵀq) from the old
-    state.
+    state. All on GpSimd (SBUF only), which the state's steps leave idle. A ``Steps`` generator.
     """
     dk, hk, r, hv = shapes.dk, shapes.key_heads, shapes.ratio, shapes.value_heads
     layout, lanes = consts.layout, consts.layout.lanes
@@ -206,19 +242,12 @@ def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, 
 
     def product(a: Any, b: Any, partitions: int = dk) -> Any:  # [P, Hv] = a ⊙ b, each [P, Hv] or per key head
         dst = sbuf((partitions, hv), FP32)
-        nisa.tensor_tensor(dst=dst.reshape((partitions, hk, r)), data1=a, data2=b, op=nl.multiply)
+        nisa.tensor_tensor(dst=dst.reshape((partitions, hk, r)), data1=a, data2=b, op=nl.multiply, engine=GPSIMD)
         return dst
 
     def by_value_head(tile: Any) -> Any:
         return tile.reshape((tile.shape[0], hk, r))
 
-    alpha_k, beta_k = alpha[0:dk, :], beta[0:dk, :]
-    rate = product(by_value_head(alpha_k), by_value_head(beta_k))
-    recall = product(per_value_head(k_cols), by_value_head(rate))  # αβ k
-    corrected = product(by_value_head(recall), per_value_head(overlap[0:dk, :]))  # c αβ k
-    read = product(by_value_head(alpha_k), per_value_head(q_cols))  # α q
-    keys_v = sbuf((dk, hv), FP32)
-    nisa.tensor_copy(dst=by_value_head(keys_v), src=per_value_head(k_cols))
     columns = sbuf((dk, layout.tiles, PLANES, layout.heads), FP32)
 
     def plane(i: int) -> Any:
@@ -227,10 +256,21 @@ def gate_operands(shapes: Shapes, keys: tuple[Any, ...], alpha: Any, beta: Any, 
     def tiled(tile: Any) -> Any:
         return tile.reshape((dk, layout.tiles, layout.heads))
 
-    nisa.tensor_copy(dst=plane(0), src=tiled(recall))
-    nisa.tensor_tensor(dst=plane(1), data1=tiled(corrected), data2=tiled(read), op=nl.subtract)
-    nisa.tensor_copy(dst=plane(2), src=tiled(keys_v))
+    alpha_k, beta_k = alpha[0:dk, :], beta[0:dk, :]
+    rate = product(by_value_head(alpha_k), by_value_head(beta_k))
+    read = product(by_value_head(alpha_k), per_value_head(q_cols))  # α q
+    keys_v = sbuf((dk, hv), FP32)
+    nisa.tensor_copy(dst=by_value_head(keys_v), src=per_value_head(k_cols), engine=GPSIMD)
     scaled_beta = product(per_value_head(overlap), by_value_head(beta), partitions=lanes)  # c β
+    yield
+    recall = product(per_value_head(k_cols), by_value_head(rate))  # αβ k
+    nisa.tensor_copy(dst=plane(2), src=tiled(keys_v), engine=GPSIMD)
+    yield
+    corrected = product(by_value_head(recall), per_value_head(overlap[0:dk, :]))  # c αβ k
+    nisa.tensor_copy(dst=plane(0), src=tiled(recall), engine=GPSIMD)
+    yield
+    nisa.tensor_tensor(dst=plane(1), data1=tiled(corrected), data2=tiled(read), op=nl.subtract, engine=GPSIMD)
+    yield
     return columns, scaled_beta
 
 
@@ -288,66 +328,108 @@ def copy_rows(dst: Any, src: Any) -> None:
 
 
 @dataclass
-class Prepared:
-    """A request with its state tiles loading and every state-independent operand issued: ``states`` the tiles in
-    order, ``operands[b][t]`` block b's ``BlockOperands`` for token t."""
+class Loaded:
+    """A request's transfers in flight: per token the q/k rows, gate tiles and each block's value rows; the state
+    tiles in order."""
 
     request: Request
+    keys: list[Any]
+    gates: list[tuple[Any, Any]]
+    values: list[list[Any]]
     states: list[Any]
-    operands: list[list[Any]]
 
 
-def prepare_request(
-    shapes: Shapes,
-    tensors: tuple[Any, Any, Any, Any],
-    gates: Gates,
-    consts: Constants,
-    request: Request,
-    scale: float,
-    l2norm: bool,
-) -> Prepared:
-    """Issue one request's state loads (every tile) and the operands of its tokens: q/k and gates, then per block
-    of tiles the selection products and value rows."""
+def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gates, consts: Constants,
+                 request: Request) -> Loaded:  # fmt: skip
+    """Issue every load of one request: its tokens' inputs first (small, needed first), then its state tiles."""
     query, key, value, _ = tensors
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
-    per_token = []
-    for t in range(shapes.tokens):
-        keys = token_keys(shapes, query, key, consts, n, t, scale, l2norm)
-        alpha, beta = token_gates(shapes, gates, consts, n, t)
-        columns, scaled_beta = gate_operands(shapes, keys, alpha, beta, consts)
-        per_token.append((columns, (alpha, beta, scaled_beta)))
+    tokens = range(shapes.tokens)
+    keys = [load_keys(shapes, query, key, n, t) for t in tokens]
+    gate_tiles = [load_gates(shapes, gates, layout.lanes, n, t) for t in tokens]
+    block = layout.block_heads
+    values = []
+    for h0 in range(0, hv, block):
+        per_token = []
+        for t in tokens:
+            rows = sbuf((block, dv), FP32)
+            offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
+            nisa.dma_copy(dst=rows, src=value.ap(pattern=[[dv, block], [1, dv]], offset=offset))
+            per_token.append(rows)
+        values.append(per_token)
     states = []
     pattern = [[layout.free, layout.partitions], [1, layout.free]]
     for tile in range(layout.tiles):
         state = sbuf((layout.partitions, layout.free), FP32)
         copy_rows(state, _row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
         states.append(state)
-    operands = []
-    block = layout.block_heads
-    for h0 in range(0, hv, block):
-        per_block = []
-        for t, (columns, gates_) in enumerate(per_token):
-            values = sbuf((block, dv), FP32)
-            offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
-            nisa.dma_copy(dst=values, src=value.ap(pattern=[[dv, block], [1, dv]], offset=offset))
-            per_block.append(block_operands(layout, consts.tiles, columns, gates_, values, h0))
-        operands.append(per_block)
-    return Prepared(request=request, states=states, operands=operands)
+    return Loaded(request=request, keys=keys, gates=gate_tiles, values=values, states=states)
+
+
+@dataclass
+class Prepared:
+    """A loaded request with every state-independent operand: ``operands[b][t]`` block b's ``BlockOperands``
+    for token t."""
+
+    loaded: Loaded
+    operands: list[list[Any]]
+
+
+def prepare_request(
+    shapes: Shapes, gates: Gates, consts: Constants, loaded: Loaded, scale: float, l2norm: bool, into: list[Any]
+) -> Steps:
+    """Issue a loaded request's operands (q/k, gates, the blocks' selection products), every token's in
+    lockstep, one dependency level per step (``Steps``); appends the ``Prepared`` request to ``into``."""
+    layout = consts.layout
+    firsts = range(0, shapes.value_heads, layout.block_heads)
+
+    def token(t: int) -> Steps:
+        keys, gates_ = yield from lockstep([token_keys(shapes, loaded.keys[t], consts, scale, l2norm),
+                                            token_gates(gates, consts, loaded.gates[t])])  # fmt: skip
+        columns, scaled_beta = yield from gate_operands(shapes, keys, *gates_, consts)
+        token_gates_ = (*gates_, scaled_beta)
+        blocks = [block_operands(layout, consts.tiles, columns, token_gates_, loaded.values[b][t], h0)
+                  for b, h0 in enumerate(firsts)]  # fmt: skip
+        return (yield from lockstep(blocks))
+
+    per_token = yield from lockstep([token(t) for t in range(shapes.tokens)])
+    operands = [[per_token[t][b] for t in range(shapes.tokens)] for b in range(len(firsts))]
+    into.append(Prepared(loaded=loaded, operands=operands))
+
+
+def lockstep(steps: list[Steps]) -> Steps:
+    """Run ``Steps`` generators side by side, one level of each per level; returns their results in order."""
+    results: list[Any] = [None] * len(steps)
+    active = list(enumerate(steps))
+    while active:
+        running = []
+        for i, generator in active:
+            try:
+                next(generator)
+                running.append((i, generator))
+            except StopIteration as done:
+                results[i] = done.value
+        active = running
+        if active:
+            yield
+    return results
 
 
 def finish_request(
     shapes: Shapes, tensors: tuple[Any, Any, Any, Any], consts: Constants, prepared: Prepared,
-    norm: OutputNorm | None = None,
+    norm: OutputNorm | None = None, between: Callable[[], None] | None = None,
 ) -> None:  # fmt: skip
     """Advance every tile of a prepared request through its tokens (token by token, tile by tile), store the
     outputs, and store each tile after its last token (or after every token, with ``token_rows``).
 
     The products of the next (token, tile) step are issued before this step's update whenever they touch another
-    tile, so the tensor engine does not wait on this step's PSUM evacuation (it issues in program order).
+    tile, so the tensor engine does not wait on this step's PSUM evacuation (it issues in program order); one
+    piece of ``between`` (the next request's preparation) is issued after every step, so the in-order engines
+    interleave it with this request's steps.
     """
     out = tensors[3]
     dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
-    h, request = layout.heads, prepared.request
+    h, request, states = layout.heads, prepared.loaded.request, prepared.loaded.states
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
     tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
@@ -355,7 +437,7 @@ def finish_request(
 
     def finish(step: tuple[int, int], mixed: Any) -> None:
         t, tile = step
-        state = prepared.states[tile]
+        state = states[tile]
         ops = prepared.operands[tile // per_block][t]
         outputs = tile_update(layout, consts.tiles, ops, tile % per_block, state, mixed)[h : 2 * h, :]
         within = (t * hv + tile * h) * dv
@@ -372,6 +454,8 @@ def finish_request(
             copy_rows(_row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
         elif t == shapes.tokens - 1:
             copy_rows(_row_view(request.target, request.final_row, tile_pattern, within_row), state)
+        if between is not None:
+            between()
 
     pending = None
     for step in [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]:
@@ -380,7 +464,7 @@ def finish_request(
             pending = None
         t, tile = step
         ops = prepared.operands[tile // per_block][t]
-        mixed = tile_products(layout, ops, tile % per_block, prepared.states[tile])
+        mixed = tile_products(layout, ops, tile % per_block, states[tile])
         if pending is not None:
             finish(*pending)
         pending = (step, mixed)
@@ -397,21 +481,36 @@ def emit_requests(
     l2norm: bool,
     norm: OutputNorm | None = None,
 ) -> None:
-    """Every request, each prepared one ahead of finishing the previous: request n+1's state loads and operands
-    come before request n's stores and updates in program order, so the DMA queues and in-order engines reach
-    them while request n computes.
+    """Every request as a software pipeline: request n + ``PREPARED_AHEAD``'s loads are issued before request n's
+    steps, and the preparations under way advance one dependency level after each of them (``finish_request``'s
+    ``between``), so the DMA queues and the in-order engines reach the next requests while this one computes,
+    and no engine waits on a preparation's chain of dependent instructions.
 
     Args:
         tensors: (query [N, T, Hk, Dk], key, value [N, T, Hv, Dv], out [N, T, Hv, Dv]) in HBM.
     """
-    pending = None
-    for request in requests:
-        prepared = prepare_request(shapes, tensors, gates, consts, request, scale, l2norm)
-        if pending is not None:
-            finish_request(shapes, tensors, consts, pending, norm)
-        pending = prepared
-    if pending is not None:
-        finish_request(shapes, tensors, consts, pending, norm)
+    prepared: deque[Prepared] = deque()
+    preparing: list[Steps] = []
+    waiting = iter(requests)
+
+    def start() -> None:  # the next request's loads, and its preparation queued
+        request = next(waiting, None)
+        if request is not None:
+            loaded = load_request(shapes, tensors, gates, consts, request)
+            preparing.append(prepare_request(shapes, gates, consts, loaded, scale, l2norm, prepared))
+
+    def advance() -> None:  # one level of every preparation under way
+        for generator in list(preparing):
+            if next(generator, _DONE) is _DONE:
+                preparing.remove(generator)
+
+    for _ in range(PREPARED_AHEAD):
+        start()
+    while preparing or prepared:
+        while not prepared:
+            advance()
+        start()
+        finish_request(shapes, tensors, consts, prepared.popleft(), norm, between=advance)
 
 
 def load_scalar(src: Any) -> Any:

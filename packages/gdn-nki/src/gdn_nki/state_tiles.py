@@ -29,10 +29,12 @@ partitions are only read by DMA.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 from .backend import nisa, nl
+from .engines import GPSIMD, SCALAR
 from .tiles import FP32, matmul, psum, sbuf
 
 PMAX = 128
@@ -43,6 +45,9 @@ RUN_BYTES = 2048
 PSUM_BANK_FP32 = 512
 # Planes of the per-token columns the selection matmul moves: recall, read, key.
 PLANES = 3
+# Work issued one dependency level at a time: a generator that yields between levels and returns its result, so
+# a caller can interleave the levels with other work and no in-order engine waits on the chain.
+Steps = Generator[None, None, Any]
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
@@ -169,8 +174,9 @@ class BlockOperands:
 
 def block_operands(
     layout: TileLayout, consts: LayoutConstants, columns: Any, gates: tuple[Any, Any, Any], values: Any, h0: int
-) -> BlockOperands:
-    """The operands of the block of heads ``h0 .. h0 + block`` for one token.
+) -> Steps:
+    """The operands (``BlockOperands``) of the block of heads ``h0 .. h0 + block`` for one token, in three
+    dependency levels (a ``Steps`` generator).
 
     Args:
         columns: [Dk, tiles, 3, H] the token's recall, read and key columns (``decode.gate_operands``).
@@ -178,7 +184,7 @@ def block_operands(
         values: [block, Dv] fp32, the block's value rows.
 
     Notes:
-        ``rows`` selection matmuls (K = Dk, N = 3·block) and a handful of small vector instructions; nothing here
+        ``rows`` selection matmuls (K = Dk, N = 3·block) and a handful of small instructions; nothing here
         depends on the state.
     """
     parts, rows, h, per_block = layout.partitions, layout.rows, layout.heads, layout.tiles_per_block
@@ -186,31 +192,40 @@ def block_operands(
     first = h0 // h
     alpha, beta, scaled_beta = gates
     moving = columns[:, first : first + per_block].reshape((layout.dk, per_block * PLANES * h))
-    masked = sbuf((parts, rows, per_block, PLANES, h), FP32)
-    mask = consts.signed_mask.expand_dim(1).broadcast(1, per_block)
+    selected = []
     for lo in range(rows):
         products = psum((parts, per_block * PLANES * h))
         matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
-        nisa.tensor_tensor(dst=masked[:, lo], data1=products.reshape((parts, per_block, PLANES, h)), data2=mask,
-                           op=nl.multiply)  # fmt: skip
-    keys = sbuf((parts, rows, per_block), FP32)
-    nisa.tensor_reduce(dst=keys, op=nl.add, data=masked[:, :, :, PLANES - 1, :], axis=3)
+        selected.append(products)
     head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
     alpha_heads = sbuf((parts, per_block, h), FP32)
     nisa.tensor_tensor(dst=alpha_heads, data1=alpha[0:parts, h0 : h0 + block].reshape((parts, per_block, h)),
-                       data2=head_mask, op=nl.multiply)  # fmt: skip
+                       data2=head_mask, op=nl.multiply, engine=GPSIMD)  # fmt: skip
+    diagonals = []  # (β_h, c β_h) on partition h: the diagonal of the every-partition tiles
+    for gate in (beta, scaled_beta):
+        diagonal = sbuf((block, block), FP32)
+        nisa.tensor_tensor(dst=diagonal, data1=gate[0:block, h0 : h0 + block], data2=consts.identity,
+                           op=nl.multiply, engine=GPSIMD)  # fmt: skip
+        diagonals.append(diagonal)
+    yield
+    masked = sbuf((parts, rows, per_block, PLANES, h), FP32)
+    mask = consts.signed_mask.expand_dim(1).broadcast(1, per_block)
+    for lo, products in enumerate(selected):
+        nisa.tensor_tensor(dst=masked[:, lo], data1=products.reshape((parts, per_block, PLANES, h)), data2=mask,
+                           op=nl.multiply)  # fmt: skip
     alpha_p = sbuf((parts, per_block), FP32)
     nisa.tensor_reduce(dst=alpha_p, op=nl.add, data=alpha_heads, axis=2)
-    factors = sbuf((block, 2), FP32)  # (β_h, c β_h) on partition h: the diagonal of the every-partition tiles
-    for i, gate in enumerate((beta, scaled_beta)):
-        diagonal = sbuf((block, block), FP32)
-        nisa.tensor_tensor(dst=diagonal, data1=gate[0:block, h0 : h0 + block], data2=consts.identity, op=nl.multiply)
+    factors = sbuf((block, 2), FP32)
+    for i, diagonal in enumerate(diagonals):
         nisa.tensor_reduce(dst=factors[:, i : i + 1], op=nl.add, data=diagonal, axis=1)
+    yield
+    keys = sbuf((parts, rows, per_block), FP32)
+    nisa.tensor_reduce(dst=keys, op=nl.add, data=masked[:, :, :, PLANES - 1, :], axis=3)
     value_pick = sbuf((block, per_block, 2, h), FP32)
     for i in range(2):
-        nisa.tensor_scalar(
-            dst=value_pick[:, :, i, :], data=consts.pick, op0=nl.multiply, operand0=factors[:, i : i + 1]
-        )
+        nisa.tensor_scalar(dst=value_pick[:, :, i, :], data=consts.pick, op0=nl.multiply,
+                           operand0=factors[:, i : i + 1], engine=SCALAR)  # fmt: skip
+    yield
     return BlockOperands(stationaries=masked, keys=keys, alpha=alpha_p, value_pick=value_pick, values=values)
 
 

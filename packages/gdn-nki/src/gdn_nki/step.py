@@ -31,12 +31,11 @@ from .decode import (
     Shapes,
     allocate_out,
     emit_requests,
-    load_scalar,
     zero_outputs,
     zero_row,
 )
 from .kernel_assert import assert_valid_call
-from .tiles import sbuf
+from .tiles import FP32, sbuf
 
 
 def step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b, A_log,
@@ -102,16 +101,15 @@ def gdn_step(
     width = tokens if per_token else 1
     zeros = zero_row(shapes, out.dtype)
 
+    rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens)
+
     def requests() -> Any:
         for n in range(nl.program_id(0), n_req, nl.num_programs(0)):
-            indices = sbuf((1, width), INT32)
-            nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[width, 1], [1, width]], offset=n * width))
-            read_tile = _read_index(state_indices, num_accepted_tokens, indices, n, tokens)
-            read_row = load_scalar(read_tile)
-            zero_outputs(out, _row_if(read_tile, n, live=False), zeros)
-            out_row = _row_if(read_tile, n, live=True)
+            read_row, out_row, pad_row = (nisa.scalar_load(tile[:, n : n + 1]) for tile in rows[1:])
+            zero_outputs(out, pad_row, zeros)
             if per_token:
-                token_rows = tuple(load_scalar(indices[:, t : t + 1]) for t in range(tokens))
+                token_rows = tuple(nisa.scalar_load(rows[0][:, n * width + t : n * width + t + 1])
+                                   for t in range(tokens))  # fmt: skip
                 yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row, token_rows=token_rows,
                               out_row=out_row)  # fmt: skip
             else:
@@ -122,29 +120,43 @@ def gdn_step(
     return out, state_pool
 
 
-def _read_index(state_indices: Any, num_accepted_tokens: Any, indices: Any, n: int, tokens: int) -> Any:
-    """The [1, 1] int32 tile holding request n's read row: ``indices[0]``, or with ``num_accepted_tokens`` the
-    entry ``num_accepted_tokens[n] - 1`` of its row, gathered by a run-time offset (the count clamped to [1, T] on
-    device, so that a padding request's unchecked count still addresses its own row)."""
+def _request_rows(state_indices: Any, num_accepted_tokens: Any, n_req: int, tokens: int) -> tuple[Any, ...]:
+    """Every request's rows, computed on device once per launch before any request's work (so no request's
+    loads wait on another's arithmetic), as int32 [1, ·] tiles: the indices as given ([1, N·width]), and per
+    request n ([1, N] each) the row it reads (``state_indices[n, num_accepted_tokens[n] - 1]`` with the count
+    clamped to [1, T], so a padding request's unchecked count still picks one of its -1s), the row of ``out`` it
+    writes (n when live, else -1) and the row its zeros go to (n when padding, else -1). A -1 row is outside its
+    tensor: the transfers it addresses are skipped."""
+    width = state_indices.size // n_req
+    indices = sbuf((1, n_req * width), INT32)
+    nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[n_req * width, 1], [1, n_req * width]], offset=0))
+    as_float = sbuf((1, n_req, width), FP32)
+    nisa.tensor_copy(dst=as_float.reshape((1, n_req * width)), src=indices)
+    read = sbuf((1, n_req), FP32)
     if num_accepted_tokens is None:
-        return indices[:, 0:1]
-    accepted = sbuf((1, 1), INT32)
-    nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[1, 1], [1, 1]], offset=n))
-    nisa.tensor_scalar(dst=accepted, data=accepted, op0=nl.maximum, operand0=1, op1=nl.minimum, operand1=tokens)
-    nisa.tensor_scalar(dst=accepted, data=accepted, op0=nl.subtract, operand0=1)  # the position, 0-based
-    position = nisa.scalar_load(accepted)
-    read_tile = sbuf((1, 1), INT32)
-    entry = state_indices.ap(pattern=[[1, 1], [1, 1]], offset=n * tokens, scalar_offset=position, indirect_dim=1)
-    nisa.dma_copy(dst=read_tile, src=entry)
-    return read_tile
-
-
-def _row_if(read_tile: Any, n: int, live: bool) -> Any:
-    """Row n of ``out`` as a run-time value when request n is live (``live``) or padding (``not live``), else -1
-    (outside ``out``: the transfers it addresses are skipped). The [1, 1] int32 ``read_tile`` holds the request's
-    read row, -1 for padding."""
-    flag = sbuf((1, 1), INT32)
-    nisa.tensor_scalar(dst=flag, data=read_tile, op0=nl.greater_equal if live else nl.less, operand0=0,
-                       op1=nl.multiply, operand1=n + 1)  # fmt: skip
-    nisa.tensor_scalar(dst=flag, data=flag, op0=nl.subtract, operand0=1)
-    return nisa.scalar_load(flag)
+        nisa.tensor_copy(dst=read, src=as_float[:, :, 0])
+    else:
+        accepted = sbuf((1, n_req), INT32)
+        nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[n_req, 1], [1, n_req]], offset=0))
+        position = sbuf((1, n_req), FP32)  # clamp(count, 1, T) - 1
+        nisa.tensor_scalar(dst=position, data=accepted, op0=nl.maximum, operand0=1.0, op1=nl.minimum,
+                           operand1=float(tokens))  # fmt: skip
+        nisa.tensor_scalar(dst=position, data=position, op0=nl.subtract, operand0=1.0)
+        token = sbuf((1, n_req, width), FP32)
+        nisa.iota(dst=token, pattern=[[0, n_req], [1, width]], offset=0, channel_multiplier=0)
+        chosen = sbuf((1, n_req, width), FP32)
+        nisa.tensor_tensor(dst=chosen, data1=token, data2=position.expand_dim(2).broadcast(2, width), op=nl.equal)
+        nisa.tensor_tensor(dst=chosen, data1=chosen, data2=as_float, op=nl.multiply)
+        nisa.tensor_reduce(dst=read, op=nl.add, data=chosen, axis=2)
+    number = sbuf((1, n_req), FP32)  # n + 1
+    nisa.iota(dst=number, pattern=[[1, n_req]], offset=1, channel_multiplier=0)
+    live_number = sbuf((1, n_req), FP32)  # (read >= 0) · (n + 1)
+    nisa.scalar_tensor_tensor(dst=live_number, data=read, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply,
+                              operand1=number)  # fmt: skip
+    rows = [indices, *(sbuf((1, n_req), INT32) for _ in range(3))]
+    nisa.tensor_copy(dst=rows[1], src=read)
+    nisa.tensor_scalar(dst=rows[2], data=live_number, op0=nl.subtract, operand0=1.0)
+    padding_number = sbuf((1, n_req), FP32)
+    nisa.tensor_tensor(dst=padding_number, data1=number, data2=live_number, op=nl.subtract)
+    nisa.tensor_scalar(dst=rows[3], data=padding_number, op0=nl.subtract, operand0=1.0)
+    return tuple(rows)
