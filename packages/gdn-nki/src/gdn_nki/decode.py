@@ -296,8 +296,9 @@ class Request:
     """Where one request's state comes from and goes: ``source`` / ``target`` HBM tensors of rows
     [.., Hv, Dk, Dv]; ``read_row`` a trace-time int or an NkiScalar; ``token_rows`` the row the state after
     each token is written to (None: only the final state, to ``final_row``); ``out_row`` the request's row of
-    ``out`` (None: ``n``). A run-time row outside its tensor (-1: padding) makes every transfer addressed by it a
-    no-op (``oob_mode.skip``): nothing read, nothing written."""
+    ``out`` (None: ``n``); ``zeros`` (row, ``zero_rows`` tile): zeros written to that row of ``out`` after the
+    request's steps (the outputs of a padding request). A run-time row outside its tensor (-1: padding) makes
+    every transfer addressed by it a no-op (``oob_mode.skip``): nothing read, nothing written."""
 
     n: int
     source: Any
@@ -306,6 +307,7 @@ class Request:
     final_row: Any = None
     token_rows: tuple[Any, ...] | None = None
     out_row: Any = None
+    zeros: tuple[Any, Any] | None = None
 
 
 def _row_view(tensor: Any, row: Any, pattern: list[list[int]], offset: int) -> tuple[Any, dict[str, Any]]:
@@ -469,6 +471,9 @@ def finish_request(
             finish(*pending)
         pending = (step, mixed)
     finish(*pending)
+    if request.zeros is not None:  # last: its row is computed while the steps run
+        row, zeros = request.zeros
+        copy_rows(_row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
 
 
 def emit_requests(
@@ -532,18 +537,11 @@ def when_live(row_tile: Any, body: Callable[[], None]) -> None:
     nl.fori_loop(0, trips, lambda _: body())
 
 
-def zero_row(shapes: Shapes, dtype: Any) -> Any:
-    """A [1, T·Hv·Dv] tile of zeros: one request's outputs, made once per launch."""
-    zeros = sbuf((1, shapes.tokens * shapes.value_heads * shapes.dv), dtype)
+def zero_rows(shapes: Shapes, dtype: Any) -> Any:
+    """A [T·Hv, Dv] tile of zeros: one request's outputs, made once per launch."""
+    zeros = sbuf((shapes.tokens * shapes.value_heads, shapes.dv), dtype)
     nisa.memset(dst=zeros, value=0.0)
     return zeros
-
-
-def zero_outputs(out: Any, row: Any, zeros: Any) -> None:
-    """Write ``zeros`` (``zero_row``) to every output of row ``row`` of ``out`` (a padding request's outputs are
-    defined as zeros; a run-time row outside ``out`` writes nothing)."""
-    width = zeros.shape[1]
-    copy_rows(_row_view(out, row, [[width, 1], [1, width]], 0), zeros)
 
 
 def allocate_out(shapes: Shapes, dtype: Any) -> Any:

@@ -31,8 +31,7 @@ from .decode import (
     Shapes,
     allocate_out,
     emit_requests,
-    zero_outputs,
-    zero_row,
+    zero_rows,
 )
 from .kernel_assert import assert_valid_call
 from .tiles import FP32, sbuf
@@ -99,22 +98,23 @@ def gdn_step(
     consts = Constants(shapes, gates, None)
     per_token = len(state_indices.shape) == 2
     width = tokens if per_token else 1
-    zeros = zero_row(shapes, out.dtype)
+    zeros = zero_rows(shapes, out.dtype)
 
     rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens)
 
     def requests() -> Any:
         for n in range(nl.program_id(0), n_req, nl.num_programs(0)):
-            read_row, out_row, pad_row = (nisa.scalar_load(tile[:, n : n + 1]) for tile in rows[1:])
-            zero_outputs(out, pad_row, zeros)
+            # The row the loads need first; with num_accepted_tokens it is computed, else it is the index itself.
+            read_tile = rows[1] if num_accepted_tokens is not None else rows[0][:, ::width]
+            read_row = nisa.scalar_load(read_tile[:, n : n + 1])
+            token_rows = None
             if per_token:
                 token_rows = tuple(nisa.scalar_load(rows[0][:, n * width + t : n * width + t + 1])
                                    for t in range(tokens))  # fmt: skip
-                yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row, token_rows=token_rows,
-                              out_row=out_row)  # fmt: skip
-            else:
-                yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row, final_row=read_row,
-                              out_row=out_row)  # fmt: skip
+            out_row, pad_row = (nisa.scalar_load(tile[:, n : n + 1]) for tile in rows[2:])
+            yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row,
+                          final_row=None if per_token else read_row, token_rows=token_rows, out_row=out_row,
+                          zeros=(pad_row, zeros))  # fmt: skip
 
     emit_requests(shapes, (query, key, value, out), gates, consts, requests(), float(scale), use_qk_l2norm)
     return out, state_pool
