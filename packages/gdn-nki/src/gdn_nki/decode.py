@@ -1,26 +1,25 @@
-"""The decode recurrence on device: T tokens of one request from a state row, every head, in plain NKI.
+"""The decode recurrence on device: T tokens of N requests from their state rows, every head, in plain NKI.
 
 Both decode kernels issue their work here: ``gdn_tkg`` (AWS's fused single-token step, ``tkg.py``) and the serving
-step on a state pool (``step.py``). A request's state is held in SBUF as [Dk, heads·Dv] fp32 (Dk on partitions,
-each head's [Dk, Dv] block contiguous, as the pool stores it) for a block of heads at a time, so on-chip memory is
-bounded whatever Hv (a block's token rows fill one PSUM bank: ``heads_per_block``). Per token and value head h
-(key head j = h // (Hv/Hk)), with α = exp(g), q already scaled and c_j = k_jᵀ q_j:
+step on a state pool (``step.py``). Per token and value head h (key head j = h // (Hv/Hk)), with α = exp(g), q
+already scaled and c_j = k_jᵀ q_j:
 
-    [r; w] = [α_h β_h k_j, c_j α_h β_h k_j − α_h q_j]ᵀ S_h       one matmul against the old state, [2, Dv]
-    [u; o] = [β_h v_h; c_j β_h v_h] − [r; w]                      one subtract for a block of heads
-    S_h    = α_h S_h + k_j uᵀ                                     outer product (tensor engine) + one update
+    [u; o] = [β_h v_h; c_j β_h v_h] − [α_h β_h k_j, c_j α_h β_h k_j − α_h q_j]ᵀ S_h     against the old state
+    S_h    = α_h S_h + k_j uᵀ
 
 so u = β(v − α kᵀS) and o = α qᵀS + c u = qᵀ(α S + k uᵀ), the read after the write, without reading the new state
-again: per head two matmuls and one [Dk, Dv] vector instruction, the gates riding on the matmul's stationary. That is
-``gdn_ref.recurrent`` token by token (decay, delta against the decayed state, rank-1 write, read after the
-write). All arithmetic is fp32 whatever the compute dtype (the DMA widens bf16 inputs and narrows ``out``),
-as HF's and AWS's references compute decode.
+again. That is ``gdn_ref.recurrent`` token by token (decay, delta against the decayed state, rank-1 write, read
+after the write). The state is held in tiles of long contiguous runs and the products are issued per tile
+(``state_tiles``); here: each token's q/k (optionally L2-normalized), gates and the [Dk, ·] columns the tiles'
+stationaries are selected from, and the requests as a software pipeline (``emit_requests``). All arithmetic is
+fp32 whatever the compute dtype (the DMA widens bf16 inputs and narrows ``out``), as HF's and AWS's references
+compute decode.
 
-Run-time addressing: a pool row is an ``NkiScalar`` (``nki.isa.scalar_load`` of an index tile), used only as the
-``scalar_offset`` of ``.ap`` on the pool ("NKI Access Patterns" and ``nki.isa.scalar_load``, SDK 2.33); a padding
-request's work sits in an ``nl.fori_loop`` whose trip count (0 or 1) is itself loaded from device memory, so it
-reads and writes nothing of the pool ("NKI Dynamic Loops"; ``nl.fori_loop`` with a 32-bit NkiScalar bound,
-SDK 2.33). No index is ever a Python value at trace time.
+Run-time addressing: a pool row (and a request's row of ``out``) is an ``NkiScalar`` (``nki.isa.scalar_load`` of
+an index tile), used only as the ``scalar_offset`` of ``.ap`` on the tensor ("NKI Access Patterns" and
+``nki.isa.scalar_load``, SDK 2.33); a padding request's row is -1, outside the tensor, and every transfer it
+addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy", SDK 2.33): it reads and writes nothing.
+No index is ever a Python value at trace time.
 """
 
 from __future__ import annotations
@@ -87,11 +86,6 @@ class OutputNorm:
     norm_weight: Any
 
 
-def _token_offset(shapes: Shapes, n: int, t: int, heads: int, width: int) -> int:
-    """Element offset of token t of request n in a token-major [N, T, heads, width] tensor."""
-    return ((n * shapes.tokens + t) * heads) * width
-
-
 class Constants:
     """Per-launch tiles: the state layout and its 0/1 tiles, ones for partition sums, eps columns, and the
     per-head fused-gating constants. Per-head tiles span ``layout.lanes`` partitions (every consumer's)."""
@@ -122,16 +116,14 @@ class Constants:
             nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[0, lanes], [1, shapes.dv]]))
 
 
-def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: int, t: int) -> tuple[Any, Any]:
+def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: Any, t: int) -> tuple[Any, Any]:
     """Token t of request n's gate inputs on every partition, [lanes, Hv] fp32 each: (g, β) precomputed, or the
-    raw (a, b) of fused gating."""
+    raw (a, b) of fused gating. ``n`` a trace-time int or an ``NkiScalar`` (outside the tensor: skipped)."""
     hv = shapes.value_heads
-    every_partition = [[0, lanes], [1, hv]]
-    offset = _token_offset(shapes, n, t, hv, 1)
     first, second = (gates.a, gates.b) if gates.fused else (gates.g_log, gates.beta)
     tiles = sbuf((lanes, hv), FP32), sbuf((lanes, hv), FP32)
     for tile, src in zip(tiles, (first, second), strict=True):
-        nisa.dma_copy(dst=tile, src=src.ap(pattern=every_partition, offset=offset))
+        copy_rows(tile, _row_view(src, n, [[0, lanes], [1, hv]], t * hv))
     return tiles
 
 
@@ -161,15 +153,13 @@ def token_gates(gates: Gates, consts: Constants, loaded: tuple[Any, Any]) -> Ste
     return alpha, beta
 
 
-def load_keys(shapes: Shapes, query: Any, key: Any, n: int, t: int) -> Any:
+def load_keys(shapes: Shapes, query: Any, key: Any, n: Any, t: int) -> Any:
     """Token t of request n's q and k as rows [2Hk, Dk] fp32 (q heads, then k heads): each head's Dk is
-    contiguous in HBM; a column load would move one element per descriptor."""
+    contiguous in HBM; a column load would move one element per descriptor. ``n`` as in ``load_gates``."""
     dk, hk = shapes.dk, shapes.key_heads
-    offset = _token_offset(shapes, n, t, hk, dk)
     rows = sbuf((2 * hk, dk), FP32)
-    as_rows = [[dk, hk], [1, dk]]
-    nisa.dma_copy(dst=rows[0:hk, :], src=query.ap(pattern=as_rows, offset=offset))
-    nisa.dma_copy(dst=rows[hk : 2 * hk, :], src=key.ap(pattern=as_rows, offset=offset))
+    for i, tensor in enumerate((query, key)):
+        copy_rows(rows[i * hk : (i + 1) * hk, :], _row_view(tensor, n, [[dk, hk], [1, dk]], t * hk * dk))
     return rows
 
 
@@ -293,14 +283,15 @@ def gated_rms_norm(shapes: Shapes, rows: Any, z_rows: Any, consts: Constants) ->
 
 @dataclass(frozen=True)
 class Request:
-    """Where one request's state comes from and goes: ``source`` / ``target`` HBM tensors of rows
+    """Where one request's state comes from and goes (``n``: the request, a trace-time int or an ``NkiScalar``):
+    ``source`` / ``target`` HBM tensors of rows
     [.., Hv, Dk, Dv]; ``read_row`` a trace-time int or an NkiScalar; ``token_rows`` the row the state after
     each token is written to (None: only the final state, to ``final_row``); ``out_row`` the request's row of
     ``out`` (None: ``n``); ``zeros`` (row, ``zero_rows`` tile): zeros written to that row of ``out`` after the
     request's steps (the outputs of a padding request). A run-time row outside its tensor (-1: padding) makes
     every transfer addressed by it a no-op (``oob_mode.skip``): nothing read, nothing written."""
 
-    n: int
+    n: Any
     source: Any
     target: Any
     read_row: Any
@@ -355,8 +346,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
         per_token = []
         for t in tokens:
             rows = sbuf((block, dv), FP32)
-            offset = _token_offset(shapes, n, t, hv, dv) + h0 * dv
-            nisa.dma_copy(dst=rows, src=value.ap(pattern=[[dv, block], [1, dv]], offset=offset))
+            copy_rows(rows, _row_view(value, n, [[dv, block], [1, dv]], (t * hv + h0) * dv))
             per_token.append(rows)
         values.append(per_token)
     states = []
@@ -516,25 +506,6 @@ def emit_requests(
             advance()
         start()
         finish_request(shapes, tensors, consts, prepared.popleft(), norm, between=advance)
-
-
-def load_scalar(src: Any) -> Any:
-    """An int32 [1, 1] HBM or SBUF view as a run-time ``NkiScalar`` (``nki.isa.scalar_load`` reads SBUF)."""
-    tile = sbuf((1, 1), INT32)
-    if src.buffer == nl.sbuf:
-        nisa.tensor_copy(dst=tile, src=src)
-    else:
-        nisa.dma_copy(dst=tile, src=src)
-    return nisa.scalar_load(tile)
-
-
-def when_live(row_tile: Any, body: Callable[[], None]) -> None:
-    """Run ``body`` once when the int32 [1, 1] ``row_tile`` holds a row (>= 0), never for padding (-1): the trip
-    count of a compiled loop, computed and loaded on device."""
-    live = sbuf((1, 1), INT32)
-    nisa.tensor_scalar(dst=live, data=row_tile, op0=nl.greater_equal, operand0=0)
-    trips = nisa.scalar_load(live)
-    nl.fori_loop(0, trips, lambda _: body())
 
 
 def zero_rows(shapes: Shapes, dtype: Any) -> Any:

@@ -12,6 +12,10 @@ native, the fp32 state pool [P, Hv, Dk, Dv] updated in place. Each request's poo
 - A request whose read index is -1 is padding: every pool transfer it addresses is outside the pool and skipped by
   the DMA (``oob_mode.skip``), so it reads and writes nothing of the pool; its outputs are zeros.
 
+The requests run as a compiled loop (``nl.fori_loop``, "NKI Loops" and ``nki.language.fori_loop``, SDK 2.33) of
+``REQUESTS_PER_ITERATION`` requests an iteration, the request index a run-time value: the program does not grow
+with N.
+
 Gating is precomputed (``g_log``, ``beta``) or fused (``a``, ``b``, ``A_log``, ``dt_bias``: g = −exp(A_log)·
 softplus(a + dt_bias), β = sigmoid(b)); ``use_qk_l2norm`` L2-normalizes q and k on device (eps 1e-6).
 """
@@ -35,6 +39,12 @@ from .decode import (
 )
 from .kernel_assert import assert_valid_call
 from .tiles import FP32, sbuf
+
+# Requests one iteration of the compiled request loop runs (the program holds their instructions once, whatever
+# N): the software pipeline of ``decode.emit_requests`` fills and drains within an iteration, so more requests
+# per iteration amortize that better and make the program larger (~170 instructions a request at Qwen3-Next's
+# heads, T = 1; PERFORMANCE.md, "Decode", has 8 against 16).
+REQUESTS_PER_ITERATION = 16
 
 
 def step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b, A_log,
@@ -85,7 +95,8 @@ def gdn_step(
     Notes:
         Trace-time rules (``gdn_ref.contract.validate_step``) stop the trace before anything is allocated; the
         index VALUES are device data the trace never sees — ``gdn_nki.decode`` validates them on the host before
-        launching. Requests are split over the launch grid (``gdn_step[n]``).
+        launching. Requests are split over the launch grid (``gdn_step[n]``), each program's share a compiled loop
+        of groups of ``REQUESTS_PER_ITERATION`` (one group: no loop).
     """
     tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
                            A_log, dt_bias)  # fmt: skip
@@ -100,35 +111,65 @@ def gdn_step(
     width = tokens if per_token else 1
     zeros = zero_rows(shapes, out.dtype)
 
-    rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens)
+    first, step = nl.program_id(0), nl.num_programs(0)
+    count = len(range(first, n_req, step))  # this program's requests: first, first + step, ...
+    group = min(REQUESTS_PER_ITERATION, count)
+    trips = -(-count // group)
+    # Every slot's row exists; those past N are -1 (skipped). A loop gets one spare slot, so that its program
+    # (the tails' memsets included) is the same whatever N.
+    slots = max(n_req, first + (trips * group - 1) * step + 1) + (trips > 1)
+    rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots)
 
-    def requests() -> Any:
-        for n in range(nl.program_id(0), n_req, nl.num_programs(0)):
+    def entry(tile: Any, static: int, base: Any, scale: int) -> Any:  # tile[0, base·scale + static] as [1, 1]
+        if isinstance(base, int):
+            at = base * scale + static
+            return tile[:, at : at + 1]
+        return tile.ap(pattern=[[tile.shape[1], 1], [1, 1]], offset=static, scalar_offset=base * scale,
+                       indirect_dim=1)  # fmt: skip
+
+    def requests(base: Any) -> Any:  # the group of requests base + first + j·step, j < group
+        for j in range(group):
+            static = first + j * step
+            n = static if isinstance(base, int) else base + static
             # The row the loads need first; with num_accepted_tokens it is computed, else it is the index itself.
-            read_tile = rows[1] if num_accepted_tokens is not None else rows[0][:, ::width]
-            read_row = nisa.scalar_load(read_tile[:, n : n + 1])
+            if num_accepted_tokens is None:
+                read_row = nisa.scalar_load(entry(rows[0], static * width, base, width))
+            else:
+                read_row = nisa.scalar_load(entry(rows[1], static, base, 1))
             token_rows = None
             if per_token:
-                token_rows = tuple(nisa.scalar_load(rows[0][:, n * width + t : n * width + t + 1])
+                token_rows = tuple(nisa.scalar_load(entry(rows[0], static * width + t, base, width))
                                    for t in range(tokens))  # fmt: skip
-            out_row, pad_row = (nisa.scalar_load(tile[:, n : n + 1]) for tile in rows[2:])
+            out_row, pad_row = (nisa.scalar_load(entry(tile, static, base, 1)) for tile in rows[2:])
             yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row,
                           final_row=None if per_token else read_row, token_rows=token_rows, out_row=out_row,
                           zeros=(pad_row, zeros))  # fmt: skip
 
-    emit_requests(shapes, (query, key, value, out), gates, consts, requests(), float(scale), use_qk_l2norm)
+    def iteration(g: Any) -> None:
+        base = g * (group * step)
+        emit_requests(shapes, (query, key, value, out), gates, consts, requests(base), float(scale), use_qk_l2norm)
+
+    if trips == 1:
+        iteration(0)
+    else:
+        nl.fori_loop(0, trips, iteration)
     return out, state_pool
 
 
-def _request_rows(state_indices: Any, num_accepted_tokens: Any, n_req: int, tokens: int) -> tuple[Any, ...]:
+def _request_rows(state_indices: Any, num_accepted_tokens: Any, n_req: int, tokens: int, slots: int) -> tuple[Any, ...]:
     """Every request's rows, computed on device once per launch before any request's work (so no request's
-    loads wait on another's arithmetic), as int32 [1, ·] tiles: the indices as given ([1, N·width]), and per
-    request n ([1, N] each) the row it reads (``state_indices[n, num_accepted_tokens[n] - 1]`` with the count
+    loads wait on another's arithmetic), as int32 [1, ·] tiles: the indices as given ([1, slots·width]), and per
+    request n ([1, slots] each) the row it reads (``state_indices[n, num_accepted_tokens[n] - 1]`` with the count
     clamped to [1, T], so a padding request's unchecked count still picks one of its -1s), the row of ``out`` it
-    writes (n when live, else -1) and the row its zeros go to (n when padding, else -1). A -1 row is outside its
-    tensor: the transfers it addresses are skipped."""
+    writes (n when live, else -1) and the row its zeros go to (n when padding, else -1). Slots past N (a compiled
+    loop's last group) hold -1 everywhere. A -1 row is outside its tensor: the transfers it addresses are
+    skipped."""
     width = state_indices.size // n_req
-    indices = sbuf((1, n_req * width), INT32)
+    tiles = [sbuf((1, slots * width), INT32), *(sbuf((1, slots), INT32) for _ in range(3))]
+    if slots > n_req:  # only the tails: the index load must not wait on a memset of its own tile
+        for tile, per_request in zip(tiles, (width, 1, 1, 1), strict=True):
+            nisa.memset(dst=tile[:, n_req * per_request :], value=-1)
+    indices = tiles[0][:, 0 : n_req * width]
     nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[n_req * width, 1], [1, n_req * width]], offset=0))
     as_float = sbuf((1, n_req, width), FP32)
     nisa.tensor_copy(dst=as_float.reshape((1, n_req * width)), src=indices)
@@ -153,10 +194,9 @@ def _request_rows(state_indices: Any, num_accepted_tokens: Any, n_req: int, toke
     live_number = sbuf((1, n_req), FP32)  # (read >= 0) · (n + 1)
     nisa.scalar_tensor_tensor(dst=live_number, data=read, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply,
                               operand1=number)  # fmt: skip
-    rows = [indices, *(sbuf((1, n_req), INT32) for _ in range(3))]
-    nisa.tensor_copy(dst=rows[1], src=read)
-    nisa.tensor_scalar(dst=rows[2], data=live_number, op0=nl.subtract, operand0=1.0)
+    nisa.tensor_copy(dst=tiles[1][:, 0:n_req], src=read)
+    nisa.tensor_scalar(dst=tiles[2][:, 0:n_req], data=live_number, op0=nl.subtract, operand0=1.0)
     padding_number = sbuf((1, n_req), FP32)
     nisa.tensor_tensor(dst=padding_number, data1=number, data2=live_number, op=nl.subtract)
-    nisa.tensor_scalar(dst=rows[3], data=padding_number, op0=nl.subtract, operand0=1.0)
-    return tuple(rows)
+    nisa.tensor_scalar(dst=tiles[3][:, 0:n_req], data=padding_number, op0=nl.subtract, operand0=1.0)
+    return tuple(tiles)

@@ -63,12 +63,14 @@ def gdn_tkg(
     bh, dk = q.shape
     hv, dv = A_log.shape[0], v.shape[1]
     shapes = Shapes(requests=bh // hv, tokens=1, key_heads=hv, value_heads=hv, dk=dk, dv=dv)
+    batch = bh // hv
+    q, k, v, a, b = (x.reshape((batch, 1, hv, -1)) for x in (q, k, v, a, b))  # [B, T = 1, Hv, ·] requests
     gates = Gates(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    norm = OutputNorm(z=z.reshape((bh // hv, 1, hv, dv)), norm_weight=norm_weight)
+    norm = OutputNorm(z=z.reshape((batch, 1, hv, dv)), norm_weight=norm_weight)
     out = allocate_out(shapes, q.dtype)
     state_out = nl.ndarray((bh, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     consts = Constants(shapes, gates, norm)
-    source, target = (s.reshape((bh // hv, hv, dk, dv)) for s in (state_in, state_out))
+    source, target = (s.reshape((batch, hv, dk, dv)) for s in (state_in, state_out))
     requests = (Request(n=n, source=source, target=target, read_row=n, final_row=n) for n in range(shapes.requests))
     emit_requests(shapes, (q, k, v, out), gates, consts, requests, scale=dk**-0.5, l2norm=True, norm=norm)
     return out.reshape((bh, dv)), state_out
