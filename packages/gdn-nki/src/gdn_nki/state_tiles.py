@@ -2,8 +2,8 @@
 
 A pool row's state [Hv, Dk, Dv] fp32 is contiguous in HBM. Held as Dk on partitions, every partition would receive
 one Dv row of a head (512 bytes for Dv = 128) per head, a short run the DMA moves at a fraction of its peak
-(DMA efficiency rises with the contiguous bytes per descriptor up to ≥ 2 KiB "near peak": "Trainium2 Architecture
-Guide for NKI", SDK 2.33, DMA section; docs/nki-sources.md §4.4). Here each partition holds ``rows`` CONSECUTIVE
+(DMA efficiency rises with the contiguous bytes per descriptor up to ≥ 2 KiB "near peak": "DMA bandwidth guide",
+NKI deep dives, SDK 2.31; docs/nki-sources.md §4.4). Here each partition holds ``rows`` CONSECUTIVE
 Dk rows of one head instead, so a partition's share of a tile is one contiguous run of rows·Dv fp32:
 
     tile t of a row = value heads t·H .. t·H + H − 1, partition p = h·G + dk_hi (G = Dk / rows partitions a head),
@@ -39,7 +39,8 @@ from .tiles import FP32, matmul, psum, sbuf
 
 PMAX = 128
 # Bytes a partition's run of one state tile aims at: the DMA efficiency's "near peak" point ("≥ 2 KiB",
-# docs/nki-sources.md §4.4). Longer runs would need more than one PSUM bank for the selection products.
+# docs/nki-sources.md §4.4). The saturating 4 KiB halves the tiles and doubles their heads: fewer, longer tile
+# steps, which overlap the DMA less (PERFORMANCE.md, "Decode").
 RUN_BYTES = 2048
 # An fp32 PSUM bank per partition (2 KiB): the widest matmul output (a block's selection products).
 PSUM_BANK_FP32 = 512
