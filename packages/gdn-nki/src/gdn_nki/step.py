@@ -27,21 +27,13 @@ from typing import Any
 from gdn_ref.contract import validate_step
 
 from .backend import nisa, nki, nl
-from .decode import (
-    INT32,
-    Constants,
-    Gates,
-    Request,
-    Shapes,
-    allocate_out,
-    emit_requests,
-    zero_rows,
-)
+from .decode import INT32, Constants, Gates, Shapes, allocate_out, zero_rows
+from .decode_pipeline import Request, emit_requests
 from .kernel_assert import assert_valid_call
 from .tiles import FP32, sbuf
 
 # Requests one iteration of the compiled request loop runs (the program holds their instructions once, whatever
-# N): the software pipeline of ``decode.emit_requests`` fills and drains within an iteration, so more requests
+# N): the software pipeline of ``decode_pipeline.emit_requests`` fills and drains within an iteration, so more requests
 # per iteration amortize that better and make the program larger (~170 instructions a request at Qwen3-Next's
 # heads, T = 1; PERFORMANCE.md, "Decode", has 8 against 16).
 REQUESTS_PER_ITERATION = 16

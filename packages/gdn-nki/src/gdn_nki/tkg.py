@@ -15,7 +15,8 @@ from typing import Any
 from gdn_ref.contract import validate_tkg
 
 from .backend import nki, nl
-from .decode import Constants, Gates, OutputNorm, Request, Shapes, allocate_out, emit_requests
+from .decode import Constants, Gates, OutputNorm, Shapes, allocate_out
+from .decode_pipeline import Request, emit_requests
 from .kernel_assert import assert_valid_call
 from .tiles import FP32
 
@@ -56,7 +57,7 @@ def gdn_tkg(
 
     Notes:
         Every rule a trace can see (``gdn_ref.contract.validate_tkg``) is checked before anything is allocated;
-        ``gdn_nki.tkg_simulate`` also scans the values. Each batch row b is one request of ``decode.emit_requests``
+        ``gdn_nki.tkg_simulate`` also scans the values. Each batch row b is one request of ``decode_pipeline.emit_requests``
         with Hk = Hv (the inputs are already expanded).
     """
     assert_valid_call(validate_tkg(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in, host=False))
