@@ -14,10 +14,10 @@ Floors:
   indices) at one NeuronCore's share of the device's HBM bandwidth: 2.9 TB/s for 8 NeuronCore-v3 ("Trainium2
   Architecture Guide for NKI", Neuron docs, latest (SDK 2.33): "4 HBM stacks with a total device memory capacity
   of 96GiB and bandwidth of 2.9TB/s", "8 NeuronCores (v3)"), i.e. 362.5 B/ns;
-- the cost model's own DMA floor (``CostReport.makespan_floor``: bytes at 16 DMA engines × 17 B/ns and the
-  efficiency of each transfer's contiguous runs). A pool row's [Dk, Dv] blocks are 512 B per partition (one
-  fp32 row of Dv = 128), which the model's efficiency curve puts at 60 % of the DMA peak, and that peak (272 B/ns)
-  is itself below the HBM share: on nki-cpu's model no schedule reaches the HBM floor.
+- the cost model's own DMA floor (``CostReport.makespan_floor``: bytes at 16 DMA engines × 23 B/ns, nki-cpu's Trn2
+  figure, and the efficiency of each transfer's contiguous runs). The state moves in 2 KiB runs per partition
+  (``gdn_nki.state_tiles``), which the model's efficiency curve puts at 90 % of that 368 B/ns peak: 331 B/ns,
+  just below the HBM share, so the model's floor sits slightly above the HBM floor.
 
     python packages/gdn-nki/bench/bench_decode.py [--out FILE] [--quick]
 """

@@ -129,18 +129,25 @@ def test_failed_launch_restores_the_rows_it_wrote(monkeypatch) -> None:
 
 
 @pytest.mark.nki_cpu_only
-def test_rows_are_device_data_and_padding_runs_nothing() -> None:
-    """Different rows, same program (the rows are never trace-time values); a padding request's body never runs."""
+def test_rows_are_device_data_and_padding_transfers_nothing() -> None:
+    """Different rows, padding included, same program (the rows are never trace-time values); a padding request's
+    pool transfers are skipped by the DMA (row -1 is outside the pool), so no other row is read or written and
+    every row but the live request's keeps its bits, NaN included."""
     import nki_cpu
 
     x = step_inputs(8, "float32", N=2, T=1)
     counts = []
     for rows in ([1, 6], [6, 0], [7, -1]):
-        gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array(rows, np.int32), **x.gates(False))
+        pool = x.pool.copy()
+        pool[np.arange(len(pool)) != 7] = np.nan  # what padding might read instead of nothing
+        out, _ = gdn_nki.decode_step(x.query, x.key, x.value, pool, np.array(rows, np.int32), **x.gates(False),
+                                     check_values=False)  # fmt: skip
         trace = nki_cpu.last_trace()
         counts.append((trace.static_instructions, len(trace.records)))
-    assert counts[0] == counts[1]
-    assert counts[2][1] < counts[0][1]  # the padding request issued no state traffic or math
+    assert counts[0] == counts[1] == counts[2]
+    assert np.isfinite(out[0]).all() and np.isfinite(pool[7]).all()
+    assert not out[1].any()
+    assert np.isnan(pool[np.arange(len(pool)) != 7]).all()
 
 
 def test_a_launch_grid_splits_requests_and_changes_nothing() -> None:
@@ -153,3 +160,55 @@ def test_a_launch_grid_splits_requests_and_changes_nothing() -> None:
     assert not np.array_equal(pools[0], x.pool)
     with pytest.raises(ContractError, match=r"gdn_step rejected[\s\S]*\[launch.grid\]"):
         gdn_nki.decode_step(x.query, x.key, x.value, pools[0], rows, **x.gates(True), grid=3)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_a_compiled_request_loop_matches_the_oracle_past_its_last_full_group(per_token: bool, monkeypatch) -> None:
+    """N = 11 runs as a compiled loop of two 8-request iterations (``step.REQUESTS_PER_ITERATION`` set to 8 to keep
+    the test small): the second iteration's slots past N read and write nothing, padding inside a group
+    included."""
+    import gdn_nki.step
+
+    monkeypatch.setattr(gdn_nki.step, "REQUESTS_PER_ITERATION", 8)
+    x = step_inputs(12, "float32", N=11, T=2, P=45)
+    reads = [3, 17, -1, 0, 8, 29, 5, 12, 1, -1, 20]
+    if per_token:  # token 0's state over the row read, token 1's to a row of its own
+        indices = np.array([[r, 31 + n] if r >= 0 else [-1, -1] for n, r in enumerate(reads)], np.int32)
+        accepted = np.full(11, 1, np.int32)
+    else:
+        indices, accepted = np.array(reads, np.int32), None
+    assert len(set(indices[indices >= 0].ravel())) == (indices >= 0).sum()
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, True, [max(r, 0) for r in reads], True, 0.3)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(True), scale=0.3,
+                                    use_qk_l2norm=True)  # fmt: skip
+    written = set()
+    for n, row in enumerate(reads):
+        if row < 0:
+            assert not out[n].any()
+            continue
+        assert_within("out", out[n], ref_out[n], "float32")
+        targets = indices[n] if per_token else [row, row]
+        for t, target in enumerate(targets):
+            assert_within("state", pool[target], ref_states[n, t if per_token else -1], "float32")
+            written.add(int(target))
+    untouched = [r for r in range(45) if r not in written]
+    assert np.array_equal(pool[untouched], before[untouched])
+
+
+@pytest.mark.nki_cpu_only
+def test_the_program_does_not_grow_with_the_requests(monkeypatch) -> None:
+    """Past one iteration of the compiled request loop (8 requests here, to keep the test small), N changes only the
+    loop's trip count."""
+    import gdn_nki.step
+    import nki_cpu
+
+    monkeypatch.setattr(gdn_nki.step, "REQUESTS_PER_ITERATION", 8)
+    sizes = {}
+    for n in (9, 16, 40):
+        x = step_inputs(13, "float32", N=n, T=1, P=n)
+        gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.arange(n, dtype=np.int32), **x.gates(False))
+        trace = nki_cpu.last_trace()
+        sizes[n] = (trace.static_instructions, len(trace.records))
+    assert sizes[9][0] == sizes[16][0] == sizes[40][0]
+    assert sizes[9][1] == sizes[16][1] < sizes[40][1]

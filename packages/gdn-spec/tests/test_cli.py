@@ -84,6 +84,15 @@ def test_the_report_names_the_adapter_it_was_asked_for() -> None:
     assert "  via:     fla adapter (scale=internal), torch 2.5 cpu (--adapter fla:scale=internal)" in text
 
 
+@pytest.mark.parametrize("profile", ["api", "math"])
+def test_a_decode_run_names_the_decode_contract_not_gdn_cte(profile: str) -> None:
+    decode = format_summary(Summary(run={"profile": profile, "family": "decode"}), "k")
+    prefill = format_summary(Summary(run={"profile": profile, "family": "prefill"}), "k")
+    assert "decode" in decode.split("profile:")[1].splitlines()[0]
+    assert "gdn_cte" not in decode
+    assert decode.split("profile:")[1].splitlines()[0] != prefill.split("profile:")[1].splitlines()[0]
+
+
 def test_a_kernel_no_installed_package_provides_is_said_so() -> None:
     """mutants.py is a file of the tests directory on PYTHONPATH: no distribution provides it."""
     kernel = kernel_provenance("mutants:CORRECT")

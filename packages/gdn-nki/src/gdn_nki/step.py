@@ -9,8 +9,12 @@ native, the fp32 state pool [P, Hv, Dk, Dv] updated in place. Each request's poo
 - ``state_indices`` [N, T] (vLLM's form): the state after token t is written to row ``state_indices[n, t]`` — every
   draft token's state kept, so a rejected draft is rolled back by resuming from the accepted one; request n reads
   row ``state_indices[n, num_accepted_tokens[n] - 1]`` (row ``state_indices[n, 0]`` without num_accepted_tokens).
-- A request whose read index is -1 is padding: its work sits in a compiled loop of zero trips, so it reads and
-  writes nothing of the pool; its outputs are zeros.
+- A request whose read index is -1 is padding: every pool transfer it addresses is outside the pool and skipped by
+  the DMA (``oob_mode.skip``), so it reads and writes nothing of the pool; its outputs are zeros.
+
+The requests run as a compiled loop (``nl.fori_loop``, "NKI Loops" and ``nki.language.fori_loop``, SDK 2.33) of
+``REQUESTS_PER_ITERATION`` requests an iteration, the request index a run-time value: the program does not grow
+with N.
 
 Gating is precomputed (``g_log``, ``beta``) or fused (``a``, ``b``, ``A_log``, ``dt_bias``: g = −exp(A_log)·
 softplus(a + dt_bias), β = sigmoid(b)); ``use_qk_l2norm`` L2-normalizes q and k on device (eps 1e-6).
@@ -23,20 +27,16 @@ from typing import Any
 from gdn_ref.contract import validate_step
 
 from .backend import nisa, nki, nl
-from .decode import (
-    INT32,
-    Constants,
-    Gates,
-    Request,
-    Shapes,
-    allocate_out,
-    emit_request,
-    load_scalar,
-    when_live,
-    zero_outputs,
-)
+from .decode import INT32, Constants, Gates, Shapes, allocate_out, zero_rows
+from .decode_pipeline import Request, emit_requests
 from .kernel_assert import assert_valid_call
-from .tiles import sbuf
+from .tiles import FP32, sbuf
+
+# Requests one iteration of the compiled request loop runs (the program holds their instructions once, whatever
+# N): the software pipeline of ``decode_pipeline.emit_requests`` fills and drains within an iteration, so more requests
+# per iteration amortize that better and make the program larger (~170 instructions a request at Qwen3-Next's
+# heads, T = 1; PERFORMANCE.md, "Decode", has 8 against 16).
+REQUESTS_PER_ITERATION = 16
 
 
 def step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b, A_log,
@@ -87,7 +87,8 @@ def gdn_step(
     Notes:
         Trace-time rules (``gdn_ref.contract.validate_step``) stop the trace before anything is allocated; the
         index VALUES are device data the trace never sees — ``gdn_nki.decode`` validates them on the host before
-        launching. Requests are split over the launch grid (``gdn_step[n]``).
+        launching. Requests are split over the launch grid (``gdn_step[n]``), each program's share a compiled loop
+        of groups of ``REQUESTS_PER_ITERATION`` (one group: no loop).
     """
     tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
                            A_log, dt_bias)  # fmt: skip
@@ -100,41 +101,94 @@ def gdn_step(
     consts = Constants(shapes, gates, None)
     per_token = len(state_indices.shape) == 2
     width = tokens if per_token else 1
-    for n in range(nl.program_id(0), n_req, nl.num_programs(0)):
-        indices = sbuf((1, width), INT32)
-        nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[width, 1], [1, width]], offset=n * width))
-        read_tile = _read_index(state_indices, num_accepted_tokens, indices, n, tokens)
-        read_row = load_scalar(read_tile)
-        if per_token:
-            token_rows = tuple(load_scalar(indices[:, t : t + 1]) for t in range(tokens))
-            request = Request(n=n, source=state_pool, target=state_pool, read_row=read_row, token_rows=token_rows)
-        else:
-            request = Request(n=n, source=state_pool, target=state_pool, read_row=read_row, final_row=read_row)
-        _when_padding(read_tile, lambda n=n: zero_outputs(shapes, out, n))
-        when_live(read_tile, lambda request=request: emit_request(
-            shapes, (query, key, value, out), gates, consts, request, float(scale), use_qk_l2norm))  # fmt: skip
+    zeros = zero_rows(shapes, out.dtype)
+
+    first, step = nl.program_id(0), nl.num_programs(0)
+    count = len(range(first, n_req, step))  # this program's requests: first, first + step, ...
+    group = min(REQUESTS_PER_ITERATION, count)
+    trips = -(-count // group)
+    # Every slot's row exists; those past N are -1 (skipped). A loop gets one spare slot, so that its program
+    # (the tails' memsets included) is the same whatever N.
+    slots = max(n_req, first + (trips * group - 1) * step + 1) + (trips > 1)
+    rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots)
+
+    def entry(tile: Any, static: int, base: Any, scale: int) -> Any:  # tile[0, base·scale + static] as [1, 1]
+        if isinstance(base, int):
+            at = base * scale + static
+            return tile[:, at : at + 1]
+        return tile.ap(pattern=[[tile.shape[1], 1], [1, 1]], offset=static, scalar_offset=base * scale,
+                       indirect_dim=1)  # fmt: skip
+
+    def requests(base: Any) -> Any:  # the group of requests base + first + j·step, j < group
+        for j in range(group):
+            static = first + j * step
+            n = static if isinstance(base, int) else base + static
+            # The row the loads need first; with num_accepted_tokens it is computed, else it is the index itself.
+            if num_accepted_tokens is None:
+                read_row = nisa.scalar_load(entry(rows[0], static * width, base, width))
+            else:
+                read_row = nisa.scalar_load(entry(rows[1], static, base, 1))
+            token_rows = None
+            if per_token:
+                token_rows = tuple(nisa.scalar_load(entry(rows[0], static * width + t, base, width))
+                                   for t in range(tokens))  # fmt: skip
+            out_row, pad_row = (nisa.scalar_load(entry(tile, static, base, 1)) for tile in rows[2:])
+            yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row,
+                          final_row=None if per_token else read_row, token_rows=token_rows, out_row=out_row,
+                          zeros=(pad_row, zeros))  # fmt: skip
+
+    def iteration(g: Any) -> None:
+        base = g * (group * step)
+        emit_requests(shapes, (query, key, value, out), gates, consts, requests(base), float(scale), use_qk_l2norm)
+
+    if trips == 1:
+        iteration(0)
+    else:
+        nl.fori_loop(0, trips, iteration)
     return out, state_pool
 
 
-def _read_index(state_indices: Any, num_accepted_tokens: Any, indices: Any, n: int, tokens: int) -> Any:
-    """The [1, 1] int32 tile holding request n's read row: ``indices[0]``, or with ``num_accepted_tokens`` the
-    entry ``num_accepted_tokens[n] - 1`` of its row, gathered by a run-time offset (the count clamped to [1, T] on
-    device, so that a padding request's unchecked count still addresses its own row)."""
+def _request_rows(state_indices: Any, num_accepted_tokens: Any, n_req: int, tokens: int, slots: int) -> tuple[Any, ...]:
+    """Every request's rows, computed on device once per launch before any request's work (so no request's
+    loads wait on another's arithmetic), as int32 [1, ·] tiles: the indices as given ([1, slots·width]), and per
+    request n ([1, slots] each) the row it reads (``state_indices[n, num_accepted_tokens[n] - 1]`` with the count
+    clamped to [1, T], so a padding request's unchecked count still picks one of its -1s), the row of ``out`` it
+    writes (n when live, else -1) and the row its zeros go to (n when padding, else -1). Slots past N (a compiled
+    loop's last group) hold -1 everywhere. A -1 row is outside its tensor: the transfers it addresses are
+    skipped."""
+    width = state_indices.size // n_req
+    tiles = [sbuf((1, slots * width), INT32), *(sbuf((1, slots), INT32) for _ in range(3))]
+    if slots > n_req:  # only the tails: the index load must not wait on a memset of its own tile
+        for tile, per_request in zip(tiles, (width, 1, 1, 1), strict=True):
+            nisa.memset(dst=tile[:, n_req * per_request :], value=-1)
+    indices = tiles[0][:, 0 : n_req * width]
+    nisa.dma_copy(dst=indices, src=state_indices.ap(pattern=[[n_req * width, 1], [1, n_req * width]], offset=0))
+    as_float = sbuf((1, n_req, width), FP32)
+    nisa.tensor_copy(dst=as_float.reshape((1, n_req * width)), src=indices)
+    read = sbuf((1, n_req), FP32)
     if num_accepted_tokens is None:
-        return indices[:, 0:1]
-    accepted = sbuf((1, 1), INT32)
-    nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[1, 1], [1, 1]], offset=n))
-    nisa.tensor_scalar(dst=accepted, data=accepted, op0=nl.maximum, operand0=1, op1=nl.minimum, operand1=tokens)
-    nisa.tensor_scalar(dst=accepted, data=accepted, op0=nl.subtract, operand0=1)  # the position, 0-based
-    position = nisa.scalar_load(accepted)
-    read_tile = sbuf((1, 1), INT32)
-    entry = state_indices.ap(pattern=[[1, 1], [1, 1]], offset=n * tokens, scalar_offset=position, indirect_dim=1)
-    nisa.dma_copy(dst=read_tile, src=entry)
-    return read_tile
-
-
-def _when_padding(row_tile: Any, body: Any) -> None:
-    """Run ``body`` once when the [1, 1] int32 ``row_tile`` holds -1 (padding), else never."""
-    padding = sbuf((1, 1), INT32)
-    nisa.tensor_scalar(dst=padding, data=row_tile, op0=nl.less, operand0=0)
-    nl.fori_loop(0, nisa.scalar_load(padding), lambda _: body())
+        nisa.tensor_copy(dst=read, src=as_float[:, :, 0])
+    else:
+        accepted = sbuf((1, n_req), INT32)
+        nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[n_req, 1], [1, n_req]], offset=0))
+        position = sbuf((1, n_req), FP32)  # clamp(count, 1, T) - 1
+        nisa.tensor_scalar(dst=position, data=accepted, op0=nl.maximum, operand0=1.0, op1=nl.minimum,
+                           operand1=float(tokens))  # fmt: skip
+        nisa.tensor_scalar(dst=position, data=position, op0=nl.subtract, operand0=1.0)
+        token = sbuf((1, n_req, width), FP32)
+        nisa.iota(dst=token, pattern=[[0, n_req], [1, width]], offset=0, channel_multiplier=0)
+        chosen = sbuf((1, n_req, width), FP32)
+        nisa.tensor_tensor(dst=chosen, data1=token, data2=position.expand_dim(2).broadcast(2, width), op=nl.equal)
+        nisa.tensor_tensor(dst=chosen, data1=chosen, data2=as_float, op=nl.multiply)
+        nisa.tensor_reduce(dst=read, op=nl.add, data=chosen, axis=2)
+    number = sbuf((1, n_req), FP32)  # n + 1
+    nisa.iota(dst=number, pattern=[[1, n_req]], offset=1, channel_multiplier=0)
+    live_number = sbuf((1, n_req), FP32)  # (read >= 0) · (n + 1)
+    nisa.scalar_tensor_tensor(dst=live_number, data=read, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply,
+                              operand1=number)  # fmt: skip
+    nisa.tensor_copy(dst=tiles[1][:, 0:n_req], src=read)
+    nisa.tensor_scalar(dst=tiles[2][:, 0:n_req], data=live_number, op0=nl.subtract, operand0=1.0)
+    padding_number = sbuf((1, n_req), FP32)
+    nisa.tensor_tensor(dst=padding_number, data1=number, data2=live_number, op=nl.subtract)
+    nisa.tensor_scalar(dst=tiles[3][:, 0:n_req], data=padding_number, op0=nl.subtract, operand0=1.0)
+    return tuple(tiles)

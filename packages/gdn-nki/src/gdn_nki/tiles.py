@@ -180,18 +180,23 @@ def high_half(tile: Any) -> Any:
 
 
 def matmul(
-    stationary: Any, moving: Any, dst: Any | None = None, accumulate: bool = False, moving_onezero: bool = False
+    stationary: Any,
+    moving: Any,
+    dst: Any | None = None,
+    accumulate: bool = False,
+    moving_onezero: bool = False,
+    stationary_onezero: bool = False,
 ) -> Any:
     """``dst (+)= stationaryᵀ @ moving`` into an fp32 PSUM tile (allocated when ``dst`` is None).
 
-    ``moving_onezero`` declares that the moving operand holds only 0 and 1 (an identity), the documented hint that
-    lets the tensor engine run an fp32 matmul up to 2× faster; it changes no value.
+    ``moving_onezero`` / ``stationary_onezero`` declare that that operand holds only 0 and 1 (an identity, a
+    selection), the documented hint that lets the tensor engine run an fp32 matmul up to 2× faster; it changes no
+    value.
     """
     if dst is None:
         dst = psum((stationary.shape[1], moving.shape[1]))
-    nisa.nc_matmul(
-        dst=dst, stationary=stationary, moving=moving, accumulate=accumulate, is_moving_onezero=moving_onezero
-    )
+    nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, accumulate=accumulate,
+                   is_moving_onezero=moving_onezero, is_stationary_onezero=stationary_onezero)  # fmt: skip
     return dst
 
 

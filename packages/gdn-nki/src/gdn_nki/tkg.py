@@ -15,7 +15,8 @@ from typing import Any
 from gdn_ref.contract import validate_tkg
 
 from .backend import nki, nl
-from .decode import Constants, Gates, OutputNorm, Request, Shapes, allocate_out, emit_request
+from .decode import Constants, Gates, OutputNorm, Shapes, allocate_out
+from .decode_pipeline import Request, emit_requests
 from .kernel_assert import assert_valid_call
 from .tiles import FP32
 
@@ -56,19 +57,21 @@ def gdn_tkg(
 
     Notes:
         Every rule a trace can see (``gdn_ref.contract.validate_tkg``) is checked before anything is allocated;
-        ``gdn_nki.tkg_simulate`` also scans the values. Each batch row b is one request of ``decode.emit_request``
+        ``gdn_nki.tkg_simulate`` also scans the values. Each batch row b is one request of ``decode_pipeline.emit_requests``
         with Hk = Hv (the inputs are already expanded).
     """
     assert_valid_call(validate_tkg(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in, host=False))
     bh, dk = q.shape
     hv, dv = A_log.shape[0], v.shape[1]
     shapes = Shapes(requests=bh // hv, tokens=1, key_heads=hv, value_heads=hv, dk=dk, dv=dv)
+    batch = bh // hv
+    q, k, v, a, b = (x.reshape((batch, 1, hv, -1)) for x in (q, k, v, a, b))  # [B, T = 1, Hv, ·] requests
     gates = Gates(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    norm = OutputNorm(z=z, norm_weight=norm_weight)
+    norm = OutputNorm(z=z.reshape((batch, 1, hv, dv)), norm_weight=norm_weight)
     out = allocate_out(shapes, q.dtype)
     state_out = nl.ndarray((bh, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     consts = Constants(shapes, gates, norm)
-    for n in range(shapes.requests):
-        request = Request(n=n, source=state_in, target=state_out, read_row=n, final_row=n)
-        emit_request(shapes, (q, k, v, out), gates, consts, request, scale=dk**-0.5, l2norm=True, norm=norm)
+    source, target = (s.reshape((batch, hv, dk, dv)) for s in (state_in, state_out))
+    requests = (Request(n=n, source=source, target=target, read_row=n, final_row=n) for n in range(shapes.requests))
+    emit_requests(shapes, (q, k, v, out), gates, consts, requests, scale=dk**-0.5, l2norm=True, norm=norm)
     return out.reshape((bh, dv)), state_out

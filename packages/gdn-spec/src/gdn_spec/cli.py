@@ -32,7 +32,7 @@ from .failures import failure_message
 from .impl import Implementation, ImplementationError, registered
 from .plugin import PROFILE_PURPOSES, SUBSTITUTION_PROPERTY
 from .plugin import PROFILES as HYPOTHESIS_PROFILES
-from .profiles import PROFILE_DOCS, PROFILES
+from .profiles import DECODE_PROFILE_DOCS, PROFILE_DOCS, PROFILES
 from .provenance import describe_kernel, describe_runtime, kernel_provenance, runtime_versions
 from .suite._support import NUMERICS_PROPERTY
 
@@ -163,7 +163,8 @@ def format_summary(summary: Summary, title: str) -> str:
         adapter = f" (--adapter {run['adapter']})" if run.get("adapter") else ""
         signature = "decode_step" if run.get("family") == "decode" else "gdn_cte"
         lines.append(f"  via:     {run.get('via') or f'called directly ({signature} signature, numpy)'}{adapter}")
-        lines.append(f"  profile: {run['profile']} ({PROFILE_DOCS[run['profile']]})")
+        docs = DECODE_PROFILE_DOCS if run.get("family") == "decode" else PROFILE_DOCS
+        lines.append(f"  profile: {run['profile']} ({docs[run['profile']]})")
         if "hypothesis" in run:
             lines.append(
                 f"  examples: Hypothesis profile {run['hypothesis']} ({describe_hypothesis(run['hypothesis'])})"

@@ -38,6 +38,11 @@ PROFILE_DOCS = {
     "api": "gdn_cte's full contract: every area",
     "math": "numerics, head mapping, chunk boundaries, independence, determinism, state in/out as values",
 }
+# The same profiles as a decode run (``--family decode``) applies them: to the decode contract's areas.
+DECODE_PROFILE_DOCS = {
+    "api": "the decode step's full contract (gdn_nki.decode_step's): every decode area",
+    "math": "decode numerics, consistency with prefill, speculative steps as values; no in-place pool or rejections",
+}
 
 # promise -> the capability that can decline it within the api profile
 _CAPABILITY_OF = {"validation": "validates_arguments", "in_place_state": "state_in_place"}
