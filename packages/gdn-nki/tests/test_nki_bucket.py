@@ -345,3 +345,43 @@ def test_a_read_row_the_launch_writes_is_rejected_and_nothing_changes() -> None:
     with pytest.raises(ContractError, match=r"pool row 9.*recurrent_state\.finite"):
         gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, scale=DK**-0.5,
                                recurrent_state=pool, state_indices=batch.rows, read_indices=np.array([9, -1]))  # fmt: skip
+
+
+def test_the_torch_entry_point_traces_each_bucket_once() -> None:
+    """Issue 32, item 5: over layouts of a bucket (one sequence filling it, N of one token, an empty slot and an
+    empty sequence, -1 rows, checkpoints stored or not), the torch drop-in's launches have ONE trace key per bucket
+    — what torch-neuronx compiles on: shapes, dtypes, non-tensor values — and nki-cpu finds one program per key."""
+    torch = pytest.importorskip("torch")
+    from gdn_nki.torch import chunk_gated_delta_rule
+    from gdn_nki.torch_io import as_torch
+    from gdn_nki.traces import counting_traces
+
+    tokens, slots = BUCKET
+    layouts = [  # (lengths, rows, checkpoint rows per sequence: K = 2 columns, -1 = none)
+        ([tokens], [3], [[4, 5]]),
+        ([1] * slots, [0, -1, 2, 6], [[-1, -1]] * slots),
+        ([C + 5, 0, 45], [7, 1, -1], [[8, -1], [-1, -1], [-1, -1]]),
+        ([2 * C, 3 * C - 1], [-1, 9], [[10, 11], [-1, 2]]),
+    ]
+    buckets = [BUCKET, (tokens + 2 * C, slots + 1)]
+    programs: dict[tuple[int, int], set[str]] = {bucket: set() for bucket in buckets}
+    with counting_traces() as traces:
+        for bucket in buckets:
+            for index, (lengths, rows, checkpoints) in enumerate(layouts):
+                batch = _batch(lengths, rows, seeds=[20 * index + i for i in range(len(lengths))], pool_seed=index)
+                seq_first = {name: as_torch(np.ascontiguousarray(np.moveaxis(batch.packed[name], 1, 2)))
+                             for name in TENSORS}  # fmt: skip
+                pool = torch.from_numpy(batch.pool.copy())
+                chunk_gated_delta_rule(
+                    *(seq_first[name] for name in TENSORS), initial_state=pool, output_final_state=True,
+                    cu_seqlens=torch.from_numpy(batch.cu.astype(np.int64)), state_indices=torch.from_numpy(batch.rows),
+                    bucket=bucket, checkpoint_every=C, checkpoint_indices=torch.tensor(checkpoints, dtype=torch.int32),
+                )  # fmt: skip
+                if not gdn_nki.backend.USING_REAL_NKI:
+                    programs[bucket].add(nki_cpu.last_traces()[0].fingerprint())
+    assert sorted(traces.values()) == [len(layouts)] * len(buckets), (
+        f"{len(traces)} trace keys for {len(buckets)} buckets: {list(traces)}"
+    )
+    if not gdn_nki.backend.USING_REAL_NKI:
+        assert all(len(found) == 1 for found in programs.values()), {b: len(f) for b, f in programs.items()}
+        assert len(set.union(*programs.values())) == len(buckets)
