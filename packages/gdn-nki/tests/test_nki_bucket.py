@@ -236,6 +236,26 @@ def test_a_rejected_layout_changes_nothing(change: dict, rule: str) -> None:
     assert pool.tobytes() == batch.pool.tobytes()
 
 
+def test_a_non_finite_start_row_is_rejected_and_a_row_no_sequence_reads_is_not() -> None:
+    """The value checks of ``prefill_varlen``'s pool rows hold in the bucketed form: a NaN in a row a sequence
+    starts from is refused naming ``recurrent_state`` and the row; one in a row of an empty sequence, a -1 slot's
+    pool[-1] or a free row is never read and is no error."""
+    batch = _batch([40, 0, 130], [1, 0, -1], seeds=[1, 2, 3])
+    for row, refused in ((1, True), (0, False), (POOL_ROWS - 1, False), (5, False)):
+        pool = batch.pool.copy()
+        pool[row, 0, 0, 0] = np.nan
+        before = pool.tobytes()
+        call = {"cu_seqlens": batch.cu, "bucket": BUCKET, "state_indices": batch.rows, "recurrent_state": pool}
+        if refused:
+            with pytest.raises(ContractError, match=rf"recurrent_state.*pool row {row}") as err:
+                gdn_nki.prefill_bucket(**batch.packed, scale=DK**-0.5, **call)
+            assert {v.rule_id for v in err.value.violations} == {"recurrent_state.finite"}
+            assert pool.tobytes() == before
+        else:
+            gdn_nki.prefill_bucket(**batch.packed, scale=DK**-0.5, **call)
+            assert np.isnan(pool[row, 0, 0, 0])
+
+
 def test_prefill_varlen_takes_a_bucket_and_the_configured_default() -> None:
     batch = _batch([37, 200], [2, 5], seeds=[3, 4])
     want_out, want_pool = _run(batch)

@@ -17,6 +17,7 @@ import numpy as np
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import ContractError, validate
+from gdn_ref.packed import pool_row_violations
 from gdn_spec.regimes import NUMPY_DTYPES
 
 CAPS = {"max_work": 1 << 22}
@@ -233,6 +234,9 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
         pool_rows = n if recurrent_state is None else recurrent_state.shape[0]
         violations = bucket_violations(cu_seqlens, query.shape[2], SERVING_CHUNK, serving.bucket, pool_rows, rows,
                                        serving.checkpoint_every, serving.checkpoint_indices)  # fmt: skip
+        if not violations and recurrent_state is not None:
+            read = [int(r) for r, (lo, hi) in zip(rows, itertools.pairwise(bounds), strict=True) if r >= 0 and hi > lo]
+            violations = pool_row_violations(recurrent_state[read], read)
         if violations:
             raise ContractError(violations)
     zeros = np.zeros((1, Hv, Dk, Dv))

@@ -16,6 +16,7 @@ import numpy as np
 
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.contract import Violation
+from gdn_ref.packed import pool_row_violations
 
 from .core import Capabilities
 from .regimes import Case, Geometry, make_case
@@ -196,10 +197,16 @@ def truncated(case: Case, tokens: int) -> Case:
 
 
 def layout_violations(call: dict[str, Any], chunk: int) -> list[Violation]:
-    """gdn-ref's rules of a bucketed layout broken by ``call`` (a bucket-less call: every rule but the bucket's)."""
+    """gdn-ref's rules broken by a serving ``call``: the bucketed layout's (a bucket-less call: every rule but the
+    bucket's), then the values of the state rows its sequences start from (a row of an empty sequence, of -1 or
+    of no sequence is never read)."""
     pool = call["recurrent_state"]
-    rows = call.get("state_indices", np.arange(len(call["cu_seqlens"]) - 1))
-    return bucket_violations(
+    rows = np.asarray(call.get("state_indices", np.arange(len(call["cu_seqlens"]) - 1)))
+    found = bucket_violations(
         call["cu_seqlens"], np.shape(call["query"])[2], chunk, call.get("bucket"), pool.shape[0], rows,
         call.get("checkpoint_every"), call.get("checkpoint_indices"),
     )  # fmt: skip
+    if found:
+        return found
+    read = [int(r) for r, n in zip(rows, np.diff(call["cu_seqlens"]), strict=True) if r >= 0 and n > 0]
+    return pool_row_violations(pool[read], read)

@@ -292,6 +292,7 @@ def _rejections(C: int) -> dict[str, tuple[str, tuple[str, ...], Any]]:
                                           lambda s: {"state_indices": _rows(s, -1, -2)}),
         "state_indices-repeated": ("state_pool", ("state_indices",),
                                    lambda s: {"state_indices": _rows(s, -1, int(s.call["state_indices"][0]))}),
+        "recurrent_state-non-finite-start-row": ("state_pool", ("recurrent_state",), _non_finite_start_row),
         "checkpoint_every-not-a-chunk-multiple": ("checkpoints", ("checkpoint_every",),
                                                   lambda s: _checkpoints(s, C + 1, -1)),
         "checkpoint_every-zero": ("checkpoints", ("checkpoint_every",), lambda s: _checkpoints(s, 0, -1)),
@@ -309,6 +310,13 @@ def _past_the_end(bounds: np.ndarray) -> np.ndarray:
     wrong = bounds.copy()
     wrong[1] = bounds[-1] + 1
     return wrong
+
+
+def _non_finite_start_row(served: ServingCall) -> dict[str, Any]:
+    """A NaN in the pool row the first sequence starts from (a value rule: ``content_checks``)."""
+    pool = served.call["recurrent_state"].copy()
+    pool[served.row_of(0), 0, 0, 0] = np.nan
+    return {"recurrent_state": pool}
 
 
 def _rows(served: ServingCall, at: int, row: int) -> np.ndarray:
@@ -330,18 +338,21 @@ REJECTIONS = _rejections(CHUNK_SCHUR)
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
 @pytest.mark.parametrize("rejection", list(REJECTIONS))
 def test_rejects_an_invalid_serving_call(gdn_impl: Implementation, gdn_algorithm: str, rejection: str) -> None:
-    """A bad bucket, pool row or checkpoint argument is refused naming the argument (gdn-ref's bucketed rules), and
-    nothing is written: the pool and every input keep their bytes."""
+    """A bad bucket, pool row or checkpoint argument, or a non-finite row a sequence starts from, is refused naming
+    the argument (gdn-ref's bucketed and pool-row rules), and nothing is written: the pool and every input keep
+    their bytes."""
     needs, names, change = REJECTIONS[rejection]
     caps, geometry = _serving(gdn_impl, (needs,))
     if not getattr(caps, needs):
         pytest.skip(f"{caps.name} does not declare {needs}")
+    if rejection.startswith("recurrent_state") and not caps.content_checks:
+        pytest.skip(f"[{rejection}] needs the tensor contents; {caps.declaring('content_checks')}")
     lengths = (CHUNK_SCHUR + 5, 0, 45) if caps.bucket else (CHUNK_SCHUR + 5, 45)
     layout = Layout("rejection base", lengths, (3, 7, 8)[: len(lengths)] if caps.state_pool else None)
     served = serving_call(caps, layout, geometry, caps.dtypes[0], gdn_algorithm, CHUNK_SCHUR, SERVING_SEED + 1000,
                           call_args)  # fmt: skip
     bad = {**served.call, **change(served)}
-    assert layout_violations(bad, CHUNK_SCHUR), f"[{rejection}] the suite's call breaks no rule of gdn_ref.bucketed"
+    assert layout_violations(bad, CHUNK_SCHUR), f"[{rejection}] the suite's call breaks no rule of gdn-ref"
     before = snapshot(bad)
     with pytest.raises(Exception) as info:  # any exception type is a rejection; the message is checked
         gdn_impl(**bad)
