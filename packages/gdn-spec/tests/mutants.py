@@ -223,10 +223,11 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
     checked by gdn-ref's bucketed rules (``bucket``: empty sequences allowed). With the ``chunk_edge_reset`` flaw a
     sequence starting inside a 64-token chunk continues from the previous one's final state instead (a kernel that
     resets only at chunk edges), with ``varlen_leak`` every sequence does, and with ``varlen_states_rolled`` the
-    outputs are right but each sequence's final state lands in the next row. The serving flaws: ``minus_one_row_written``
-    stores a -1 sequence's final state into row -1 as a Python index (the pool's last row),
-    ``checkpoint_one_chunk_late`` stores each checkpoint one 128-token chunk late (within the sequence), and
-    ``batch_variant`` rounds a final state differently when the launch holds more than one sequence."""
+    outputs are right but each sequence's final state lands in the next row. The serving flaws:
+    ``minus_one_row_read`` starts a -1 sequence from row -1 as a Python index (the pool's last row),
+    ``minus_one_row_written`` stores its final state there, ``checkpoint_one_chunk_late`` stores each checkpoint
+    one 128-token chunk late (within the sequence), and ``batch_variant`` rounds a final state differently when the
+    launch holds more than one sequence."""
     bounds = [int(c) for c in cu_seqlens]
     n, Hv, Dk, Dv = len(bounds) - 1, value.shape[1], key.shape[3], value.shape[3]
     rows = np.arange(n) if serving.state_indices is None else np.asarray(serving.state_indices)
@@ -243,7 +244,8 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
     out, finals, stores, carry = np.empty(value.shape), [], {}, None
     for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         leaks = flaw == "varlen_leak" and i > 0
-        own = zeros if recurrent_state is None or rows[i] < 0 else recurrent_state[rows[i] : rows[i] + 1]
+        reads_row = rows[i] >= 0 or flaw == "minus_one_row_read"
+        own = zeros if recurrent_state is None or not reads_row else recurrent_state[[rows[i]]]
         start = carry if leaks or (flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK) else own
         tokens = [name[:, :, lo:hi] for name in (query, key, value, g_log, beta)]
         out[:, :, lo:hi], carry = recurrence(*tokens, scale, start)
@@ -324,9 +326,10 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     # and right outputs with the final states in the wrong rows: the varlen failure must name what failed.
     "varlen_leak": (make("varlen_leak"), ("varlen",), ""),
     "varlen_states_rolled": (make("varlen_states_rolled"), ("varlen",), ""),
-    # issue 32: serving launches (bucket, pool rows, checkpoints) on a pool: a -1 slot's state written to the
-    # pool's last row (-1 as a Python index), checkpoints stored one chunk late, and results depending on what
+    # issue 32: serving launches (bucket, pool rows, checkpoints) on a pool: a -1 slot's state read from or
+    # written to the pool's last row (-1 as a Python index), checkpoints stored one chunk late, and results depending on what
     # shares the launch (within tolerance, not bit for bit).
+    "minus_one_row_read": (make("minus_one_row_read"), ("varlen",), "serving"),
     "minus_one_row_written": (make("minus_one_row_written"), ("varlen",), "serving"),
     "checkpoint_one_chunk_late": (make("checkpoint_one_chunk_late"), ("varlen",), "checkpoints"),
     "batch_variant": (make("batch_variant"), ("varlen",), "bit_identical"),

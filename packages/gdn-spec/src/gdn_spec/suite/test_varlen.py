@@ -16,7 +16,7 @@ from gdn_spec.impl import Capabilities, Implementation
 from gdn_spec.metrics import Error, compare
 from gdn_spec.regimes import Geometry, make_case
 
-from ..oracle import errors_vs_oracle
+from ..oracle import errors_vs_oracle, oracle
 from ..serving import (
     POOL_ROWS,
     Layout,
@@ -127,6 +127,8 @@ SERVING_SEED = 70
 # The serving checks' heads and head dims: two value heads on one key head (the GQA map still matters), small dims.
 SERVING_GEOMETRY = Geometry(1, 1, 2, CHUNK_SCHUR, 32, 16)
 SERVING_KEYS = ("bucket", "state_pool")
+# The batch-invariance sequence's checkpoint row: a row none of its placements names for a sequence.
+INVARIANCE_CHECKPOINT_ROW = 13
 
 
 def _serving(impl: Implementation, keys: tuple[str, ...] = SERVING_KEYS) -> tuple[Capabilities, Geometry]:
@@ -160,10 +162,12 @@ def _judge(served: ServingCall, out: np.ndarray) -> list[str]:
             continue
         row = served.row_of(i)
         got = out[:, :, bounds[i] : bounds[i + 1]]
-        errors = errors_vs_oracle(case, got, state[row : row + 1] if row is not None else got[:0])
-        errors = errors if row is not None else errors[:1]  # no row: the output alone (from a zero state)
-        problems += [f"sequence {i} (tokens {bounds[i]}..{bounds[i + 1]}, row {served.layout.rows[i] if served.layout.rows else i}): "
-                     f"{QUANTITY[e.output]} {e.against_bounds()}" for e in errors if not e.ok]  # fmt: skip
+        if row is None:  # no row to store into: the output alone (from a zero state)
+            errors = errors_vs_oracle(case, got, oracle(case)[1])[:1]
+        else:
+            errors = errors_vs_oracle(case, got, state[row : row + 1])
+        at = f"sequence {i} (tokens {bounds[i]}..{bounds[i + 1]}, row {-1 if row is None else row})"
+        problems += [f"{at}: {QUANTITY[e.output]} {e.against_bounds()}" for e in errors if not e.ok]
     for i, k, tokens in served.stored_checkpoints():
         row = int(served.checkpoint_rows[i, k])
         cut = truncated(served.cases[i], tokens)
@@ -227,7 +231,7 @@ def test_a_sequence_is_bit_identical_wherever_it_runs(gdn_impl: Implementation, 
                               call_args, bucket=bucket, target=target, target_at=slot)  # fmt: skip
         if caps.checkpoints:
             table = np.full((len(layout.lengths), 1), -1, np.int32)
-            table[slot, 0] = 15 - (0 if served.row_of(slot) != 15 else 1)
+            table[slot, 0] = INVARIANCE_CHECKPOINT_ROW
             with_checkpoints(served, CHUNK_SCHUR, table)
         out = _serve(gdn_impl, served)
         state = served.call["recurrent_state"]
