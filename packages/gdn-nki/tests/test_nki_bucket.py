@@ -224,6 +224,7 @@ def test_checkpoints_on_and_off_are_one_program() -> None:
         ({"bucket": (6 * C + 1, 4)}, "bucket.tokens"),
         ({"checkpoint_every": 100, "checkpoint_indices": np.full((3, 1), -1)}, "bucket.checkpoint_every"),
         ({"checkpoint_every": C, "checkpoint_indices": np.array([[4], [5], [1]])}, "bucket.rows_distinct"),
+        ({"checkpoint_indices": np.array([[4], [5], [6]])}, "bucket.checkpoint_every"),
     ],
 )
 def test_a_rejected_layout_changes_nothing(change: dict, rule: str) -> None:
@@ -233,6 +234,18 @@ def test_a_rejected_layout_changes_nothing(change: dict, rule: str) -> None:
     with pytest.raises(ContractError) as err:
         gdn_nki.prefill_bucket(**batch.packed, scale=DK**-0.5, recurrent_state=pool, **kwargs)
     assert rule in {v.rule_id for v in err.value.violations}
+    assert pool.tobytes() == batch.pool.tobytes()
+
+
+def test_checkpoint_rows_without_a_spacing_are_refused_not_ignored() -> None:
+    """``prefill_varlen(..., checkpoint_indices=)`` without ``checkpoint_every`` or a bucket used to take the
+    trace-time form, which has no checkpoints, and dropped the rows silently."""
+    batch = _batch([40, 130], [1, 2], seeds=[1, 2])
+    pool = batch.pool.copy()
+    with pytest.raises(ContractError, match="checkpoint_every") as err:
+        gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, scale=DK**-0.5, recurrent_state=pool,
+                               state_indices=batch.rows, checkpoint_indices=np.array([[4], [5]], np.int32))  # fmt: skip
+    assert {v.rule_id for v in err.value.violations} == {"bucket.checkpoint_every"}
     assert pool.tobytes() == batch.pool.tobytes()
 
 

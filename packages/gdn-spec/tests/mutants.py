@@ -214,7 +214,9 @@ class Serving:
     checkpoint_indices: np.ndarray | None = None
 
     def given(self) -> bool:
-        return any(x is not None for x in (self.state_indices, self.bucket, self.checkpoint_every))
+        return any(
+            x is not None for x in (self.state_indices, self.bucket, self.checkpoint_every, self.checkpoint_indices)
+        )
 
 
 def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw, serving: Serving) -> tuple:

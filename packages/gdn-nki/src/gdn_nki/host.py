@@ -213,8 +213,8 @@ def prefill_varlen(
         call either completes or changes nothing.
     """
     _check_grid(grid)
-    bucketed = bucket is not None or checkpoint_every is not None or read_indices is not None
-    if bucketed or bucket_host.configured_buckets():
+    serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
+    if any(x is not None for x in serving) or bucket_host.configured_buckets():
         return bucket_host.prefill_bucket(
             query, key, value, g_log, beta, cu_seqlens, bucket, scale, algorithm, mask_pack, group_size,
             recurrent_state, state_indices, checkpoint_every, checkpoint_indices, read_indices, grid=grid,

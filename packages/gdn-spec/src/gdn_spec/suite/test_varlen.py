@@ -95,13 +95,18 @@ def _assert_each_sequence_close(per_sequence: list[list[Error]], bounds: np.ndar
         )
 
 
+def _require_varlen(caps: Capabilities) -> None:
+    """Skip a kernel without ``varlen``: every test of the area passes ``cu_seqlens`` (one reason for them all)."""
+    if not caps.varlen:
+        pytest.skip(f"{caps.name} does not declare varlen (cu_seqlens) support")
+
+
 def _run_packed(impl: Implementation, algorithm: str, dtype: str, regime: str, lengths: list[int], seed: int) -> tuple:
     """One case per sequence length (seeds ``seed``, ``seed`` + 1, …), packed into one B = 1 call with its
     ``cu_seqlens`` and one initial state per sequence; returns the cases, their single-call arguments, the packed
     call's out and state, and the boundaries (skips an implementation without varlen)."""
     caps = impl.capabilities
-    if not caps.varlen:
-        pytest.skip(f"{caps.name} does not declare varlen (cu_seqlens) support")
+    _require_varlen(caps)
     fitted = supported(
         caps, Geometry(1, 2, 4, CHUNK_SCHUR, 32, 16), shrink_lanes=True
     )  # for its head dims (the lengths set S)
@@ -127,13 +132,14 @@ SERVING_SEED = 70
 # The serving checks' heads and head dims: two value heads on one key head (the GQA map still matters), small dims.
 SERVING_GEOMETRY = Geometry(1, 1, 2, CHUNK_SCHUR, 32, 16)
 SERVING_KEYS = ("bucket", "state_pool")
-# The batch-invariance sequence's checkpoint row: a row none of its placements names for a sequence.
-INVARIANCE_CHECKPOINT_ROW = 13
+# A checkpoint row no sequence of the fixed layouts below (batch invariance, rejections) starts from.
+CHECKPOINT_ROW = 13
 
 
 def _serving(impl: Implementation, keys: tuple[str, ...] = SERVING_KEYS) -> tuple[Capabilities, Geometry]:
     """The capabilities and the geometry of a serving check, or a skip when the kernel declares none of ``keys``."""
     caps = impl.capabilities
+    _require_varlen(caps)
     if not any(getattr(caps, key) for key in keys):
         pytest.skip(f"{caps.name} declares none of {', '.join(keys)} (serving launches)")
     geometry = supported(caps, SERVING_GEOMETRY, shrink_lanes=True)
@@ -231,7 +237,7 @@ def test_a_sequence_is_bit_identical_wherever_it_runs(gdn_impl: Implementation, 
                               call_args, bucket=bucket, target=target, target_at=slot)  # fmt: skip
         if caps.checkpoints:
             table = np.full((len(layout.lengths), 1), -1, np.int32)
-            table[slot, 0] = INVARIANCE_CHECKPOINT_ROW
+            table[slot, 0] = CHECKPOINT_ROW
             with_checkpoints(served, CHUNK_SCHUR, table)
         out = _serve(gdn_impl, served)
         state = served.call["recurrent_state"]
@@ -304,6 +310,9 @@ def _rejections(C: int) -> dict[str, tuple[str, tuple[str, ...], Any]]:
                                              lambda s: _checkpoints(s, C, POOL_ROWS)),
         "checkpoint_indices-wrong-rows": ("checkpoints", ("checkpoint_indices",),
                                           lambda s: {**_checkpoints(s, C, -1), "checkpoint_indices": np.full((9, 1), -1, np.int32)}),
+        "checkpoint_indices-without-checkpoint_every": ("checkpoints", ("checkpoint_every", "checkpoint_indices"),
+                                                        _checkpoint_rows_alone),
+        "checkpoint_indices-repeated": ("checkpoints", ("checkpoint_indices",), _repeated_checkpoint_row),
         "checkpoint_indices-a-state-row": ("checkpoints", ("checkpoint_indices", "state_indices"),
                                            lambda s: _checkpoints(s, C, int(s.call["state_indices"][0]))),
     }  # fmt: skip
@@ -321,6 +330,18 @@ def _non_finite_start_row(served: ServingCall) -> dict[str, Any]:
     pool = served.call["recurrent_state"].copy()
     pool[served.row_of(0), 0, 0, 0] = np.nan
     return {"recurrent_state": pool}
+
+
+def _checkpoint_rows_alone(served: ServingCall) -> dict[str, Any]:
+    """``checkpoint_indices`` without ``checkpoint_every``: rows of checkpoints taken at no stated spacing."""
+    return {"checkpoint_indices": _checkpoints(served, CHUNK_SCHUR, CHECKPOINT_ROW)["checkpoint_indices"]}
+
+
+def _repeated_checkpoint_row(served: ServingCall) -> dict[str, Any]:
+    """Two checkpoints of the first sequence into one row (each row is written by one store)."""
+    change = _checkpoints(served, CHUNK_SCHUR, CHECKPOINT_ROW)
+    change["checkpoint_indices"][0, 1] = CHECKPOINT_ROW
+    return change
 
 
 def _rows(served: ServingCall, at: int, row: int) -> np.ndarray:
@@ -347,8 +368,6 @@ def test_rejects_an_invalid_serving_call(gdn_impl: Implementation, gdn_algorithm
     their bytes."""
     needs, names, change = REJECTIONS[rejection]
     caps, geometry = _serving(gdn_impl, (needs,))
-    if not getattr(caps, needs):
-        pytest.skip(f"{caps.name} does not declare {needs}")
     if rejection.startswith("recurrent_state") and not caps.content_checks:
         pytest.skip(f"[{rejection}] needs the tensor contents; {caps.declaring('content_checks')}")
     lengths = (CHUNK_SCHUR + 5, 0, 45) if caps.bucket else (CHUNK_SCHUR + 5, 45)
