@@ -212,10 +212,11 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
     "packages/gdn-nki/tests/test_serve_qwen3_next.py",
 )
-# The other packages' tests that skip without torch (the tests session installs none): run here, where it is, selected
-# by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
+# Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
+# is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
 TORCH_GATED_TESTS = {
     "nki-cpu": ("packages/nki-cpu/tests/test_nki_torch.py",),
+    "gdn-nki": ("packages/gdn-nki/tests/test_nki_bucket.py",),  # the torch drop-in's bucket= and its trace count
     "gdn-spec": ("packages/gdn-spec/tests/test_adapters.py", "packages/gdn-spec/tests/test_power_adapters.py"),
 }
 TORCH_GATED_SELECTION = "torch or hf_transformers"

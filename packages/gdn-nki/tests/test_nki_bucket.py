@@ -244,6 +244,7 @@ def test_checkpoints_on_and_off_are_one_program() -> None:
         ({"bucket": (6 * C + 1, 4)}, "bucket.tokens"),
         ({"checkpoint_every": 100, "checkpoint_indices": np.full((3, 1), -1)}, "bucket.checkpoint_every"),
         ({"checkpoint_every": C, "checkpoint_indices": np.array([[4], [5], [1]])}, "bucket.rows_distinct"),
+        ({"checkpoint_indices": np.array([[4], [5], [6]])}, "bucket.checkpoint_every"),
     ],
 )
 def test_a_rejected_layout_changes_nothing(change: dict, rule: str) -> None:
@@ -254,6 +255,38 @@ def test_a_rejected_layout_changes_nothing(change: dict, rule: str) -> None:
         gdn_nki.prefill_bucket(**batch.packed, scale=DK**-0.5, recurrent_state=pool, **kwargs)
     assert rule in {v.rule_id for v in err.value.violations}
     assert pool.tobytes() == batch.pool.tobytes()
+
+
+def test_checkpoint_rows_without_a_spacing_are_refused_not_ignored() -> None:
+    """``prefill_varlen(..., checkpoint_indices=)`` without ``checkpoint_every`` or a bucket used to take the
+    trace-time form, which has no checkpoints, and dropped the rows silently."""
+    batch = _batch([40, 130], [1, 2], seeds=[1, 2])
+    pool = batch.pool.copy()
+    with pytest.raises(ContractError, match="checkpoint_every") as err:
+        gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, scale=DK**-0.5, recurrent_state=pool,
+                               state_indices=batch.rows, checkpoint_indices=np.array([[4], [5]], np.int32))  # fmt: skip
+    assert {v.rule_id for v in err.value.violations} == {"bucket.checkpoint_every"}
+    assert pool.tobytes() == batch.pool.tobytes()
+
+
+def test_a_non_finite_start_row_is_rejected_and_a_row_no_sequence_reads_is_not() -> None:
+    """The value checks of ``prefill_varlen``'s pool rows hold in the bucketed form: a NaN in a row a sequence
+    starts from is refused naming ``recurrent_state`` and the row; one in a row of an empty sequence, a -1 slot's
+    pool[-1] or a free row is never read and is no error."""
+    batch = _batch([40, 0, 130], [1, 0, -1], seeds=[1, 2, 3])
+    for row, refused in ((1, True), (0, False), (POOL_ROWS - 1, False), (5, False)):
+        pool = batch.pool.copy()
+        pool[row, 0, 0, 0] = np.nan
+        before = pool.tobytes()
+        call = {"cu_seqlens": batch.cu, "bucket": BUCKET, "state_indices": batch.rows, "recurrent_state": pool}
+        if refused:
+            with pytest.raises(ContractError, match=rf"recurrent_state.*pool row {row}") as err:
+                gdn_nki.prefill_bucket(**batch.packed, scale=DK**-0.5, **call)
+            assert {v.rule_id for v in err.value.violations} == {"recurrent_state.finite"}
+            assert pool.tobytes() == before
+        else:
+            gdn_nki.prefill_bucket(**batch.packed, scale=DK**-0.5, **call)
+            assert np.isnan(pool[row, 0, 0, 0])
 
 
 def test_prefill_varlen_takes_a_bucket_and_the_configured_default() -> None:
@@ -365,3 +398,43 @@ def test_a_read_row_the_launch_writes_is_rejected_and_nothing_changes() -> None:
     with pytest.raises(ContractError, match=r"pool row 9.*recurrent_state\.finite"):
         gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, scale=DK**-0.5,
                                recurrent_state=pool, state_indices=batch.rows, read_indices=np.array([9, -1]))  # fmt: skip
+
+
+def test_the_torch_entry_point_traces_each_bucket_once() -> None:
+    """Issue 32, item 5: over layouts of a bucket (one sequence filling it, N of one token, an empty slot and an
+    empty sequence, -1 rows, checkpoints stored or not), the torch drop-in's launches have ONE trace key per bucket
+    — what torch-neuronx compiles on: shapes, dtypes, non-tensor values — and nki-cpu finds one program per key."""
+    torch = pytest.importorskip("torch")
+    from gdn_nki.torch import chunk_gated_delta_rule
+    from gdn_nki.torch_io import as_torch
+    from gdn_nki.traces import counting_traces
+
+    tokens, slots = BUCKET
+    layouts = [  # (lengths, rows, checkpoint rows per sequence: K = 2 columns, -1 = none)
+        ([tokens], [3], [[4, 5]]),
+        ([1] * slots, [0, -1, 2, 6], [[-1, -1]] * slots),
+        ([C + 5, 0, 45], [7, 1, -1], [[8, -1], [-1, -1], [-1, -1]]),
+        ([2 * C, 3 * C - 1], [-1, 9], [[10, 11], [-1, 2]]),
+    ]
+    buckets = [BUCKET, (tokens + 2 * C, slots + 1)]
+    programs: dict[tuple[int, int], set[str]] = {bucket: set() for bucket in buckets}
+    with counting_traces() as traces:
+        for bucket in buckets:
+            for index, (lengths, rows, checkpoints) in enumerate(layouts):
+                batch = _batch(lengths, rows, seeds=[20 * index + i for i in range(len(lengths))], pool_seed=index)
+                seq_first = {name: as_torch(np.ascontiguousarray(np.moveaxis(batch.packed[name], 1, 2)))
+                             for name in TENSORS}  # fmt: skip
+                pool = torch.from_numpy(batch.pool.copy())
+                chunk_gated_delta_rule(
+                    *(seq_first[name] for name in TENSORS), initial_state=pool, output_final_state=True,
+                    cu_seqlens=torch.from_numpy(batch.cu.astype(np.int64)), state_indices=torch.from_numpy(batch.rows),
+                    bucket=bucket, checkpoint_every=C, checkpoint_indices=torch.tensor(checkpoints, dtype=torch.int32),
+                )  # fmt: skip
+                if not gdn_nki.backend.USING_REAL_NKI:
+                    programs[bucket].add(nki_cpu.last_traces()[0].fingerprint())
+    assert sorted(traces.values()) == [len(layouts)] * len(buckets), (
+        f"{len(traces)} trace keys for {len(buckets)} buckets: {list(traces)}"
+    )
+    if not gdn_nki.backend.USING_REAL_NKI:
+        assert all(len(found) == 1 for found in programs.values()), {b: len(f) for b, f in programs.items()}
+        assert len(set.union(*programs.values())) == len(buckets)

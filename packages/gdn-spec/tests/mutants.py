@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.bucketed import bucket_violations
+from gdn_ref.constants import CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import ContractError, validate
+from gdn_ref.packed import pool_row_violations
 from gdn_spec.regimes import NUMPY_DTYPES
 
 CAPS = {"max_work": 1 << 22}
@@ -24,6 +27,8 @@ PREFIX_CHUNK = 64  # the chunk of the prefix-difference flaw (neumann's; schur's
 LOST_CARRY_TOKENS = 1024
 # Head sizes of the "head_dims_16_64" kernel: two of the suite's drawn sizes, so its numerics still run.
 LIMITED_HEAD_DIMS = (16, 64)
+# The chunk a serving call's bucket and checkpoints are multiples of (the suite's serving checks run schur).
+SERVING_CHUNK = CHUNK_SCHUR
 
 
 def prefix_difference_gates(g: np.ndarray) -> np.ndarray:
@@ -106,6 +111,10 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
         group_size: int = DEFAULT_GROUP_SIZE,
         recurrent_state: np.ndarray | None = None,
         cu_seqlens: np.ndarray | None = None,
+        state_indices: np.ndarray | None = None,
+        bucket: tuple[int, int] | None = None,
+        checkpoint_every: int | None = None,
+        checkpoint_indices: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         # Head-dim limits of a third-party kernel (the correct math otherwise): it refuses what it does not support.
         Dk, Dv = key.shape[-1], value.shape[-1]
@@ -116,7 +125,8 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
                 if size not in LIMITED_HEAD_DIMS:
                     raise ValueError(f"gdn_cte: `{name}` head dim {label}={size} must be in {LIMITED_HEAD_DIMS}")
         if cu_seqlens is not None:
-            return _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw)
+            serving = Serving(state_indices, bucket, checkpoint_every, checkpoint_indices)
+            return _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw, serving)
         if api == "divides_by_key_heads":  # sizes derived before the call is checked: Hk = 0 divides by zero
             _ = value.shape[1] // query.shape[1]
         if api == "mutates_state_on_reject" and recurrent_state is not None and recurrent_state.flags.writeable:
@@ -189,35 +199,78 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
     in_place = api not in ("new_state_nans_supplied",)
     gdn_cte.gdn_spec_capabilities = {
         **CAPS, "name": f"mutant:{api or flaw or 'none'}", "varlen": True, "state_in_place": in_place,
-        **(caps or {}),
+        **({"state_pool": True, "bucket": True, "checkpoints": True} if in_place else {}), **(caps or {}),
     }  # fmt: skip
     return gdn_cte
 
 
-def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw) -> tuple:
-    """Packed sequences (B = 1, ``cu_seqlens``), each from its own row of ``recurrent_state`` (or zeros); with
-    the ``chunk_edge_reset`` flaw a sequence starting inside a 64-token chunk continues from the previous one's
-    final state instead (a kernel that resets only at chunk edges), with ``varlen_leak`` every sequence does, and
-    with ``varlen_states_rolled`` the outputs are right but each sequence's final state lands in the next row."""
+@dataclass(frozen=True)
+class Serving:
+    """A packed call's serving keywords (``gdn_spec.serving``): pool rows, the bucket, checkpoints; None = absent."""
+
+    state_indices: np.ndarray | None = None
+    bucket: tuple[int, int] | None = None
+    checkpoint_every: int | None = None
+    checkpoint_indices: np.ndarray | None = None
+
+    def given(self) -> bool:
+        return any(
+            x is not None for x in (self.state_indices, self.bucket, self.checkpoint_every, self.checkpoint_indices)
+        )
+
+
+def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw, serving: Serving) -> tuple:
+    """Packed sequences (B = 1, ``cu_seqlens``), each from its own row of ``recurrent_state`` (or zeros), or with
+    ``state_indices`` from its pool row (-1: zeros, nothing stored), checkpoints stored into pool rows, the layout
+    checked by gdn-ref's bucketed rules (``bucket``: empty sequences allowed). With the ``chunk_edge_reset`` flaw a
+    sequence starting inside a 64-token chunk continues from the previous one's final state instead (a kernel that
+    resets only at chunk edges), with ``varlen_leak`` every sequence does, and with ``varlen_states_rolled`` the
+    outputs are right but each sequence's final state lands in the next row. The serving flaws:
+    ``minus_one_row_read`` starts a -1 sequence from row -1 as a Python index (the pool's last row),
+    ``minus_one_row_written`` stores its final state there, ``checkpoint_one_chunk_late`` stores each checkpoint
+    one 128-token chunk late (within the sequence), and ``batch_variant`` rounds a final state differently when the
+    launch holds more than one sequence."""
     bounds = [int(c) for c in cu_seqlens]
-    Hv, Dk, Dv = value.shape[1], key.shape[3], value.shape[3]
-    starts = np.zeros((len(bounds) - 1, Hv, Dk, Dv)) if recurrent_state is None else recurrent_state
-    out, finals, carry = np.empty(value.shape), [], None
+    n, Hv, Dk, Dv = len(bounds) - 1, value.shape[1], key.shape[3], value.shape[3]
+    rows = np.arange(n) if serving.state_indices is None else np.asarray(serving.state_indices)
+    if serving.given():
+        pool_rows = n if recurrent_state is None else recurrent_state.shape[0]
+        violations = bucket_violations(cu_seqlens, query.shape[2], SERVING_CHUNK, serving.bucket, pool_rows, rows,
+                                       serving.checkpoint_every, serving.checkpoint_indices)  # fmt: skip
+        if not violations and recurrent_state is not None:
+            read = [int(r) for r, (lo, hi) in zip(rows, itertools.pairwise(bounds), strict=True) if r >= 0 and hi > lo]
+            violations = pool_row_violations(recurrent_state[read], read)
+        if violations:
+            raise ContractError(violations)
+    zeros = np.zeros((1, Hv, Dk, Dv))
+    out, finals, stores, carry = np.empty(value.shape), [], {}, None
     for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         leaks = flaw == "varlen_leak" and i > 0
-        start = carry if leaks or (flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK) else starts[i : i + 1]
-        tokens = slice(lo, hi)
-        out[:, :, tokens], carry = recurrence(
-            query[:, :, tokens], key[:, :, tokens], value[:, :, tokens], g_log[:, :, tokens], beta[:, :, tokens],
-            scale, start,
-        )  # fmt: skip
+        reads_row = rows[i] >= 0 or flaw == "minus_one_row_read"
+        own = zeros if recurrent_state is None or not reads_row else recurrent_state[[rows[i]]]
+        start = carry if leaks or (flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK) else own
+        tokens = [name[:, :, lo:hi] for name in (query, key, value, g_log, beta)]
+        out[:, :, lo:hi], carry = recurrence(*tokens, scale, start)
+        if flaw == "batch_variant" and n > 1:
+            carry = carry * (1.0 + 1e-6)
         finals.append(carry)
+        if rows[i] >= 0 or flaw == "minus_one_row_written":
+            stores[int(rows[i])] = carry
+        for k, row in enumerate(() if serving.checkpoint_every is None else serving.checkpoint_indices[i]):
+            cut = (k + 1) * serving.checkpoint_every
+            if row < 0 or cut > hi - lo:
+                continue
+            if flaw == "checkpoint_one_chunk_late":
+                cut = min(cut + SERVING_CHUNK, hi - lo)
+            stores[int(row)] = recurrence(*(x[:, :, :cut] for x in tokens), scale, own)[1]
     out = out.astype(NUMPY_DTYPES[np.dtype(query.dtype).name])
     if flaw == "varlen_states_rolled":
         finals = finals[-1:] + finals[:-1]
+        stores = dict(enumerate(finals))
     if recurrent_state is None:
         return out, np.concatenate(finals).astype(np.float32)
-    recurrent_state[...] = np.concatenate(finals)
+    for row, state in stores.items():
+        recurrent_state[row] = state[0]
     return out, recurrent_state
 
 
@@ -275,6 +328,13 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     # and right outputs with the final states in the wrong rows: the varlen failure must name what failed.
     "varlen_leak": (make("varlen_leak"), ("varlen",), ""),
     "varlen_states_rolled": (make("varlen_states_rolled"), ("varlen",), ""),
+    # issue 32: serving launches (bucket, pool rows, checkpoints) on a pool: a -1 slot's state read from or
+    # written to the pool's last row (-1 as a Python index), checkpoints stored one chunk late, and results depending on what
+    # shares the launch (within tolerance, not bit for bit).
+    "minus_one_row_read": (make("minus_one_row_read"), ("varlen",), "serving"),
+    "minus_one_row_written": (make("minus_one_row_written"), ("varlen",), "serving"),
+    "checkpoint_one_chunk_late": (make("checkpoint_one_chunk_late"), ("varlen",), "checkpoints"),
+    "batch_variant": (make("batch_variant"), ("varlen",), "bit_identical"),
     # third-party head-dim limits left undeclared: the kernel refuses shapes the suite was never told it refuses
     # (DECLARED_HEAD_DIMS holds the same kernels declaring them, which pass).
     "square_heads_undeclared": (make(api="square_heads_only"), ("shapes",), ""),

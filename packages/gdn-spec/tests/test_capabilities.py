@@ -4,6 +4,7 @@ the allowed names, with an error naming the key, the value, the rule and the fix
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +44,9 @@ BAD = [
     ({"content_checks": 1}, ("content_checks=1", "must be a bool", "True or False")),
     ({"varlen": "yes"}, ("varlen='yes'", "must be a bool", "write True without quotes", "cu_seqlens")),
     ({"varlen": None}, ("varlen=None", "must be a bool")),
+    ({"state_pool": "yes"}, ("state_pool='yes'", "must be a bool", "write True without quotes")),
+    ({"bucket": 1}, ("bucket=1", "must be a bool")),
+    ({"checkpoints": "no"}, ("checkpoints='no'", "must be a bool", "write False without quotes")),
     ({"fixed_scale": 1}, ("fixed_scale=1", "must be a bool", "Dk**-0.5")),
     ({"any_seq_len": "yes"}, ("any_seq_len='yes'", "must be a bool", "chunk multiple")),
     ({"equal_head_dims": "yes"}, ("equal_head_dims='yes'", "must be a bool", "Dk == Dv")),
@@ -105,6 +109,24 @@ def test_an_unknown_key_lists_the_valid_keys_and_the_closest(key: str, close: st
     message = str(info.value)
     assert f"unknown capability key {key!r}" in message and f"did you mean {close!r}?" in message, message
     assert all(valid in message for valid in CHECKS), message
+
+
+@pytest.mark.parametrize(
+    ("raw", "needed"),
+    [
+        ({"state_pool": True}, "varlen=True"),
+        ({"bucket": True}, "varlen=True"),
+        ({"varlen": True, "checkpoints": True}, "state_pool=True"),
+        ({"varlen": True, "state_pool": True, "state_in_place": False}, "state_in_place"),
+    ],
+)
+def test_a_serving_keyword_without_what_it_needs_is_an_error(raw: dict, needed: str) -> None:
+    """A pool, bucket or checkpoints claim the suite could not test as claimed (no cu_seqlens call to put it in,
+    checkpoint rows without a pool, a pool never written in place) fails at load, naming what it needs."""
+    with pytest.raises(ImplementationError, match=re.escape(needed)):
+        Capabilities.from_mapping(raw, "k")
+    serving = {"varlen": True, "state_pool": True, "bucket": True, "checkpoints": True}
+    assert Capabilities.from_mapping(serving, "k").checkpoints
 
 
 def test_a_declaration_that_is_not_a_dict_is_an_error() -> None:

@@ -24,6 +24,7 @@ from gdn_ref.packed import pool_row_violations, tensor_violations
 from . import backend
 from .bucket import gdn_cte_bucket
 from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
+from .staging import commit, stage
 
 _BUCKETS: list[tuple[int, int]] = []
 
@@ -93,7 +94,7 @@ def prefill_bucket(
         query, key, value, g_log, beta: head-major packed tensors, as ``prefill_varlen``.
         cu_seqlens: [n + 1] integers from 0, non-decreasing (a repeated entry is an empty sequence), ending at T.
         bucket: (T_bucket, N): the program to run; None: the smallest configured bucket holding the batch, or
-            without configured buckets the batch's own size (``serving`` module docstring).
+            without configured buckets the batch's own size (module docstring).
         scale, algorithm, mask_pack, group_size: as ``prefill_varlen`` (the bucket kernel needs "schur": it
             starts sequences from pool rows).
         recurrent_state: optional [P, Hv, Dk, Dv] fp32 pool, updated in place; omitted: a zero pool of n rows
@@ -166,15 +167,13 @@ def prefill_bucket(
     named = [int(r) for r in slot_rows if r >= 0]
     if checkpoint_every is not None:
         named += [int(r) for r in extra["checkpoint_indices"].flat if r >= 0]
-    staged = np.array(pool, dtype=np.float32, order="C", copy=True)
+    staged = stage(pool, ...)  # the kernel addresses the whole pool; only the named rows are committed
     kernel = gdn_cte_bucket if grid is None else gdn_cte_bucket[grid]
     out, _ = backend.simulate(kernel)(
         **packed, chunk_bounds=chunk_bounds, state_indices=slot_rows, state_pool=staged, scale=scale,
         algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, **extra,
     )  # fmt: skip
-    if on_commit is not None:
-        on_commit()
-    pool[named] = staged[named]
+    commit(pool, named, staged[named], on_commit)
     return plan.unpack(out[:, :, : plan.padded_len]), pool
 
 

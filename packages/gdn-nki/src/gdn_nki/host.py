@@ -23,6 +23,7 @@ from gdn_ref.packed import (
 from . import backend, bucket_host
 from .api import gdn_cte
 from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
+from .staging import commit, stage
 from .torch_io import accepts_torch
 from .varlen import gdn_cte_varlen
 
@@ -76,11 +77,11 @@ def simulate(
     if violations:
         raise ContractError(violations)
     kernel = gdn_cte if grid is None else gdn_cte[grid]
-    staged = _stage(recurrent_state, ...)
+    staged = stage(recurrent_state, ...)
     out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs())
     if recurrent_state is None:
         return out, final_state
-    _commit(recurrent_state, ..., staged, on_commit)
+    commit(recurrent_state, ..., staged, on_commit)
     return out, recurrent_state
 
 
@@ -153,19 +154,6 @@ def _check_grid(grid: object) -> None:
     raise ContractError([Violation("launch.grid", "grid", f"value {grid!r}", rule, fix)])
 
 
-def _stage(state: np.ndarray | None, rows: object) -> np.ndarray | None:
-    """A private C-contiguous copy of the state rows a launch reads and writes (``...``: the whole state), so a
-    launch that fails part-way leaves the caller's state as it was."""
-    return None if state is None else np.array(state[rows], order="C", copy=True)
-
-
-def _commit(state: np.ndarray, rows: object, staged: np.ndarray, on_commit: Callable[[], None] | None) -> None:
-    """Write a completed launch's staged rows into the caller's state (``on_commit`` first: it may refuse)."""
-    if on_commit is not None:
-        on_commit()
-    state[rows] = staged
-
-
 def prefill_varlen(
     query: np.ndarray,
     key: np.ndarray,
@@ -225,8 +213,8 @@ def prefill_varlen(
         call either completes or changes nothing.
     """
     _check_grid(grid)
-    bucketed = bucket is not None or checkpoint_every is not None or read_indices is not None
-    if bucketed or bucket_host.configured_buckets():
+    serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
+    if any(x is not None for x in serving) or bucket_host.configured_buckets():
         return bucket_host.prefill_bucket(
             query, key, value, g_log, beta, cu_seqlens, bucket, scale, algorithm, mask_pack, group_size,
             recurrent_state, state_indices, checkpoint_every, checkpoint_indices, read_indices, grid=grid,
@@ -253,7 +241,7 @@ def prefill_varlen(
     # The kernel reads and writes a private [N, Hv, Dk, Dv] copy of the named rows, committed to the caller's state
     # only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
     state_rows = list(rows if rows is not None else range(len(plan.seq_chunks)))
-    staged = _stage(recurrent_state, state_rows)
+    staged = stage(recurrent_state, state_rows)
     if staged is not None and check_values:
         violations = pool_row_violations(staged, rows)
         if violations:
@@ -263,5 +251,5 @@ def prefill_varlen(
     out, final_state = backend.simulate(kernel)(**packed.as_kwargs(), seq_chunks=plan.seq_chunks, state_rows=None)
     if recurrent_state is None:
         return plan.unpack(out), final_state
-    _commit(recurrent_state, state_rows, staged, on_commit)
+    commit(recurrent_state, state_rows, staged, on_commit)
     return plan.unpack(out), recurrent_state

@@ -40,8 +40,8 @@ def bucket_violations(
         pool_rows (int): rows P of the state pool.
         state_indices: [n] integers, each −1 or a row in [0, P); distinct among sequences with tokens.
         checkpoint_every: None, or tokens between checkpoints, a positive chunk multiple.
-        checkpoint_indices: with ``checkpoint_every``, [n, K] integers, each −1 or a pool row; distinct from each
-            other and from the live ``state_indices``.
+        checkpoint_indices: with ``checkpoint_every`` (and only with it), [n, K] integers, each −1 or a pool row;
+            distinct from each other and from the live ``state_indices``.
         read_indices: None (each sequence starts from its ``state_indices`` row), or [n] integers, each −1 (start
             from zero) or a pool row; rows may repeat, but none may be a row the launch writes for another
             sequence or a checkpoint (the launch would both read and overwrite it).
@@ -123,6 +123,12 @@ def _rows_violations(
     if rows is None:
         return found
     named = [int(r) for r, n in zip(rows, lengths, strict=True) if r >= 0 and n > 0]
+    state_rows = list(named)
+    if checkpoint_every is None and checkpoint_indices is not None:
+        return [*found, Violation("bucket.checkpoint_every", "checkpoint_every", "value None",
+                                  "checkpoint_indices name the rows of checkpoints taken every checkpoint_every "
+                                  "tokens: without it none would be stored", f"pass checkpoint_every (a multiple of "
+                                  f"{chunk}), or drop checkpoint_indices")]  # fmt: skip
     if checkpoint_every is not None:
         every_ok = isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
         if not (every_ok and checkpoint_every > 0 and checkpoint_every % chunk == 0):
@@ -141,7 +147,9 @@ def _rows_violations(
         named += [int(r) for r in table.reshape(-1) if r >= 0]
     repeated = sorted({r for r in named if named.count(r) > 1})
     if repeated:
-        found.append(Violation("bucket.rows_distinct", "state_indices", f"rows {repeated} named twice",
+        # named by the argument that repeats a row: state_indices when two live sequences share one
+        argument = "state_indices" if any(state_rows.count(r) > 1 for r in repeated) else "checkpoint_indices"
+        found.append(Violation("bucket.rows_distinct", argument, f"rows {repeated} named twice",
                                "each live sequence's state row and each checkpoint row is written by one store, so "
                                "they must be distinct", "give every sequence and checkpoint its own pool row"))  # fmt: skip
     return found

@@ -205,6 +205,9 @@ CHECKS: dict[str, Callable[[str, Any], Any]] = {
     ),
     "inexpressible_rules": _names(_RULE_IDS, "('recurrent_state.writable',)", "none"),
     "varlen": _flag("True when the kernel accepts cu_seqlens, else leave the key out"),
+    "state_pool": _flag("True when the kernel takes state_indices (pool rows, -1 = none) with cu_seqlens"),
+    "bucket": _flag("True when the kernel takes bucket=(T, N) with cu_seqlens (empty sequences allowed)"),
+    "checkpoints": _flag("True when the kernel takes checkpoint_every and checkpoint_indices (pool rows)"),
     "any_seq_len": _flag("True when a dense call takes any S, not only a chunk multiple, else leave the key out"),
     "fixed_scale": _flag("True when the kernel applies Dk**-0.5 itself and takes no scale, else leave the key out"),
 }
@@ -222,8 +225,8 @@ def validate(raw: Any) -> dict[str, Any]:
 
     Raises:
         CapabilityError: not a mapping; an unknown key (with the valid keys and the closest one); a value of the
-            wrong type or out of range; or keys contradicting each other (head_dims above max_head_dim). The
-            message names the key, the value, the rule and the fix.
+            wrong type or out of range; or keys contradicting each other (head_dims above max_head_dim, a serving
+            keyword without what it needs: ``NEEDS``). The message names the key, the value, the rule and the fix.
     """
     if raw is None:
         return {}
@@ -237,6 +240,7 @@ def validate(raw: Any) -> dict[str, Any]:
         if key not in CHECKS:
             raise _unknown_key(key)
         values[key] = CHECKS[key](key, value)
+    _check_needs(values)
     head_dims, max_head_dim = values.get("head_dims"), values.get("max_head_dim")
     above = [d for d in head_dims or () if max_head_dim is not None and d > max_head_dim]
     if above:
@@ -245,6 +249,30 @@ def validate(raw: Any) -> dict[str, Any]:
             "each other; drop those sizes or raise max_head_dim"
         )
     return values
+
+
+# A serving keyword only has a meaning inside a call its prerequisite enables: key -> (prerequisite, its default,
+# why). A declaration claiming one without the other cannot be tested as claimed.
+NEEDS: dict[str, tuple[str, bool, str]] = {
+    "state_pool": ("varlen", False, "state_indices name a pool row per packed sequence of cu_seqlens"),
+    "bucket": ("varlen", False, "a bucket holds packed sequences given by cu_seqlens"),
+    "checkpoints": ("state_pool", False, "checkpoint_indices name pool rows"),
+}
+NEEDS_IN_PLACE = "state_pool"  # a pool's rows are written in place: a kernel returning a new state has no pool
+
+
+def _check_needs(values: dict[str, Any]) -> None:
+    """Keys contradicting each other: a serving keyword declared without the capability it works inside."""
+    for key, (needed, default, why) in NEEDS.items():
+        if values.get(key) and not values.get(needed, default):
+            raise CapabilityError(
+                f"capability {key}=True needs {needed}=True ({why}); declare {needed}=True too, or leave {key} out"
+            )
+    if values.get(NEEDS_IN_PLACE) and not values.get("state_in_place", True):
+        raise CapabilityError(
+            f"capability {NEEDS_IN_PLACE}=True needs state_in_place (the pool's rows are updated in place), but "
+            "state_in_place=False is declared; drop state_in_place=False, or leave state_pool out"
+        )
 
 
 def _unknown_key(key: Any) -> CapabilityError:

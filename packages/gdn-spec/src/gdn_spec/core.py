@@ -58,6 +58,16 @@ class Capabilities:
             their rejection cases are skipped with the reason.
         varlen (bool): it accepts ``cu_seqlens`` (int64 ``[N + 1]``, B = 1, one initial state per sequence),
             checked by the ``varlen`` area.
+        state_pool (bool): with ``cu_seqlens`` it takes ``state_indices`` ([n] int32): ``recurrent_state`` is a
+            pool [P, Hv, Dk, Dv] fp32 updated in place, sequence i starts from and stores into row
+            ``state_indices[i]``, and −1 means no row (start from zero, store nothing); rows not named stay
+            bit-identical. Needs ``varlen`` and ``state_in_place``.
+        bucket (bool): with ``cu_seqlens`` it takes ``bucket=(T, N)``: one program for every layout of T tokens (a
+            chunk multiple) and N sequence slots, fewer sequences and empty ones (a repeated ``cu_seqlens`` entry)
+            allowed. Needs ``varlen``; the varlen area's serving checks then pass a bucket on every call.
+        checkpoints (bool): it takes ``checkpoint_every`` (tokens, a chunk multiple) and ``checkpoint_indices``
+            ([n, K] int32 pool rows, −1 = none): the state after ``(k + 1) · checkpoint_every`` tokens of sequence i
+            is stored into row ``checkpoint_indices[i, k]`` (none past the sequence's end). Needs ``state_pool``.
         any_seq_len (bool): a dense call accepts any S >= 1, not only the algorithm's chunk multiple (a seq-first
             kernel pads or masks its last chunk itself; set by the seq-first adapters). Numerics draws then end
             inside a chunk (a ragged tail) as well as on a chunk edge, and the long draws always do.
@@ -84,6 +94,9 @@ class Capabilities:
     state_in_place: bool = True
     inexpressible_rules: tuple[str, ...] = ()
     varlen: bool = False
+    state_pool: bool = False
+    bucket: bool = False
+    checkpoints: bool = False
     any_seq_len: bool = False
     fixed_scale: bool = False
     set_by_adapter: tuple[str, ...] = ()

@@ -118,7 +118,20 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
             varlen=conventions.takes_cu_seqlens,
             any_seq_len=True,  # FLA's and HF's kernels take any T (the last chunk padded or masked inside)
             fixed_scale=conventions.scale == "internal",
-            set_by_adapter=("validates_arguments", "state_in_place", "varlen", "any_seq_len", "fixed_scale"),
+            # the seq-first glue passes cu_seqlens only: no pool rows, bucket or checkpoints reach the kernel
+            state_pool=False,
+            bucket=False,
+            checkpoints=False,
+            set_by_adapter=(
+                "validates_arguments",
+                "state_in_place",
+                "varlen",
+                "any_seq_len",
+                "fixed_scale",
+                "state_pool",
+                "bucket",
+                "checkpoints",
+            ),
         )
         label = f"{name} adapter ({conventions.describe()}){io_label}"
         names = kernel_names(impl.fn)
