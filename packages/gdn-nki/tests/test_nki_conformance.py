@@ -42,6 +42,6 @@ def test_declares_varlen_for_the_conformance_suite() -> None:
     """``gdn_nki:simulate`` declares no varlen, so ``gdn-spec check gdn_nki:simulate`` skipped the varlen area."""
     caps = load("gdn_nki.conformance:simulate_with_varlen").capabilities
     assert caps.varlen and not load("gdn_nki:simulate").capabilities.varlen
-    assert caps.bucket and caps.state_pool and caps.checkpoints  # the varlen area's serving checks run
+    assert caps.bucket and caps.state_pool and caps.checkpoints and caps.read_rows  # the serving checks run
     simulated = load("gdn_nki:simulate").capabilities
     assert (caps.algorithms, caps.dtypes) == (simulated.algorithms, simulated.dtypes)

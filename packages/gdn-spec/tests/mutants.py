@@ -115,6 +115,7 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
         bucket: tuple[int, int] | None = None,
         checkpoint_every: int | None = None,
         checkpoint_indices: np.ndarray | None = None,
+        read_indices: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         # Head-dim limits of a third-party kernel (the correct math otherwise): it refuses what it does not support.
         Dk, Dv = key.shape[-1], value.shape[-1]
@@ -125,7 +126,7 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
                 if size not in LIMITED_HEAD_DIMS:
                     raise ValueError(f"gdn_cte: `{name}` head dim {label}={size} must be in {LIMITED_HEAD_DIMS}")
         if cu_seqlens is not None:
-            serving = Serving(state_indices, bucket, checkpoint_every, checkpoint_indices)
+            serving = Serving(state_indices, bucket, checkpoint_every, checkpoint_indices, read_indices)
             return _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw, serving)
         if api == "divides_by_key_heads":  # sizes derived before the call is checked: Hk = 0 divides by zero
             _ = value.shape[1] // query.shape[1]
@@ -199,46 +200,53 @@ def make(flaw: str | None = None, *, api: str | None = None, caps: dict[str, Any
     in_place = api not in ("new_state_nans_supplied",)
     gdn_cte.gdn_spec_capabilities = {
         **CAPS, "name": f"mutant:{api or flaw or 'none'}", "varlen": True, "state_in_place": in_place,
-        **({"state_pool": True, "bucket": True, "checkpoints": True} if in_place else {}), **(caps or {}),
+        **({"state_pool": True, "bucket": True, "checkpoints": True, "read_rows": True} if in_place else {}),
+        **(caps or {}),
     }  # fmt: skip
     return gdn_cte
 
 
 @dataclass(frozen=True)
 class Serving:
-    """A packed call's serving keywords (``gdn_spec.serving``): pool rows, the bucket, checkpoints; None = absent."""
+    """A packed call's serving keywords (``gdn_spec.serving``): pool rows, the bucket, checkpoints, rows to start
+    from; None = absent."""
 
     state_indices: np.ndarray | None = None
     bucket: tuple[int, int] | None = None
     checkpoint_every: int | None = None
     checkpoint_indices: np.ndarray | None = None
+    read_indices: np.ndarray | None = None
 
     def given(self) -> bool:
-        return any(
-            x is not None for x in (self.state_indices, self.bucket, self.checkpoint_every, self.checkpoint_indices)
-        )
+        keywords = (self.state_indices, self.bucket, self.checkpoint_every, self.checkpoint_indices, self.read_indices)
+        return any(x is not None for x in keywords)
 
 
 def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, flaw, serving: Serving) -> tuple:
     """Packed sequences (B = 1, ``cu_seqlens``), each from its own row of ``recurrent_state`` (or zeros), or with
-    ``state_indices`` from its pool row (-1: zeros, nothing stored), checkpoints stored into pool rows, the layout
-    checked by gdn-ref's bucketed rules (``bucket``: empty sequences allowed). With the ``chunk_edge_reset`` flaw a
-    sequence starting inside a 64-token chunk continues from the previous one's final state instead (a kernel that
-    resets only at chunk edges), with ``varlen_leak`` every sequence does, and with ``varlen_states_rolled`` the
-    outputs are right but each sequence's final state lands in the next row. The serving flaws:
+    ``state_indices`` from its pool row (-1: zeros, nothing stored) or its ``read_indices`` row, checkpoints stored
+    into pool rows, the layout checked by gdn-ref's bucketed rules (``bucket``: empty sequences allowed). With the
+    ``chunk_edge_reset`` flaw a sequence starting inside a 64-token chunk continues from the previous one's final
+    state instead (a kernel that resets only at chunk edges), with ``varlen_leak`` every sequence does, and with
+    ``varlen_states_rolled`` the outputs are right but each sequence's final state lands in the next row. The serving
+    flaws:
     ``minus_one_row_read`` starts a -1 sequence from row -1 as a Python index (the pool's last row),
     ``minus_one_row_written`` stores its final state there, ``checkpoint_one_chunk_late`` stores each checkpoint
-    one 128-token chunk late (within the sequence), and ``batch_variant`` rounds a final state differently when the
-    launch holds more than one sequence."""
+    one 128-token chunk late (within the sequence), ``batch_variant`` rounds a final state differently when the
+    launch holds more than one sequence, and ``read_row_ignored`` starts from the row it writes, not the row named
+    by ``read_indices``."""
     bounds = [int(c) for c in cu_seqlens]
     n, Hv, Dk, Dv = len(bounds) - 1, value.shape[1], key.shape[3], value.shape[3]
     rows = np.arange(n) if serving.state_indices is None else np.asarray(serving.state_indices)
+    starts = rows if serving.read_indices is None or flaw == "read_row_ignored" else np.asarray(serving.read_indices)
     if serving.given():
         pool_rows = n if recurrent_state is None else recurrent_state.shape[0]
         violations = bucket_violations(cu_seqlens, query.shape[2], SERVING_CHUNK, serving.bucket, pool_rows, rows,
-                                       serving.checkpoint_every, serving.checkpoint_indices)  # fmt: skip
+                                       serving.checkpoint_every, serving.checkpoint_indices,
+                                       serving.read_indices)  # fmt: skip
         if not violations and recurrent_state is not None:
-            read = [int(r) for r, (lo, hi) in zip(rows, itertools.pairwise(bounds), strict=True) if r >= 0 and hi > lo]
+            read = [int(r) for r, (lo, hi) in zip(starts, itertools.pairwise(bounds), strict=True)
+                    if r >= 0 and hi > lo]  # fmt: skip
             violations = pool_row_violations(recurrent_state[read], read)
         if violations:
             raise ContractError(violations)
@@ -246,8 +254,8 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
     out, finals, stores, carry = np.empty(value.shape), [], {}, None
     for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         leaks = flaw == "varlen_leak" and i > 0
-        reads_row = rows[i] >= 0 or flaw == "minus_one_row_read"
-        own = zeros if recurrent_state is None or not reads_row else recurrent_state[[rows[i]]]
+        reads_row = starts[i] >= 0 or flaw == "minus_one_row_read"
+        own = zeros if recurrent_state is None or not reads_row else recurrent_state[[starts[i]]]
         start = carry if leaks or (flaw == "chunk_edge_reset" and lo % PREFIX_CHUNK) else own
         tokens = [name[:, :, lo:hi] for name in (query, key, value, g_log, beta)]
         out[:, :, lo:hi], carry = recurrence(*tokens, scale, start)
@@ -335,6 +343,8 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "minus_one_row_written": (make("minus_one_row_written"), ("varlen",), "serving"),
     "checkpoint_one_chunk_late": (make("checkpoint_one_chunk_late"), ("varlen",), "checkpoints"),
     "batch_variant": (make("batch_variant"), ("varlen",), "bit_identical"),
+    # a kernel taking read_indices but starting each sequence from the row it writes (a prefix-cache hit ignored).
+    "read_row_ignored": (make("read_row_ignored"), ("varlen",), "read_rows"),
     # third-party head-dim limits left undeclared: the kernel refuses shapes the suite was never told it refuses
     # (DECLARED_HEAD_DIMS holds the same kernels declaring them, which pass).
     "square_heads_undeclared": (make(api="square_heads_only"), ("shapes",), ""),

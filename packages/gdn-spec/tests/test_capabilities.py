@@ -47,6 +47,7 @@ BAD = [
     ({"state_pool": "yes"}, ("state_pool='yes'", "must be a bool", "write True without quotes")),
     ({"bucket": 1}, ("bucket=1", "must be a bool")),
     ({"checkpoints": "no"}, ("checkpoints='no'", "must be a bool", "write False without quotes")),
+    ({"read_rows": 1}, ("read_rows=1", "must be a bool")),
     ({"fixed_scale": 1}, ("fixed_scale=1", "must be a bool", "Dk**-0.5")),
     ({"any_seq_len": "yes"}, ("any_seq_len='yes'", "must be a bool", "chunk multiple")),
     ({"equal_head_dims": "yes"}, ("equal_head_dims='yes'", "must be a bool", "Dk == Dv")),
@@ -117,6 +118,7 @@ def test_an_unknown_key_lists_the_valid_keys_and_the_closest(key: str, close: st
         ({"state_pool": True}, "varlen=True"),
         ({"bucket": True}, "varlen=True"),
         ({"varlen": True, "checkpoints": True}, "state_pool=True"),
+        ({"varlen": True, "read_rows": True}, "state_pool=True"),
         ({"varlen": True, "state_pool": True, "state_in_place": False}, "state_in_place"),
     ],
 )
@@ -125,8 +127,9 @@ def test_a_serving_keyword_without_what_it_needs_is_an_error(raw: dict, needed: 
     checkpoint rows without a pool, a pool never written in place) fails at load, naming what it needs."""
     with pytest.raises(ImplementationError, match=re.escape(needed)):
         Capabilities.from_mapping(raw, "k")
-    serving = {"varlen": True, "state_pool": True, "bucket": True, "checkpoints": True}
-    assert Capabilities.from_mapping(serving, "k").checkpoints
+    serving = {"varlen": True, "state_pool": True, "bucket": True, "checkpoints": True, "read_rows": True}
+    declared = Capabilities.from_mapping(serving, "k")
+    assert declared.checkpoints and declared.read_rows
 
 
 def test_a_declaration_that_is_not_a_dict_is_an_error() -> None:

@@ -208,6 +208,7 @@ CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "state_pool": _flag("True when the kernel takes state_indices (pool rows, -1 = none) with cu_seqlens"),
     "bucket": _flag("True when the kernel takes bucket=(T, N) with cu_seqlens (empty sequences allowed)"),
     "checkpoints": _flag("True when the kernel takes checkpoint_every and checkpoint_indices (pool rows)"),
+    "read_rows": _flag("True when the kernel takes read_indices (pool rows to start from, -1 = zero)"),
     "any_seq_len": _flag("True when a dense call takes any S, not only a chunk multiple, else leave the key out"),
     "fixed_scale": _flag("True when the kernel applies Dk**-0.5 itself and takes no scale, else leave the key out"),
 }
@@ -257,6 +258,7 @@ NEEDS: dict[str, tuple[str, bool, str]] = {
     "state_pool": ("varlen", False, "state_indices name a pool row per packed sequence of cu_seqlens"),
     "bucket": ("varlen", False, "a bucket holds packed sequences given by cu_seqlens"),
     "checkpoints": ("state_pool", False, "checkpoint_indices name pool rows"),
+    "read_rows": ("state_pool", False, "read_indices name pool rows"),
 }
 NEEDS_IN_PLACE = "state_pool"  # a pool's rows are written in place: a kernel returning a new state has no pool
 

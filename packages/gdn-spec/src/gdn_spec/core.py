@@ -68,6 +68,10 @@ class Capabilities:
         checkpoints (bool): it takes ``checkpoint_every`` (tokens, a chunk multiple) and ``checkpoint_indices``
             ([n, K] int32 pool rows, −1 = none): the state after ``(k + 1) · checkpoint_every`` tokens of sequence i
             is stored into row ``checkpoint_indices[i, k]`` (none past the sequence's end). Needs ``state_pool``.
+        read_rows (bool): it takes ``read_indices`` ([n] int32 pool rows, −1 = start from zero): sequence i starts
+            from row ``read_indices[i]`` and still stores into ``state_indices[i]`` (a prefix-cache row it resumes
+            from and must not overwrite); rows may repeat, none may be a row the launch writes for another sequence
+            or as a checkpoint. Needs ``state_pool``.
         any_seq_len (bool): a dense call accepts any S >= 1, not only the algorithm's chunk multiple (a seq-first
             kernel pads or masks its last chunk itself; set by the seq-first adapters). Numerics draws then end
             inside a chunk (a ragged tail) as well as on a chunk edge, and the long draws always do.
@@ -97,6 +101,7 @@ class Capabilities:
     state_pool: bool = False
     bucket: bool = False
     checkpoints: bool = False
+    read_rows: bool = False
     any_seq_len: bool = False
     fixed_scale: bool = False
     set_by_adapter: tuple[str, ...] = ()

@@ -1,10 +1,11 @@
 """Serving launches for the varlen area: packed sequences in a bucket (T tokens, N slots) on rows of a state pool
 (−1 = no row) with checkpoint rows, built from seeded cases, and what each sequence must give.
 
-A kernel declaring ``bucket``, ``state_pool`` or ``checkpoints`` (``core.Capabilities``) gets the keywords it
-declares and no other: without ``state_pool`` each sequence has its own row of ``recurrent_state`` ([n, Hv, Dk,
-Dv], no ``state_indices``); without ``bucket`` no empty sequence is drawn and no ``bucket`` is passed. The layout
-rules a valid call keeps, and a rejected one breaks, are gdn-ref's (``gdn_ref.bucketed``).
+A kernel declaring ``bucket``, ``state_pool``, ``checkpoints`` or ``read_rows`` (``core.Capabilities``) gets the
+keywords it declares and no other: without ``state_pool`` each sequence has its own row of ``recurrent_state``
+([n, Hv, Dk, Dv], no ``state_indices``); without ``bucket`` no empty sequence is drawn and no ``bucket`` is passed;
+without ``read_rows`` no ``read_indices``. The layout rules a valid call keeps, and a rejected one breaks, are
+gdn-ref's (``gdn_ref.bucketed``).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ ALIASED_ROW_SCALE = 50.0
 
 @dataclass(frozen=True)
 class Layout:
-    """Sequence lengths in tokens (0: an empty sequence) and their pool rows (−1: none; None: no pool)."""
+    """Sequence lengths in tokens (0: an empty sequence), their pool rows (−1: none; None: no pool) and the rows they
+    start from (``read_indices``: −1 = zero; None: each starts from its own row)."""
 
     label: str
     lengths: tuple[int, ...]
     rows: tuple[int, ...] | None
+    reads: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -54,10 +57,19 @@ class ServingCall:
     checkpoint_every: int | None = None
 
     def row_of(self, i: int) -> int | None:
-        """The state row sequence i reads and writes: its pool row, None for −1, i without a pool."""
+        """The state row sequence i writes (and reads, without read rows): its pool row, None for −1, i without a
+        pool."""
         if self.layout.rows is None:
             return i
         row = self.layout.rows[i]
+        return None if row < 0 else row
+
+    def start_row_of(self, i: int) -> int | None:
+        """The state row sequence i starts from: its read row (None for −1) where the layout has read rows, else
+        ``row_of``."""
+        if self.layout.reads is None:
+            return self.row_of(i)
+        row = self.layout.reads[i]
         return None if row < 0 else row
 
     def written_rows(self) -> set[int]:
@@ -130,8 +142,10 @@ def serving_call(
     target_at: int | None = None,
 ) -> ServingCall:
     """The serving call of ``layout``: one case per non-empty sequence (seeds ``seed``, ``seed`` + 1, …; a
-    sequence with a state row starts from the regime's random state, one without from zero), packed into one B = 1
-    call with ``cu_seqlens``, the pool (or per-sequence states) and, where declared, the bucket.
+    sequence with a row to start from starts from the regime's random state, one without from zero), packed into
+    one B = 1 call with ``cu_seqlens``, the pool (or per-sequence states) and, where declared, the bucket. With
+    read rows (``layout.reads``, passed as ``read_indices``) the state goes into the read row, and sequences
+    sharing one start from the first one's state; their own rows hold other values, which they must not read.
 
     Args:
         caps (Capabilities): what the kernel declares (which keywords it gets).
@@ -152,7 +166,8 @@ def serving_call(
         if target is not None and i == target_at:
             cases.append(target)
             continue
-        starts_from_row = layout.rows is None or layout.rows[i] >= 0
+        start = layout.reads if layout.reads is not None else layout.rows
+        starts_from_row = start is None or start[i] >= 0
         shape = replace(geometry, S=n)
         cases.append(make_case("initial_state" if starts_from_row else "random", shape, dtype, seed + i) if n else None)
     live = [c for c in cases if c is not None]
@@ -169,10 +184,17 @@ def serving_call(
         states = rng.standard_normal((POOL_ROWS, *state_shape)).astype(np.float32)
         states[-1] *= ALIASED_ROW_SCALE
         call["state_indices"] = np.asarray(layout.rows, np.int32)
+        if layout.reads is not None:
+            call["read_indices"] = np.asarray(layout.reads, np.int32)
+    filled: set[int] = set()
     for i, c in enumerate(cases):
-        row = layout.rows[i] if layout.rows is not None else i
-        if c is not None and row >= 0:
-            states[row] = c.kernel["recurrent_state"][0]
+        row = i if layout.rows is None else (layout.rows if layout.reads is None else layout.reads)[i]
+        if c is None or row < 0:
+            continue
+        if row in filled:  # a second sequence resuming from one row: it starts from that row's state
+            cases[i] = c = starting_from(c, states[row])
+        states[row] = c.kernel["recurrent_state"][0]
+        filled.add(row)
     call["recurrent_state"] = states
     if caps.bucket:
         call["bucket"] = bucket or bucket_of(chunk)
@@ -188,6 +210,13 @@ def with_checkpoints(served: ServingCall, every: int, table: np.ndarray) -> Serv
     return served
 
 
+def starting_from(case: Case, state: np.ndarray) -> Case:
+    """The case with its initial state replaced by ``state`` [Hv, Dk, Dv] fp32 (the oracle's: the same values)."""
+    kernel = {**case.kernel, "recurrent_state": state[None].astype(np.float32)}
+    oracle = {**case.oracle, "initial_state": state[None].astype(np.float64)}
+    return replace(case, kernel=kernel, oracle=oracle)
+
+
 def truncated(case: Case, tokens: int) -> Case:
     """The case cut to its first ``tokens`` tokens (the same values: the oracle of a checkpoint)."""
     cut = {name: x if x is None or name in ("recurrent_state", "initial_state") else x[:, :, :tokens]
@@ -198,15 +227,16 @@ def truncated(case: Case, tokens: int) -> Case:
 
 def layout_violations(call: dict[str, Any], chunk: int) -> list[Violation]:
     """gdn-ref's rules broken by a serving ``call``: the bucketed layout's (a bucket-less call: every rule but the
-    bucket's), then the values of the state rows its sequences start from (a row of an empty sequence, of -1 or
-    of no sequence is never read)."""
+    bucket's), then the values of the state rows its sequences start from (``read_indices`` where given; a row of
+    an empty sequence, of -1 or of no sequence is never read)."""
     pool = call["recurrent_state"]
     rows = np.asarray(call.get("state_indices", np.arange(len(call["cu_seqlens"]) - 1)))
     found = bucket_violations(
         call["cu_seqlens"], np.shape(call["query"])[2], chunk, call.get("bucket"), pool.shape[0], rows,
-        call.get("checkpoint_every"), call.get("checkpoint_indices"),
+        call.get("checkpoint_every"), call.get("checkpoint_indices"), call.get("read_indices"),
     )  # fmt: skip
     if found:
         return found
-    read = [int(r) for r, n in zip(rows, np.diff(call["cu_seqlens"]), strict=True) if r >= 0 and n > 0]
+    starts = rows if call.get("read_indices") is None else np.asarray(call["read_indices"])
+    read = [int(r) for r, n in zip(starts, np.diff(call["cu_seqlens"]), strict=True) if r >= 0 and n > 0]
     return pool_row_violations(pool[read], read)

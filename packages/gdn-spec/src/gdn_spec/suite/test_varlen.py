@@ -288,6 +288,33 @@ def test_checkpoints_equal_the_oracle_and_the_truncated_prefill(
         )
 
 
+# Layouts of the read-rows check (lengths in chunks + tokens, write rows, read rows): two sequences resuming from one
+# prefix-cache row and a row-less one from another; then a sequence reading its own row, one starting from zero
+# though its row holds a state, and a row-less one from a row next to the pool's last (the -1 as a Python index).
+READ_ROW_LAYOUTS = (
+    ("resuming from prefix-cache rows", (CHUNK_SCHUR + 37, 45, 1), (3, 7, -1), (12, 12, 5)),
+    ("own row, zero start, a row-less sequence", (2 * CHUNK_SCHUR + 10, 60, 3), (4, 6, -1), (4, -1, 14)),
+)
+
+
+@pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
+def test_sequences_start_from_their_read_rows(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
+    """``read_indices``: each sequence's output, final state (in its ``state_indices`` row) and, where declared, a
+    checkpoint against the oracle started from its read row's state (-1: zero, though its own row holds one); the
+    read rows, which the launch does not write, keep every bit, and so does every row not named."""
+    caps, geometry = _serving(gdn_impl, ("read_rows",))
+    problems = []
+    for index, (label, lengths, rows, reads) in enumerate(READ_ROW_LAYOUTS):
+        layout = Layout(label, lengths, rows, reads)
+        served = serving_call(caps, layout, geometry, gdn_dtype, gdn_algorithm, CHUNK_SCHUR,
+                              SERVING_SEED + 1200 + 10 * index, call_args)  # fmt: skip
+        if caps.checkpoints and index == 0:  # the first sequence's state after one chunk, from its read row
+            with_checkpoints(served, CHUNK_SCHUR, np.array([[CHECKPOINT_ROW], [-1], [-1]]))
+        problems += [f"[{label}: lengths {lengths}, rows {rows}, read rows {reads}] {p}"
+                     for p in _judge(served, _serve(gdn_impl, served))]  # fmt: skip
+    _fail_on(problems, "read rows")
+
+
 def _rejections(C: int) -> dict[str, tuple[str, tuple[str, ...], Any]]:
     """Invalid serving calls: id -> (the capability it needs, the arguments a refusal may name, the change)."""
     tokens, slots = bucket_of(C)
@@ -315,6 +342,10 @@ def _rejections(C: int) -> dict[str, tuple[str, tuple[str, ...], Any]]:
         "checkpoint_indices-repeated": ("checkpoints", ("checkpoint_indices",), _repeated_checkpoint_row),
         "checkpoint_indices-a-state-row": ("checkpoints", ("checkpoint_indices", "state_indices"),
                                            lambda s: _checkpoints(s, C, int(s.call["state_indices"][0]))),
+        "read_indices-a-row-written-for-another": ("read_rows", ("read_indices",),
+                                                   lambda s: _reads(s, 0, _last_row(s))),
+        "read_indices-past-the-pool": ("read_rows", ("read_indices",), lambda s: _reads(s, 0, POOL_ROWS)),
+        "recurrent_state-non-finite-read-row": ("read_rows", ("recurrent_state",), _non_finite_read_row),
     }  # fmt: skip
 
 
@@ -344,6 +375,26 @@ def _repeated_checkpoint_row(served: ServingCall) -> dict[str, Any]:
     return change
 
 
+def _last_row(served: ServingCall) -> int:
+    """The row the last sequence writes (it is not empty in the rejection base)."""
+    return int(served.call["state_indices"][-1])
+
+
+def _reads(served: ServingCall, at: int, row: int) -> dict[str, Any]:
+    """``read_indices``: every sequence from its own row but sequence ``at``, from ``row``."""
+    reads = served.call["state_indices"].copy()
+    reads[at] = row
+    return {"read_indices": reads}
+
+
+def _non_finite_read_row(served: ServingCall) -> dict[str, Any]:
+    """The first sequence starts from a row no sequence writes, and that row holds a NaN (a value rule:
+    ``content_checks``)."""
+    pool = served.call["recurrent_state"].copy()
+    pool[CHECKPOINT_ROW, 0, 0, 0] = np.nan
+    return {"recurrent_state": pool, **_reads(served, 0, CHECKPOINT_ROW)}
+
+
 def _rows(served: ServingCall, at: int, row: int) -> np.ndarray:
     rows = served.call["state_indices"].copy()
     rows[at] = row
@@ -363,9 +414,9 @@ REJECTIONS = _rejections(CHUNK_SCHUR)
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
 @pytest.mark.parametrize("rejection", list(REJECTIONS))
 def test_rejects_an_invalid_serving_call(gdn_impl: Implementation, gdn_algorithm: str, rejection: str) -> None:
-    """A bad bucket, pool row or checkpoint argument, or a non-finite row a sequence starts from, is refused naming
-    the argument (gdn-ref's bucketed and pool-row rules), and nothing is written: the pool and every input keep
-    their bytes."""
+    """A bad bucket, pool row, checkpoint or read-row argument, or a non-finite row a sequence starts from, is
+    refused naming the argument (gdn-ref's bucketed and pool-row rules), and nothing is written: the pool and every
+    input keep their bytes."""
     needs, names, change = REJECTIONS[rejection]
     caps, geometry = _serving(gdn_impl, (needs,))
     if rejection.startswith("recurrent_state") and not caps.content_checks:
