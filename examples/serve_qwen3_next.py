@@ -16,8 +16,9 @@ on device, the request's own row written) — no pool row is copied on the host.
 ones that raise while the engine runs.
 
 Judged: fp32, every request's greedy tokens equal HF's ``generate`` and every logit within 1e-4; bf16, the
-agreement is reported (first divergence, token match rate). Programs: every launch of a bucket ran the same static
-program (nki-cpu's ``Trace.fingerprint()``), one per bucket used.
+agreement is reported (first divergence, token match rate). Programs: every launch of a bucket had the same trace
+key (kernel, shapes, dtypes, non-tensor values: what a compiling backend compiles on) and ran the same static
+program (nki-cpu's ``Trace.fingerprint()``), one per bucket used (``gdn_nki.traces.recording_launches``).
 
     python examples/serve_qwen3_next.py [--requests 12] [--max-prompt 600] [--dtype float32 bfloat16]
 """
@@ -36,11 +37,13 @@ import torch
 from transformers import Qwen3NextForCausalLM
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
+from gdn_nki.traces import Launch, recording_launches
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qwen3_next_layer import tiny_config
 from serving.engine import Config, Engine, Request
-from serving.kernels import Launch, hf_gdn_forbidden, recording_programs
+from serving.kernels import hf_gdn_forbidden
 from serving.model import PackedQwen3Next
 from serving.pool import StatePool, check
 
@@ -111,7 +114,7 @@ def judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]
 
 def serve(dtype: str, requests: list[Request], config: Config, log=print) -> tuple[Engine, dict]:
     """Run ``requests`` through the engine on a fresh model; returns the engine and its programs: per phase and
-    bucket, how many launches ran each static program (``programs``)."""
+    bucket, how many launches ran each program (``programs``)."""
     model = build_model(getattr(torch, dtype))
     heads = model.config.linear_num_value_heads
     dims = model.config.linear_key_head_dim, model.config.linear_value_head_dim
@@ -120,7 +123,7 @@ def serve(dtype: str, requests: list[Request], config: Config, log=print) -> tup
     engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log)
     for r in requests:
         engine.submit(r)
-    with hf_gdn_forbidden(), recording_programs() as launches:
+    with hf_gdn_forbidden(), recording_launches() as launches:
         while not engine.idle:
             engine.step()
     check(pool.in_use == sum(len(e.rows) for e in engine.prefix.values()), "rows outlived their requests")
@@ -128,13 +131,15 @@ def serve(dtype: str, requests: list[Request], config: Config, log=print) -> tup
 
 
 def programs(calls: list[tuple[str, tuple[int, int]]], launches: list[Launch]) -> dict:
-    """{phase: {bucket: Counter(program fingerprint)}} from the seam's calls (phase, bucket) and the launches in
-    the same order (one per call); a launch of another kernel than the phase's is an error."""
+    """{phase: {bucket: Counter((trace key, program fingerprints))}} from the seam's calls (phase, bucket) and the
+    launches in the same order (one per call): a program is what a compiling backend compiles (the trace key) and
+    what nki-cpu ran (the fingerprints; None on the real ``nki``). A launch of another kernel than the phase's is an
+    error."""
     check(len(calls) == len(launches), f"{len(calls)} kernel calls but {len(launches)} launches")
     found: dict[str, dict[tuple[int, int], Counter]] = {}
     for (phase, bucket), launch in zip(calls, launches, strict=True):
         check(launch.kernel == KERNEL_OF_PHASE[phase], f"{phase} launched {launch.kernel}")
-        found.setdefault(phase, {}).setdefault(bucket, Counter())[launch.program] += 1
+        found.setdefault(phase, {}).setdefault(bucket, Counter())[launch.key, launch.programs] += 1
     return found
 
 
@@ -154,7 +159,7 @@ def summary(engine: Engine, programs: dict, verdicts: list[Verdict], dtype: str)
     for phase, buckets in sorted(programs.items()):
         for bucket, runs in sorted(buckets.items()):
             lines.append(f"  {phase} bucket {'x'.join(map(str, bucket)):>7} ({KERNEL_OF_PHASE[phase]}): "
-                         f"{sum(runs.values())} launches, {len(runs)} static program(s)")  # fmt: skip
+                         f"{sum(runs.values())} launches, {len(runs)} program(s)")  # fmt: skip
     for v in verdicts:
         lines.append(f"  request {v.rid:2d}: {v.tokens:3d} tokens, match {v.matched / v.tokens:6.1%}, first divergence "
                      f"{'-' if v.first_divergence is None else v.first_divergence}, max |logit diff| to it {v.max_logit_error:.1e}")  # fmt: skip

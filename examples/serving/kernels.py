@@ -15,8 +15,9 @@ compiling backend traces each bucket once for the whole run:
   [n, num_accepted_tokens[n] - 1]) — speculative verification and its rollback without copying a state. N is
   padded to the smallest configured decode bucket with -1 rows (vLLM's padding slots: zero work, nothing stored).
 
-``recording_programs`` records each launch's kernel and static program (nki-cpu's ``Trace.fingerprint()``); with
-``GdnKernels.calls`` (phase and bucket per call) it shows every launch of a bucket ran one program.
+``gdn_nki.traces.recording_launches`` records each launch's kernel and static program (nki-cpu's
+``Trace.fingerprint()``); with ``GdnKernels.calls`` (phase and bucket per call) it shows every launch of a bucket ran
+one program.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any
 import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
-from gdn_nki import backend
 from gdn_nki.torch import chunk_gated_delta_rule
 from gdn_nki.torch_decode import vllm_fused_recurrent_gated_delta_rule
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM
@@ -121,48 +121,6 @@ class GdnKernels:
             if tokens > 1 else None,
         )  # fmt: skip
         return o[:, : n * tokens]
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch: the kernel's name and its static program (nki-cpu's ``Trace.fingerprint()`` of each
-    program of the launch grid; None with the real ``nki``, whose traces nki-cpu cannot see)."""
-
-    kernel: str
-    program: tuple[str, ...] | None
-
-
-@contextlib.contextmanager
-def recording_programs() -> Iterator[list[Launch]]:
-    """Record every kernel launch (``backend.simulate``) while the block runs, in order."""
-    launches: list[Launch] = []
-    launch = backend.simulate
-
-    def recording(kernel: Any) -> Any:
-        run = launch(kernel)
-        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", repr(kernel))
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            result = run(*args, **kwargs)
-            launches.append(Launch(name, _programs()))
-            return result
-
-        return call
-
-    backend.simulate = recording
-    try:
-        yield launches
-    finally:
-        backend.simulate = launch
-
-
-def _programs() -> tuple[str, ...] | None:
-    """The fingerprints of the launch that just ran (one per program of its grid), or None on the real ``nki``."""
-    if backend.USING_REAL_NKI:
-        return None
-    import nki_cpu
-
-    return tuple(trace.fingerprint() for trace in nki_cpu.last_traces())
 
 
 @contextlib.contextmanager

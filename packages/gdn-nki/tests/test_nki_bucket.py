@@ -407,7 +407,7 @@ def test_the_torch_entry_point_traces_each_bucket_once() -> None:
     torch = pytest.importorskip("torch")
     from gdn_nki.torch import chunk_gated_delta_rule
     from gdn_nki.torch_io import as_torch
-    from gdn_nki.traces import counting_traces
+    from gdn_nki.traces import recording_launches, trace_counts
 
     tokens, slots = BUCKET
     layouts = [  # (lengths, rows, checkpoint rows per sequence: K = 2 columns, -1 = none)
@@ -417,8 +417,7 @@ def test_the_torch_entry_point_traces_each_bucket_once() -> None:
         ([2 * C, 3 * C - 1], [-1, 9], [[10, 11], [-1, 2]]),
     ]
     buckets = [BUCKET, (tokens + 2 * C, slots + 1)]
-    programs: dict[tuple[int, int], set[str]] = {bucket: set() for bucket in buckets}
-    with counting_traces() as traces:
+    with recording_launches() as launches:
         for bucket in buckets:
             for index, (lengths, rows, checkpoints) in enumerate(layouts):
                 batch = _batch(lengths, rows, seeds=[20 * index + i for i in range(len(lengths))], pool_seed=index)
@@ -430,11 +429,12 @@ def test_the_torch_entry_point_traces_each_bucket_once() -> None:
                     cu_seqlens=torch.from_numpy(batch.cu.astype(np.int64)), state_indices=torch.from_numpy(batch.rows),
                     bucket=bucket, checkpoint_every=C, checkpoint_indices=torch.tensor(checkpoints, dtype=torch.int32),
                 )  # fmt: skip
-                if not gdn_nki.backend.USING_REAL_NKI:
-                    programs[bucket].add(nki_cpu.last_traces()[0].fingerprint())
+    traces = trace_counts(launches)
     assert sorted(traces.values()) == [len(layouts)] * len(buckets), (
         f"{len(traces)} trace keys for {len(buckets)} buckets: {list(traces)}"
     )
-    if not gdn_nki.backend.USING_REAL_NKI:
-        assert all(len(found) == 1 for found in programs.values()), {b: len(f) for b, f in programs.items()}
-        assert len(set.union(*programs.values())) == len(buckets)
+    if not gdn_nki.backend.USING_REAL_NKI:  # launches in bucket order, len(layouts) each
+        programs = [{launch.programs for launch in launches[at : at + len(layouts)]}
+                    for at in range(0, len(launches), len(layouts))]  # fmt: skip
+        assert [len(found) for found in programs] == [1] * len(buckets), programs
+        assert len(set.union(*programs)) == len(buckets)

@@ -37,9 +37,10 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
     assert any(len(r.prompt) > max(config.buckets.prefill)[0] for r in requests)
     rows = [row for row, _ in engine.pool.allocations]
     assert len(rows) > len(set(rows)), "no pool row was reused"
-    # One compiled program per bucket over the whole run: every launch of a bucket ran the same static program
-    # (nki-cpu's fingerprint), distinct buckets ran distinct programs, and each phase used more than one bucket
-    # (so "one program" is not one bucket by accident).
+    # One compiled program per bucket over the whole run: every launch of a bucket had the same trace key (what a
+    # compiling backend compiles on: shapes, dtypes, non-tensor values) and ran the same static program (nki-cpu's
+    # fingerprint), distinct buckets ran distinct programs, and each phase used more than one bucket (so "one
+    # program" is not one bucket by accident).
     for phase in ("prefill", "decode"):
         buckets = programs[phase]
         assert len(buckets) >= 2, (phase, buckets)

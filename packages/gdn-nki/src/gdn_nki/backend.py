@@ -89,12 +89,21 @@ from nki_cpu.frameworks import numpy_to_torch, torch_to_numpy  # noqa: E402 - ho
 BACKEND_NAME = "nki" if USING_REAL_NKI else "nki-cpu"
 
 
+def last_program_fingerprints() -> tuple[str, ...] | None:
+    """nki-cpu's ``Trace.fingerprint()`` of each program of the most recent launch (its static program), or None on
+    the real ``nki``, whose traces nki-cpu cannot see."""
+    if USING_REAL_NKI:  # pragma: no cover - needs the Neuron SDK
+        return None
+    return tuple(trace.fingerprint() for trace in nki.last_traces())
+
+
 __all__ = [
     "BACKEND_NAME",
     "MIN_NKI_VERSION",
     "MIN_SDK",
     "USING_REAL_NKI",
     "check_nki_version",
+    "last_program_fingerprints",
     "nisa",
     "nki",
     "nl",

@@ -8,13 +8,17 @@ kernel, each array's shape and dtype, and every other argument's value — never
 trace does not read — and the number of distinct keys is the number of compiles. nki-cpu interprets every launch
 (there is no compile to cache); what it adds is the proof that one key is one program: its trace's
 ``fingerprint()`` is the same for every launch of a key whose kernel never specialised on data.
+
+``recording_launches`` records both per launch (``Launch``): ``trace_counts`` of its record is the number of
+compiles, and a server's launches grouped by bucket show each bucket ran one static program.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +26,11 @@ import numpy as np
 from . import backend
 
 _SCALARS = (int, float, str, bool, tuple, type(None))
+
+
+def kernel_name(kernel: Any) -> str:
+    """The name of a kernel function, of a ``kernel[grid]`` launch (its ``func``), or its repr."""
+    return getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", repr(kernel))
 
 
 def trace_key(kernel: Any, args: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -33,35 +42,59 @@ def trace_key(kernel: Any, args: tuple, kwargs: dict[str, Any]) -> tuple:
             return ("array", x.shape, str(x.dtype))
         return x if isinstance(x, _SCALARS) else type(x).__name__
 
-    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", repr(kernel))
-    return (name, tuple(part(a) for a in args), tuple(sorted((k, part(v)) for k, v in kwargs.items())))
+    return (kernel_name(kernel), tuple(part(a) for a in args), tuple(sorted((k, part(v)) for k, v in kwargs.items())))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One completed kernel launch.
+
+    Attributes:
+        key (tuple): its ``trace_key``; ``key[0]`` is the kernel's name.
+        programs (tuple[str, ...] | None): nki-cpu's ``Trace.fingerprint()`` of each program of the launch grid, the
+            static program it ran; None with the real ``nki``, whose traces nki-cpu cannot see.
+    """
+
+    key: tuple
+    programs: tuple[str, ...] | None
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's name."""
+        return self.key[0]
 
 
 @contextlib.contextmanager
-def counting_traces() -> Iterator[Counter]:
-    """Count every launch made through ``backend.simulate`` while the context is open, per ``trace_key``.
+def recording_launches() -> Iterator[list[Launch]]:
+    """Record every launch made through ``backend.simulate`` while the context is open, in order.
 
     Yields:
-        Counter: trace key -> launches; ``len`` of it is how many programs a compiling backend would trace.
+        list[Launch]: one entry per launch, appended once the launch completed (a launch that raised is not in it).
 
     Notes:
         Not thread-safe: it swaps ``backend.simulate`` for the context's duration (each host entry point looks it
         up at call time).
     """
-    seen: Counter = Counter()
+    launches: list[Launch] = []
     launch = backend.simulate
 
     def recording(kernel: Any) -> Any:
         run = launch(kernel)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            seen[trace_key(kernel, args, kwargs)] += 1
-            return run(*args, **kwargs)
+            result = run(*args, **kwargs)
+            launches.append(Launch(trace_key(kernel, args, kwargs), backend.last_program_fingerprints()))
+            return result
 
         return call
 
     backend.simulate = recording
     try:
-        yield seen
+        yield launches
     finally:
         backend.simulate = launch
+
+
+def trace_counts(launches: Iterable[Launch]) -> Counter:
+    """Trace key -> launches; ``len`` of it is how many programs a compiling backend would trace."""
+    return Counter(launch.key for launch in launches)
