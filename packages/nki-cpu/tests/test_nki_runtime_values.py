@@ -424,6 +424,50 @@ def test_a_store_skipped_outside_its_tensor_orders_nothing():
     assert to_two_again.overlaps(to_two) and not to_two.overlaps(first)
 
 
+def test_a_skipped_transfer_moves_no_bytes_and_a_partly_skipped_gather_its_rows_only():
+    """The cost model charges what a DMA moves: nothing for a transfer skipped outside its tensor (its fixed
+    latency only), the rows inside for a gather with rows outside."""
+    from nki_cpu.cost.durations import dma_times
+    from nki_cpu.cost.figures import TRN2
+
+    def kernel(x, rows):
+        index = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=index, src=rows)
+        row = nisa.scalar_load(index)
+        whole = nl.ndarray((2, 4), x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=whole, src=x[nl.ds(row, 2), :], oob_mode=nisa.oob_mode.skip)
+        gathered = nl.ndarray((4, 4), x.dtype, buffer=nl.sbuf)
+        offsets = nl.ndarray((4, 1), nl.int32, buffer=nl.sbuf)
+        nisa.iota(dst=offsets, pattern=[[0, 1]], offset=0, channel_multiplier=4)  # rows 0, 4, 8 and 12 (outside)
+        nisa.dma_copy(dst=gathered, src=x.ap(pattern=[[4, 4], [1, 4]], offset=0, vector_offset=offsets,
+                                             indirect_dim=0), oob_mode=nisa.oob_mode.skip)  # fmt: skip
+
+    _run(kernel, np.arange(40, dtype=np.float32).reshape(10, 4), np.array([[9]], np.int32))
+    skipped, gathered = [r for r in nki_cpu.last_trace().records if r.opcode == "dma_copy"][1:]
+    assert skipped.nbytes == 0 and dma_times(skipped, TRN2)[1] == 0.0
+    assert gathered.nbytes == 3 * 4 * 4
+
+
+def test_an_on_chip_operand_at_a_run_time_offset_is_ordered_against_its_whole_rows():
+    """The compiler cannot tell where a run-time offset points inside a tile, so a read at one waits for every
+    earlier write to the tile's partitions, even where the offset it resolves to is elsewhere."""
+
+    def kernel(rows):
+        index = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=index, src=rows)
+        offset = nisa.scalar_load(index)
+        pair = nl.ndarray((4, 16), nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=pair[:, 8:], value=2.0)
+        nisa.memset(dst=pair[:, :8], value=1.0)
+        got = nl.ndarray((4, 8), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=got, src=pair[:, nl.ds(offset, 8)])
+
+    _run(kernel, np.array([[8]], np.int32))
+    records = nki_cpu.last_trace().records
+    first_half, read = next(r for r in records if r.opcode == "memset" and r.writes[0].byte_range[0] == 0), records[-1]
+    assert read.reads[0].overlaps(first_half.writes[0])
+
+
 def test_relaxed_dynamic_out_of_bounds_warns_and_skips():
     values = np.arange(40, dtype=np.float32).reshape(10, 4)
 

@@ -512,13 +512,23 @@ class NkiTensor:
         return region
 
     def _compute_region(self) -> Region:
-        isz = self.itemsize
         st = self.storage
         kind = st.kind
         if self.runtime is not None and self.runtime.out_of_bounds:
             # Addressed at run time outside its tensor: the transfer is skipped (``oob_mode.skip``) and touches no
             # byte, so it orders nothing; an in-bounds run-time address is resolved like any other.
             return Region(st.id, kind, (0, 0), (0, 0))
+        if self.runtime is not None and st.on_chip:
+            # An on-chip operand at a run-time offset (on its free axis) may be anywhere in its partitions' rows
+            # for all the compiler can tell, so it is ordered against every access to them.
+            static = self._static_region()
+            return Region(st.id, kind, static.partitions, (0, st.row_bytes))
+        return self._static_region()
+
+    def _static_region(self) -> Region:
+        isz = self.itemsize
+        st = self.storage
+        kind = st.kind
         if self._row_offsets is not None:
             idx = self._index_array()
             lo, hi = int(idx.min()), int(idx.max())

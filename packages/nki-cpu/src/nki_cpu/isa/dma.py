@@ -56,8 +56,11 @@ def _sbuf_side(dst: NkiTensor, srcs: Sequence[NkiTensor]) -> NkiTensor:
     return dst
 
 
-def _emit_dma(instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: bool, mode: Any) -> NkiInstruction:
-    """The record of a DMA: sized by its SBUF side (dst if neither is in SBUF), nbytes = bytes written."""
+def _emit_dma(
+    instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: bool, mode: Any, moved: float = 1.0
+) -> NkiInstruction:
+    """The record of a DMA: sized by its SBUF side (dst if neither is in SBUF), nbytes = bytes written (``moved``:
+    the share of rows not skipped by ``oob_mode.skip``)."""
     side = _sbuf_side(dst, srcs)
     return emit(
         instr,
@@ -66,7 +69,7 @@ def _emit_dma(instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor], transpose: 
         srcs,
         partitions=side.partitions,
         free_elems=side.free_elems,
-        nbytes=dst.size * dst.itemsize,
+        nbytes=round(dst.size * dst.itemsize * moved),
         attrs=_dma_attrs(dst, srcs, transpose, mode),
     )
 
@@ -127,7 +130,8 @@ def dma_copy(
             dst.write(values)
     elif rows.any():
         _write_valid_rows(dst, values, rows)
-    return _emit_dma(instr, dst, [src], False, dge_mode)
+    moved = 1.0 if rows is None else float(rows.mean())
+    return _emit_dma(instr, dst, [src], False, dge_mode, moved)
 
 
 def _rows_in_bounds(dst: NkiTensor, src: NkiTensor) -> np.ndarray | None:
