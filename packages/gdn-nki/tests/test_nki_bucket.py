@@ -438,3 +438,40 @@ def test_the_torch_entry_point_traces_each_bucket_once() -> None:
                     for at in range(0, len(launches), len(layouts))]  # fmt: skip
         assert [len(found) for found in programs] == [1] * len(buckets), programs
         assert len(set.union(*programs)) == len(buckets)
+
+
+def test_two_state_blocks_start_each_sequence_from_its_row_or_zero_wherever_it_starts() -> None:
+    """At Dv = 64 the state is two column blocks, each with its own boundary tiles; with group 3 the entries are
+    read at run-time offsets inside a unit and copied at unit ends. A sequence without a row that starts where an
+    earlier unit of the same tile set loaded another's initial state must start from zero, and NaN in rows no
+    sequence names must reach nothing: each sequence equals a separate prefill of it, bit for bit."""
+    dv = 64
+    layouts = [
+        ([2 * C + 5, C, 3 * C, C - 7, 2 * C], [4, -1, 6, -1, 2]),
+        ([4 * C, 1, 0, 3 * C + 2], [-1, 9, 1, 3]),
+    ]
+    for index, (lengths, rows) in enumerate(layouts):
+        cases = [
+            case("bfloat16", Geometry(B=1, Hk=1, Hv=1, S=n, Dk=DK, Dv=dv), 40 * index + i,
+                 "initial_state" if r >= 0 else "random") if n else None
+            for i, (n, r) in enumerate(zip(lengths, rows, strict=True))
+        ]  # fmt: skip
+        pool = np.full((POOL_ROWS, 1, DK, dv), np.nan, np.float32)
+        for c, r in zip(cases, rows, strict=True):
+            if c is not None and r >= 0:
+                pool[r] = c.kernel["recurrent_state"][0]
+        packed = {name: np.concatenate([c.kernel[name] for c in cases if c], axis=2) for name in TENSORS}
+        cu = np.cumsum((0, *lengths)).astype(np.int32)
+        out, final = gdn_nki.prefill_bucket(
+            **packed, cu_seqlens=cu, bucket=(12 * C, 5), scale=DK**-0.5, recurrent_state=pool,
+            state_indices=np.asarray(rows, np.int32), group_size=3, check_values=False,
+        )  # fmt: skip
+        for i, c in enumerate(cases):
+            if c is None:
+                continue
+            start = c.kernel["recurrent_state"].copy() if rows[i] >= 0 else None
+            alone = gdn_nki.prefill(**{k: c.kernel[k] for k in TENSORS}, scale=DK**-0.5, recurrent_state=start,
+                                    group_size=3)  # fmt: skip
+            assert np.array_equal(out[:, :, cu[i] : cu[i + 1]], alone[0]), f"layout {index} sequence {i}: output"
+            if rows[i] >= 0:
+                assert np.array_equal(final[rows[i]], alone[1][0]), f"layout {index} sequence {i}: state"

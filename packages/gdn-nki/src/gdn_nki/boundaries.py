@@ -7,11 +7,18 @@ only sequence-dependent work is at chunk boundaries of the chain, and NKI 2.33 h
 ("NKI Scalar Values", SDK 2.33: a comparison of run-time scalars is traced but cannot be used), so both become
 arithmetic and run-time addresses:
 
-- at a sequence's first chunk the carried state is replaced by the pool row's state (or zero): the state after the
-  chunk before is blended ``keep · h + init`` with ``keep`` 0 there and 1 elsewhere (exact: ``keep`` is 0 or 1, and
-  ``init`` is zero wherever ``keep`` is 1). ``init`` comes from a copy of the named pool rows gathered per
-  value head (``InitialStates``: slot N is zeros, for chunks where no sequence starts and for −1 rows), so
-  no load of the chain reads the pool its stores write. The rows read are ``state_indices``, or ``read_indices``
+- at a sequence's first chunk the carried state is replaced by the pool row's state, or zero. Each chunk's
+  boundary tile (``ChunkTiles.boundary``, [Dk, 3·Dv] fp32 per column block) holds three states side by side: the state after the chunk
+  (the chain writes it), the state a sequence starting after the chunk starts from (loaded with the unit) and
+  zeros (set once). The next chunk reads its entry state at a run-time column offset, 0, w or 2·w for a block of
+  width w (``entry_offset``; ``nl.ds`` on an SBUF operand, "NKI Scalar Values", SDK 2.33), so no instruction on the
+  chain's path chooses between them. Only the state after a unit's last chunk is copied, from that offset into
+  the fixed tile a compiled loop starts the next unit from (``lanes``' state ring). The initial states come from
+  a copy of the named pool rows gathered per value head (``InitialStates``), so no load of the chain reads the
+  pool its stores write; where no sequence with a row starts, the load names slot N, past the copy, and is
+  skipped (``oob_mode.skip``): it moves nothing and the next chunk reads the carried state or the zeros. Each
+  column block of the state (``state.column_blocks``) has a boundary tile of its own: an access at a run-time
+  offset is ordered against its whole tile, and the two blocks are independent chains. The rows read are ``state_indices``, or ``read_indices``
   where a sequence starts from another row than the one it ends in (a prefix-cache hit: the cache's row is read,
   the request's own row written);
 - after each chunk the state is stored by ONE DMA addressed at run time (a row read with ``nisa.scalar_load``):
@@ -19,17 +26,18 @@ arithmetic and run-time addresses:
   sequence's end and checkpoints); a last checkpoint that is its sequence's end is copied from that row once the
   head's chain is done (``ChunkBoundaries.lane_done``). A chunk with nothing to store addresses row P, one past the
   pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
-  ``nki.isa.oob_mode`` v2.29.1). The chain writes the state after a chunk into a tile of its own (``after``), the
-  stores read it and the blend makes the next entry from it, so the chain never waits for a store.
+  ``nki.isa.oob_mode`` v2.29.1). The stores read the pair's left half, which only the chain writes, so the chain
+  never waits for a store.
 
 Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the last chunk and names nothing):
 
 | table | shape | holds |
 |---|---|---|
-| ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N where none starts or it has no row |
+| ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N (skipped) where none starts or it has no row |
 | ``store_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to: a sequence's end (with a row), else a checkpoint's; P where none |
-| ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none |
-| ``keep`` | [Dk, n + 1] fp32 | 0 where a sequence with at least one chunk starts at chunk c, else 1 (on every partition) |
+| ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none, and for the sequence ending at the bucket's last chunk |
+| ``last_copy_row`` | [1, 1] int32 | with checkpoints: that row for the sequence ending at the bucket's last chunk, stored from SBUF by the lane's last link; P where none |
+| ``entry_offset`` | [1, n + 1] int32 | the third of the boundary tiles chunk c's entry state is: 0 (the carried state) where no sequence starts, 1 (the loaded one) where one with a row starts, 2 (zeros) where one without starts |
 
 They are sums over the sequences (on partitions) of 0/1 comparisons of an iota against the boundaries, weighted by
 ``row − P`` (``slot − N``): a tensor-engine product with fp32 operands, exact for integers below 2²⁴. A zero-length sequence has
@@ -44,8 +52,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import tiles
+from . import engines, tiles
 from .backend import nisa, nl
+from .state import State
 from .tiles import FP32
 
 INT32 = nl.int32
@@ -62,34 +71,40 @@ class ChunkBoundaries:
     initial: InitialStates  # the named pool rows' states, gathered per value head
     start_slot: Any
     store_row: Any
-    keep: Any
+    entry_offset: Any
     # With checkpoints: per slot, the checkpoint row its final state is copied to once stored (``lane_done``)
     copy_row: Any = None
-    # One [Dk, Dv] fp32 tile per position of a unit: the state after the chunk there, before the blend, which the
-    # store DMAs read. Blending in place instead would make the blend (and the whole chain) wait for the stores.
-    after: list[Any] = field(default_factory=list)
+    last_copy_row: Any = None
 
     def initial_state(self, h: int, dst: Any) -> None:
         """Load value head ``h`` of the state chunk 0's sequence starts from into ``dst`` ([Dk, Dv] fp32): the pool
-        row, or zero."""
+        row, or zero (set first; the load is skipped)."""
+        nisa.memset(dst=dst, value=0.0)
         self._load_initial(_column(self.start_slot, 0), h, dst)
 
-    def load_next_initial(self, h: int, c: Any, dst: Any) -> None:
+    def load_next_initial(self, h: int, c: Any, dst: list[Any]) -> None:
         """With the loads of chunk ``c`` (an int, or a compiled loop's run-time scalar): DMA value head ``h`` of
-        the initial state a sequence starting at chunk c + 1 starts from (zeros where none does) into ``dst``
-        ([Dk, Dv] fp32, the chunk's ``ChunkTiles.initial``), periods before the chain's blend reads it."""
-        self._load_initial(_column(self.start_slot, c + 1), h, dst)
+        the initial state a sequence starting at chunk c + 1 starts from into ``dst`` (the chunk's
+        ``ChunkTiles.initial``, one [Dk, w] fp32 view per column block), periods before the next chunk reads it;
+        skipped where no sequence with a row starts there (``entry_offset`` then points elsewhere)."""
+        slot_entry, start = _column(self.start_slot, c + 1), 0
+        for block in dst:
+            self._load_initial(slot_entry, h, block, slice(start, start + block.shape[1]))
+            start += block.shape[1]
 
-    def link(self, h: int, c: Any, last: bool, position: int, init: Any) -> BoundaryLink:
-        """What the chain's link for chunk ``c`` (an int, or a compiled loop's run-time scalar) of value head ``h``,
-        at ``position`` in its unit, does at the boundary after it: the rows its state is stored to (read now,
-        ahead of the link), the blend with ``init`` (``load_next_initial``), applied per state block
-        (``BoundaryLink``). ``last``: the lane's last chunk (no next chunk to start)."""
+    def link(self, h: int, c: Any, last: bool, place: Any, unit_end: bool) -> BoundaryLink:
+        """What the chain's link for chunk ``c`` (an int, or a compiled loop's run-time scalar) of value head ``h``
+        does at the boundary after it (``BoundaryLink``): the rows its state is stored to and the next chunk's
+        entry offset (both read now, ahead of the link), in the chunk's boundary tile (``place``: its
+        ``ChunkTiles``); ``unit_end``: the entry is copied into the next unit's tile. ``last``: the lane's last
+        chunk (no next chunk to start)."""
         stores = [nisa.scalar_load(_column(self.store_row, c))]
         if last:
-            return BoundaryLink(self.pool, h, stores, None, None, None)
-        after = self.after[position % len(self.after)]
-        return BoundaryLink(self.pool, h, stores, _column(self.keep, c + 1), init, after)
+            if self.last_copy_row is not None:  # a last checkpoint at the bucket's end: stored now, not copied after
+                stores.append(nisa.scalar_load(self.last_copy_row))
+            return BoundaryLink(self.pool, h, stores)
+        offset = nisa.scalar_load(_column(self.entry_offset, c + 1))
+        return BoundaryLink(self.pool, h, stores, place.after, place.boundary, offset, unit_end)
 
     def lane_done(self, h: int) -> None:
         """After value head ``h``'s last link: copy the final state of each sequence whose last checkpoint is its
@@ -103,44 +118,72 @@ class ChunkBoundaries:
             dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
-    def _load_initial(self, slot_entry: Any, h: int, dst: Any) -> None:
-        """DMA value head ``h`` of the gathered initial state the table entry names (slot N: zeros) into ``dst``."""
+    def _load_initial(self, slot_entry: Any, h: int, dst: Any, cols: slice | None = None) -> None:
+        """DMA columns ``cols`` (all) of value head ``h`` of the gathered initial state the table entry names into
+        ``dst`` (slot N, past the copy: skipped, ``dst`` unchanged)."""
         self.initial.gather(h)
         slot = nisa.scalar_load(slot_entry)
-        nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, slice(0, dst.shape[1])))
+        cols = slice(0, dst.shape[1]) if cols is None else cols
+        nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
 
 
 @dataclass
 class BoundaryLink:
-    """The boundary after one chunk: the rows its state goes to, the next chunk's ``keep`` column and initial
-    state, and the tile the state after the chunk is written into (the last three None after a lane's last chunk:
-    the state is written in place and only stored)."""
+    """The boundary after one chunk: the rows its state goes to, the views the state after the chunk is written
+    into (``after``, per column block: the first third of the chunk's boundary tiles ``boundary``; None after a
+    lane's last chunk, where the state is written in place and only stored), and the run-time column ``offset`` in
+    each boundary tile of the next chunk's entry state, which a unit's last link (``unit_end``) copies into the
+    next unit's entry tile."""
 
     pool: Any
     h: int
     rows: list[Any]
-    keep: Any
-    init: Any
-    after: Any
+    after: list[Any] | None = None
+    boundary: list[Any] | None = None
+    offset: Any = None
+    unit_end: bool = False
 
-    def after_chunk(self, block: Any, cols: slice) -> Any:
-        """Where the link writes column block ``cols`` of the state after the chunk (``block``: the next chunk's
-        entry state's block)."""
-        return block if self.after is None else self.after[:, cols]
+    @property
+    def selects(self) -> bool:
+        """The next chunk reads its entry state from the boundary tile itself, at the run-time offset."""
+        return self.offset is not None and not self.unit_end
 
-    def blend(self, after: Any, block: Any, cols: slice) -> None:
-        """Make the next chunk's entry block ``block = keep · after + init`` from column block ``cols`` of the state
-        after the chunk (``after``); nothing after a lane's last chunk."""
-        if self.keep is not None:
-            tiles.scale_add(block, after, self.keep, self.init[:, cols])
+    def entry(self, j: int) -> Any:
+        """Column block ``j`` of the next chunk's entry state: a view of its boundary tile at the offset (in units
+        of the block's width)."""
+        width = self.after[j].shape[1]
+        return self.boundary[j][:, nl.ds(self.offset * width, width)]
+
+    def entry_state(self, dtype: Any, tiles_of: State | None) -> State:
+        """The next chunk's entry state as views of the boundary tiles at the run-time offset, one per column block;
+        its parts and decayed copies made in ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
+        blocks = [self.entry(j) for j in range(len(self.after))]
+        if tiles_of is None:
+            return State(blocks, None, dtype)
+        tiles_of.written()
+        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles)
+
+    def after_chunk(self, block: Any, j: int) -> Any:
+        """Where the link writes column block ``j`` of the state after the chunk (``block``: the next chunk's entry
+        state's block)."""
+        return block if self.after is None else self.after[j]
+
+    def finish(self, block: Any, j: int) -> None:
+        """At a unit's end, copy column block ``j`` of the next chunk's entry state into ``block`` (the next unit's
+        entry tile); nothing otherwise."""
+        if self.unit_end and self.offset is not None:
+            tiles.copy_to(block, self.entry(j), engine=engines.VECTOR)
 
     def store(self, whole: Any) -> None:
-        """Store the state after the chunk to each row, one DMA per row for the whole [Dk, Dv] state (skipped where
-        the row is P); ``whole``: the state tile, read when the link wrote in place (a lane's last chunk)."""
-        src = whole if self.after is None else self.after
+        """Store the state after the chunk to each row (skipped where the row is P): one DMA per column block, or
+        one for the whole [Dk, Dv] ``whole``, the state tile the link wrote in place (a lane's last chunk)."""
+        sources = [whole] if self.after is None else self.after
         for row in self.rows:
-            nisa.dma_copy(dst=_pool_view(self.pool, row, self.h, slice(0, src.shape[1])), src=src,
-                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+            start = 0
+            for src in sources:
+                cols = slice(start, start + src.shape[1])
+                nisa.dma_copy(dst=_pool_view(self.pool, row, self.h, cols), src=src, oob_mode=nisa.oob_mode.skip)
+                start = cols.stop
 
 
 def _column(table: Any, c: Any) -> Any:
@@ -163,7 +206,6 @@ def build(
     n_chunks: int,
     checkpoint_every: int = 0,
     checkpoint_indices: Any = None,
-    positions: int = 1,
     read_indices: Any = None,
 ) -> ChunkBoundaries:
     """The tables of a bucket of ``n_chunks`` chunks from the kernel's device tensors.
@@ -177,7 +219,6 @@ def build(
         checkpoint_every (int): chunks between checkpoints (0: none).
         checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, pool row of checkpoint k (after ``(k + 1) ·
             checkpoint_every`` chunks of sequence i), −1 = none.
-        positions (int): chunks per unit of the pipeline (the group size): one ``after`` tile each.
         read_indices (nl.NkiTensor): [N] int32 @ HBM, the pool row sequence i starts from when it is not the row
             its final state goes to (a prefix-cache hit resumes from a cache row it must not overwrite), −1 =
             zero; None: ``state_indices``.
@@ -186,7 +227,7 @@ def build(
         ChunkBoundaries: the tables, in SBUF.
     """
     seqs = state_indices.shape[0]
-    rows_total, dk = pool.shape[0], pool.shape[2]
+    rows_total = pool.shape[0]
     width = n_chunks + 1
     first = _vector(chunk_bounds, seqs, 0)
     end = _vector(chunk_bounds, seqs, 1)
@@ -204,28 +245,22 @@ def build(
     slot = tiles.sbuf((seqs, 1), FP32)
     nisa.iota(dst=slot, pattern=[[0, 1]], offset=0, channel_multiplier=1)
     slot_weight = _weight(slot, seqs, has_read, live)
-
-    ones = tiles.sbuf((seqs, dk), FP32)
-    nisa.memset(dst=ones, value=1.0)
-    live_rows = tiles.sbuf((seqs, dk), FP32)
-    nisa.tensor_scalar(dst=live_rows, data=ones, op0=nl.multiply, operand0=live)
-    started = tiles.psum((dk, width))
-    nisa.nc_matmul(dst=started, stationary=live_rows, moving=starts)
-    keep = tiles.sbuf((dk, width), FP32)
-    nisa.tensor_scalar(dst=keep, data=started, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
+    # A live sequence's entry third: 2 − has_read, the loaded state (1) or the zeros (2)
+    offset_weight = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_scalar(dst=offset_weight, data=has_read, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=2.0)
+    nisa.tensor_tensor(dst=offset_weight, data1=offset_weight, data2=live, op=nl.multiply)
 
     end_row = _sum_table(row_weight, ends, rows_total)
-    copy_row = None
+    copy_row = last_copy_row = None
     if checkpoint_every:
-        end_row, copy_row = _with_checkpoints(
+        end_row, copy_row, last_copy_row = _with_checkpoints(
             end_row, chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end,
             has_row, live,
         )  # fmt: skip
-    dv = pool.shape[3]
-    after = [tiles.sbuf((dk, dv), FP32) for _ in range(positions)]
     initial = _initial_states(pool, reads, seqs)
     return ChunkBoundaries(
-        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, keep, copy_row, after,
+        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, _sum_table(offset_weight, starts, 0), copy_row,
+        last_copy_row,
     )  # fmt: skip
 
 
@@ -265,8 +300,8 @@ def _weight(values: Any, total: int, *flags: Any) -> Any:
 
 @dataclass
 class InitialStates:
-    """[N + 1, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``read_indices[i]`` (``state_indices`` when none) (not read for −1: the DMA skips
-    the row outside the pool), slot N zeros; gathered one value head at a time (``gather``).
+    """[N, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``read_indices[i]`` (``state_indices`` when none; not read
+    for −1: the DMA skips the row outside the pool); gathered one value head at a time (``gather``).
 
     The chain's loads read this copy and never the pool its stores write: a load and a store of the pool addressed
     at run time could be the same row for all the program can tell, and would be ordered one after the other on
@@ -278,20 +313,18 @@ class InitialStates:
     pool: Any
     rows: Any  # [1, N] int32 tile: the slots' pool rows
     tensor: Any
-    zero: Any  # [Dk, Dv] fp32 zeros
     gathered: set[int] = field(default_factory=set)
 
     def gather(self, h: int) -> None:
-        """Copy value heads ``h`` and ``h + 1`` of each slot's pool row, and zeros into slot N (once per head):
-        the next lane's states a lane ahead, so its first chunk does not wait out a gather's latency."""
+        """Copy value heads ``h`` and ``h + 1`` of each slot's pool row (once per head): the next lane's states a
+        lane ahead, so its first chunk does not wait out a gather's latency."""
         for head in (h, h + 1):
             if head not in self.gathered and head < self.tensor.shape[1]:
                 self._gather(head)
 
     def _gather(self, h: int) -> None:
         self.gathered.add(h)
-        seqs, dv = self.rows.shape[1], self.zero.shape[1]
-        nisa.dma_copy(dst=self.tensor[seqs, h, :, :], src=self.zero)
+        seqs, dv = self.rows.shape[1], self.tensor.shape[3]
         for i in range(seqs):
             row = nisa.scalar_load(self.rows[:, i : i + 1])
             nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_pool_view(self.pool, row, h, slice(0, dv)),
@@ -301,12 +334,10 @@ class InitialStates:
 def _initial_states(pool: Any, read_indices: Any, seqs: int) -> InitialStates:
     """The launch's ``InitialStates``, nothing gathered yet."""
     _, heads, dk, dv = pool.shape
-    tensor = nl.ndarray((seqs + 1, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
-    zero = tiles.sbuf((dk, dv), FP32)
-    nisa.memset(dst=zero, value=0.0)
+    tensor = nl.ndarray((seqs, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     rows = tiles.sbuf((1, seqs), INT32)
     nisa.dma_copy(dst=rows, src=read_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
-    return InitialStates(pool, rows, tensor, zero)
+    return InitialStates(pool, rows, tensor)
 
 
 def _sum_table(weight: Any, found: Any, total: int) -> Any:
@@ -345,7 +376,7 @@ def _with_checkpoints(
     chain link reads it).
 
     Returns:
-        ``([1, width] int32 store rows, [1, N] int32 copy rows)``.
+        ``([1, width] int32 store rows, [1, N] int32 copy rows, [1, 1] int32 the last chunk's second row)``.
     """
     per_seq = checkpoint_indices.shape[1]
     at = tiles.sbuf((seqs, per_seq), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
@@ -382,8 +413,15 @@ def _with_checkpoints(
     nisa.tensor_reduce(dst=copy_weight, op=nl.add, data=at_end, axis=1)
     for flag in (has_row, live):
         nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=flag, op=nl.multiply)
+    # The sequence ending at the bucket's last chunk: its copy is a second store of the lane's last link (from SBUF,
+    # not a pool-to-pool copy after the chain, which would be the launch's last transfer)
+    ends_last = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_scalar(dst=ends_last, data=end, op0=nl.equal, operand0=float(width - 1))
+    last_copy_row = _sum_table(copy_weight, ends_last, rows_total)
+    nisa.tensor_scalar(dst=ends_last, data=ends_last, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
+    nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=ends_last, op=nl.multiply)
     slot_index = tiles.sbuf((seqs, seqs), FP32)  # c − p: 0 on the diagonal
     nisa.iota(dst=slot_index, pattern=[[1, seqs]], offset=0, channel_multiplier=-1)
     identity = tiles.sbuf((seqs, seqs), FP32)
     nisa.tensor_scalar(dst=identity, data=slot_index, op0=nl.equal, operand0=0.0)
-    return store_row, _sum_table(copy_weight, identity, rows_total)
+    return store_row, _sum_table(copy_weight, identity, rows_total), last_copy_row

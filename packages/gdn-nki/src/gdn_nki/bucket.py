@@ -94,8 +94,7 @@ def gdn_cte_bucket(
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     every = checkpoint_every // chunk
     tables = boundaries.build(
-        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, positions=group_size,
-        read_indices=read_indices,
+        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
     )  # fmt: skip
     emit(call, out, state_pool, [Span(0, 0, n_chunks, 0)], tables)
     return out, state_pool

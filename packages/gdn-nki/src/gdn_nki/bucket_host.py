@@ -97,8 +97,8 @@ def prefill_bucket(
             without configured buckets the batch's own size (module docstring).
         scale, algorithm, mask_pack, group_size: as ``prefill_varlen`` (the bucket kernel needs "schur": it
             starts sequences from pool rows).
-        recurrent_state: optional [P, Hv, Dk, Dv] fp32 pool, updated in place; omitted: a zero pool of n rows
-            (row i = sequence i) is made and returned.
+        recurrent_state: optional [P, Hv, Dk, Dv] fp32 pool, updated in place; omitted: every sequence starts
+            from zero and a pool of n rows (row i = sequence i's final state) is made and returned.
         state_indices: [n] pool rows, −1 = start from zero and store nothing; omitted: row i.
         checkpoint_every: tokens between checkpoints (a chunk multiple), or None.
         checkpoint_indices: [n, K] pool rows: row of the state after ``(k + 1) · checkpoint_every`` tokens of
@@ -130,6 +130,8 @@ def prefill_bucket(
     if pool is None:
         dk, dv = query.shape[3], value.shape[3]
         pool = np.zeros((seqs, value.shape[1], dk, dv), np.float32)
+        if read_indices is None:  # every sequence starts from zero: no row of the fresh pool is read
+            read_indices = np.full(seqs, -1, np.int32)
     rows = np.arange(seqs) if state_indices is None else state_indices
     violations = bucket_violations(
         cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows, checkpoint_every, checkpoint_indices,

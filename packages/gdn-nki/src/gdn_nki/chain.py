@@ -37,7 +37,10 @@ def advance_state(
     (Figures: PERFORMANCE.md, "Figures behind the kernel's comments".)
     """
     dv = lane.value.shape[3]
-    following = dst.written() if dst is not None else state_tile(lane)
+    if boundary is not None and boundary.selects:  # a bucket within a unit: the entry read from the chunk's pair
+        following = boundary.entry_state(lane.dtype, dst)
+    else:
+        following = dst.written() if dst is not None else state_tile(lane)
     output = None if pending is None else Output(lane, *pending)
     for j, (cols, new) in enumerate(zip(column_blocks(dv), following.blocks, strict=True)):
         update = tiles.psum((chunk.k_decay.shape[1], cols.stop - cols.start))
@@ -47,7 +50,7 @@ def advance_state(
         products.issue(groups)
         # The chain's one vector op per block, on the vector engine like every chain link, so no other engine's
         # queue holds an instruction that waits on the chain (the split's one GpSimd op excepted, see split_block).
-        after = new if boundary is None else boundary.after_chunk(new, cols)
+        after = new if boundary is None else boundary.after_chunk(new, j)
         if state.zero:
             tiles.copy_to(after, update, engine=engines.VECTOR)
         elif j in state.decayed:
@@ -55,7 +58,7 @@ def advance_state(
         else:
             tiles.scale_add(after, state.blocks[j], chunk.decay_last, update)
         if boundary is not None:
-            boundary.blend(after, new, cols)
+            boundary.finish(new, j)
         if not final:
             following.parts(j)
             if next_decay is not None:

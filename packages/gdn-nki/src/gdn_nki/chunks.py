@@ -125,7 +125,14 @@ class ChunkTiles:
     value: Any  # [C, Dv] compute dtype, position j of ``values``
     k_gamma: Any  # [C, Dk] compute dtype, diag(e^γ) K
     q_decay_t: Any  # [Dk, C] fp32
-    initial: Any = None  # [Dk, Dv] fp32, a bucketed launch's entry state where a sequence starts after the chunk
+    # A bucketed launch's boundary tiles, one [Dk, 3·w] fp32 tile per state column block of width w: the block of
+    # the state after the chunk (``after``), of the initial state of a sequence starting after the chunk
+    # (``initial``) and zeros, side by side so the next chunk reads the one it starts from at a run-time offset
+    # (``boundaries.BoundaryLink``). A tile per block: an access at a run-time offset is ordered against the whole
+    # tile, and the state's two column blocks are two independent chains (``state.State``).
+    boundary: list[Any] | None = None
+    initial: list[Any] | None = None
+    after: list[Any] | None = None
 
     def for_inverse(self, token: Any) -> Chunk:
         """The chunk starting at ``token`` as the inverse sees it: Ãᵀ from the operand stage, its inverse written
@@ -154,11 +161,23 @@ TRANSITION_INPUTS = ("inverse_t", "value", "k_gamma", "q_decay_t")  # what the t
 TRANSITION_OUTPUTS = ("u", "transition_t", "q_eff_t")  # what the transition writes for the chain
 
 
+# Narrowest state column block worth splitting into: below it the fixed per-instruction costs dominate.
+STATE_BLOCK_MIN = 32
+
+
+def column_blocks(dv: int) -> list[slice]:
+    """The state's column blocks: two halves when Dv allows, else one."""
+    if dv < 2 * STATE_BLOCK_MIN:
+        return [slice(0, dv)]
+    half = dv // 2
+    return [slice(0, half), slice(half, dv)]
+
+
 def allocate_tile_sets(count: int, lane: Lane, sets: int, initial: bool = False) -> list[list[ChunkTiles]]:
     """``sets`` tile sets of ``count`` positions for chunks of ``lane``'s shapes and dtypes (every lane of a launch
     has the same); the transition's outputs are one tile per position, shared by the sets. ``initial``: each
-    position also holds the initial state a bucketed launch may start after the chunk (``ChunkTiles.initial``,
-    loaded with the unit so the chain never waits for it)."""
+    position also holds a bucketed launch's boundary tiles (``ChunkTiles.boundary``: the state after the chunk, the
+    initial state a sequence may start after it, loaded with the unit so the chain never waits for it, and zeros)."""
     c, dtype = lane.chunk, lane.dtype
     dk, dv = lane.key.shape[3], lane.value.shape[3]
     shared = [
@@ -186,11 +205,18 @@ def allocate_tile_sets(count: int, lane: Lane, sets: int, initial: bool = False)
                 value=values[:, j, :],
                 k_gamma=tiles.sbuf((c, dk), dtype),
                 q_decay_t=tiles.sbuf((dk, c), FP32),
-                initial=tiles.sbuf((dk, dv), FP32) if initial else None,
                 **shared[j],
             )
             for j in range(count)
         ]
+        if initial:
+            for place in tile_set:
+                widths = [cols.stop - cols.start for cols in column_blocks(dv)]
+                place.boundary = [tiles.sbuf((dk, 3 * w), FP32) for w in widths]
+                place.after = [tile[:, :w] for tile, w in zip(place.boundary, widths, strict=True)]
+                place.initial = [tile[:, w : 2 * w] for tile, w in zip(place.boundary, widths, strict=True)]
+                for tile, w in zip(place.boundary, widths, strict=True):
+                    nisa.memset(dst=tile[:, 2 * w :], value=0.0, engine=engines.GPSIMD)
         # Zero once: schur never writes the lower-left 64-block of Invᵀ (schur._level5). On GpSimd, idle at the
         # launch's start: on the vector engine these memsets sit ahead of the first unit's gate columns.
         for place in tile_set:
@@ -209,7 +235,7 @@ def chunk_tiles_bytes(lane: Lane, initial: bool = False) -> int:
 
     compute = size(lane.dtype) * (c + dk + dv + c + dk)  # attn_t, k_decay, v, inverse_t, k_gamma
     own = compute + size(lane.system_dtype) * c + 4 * (c + 1 + 3)  # a_t; q_decay_t, e^γ_last, the gate columns
-    return own + (4 * dv if initial else 0)
+    return own + (12 * dv if initial else 0)
 
 
 def tile_of(chunk: Chunk, name: str, like: Any, dtype: Any) -> Any:

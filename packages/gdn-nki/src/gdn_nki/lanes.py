@@ -303,17 +303,21 @@ def advance(
             state = seg.initial
             seg.initial = None
         pending = None
+        last = len(seg.chunks) - 1
+        # A bucket's boundary links, each reading its run-time rows and offset now: the scalar loads sit in their
+        # engine's queue ahead of the chain's work, not between a link and the next chunk's first use of its state
+        links = [
+            boundaries.link(lane.h, seg.chunk_index(k), seg.ends_lane and k == last, tile_set[positions.start + k],
+                            unit_end=k == last)
+            for k in range(len(seg.chunks))
+        ] if boundaries is not None else [None] * len(seg.chunks)  # fmt: skip
         for k, chunk in enumerate(seg.chunks):
             entry = state
-            final = seg.ends_lane and k == len(seg.chunks) - 1
+            final = seg.ends_lane and k == last
             dst = ring[order[k + 1]] if ring else None
-            following = seg.chunks[k + 1] if k + 1 < len(seg.chunks) else None
+            following = seg.chunks[k + 1] if k < last else None
             next_decay = following.decay_last if following is not None else None
-            link = None
-            if boundaries is not None:
-                position = positions.start + k
-                link = boundaries.link(lane.h, seg.chunk_index(k), final, position, tile_set[position].initial)
-            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending, link)
+            state = chain.advance_state(lane, chunk, entry, final, dst, next_decay, pending, links[k])
             pending = (chunk, entry)
             yield
         if seg.ends_lane and boundaries is None:  # the final state is ready before the last output: store it first

@@ -10,11 +10,8 @@ from typing import Any
 
 from . import engines, tiles
 from .backend import nl
-from .chunks import Lane
+from .chunks import Lane, column_blocks
 from .tiles import FP32
-
-# Narrowest state column block worth splitting into: below it the fixed per-instruction costs dominate.
-STATE_BLOCK_MIN = 32
 
 
 @dataclass
@@ -74,14 +71,6 @@ class State:
         block = self.blocks[j]
         dst = self.decayed_tiles[j] if self.decayed_tiles else tiles.sbuf(tuple(block.shape), FP32)
         self.decayed[j] = tiles.scale_rows(block, decay_last, FP32, dst=dst, among=(engines.GPSIMD,))
-
-
-def column_blocks(dv: int) -> list[slice]:
-    """The state's column blocks: two halves when Dv allows, else one."""
-    if dv < 2 * STATE_BLOCK_MIN:
-        return [slice(0, dv)]
-    half = dv // 2
-    return [slice(0, half), slice(half, dv)]
 
 
 def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
