@@ -475,3 +475,27 @@ def test_two_state_blocks_start_each_sequence_from_its_row_or_zero_wherever_it_s
             assert np.array_equal(out[:, :, cu[i] : cu[i + 1]], alone[0]), f"layout {index} sequence {i}: output"
             if rows[i] >= 0:
                 assert np.array_equal(final[rows[i]], alone[1][0]), f"layout {index} sequence {i}: state"
+
+
+def test_fp32_at_head_dim_128_and_group_16_runs_a_smaller_group_with_the_same_results() -> None:
+    """The boundary tiles of two fp32 tile sets of 16 chunks at head dim 128 would not fit SBUF beside the rest:
+    the bucket runs a smaller group (``lanes.bucket_group``) and its results are those of a group of 16."""
+    lengths, rows = [C + 9, 2 * C], [1, -1]
+    cases = [
+        case("float32", Geometry(B=1, Hk=1, Hv=1, S=n, Dk=128, Dv=128), 70 + i, "initial_state" if r >= 0 else "random")
+        for i, (n, r) in enumerate(zip(lengths, rows, strict=True))
+    ]  # fmt: skip
+    pool = np.zeros((POOL_ROWS, 1, 128, 128), np.float32)
+    pool[1] = cases[0].kernel["recurrent_state"][0]
+    packed = {name: np.concatenate([c.kernel[name] for c in cases], axis=2) for name in TENSORS}
+    cu = np.cumsum((0, *lengths)).astype(np.int32)
+    out, final = gdn_nki.prefill_bucket(**packed, cu_seqlens=cu, bucket=(16 * C, 2), recurrent_state=pool,
+                                        state_indices=np.asarray(rows, np.int32), group_size=16)  # fmt: skip
+    if not gdn_nki.backend.USING_REAL_NKI:
+        assert nki_cpu.last_traces()[0].fingerprint()  # it ran: no SBUF overflow
+    for i, c in enumerate(cases):
+        start = c.kernel["recurrent_state"].copy() if rows[i] >= 0 else None
+        alone = gdn_nki.prefill(**{k: c.kernel[k] for k in TENSORS}, recurrent_state=start, group_size=16)
+        assert np.array_equal(out[:, :, cu[i] : cu[i + 1]], alone[0]), f"sequence {i}: output"
+        if rows[i] >= 0:
+            assert np.array_equal(final[rows[i]], alone[1][0]), f"sequence {i}: state"

@@ -165,6 +165,10 @@ PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inv
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
+# Per-partition SBUF bytes the two tile sets of the two-stage pipeline may take: beside them the rest needs ~70 KB
+# at head dim 128 and group 16 in fp32, of 212,984. A bucketed launch, whose tile sets also hold the boundary
+# tiles, runs a smaller group where its group's two sets would take more (``bucket_group``).
+TWO_SETS_LIMIT = 140 * 1024
 
 
 @dataclass
@@ -508,10 +512,12 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     consult) decides once for the body. The program therefore holds each lane's steady state once, whatever its
     length.
     """
+    bucketed = inputs.boundaries is not None
+    if bucketed and lanes:
+        group_size = bucket_group(lanes[0], group_size)
     units = lane_units(lanes, group_size)
     if not units:
         return
-    bucketed = inputs.boundaries is not None
     depth = pipeline_depth(lanes[0], group_size, bucketed)
     tile_sets = allocate_tile_sets(group_size, lanes[0], depth, initial=bucketed)
     pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
@@ -539,6 +545,14 @@ def hand_over(units: list[Unit], index: int, state: State | None) -> None:
     its first segment starts a lane; no unit: the launch's chain is done."""
     if state is not None and 0 <= index < len(units):
         units[index][0].entry = state
+
+
+def bucket_group(lane: Lane, group_size: int) -> int:
+    """The largest group up to ``group_size`` whose two tile sets with boundary tiles fit ``TWO_SETS_LIMIT`` (fp32
+    at head dim 128: 13 where 16 is asked). The group is a schedule, not a numerical choice: each chunk's inverse
+    and state update are the same in any group, so results are bit-identical (``test_nki_bucket.py``)."""
+    per_chunk = 2 * chunk_tiles_bytes(lane, initial=True)
+    return max(1, min(group_size, TWO_SETS_LIMIT // per_chunk))
 
 
 def pipeline_depth(lane: Lane, group_size: int, initial: bool = False) -> int:
