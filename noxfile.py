@@ -140,6 +140,8 @@ REPORT_POLL_SECONDS = 0.2
 HF_QWEN3_NEXT = "transformers.models.qwen3_next.modeling_qwen3_next"
 FLA_NAIVE = "fla.ops.gated_delta_rule.naive"
 VALIDATED_OUT = ROOT / "thirdparty-out"
+# gdn-spec's seq-first adapter for a kernel taking a state pool and every serving keyword (gdn-spec's README).
+SERVING_ADAPTER = "fla-torch:varlen=yes,pool=initial_state_indices,bucket=yes,checkpoints=yes,read_rows=yes"
 
 
 @nox.session
@@ -150,12 +152,14 @@ def thirdparty(session: nox.Session) -> None:
     VALIDATED_OUT.mkdir(exist_ok=True)
     summaries: list[str] = []
 
-    def check(label: str, spec: str, adapter: str, third_party: bool = True) -> None:
+    def check(label: str, spec: str, adapter: str, third_party: bool = True, areas: tuple[str, ...] = ()) -> None:
         # A third-party kernel's failed tests (exit 1) are findings for the table; anything else (usage error,
-        # internal error, nothing ran) and any failure of this repo's own kernels fails the session.
+        # internal error, nothing ran) and any failure of this repo's own kernels fails the session. ``areas``:
+        # only these contract areas (the table shows — for the others).
         summary = str(VALIDATED_OUT / f"{len(summaries) + 1:02d}.json")
+        only = [argument for area in areas for argument in ("--area", area)]
         session.run(
-            "gdn-spec", "check", spec, "--adapter", adapter, "--label", label, "--json", summary,
+            "gdn-spec", "check", spec, "--adapter", adapter, "--label", label, "--json", summary, *only,
             "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS, success_codes=[0, 1] if third_party else [0],
         )  # fmt: skip
         summaries.append(summary)
@@ -195,6 +199,16 @@ def thirdparty(session: nox.Session) -> None:
         "gdn_nki.torch:chunk_gated_delta_rule",
         "fla-torch:varlen=yes",
         third_party=False,
+    )
+    # The same entry point called as a serving kernel: SGLang's pool-native call (the pool as initial_state, its
+    # rows as initial_state_indices) with gdn-nki's bucket, checkpoints and read rows; the varlen area's serving
+    # checks (the other areas make the same calls as the row above).
+    check(
+        "gdn-nki torch entry point as a serving kernel",
+        "gdn_nki.torch:chunk_gated_delta_rule",
+        SERVING_ADAPTER,
+        third_party=False,
+        areas=("varlen",),
     )
     check("gdn-nki raw @nki.jit kernel", "gdn_nki:gdn_cte", "nki", third_party=False)
     check("gdn-nki simulate with torch tensors", "gdn_nki:simulate", "torch", third_party=False)

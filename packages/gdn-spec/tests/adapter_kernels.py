@@ -208,6 +208,65 @@ def fla_returns_three(q, k, v, g, beta, scale=None, initial_state=None, output_f
 fla_returns_three.gdn_spec_capabilities = dict(CAPS)
 
 
+# --- Pool kernels (SGLang's pool-native call): the pool updated in place at the named rows --------------------
+
+
+def _pool_kernel(flaw: str | None, state_layout: str = "kv", doc: str = "") -> Callable[..., Any]:
+    """A seq-first pool kernel on ``mutants.recurrence``: ``initial_state`` is the pool, ``state_indices`` its rows
+    (-1: start from zero, store nothing), ``bucket`` taken and not needed, checkpoints and read rows honoured. Without
+    ``state_indices`` it is ``fla_style`` (a dense or per-sequence call). One flaw at most:
+    ``stores_minus_one_rows`` stores a row-less sequence's final state into ``pool[-1]`` (-1 as a Python index);
+    ``ignores_read_indices`` starts every sequence from its ``state_indices`` row. ``state_layout="vk"``: the pool is
+    [P, H, V, K]."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+               state_indices=None, bucket=None, checkpoint_every=None, checkpoint_indices=None, read_indices=None):  # fmt: skip
+        del bucket  # one layout per call here: a bucket matters to a compiled kernel only
+        if state_indices is None:
+            return fla_style(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        pool = initial_state if state_layout == "kv" else np.swapaxes(initial_state, -1, -2)  # a view: writes land
+        heads = [seq_first(x) for x in (q, k, v, g, beta)]
+        out = np.zeros(heads[2].shape)
+        bounds = [int(b) for b in cu_seqlens]
+        for i, row in enumerate(int(r) for r in state_indices):
+            a, b = bounds[i], bounds[i + 1]
+            if a == b:
+                continue
+            start = row if read_indices is None or flaw == "ignores_read_indices" else int(read_indices[i])
+            first = np.zeros((1, *pool.shape[1:])) if start < 0 else pool[start : start + 1]
+
+            def run(tokens: int, first: np.ndarray = first, a: int = a) -> tuple[np.ndarray, np.ndarray]:
+                return recurrence(*(x[:, :, a : a + tokens] for x in heads), scale, first)
+
+            out[:, :, a:b], final = run(b - a)
+            if row >= 0 or flaw == "stores_minus_one_rows":
+                pool[row] = final[0]
+            for c, checkpoint_row in enumerate(() if checkpoint_every is None else checkpoint_indices[i]):
+                tokens = (c + 1) * checkpoint_every
+                if checkpoint_row >= 0 and tokens <= b - a:
+                    pool[int(checkpoint_row)] = run(tokens)[1][0]
+        return seq_first(out).astype(q.dtype), None
+
+    kernel.__doc__ = doc
+    kernel.gdn_spec_capabilities = dict(CAPS)
+    return kernel
+
+
+pool_style = _pool_kernel(None, doc="A correct pool kernel (SGLang-style: the pool is the output).")
+v_first_pool_style = _pool_kernel(None, "vk", doc="``pool_style`` with a [P, H, V, K] pool (SGLang's layout).")
+pool_stores_minus_one_rows = _pool_kernel("stores_minus_one_rows", doc="Stores a -1 sequence into pool[-1].")
+pool_ignores_read_indices = _pool_kernel("ignores_read_indices", doc="Starts from state_indices, not read_indices.")
+torch_pool_style = on_torch(pool_style)
+# name -> (kernel, the serving test it must fail, a phrase of the failure)
+POOL_MUTANTS = {
+    "pool_stores_minus_one_rows": (pool_stores_minus_one_rows, "test_serving_layouts_match_the_oracle",
+                                   "which the call names for no store"),
+    "pool_ignores_read_indices": (pool_ignores_read_indices, "test_sequences_start_from_their_read_rows",
+                                  "> tol"),
+}  # fmt: skip
+
+
 class ScaleTwice(Glue):
     """Multiplies q by the scale AND passes it to a kernel that applies it."""
 

@@ -40,6 +40,79 @@ def test_an_option_given_twice_is_an_error_naming_both_values() -> None:
     assert parse("hf-torch:scale=external") == ("hf-torch", {"scale": "external"}), "an option overrides a preset"
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("fla:varlen=yes,pol=state_indices", r"unknown seq-first adapter option 'pol' \(did you mean 'pool'\?\)"),
+        (
+            "fla:varlen=yes,pool=initial_state_indice",
+            r"pool='initial_state_indice' \(did you mean 'initial_state_indices'\?\)",
+        ),
+        ("fla:varlen=yes,pool=state_indices,chekpoints=yes", r"'chekpoints' \(did you mean 'checkpoints'\?\)"),
+        ("fla:varlen=yes,pool=state_indices,bucket=true", r"bucket='true'.*choose one of \('no', 'yes'\)"),
+        ("fla:pool=state_indices", r"pool=state_indices needs varlen=yes"),
+        ("fla:varlen=yes,bucket=yes", r"bucket=yes needs a pool.*add pool="),
+        ("fla:varlen=yes,read_rows=yes", r"read_rows=yes needs a pool"),
+    ],
+)
+def test_misspelt_or_unusable_pool_options_are_errors_naming_the_fix(spec: str, message: str) -> None:
+    with pytest.raises(ImplementationError, match=message):
+        adapt(load("adapter_kernels:pool_style"), spec)
+
+
+def test_a_pool_adapter_declares_the_serving_capabilities_it_passes() -> None:
+    plain = adapt(load("adapter_kernels:pool_style"), "fla:varlen=yes")
+    assert not any(getattr(plain.capabilities, c) for c in ("state_pool", "bucket", "checkpoints", "read_rows"))
+    pooled = adapt(load("adapter_kernels:pool_style"), "fla:varlen=yes,pool=initial_state_indices,checkpoints=yes")
+    caps = pooled.capabilities
+    assert (caps.state_pool, caps.checkpoints, caps.bucket, caps.read_rows) == (True, True, False, False)
+    assert not caps.state_in_place, "a dense call still returns a new state"
+    assert {"state_pool", "checkpoints", "read_rows"} <= set(caps.set_by_adapter)
+    assert pooled.argument_name("state_indices") == "initial_state_indices"
+    assert "pool=initial_state_indices, checkpoints=yes" in pooled.via and "bucket" not in pooled.via
+
+
+def _pool_call(adapter: str, dtype: str = "float32") -> tuple[Any, Any]:
+    """The adapted ``pool_style`` and a serving call of the suite (two sequences, rows 3 and -1, a checkpoint)."""
+    from gdn_spec.serving import Layout, serving_call, with_checkpoints
+
+    impl = adapt(load("adapter_kernels:pool_style"), adapter)
+    served = serving_call(impl.capabilities, Layout("two", (150, 40), (3, -1)), Geometry(1, 1, 2, 128, 32, 16),
+                          dtype, "schur", 128, 5, call_args)  # fmt: skip
+    if impl.capabilities.checkpoints:
+        with_checkpoints(served, 128, np.array([[6], [-1]]))
+    return impl, served
+
+
+def test_a_pool_call_hands_the_kernel_the_callers_pool_and_returns_it() -> None:
+    """The pool call's state is the caller's pool itself, written by the kernel at the named rows only (the
+    suite's oracle checks the values; here: the object, and the rows the kernel wrote and left)."""
+    impl, served = _pool_call("fla:varlen=yes,pool=state_indices,checkpoints=yes")
+    pool = served.call["recurrent_state"]
+    out, state = impl(**served.call)
+    assert state is pool and out.shape == served.call["value"].shape
+    moved = {r for r in range(len(pool)) if pool[r].tobytes() != served.state_before[r].tobytes()}
+    assert moved == {3, 6}, moved
+
+
+@pytest.mark.parametrize(
+    ("adapter", "keyword", "message"),
+    [
+        ("fla:varlen=yes", "state_indices", r"pool=no"),
+        ("fla:varlen=yes,pool=state_indices", "checkpoint_every", r"checkpoint_every given.*checkpoints=no"),
+        ("fla:varlen=yes,pool=state_indices,checkpoints=yes", "nonsense", r"unexpected keyword argument 'nonsense'"),
+    ],
+)
+def test_a_keyword_the_adapter_does_not_pass_on_is_refused(adapter: str, keyword: str, message: str) -> None:
+    _, served = _pool_call("fla:varlen=yes,pool=state_indices,checkpoints=yes")
+    adapted = adapt(load("adapter_kernels:pool_style"), adapter)
+    call = {**served.call, keyword: served.call.get(keyword, 1)}
+    if keyword == "state_indices":
+        call.pop("checkpoint_every"), call.pop("checkpoint_indices")
+    with pytest.raises((ValueError, TypeError), match=message):
+        adapted(**call)
+
+
 def test_device_needs_a_torch_adapter() -> None:
     with pytest.raises(ImplementationError, match="device"):
         adapt(load("adapter_kernels:fla_style"), "fla", device="cpu")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adapter_kernels import BROKEN_ADAPTERS
+from adapter_kernels import BROKEN_ADAPTERS, POOL_MUTANTS
 from gdn_spec.cli import parse_args
 from gdn_spec.regimes import REGIMES
 from mutants import LOST_CARRY_TOKENS
@@ -108,6 +108,48 @@ def test_varlen_area(tmp_path: Path) -> None:
     assert leaky["code"] != 0 and leaky["summary"]["verdicts"] == {"varlen": "failed"}, leaky["output"]
     undeclared = check("adapter_kernels:fla_style", ("varlen",), "", tmp_path, extra=["--adapter", "fla"])
     assert undeclared["summary"]["verdicts"] == {"varlen": "skipped"}, undeclared["output"]
+
+
+# A seq-first pool kernel declaring every serving keyword (SGLang's pool-native call, plus gdn-nki's keywords).
+POOL_ADAPTER = "varlen=yes,pool=state_indices,bucket=yes,checkpoints=yes,read_rows=yes"
+SERVING_TESTS = ("test_serving_layouts", "test_a_sequence_is_bit_identical", "test_checkpoints_equal",
+                 "test_sequences_start_from_their_read_rows")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra"),
+    [
+        ("adapter_kernels:pool_style", ("--adapter", f"fla:{POOL_ADAPTER}")),
+        ("adapter_kernels:v_first_pool_style", ("--adapter", f"fla:{POOL_ADAPTER},state=vk")),
+        pytest.param(
+            "adapter_kernels:torch_pool_style",
+            ("--adapter", f"fla-torch:{POOL_ADAPTER}", "--device", "cpu"),
+            marks=TORCH,
+        ),
+    ],
+)
+def test_a_pool_kernel_runs_the_serving_checks(spec: str, extra: tuple[str, ...], tmp_path: Path) -> None:
+    """Through a pool adapter, the serving checks run (none skipped) and a correct pool kernel passes them, its
+    pool in either layout (a [P, H, V, K] pool is handed over contiguous and every row carried back exactly)."""
+    result = check(spec, ("varlen",), "serving or bit_identical or checkpoints or read_rows", tmp_path, extra=extra)
+    assert result["code"] == 0 and result["summary"]["verdicts"] == {"varlen": "passed"}, result["output"]
+    outcomes = result["summary"]["outcomes"]
+    for name in SERVING_TESTS:
+        ran = [o for t, o in outcomes.items() if name in t]
+        assert ran and set(ran) == {"passed"}, f"{name}: {ran}\n{result['output']}"
+
+
+@pytest.mark.parametrize("name", list(POOL_MUTANTS))
+def test_a_flawed_pool_kernel_fails_the_serving_checks(name: str, tmp_path: Path) -> None:
+    """A pool kernel storing a row-less sequence into pool[-1] (a row no call names), and one ignoring
+    read_indices, fail the serving check that holds their flaw: the adapter hands over the whole pool and the
+    rows, so what the kernel does to any row is what the suite judges (a gather of the named rows would hide the
+    first)."""
+    _, test, phrase = POOL_MUTANTS[name]
+    result = check(f"adapter_kernels:{name}", ("varlen",), test, tmp_path, extra=["--adapter", f"fla:{POOL_ADAPTER}"])
+    assert result["code"] != 0 and result["summary"]["verdicts"] == {"varlen": "failed"}, result["output"]
+    failures = result["summary"]["failures"]
+    assert failures and all(test in t and phrase in m for t, m in failures.items()), failures
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,9 @@ class Capabilities:
         state_pool (bool): with ``cu_seqlens`` it takes ``state_indices`` ([n] int32): ``recurrent_state`` is a
             pool [P, Hv, Dk, Dv] fp32 updated in place, sequence i starts from and stores into row
             ``state_indices[i]``, and −1 means no row (start from zero, store nothing); rows not named stay
-            bit-identical. Needs ``varlen`` and ``state_in_place``.
+            bit-identical. Needs ``varlen`` and ``state_in_place`` in a kernel's declaration; a seq-first adapter
+            with a ``pool`` option sets it alone (its dense calls return a new state, its pool calls update the
+            pool: ``suite._support.updates_state_in_place``).
         bucket (bool): with ``cu_seqlens`` it takes ``bucket=(T, N)``: one program for every layout of T tokens (a
             chunk multiple) and N sequence slots, fewer sequences and empty ones (a repeated ``cu_seqlens`` entry)
             allowed. Needs ``varlen``; the varlen area's serving checks then pass a bucket on every call.

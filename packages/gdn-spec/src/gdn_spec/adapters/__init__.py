@@ -14,7 +14,10 @@ the kernel's results back, and is reported with the verdict ("via fla-torch adap
 
 Seq-first conventions are declared after a colon, e.g. ``fla-torch:scale=internal,gqa=repeat,state=vk``
 (``seqfirst.Conventions``). A wrong declaration is a wrong adapter, and the suite fails it: the self-tests hold
-one mutant each for scale applied twice, heads repeated wrongly and the state transposed.
+one mutant each for scale applied twice, heads repeated wrongly and the state transposed. A kernel that takes a
+state pool declares its keyword for the rows and the serving keywords it takes, e.g.
+``fla-torch:varlen=yes,pool=initial_state_indices,bucket=yes,checkpoints=yes,read_rows=yes``: the adapter then
+declares ``state_pool`` (and ``bucket``, ``checkpoints``, ``read_rows``) and the varlen area's serving checks run.
 """
 
 from __future__ import annotations
@@ -114,14 +117,15 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
         caps = replace(
             caps,
             validates_arguments=False,
-            state_in_place=False,
+            state_in_place=False,  # a dense call returns a new state; a pool call updates the pool (state_pool)
             varlen=conventions.takes_cu_seqlens,
             any_seq_len=True,  # FLA's and HF's kernels take any T (the last chunk padded or masked inside)
             fixed_scale=conventions.scale == "internal",
-            # the seq-first glue passes cu_seqlens only: no pool rows, bucket or checkpoints reach the kernel
-            state_pool=False,
-            bucket=False,
-            checkpoints=False,
+            # what reaches the kernel besides cu_seqlens: pool rows and the serving keywords, as declared
+            state_pool=conventions.takes_pool,
+            bucket=conventions.bucket == "yes",
+            checkpoints=conventions.checkpoints == "yes",
+            read_rows=conventions.read_rows == "yes",
             set_by_adapter=(
                 "validates_arguments",
                 "state_in_place",
@@ -131,10 +135,13 @@ def adapt(impl: Implementation, spec: str, device: str | None = None) -> Impleme
                 "state_pool",
                 "bucket",
                 "checkpoints",
+                "read_rows",
             ),
         )
         label = f"{name} adapter ({conventions.describe()}){io_label}"
         names = kernel_names(impl.fn)
+        if conventions.takes_pool:
+            names["state_indices"] = conventions.pool
     elif kind.array_io == "torch":
         _no_options(name, options)
         from .torch_io import wrap_torch_signature

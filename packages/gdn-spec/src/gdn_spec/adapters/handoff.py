@@ -10,6 +10,7 @@ untouched too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ class _Handed:
     caller: np.ndarray
     kernel_bytes: bytes
     caller_bytes: bytes
+    back: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 class Handoff:
@@ -62,27 +64,37 @@ class Handoff:
     ) -> None:
         self.carry_back()
 
-    def to_kernel(self, caller: np.ndarray, source: np.ndarray | None = None) -> Any:
+    def to_kernel(
+        self,
+        caller: np.ndarray,
+        source: np.ndarray | None = None,
+        back: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> Any:
         """``io.to_kernel(source)``, remembered for ``carry_back``.
 
         Args:
             caller (np.ndarray): the suite's array the kernel's argument stands for.
             source (np.ndarray | None): ``caller`` in the kernel's layout: a view of it (a transpose) or a new array
-                (heads repeated, query scaled); None: ``caller`` itself.
+                (heads repeated, query scaled, a transposed copy); None: ``caller`` itself.
+            back (Callable | None): for a new ``source`` that is an exact rearrangement of ``caller`` (a transposed
+                state pool made contiguous), the kernel's array in ``caller``'s layout: what the kernel wrote is
+                carried back through it, every element exactly.
 
         Returns:
             Any: the kernel's array.
         """
         source = caller if source is None else source
-        return self._remember(self._io.to_kernel(source), source, caller)
+        return self._remember(self._io.to_kernel(source), source, caller, back)
 
     def index(self, caller: np.ndarray) -> Any:
         """``io.index(caller)`` (an int64 index array such as ``cu_seqlens``), remembered for ``carry_back``."""
         return self._remember(self._io.index(caller), caller, caller)
 
-    def _remember(self, kernel_array: Any, source: np.ndarray, caller: np.ndarray) -> Any:
+    def _remember(
+        self, kernel_array: Any, source: np.ndarray, caller: np.ndarray, back: Callable[..., np.ndarray] | None = None
+    ) -> Any:
         kernel_bytes = self._io.from_kernel(kernel_array).tobytes()  # a copy: the kernel may share this memory
-        self._handed.append(_Handed(kernel_array, source, caller, kernel_bytes, caller.tobytes()))
+        self._handed.append(_Handed(kernel_array, source, caller, kernel_bytes, caller.tobytes(), back))
         return kernel_array
 
     def carry_back(self) -> None:
@@ -90,7 +102,8 @@ class Handoff:
 
         Notes:
             Only an array whose bytes changed is touched: converting back an untouched array would not be
-            bit-exact where the conversion rounds (a query the adapter scaled). A source that is a view of the
+            bit-exact where the conversion rounds (a query the adapter scaled). An array given its way back
+            (``back``) takes the kernel's values through it. A source that is a view of the
             caller's elements (a transpose) takes the kernel's values, which lands them in the caller's array in
             its own layout. A new array (heads repeated, query scaled, a write lost in a cast back) has no exact
             way back: the caller's first element gets its bits flipped instead, so the suite's byte comparison
@@ -99,6 +112,9 @@ class Handoff:
         for handed in self._handed:
             now = self._io.from_kernel(handed.kernel_array)
             if now.tobytes() == handed.kernel_bytes:
+                continue
+            if handed.back is not None:
+                handed.caller[...] = handed.back(now)
                 continue
             if now.shape == handed.source.shape and _is_view_of(handed.source, handed.caller):
                 handed.source[...] = now

@@ -9,6 +9,7 @@ the scale, which is where the bugs that matter hide.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from collections.abc import Callable
@@ -35,6 +36,16 @@ KERNEL_NAMES = {
     "scale": "scale",
     "recurrent_state": "initial_state",
     "cu_seqlens": "cu_seqlens",
+}
+
+# The options every adapter label shows (``Conventions.describe``); the pool and serving ones show when set.
+CONVENTIONS = ("scale", "gqa", "state", "varlen")
+# The serving keywords (gdn_spec.serving) a pool kernel gets under gdn-spec's own names when its adapter declares
+# them (``Conventions.bucket`` / ``checkpoints`` / ``read_rows``); its pool rows go under ``Conventions.pool``.
+SERVING_KEYWORDS = {
+    "bucket": ("bucket",),
+    "checkpoints": ("checkpoint_every", "checkpoint_indices"),
+    "read_rows": ("read_indices",),
 }
 
 # gdn_cte's arguments a seq-first kernel takes as its first five positional parameters, in order (the glue passes
@@ -70,37 +81,93 @@ class Conventions:
             "repeat" — the kernel needs Hk == Hv, so the adapter repeats each key/query head Hv // Hk times.
         state (str): "kv" — states are ``[N, H, K, V]``; "vk" — ``[N, H, V, K]`` (FLA's ``state_v_first``).
         varlen (str): "yes" — the kernel takes ``cu_seqlens`` (packed sequences, B = 1); "no" — it does not.
+        pool (str): "no" — ``initial_state`` holds one state per sequence, read only; otherwise the kernel's keyword
+            for pool rows: with it, ``initial_state`` is a pool ``[P, H, K, V]`` (``[P, H, V, K]`` under
+            ``state=vk``) that the kernel reads and writes in place at the named rows, −1 = no row (SGLang's
+            ``initial_state_indices``; ``state_indices``, gdn-nki's name; ``ssm_state_indices``, vLLM's). Needs
+            varlen=yes.
+        bucket (str): "yes" — the kernel takes ``bucket=(T, N)`` with a pool call. Needs a pool.
+        checkpoints (str): "yes" — it takes ``checkpoint_every`` and ``checkpoint_indices`` (pool rows). Needs a pool.
+        read_rows (str): "yes" — it takes ``read_indices`` (the pool row each sequence starts from). Needs a pool.
     """
 
     scale: str = "argument"
     gqa: str = "native"
     state: str = "kv"
     varlen: str = "no"
+    pool: str = "no"
+    bucket: str = "no"
+    checkpoints: str = "no"
+    read_rows: str = "no"
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "scale": ("argument", "internal", "caller"),
         "gqa": ("native", "repeat"),
         "state": ("kv", "vk"),
         "varlen": ("no", "yes"),
+        "pool": ("no", "state_indices", "initial_state_indices", "ssm_state_indices"),
+        "bucket": ("no", "yes"),
+        "checkpoints": ("no", "yes"),
+        "read_rows": ("no", "yes"),
     }
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> Conventions:
-        """Validated conventions; an unknown key or value is an error naming the choices."""
-        known = {f.name for f in fields(cls)}
+        """Validated conventions.
+
+        Raises:
+            ImplementationError: an unknown key or value (naming the closest valid one and every choice), or an
+                option whose prerequisite is missing (a pool without varlen=yes; bucket, checkpoints or read_rows
+                without a pool), naming the option to add.
+        """
         for key, value in options.items():
-            if key not in known:
-                raise ImplementationError(f"unknown seq-first adapter option {key!r}; options: {sorted(known)}")
+            if key not in cls.CHOICES:
+                raise ImplementationError(
+                    f"unknown seq-first adapter option {key!r}{_closest(key, cls.CHOICES)}; options: "
+                    f"{sorted(cls.CHOICES)}"
+                )
             if value not in cls.CHOICES[key]:
-                raise ImplementationError(f"adapter option {key}={value!r}: choose one of {cls.CHOICES[key]}")
-        return cls(**options)
+                raise ImplementationError(
+                    f"adapter option {key}={value!r}{_closest(value, cls.CHOICES[key])}: choose one of "
+                    f"{cls.CHOICES[key]}"
+                )
+        conventions = cls(**options)
+        if conventions.takes_pool and not conventions.takes_cu_seqlens:
+            raise ImplementationError(
+                f"adapter option pool={conventions.pool} needs varlen=yes: pool rows name packed sequences of "
+                "cu_seqlens; add varlen=yes"
+            )
+        for key in SERVING_KEYWORDS:
+            if getattr(conventions, key) == "yes" and not conventions.takes_pool:
+                raise ImplementationError(
+                    f"adapter option {key}=yes needs a pool: the serving checks read every state from the pool the "
+                    "kernel updates in place; add pool=<the kernel's keyword for pool rows> "
+                    f"(one of {cls.CHOICES['pool'][1:]})"
+                )
+        return conventions
 
     @property
     def takes_cu_seqlens(self) -> bool:
         return self.varlen == "yes"
 
+    @property
+    def takes_pool(self) -> bool:
+        return self.pool != "no"
+
+    def serving_keywords(self) -> tuple[str, ...]:
+        """gdn-spec's serving keywords the kernel takes (besides its pool rows), as declared."""
+        return tuple(name for key, names in SERVING_KEYWORDS.items() if getattr(self, key) == "yes" for name in names)
+
     def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        """The options that say what the kernel is: the four conventions always, the serving ones when set."""
+        shown = [f.name for f in fields(self) if f.name in CONVENTIONS or getattr(self, f.name) != "no"]
+        return ", ".join(f"{name}={getattr(self, name)}" for name in shown)
+
+
+def _closest(given: str, valid: Any) -> str:
+    """The hint " (did you mean 'x'?)" for the valid name nearest a misspelt one, or "" when none is near."""
+    close = difflib.get_close_matches(given, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def kernel_names(fn: Callable[..., Any]) -> dict[str, str]:
@@ -190,6 +257,16 @@ class Glue:
         """The kernel's final state in gdn_cte's [N, H, Dk, Dv] layout."""
         return np.ascontiguousarray(state if self.conventions.state == "kv" else np.swapaxes(state, -1, -2))
 
+    def pool_in(self, pool: np.ndarray) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray] | None]:
+        """The whole pool [P, H, Dk, Dv] in the kernel's layout, contiguous (a pool kernel addresses its rows by
+        offset), and the exact way back for what the kernel wrote to it (None: it is the caller's pool itself).
+
+        Every row goes over and every row comes back, the ones the call does not name included: a kernel writing
+        a row it was not given changes the caller's row, and the suite sees it."""
+        if self.conventions.state == "kv":
+            return pool, None
+        return np.ascontiguousarray(np.swapaxes(pool, -1, -2)), lambda written: np.swapaxes(written, -1, -2)
+
 
 def wrap_seq_first(
     fn: Callable[..., Any], conventions: Conventions, io: ArrayIO | None = None, glue: Glue | None = None
@@ -198,20 +275,29 @@ def wrap_seq_first(
 
     Args:
         fn (Callable): ``fn(q, k, v, g=, beta=, [scale=], initial_state=, output_final_state=True,
-            [cu_seqlens=]) -> (o, final_state)``.
+            [cu_seqlens=]) -> (o, final_state)``; with a pool (``conventions.pool``): ``fn(q, k, v, g=, beta=,
+            [scale=], initial_state=pool, cu_seqlens=, <pool>=rows, [bucket=], [checkpoint_every=,
+            checkpoint_indices=], [read_indices=])`` updating the pool in place and returning ``o`` or a tuple
+            whose first item is ``o``.
         conventions (Conventions): what the kernel does itself.
         io (ArrayIO | None): the kernel's array type (None: numpy).
         glue (Glue | None): the layout steps (None: ``Glue(conventions)``).
 
     Returns:
         Callable: gdn_cte(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size,
-        recurrent_state, cu_seqlens=None) -> (out [B, Hv, S, Dv], a NEW final state [B, Hv, Dk, Dv]).
+        recurrent_state, cu_seqlens=None, state_indices=None, **serving) -> (out [B, Hv, S, Dv], state): a NEW final
+        state [B, Hv, Dk, Dv], or, for a call with ``state_indices``, the caller's pool ``recurrent_state`` itself,
+        holding what the kernel wrote.
 
     Notes:
-        ``algorithm``, ``mask_pack`` and ``group_size`` are gdn_cte's own and are not passed on. The state comes
-        back as a new array (such kernels return a new state): ``state_in_place`` is declared False. A write the
-        kernel makes to any array it was handed changes the caller's array (``handoff.Handoff``), so the suite's
-        read-only checks see it at every shape.
+        ``algorithm``, ``mask_pack`` and ``group_size`` are gdn_cte's own and are not passed on. Without
+        ``state_indices`` the state comes back as a new array (such kernels return a new state:
+        ``state_in_place`` is declared False). With them (``state_pool``, the varlen area's serving checks) the
+        kernel gets the whole pool and the rows, never a gather of the rows it names, so whatever it does to any
+        row is what the suite judges; it gets no ``output_final_state`` (the pool is its output: SGLang's
+        pool-native ``chunk_gated_delta_rule`` has no such argument, gdn-nki's updates the pool either way), and
+        what it returns after ``o`` is not read. A write the kernel makes to any array it was handed changes the
+        caller's array (``handoff.Handoff``), so the suite's read-only checks see it at every shape.
     """
     io = io or NumpyIO()
     glue = glue or Glue(conventions)
@@ -228,10 +314,14 @@ def wrap_seq_first(
         group_size: int = DEFAULT_GROUP_SIZE,
         recurrent_state: np.ndarray | None = None,
         cu_seqlens: np.ndarray | None = None,
+        state_indices: np.ndarray | None = None,
+        **serving: Any,
     ) -> tuple[np.ndarray, np.ndarray]:
         del algorithm, mask_pack, group_size  # gdn_cte's own knobs: a seq-first kernel has its own chunking
         if cu_seqlens is not None and not conventions.takes_cu_seqlens:
             raise ValueError("cu_seqlens given, but the kernel is declared without it (adapter option varlen=no)")
+        pooled = state_indices is not None
+        _check_serving_keywords(conventions, pooled, recurrent_state, serving)
         ratio = value.shape[1] // max(1, query.shape[1])
         glued_query, kwargs = glue.query(glue.heads(query, ratio), scale)
         positional = ((query, glued_query), (key, glue.heads(key, ratio)), (value, value))
@@ -239,13 +329,23 @@ def wrap_seq_first(
             for name, caller in (("g_log", g_log), ("beta", beta)):
                 kwargs[KERNEL_NAMES[name]] = handoff.to_kernel(caller, seq_first(caller))
             kwargs[KERNEL_NAMES["recurrent_state"]] = None
-            if recurrent_state is not None:
+            if pooled:
+                pool, back = glue.pool_in(recurrent_state)
+                kwargs[KERNEL_NAMES["recurrent_state"]] = handoff.to_kernel(recurrent_state, pool, back=back)
+                kwargs[conventions.pool] = handoff.to_kernel(state_indices)
+                for name, x in serving.items():
+                    kwargs[name] = handoff.to_kernel(x) if isinstance(x, np.ndarray) else x
+            elif recurrent_state is not None:
                 state = handoff.to_kernel(recurrent_state, glue.state_in(recurrent_state))
                 kwargs[KERNEL_NAMES["recurrent_state"]] = state
             if cu_seqlens is not None:
                 kwargs[KERNEL_NAMES["cu_seqlens"]] = handoff.index(cu_seqlens)
-            kwargs["output_final_state"] = True
+            if not pooled:
+                kwargs["output_final_state"] = True
             result = fn(*(handoff.to_kernel(caller, seq_first(x)) for caller, x in positional), **kwargs)
+        if pooled:
+            out = result[0] if isinstance(result, (tuple, list)) and result else result
+            return np.ascontiguousarray(seq_first(io.from_kernel(out))), recurrent_state
         if not isinstance(result, tuple) or len(result) != 2:
             raise TypeError(f"a seq-first kernel returns (o, final_state); got {returned_kind(result)}")
         out, final = result
@@ -256,9 +356,31 @@ def wrap_seq_first(
     return gdn_cte
 
 
+def _check_serving_keywords(
+    conventions: Conventions, pooled: bool, recurrent_state: np.ndarray | None, serving: dict[str, Any]
+) -> None:
+    """Refuse a pool call or a serving keyword the adapter is not declared to pass on (a call the suite makes only
+    where the adapter declared it; anything else is a wrong call, never silently dropped)."""
+    if pooled and not conventions.takes_pool:
+        raise ValueError("state_indices given, but the kernel is declared without a pool (adapter option pool=no)")
+    if pooled and recurrent_state is None:
+        raise ValueError("state_indices given without recurrent_state: pool rows name rows of a pool")
+    declared = conventions.serving_keywords()
+    for name in serving:
+        if name not in declared or not pooled:
+            option = next((key for key, names in SERVING_KEYWORDS.items() if name in names), None)
+            if option is None:
+                raise TypeError(f"gdn_cte() got an unexpected keyword argument {name!r}")
+            raise ValueError(
+                f"{name} given, but the adapter passes it only with pool rows (state_indices) and option "
+                f"{option}=yes (declared: {option}={getattr(conventions, option)})"
+            )
+
+
 __all__ = [
     "KERNEL_NAMES",
     "POSITIONAL_ARGUMENTS",
+    "SERVING_KEYWORDS",
     "ArrayIO",
     "Conventions",
     "Glue",

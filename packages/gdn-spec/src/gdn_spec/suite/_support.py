@@ -56,10 +56,11 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
     instead of made (``require_call_supported``). Every call the suite makes through here also checks that the caller's arrays are as they were: the inputs
     are read-only, and so is a supplied ``recurrent_state`` unless the implementation declares ``state_in_place``
     (a kernel returning a new state must not touch the caller's — in a serving stack it is a row of the state
-    pool). Comparing bytes catches any write, NaN-filling included.
+    pool), or, for a call with ``state_indices``, ``state_pool`` (a pool's rows are written in place).
+    Comparing bytes catches any write, NaN-filling included.
     """
     require_call_supported(impl.capabilities, args)
-    writable = {"recurrent_state"} if impl.capabilities.state_in_place else set()
+    writable = {"recurrent_state"} if updates_state_in_place(impl.capabilities, args) else set()
     before = {name: data for name, data in snapshot(args).items() if name not in writable}
     result = impl(**args)
     for name in changed(before, args):
@@ -74,6 +75,13 @@ def run(impl: Implementation, args: dict[str, Any]) -> tuple[np.ndarray, np.ndar
     return np.asarray(out), state if isinstance(state, np.ndarray) else np.asarray(state)
 
 
+def updates_state_in_place(caps: Capabilities, args: dict[str, Any]) -> bool:
+    """Whether the call may write the caller's ``recurrent_state``: the kernel updates a supplied state in place
+    (``state_in_place``), or the call names pool rows (``state_indices``) of a kernel declaring ``state_pool``. A
+    seq-first adapter with a pool declares the second only: its dense calls return a new state, read only."""
+    return caps.state_in_place or (caps.state_pool and args.get("state_indices") is not None)
+
+
 def _read_only_rule(impl: Implementation, name: str, shown: str) -> str:
     """The rule a write to the caller's argument ``name`` (``shown`` as the kernel calls it) broke, and the fix."""
     if name != "recurrent_state":
@@ -83,11 +91,11 @@ def _read_only_rule(impl: Implementation, name: str, shown: str) -> str:
     if "state_in_place" not in caps.set_by_adapter:
         return f"{rule}; work on a copy, or declare state_in_place=True and return the updated buffer itself"
     # A seq-first kernel follows FLA: the final state is returned and initial_state is left as passed. A kernel
-    # updating a state pool in place (vLLM's) has no such convention here; a wrapper giving it a copy is the way.
+    # updating a state pool in place (SGLang's) declares its row keyword: its pool calls may write the pool.
     return (
         f"{rule}: a seq-first kernel returns its final state and leaves `{shown}` as passed (FLA's convention); "
-        "a kernel updating a state pool in place (vLLM-style) is checked through a wrapper that hands it a copy of "
-        "the state and returns that copy"
+        "a kernel updating a state pool in place (SGLang-style) is checked through the adapter option "
+        "pool=<its keyword for the pool rows>, whose pool calls (state_indices) may write it"
     )
 
 
