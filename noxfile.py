@@ -147,7 +147,8 @@ SERVING_ADAPTER = "fla-torch:varlen=yes,pool=initial_state_indices,bucket=yes,ch
 @nox.session
 def thirdparty(session: nox.Session) -> None:
     """gdn-spec against third-party GDN kernels on CPU torch (math profile through the seq-first adapters), gdn-nki's
-    FLA-compatible torch entry point and its raw @nki.jit kernel; writes the README's "kernels validated" table."""
+    FLA-compatible torch entry point (also as a serving kernel: SGLang's pool call, bucket, checkpoints, read rows)
+    and its raw @nki.jit kernel; writes the README's "kernels validated" table."""
     _install_repo(session, *INTEGRATION_DEPS)
     VALIDATED_OUT.mkdir(exist_ok=True)
     summaries: list[str] = []
