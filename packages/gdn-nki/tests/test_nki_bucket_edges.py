@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gdn_nki
+import nki_cpu
 from gdn_ref.recurrent import recurrent
 from gdn_spec.metrics import compare, describe
 from gdn_spec.regimes import Case, Geometry
@@ -181,3 +182,97 @@ def test_a_last_checkpoint_at_a_sequence_end_is_stored_without_a_pool() -> None:
     sequence's end before the bucket's last chunk still holds its final state."""
     run = _launch([C, C], [0, -1], (3 * C, 2), every=C, checkpoints=[[1], [-1]], with_pool=False)
     _assert_exact(run, "no pool")
+
+
+@pytest.mark.parametrize(
+    ("lengths", "rows", "slots", "extra"),
+    [
+        ([C], [0], 1, {"every": C, "checkpoints": [[1]], "dv": 64}),  # its one chunk is first, last and a checkpoint
+        ([5], [-1], 1, {"every": C, "checkpoints": [[1]]}),  # a checkpoint past the sequence: not stored
+        ([0, 7, 0], [0, 1, 2], 3, {}),  # empty slots around the one sequence
+        ([C], [-1], 1, {"every": C, "checkpoints": [[3]], "dv": 64}),  # no state row: the checkpoint is the store
+    ],
+)
+def test_a_bucket_of_one_chunk(lengths: list[int], rows: list[int], slots: int, extra: dict) -> None:
+    """One chunk: the lane's first link is its last (no entry offset, no next chunk), with two column blocks or
+    one, and the last checkpoint stored by the last link."""
+    _assert_exact(_launch(lengths, rows, (C, slots), **extra), f"{lengths} rows {rows}")
+
+
+def test_the_most_sequence_slots_a_bucket_has() -> None:
+    """N = 128, one slot per partition of the tables: sequences in the first, a middle and the last slot, every
+    other slot empty (some naming rows, which must stay untouched), Inf in every row no sequence reads."""
+    slots = gdn_nki.bucket.MAX_SEQUENCES
+    lengths, rows = [0] * slots, [-1] * slots
+    for slot, n, row in ((0, C - 3, 5), (63, 2 * C, -1), (slots - 1, C, 9)):
+        lengths[slot], rows[slot] = n, row
+    rows[1], rows[100] = 2, 3  # empty sequences with rows: not read, not written
+    checkpoints = [[-1]] * slots
+    checkpoints[slots - 1] = [11]  # the last slot's last checkpoint is its end, at the bucket's last chunk
+    checkpoints[63] = [12]
+    run = _launch(lengths, rows, (4 * C, slots), every=C, checkpoints=checkpoints, poison=np.inf, dv=64)
+    _assert_exact(run, "N = 128")
+
+
+@pytest.mark.parametrize(("group_size", "n_chunks"), [(1, 6), (2, 7), (3, 16), (8, 41), (16, 35)])
+def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(group_size: int, n_chunks: int) -> None:
+    """Sequences start exactly at unit boundaries (the previous unit's last link copies the entry into the next
+    unit's entry tile) and one chunk after them (the entry read at its offset inside a unit), from a row, from zero
+    and from a read row, with two column blocks; a group of 1 puts an empty sequence between them. With groups 3
+    and 8 the bucket has five whole units, so those boundaries fall inside a compiled loop's iterations (chunk
+    indices at run time, the entry copied into the loop's state ring). Checkpoints every chunk, stored after each
+    sequence's first and last chunk and on either side of the unit boundaries; the last sequence ends at the
+    bucket's last chunk."""
+    g = group_size
+    chunks = [g, 1, g - 1, 1, n_chunks - 2 * g - 1]  # starts at chunks g, g + 1, 2g, 2g + 1
+    lengths = [k * C - (7 if i % 2 else 0) if k else 0 for i, k in enumerate(chunks)]
+    rows, read = [0, -1, 1, 2, 3], [0, -1, 1, 4, -1]
+    first, next_row, checkpoints = 0, 5, []
+    for n in chunks:
+        near_unit_end = [(first + k + 1) % g in (0, 1) and first + k <= 3 * g for k in range(n)]
+        stored = [k in (0, n - 1) or near_unit_end[k] for k in range(n)]
+        checkpoints.append([next_row + k if stored[k] else -1 for k in range(n)] + [-1] * (max(chunks) - n))
+        first, next_row = first + n, next_row + n
+    run = _launch(lengths, rows, (n_chunks * C, 5), dv=64, value_heads=1, group_size=g, read=read, every=C,
+                  checkpoints=checkpoints, pool_rows=next_row)  # fmt: skip
+    if g in (3, 8) and not gdn_nki.backend.USING_REAL_NKI:
+        assert ("loop", "fori_loop") in nki_cpu.last_traces()[0].program, "no compiled loop: the layout tests less"
+    _assert_exact(run, f"group {g}, lengths {lengths}")
+
+
+def test_checkpoints_every_chunk_with_read_rows_a_minus_one_row_and_a_launch_grid() -> None:
+    """Three value heads over a grid of two programs (an uneven split), five checkpoint columns (more than the
+    table's four comparison tiles, written in turn), checkpoints every chunk: a last checkpoint at a sequence's end
+    before the bucket's last chunk (copied after the chain), one at the bucket's last chunk (the last link's second
+    store), one of a sequence without a state row (its only store); three sequences start from one read row."""
+    lengths = [5 * C, 0, C + 5, 2 * C, C]
+    rows = [0, 1, -1, -1, 2]
+    read = [12, 1, 12, -1, 12]
+    checkpoints = [[3, -1, -1, 4, 5], [-1] * 5, [6, 7, -1, -1, -1], [8, 9, -1, -1, -1], [10, 11, -1, -1, -1]]
+    run = _launch(lengths, rows, (10 * C, 5), value_heads=3, dv=64, read=read, every=C, checkpoints=checkpoints,
+                  grid=2, pool_rows=14)  # fmt: skip
+    _assert_exact(run, "grid 2")
+
+
+def test_fp32_at_head_dim_128_group_16_with_boundaries_at_the_smaller_groups_units() -> None:
+    """fp32 at head dim 128 runs the bucket in groups of 13 where 16 is asked (``lanes.bucket_group``): sequences
+    starting at chunks 13, 14 and 26, 27 (its unit boundaries and one after) and checkpoints there equal prefills
+    with group 16 bit for bit."""
+    lengths = [13 * C, C - 9, 12 * C, C, 3 * C - 1]
+    rows, read = [0, -1, 1, 2, 3], [0, -1, 11, 11, -1]
+    checkpoints = [[4] + [-1] * 11 + [5], [-1] * 13, [6] + [-1] * 10 + [7, -1], [8] + [-1] * 12,
+                   [9, -1, 10] + [-1] * 10]  # fmt: skip
+    run = _launch(lengths, rows, (30 * C, 5), dk=128, dv=128, value_heads=1, dtype="float32", group_size=16,
+                  read=read, every=C, checkpoints=checkpoints, pool_rows=12)  # fmt: skip
+    _assert_exact(run, "fp32, head dim 128, group 16")
+
+
+def test_the_torch_entry_point_gives_the_same_edges() -> None:
+    """``gdn_nki.torch.chunk_gated_delta_rule(..., bucket=)`` on the layouts above: two column blocks, an empty
+    slot between sequences, a -1 state row, a read row shared by two sequences, a last checkpoint at a sequence's
+    end before the bucket's last chunk and one at its last chunk, NaN in every row no sequence reads."""
+    lengths, rows, read = [2 * C, 0, C + 5, C], [0, 1, -1, 2], [5, 1, 5, -1]
+    checkpoints = [[3, 4], [-1, -1], [6, -1], [7, -1]]
+    run = _launch(lengths, rows, (6 * C, 5), dv=64, read=read, every=C, checkpoints=checkpoints, group_size=3,
+                  pool_rows=8, through_torch=True)  # fmt: skip
+    _assert_exact(run, "torch")
