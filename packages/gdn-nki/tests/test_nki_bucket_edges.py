@@ -13,6 +13,7 @@ import pytest
 
 import gdn_nki
 import nki_cpu
+from gdn_ref.contract import ContractError
 from gdn_ref.recurrent import recurrent
 from gdn_spec.metrics import compare, describe
 from gdn_spec.regimes import Case, Geometry
@@ -276,3 +277,22 @@ def test_the_torch_entry_point_gives_the_same_edges() -> None:
     run = _launch(lengths, rows, (6 * C, 5), dv=64, read=read, every=C, checkpoints=checkpoints, group_size=3,
                   pool_rows=8, through_torch=True)  # fmt: skip
     _assert_exact(run, "torch")
+
+
+@pytest.mark.parametrize("grid", [4, True, "2"])
+def test_prefill_bucket_checks_its_grid_as_prefill_varlen_does(grid: object) -> None:
+    """``gdn_nki.prefill_bucket`` called directly: a grid that is not an LNC degree is a ``ContractError`` naming
+    ``grid`` before anything is staged (it reached the launch, where nki-cpu refused it with errors of its own and
+    a real SDK might run it), and the pool keeps its bytes."""
+    lengths = [C + 5, 0]
+    cases = [
+        case("bfloat16", Geometry(B=1, Hk=1, Hv=2, S=n, Dk=DK, Dv=16), i) if n else None for i, n in enumerate(lengths)
+    ]
+    packed = {name: np.concatenate([c.kernel[name] for c in cases if c], axis=2) for name in TENSOR_ARGS}
+    pool = np.random.default_rng(0).standard_normal((4, 2, DK, 16)).astype(np.float32)
+    before = pool.tobytes()
+    with pytest.raises(ContractError, match="grid") as error:
+        gdn_nki.prefill_bucket(**packed, cu_seqlens=np.cumsum((0, *lengths)), bucket=(2 * C, 2), recurrent_state=pool,
+                               state_indices=np.array([0, 1]), grid=grid)  # fmt: skip
+    assert {v.rule_id for v in error.value.violations} == {"launch.grid"}
+    assert pool.tobytes() == before
