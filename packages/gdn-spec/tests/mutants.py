@@ -233,8 +233,9 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
     ``minus_one_row_read`` starts a -1 sequence from row -1 as a Python index (the pool's last row),
     ``minus_one_row_written`` stores its final state there, ``checkpoint_one_chunk_late`` stores each checkpoint
     one 128-token chunk late (within the sequence), ``batch_variant`` rounds a final state differently when the
-    launch holds more than one sequence, and ``read_row_ignored`` starts from the row it writes, not the row named
-    by ``read_indices``."""
+    launch holds more than one sequence, ``read_row_ignored`` starts from the row it writes, not the row named
+    by ``read_indices``, and ``end_checkpoint_from_read_row``, with ``read_indices``, fills a checkpoint at a
+    sequence's end with the state of the row it read (none for -1) instead of its final state."""
     bounds = [int(c) for c in cu_seqlens]
     n, Hv, Dk, Dv = len(bounds) - 1, value.shape[1], key.shape[3], value.shape[3]
     rows = np.arange(n) if serving.state_indices is None else np.asarray(serving.state_indices)
@@ -270,6 +271,15 @@ def _packed(query, key, value, g_log, beta, scale, recurrent_state, cu_seqlens, 
                 continue
             if flaw == "checkpoint_one_chunk_late":
                 cut = min(cut + SERVING_CHUNK, hi - lo)
+            if (
+                flaw == "end_checkpoint_from_read_row"
+                and cut == hi - lo
+                and rows[i] >= 0
+                and serving.read_indices is not None
+            ):
+                if starts[i] >= 0:  # the final state's copy taken from the row read, not the row stored to
+                    stores[int(row)] = own
+                continue
             stores[int(row)] = recurrence(*(x[:, :, :cut] for x in tokens), scale, own)[1]
     out = out.astype(NUMPY_DTYPES[np.dtype(query.dtype).name])
     if flaw == "varlen_states_rolled":
@@ -345,6 +355,9 @@ FLAWS: dict[str, tuple[Callable[..., Any], tuple[str, ...], str]] = {
     "batch_variant": (make("batch_variant"), ("varlen",), "bit_identical"),
     # a kernel taking read_indices but starting each sequence from the row it writes (a prefix-cache hit ignored).
     "read_row_ignored": (make("read_row_ignored"), ("varlen",), "read_rows"),
+    # a kernel copying a last checkpoint that is its sequence's end from the row the sequence read (gdn-nki's bucket
+    # kernel did, with read_indices): the checkpoint holds the initial state, or nothing for a read row -1.
+    "end_checkpoint_from_read_row": (make("end_checkpoint_from_read_row"), ("varlen",), "read_rows"),
     # third-party head-dim limits left undeclared: the kernel refuses shapes the suite was never told it refuses
     # (DECLARED_HEAD_DIMS holds the same kernels declaring them, which pass).
     "square_heads_undeclared": (make(api="square_heads_only"), ("shapes",), ""),

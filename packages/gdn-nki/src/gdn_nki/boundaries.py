@@ -23,8 +23,8 @@ arithmetic and run-time addresses:
   the request's own row written);
 - after each chunk the state is stored by ONE DMA addressed at run time (a row read with ``nisa.scalar_load``):
   to the row of the sequence ending there, else to the row of a checkpoint taken there (one chunk holds at most one
-  sequence's end and checkpoints); a last checkpoint that is its sequence's end is copied from that row once the
-  head's chain is done (``ChunkBoundaries.lane_done``). A chunk with nothing to store addresses row P, one past the
+  sequence's end and checkpoints); a last checkpoint that is its sequence's end is copied from that row (its
+  ``state_indices`` row, not the row it read) once the head's chain is done (``ChunkBoundaries.lane_done``). A chunk with nothing to store addresses row P, one past the
   pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
   ``nki.isa.oob_mode`` v2.29.1). The stores read the pair's left half, which only the chain writes, so the chain
   never waits for a store.
@@ -36,6 +36,7 @@ Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the las
 | ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N (skipped) where none starts or it has no row |
 | ``store_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to: a sequence's end (with a row), else a checkpoint's; P where none |
 | ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none, and for the sequence ending at the bucket's last chunk |
+| ``end_rows`` | [1, N] int32 | with checkpoints: each slot's ``state_indices`` row, the source of that copy |
 | ``last_copy_row`` | [1, 1] int32 | with checkpoints: that row for the sequence ending at the bucket's last chunk, stored from SBUF by the lane's last link; P where none |
 | ``entry_offset`` | [1, n + 1] int32 | the third of the boundary tiles chunk c's entry state is: 0 (the carried state) where no sequence starts, 1 (the loaded one) where one with a row starts, 2 (zeros) where one without starts |
 
@@ -75,6 +76,8 @@ class ChunkBoundaries:
     # With checkpoints: per slot, the checkpoint row its final state is copied to once stored (``lane_done``)
     copy_row: Any = None
     last_copy_row: Any = None
+    # With checkpoints: [1, N] int32, each slot's state row, which ``lane_done`` copies from (not the row it read)
+    end_rows: Any = None
 
     def initial_state(self, h: int, dst: Any) -> None:
         """Load value head ``h`` of the state chunk 0's sequence starts from into ``dst`` ([Dk, Dv] fp32): the pool
@@ -108,13 +111,14 @@ class ChunkBoundaries:
 
     def lane_done(self, h: int) -> None:
         """After value head ``h``'s last link: copy the final state of each sequence whose last checkpoint is its
-        end from its pool row to that checkpoint's row (skipped where ``copy_row`` names row P), so the chain
+        end from its state row (``end_rows``: the row its end was stored to, not the row it read) to that
+        checkpoint's row (skipped where ``copy_row`` names row P), so the chain
         stores each chunk's state once even where a checkpoint and an end coincide."""
         if self.copy_row is None:
             return
         dv = self.pool.shape[3]
         for i in range(self.copy_row.shape[1]):
-            src = _pool_view(self.pool, nisa.scalar_load(self.initial.rows[:, i : i + 1]), h, slice(0, dv))
+            src = _pool_view(self.pool, nisa.scalar_load(self.end_rows[:, i : i + 1]), h, slice(0, dv))
             dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
@@ -251,16 +255,18 @@ def build(
     nisa.tensor_tensor(dst=offset_weight, data1=offset_weight, data2=live, op=nl.multiply)
 
     end_row = _sum_table(row_weight, ends, rows_total)
-    copy_row = last_copy_row = None
+    copy_row = last_copy_row = end_rows = None
     if checkpoint_every:
         end_row, copy_row, last_copy_row = _with_checkpoints(
             end_row, chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end,
             has_row, live,
         )  # fmt: skip
     initial = _initial_states(pool, reads, seqs)
+    if checkpoint_every:  # the rows final states are stored in: the rows read, unless other rows are read
+        end_rows = initial.rows if read_indices is None else _row_table(state_indices, seqs)
     return ChunkBoundaries(
         pool, initial, _sum_table(slot_weight, starts, seqs), end_row, _sum_table(offset_weight, starts, 0), copy_row,
-        last_copy_row,
+        last_copy_row, end_rows,
     )  # fmt: skip
 
 
@@ -335,9 +341,14 @@ def _initial_states(pool: Any, read_indices: Any, seqs: int) -> InitialStates:
     """The launch's ``InitialStates``, nothing gathered yet."""
     _, heads, dk, dv = pool.shape
     tensor = nl.ndarray((seqs, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    return InitialStates(pool, _row_table(read_indices, seqs), tensor)
+
+
+def _row_table(indices: Any, seqs: int) -> Any:
+    """[1, N] int32 tile: an [N] int32 HBM tensor of pool rows on one partition (``nisa.scalar_load`` reads it)."""
     rows = tiles.sbuf((1, seqs), INT32)
-    nisa.dma_copy(dst=rows, src=read_indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
-    return InitialStates(pool, rows, tensor)
+    nisa.dma_copy(dst=rows, src=indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
+    return rows
 
 
 def _sum_table(weight: Any, found: Any, total: int) -> Any:

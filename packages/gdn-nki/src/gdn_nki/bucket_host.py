@@ -23,6 +23,7 @@ from gdn_ref.packed import pool_row_violations, tensor_violations
 
 from . import backend
 from .bucket import gdn_cte_bucket
+from .launch_grid import check_grid
 from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .staging import commit, stage
 
@@ -118,6 +119,7 @@ def prefill_bucket(
         CPU the kernel runs on a staged copy of the pool and only the rows it names are committed once it has
         completed; on Trainium the kernel writes the named rows of the device pool itself.
     """
+    check_grid(grid)
     mask_pack = default_mask_pack(mask_pack, algorithm)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = tensor_violations(call, padded=False, values=False)

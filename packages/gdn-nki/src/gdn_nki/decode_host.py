@@ -10,7 +10,7 @@ from gdn_ref.contract import STEP, ContractError, Violation, validate_step, vali
 from gdn_ref.packed import pool_row_violations
 
 from . import backend
-from .host import LNC_DEGREES
+from .launch_grid import LNC_DEGREES
 from .step import gdn_step, step_tensors
 from .tkg import gdn_tkg
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments, ContractError, Violation
+from gdn_ref.contract import Arguments, ContractError
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import (
@@ -22,13 +21,11 @@ from gdn_ref.packed import (
 
 from . import backend, bucket_host
 from .api import gdn_cte
+from .launch_grid import check_grid
 from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .staging import commit, stage
 from .torch_io import accepts_torch
 from .varlen import gdn_cte_varlen
-
-# Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
-LNC_DEGREES = (1, 2)
 
 
 @accepts_torch
@@ -53,7 +50,7 @@ def simulate(
     Dimensions and Args:
         As ``gdn_cte``; arrays are numpy (bfloat16 via ml_dtypes) or CPU torch tensors (then the outputs are
         torch too, and a torch ``recurrent_state`` is updated in place and returned). ``grid`` launches
-        ``gdn_cte[grid]`` (lanes split over programs): the logical-NeuronCore degree, 1 or 2 (``LNC_DEGREES``).
+        ``gdn_cte[grid]`` (lanes split over programs): the logical-NeuronCore degree, 1 or 2 (``launch_grid.LNC_DEGREES``).
         ``check_values`` scans every input element first (``gdn_ref.contract.check_values``: g_log <= 0 and not
         NaN, everything else finite; g_log = -inf is a reset and accepted); default on, pass False only when the
         caller guarantees its data. ``on_commit`` is called once the launch has completed, right before a
@@ -71,7 +68,7 @@ def simulate(
         launch has completed — a launch that fails part-way (after some lanes stored their state) leaves it as
         it was.
     """
-    _check_grid(grid)
+    check_grid(grid)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = call.violations(values=check_values)
     if violations:
@@ -135,25 +132,6 @@ def prefill(
     return out[:, :, :seq_len], state
 
 
-def _check_grid(grid: object) -> None:
-    """``grid`` is None or a positive int (no silent conversion of "2", 2.7 or True) that is an LNC degree."""
-    if grid is None:
-        return
-    if not (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1):
-        rule, fix = (
-            "must be a positive int: the number of programs of the launch gdn_cte[grid]",
-            "pass grid=2, say, or None for one program",
-        )
-    elif grid not in LNC_DEGREES:
-        rule, fix = (
-            "the launch grid is the logical-NeuronCore degree: 1 or 2 on Trn2/Trn3 (docs/nki-sources.md §1.3)",
-            "pass grid=None, 1 or 2; the kernel splits the lanes over the programs itself",
-        )
-    else:
-        return
-    raise ContractError([Violation("launch.grid", "grid", f"value {grid!r}", rule, fix)])
-
-
 def prefill_varlen(
     query: np.ndarray,
     key: np.ndarray,
@@ -189,7 +167,7 @@ def prefill_varlen(
         recurrent_state: optional fp32 state, updated IN PLACE: [N, Hv, Dk, Dv] (row i = sequence i), or with
             ``state_indices`` a pool [P, Hv, Dk, Dv] of which only the named rows are read and written.
         state_indices: optional [N] distinct pool rows, one per sequence.
-        grid: launch ``gdn_cte_varlen[grid]``: the logical-NeuronCore degree, 1 or 2 (``LNC_DEGREES``).
+        grid: launch ``gdn_cte_varlen[grid]``: the logical-NeuronCore degree, 1 or 2 (``launch_grid.LNC_DEGREES``).
         check_values: scan every element first, as ``simulate`` does (default on).
         on_commit: called once the launch has completed, right before the named rows are written, as
             ``simulate``'s.
@@ -212,7 +190,7 @@ def prefill_varlen(
         never read), and the kernel updates a staged copy of the named rows that is committed at the end, so a
         call either completes or changes nothing.
     """
-    _check_grid(grid)
+    check_grid(grid)
     serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
     if any(x is not None for x in serving) or bucket_host.configured_buckets():
         return bucket_host.prefill_bucket(

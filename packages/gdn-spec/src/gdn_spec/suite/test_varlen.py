@@ -290,26 +290,34 @@ def test_checkpoints_equal_the_oracle_and_the_truncated_prefill(
 
 # Layouts of the read-rows check (lengths in chunks + tokens, write rows, read rows): two sequences resuming from one
 # prefix-cache row and a row-less one from another; then a sequence reading its own row, one starting from zero
-# though its row holds a state, and a row-less one from a row next to the pool's last (the -1 as a Python index).
+# though its row holds a state, and a row-less one from a row next to the pool's last (the -1 as a Python index);
+# then sequences a chunk multiple long, from a read row and from zero, whose last checkpoint is their end.
 READ_ROW_LAYOUTS = (
     ("resuming from prefix-cache rows", (CHUNK_SCHUR + 37, 45, 1), (3, 7, -1), (12, 12, 5)),
     ("own row, zero start, a row-less sequence", (2 * CHUNK_SCHUR + 10, 60, 3), (4, 6, -1), (4, -1, 14)),
+    ("last checkpoints at sequence ends", (2 * CHUNK_SCHUR, CHUNK_SCHUR, 9), (4, 6, -1), (12, -1, 12)),
 )
+# Where the kernel declares checkpoints, the checkpoint rows of those layouts (every chunk; by layout index): the first
+# sequence's state after one chunk; then none; then each chunk of the first two sequences, the last of each at its
+# end, before the bucket's last chunk (a kernel storing an end once and copying it to the checkpoint must copy the
+# final state, not the row the sequence read).
+READ_ROW_CHECKPOINTS = {0: [[CHECKPOINT_ROW], [-1], [-1]], 2: [[10, 11], [CHECKPOINT_ROW, -1], [-1, -1]]}
 
 
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
 def test_sequences_start_from_their_read_rows(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
-    """``read_indices``: each sequence's output, final state (in its ``state_indices`` row) and, where declared, a
-    checkpoint against the oracle started from its read row's state (-1: zero, though its own row holds one); the
-    read rows, which the launch does not write, keep every bit, and so does every row not named."""
+    """``read_indices``: each sequence's output, final state (in its ``state_indices`` row) and, where declared, its
+    checkpoints (``READ_ROW_CHECKPOINTS``) against the oracle started from its read row's state (-1: zero, though
+    its own row holds one); the read rows, which the launch does not write, keep every bit, and so does every row
+    not named."""
     caps, geometry = _serving(gdn_impl, ("read_rows",))
     problems = []
     for index, (label, lengths, rows, reads) in enumerate(READ_ROW_LAYOUTS):
         layout = Layout(label, lengths, rows, reads)
         served = serving_call(caps, layout, geometry, gdn_dtype, gdn_algorithm, CHUNK_SCHUR,
                               SERVING_SEED + 1200 + 10 * index, call_args)  # fmt: skip
-        if caps.checkpoints and index == 0:  # the first sequence's state after one chunk, from its read row
-            with_checkpoints(served, CHUNK_SCHUR, np.array([[CHECKPOINT_ROW], [-1], [-1]]))
+        if caps.checkpoints and index in READ_ROW_CHECKPOINTS:
+            with_checkpoints(served, CHUNK_SCHUR, np.array(READ_ROW_CHECKPOINTS[index]))
         problems += [f"[{label}: lengths {lengths}, rows {rows}, read rows {reads}] {p}"
                      for p in _judge(served, _serve(gdn_impl, served))]  # fmt: skip
     _fail_on(problems, "read rows")
