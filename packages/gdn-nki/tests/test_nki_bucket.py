@@ -499,3 +499,15 @@ def test_fp32_at_head_dim_128_and_group_16_runs_a_smaller_group_with_the_same_re
         assert np.array_equal(out[:, :, cu[i] : cu[i + 1]], alone[0]), f"sequence {i}: output"
         if rows[i] >= 0:
             assert np.array_equal(final[rows[i]], alone[1][0]), f"sequence {i}: state"
+
+
+def test_a_pool_of_2_to_the_24_rows_is_refused_before_anything_is_read() -> None:
+    """The row tables are exact float32 sums only below 2**24: row P ("no row") would round onto a real row. A
+    zero-stride view stands in for such a pool (nothing of it is read before the refusal)."""
+    batch = _batch([37], [0], seeds=[1])
+    row = np.zeros((1, HV, DK, DV), np.float32)
+    huge = np.lib.stride_tricks.as_strided(row, shape=(1 << 24, HV, DK, DV), strides=(0, *row.strides[1:]),
+                                           writeable=True)  # fmt: skip
+    with pytest.raises(ContractError, match=r"16777216 rows violates \[bucket.pool_rows\]"):
+        gdn_nki.prefill_bucket(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, recurrent_state=huge,
+                               state_indices=batch.rows)  # fmt: skip

@@ -8,9 +8,9 @@ only sequence-dependent work is at chunk boundaries of the chain, and NKI 2.33 h
 arithmetic and run-time addresses:
 
 - at a sequence's first chunk the carried state is replaced by the pool row's state, or zero. Each chunk's
-  boundary tile (``ChunkTiles.boundary``, [Dk, 3·Dv] fp32 per column block) holds three states side by side: the state after the chunk
-  (the chain writes it), the state a sequence starting after the chunk starts from (loaded with the unit) and
-  zeros (set once). The next chunk reads its entry state at a run-time column offset, 0, w or 2·w for a block of
+  boundary tiles (``ChunkTiles.boundary``, [Dk, 3·w] fp32 for a state column block of width w) hold three states
+  side by side: the state after the chunk (the chain writes it), the state a sequence starting after the chunk
+  starts from (loaded with the unit) and zeros (set once). The next chunk reads its entry state at a run-time column offset, 0, w or 2·w for a block of
   width w (``entry_offset``; ``nl.ds`` on an SBUF operand, "NKI Scalar Values", SDK 2.33), so no instruction on the
   chain's path chooses between them. Only the state after a unit's last chunk is copied, from that offset into
   the fixed tile a compiled loop starts the next unit from (``lanes``' state ring). The initial states come from
@@ -18,16 +18,17 @@ arithmetic and run-time addresses:
   pool its stores write; where no sequence with a row starts, the load names slot N, past the copy, and is
   skipped (``oob_mode.skip``): it moves nothing and the next chunk reads the carried state or the zeros. Each
   column block of the state (``state.column_blocks``) has a boundary tile of its own: an access at a run-time
-  offset is ordered against its whole tile, and the two blocks are independent chains. The rows read are ``state_indices``, or ``read_indices``
-  where a sequence starts from another row than the one it ends in (a prefix-cache hit: the cache's row is read,
-  the request's own row written);
-- after each chunk the state is stored by ONE DMA addressed at run time (a row read with ``nisa.scalar_load``):
-  to the row of the sequence ending there, else to the row of a checkpoint taken there (one chunk holds at most one
-  sequence's end and checkpoints); a last checkpoint that is its sequence's end is copied from that row (its
-  ``state_indices`` row, not the row it read) once the head's chain is done (``ChunkBoundaries.lane_done``). A chunk with nothing to store addresses row P, one past the
-  pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA ``dma_copy`` v2.29.1–v2.33.0,
-  ``nki.isa.oob_mode`` v2.29.1). The stores read the pair's left half, which only the chain writes, so the chain
-  never waits for a store.
+  offset is ordered against its whole tile, and the two blocks are independent chains. The rows read are
+  ``state_indices``, or ``read_indices`` where a sequence starts from another row than the one it ends in (a
+  prefix-cache hit: the cache's row is read, the request's own row written);
+- after each chunk the state is stored by one DMA per column block addressed at run time (a row read with
+  ``nisa.scalar_load``): to the row of the sequence ending there, else to the row of a checkpoint taken there (one
+  chunk holds at most one sequence's end and checkpoints). A last checkpoint that is its sequence's end is copied
+  from its ``state_indices`` row (not the row it read) once the head's chain is done
+  (``ChunkBoundaries.lane_done``), or, at the bucket's last chunk, stored by the last link too. A chunk with
+  nothing to store addresses row P, one past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA
+  ``dma_copy`` v2.29.1–v2.33.0, ``nki.isa.oob_mode`` v2.29.1). The stores read the first third of the boundary
+  tiles, which only the chain writes, so the chain never waits for a store.
 
 Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the last chunk and names nothing):
 

@@ -29,6 +29,9 @@ from .plan import Span
 from .tiles import FP32
 
 MAX_SEQUENCES = 128  # sequences of a bucket: one per partition in the boundary tables
+# Pool rows a bucket addresses: its row tables are fp32 sums of integers, exact below 2**24 (row P, one past the
+# pool, included: it names "no row")
+MAX_POOL_ROWS = 1 << 24
 
 
 @nki.jit
@@ -115,6 +118,11 @@ def _check_layout_tensors(
         pool is not None and len(pool.shape) == 4 and tuple(pool.shape[1:]) == want_pool and pool.dtype == FP32,
         f"gdn_cte_bucket: `state_pool` must be [P, Hv, Dk, Dv] = [P, {', '.join(map(str, want_pool))}] float32. "
         "Fix: pass the pool the server keeps its recurrent states in",
+    )
+    kernel_assert(
+        pool.shape[0] < MAX_POOL_ROWS,
+        f"gdn_cte_bucket: `state_pool` has {pool.shape[0]} rows; its row tables are exact float32 sums, so at most "
+        f"{MAX_POOL_ROWS - 1}. Fix: keep the pool below 2**24 rows, or split it",
     )
     seqs = tuple(state_indices.shape)
     kernel_assert(

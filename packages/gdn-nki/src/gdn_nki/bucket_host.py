@@ -22,7 +22,7 @@ from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import pool_row_violations, tensor_violations
 
 from . import backend
-from .bucket import gdn_cte_bucket
+from .bucket import MAX_POOL_ROWS, gdn_cte_bucket
 from .launch_grid import check_grid
 from .plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .staging import commit, stage
@@ -191,10 +191,14 @@ def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:
 
 
 def _pool_violations(pool: np.ndarray, call: Arguments) -> list[Violation]:
-    """The pool is [P, Hv, Dk, Dv] float32, writable."""
+    """The pool is [P, Hv, Dk, Dv] float32, writable, with fewer than ``MAX_POOL_ROWS`` rows."""
     want = (call.value.shape[1], call.query.shape[3], call.value.shape[3])
     shape = tuple(getattr(pool, "shape", ()))
     if len(shape) == 4 and shape[1:] == want and getattr(pool, "dtype", None) == np.float32:
+        if shape[0] >= MAX_POOL_ROWS:
+            return [Violation("bucket.pool_rows", "recurrent_state", f"{shape[0]} rows",
+                              f"the bucket kernel addresses pool rows through exact float32 tables: at most "
+                              f"{MAX_POOL_ROWS - 1} rows", "keep the pool below 2**24 rows, or split it")]  # fmt: skip
         if getattr(getattr(pool, "flags", None), "writeable", True):
             return []
     return [Violation("bucket.pool", "recurrent_state", f"shape {shape} {getattr(pool, 'dtype', None)}",
