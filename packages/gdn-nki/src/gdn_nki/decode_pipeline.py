@@ -29,6 +29,7 @@ from .decode import (
     token_gates,
     token_keys,
 )
+from .lockstep import lockstep as run_side_by_side
 from .state_tiles import Steps, block_operands, tile_products, tile_update
 from .tiles import FP32, sbuf
 
@@ -129,21 +130,9 @@ def prepare_request(
 
 
 def lockstep(steps: list[Steps]) -> Steps:
-    """Run ``Steps`` generators side by side, one level of each per level; returns their results in order."""
-    results: list[Any] = [None] * len(steps)
-    active = list(enumerate(steps))
-    while active:
-        running = []
-        for i, generator in active:
-            try:
-                next(generator)
-                running.append((i, generator))
-            except StopIteration as done:
-                results[i] = done.value
-        active = running
-        if active:
-            yield
-    return results
+    """Run ``Steps`` generators side by side, one dependency level of each per level; returns their results in
+    order (``lockstep.lockstep``, no step after the last level)."""
+    return (yield from run_side_by_side(steps, yield_after_last=False))
 
 
 def finish_request(

@@ -59,6 +59,7 @@ from . import chain, engines, hbm, operands, output, transition
 from .backend import nl
 from .chunks import Chunk, ChunkTiles, Lane, allocate_tile_sets, chunk_tiles_bytes
 from .constant_tiles import Constants
+from .lockstep import lockstep
 from .plan import Span
 from .state import State, state_tile
 
@@ -346,25 +347,6 @@ def transitions_and_chain(work: Work, pipe: Pipeline) -> Generator[None, None, S
     leading.entry = None
     yield from transitions(work)
     return (yield from chain_steps)
-
-
-def lockstep(steps: list[Generator[None, None, Any]]) -> Generator[None, None, list[Any]]:
-    """Advance several step generators together, one step of each in turn (step-major), yielding per round;
-    returns what each returned, in the order given."""
-    results: list[Any] = [None] * len(steps)
-    active = list(enumerate(steps))
-    while active:
-        running = []
-        for index, gen in active:
-            try:
-                next(gen)
-            except StopIteration as done:
-                results[index] = done.value
-            else:
-                running.append((index, gen))
-        active = running
-        yield
-    return results
 
 
 def _in_order(*steps: Iterator[None]) -> Iterator[None]:

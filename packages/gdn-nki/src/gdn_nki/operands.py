@@ -62,7 +62,7 @@ def chunk_operands(lane: Lane, chunk: Chunk, gates: Gates, j: int) -> Iterator[N
     """The state-independent operands of one chunk (decays, A, attnᵀ, scaled q/k/v).
 
     A generator: it yields between phases whose instructions depend on the previous phase, so a driver can run
-    the phases of several chunks step-major (see ``lanes.lockstep``). The phase order also bounds PSUM use:
+    the phases of several chunks step-major (see ``lockstep.lockstep``). The phase order also bounds PSUM use:
     each PSUM tile is consumed in the phase after the one that produced it.
     """
     c, dtype, consts = lane.chunk, lane.dtype, lane.consts
