@@ -511,3 +511,4 @@ def test_a_pool_of_2_to_the_24_rows_is_refused_before_anything_is_read() -> None
     with pytest.raises(ContractError, match=r"16777216 rows violates \[bucket.pool_rows\]"):
         gdn_nki.prefill_bucket(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, recurrent_state=huge,
                                state_indices=batch.rows)  # fmt: skip
+    assert not row.any(), "a refused call wrote the pool"
