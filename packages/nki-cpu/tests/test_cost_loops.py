@@ -123,6 +123,23 @@ def test_a_loop_of_n_iterations_pays_n_plus_one_barriers():
     assert all(placed.start_ns[i] >= placed.end_ns[i - 1] for i in loads)
 
 
+def test_nested_loops_pay_each_loops_barriers_where_they_coincide():
+    @nki_cpu.jit
+    def nested(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.fori_loop(0, 2, lambda _: nl.fori_loop(0, TILES, lambda i: _body(x, out, i)))
+        _body(x, out, 0)
+        return out
+
+    nki_cpu.simulate(nested)(_input())
+    trace = nki_cpu.last_trace()
+    without = estimate(trace, figures=_figures(0.0)).makespan_ns
+    # the outer loop's 2 + 1 boundaries and each inner run's TILES + 1; the inner loop's entry is where the outer
+    # iteration starts, and its exit where the outer one ends: both loops' barriers are paid there
+    barriers = (2 + 1) + 2 * (TILES + 1)
+    assert estimate(trace, figures=_figures(BARRIER_NS)).makespan_ns == pytest.approx(without + barriers * BARRIER_NS)
+
+
 def test_a_loop_that_runs_zero_times_pays_one_barrier():
     trace = _trace(zero_trip_then_work)
     without = estimate(trace, figures=_figures(0.0)).makespan_ns
