@@ -189,5 +189,5 @@ def test_the_barrier_figure_is_the_fit_to_the_dynamic_loops_page():
     for form in ("fori_loop", "fori_loop, 4 tiles"):  # one value fits both loop forms
         assert result.us_per_tile[form] == pytest.approx(PAGE_US[form], rel=0.01)
         assert result.alone_ns[form] == pytest.approx(LOOP_BARRIER_NS, rel=0.02)
-    # what stays unexplained (COST_MODEL.md, KU 30): the unrolled form is ~19 % slower in the model than on the page
+    # what stays unexplained (COST_MODEL.md, KU 25): the unrolled form is ~19 % slower in the model than on the page
     assert 1.1 < result.us_per_tile["range"] / PAGE_US["range"] < 1.3

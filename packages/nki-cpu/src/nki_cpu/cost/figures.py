@@ -41,8 +41,8 @@ DMA_QUEUES = 16  # DMA §4.4 "16 queues per engine"
 # engines"): its fixed cost beyond waiting for every engine to finish. Fitted (``cost.loop_fit``) to the page's one
 # measurement (trn1, NKI 0.6.0: 17.9 µs per fori_loop iteration, 10.2 µs per tile at four tiles an iteration):
 # 3.97 µs brings both within 0.1 % (each alone: 3.98 / 3.94 µs). Plausible range 0 – 10.4 µs (the drain alone;
-# the page's whole fori_loop − unrolled difference). KU 30: the same ns on every generation (no Trn2/Trn3 figure).
-LOOP_BARRIER_NS = 3970.0  # LOOPS §4.7, fitted (cost.loop_fit; KU 30)
+# the page's whole fori_loop − unrolled difference). KU 25: the same ns on every generation (no Trn2/Trn3 figure).
+LOOP_BARRIER_NS = 3970.0  # LOOPS §4.7, fitted (cost.loop_fit; KU 25)
 
 
 @dataclass(frozen=True)
