@@ -84,16 +84,16 @@ class ChunkBoundaries:
         """Load value head ``h`` of the state chunk 0's sequence starts from into ``dst`` ([Dk, Dv] fp32): the pool
         row, or zero (set first; the load is skipped)."""
         nisa.memset(dst=dst, value=0.0)
-        self._load_initial(_column(self.start_slot, 0), h, dst)
+        self._load_initial(self.start_slot, 0, h, dst)
 
     def load_next_initial(self, h: int, c: Any, dst: list[Any]) -> None:
         """With the loads of chunk ``c`` (an int, or a compiled loop's run-time scalar): DMA value head ``h`` of
         the initial state a sequence starting at chunk c + 1 starts from into ``dst`` (the chunk's
         ``ChunkTiles.initial``, one [Dk, w] fp32 view per column block), periods before the next chunk reads it;
         skipped where no sequence with a row starts there (``entry_offset`` then points elsewhere)."""
-        slot_entry, start = _column(self.start_slot, c + 1), 0
+        start = 0
         for block in dst:
-            self._load_initial(slot_entry, h, block, slice(start, start + block.shape[1]))
+            self._load_initial(self.start_slot, c + 1, h, block, slice(start, start + block.shape[1]))
             start += block.shape[1]
 
     def link(self, h: int, c: Any, last: bool, place: Any, unit_end: bool) -> BoundaryLink:
@@ -102,12 +102,12 @@ class ChunkBoundaries:
         entry offset (both read now, ahead of the link), in the chunk's boundary tile (``place``: its
         ``ChunkTiles``); ``unit_end``: the entry is copied into the next unit's tile. ``last``: the lane's last
         chunk (no next chunk to start)."""
-        stores = [nisa.scalar_load(_column(self.store_row, c))]
+        stores = [_entry(self.store_row, c)]
         if last:
             if self.last_copy_row is not None:  # a last checkpoint at the bucket's end: stored now, not copied after
                 stores.append(nisa.scalar_load(self.last_copy_row))
             return BoundaryLink(self.pool, h, stores)
-        offset = nisa.scalar_load(_column(self.entry_offset, c + 1))
+        offset = _entry(self.entry_offset, c + 1)
         return BoundaryLink(self.pool, h, stores, place.after, place.boundary, offset, unit_end)
 
     def lane_done(self, h: int) -> None:
@@ -123,11 +123,11 @@ class ChunkBoundaries:
             dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
 
-    def _load_initial(self, slot_entry: Any, h: int, dst: Any, cols: slice | None = None) -> None:
-        """DMA columns ``cols`` (all) of value head ``h`` of the gathered initial state the table entry names into
-        ``dst`` (slot N, past the copy: skipped, ``dst`` unchanged)."""
+    def _load_initial(self, table: Any, c: Any, h: int, dst: Any, cols: slice | None = None) -> None:
+        """DMA columns ``cols`` (all) of value head ``h`` of the gathered initial state that column ``c`` of the
+        slot table names into ``dst`` (slot N, past the copy: skipped, ``dst`` unchanged)."""
         self.initial.gather(h)
-        slot = nisa.scalar_load(slot_entry)
+        slot = _entry(table, c)
         cols = slice(0, dst.shape[1]) if cols is None else cols
         nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
 
@@ -164,9 +164,11 @@ class BoundaryLink:
         its parts and decayed copies made in ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
         blocks = [self.entry(j) for j in range(len(self.after))]
         if tiles_of is None:
-            return State(blocks, None, dtype)
+            fixed = [tiles.sbuf(tuple(block.shape), FP32) for block in blocks] if dtype != FP32 else None
+            return State(blocks, None, dtype, fixed=fixed, at_run_time=True)
         tiles_of.written()
-        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles)
+        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles, fixed=tiles_of.fixed,
+                     at_run_time=True)  # fmt: skip
 
     def after_chunk(self, block: Any, j: int) -> Any:
         """Where the link writes column block ``j`` of the state after the chunk (``block``: the next chunk's entry
@@ -194,6 +196,12 @@ class BoundaryLink:
 def _column(table: Any, c: Any) -> Any:
     """Column ``c`` of a table: a static slice, or a run-time ``nl.ds`` start on the free axis."""
     return table[:, c : c + 1] if isinstance(c, int) else table[:, nl.ds(c, 1)]
+
+
+def _entry(table: Any, c: Any) -> Any:
+    """Column ``c`` of a [1, ·] int32 table as an ``NkiScalar`` (``tiles.load_scalar``: through a fixed [1, 1] tile
+    when ``c`` is a run-time scalar)."""
+    return tiles.load_scalar(_column(table, c), not isinstance(c, int))
 
 
 def _pool_view(pool: Any, row: Any, h: int, cols: slice) -> Any:

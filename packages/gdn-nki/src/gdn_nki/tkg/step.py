@@ -28,7 +28,7 @@ from gdn_ref.contract import validate_step
 
 from ..common.backend import nisa, nki, nl
 from ..common.kernel_assert import assert_valid_call
-from ..common.tiles import FP32, sbuf
+from ..common.tiles import FP32, load_scalar, sbuf
 from .pipeline import Request, emit_requests
 from .recurrence import INT32, Constants, Gates, Shapes, allocate_out, zero_rows
 
@@ -112,12 +112,12 @@ def gdn_step(
     slots = max(n_req, first + (trips * group - 1) * step + 1) + (trips > 1)
     rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots)
 
-    def entry(tile: Any, static: int, base: Any, scale: int) -> Any:  # tile[0, base·scale + static] as [1, 1]
+    def entry(tile: Any, static: int, base: Any, scale: int) -> Any:  # tile[0, base·scale + static], loaded
         if isinstance(base, int):
             at = base * scale + static
-            return tile[:, at : at + 1]
-        return tile.ap(pattern=[[tile.shape[1], 1], [1, 1]], offset=static, scalar_offset=base * scale,
-                       indirect_dim=1)  # fmt: skip
+            return nisa.scalar_load(tile[:, at : at + 1])
+        view = tile.ap(pattern=[[tile.shape[1], 1], [1, 1]], offset=static, scalar_offset=base * scale, indirect_dim=1)
+        return load_scalar(view, at_run_time=True)
 
     def requests(base: Any) -> Any:  # the group of requests base + first + j·step, j < group
         for j in range(group):
@@ -125,14 +125,13 @@ def gdn_step(
             n = static if isinstance(base, int) else base + static
             # The row the loads need first; with num_accepted_tokens it is computed, else it is the index itself.
             if num_accepted_tokens is None:
-                read_row = nisa.scalar_load(entry(rows[0], static * width, base, width))
+                read_row = entry(rows[0], static * width, base, width)
             else:
-                read_row = nisa.scalar_load(entry(rows[1], static, base, 1))
+                read_row = entry(rows[1], static, base, 1)
             token_rows = None
             if per_token:
-                token_rows = tuple(nisa.scalar_load(entry(rows[0], static * width + t, base, width))
-                                   for t in range(tokens))  # fmt: skip
-            out_row, pad_row = (nisa.scalar_load(entry(tile, static, base, 1)) for tile in rows[2:])
+                token_rows = tuple(entry(rows[0], static * width + t, base, width) for t in range(tokens))
+            out_row, pad_row = (entry(tile, static, base, 1) for tile in rows[2:])
             yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row,
                           final_row=None if per_token else read_row, token_rows=token_rows, out_row=out_row,
                           zeros=(pad_row, zeros))  # fmt: skip
