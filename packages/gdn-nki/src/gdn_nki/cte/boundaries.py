@@ -159,16 +159,23 @@ class BoundaryLink:
         width = self.after[j].shape[1]
         return self.boundary[j][:, nl.ds(self.offset * width, width)]
 
+    def entry_high_half(self, j: int) -> Any:
+        """The bf16 high halves of ``entry(j)`` (``tiles.high_half``): the boundary tile reinterpreted and its
+        upper halves taken first, the run-time column offset applied last — ``NkiTensor.view`` is "Not supported
+        after dynamic / vector select" (SDK 2.31-2.32), and truncation commutes with the select."""
+        width = self.after[j].shape[1]
+        return tiles.high_half(self.boundary[j])[:, nl.ds(self.offset * width, width)]
+
     def entry_state(self, dtype: Any, tiles_of: State | None) -> State:
-        """The next chunk's entry state as views of the boundary tiles at the run-time offset, one per column block;
-        its parts and decayed copies made in ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
+        """The next chunk's entry state as views of the boundary tiles at the run-time offset, one per column block
+        (with bf16 compute, their high halves too: ``entry_high_half``); its parts and decayed copies made in
+        ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
         blocks = [self.entry(j) for j in range(len(self.after))]
+        high = [self.entry_high_half(j) for j in range(len(self.after))] if dtype != FP32 else None
         if tiles_of is None:
-            fixed = [tiles.sbuf(tuple(block.shape), FP32) for block in blocks] if dtype != FP32 else None
-            return State(blocks, None, dtype, fixed=fixed, at_run_time=True)
+            return State(blocks, None, dtype, high=high)
         tiles_of.written()
-        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles, fixed=tiles_of.fixed,
-                     at_run_time=True)  # fmt: skip
+        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles, high=high)
 
     def after_chunk(self, block: Any, j: int) -> Any:
         """Where the link writes column block ``j`` of the state after the chunk (``block``: the next chunk's entry

@@ -507,7 +507,7 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     loops = {run.first_period: run for run in steady_states(units, group_size, depth)}
     if loops:
         pipe.ring_order = state_ring_order(group_size) or []
-        rings = [[state_tile(lanes[0], reused=True, lends=bucketed) for _ in range(STATE_RING)] for _ in range(2)]
+        rings = [[state_tile(lanes[0], reused=True) for _ in range(STATE_RING)] for _ in range(2)]
         for run in loops.values():  # consecutive loop lanes alternate: one loads its state while one chains
             pipe.rings.setdefault(id(run.lane), rings[len(pipe.rings) % 2])
     p, periods = 0, len(units) + depth - 1

@@ -32,8 +32,8 @@ class State:
     add of it to the PSUM product (see ``advance_state``).
 
     A state tile reused by a compiled loop (``lanes.py``'s state ring, ``state_tile(reused=True)``) also holds the
-    tiles its parts and decayed copies are made in (``lo``, ``decayed_tiles``, and ``fixed`` for a bucket's entry
-    state at a run-time offset), so nothing it holds is allocated inside the loop.
+    tiles its parts and decayed copies are made in (``lo``, ``decayed_tiles``), so nothing it holds is allocated
+    inside the loop.
     """
 
     blocks: list[Any] | None  # the master's column blocks (views of ``whole``); None for the zero state
@@ -43,13 +43,10 @@ class State:
     lo: list[Any] | None = None  # per block, the tile its low part is made in (None: a fresh tile)
     decayed_tiles: list[Any] | None = None  # per block, the tile its decayed copy is made in (None: a fresh tile)
     decayed: dict[int, Any] = field(default_factory=dict, repr=False)  # block -> e^{γ_last}·h for the next chunk
-    # Per block, a fixed tile a block at a run-time offset is copied into before it is split (a reused tile lends
-    # them to the entry states read from its boundary tile, ``at_run_time``)
-    fixed: list[Any] | None = None
-    # The blocks are views at a run-time offset (a bucket's entry state read from its boundary tile): no page
-    # allows reinterpreting such a view as bf16 ("Not supported after dynamic / vector select", ``NkiTensor.view``,
-    # SDK 2.31-2.32), a fixed tile may be; so ``parts`` splits a copy in ``fixed``.
-    at_run_time: bool = False
+    # Per block, the bf16 high halves of ``blocks`` when the blocks are views at a run-time offset (a bucket's entry
+    # state, read from its boundary tile): reinterpreted before the run-time select, since no page allows it after
+    # ("Not supported after dynamic / vector select", ``NkiTensor.view``). None: taken from the blocks.
+    high: list[Any] | None = None
 
     @property
     def zero(self) -> bool:
@@ -58,10 +55,8 @@ class State:
     def parts(self, j: int) -> list[Any]:
         """Block j's matmul operands, made on first use (after the state is written: ``written``)."""
         if j not in self._parts:
-            block = self.blocks[j]
-            if self.at_run_time and self.operand_dtype != FP32:
-                block = tiles.copy_to(self.fixed[j], block)  # the same bits, in a fixed tile
-            self._parts[j] = split_block(block, self.operand_dtype, self.lo[j] if self.lo else None)
+            self._parts[j] = split_block(self.blocks[j], self.operand_dtype, self.lo[j] if self.lo else None,
+                                         None if self.high is None else self.high[j])  # fmt: skip
         return self._parts[j]
 
     def written(self) -> State:
@@ -83,7 +78,7 @@ class State:
         self.decayed[j] = tiles.scale_rows(block, decay_last, FP32, dst=dst, among=(engines.GPSIMD,))
 
 
-def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
+def split_block(block: Any, dtype: Any, lo: Any = None, hi: Any = None) -> list[Any]:
     """The matmul operands of an fp32 state block for the compute ``dtype``, which sum to the block.
 
     fp32: ``[block]``. bf16: ``[hi, lo]`` with ``hi`` the block truncated to bf16 — the upper half of each fp32
@@ -91,19 +86,18 @@ def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
     instruction (``block − hi`` is exact in fp32; its rounding to bf16 is the split's only error, below 2⁻¹⁶ of
     the element). GpSimd: the one engine with room in the chain's period (on the vector engine, in line with the
     chain's update, it makes a chain link more than twice as long). ``lo`` is made in the given tile (else a fresh
-    one).
+    one); ``hi`` is given for a block at a run-time offset (``State.high``).
     """
     if dtype == FP32:
         return [block]
-    hi = tiles.high_half(block)
+    hi = tiles.high_half(block) if hi is None else hi
     lo = lo if lo is not None else tiles.sbuf(tuple(block.shape), dtype)
     return [hi, tiles.combine(lo, block, hi, nl.subtract, engine=engines.GPSIMD)]
 
 
-def state_tile(lane: Lane, reused: bool = False, lends: bool = False) -> State:
+def state_tile(lane: Lane, reused: bool = False) -> State:
     """A fresh [Dk, Dv] fp32 state tile for ``lane``'s shapes; ``reused``: with its parts' tiles too (for a tile a
-    compiled loop writes again and again); ``lends``: and, for bf16, the fixed tiles the entry states read from its
-    boundary tiles at a run-time offset are copied into before their split (a bucket's loop)."""
+    compiled loop writes again and again)."""
     dk, dv = lane.key.shape[3], lane.value.shape[3]
     whole = tiles.sbuf((dk, dv), FP32)
     blocks = [whole[:, cols] for cols in column_blocks(dv)]
@@ -114,5 +108,4 @@ def state_tile(lane: Lane, reused: bool = False, lends: bool = False) -> State:
         return [tiles.sbuf((dk, cols.stop - cols.start), dtype) for cols in column_blocks(dv)]
 
     lo = per_block(lane.dtype) if lane.dtype != FP32 else None
-    fixed = per_block(FP32) if lends and lane.dtype != FP32 else None
-    return State(blocks, whole, lane.dtype, lo=lo, decayed_tiles=per_block(FP32), fixed=fixed)
+    return State(blocks, whole, lane.dtype, lo=lo, decayed_tiles=per_block(FP32))
