@@ -174,7 +174,7 @@ PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inv
 # and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
 # ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain. At one
 # (depth periods) they cost 13-16 % at S = 8192; at three, under 5 % (PERFORMANCE.md, "Hardware loops").
-LOOP_UNROLL = 3
+LOOP_UNROLL = 1
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
