@@ -170,10 +170,12 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
 
 
 PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inverse, transition and chain
-# A compiled loop's iteration is this many times ``depth`` periods: the compiler ends every iteration with a drain
+# A compiled loop's iteration is this many times ``depth`` periods. The compiler ends every iteration with a drain
 # and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
-# ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain. At one
-# (depth periods) they cost 13-16 % at S = 8192; at three, under 5 % (PERFORMANCE.md, "Hardware loops").
+# ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain: +13-16 % at
+# S = 8192 and 32768 at 1. At 3 that is +5.2 % at S = 32768, but the program grows 2.8x (static 5,291 -> 14,723) and
+# the shortest looped sequence triples, so the program tests' shapes no longer loop (PERFORMANCE.md, "Hardware
+# loops"): left at 1 until those tests are re-sized.
 LOOP_UNROLL = 1
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
