@@ -293,13 +293,18 @@ RELAXED_VIEW_FORMS = {
 }
 
 
+def _warns_relaxed_and_raises_strict(form, rule: str) -> None:
+    """``form`` run in a launch: a warning naming ``rule`` when it is relaxed, its RuleViolationError when not."""
+    with pytest.warns(RuntimeWarning, match=rf"rule '{rule}' relaxed"):
+        _run(form, relax={rule})
+    with pytest.raises(checks.RuleViolationError) as info:
+        _run(form)
+    assert info.value.rule == rule
+
+
 @pytest.mark.parametrize("rule", sorted(RELAXED_VIEW_FORMS))
 def test_relaxed_run_time_forms_warn_and_proceed(rule):
-    with pytest.warns(RuntimeWarning, match=rf"rule '{rule}' relaxed"):
-        _run(RELAXED_VIEW_FORMS[rule], relax={rule})
-    with pytest.raises(checks.RuleViolationError) as info:
-        _run(RELAXED_VIEW_FORMS[rule])
-    assert info.value.rule == rule
+    _warns_relaxed_and_raises_strict(RELAXED_VIEW_FORMS[rule], rule)
 
 
 def test_relaxed_run_time_view_rules_warn():
@@ -636,8 +641,4 @@ ISSUE_40_FORMS = {
 
 @pytest.mark.parametrize("rule", sorted(ISSUE_40_FORMS))
 def test_relaxed_issue_40_forms_warn_and_proceed(rule):
-    with pytest.warns(RuntimeWarning, match=rf"rule '{rule}' relaxed"):
-        _run(ISSUE_40_FORMS[rule], relax={rule})
-    with pytest.raises(checks.RuleViolationError) as info:
-        _run(ISSUE_40_FORMS[rule])
-    assert info.value.rule == rule
+    _warns_relaxed_and_raises_strict(ISSUE_40_FORMS[rule], rule)
