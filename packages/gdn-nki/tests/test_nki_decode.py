@@ -212,3 +212,19 @@ def test_the_program_does_not_grow_with_the_requests(monkeypatch) -> None:
         sizes[n] = (trace.static_instructions, len(trace.records))
     assert sizes[9][0] == sizes[16][0] == sizes[40][0]
     assert sizes[9][1] == sizes[16][1] < sizes[40][1]
+
+
+def test_small_value_dims_with_several_tokens_fit_psum() -> None:
+    """Dv = 16 puts 32 Dk rows on a partition (2 KiB runs), so a token's selection products are 32 PSUM tiles;
+    held for 4 tokens of two requests in flight they overflowed PSUM's 16 KiB per partition (found by gdn-spec's
+    wider decode draws). Each is now masked into SBUF as soon as it is made."""
+    x = step_inputs(0, "float32", N=2, T=4, Hk=2, Hv=6, Dk=64, Dv=16, P=8)
+    indices = np.arange(8, dtype=np.int32).reshape(2, 4)
+    accepted = np.array([4, 2], np.int32)
+    ref_out, ref_states = _expected(x, False, [3, 5], False, 0.25)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(False),
+                                    scale=0.25)  # fmt: skip
+    for n in range(2):
+        assert_within("out", out[n], ref_out[n], "float32")
+        for t in range(4):
+            assert_within("state", pool[indices[n, t]], ref_states[n, t], "float32")
