@@ -292,7 +292,7 @@ def bench(session: nox.Session) -> None:
 # AWS's package index for the Neuron SDK (the real `nki` / `neuronx-cc`; PyPI's packages of those names are
 # placeholders). Override with GDN_NEURON_INDEX (a mirror, say).
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
-# The kernel needs NKI 0.7.0 = Neuron SDK 2.33 (gdn_nki.backend.MIN_NKI_VERSION).
+# The kernel needs NKI 0.7.0 = Neuron SDK 2.33 (gdn_nki.common.backend.MIN_NKI_VERSION).
 NEURON_PACKAGES = ["nki>=0.7.0", "neuronx-cc>=2.0"]
 
 
@@ -327,7 +327,7 @@ def neuron(session: nox.Session) -> None:
 
 def _real_nki_in_session(session: nox.Session) -> bool:
     """True when the session's interpreter runs gdn-nki on the real nki (which also passed its version check)."""
-    probe = "import gdn_nki.backend as b, sys; sys.exit(0 if b.USING_REAL_NKI else 1)"
+    probe = "import gdn_nki.common.backend as b, sys; sys.exit(0 if b.USING_REAL_NKI else 1)"
     try:
         session.run("python", "-c", probe, silent=True)
     except nox.command.CommandFailed:

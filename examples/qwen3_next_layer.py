@@ -32,8 +32,8 @@ import torch
 from transformers import Qwen3NextConfig
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
+from gdn_nki.host.torch_io import as_numpy
 from gdn_nki.torch import chunk_gated_delta_rule
-from gdn_nki.torch_io import as_numpy
 from gdn_ref.recurrent import recurrent
 from gdn_spec.metrics import UNIT_ROUNDOFF, Error, compare, relative_change
 

@@ -16,7 +16,7 @@ Floors:
   of 96GiB and bandwidth of 2.9TB/s", "8 NeuronCores (v3)"), i.e. 362.5 B/ns;
 - the cost model's own DMA floor (``CostReport.makespan_floor``: bytes at 16 DMA engines × 23 B/ns, nki-cpu's Trn2
   figure, and the efficiency of each transfer's contiguous runs). The state moves in 2 KiB runs per partition
-  (``gdn_nki.state_tiles``), which the model's efficiency curve puts at 90 % of that 368 B/ns peak: 331 B/ns,
+  (``gdn_nki.tkg.state_tiles``), which the model's efficiency curve puts at 90 % of that 368 B/ns peak: 331 B/ns,
   just below the HBM share, so the model's floor sits slightly above the HBM floor.
 
     python packages/gdn-nki/bench/bench_decode.py [--out DIR] [--quick | --smoke]

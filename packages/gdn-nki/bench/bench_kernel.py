@@ -576,7 +576,7 @@ def measure_varlen(lengths: tuple[int, ...], key_heads: int, value_heads: int) -
                                                           scale=cases[0].scale)  # fmt: skip
         bucketed.append(launch_report().makespan_ns / 1e3)
         identical_bucket = np.array_equal(bucket_out, out) and np.array_equal(bucket_state, state)
-    static_bucket = nki_cpu.last_traces()[0].static_instructions if not gdn_nki.backend.USING_REAL_NKI else 0
+    static_bucket = nki_cpu.last_traces()[0].static_instructions if not gdn_nki.common.backend.USING_REAL_NKI else 0
     return VarlenRow(
         lengths=tuple(lengths),
         heads=f"{key_heads}/{value_heads}",
@@ -613,7 +613,7 @@ def measure_checkpoints(seq_len: int, every: int, key_heads: int, value_heads: i
         gdn_nki.prefill_bucket(**tensors, cu_seqlens=np.array([0, seq_len]), bucket=(seq_len, 1), scale=c.scale,
                                recurrent_state=pool, state_indices=np.array([0], np.int32), **extra)  # fmt: skip
         times.append(launch_report().makespan_ns / 1e3)
-        statics.append(nki_cpu.last_traces()[0].static_instructions if not gdn_nki.backend.USING_REAL_NKI else 0)
+        statics.append(nki_cpu.last_traces()[0].static_instructions if not gdn_nki.common.backend.USING_REAL_NKI else 0)
         pools.append(pool)
     exact = np.array_equal(pools[1][0], pools[0][0])
     for k in (0, count // 2 - 1):  # two checkpoints against the prefill truncated there

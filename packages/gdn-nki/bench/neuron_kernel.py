@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import gdn_nki
-from gdn_nki import backend
+from gdn_nki.common import backend
 from gdn_spec.regimes import Geometry, make_case
 
 QWEN3_NEXT = {"B": 1, "Hk": 16, "Hv": 32, "Dk": 128, "Dv": 128}

@@ -17,7 +17,7 @@ def pytest_configure(config) -> None:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """On the real Neuron SDK, skip the tests that inspect the interpreter rather than the kernel's results."""
-    from gdn_nki import backend
+    from gdn_nki.common import backend
 
     if not backend.USING_REAL_NKI:
         return

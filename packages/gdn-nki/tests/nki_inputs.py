@@ -74,7 +74,7 @@ def assert_agree(
 def seq_first(c: Case) -> dict[str, Any]:
     """A head-major case as FLA's seq-first CPU torch tensors (q/k [B, T, Hk, K], v [B, T, Hv, V], g/beta
     [B, T, Hv]); needs torch."""
-    from gdn_nki.torch_io import as_torch
+    from gdn_nki.host.torch_io import as_torch
 
     kernel = c.kernel
     order = {"q": "query", "k": "key", "v": "value", "g": "g_log", "beta": "beta"}

@@ -10,7 +10,7 @@ import pytest
 
 import gdn_nki
 import nki_cpu
-from gdn_nki.bucket import gdn_cte_bucket
+from gdn_nki.cte.bucket import gdn_cte_bucket
 from gdn_ref.contract import ContractError
 from gdn_spec.regimes import Case, Geometry
 from nki_inputs import PACK, assert_matches_oracle, case, oracle
@@ -102,16 +102,16 @@ def test_every_layout_of_a_bucket_is_one_program_and_matches_the_oracle() -> Non
         lengths, rows = _random_layout(rng, index)
         batch = _batch(lengths, rows, seeds=[100 * index + i for i in range(len(lengths))], pool_seed=index)
         out, pool = _run(batch)
-        if not gdn_nki.backend.USING_REAL_NKI:
+        if not gdn_nki.common.backend.USING_REAL_NKI:
             fingerprints.add(nki_cpu.last_traces()[0].fingerprint())
         _check_against_oracle(batch, out, pool, f"layout {index} {lengths} rows {rows}")
-    if not gdn_nki.backend.USING_REAL_NKI:
+    if not gdn_nki.common.backend.USING_REAL_NKI:
         assert len(fingerprints) == 1, f"{len(fingerprints)} programs for one bucket"
 
 
 def test_the_program_depends_on_the_bucket() -> None:
     """The fingerprint is not blind: another bucket size is another program."""
-    if gdn_nki.backend.USING_REAL_NKI:
+    if gdn_nki.common.backend.USING_REAL_NKI:
         pytest.skip("fingerprints are nki-cpu's")
     batch = _batch([37, 130], [3, 5], seeds=[1, 2])
     found = set()
@@ -133,7 +133,7 @@ def test_a_compiled_loop_over_sequences_is_one_program() -> None:
     for index, (lengths, rows) in enumerate(layouts):
         batch = _batch(lengths, rows, seeds=[7 * index + i for i in range(len(lengths))])
         out, pool = _run(batch, (24 * C, 4), group_size=3)
-        if not gdn_nki.backend.USING_REAL_NKI:
+        if not gdn_nki.common.backend.USING_REAL_NKI:
             trace = nki_cpu.last_traces()[0]
             fingerprints.add(trace.fingerprint())
             assert any(entry == ("loop", "fori_loop") for entry in trace.program if isinstance(entry, tuple))
@@ -223,7 +223,7 @@ def test_a_checkpoint_at_a_sequence_end_is_its_final_state() -> None:
 
 
 def test_checkpoints_on_and_off_are_one_program() -> None:
-    if gdn_nki.backend.USING_REAL_NKI:
+    if gdn_nki.common.backend.USING_REAL_NKI:
         pytest.skip("fingerprints are nki-cpu's")
     batch = _batch([3 * C, 40], [0, 1], seeds=[1, 2])
     found = set()
@@ -302,7 +302,7 @@ def test_prefill_varlen_takes_a_bucket_and_the_configured_default() -> None:
         out, _ = gdn_nki.prefill_varlen(**batch.packed, cu_seqlens=batch.cu, scale=DK**-0.5, recurrent_state=pool,
                                         state_indices=batch.rows)  # fmt: skip
         assert np.array_equal(out, want_out) and np.array_equal(pool, want_pool)
-        if not gdn_nki.backend.USING_REAL_NKI:
+        if not gdn_nki.common.backend.USING_REAL_NKI:
             assert nki_cpu.last_traces()[0].fingerprint() == _fingerprint_of(batch, BUCKET)
     finally:
         gdn_nki.configure_buckets([])
@@ -319,7 +319,7 @@ def test_the_raw_kernel_refuses_a_pool_of_the_wrong_shape() -> None:
         name: np.pad(x, [(0, 0), (0, 0), (0, C - 37)] + [(0, 0)] * (x.ndim - 3)) for name, x in batch.packed.items()
     }
     with pytest.raises(AssertionError, match="state_pool"):
-        gdn_nki.backend.simulate(gdn_cte_bucket)(
+        gdn_nki.common.backend.simulate(gdn_cte_bucket)(
             **padded, chunk_bounds=np.array([0, 1], np.int32), state_indices=np.array([0], np.int32),
             state_pool=np.zeros((2, HV, DK, DV + 1), np.float32), mask_pack=PACK,
         )  # fmt: skip
@@ -327,8 +327,8 @@ def test_the_raw_kernel_refuses_a_pool_of_the_wrong_shape() -> None:
 
 def test_the_torch_entry_point_takes_a_bucket_and_checkpoints() -> None:
     torch = pytest.importorskip("torch")
+    from gdn_nki.host.torch_io import as_torch
     from gdn_nki.torch import chunk_gated_delta_rule
-    from gdn_nki.torch_io import as_torch
 
     batch = _batch([37, 0, 300], [2, 6, 5], seeds=[3, 4, 5])
     seq_first = {name: as_torch(np.ascontiguousarray(np.moveaxis(batch.packed[name], 1, 2))) for name in TENSORS}
@@ -363,7 +363,7 @@ def test_resuming_from_a_row_it_does_not_write_leaves_that_row_and_matches_the_u
     resume.pool[5] = pool[5]
     read = np.array([5, 5], np.int32)
     resumed_out, resumed_pool = _run(resume, read_indices=read)
-    first = None if gdn_nki.backend.USING_REAL_NKI else nki_cpu.last_traces()[0].fingerprint()
+    first = None if gdn_nki.common.backend.USING_REAL_NKI else nki_cpu.last_traces()[0].fingerprint()
     for i in range(2):
         assert np.array_equal(resumed_out[:, :, i * tail : (i + 1) * tail], out[:, :, C:]), f"sequence {i}: out"
         assert np.array_equal(resumed_pool[6 + i], pool[0]), f"sequence {i}: final state"
@@ -405,8 +405,8 @@ def test_the_torch_entry_point_traces_each_bucket_once() -> None:
     empty sequence, -1 rows, checkpoints stored or not), the torch drop-in's launches have ONE trace key per bucket
     — what torch-neuronx compiles on: shapes, dtypes, non-tensor values — and nki-cpu finds one program per key."""
     torch = pytest.importorskip("torch")
+    from gdn_nki.host.torch_io import as_torch
     from gdn_nki.torch import chunk_gated_delta_rule
-    from gdn_nki.torch_io import as_torch
     from gdn_nki.traces import recording_launches, trace_counts
 
     tokens, slots = BUCKET
@@ -433,7 +433,7 @@ def test_the_torch_entry_point_traces_each_bucket_once() -> None:
     assert sorted(traces.values()) == [len(layouts)] * len(buckets), (
         f"{len(traces)} trace keys for {len(buckets)} buckets: {list(traces)}"
     )
-    if not gdn_nki.backend.USING_REAL_NKI:  # launches in bucket order, len(layouts) each
+    if not gdn_nki.common.backend.USING_REAL_NKI:  # launches in bucket order, len(layouts) each
         programs = [{launch.programs for launch in launches[at : at + len(layouts)]}
                     for at in range(0, len(launches), len(layouts))]  # fmt: skip
         assert [len(found) for found in programs] == [1] * len(buckets), programs
@@ -491,7 +491,7 @@ def test_fp32_at_head_dim_128_and_group_16_runs_a_smaller_group_with_the_same_re
     cu = np.cumsum((0, *lengths)).astype(np.int32)
     out, final = gdn_nki.prefill_bucket(**packed, cu_seqlens=cu, bucket=(16 * C, 2), recurrent_state=pool,
                                         state_indices=np.asarray(rows, np.int32), group_size=16)  # fmt: skip
-    if not gdn_nki.backend.USING_REAL_NKI:
+    if not gdn_nki.common.backend.USING_REAL_NKI:
         assert nki_cpu.last_traces()[0].fingerprint()  # it ran: no SBUF overflow
     for i, c in enumerate(cases):
         start = c.kernel["recurrent_state"].copy() if rows[i] >= 0 else None

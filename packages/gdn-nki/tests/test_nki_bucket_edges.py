@@ -98,8 +98,8 @@ def _through_torch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``_launch``'s call through the torch drop-in; its output head-major, the pool as numpy."""
     torch = pytest.importorskip("torch")
+    from gdn_nki.host.torch_io import as_numpy, as_torch
     from gdn_nki.torch import chunk_gated_delta_rule
-    from gdn_nki.torch_io import as_numpy, as_torch
 
     seq_first = [as_torch(np.ascontiguousarray(np.moveaxis(packed[name], 1, 2))) for name in TENSOR_ARGS]
     pool = torch.from_numpy(extra.pop("recurrent_state"))
@@ -203,7 +203,7 @@ def test_a_bucket_of_one_chunk(lengths: list[int], rows: list[int], slots: int, 
 def test_the_most_sequence_slots_a_bucket_has() -> None:
     """N = 128, one slot per partition of the tables: sequences in the first, a middle and the last slot, every
     other slot empty (some naming rows, which must stay untouched), Inf in every row no sequence reads."""
-    slots = gdn_nki.bucket.MAX_SEQUENCES
+    slots = gdn_nki.cte.bucket.MAX_SEQUENCES
     lengths, rows = [0] * slots, [-1] * slots
     for slot, n, row in ((0, C - 3, 5), (63, 2 * C, -1), (slots - 1, C, 9)):
         lengths[slot], rows[slot] = n, row
@@ -236,7 +236,7 @@ def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(group_size: i
         first, next_row = first + n, next_row + n
     run = _launch(lengths, rows, (n_chunks * C, 5), dv=64, value_heads=1, group_size=g, read=read, every=C,
                   checkpoints=checkpoints, pool_rows=next_row)  # fmt: skip
-    if g in (3, 8) and not gdn_nki.backend.USING_REAL_NKI:
+    if g in (3, 8) and not gdn_nki.common.backend.USING_REAL_NKI:
         assert ("loop", "fori_loop") in nki_cpu.last_traces()[0].program, "no compiled loop: the layout tests less"
     _assert_exact(run, f"group {g}, lengths {lengths}")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gdn_nki
-from gdn_nki import backend
+from gdn_nki.common import backend
 from gdn_ref.contract import HOST_ONLY_RULES, RULES
 from gdn_spec.contract import RULE_CASES, RuleCase, check_inputs, valid_call
 

@@ -113,7 +113,7 @@ def test_step_rejects_nan_in_a_read_row_but_not_elsewhere() -> None:
 def test_failed_launch_restores_the_rows_it_wrote(monkeypatch) -> None:
     x = step_inputs(7, "float32")
     before = x.pool.copy()
-    real = gdn_nki.decode_host.backend.simulate
+    real = gdn_nki.host.decode.backend.simulate
 
     def failing(kernel):
         def launch(*args, **kwargs):
@@ -122,7 +122,7 @@ def test_failed_launch_restores_the_rows_it_wrote(monkeypatch) -> None:
 
         return launch
 
-    monkeypatch.setattr(gdn_nki.decode_host.backend, "simulate", failing)
+    monkeypatch.setattr(gdn_nki.host.decode.backend, "simulate", failing)
     with pytest.raises(RuntimeError, match="device fault"):
         gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array([5, -1, 2], np.int32), **x.gates(False))
     assert np.array_equal(x.pool, before)
@@ -167,9 +167,9 @@ def test_a_compiled_request_loop_matches_the_oracle_past_its_last_full_group(per
     """N = 11 runs as a compiled loop of two 8-request iterations (``step.REQUESTS_PER_ITERATION`` set to 8 to keep
     the test small): the second iteration's slots past N read and write nothing, padding inside a group
     included."""
-    import gdn_nki.step
+    import gdn_nki.tkg.step
 
-    monkeypatch.setattr(gdn_nki.step, "REQUESTS_PER_ITERATION", 8)
+    monkeypatch.setattr(gdn_nki.tkg.step, "REQUESTS_PER_ITERATION", 8)
     x = step_inputs(12, "float32", N=11, T=2, P=45)
     reads = [3, 17, -1, 0, 8, 29, 5, 12, 1, -1, 20]
     if per_token:  # token 0's state over the row read, token 1's to a row of its own
@@ -200,10 +200,10 @@ def test_a_compiled_request_loop_matches_the_oracle_past_its_last_full_group(per
 def test_the_program_does_not_grow_with_the_requests(monkeypatch) -> None:
     """Past one iteration of the compiled request loop (8 requests here, to keep the test small), N changes only the
     loop's trip count."""
-    import gdn_nki.step
+    import gdn_nki.tkg.step
     import nki_cpu
 
-    monkeypatch.setattr(gdn_nki.step, "REQUESTS_PER_ITERATION", 8)
+    monkeypatch.setattr(gdn_nki.tkg.step, "REQUESTS_PER_ITERATION", 8)
     sizes = {}
     for n in (9, 16, 40):
         x = step_inputs(13, "float32", N=n, T=1, P=n)

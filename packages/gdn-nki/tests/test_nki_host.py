@@ -1,22 +1,18 @@
-"""Host conveniences and package structure: ``prefill`` for any S, the SPMD launch grid, the backend in use, and
-the architecture rule that only ``backend.py`` knows about nki-cpu."""
+"""Host conveniences: ``prefill`` for any S, the SPMD launch grid, and the backend in use (the package's layer
+rules: ``test_layers.py``)."""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gdn_nki
 import nki_cpu
-from gdn_nki import backend
+from gdn_nki.common import backend
 from gdn_spec.regimes import Geometry
 from nki_inputs import assert_matches_oracle, case, kernel_kwargs, run
-
-SOURCE = Path(gdn_nki.__file__).parent
 
 
 @pytest.mark.parametrize("S", [1, 100, 129, 300])
@@ -154,41 +150,6 @@ def test_backend_reports_nki_cpu_here() -> None:
     assert backend.nki is nki_cpu and backend.simulate is nki_cpu.simulate
     assert backend.nl is nki_cpu.language and backend.nisa is nki_cpu.isa
     assert "nki-cpu" in gdn_nki.simulate.gdn_spec_capabilities["name"]
-
-
-def _kernel_modules() -> list[Path]:
-    return sorted(p for p in SOURCE.glob("*.py") if p.name != "backend.py")
-
-
-def test_kernel_modules_are_found() -> None:
-    names = {p.name for p in _kernel_modules()}
-    assert {
-        "api.py",
-        "operands.py",
-        "transition.py",
-        "chain.py",
-        "output.py",
-        "schur.py",
-        "neumann.py",
-        "tiles.py",
-        "host.py",
-    } <= names
-
-
-@pytest.mark.parametrize("path", _kernel_modules(), ids=lambda p: p.name)
-def test_only_backend_knows_nki_cpu(path: Path) -> None:
-    """Architecture rule: every module but backend.py writes plain NKI through ``.backend`` and never names
-    nki-cpu or imports an ``nki`` package directly."""
-    text = path.read_text()
-    assert "nki_cpu" not in text, f"{path.name} mentions nki_cpu"
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            roots = [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            roots = [] if node.level else [(node.module or "").split(".")[0]]
-        else:
-            continue
-        assert not {"nki", "nki_cpu"} & set(roots), f"{path.name}:{node.lineno} imports {roots} (use .backend)"
 
 
 def test_prefill_varlen_scans_values_and_checks_grid() -> None:

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import engines, neumann, schur, tiles
-from gdn_nki.backend import nisa, nki, nl
-from gdn_nki.chunks import Chunk
-from gdn_nki.constant_tiles import constants_from_pack, constants_on_device
-from gdn_nki.tiles import FP32
+from gdn_nki.common import engines, tiles
+from gdn_nki.common.backend import nisa, nki, nl
+from gdn_nki.common.tiles import FP32
+from gdn_nki.cte import neumann, schur
+from gdn_nki.cte.chunks import Chunk
+from gdn_nki.cte.constant_tiles import constants_from_pack, constants_on_device
 from nki_cpu.cost import Engine
 from nki_inputs import PACK
 

@@ -1,5 +1,5 @@
 """The issue plan: how lanes' chunks are cut into units, which periods become a compiled loop, and the order of
-a looping lane's state tiles (gdn_nki.lanes)."""
+a looping lane's state tiles (gdn_nki.cte.lanes)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gdn_nki.lanes import PIPELINE_DEPTH, STATE_RING, lane_units, state_ring_order, steady_states
-from gdn_nki.plan import packed_plan
+from gdn_nki.cte.lanes import PIPELINE_DEPTH, STATE_RING, lane_units, state_ring_order, steady_states
+from gdn_nki.cte.plan import packed_plan
 
 
 def _lane(name: str, n_chunks: int, chunk: int = 128) -> SimpleNamespace:

@@ -1,6 +1,6 @@
 """On-chip memory is bounded by the pipeline, not by the launch: SBUF and PSUM high-water do not grow with S or lanes.
 
-The pipeline (``gdn_nki.lanes.run_lanes``) has at most ``depth`` units between their loads and their chain, each
+The pipeline (``gdn_nki.cte.lanes.run_lanes``) has at most ``depth`` units between their loads and their chain, each
 in its own slot set, and once a launch is a few units long its high-water is that of
 every longer launch, within ``SLACK``: the order in which the engine balancer interleaves the first units can
 leave one more small tile alive at the peak. Small head dims and one-chunk units keep it fast; the production
@@ -15,8 +15,8 @@ import pytest
 
 import gdn_nki
 import nki_cpu
-from gdn_nki import lanes
-from gdn_nki.tiles import FP32
+from gdn_nki.common.tiles import FP32
+from gdn_nki.cte import lanes
 from gdn_spec.regimes import Geometry
 from nki_inputs import case, run
 

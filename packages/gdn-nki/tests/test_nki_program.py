@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import lanes, schur
+from gdn_nki.cte import lanes, schur
 from gdn_spec.regimes import Geometry
 from nki_inputs import assert_matches_oracle, case, run
 

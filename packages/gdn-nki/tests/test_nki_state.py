@@ -118,7 +118,7 @@ class _InjectedLaunchError(RuntimeError):
 def _fail_after_stores(monkeypatch: pytest.MonkeyPatch, stores: int) -> list[int]:
     """Make the kernel's ``store_state`` raise once ``stores`` lane states have really been stored."""
     done: list[int] = []
-    real = gdn_nki.hbm.store_state
+    real = gdn_nki.cte.hbm.store_state
 
     def store_then_fail(*args, **kwargs):
         if len(done) == stores:
@@ -126,7 +126,7 @@ def _fail_after_stores(monkeypatch: pytest.MonkeyPatch, stores: int) -> list[int
         real(*args, **kwargs)
         done.append(1)
 
-    monkeypatch.setattr(gdn_nki.hbm, "store_state", store_then_fail)
+    monkeypatch.setattr(gdn_nki.cte.hbm, "store_state", store_then_fail)
     return done
 
 

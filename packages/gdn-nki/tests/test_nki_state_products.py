@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import nki_cpu
-from gdn_nki import engines, products, state, tiles
-from gdn_nki.backend import nisa, nki, nl
+from gdn_nki.common import engines, tiles
+from gdn_nki.common.backend import nisa, nki, nl
+from gdn_nki.cte import products, state
 from gdn_spec.regimes import Geometry
 from nki_cpu.cost import Engine
 from nki_inputs import assert_matches_oracle, case, run

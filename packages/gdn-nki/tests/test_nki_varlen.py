@@ -8,8 +8,8 @@ import pytest
 
 import gdn_nki
 import nki_cpu
-from gdn_nki.plan import packed_plan
-from gdn_nki.varlen import gdn_cte_varlen
+from gdn_nki.cte.plan import packed_plan
+from gdn_nki.cte.varlen import gdn_cte_varlen
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_ref.contract import ContractError
 from gdn_spec.regimes import Geometry
@@ -38,7 +38,7 @@ def test_one_launch_equals_separate_calls_bit_for_bit(dtype: str) -> None:
     pool = states.copy()
     out, final = gdn_nki.prefill_varlen(**packed, cu_seqlens=cu, scale=cases[0].scale, recurrent_state=pool)
     assert final is pool, "the supplied state is updated in place and returned"
-    if not gdn_nki.backend.USING_REAL_NKI:
+    if not gdn_nki.common.backend.USING_REAL_NKI:
         assert len(nki_cpu.last_traces()) == 1
     for i, c in enumerate(cases):
         alone_state = states[i : i + 1].copy()
@@ -148,7 +148,7 @@ def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch)
     packed, cu, _, cases = _packed("float32", lengths=(130, 20), seed=11)
     pool = np.random.default_rng(2).standard_normal((3, HV, DK, DV)).astype(np.float32)
     before = pool.copy()
-    original = gdn_nki.chain.advance_state
+    original = gdn_nki.cte.chain.advance_state
     calls = []
 
     def fail_late(*args, **kwargs):  # the first lane's final state is stored before the failure
@@ -157,7 +157,7 @@ def test_a_failing_launch_never_writes_the_pool(monkeypatch: pytest.MonkeyPatch)
             raise RuntimeError("injected failure")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(gdn_nki.chain, "advance_state", fail_late)
+    monkeypatch.setattr(gdn_nki.cte.chain, "advance_state", fail_late)
     writes = []
     watched = _WriteWatch(pool, writes)
     with pytest.raises(RuntimeError, match="injected"):
@@ -246,7 +246,7 @@ def test_the_kernels_own_state_rows_read_and_write_the_named_pool_rows() -> None
     pool = np.random.default_rng(4).standard_normal((5, HV, DK, DV)).astype(np.float32)
     pool[list(slots)] = states
     before = pool.copy()
-    kernel = gdn_nki.backend.simulate(gdn_cte_varlen)
+    kernel = gdn_nki.common.backend.simulate(gdn_cte_varlen)
     out, _ = kernel(*tensors, **options, recurrent_state=pool, state_rows=slots)
     gathered = states.copy()
     want_out, _ = kernel(*tensors, **options, recurrent_state=gathered, state_rows=None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from example_scripts import load_example
-from gdn_nki import backend
+from gdn_nki.common import backend
 
 torch = pytest.importorskip("torch", reason="torch is not installed (nox -s integration installs it)")
 pytest.importorskip("transformers", reason="transformers is not installed (nox -s integration installs it)")

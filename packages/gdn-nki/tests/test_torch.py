@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import gdn_nki  # noqa: E402
 import nki_cpu  # noqa: E402
+from gdn_nki.host.torch_io import as_numpy, as_torch  # noqa: E402
 from gdn_nki.torch import chunk_gated_delta_rule  # noqa: E402
-from gdn_nki.torch_io import as_numpy, as_torch  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_spec.regimes import Case, Geometry  # noqa: E402
 from nki_inputs import assert_matches_oracle, case, kernel_kwargs, seq_first  # noqa: E402
@@ -143,7 +143,7 @@ def test_fla_entry_varlen_is_one_launch_and_equals_batch_rows() -> None:
     packed = {k: v.reshape(1, 300, *v.shape[2:]) for k, v in args.items()}
     cu = torch.tensor([0, 100, 200, 300])
     o_var, s_var = chunk_gated_delta_rule(**packed, initial_state=initial, output_final_state=True, cu_seqlens=cu)
-    if not gdn_nki.backend.USING_REAL_NKI:
+    if not gdn_nki.common.backend.USING_REAL_NKI:
         assert len(nki_cpu.last_traces()) == 1, "one kernel launch"
     assert torch.equal(o_var.reshape(3, 100, 2, 16), o_dense) and torch.equal(s_var, s_dense)
     for i in range(3):  # each sequence alone

@@ -9,12 +9,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
 
 from decode_inputs import assert_within, step_inputs  # noqa: E402
+from gdn_nki.host.torch_io import as_torch  # noqa: E402
 from gdn_nki.torch_decode import (  # noqa: E402
     fused_recurrent_gated_delta_rule,
     fused_sigmoid_gating_delta_rule_update,
     vllm_fused_recurrent_gated_delta_rule,
 )
-from gdn_nki.torch_io import as_torch  # noqa: E402
 from gdn_ref import decode_steps, fused_gates  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 

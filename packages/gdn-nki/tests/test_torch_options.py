@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 from torch.nn.functional import softplus  # noqa: E402
 
-from gdn_nki.torch import HF_PASS_THROUGH, chunk_gated_delta_rule  # noqa: E402
-from gdn_nki.torch_io import as_numpy  # noqa: E402
+from gdn_nki.host.torch_io import as_numpy  # noqa: E402
+from gdn_nki.torch import chunk_gated_delta_rule  # noqa: E402
+from gdn_nki.torch.chunk import HF_PASS_THROUGH  # noqa: E402
 from gdn_ref.activations import beta_from_logit, log_decay_from_gate  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_spec.metrics import compare  # noqa: E402

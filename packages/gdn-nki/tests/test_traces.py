@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gdn_nki
-from gdn_nki import backend
+from gdn_nki.common import backend
 from gdn_nki.traces import recording_launches, trace_counts
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_SCHUR
 from gdn_spec.regimes import Geometry

@@ -20,15 +20,15 @@ from gdn_ref.constants import (
 from gdn_ref.contract import ContractError
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
-from .api import gdn_cte
-from .backend import BACKEND_NAME
-from .bucket import gdn_cte_bucket
-from .bucket_host import configure_buckets, configured_buckets, prefill_bucket
-from .decode_host import decode_step, tkg_simulate
-from .host import prefill, prefill_varlen, simulate
-from .step import gdn_step
-from .tkg import gdn_tkg
-from .varlen import gdn_cte_varlen
+from .common.backend import BACKEND_NAME
+from .cte.bucket import gdn_cte_bucket
+from .cte.kernel import gdn_cte
+from .cte.varlen import gdn_cte_varlen
+from .host.buckets import configure_buckets, configured_buckets, prefill_bucket
+from .host.decode import decode_step, tkg_simulate
+from .host.prefill import prefill, prefill_varlen, simulate
+from .tkg.fused import gdn_tkg
+from .tkg.step import gdn_step
 
 __all__ = [
     "ALGORITHMS",

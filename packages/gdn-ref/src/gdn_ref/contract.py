@@ -621,7 +621,7 @@ G_LOG_DOMAIN = Rule(
 )
 
 # The spec's (0, 1) with its end points: an fp32 sigmoid rounds to exactly 1 from x ≈ 17 and to 0 far below
-# (x ≲ −88 to −104, by formula), and a padding token (gdn_nki.plan) carries β = 0, a token that writes nothing.
+# (x ≲ −88 to −104, by formula), and a padding token (gdn_nki.cte.plan) carries β = 0, a token that writes nothing.
 # β > 1 (FLA's allow_neg_eigval reaches 2) is outside the contract the kernels' precision is tested for.
 BETA_DOMAIN = Rule(
     "beta.domain",

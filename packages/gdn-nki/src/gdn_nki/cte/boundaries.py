@@ -1,0 +1,439 @@
+"""Where the sequences of a bucketed launch start and end, on device: per-chunk tables built from the kernel's
+device tensors (chunk boundaries, pool rows, checkpoint rows) by instructions, and what the chain does with them
+at each chunk boundary (``bucket.gdn_cte_bucket``).
+
+A bucket runs every value head as one lane over all of its chunks, as a dense launch with one batch row does. The
+only sequence-dependent work is at chunk boundaries of the chain, and NKI 2.33 has no data-dependent branch
+("NKI Scalar Values", SDK 2.33: a comparison of run-time scalars is traced but cannot be used), so both become
+arithmetic and run-time addresses:
+
+- at a sequence's first chunk the carried state is replaced by the pool row's state, or zero. Each chunk's
+  boundary tiles (``ChunkTiles.boundary``, [Dk, 3·w] fp32 for a state column block of width w) hold three states
+  side by side: the state after the chunk (the chain writes it), the state a sequence starting after the chunk
+  starts from (loaded with the unit) and zeros (set once). The next chunk reads its entry state at a run-time column offset, 0, w or 2·w for a block of
+  width w (``entry_offset``; ``nl.ds`` on an SBUF operand, "NKI Scalar Values", SDK 2.33), so no instruction on the
+  chain's path chooses between them. Only the state after a unit's last chunk is copied, from that offset into
+  the fixed tile a compiled loop starts the next unit from (``lanes``' state ring). The initial states come from
+  a copy of the named pool rows gathered per value head (``InitialStates``), so no load of the chain reads the
+  pool its stores write; where no sequence with a row starts, the load names slot N, past the copy, and is
+  skipped (``oob_mode.skip``): it moves nothing and the next chunk reads the carried state or the zeros. Each
+  column block of the state (``state.column_blocks``) has a boundary tile of its own: an access at a run-time
+  offset is ordered against its whole tile, and the two blocks are independent chains. The rows read are
+  ``state_indices``, or ``read_indices`` where a sequence starts from another row than the one it ends in (a
+  prefix-cache hit: the cache's row is read, the request's own row written);
+- after each chunk the state is stored by one DMA per column block addressed at run time (a row read with
+  ``nisa.scalar_load``): to the row of the sequence ending there, else to the row of a checkpoint taken there (one
+  chunk holds at most one sequence's end and checkpoints). A last checkpoint that is its sequence's end is copied
+  from its ``state_indices`` row (not the row it read) once the head's chain is done
+  (``ChunkBoundaries.lane_done``), or, at the bucket's last chunk, stored by the last link too. A chunk with
+  nothing to store addresses row P, one past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA
+  ``dma_copy`` v2.29.1–v2.33.0, ``nki.isa.oob_mode`` v2.29.1). The stores read the first third of the boundary
+  tiles, which only the chain writes, so the chain never waits for a store.
+
+Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the last chunk and names nothing):
+
+| table | shape | holds |
+|---|---|---|
+| ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N (skipped) where none starts or it has no row |
+| ``store_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to: a sequence's end (with a row), else a checkpoint's; P where none |
+| ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none, and for the sequence ending at the bucket's last chunk |
+| ``end_rows`` | [1, N] int32 | with checkpoints: each slot's ``state_indices`` row, the source of that copy |
+| ``last_copy_row`` | [1, 1] int32 | with checkpoints: that row for the sequence ending at the bucket's last chunk, stored from SBUF by the lane's last link; P where none |
+| ``entry_offset`` | [1, n + 1] int32 | the third of the boundary tiles chunk c's entry state is: 0 (the carried state) where no sequence starts, 1 (the loaded one) where one with a row starts, 2 (zeros) where one without starts |
+
+They are sums over the sequences (on partitions) of 0/1 comparisons of an iota against the boundaries, weighted by
+``row − P`` (``slot − N``): a tensor-engine product with fp32 operands, exact for integers below 2²⁴. A zero-length sequence has
+weight 0 (its state stays in its row, untouched); two sequences with chunks never start or end at the same chunk.
+
+The kernel trusts the tables' inputs (as FlashInfer's and vLLM's kernels do); the host entry points check them
+first (``gdn_ref.bucketed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..common import engines, tiles
+from ..common.backend import nisa, nl
+from ..common.tiles import FP32
+from .state import State
+
+INT32 = nl.int32
+MAX_TABLE = 512  # columns of a table: the tensor engine's moving free size
+FOUND_TILES = 4  # the checkpoint table's comparison tiles, written in turn (SBUF independent of K)
+
+
+@dataclass
+class ChunkBoundaries:
+    """The per-chunk tables of a bucketed launch, the pool they address, and the tiles the chain writes the state
+    after a chunk into (module docstring)."""
+
+    pool: Any  # [P, Hv, Dk, Dv] fp32 @ HBM
+    initial: InitialStates  # the named pool rows' states, gathered per value head
+    start_slot: Any
+    store_row: Any
+    entry_offset: Any
+    # With checkpoints: per slot, the checkpoint row its final state is copied to once stored (``lane_done``)
+    copy_row: Any = None
+    last_copy_row: Any = None
+    # With checkpoints: [1, N] int32, each slot's state row, which ``lane_done`` copies from (not the row it read)
+    end_rows: Any = None
+
+    def initial_state(self, h: int, dst: Any) -> None:
+        """Load value head ``h`` of the state chunk 0's sequence starts from into ``dst`` ([Dk, Dv] fp32): the pool
+        row, or zero (set first; the load is skipped)."""
+        nisa.memset(dst=dst, value=0.0)
+        self._load_initial(_column(self.start_slot, 0), h, dst)
+
+    def load_next_initial(self, h: int, c: Any, dst: list[Any]) -> None:
+        """With the loads of chunk ``c`` (an int, or a compiled loop's run-time scalar): DMA value head ``h`` of
+        the initial state a sequence starting at chunk c + 1 starts from into ``dst`` (the chunk's
+        ``ChunkTiles.initial``, one [Dk, w] fp32 view per column block), periods before the next chunk reads it;
+        skipped where no sequence with a row starts there (``entry_offset`` then points elsewhere)."""
+        slot_entry, start = _column(self.start_slot, c + 1), 0
+        for block in dst:
+            self._load_initial(slot_entry, h, block, slice(start, start + block.shape[1]))
+            start += block.shape[1]
+
+    def link(self, h: int, c: Any, last: bool, place: Any, unit_end: bool) -> BoundaryLink:
+        """What the chain's link for chunk ``c`` (an int, or a compiled loop's run-time scalar) of value head ``h``
+        does at the boundary after it (``BoundaryLink``): the rows its state is stored to and the next chunk's
+        entry offset (both read now, ahead of the link), in the chunk's boundary tile (``place``: its
+        ``ChunkTiles``); ``unit_end``: the entry is copied into the next unit's tile. ``last``: the lane's last
+        chunk (no next chunk to start)."""
+        stores = [nisa.scalar_load(_column(self.store_row, c))]
+        if last:
+            if self.last_copy_row is not None:  # a last checkpoint at the bucket's end: stored now, not copied after
+                stores.append(nisa.scalar_load(self.last_copy_row))
+            return BoundaryLink(self.pool, h, stores)
+        offset = nisa.scalar_load(_column(self.entry_offset, c + 1))
+        return BoundaryLink(self.pool, h, stores, place.after, place.boundary, offset, unit_end)
+
+    def lane_done(self, h: int) -> None:
+        """After value head ``h``'s last link: copy the final state of each sequence whose last checkpoint is its
+        end from its state row (``end_rows``: the row its end was stored to, not the row it read) to that
+        checkpoint's row (skipped where ``copy_row`` names row P), so the chain
+        stores each chunk's state once even where a checkpoint and an end coincide."""
+        if self.copy_row is None:
+            return
+        dv = self.pool.shape[3]
+        for i in range(self.copy_row.shape[1]):
+            src = _pool_view(self.pool, nisa.scalar_load(self.end_rows[:, i : i + 1]), h, slice(0, dv))
+            dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
+            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+
+    def _load_initial(self, slot_entry: Any, h: int, dst: Any, cols: slice | None = None) -> None:
+        """DMA columns ``cols`` (all) of value head ``h`` of the gathered initial state the table entry names into
+        ``dst`` (slot N, past the copy: skipped, ``dst`` unchanged)."""
+        self.initial.gather(h)
+        slot = nisa.scalar_load(slot_entry)
+        cols = slice(0, dst.shape[1]) if cols is None else cols
+        nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
+
+
+@dataclass
+class BoundaryLink:
+    """The boundary after one chunk: the rows its state goes to, the views the state after the chunk is written
+    into (``after``, per column block: the first third of the chunk's boundary tiles ``boundary``; None after a
+    lane's last chunk, where the state is written in place and only stored), and the run-time column ``offset`` in
+    each boundary tile of the next chunk's entry state, which a unit's last link (``unit_end``) copies into the
+    next unit's entry tile."""
+
+    pool: Any
+    h: int
+    rows: list[Any]
+    after: list[Any] | None = None
+    boundary: list[Any] | None = None
+    offset: Any = None
+    unit_end: bool = False
+
+    @property
+    def selects(self) -> bool:
+        """The next chunk reads its entry state from the boundary tile itself, at the run-time offset."""
+        return self.offset is not None and not self.unit_end
+
+    def entry(self, j: int) -> Any:
+        """Column block ``j`` of the next chunk's entry state: a view of its boundary tile at the offset (in units
+        of the block's width)."""
+        width = self.after[j].shape[1]
+        return self.boundary[j][:, nl.ds(self.offset * width, width)]
+
+    def entry_state(self, dtype: Any, tiles_of: State | None) -> State:
+        """The next chunk's entry state as views of the boundary tiles at the run-time offset, one per column block;
+        its parts and decayed copies made in ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
+        blocks = [self.entry(j) for j in range(len(self.after))]
+        if tiles_of is None:
+            return State(blocks, None, dtype)
+        tiles_of.written()
+        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles)
+
+    def after_chunk(self, block: Any, j: int) -> Any:
+        """Where the link writes column block ``j`` of the state after the chunk (``block``: the next chunk's entry
+        state's block)."""
+        return block if self.after is None else self.after[j]
+
+    def finish(self, block: Any, j: int) -> None:
+        """At a unit's end, copy column block ``j`` of the next chunk's entry state into ``block`` (the next unit's
+        entry tile); nothing otherwise."""
+        if self.unit_end and self.offset is not None:
+            tiles.copy_to(block, self.entry(j), engine=engines.VECTOR)
+
+    def store(self, whole: Any) -> None:
+        """Store the state after the chunk to each row (skipped where the row is P): one DMA per column block, or
+        one for the whole [Dk, Dv] ``whole``, the state tile the link wrote in place (a lane's last chunk)."""
+        sources = [whole] if self.after is None else self.after
+        for row in self.rows:
+            start = 0
+            for src in sources:
+                cols = slice(start, start + src.shape[1])
+                nisa.dma_copy(dst=_pool_view(self.pool, row, self.h, cols), src=src, oob_mode=nisa.oob_mode.skip)
+                start = cols.stop
+
+
+def _column(table: Any, c: Any) -> Any:
+    """Column ``c`` of a table: a static slice, or a run-time ``nl.ds`` start on the free axis."""
+    return table[:, c : c + 1] if isinstance(c, int) else table[:, nl.ds(c, 1)]
+
+
+def _pool_view(pool: Any, row: Any, h: int, cols: slice) -> Any:
+    """Columns ``cols`` of value head ``h`` of pool row ``row`` (a run-time scalar), [Dk, cols], on the pool itself
+    (``.ap`` on an argument, never on a view: hbm._chunk_major says why)."""
+    _, _, dk, dv = pool.shape
+    pattern = [[dv, dk], [1, cols.stop - cols.start]]
+    return pool.ap(pattern=pattern, offset=h * dk * dv + cols.start, scalar_offset=row, indirect_dim=0)
+
+
+def build(
+    chunk_bounds: Any,
+    state_indices: Any,
+    pool: Any,
+    n_chunks: int,
+    checkpoint_every: int = 0,
+    checkpoint_indices: Any = None,
+    read_indices: Any = None,
+) -> ChunkBoundaries:
+    """The tables of a bucket of ``n_chunks`` chunks from the kernel's device tensors.
+
+    Args:
+        chunk_bounds (nl.NkiTensor): [N + 1] int32 @ HBM, sequence i is chunks ``chunk_bounds[i] ..
+            chunk_bounds[i + 1] − 1``; non-decreasing, from 0, at most ``n_chunks``.
+        state_indices (nl.NkiTensor): [N] int32 @ HBM, pool row per sequence, −1 = none.
+        pool (nl.NkiTensor): [P, Hv, Dk, Dv] fp32 @ HBM.
+        n_chunks (int): chunks of the bucket.
+        checkpoint_every (int): chunks between checkpoints (0: none).
+        checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, pool row of checkpoint k (after ``(k + 1) ·
+            checkpoint_every`` chunks of sequence i), −1 = none.
+        read_indices (nl.NkiTensor): [N] int32 @ HBM, the pool row sequence i starts from when it is not the row
+            its final state goes to (a prefix-cache hit resumes from a cache row it must not overwrite), −1 =
+            zero; None: ``state_indices``.
+
+    Returns:
+        ChunkBoundaries: the tables, in SBUF.
+    """
+    seqs = state_indices.shape[0]
+    rows_total = pool.shape[0]
+    width = n_chunks + 1
+    first = _vector(chunk_bounds, seqs, 0)
+    end = _vector(chunk_bounds, seqs, 1)
+    live = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_tensor(dst=live, data1=end, data2=first, op=nl.greater)
+    chunk_index = tiles.sbuf((seqs, width), FP32)
+    nisa.iota(dst=chunk_index, pattern=[[1, width]], offset=0)
+    starts = _equal(chunk_index, first, 0.0)
+    ends = _equal(chunk_index, end, 1.0)
+    rows = _vector(state_indices, seqs, 0)
+    has_row = _at_least_zero(rows)
+    row_weight = _weight(rows, rows_total, has_row, live)
+    reads = state_indices if read_indices is None else read_indices
+    has_read = has_row if read_indices is None else _at_least_zero(_vector(read_indices, seqs, 0))
+    slot = tiles.sbuf((seqs, 1), FP32)
+    nisa.iota(dst=slot, pattern=[[0, 1]], offset=0, channel_multiplier=1)
+    slot_weight = _weight(slot, seqs, has_read, live)
+    # A live sequence's entry third: 2 − has_read, the loaded state (1) or the zeros (2)
+    offset_weight = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_scalar(dst=offset_weight, data=has_read, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=2.0)
+    nisa.tensor_tensor(dst=offset_weight, data1=offset_weight, data2=live, op=nl.multiply)
+
+    end_row = _sum_table(row_weight, ends, rows_total)
+    copy_row = last_copy_row = end_rows = None
+    if checkpoint_every:
+        end_row, copy_row, last_copy_row = _with_checkpoints(
+            end_row, chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end,
+            has_row, live,
+        )  # fmt: skip
+    initial = _initial_states(pool, reads, seqs)
+    if checkpoint_every:  # the rows final states are stored in: the rows read, unless other rows are read
+        end_rows = initial.rows if read_indices is None else _row_table(state_indices, seqs)
+    return ChunkBoundaries(
+        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, _sum_table(offset_weight, starts, 0), copy_row,
+        last_copy_row, end_rows,
+    )  # fmt: skip
+
+
+def _vector(tensor: Any, length: int, offset: int, stride: int = 1) -> Any:
+    """Elements ``offset + i·stride`` (i < length) of an int32 HBM tensor (1-D, or a column of a row-major 2-D one)
+    as an fp32 column [length, 1]."""
+    raw = tiles.sbuf((length, 1), INT32)
+    nisa.dma_copy(dst=raw, src=tensor.ap(pattern=[[stride, length], [1, 1]], offset=offset))
+    column = tiles.sbuf((length, 1), FP32)
+    nisa.tensor_copy(dst=column, src=raw)
+    return column
+
+
+def _equal(chunk_index: Any, bound: Any, shift: float) -> Any:
+    """0/1 [N, width]: ``c + shift == bound_i``."""
+    found = tiles.sbuf(tuple(chunk_index.shape), FP32)
+    nisa.tensor_scalar(dst=found, data=chunk_index, op0=nl.add, operand0=shift, op1=nl.equal, operand1=bound)
+    return found
+
+
+def _at_least_zero(values: Any) -> Any:
+    """0/1 per partition: ``values >= 0`` (a pool row, not −1)."""
+    found = tiles.sbuf(tuple(values.shape), FP32)
+    nisa.tensor_scalar(dst=found, data=values, op0=nl.greater_equal, operand0=0.0)
+    return found
+
+
+def _weight(values: Any, total: int, *flags: Any) -> Any:
+    """Per sequence ``(value − total)`` where every 0/1 flag is 1, else 0 (so a table's sum plus ``total`` is the
+    value, or ``total``)."""
+    weight = tiles.sbuf(tuple(values.shape), FP32)
+    nisa.tensor_scalar(dst=weight, data=values, op0=nl.subtract, operand0=float(total))
+    for flag in flags:
+        nisa.tensor_tensor(dst=weight, data1=weight, data2=flag, op=nl.multiply)
+    return weight
+
+
+@dataclass
+class InitialStates:
+    """[N, Hv, Dk, Dv] fp32 @ HBM: slot i holds pool row ``read_indices[i]`` (``state_indices`` when none; not read
+    for −1: the DMA skips the row outside the pool); gathered one value head at a time (``gather``).
+
+    The chain's loads read this copy and never the pool its stores write: a load and a store of the pool addressed
+    at run time could be the same row for all the program can tell, and would be ordered one after the other on
+    the chain's path. A head is gathered when its lane's first chunks are loaded, before any of its states is
+    stored (the stores before it write other heads), one DMA per slot: the first lane waits for its own [Dk, Dv]
+    states only, and no copy of a later head's sits in the DMA queues ahead of the first chunks' loads.
+    """
+
+    pool: Any
+    rows: Any  # [1, N] int32 tile: the slots' pool rows
+    tensor: Any
+    gathered: set[int] = field(default_factory=set)
+
+    def gather(self, h: int) -> None:
+        """Copy value heads ``h`` and ``h + 1`` of each slot's pool row (once per head): the next lane's states a
+        lane ahead, so its first chunk does not wait out a gather's latency."""
+        for head in (h, h + 1):
+            if head not in self.gathered and head < self.tensor.shape[1]:
+                self._gather(head)
+
+    def _gather(self, h: int) -> None:
+        self.gathered.add(h)
+        seqs, dv = self.rows.shape[1], self.tensor.shape[3]
+        for i in range(seqs):
+            row = nisa.scalar_load(self.rows[:, i : i + 1])
+            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_pool_view(self.pool, row, h, slice(0, dv)),
+                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+
+
+def _initial_states(pool: Any, read_indices: Any, seqs: int) -> InitialStates:
+    """The launch's ``InitialStates``, nothing gathered yet."""
+    _, heads, dk, dv = pool.shape
+    tensor = nl.ndarray((seqs, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    return InitialStates(pool, _row_table(read_indices, seqs), tensor)
+
+
+def _row_table(indices: Any, seqs: int) -> Any:
+    """[1, N] int32 tile: an [N] int32 HBM tensor of pool rows on one partition (``nisa.scalar_load`` reads it)."""
+    rows = tiles.sbuf((1, seqs), INT32)
+    nisa.dma_copy(dst=rows, src=indices.ap(pattern=[[seqs, 1], [1, seqs]], offset=0))
+    return rows
+
+
+def _sum_table(weight: Any, found: Any, total: int) -> Any:
+    """[1, width] int32: ``total + Σ_i weight_i · found[i, c]``."""
+    sums = tiles.psum((1, found.shape[1]))
+    nisa.nc_matmul(dst=sums, stationary=weight, moving=found)
+    table = tiles.sbuf((1, found.shape[1]), INT32)
+    nisa.tensor_scalar(dst=table, data=sums, op0=nl.add, operand0=float(total))
+    return table
+
+
+def _with_checkpoints(
+    end_row: Any,
+    chunk_bounds: Any,
+    checkpoint_indices: Any,
+    seqs: int,
+    width: int,
+    rows_total: int,
+    every: int,
+    first: Any,
+    end: Any,
+    has_row: Any,
+    live: Any,
+) -> tuple[Any, Any]:
+    """The store table with the checkpoints in it, and the per-slot rows a final state is copied to.
+
+    Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's.
+    One chunk holds at most one sequence's end and checkpoints, so each chunk stores its state to ONE row: the
+    end's where there is one (and a state row), else the checkpoint's. Only where a sequence's last checkpoint is
+    its end, with a state row, does the checkpoint need a second copy: ``copy_row[i]`` names it (else P), and
+    ``ChunkBoundaries.lane_done`` copies the stored final state there, pool row to pool row, once per value head.
+
+    The checkpoints' table is a sum over the sequences on partitions, one checkpoint index k at a time
+    (accumulating in PSUM); the per-checkpoint columns are made for all k at once ([N, K] tiles) and the K
+    comparisons are independent of each other, so the table is a few instructions deep whatever K (the first
+    chain link reads it).
+
+    Returns:
+        ``([1, width] int32 store rows, [1, N] int32 copy rows, [1, 1] int32 the last chunk's second row)``.
+    """
+    per_seq = checkpoint_indices.shape[1]
+    at = tiles.sbuf((seqs, per_seq), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
+    nisa.iota(dst=at, pattern=[[every, per_seq]], offset=every)
+    nisa.tensor_scalar(dst=at, data=at, op0=nl.add, operand0=first)
+    inside = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_scalar(dst=inside, data=at, op0=nl.less_equal, operand0=end)
+    raw = tiles.sbuf((seqs, per_seq), INT32)
+    nisa.dma_copy(dst=raw, src=checkpoint_indices)
+    rows = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_copy(dst=rows, src=raw)
+    weight = _weight(rows, rows_total, _at_least_zero(rows), inside)
+    chunk_index = tiles.sbuf((seqs, width), FP32)
+    nisa.iota(dst=chunk_index, pattern=[[1, width]], offset=1)  # c + 1: the chunks done after chunk c
+    total = tiles.psum((1, width))
+    found = [tiles.sbuf((seqs, width), FP32) for _ in range(min(per_seq, FOUND_TILES))]
+    for k in range(per_seq):
+        at_k = found[k % len(found)]
+        nisa.tensor_scalar(dst=at_k, data=chunk_index, op0=nl.equal, operand0=at[:, k : k + 1])
+        nisa.nc_matmul(dst=total, stationary=weight[:, k : k + 1], moving=at_k, accumulate=k > 0)
+    # Where no end is stored (row P in end_row), the checkpoint's row: end_row + [end_row == P]·(Σ weights)
+    no_end = tiles.sbuf((1, width), FP32)
+    nisa.tensor_scalar(dst=no_end, data=end_row, op0=nl.equal, operand0=float(rows_total))
+    checkpoint = tiles.sbuf((1, width), FP32)
+    nisa.tensor_tensor(dst=checkpoint, data1=total, data2=no_end, op=nl.multiply)
+    store_row = tiles.sbuf((1, width), INT32)
+    nisa.tensor_tensor(dst=store_row, data1=checkpoint, data2=end_row, op=nl.add)
+
+    # A last checkpoint at the end of a sequence with a state row: its weight (row − P), summed over k, per slot
+    at_end = tiles.sbuf((seqs, per_seq), FP32)
+    nisa.tensor_scalar(dst=at_end, data=at, op0=nl.equal, operand0=end)
+    nisa.tensor_tensor(dst=at_end, data1=at_end, data2=weight, op=nl.multiply)
+    copy_weight = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_reduce(dst=copy_weight, op=nl.add, data=at_end, axis=1)
+    for flag in (has_row, live):
+        nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=flag, op=nl.multiply)
+    # The sequence ending at the bucket's last chunk: its copy is a second store of the lane's last link (from SBUF,
+    # not a pool-to-pool copy after the chain, which would be the launch's last transfer)
+    ends_last = tiles.sbuf((seqs, 1), FP32)
+    nisa.tensor_scalar(dst=ends_last, data=end, op0=nl.equal, operand0=float(width - 1))
+    last_copy_row = _sum_table(copy_weight, ends_last, rows_total)
+    nisa.tensor_scalar(dst=ends_last, data=ends_last, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
+    nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=ends_last, op=nl.multiply)
+    slot_index = tiles.sbuf((seqs, seqs), FP32)  # c − p: 0 on the diagonal
+    nisa.iota(dst=slot_index, pattern=[[1, seqs]], offset=0, channel_multiplier=-1)
+    identity = tiles.sbuf((seqs, seqs), FP32)
+    nisa.tensor_scalar(dst=identity, data=slot_index, op0=nl.equal, operand0=0.0)
+    return store_row, _sum_table(copy_weight, identity, rows_total), last_copy_row

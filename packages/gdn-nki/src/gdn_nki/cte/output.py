@@ -1,0 +1,49 @@
+"""The output stage: one chunk's out = scale · (attn U + Q_eff h) from its entry state, stored to HBM.
+
+gdn_ref twin: the outputs ``gdn_ref.chunked._state_chain`` returns beside the states it carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..common import tiles
+from ..common.backend import nisa, nl
+from . import products
+from .chunks import Chunk, Lane
+from .state import State, column_blocks
+
+
+class Output:
+    """One chunk's output, out = scale · (attn U + Q_eff h) from its entry state, block by block of Dv: the
+    products into PSUM, their evacuations into one SBUF tile and its store to HBM."""
+
+    def __init__(self, lane: Lane, chunk: Chunk, entry_state: State) -> None:
+        self.lane, self.chunk, self.entry_state = lane, chunk, entry_state
+        self.tile = tiles.sbuf((lane.chunk, lane.value.shape[3]), lane.dtype)
+        self.psum: Any = None
+
+    def block_products(self, j: int, cols: slice) -> tuple[Any, list[tuple]]:
+        """Block j's PSUM tile and the terms of its products (``products.issue``)."""
+        chunk = self.chunk
+        self.psum = tiles.psum((self.lane.chunk, cols.stop - cols.start))
+        return self.psum, products.terms(chunk.attn_t, chunk.u[:, cols], chunk.q_eff_t, self.entry_state, j)
+
+    def evacuate(self, cols: slice) -> None:
+        # Either engine (the balancer's choice): fixed on the vector engine it would queue behind the chain's
+        # updates
+        tiles.copy_to(self.tile[:, cols], self.psum, scale=self.lane.scale)
+
+    def store(self) -> None:
+        lane = self.lane
+        nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(self.chunk.token, lane.chunk), :], src=self.tile)
+
+
+def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:
+    """The chunk's output from its entry state, stored to HBM, on its own: a lane's last chunk, whose chain link
+    is already issued (every other chunk's output is issued with the next chunk's link, ``advance_state``)."""
+    output = Output(lane, chunk, entry_state)
+    for j, cols in enumerate(column_blocks(lane.value.shape[3])):
+        products.issue([output.block_products(j, cols)])
+        output.evacuate(cols)
+    output.store()

@@ -1,0 +1,215 @@
+"""Bucketed serving prefill on the host: choose a bucket, check the layout, pack and pad the batch to it, and launch
+``gdn_cte_bucket`` once (``prefill_bucket``).
+
+Buckets. A bucket is (T tokens, N sequence slots); every batch it holds runs the same compiled program. A server
+names its buckets once (``configure_buckets``, e.g. at model load, where it compiles them); a call without
+``bucket=`` then takes the smallest configured bucket that holds it (fewest tokens, then fewest slots). With no
+bucket configured and none passed, ``prefill_varlen`` keeps its trace-time form (one program per batch layout),
+which is the faster choice for one-off calls: it pads nothing beyond each sequence's chunk multiple.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from gdn_ref.bucketed import bucket_violations, padded_tokens
+from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.contract import Arguments, ContractError, Violation
+from gdn_ref.contract import check_values as check_values_of
+from gdn_ref.masks import default_mask_pack
+from gdn_ref.packed import pool_row_violations, tensor_violations
+
+from ..common import backend
+from ..cte.bucket import MAX_POOL_ROWS, gdn_cte_bucket
+from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
+from .launch_grid import check_grid
+from .staging import commit, stage
+
+_BUCKETS: list[tuple[int, int]] = []
+
+
+def configure_buckets(buckets: Sequence[tuple[int, int]]) -> None:
+    """Set the buckets calls without ``bucket=`` choose from (an empty list: none; ``prefill_varlen`` then keeps
+    its trace-time form). Each is (T, N) with positive ints; T's chunk multiple is checked per call."""
+    chosen = []
+    for bucket in buckets:
+        ok = isinstance(bucket, (tuple, list)) and len(bucket) == 2
+        if not ok or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in bucket):
+            raise ContractError([Violation("bucket.form", "buckets", f"entry {bucket!r}",
+                                           "a bucket is (T tokens, N sequences), positive ints",
+                                           "pass e.g. [(2048, 8), (8192, 16)]")])  # fmt: skip
+        chosen.append((int(bucket[0]), int(bucket[1])))
+    _BUCKETS[:] = sorted(set(chosen))
+
+
+def configured_buckets() -> tuple[tuple[int, int], ...]:
+    """The buckets set by ``configure_buckets``, smallest first."""
+    return tuple(_BUCKETS)
+
+
+def smallest_bucket(lengths: Sequence[int], chunk: int) -> tuple[int, int] | None:
+    """The smallest configured bucket holding sequences of these lengths (each padded to its chunk multiple), or
+    None when no bucket is configured; ``ContractError`` when buckets are configured but none holds the batch."""
+    if not _BUCKETS:
+        return None
+    needed = padded_tokens(lengths, chunk)
+    for tokens, slots in _BUCKETS:
+        if tokens >= needed and slots >= len(lengths) and tokens % chunk == 0:
+            return tokens, slots
+    raise ContractError([Violation("bucket.none_holds", "bucket", f"{len(lengths)} sequences, {needed} padded tokens",
+                                   f"no configured bucket holds the batch (configured: {list(_BUCKETS)})",
+                                   "configure a larger bucket, pass bucket=(T, N), or split the batch")])  # fmt: skip
+
+
+def prefill_bucket(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    g_log: np.ndarray,
+    beta: np.ndarray,
+    cu_seqlens: np.ndarray,
+    bucket: tuple[int, int] | None = None,
+    scale: float = 1.0,
+    algorithm: str = DEFAULT_ALGORITHM,
+    mask_pack: np.ndarray | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    recurrent_state: np.ndarray | None = None,
+    state_indices: np.ndarray | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_indices: np.ndarray | None = None,
+    read_indices: np.ndarray | None = None,
+    *,
+    grid: int | None = None,
+    check_values: bool = True,
+    on_commit: Callable[[], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Packed sequences in ONE launch of the bucket's program (``gdn_cte_bucket``), the pool read and written by
+    the kernel.
+
+    Dimensions:
+        T: packed tokens passed; n: sequences (some may be empty); P: pool rows; K: checkpoints per sequence.
+
+    Args:
+        query, key, value, g_log, beta: head-major packed tensors, as ``prefill_varlen``.
+        cu_seqlens: [n + 1] integers from 0, non-decreasing (a repeated entry is an empty sequence), ending at T.
+        bucket: (T_bucket, N): the program to run; None: the smallest configured bucket holding the batch, or
+            without configured buckets the batch's own size (module docstring).
+        scale, algorithm, mask_pack, group_size: as ``prefill_varlen`` (the bucket kernel needs "schur": it
+            starts sequences from pool rows).
+        recurrent_state: optional [P, Hv, Dk, Dv] fp32 pool, updated in place; omitted: every sequence starts
+            from zero and a pool of n rows (row i = sequence i's final state) is made and returned.
+        state_indices: [n] pool rows, −1 = start from zero and store nothing; omitted: row i.
+        checkpoint_every: tokens between checkpoints (a chunk multiple), or None.
+        checkpoint_indices: [n, K] pool rows: row of the state after ``(k + 1) · checkpoint_every`` tokens of
+            sequence i, −1 = none; a checkpoint past the sequence's length is not stored.
+        read_indices: optional [n] pool rows sequence i starts from instead of its ``state_indices`` row (−1:
+            zero), e.g. a prefix-cache row a request resumes from and must not overwrite; rows may repeat, none
+            may be written by the launch for another sequence or a checkpoint. Omitted: the ``state_indices`` rows.
+        grid, check_values, on_commit: as ``prefill_varlen`` (value heads are split over the grid's programs).
+
+    Returns:
+        tuple: (out [1, Hv, T, Dv] in query's dtype, the pool).
+
+    Notes:
+        Every rule is checked before the launch (``gdn_ref.bucketed``), and with ``check_values`` the values of
+        the pool rows the launch reads (a NaN left in a free row must not reach a sequence); a rejected call
+        changes nothing. On this
+        CPU the kernel runs on a staged copy of the pool and only the rows it names are committed once it has
+        completed; on Trainium the kernel writes the named rows of the device pool itself.
+    """
+    check_grid(grid)
+    mask_pack = default_mask_pack(mask_pack, algorithm)
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    violations = tensor_violations(call, padded=False, values=False)
+    if violations:
+        raise ContractError(violations)
+    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    bounds = np.asarray(cu_seqlens)
+    seqs = max(bounds.size - 1, 0)
+    pool = recurrent_state
+    if pool is None:
+        dk, dv = query.shape[3], value.shape[3]
+        pool = np.zeros((seqs, value.shape[1], dk, dv), np.float32)
+        if read_indices is None:  # every sequence starts from zero: no row of the fresh pool is read
+            read_indices = np.full(seqs, -1, np.int32)
+    rows = np.arange(seqs) if state_indices is None else state_indices
+    violations = bucket_violations(
+        cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows, checkpoint_every, checkpoint_indices,
+        read_indices,
+    )  # fmt: skip
+    if not violations and bucket is None:
+        bucket = _choose(np.diff(bounds.astype(np.int64)), chunk)
+        violations = bucket_violations(cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows)
+    if not violations and recurrent_state is not None:
+        violations = _pool_violations(recurrent_state, call)
+    lengths = np.diff(bounds.astype(np.int64))
+    if not violations and check_values:
+        violations = check_values_of(query, key, value, g_log, beta)
+        read = [int(r) for r, n in zip(rows if read_indices is None else read_indices, lengths, strict=True)
+                if r >= 0 and n > 0]  # fmt: skip
+        violations = violations or pool_row_violations(pool[read], read)
+    if violations:
+        raise ContractError(violations)
+    plan = packed_plan(lengths, chunk)
+    tokens, slots = bucket
+    packed = {name: pad_tokens(plan.pack(getattr(call, name)), tokens - plan.padded_len) for name in TOKEN_ARGUMENTS}
+    chunk_bounds = np.full(slots + 1, sum(plan.seq_chunks), np.int32)
+    chunk_bounds[: seqs + 1] = np.cumsum((0, *plan.seq_chunks))
+    slot_rows = np.full(slots, -1, np.int32)
+    slot_rows[:seqs] = np.asarray(rows)
+    extra = {}
+    if checkpoint_every is not None:
+        extra = {
+            "checkpoint_every": checkpoint_every,
+            "checkpoint_indices": _checkpoint_rows(checkpoint_indices, lengths, checkpoint_every, slots),
+        }
+    if read_indices is not None:
+        extra["read_indices"] = np.full(slots, -1, np.int32)
+        extra["read_indices"][:seqs] = np.asarray(read_indices)
+    named = [int(r) for r in slot_rows if r >= 0]
+    if checkpoint_every is not None:
+        named += [int(r) for r in extra["checkpoint_indices"].flat if r >= 0]
+    staged = stage(pool, ...)  # the kernel addresses the whole pool; only the named rows are committed
+    kernel = gdn_cte_bucket if grid is None else gdn_cte_bucket[grid]
+    out, _ = backend.simulate(kernel)(
+        **packed, chunk_bounds=chunk_bounds, state_indices=slot_rows, state_pool=staged, scale=scale,
+        algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, **extra,
+    )  # fmt: skip
+    commit(pool, named, staged[named], on_commit)
+    return plan.unpack(out[:, :, : plan.padded_len]), pool
+
+
+def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:
+    """The smallest configured bucket holding the batch, else the batch's own size (its padded tokens, its
+    sequences)."""
+    chosen = smallest_bucket(lengths, chunk)
+    if chosen is not None:
+        return chosen
+    return max(chunk, padded_tokens(lengths, chunk)), len(lengths)
+
+
+def _pool_violations(pool: np.ndarray, call: Arguments) -> list[Violation]:
+    """The pool is [P, Hv, Dk, Dv] float32, writable, with fewer than ``MAX_POOL_ROWS`` rows."""
+    want = (call.value.shape[1], call.query.shape[3], call.value.shape[3])
+    shape = tuple(getattr(pool, "shape", ()))
+    if len(shape) == 4 and shape[1:] == want and getattr(pool, "dtype", None) == np.float32:
+        if shape[0] >= MAX_POOL_ROWS:
+            return [Violation("bucket.pool_rows", "recurrent_state", f"{shape[0]} rows",
+                              f"the bucket kernel addresses pool rows through exact float32 tables: at most "
+                              f"{MAX_POOL_ROWS - 1} rows", "keep the pool below 2**24 rows, or split it")]  # fmt: skip
+        if getattr(getattr(pool, "flags", None), "writeable", True):
+            return []
+    return [Violation("bucket.pool", "recurrent_state", f"shape {shape} {getattr(pool, 'dtype', None)}",
+                      f"the state pool must be a writable [P, {', '.join(map(str, want))}] float32 array",
+                      "pass the pool the server keeps its recurrent states in")]  # fmt: skip
+
+
+def _checkpoint_rows(table: np.ndarray, lengths: np.ndarray, every: int, slots: int) -> np.ndarray:
+    """[N, K] int32 checkpoint rows per slot: the caller's, −1 past each sequence's length and for empty slots."""
+    table = np.asarray(table)
+    rows = np.full((slots, table.shape[1]), -1, np.int32)
+    taken = (np.arange(1, table.shape[1] + 1)[None, :] * every) <= lengths[:, None]
+    rows[: len(lengths)] = np.where(taken, table, -1)
+    return rows

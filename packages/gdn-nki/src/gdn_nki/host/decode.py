@@ -1,0 +1,120 @@
+"""Host entry points of the decode kernels: validate everything, launch, and leave buffers untouched on failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gdn_ref.contract import STEP, ContractError, Violation, validate_step, validate_tkg
+from gdn_ref.packed import pool_row_violations
+
+from ..common import backend
+from ..tkg.fused import gdn_tkg
+from ..tkg.step import gdn_step, step_tensors
+from .launch_grid import LNC_DEGREES
+
+
+def tkg_simulate(*args: Any, check_values: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``gdn_tkg`` on the CPU with numpy arrays after checking the whole contract.
+
+    Args:
+        args, kwargs: ``gdn_tkg``'s (q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in).
+        check_values (bool): also scan the values (finite inputs, fused g <= 0 and not NaN); default on.
+
+    Returns:
+        tuple: (out [BH, V] in q's dtype, state [BH, K, V] fp32, a new array: ``state_in`` is only read).
+    """
+    violations = validate_tkg(*args, host=check_values, **kwargs)
+    if violations:
+        raise ContractError(violations)
+    return backend.simulate(gdn_tkg)(*args, **kwargs)
+
+
+def decode_step(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    state_pool: np.ndarray,
+    state_indices: np.ndarray,
+    num_accepted_tokens: np.ndarray | None = None,
+    *,
+    g_log: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    a: np.ndarray | None = None,
+    b: np.ndarray | None = None,
+    A_log: np.ndarray | None = None,
+    dt_bias: np.ndarray | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    grid: int | None = None,
+    check_values: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run ``gdn_step`` (N requests × T tokens on a state pool) with every rule checked first.
+
+    Dimensions and Args:
+        As ``gdn_step``; ``scale`` defaults to Dk**-0.5. ``grid`` launches ``gdn_step[grid]`` (requests split over
+        the programs). ``check_values`` scans the inputs and the pool rows the call reads (finite; gates in
+        their domains); the index values are always checked (range, padding rows, distinct live rows,
+        num_accepted_tokens in [1, T]): they address the pool.
+
+    Returns:
+        tuple: (out [N, T, Hv, Dv] in query's dtype, ``state_pool`` itself, updated in place).
+
+    Notes:
+        A rejected call raises ``ContractError`` before launching. The rows the call will write are saved first
+        and put back if the launch fails part-way, so a call completes or leaves the pool as it was; the cost is
+        the rows touched, never the pool.
+    """
+    if grid is not None and (isinstance(grid, bool) or grid not in LNC_DEGREES):
+        raise ContractError([Violation("launch.grid", "grid", f"= {grid!r}", "the launch grid is the "
+                                       f"logical-NeuronCore degree: one of {LNC_DEGREES}",
+                                       "pass grid=None, 1 or 2; the kernel splits the requests itself", STEP)])  # fmt: skip
+    if scale is None:
+        scale = float(np.shape(query)[-1]) ** -0.5 if len(np.shape(query)) == 4 else 1.0
+    tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
+                           A_log, dt_bias)  # fmt: skip
+    violations = validate_step(tensors, scale, use_qk_l2norm, values=check_values)
+    if not violations and not state_pool.flags.writeable:
+        violations = [Violation("state_pool.writable", "state_pool", "a read-only array",
+                                "the state pool is updated IN PLACE, so it must be writable",
+                                "pass a writable array", STEP)]  # fmt: skip
+    reads, writes = _rows(state_indices, num_accepted_tokens)
+    if not violations and check_values:
+        violations = [_as_step(v) for v in pool_row_violations(np.ascontiguousarray(state_pool[reads]), reads)]
+    if violations:
+        raise ContractError(violations)
+    saved = np.array(state_pool[writes], copy=True)
+    kernel = gdn_step if grid is None else gdn_step[grid]
+    try:
+        out, _ = backend.simulate(kernel)(
+            query, key, value, state_pool, state_indices, num_accepted_tokens, g_log=g_log, beta=beta, a=a, b=b,
+            A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
+        )  # fmt: skip
+    except BaseException:
+        state_pool[writes] = saved  # a launch that failed part-way: the pool as it was
+        raise
+    return out, state_pool
+
+
+decode_step.gdn_spec_decode_capabilities = {  # read by gdn-spec's decode family (gdn_spec.decode)
+    "name": "gdn-nki decode_step",
+    "example_scale": 0.5,  # each call is traced and interpreted by nki-cpu: half the profile's examples
+}
+
+
+def _rows(state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None) -> tuple[list[int], list[int]]:
+    """The pool rows a valid call reads (one per live request) and writes (every index of a live request)."""
+    rows = np.asarray(state_indices).astype(np.int64)
+    rows = rows.reshape(rows.shape[0], -1)
+    live = np.flatnonzero(rows[:, 0] >= 0)
+    if num_accepted_tokens is None:
+        reads = rows[live, 0]
+    else:
+        accepted = np.clip(np.asarray(num_accepted_tokens).astype(np.int64), 1, rows.shape[1])
+        reads = rows[live, accepted[live] - 1]
+    return [int(r) for r in reads], [int(r) for r in rows[live].reshape(-1)]
+
+
+def _as_step(v: Violation) -> Violation:
+    return Violation(v.rule_id, "state_pool", v.value, v.rule, v.fix, STEP)

@@ -1,0 +1,236 @@
+"""The decode requests as a software pipeline: loads, preparation and steps of N requests, interleaved.
+
+A request's state tiles and inputs are loaded ahead (``load_request``), its state-independent operands are issued
+one dependency level at a time between the steps of the requests before it (``prepare_request``, ``lockstep``),
+and its tiles are stepped token by token with the outputs and states stored (``finish_request``);
+``emit_requests`` runs the three over a sequence of requests. The per-token math is ``recurrence``'s, the per-tile
+math ``state_tiles``'.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..common.backend import nisa
+from ..common.lockstep import lockstep as run_side_by_side
+from ..common.tiles import FP32, sbuf
+from .recurrence import (
+    Constants,
+    Gates,
+    OutputNorm,
+    Shapes,
+    copy_rows,
+    gate_operands,
+    gated_rms_norm,
+    load_gates,
+    load_keys,
+    row_view,
+    token_gates,
+    token_keys,
+)
+from .state_tiles import Steps, block_operands, tile_products, tile_update
+
+# Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
+# dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
+# heads, T = 1), and a request's state tiles are in SBUF from its loads to its stores (3 requests at a time).
+PREPARED_AHEAD = 2
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class Request:
+    """Where one request's state comes from and goes (``n``: the request, a trace-time int or an ``NkiScalar``):
+    ``source`` / ``target`` HBM tensors of rows
+    [.., Hv, Dk, Dv]; ``read_row`` a trace-time int or an NkiScalar; ``token_rows`` the row the state after
+    each token is written to (None: only the final state, to ``final_row``); ``out_row`` the request's row of
+    ``out`` (None: ``n``); ``zeros`` (row, ``zero_rows`` tile): zeros written to that row of ``out`` after the
+    request's steps (the outputs of a padding request). A run-time row outside its tensor (-1: padding) makes
+    every transfer addressed by it a no-op (``oob_mode.skip``): nothing read, nothing written."""
+
+    n: Any
+    source: Any
+    target: Any
+    read_row: Any
+    final_row: Any = None
+    token_rows: tuple[Any, ...] | None = None
+    out_row: Any = None
+    zeros: tuple[Any, Any] | None = None
+
+
+@dataclass
+class Loaded:
+    """A request's transfers in flight: per token the q/k rows, gate tiles and each block's value rows; the state
+    tiles in order."""
+
+    request: Request
+    keys: list[Any]
+    gates: list[tuple[Any, Any]]
+    values: list[list[Any]]
+    states: list[Any]
+
+
+def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gates, consts: Constants,
+                 request: Request) -> Loaded:  # fmt: skip
+    """Issue every load of one request: its tokens' inputs first (small, needed first), then its state tiles."""
+    query, key, value, _ = tensors
+    dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
+    tokens = range(shapes.tokens)
+    keys = [load_keys(shapes, query, key, n, t) for t in tokens]
+    gate_tiles = [load_gates(shapes, gates, layout.lanes, n, t) for t in tokens]
+    block = layout.block_heads
+    values = []
+    for h0 in range(0, hv, block):
+        per_token = []
+        for t in tokens:
+            rows = sbuf((block, dv), FP32)
+            copy_rows(rows, row_view(value, n, [[dv, block], [1, dv]], (t * hv + h0) * dv))
+            per_token.append(rows)
+        values.append(per_token)
+    states = []
+    pattern = [[layout.free, layout.partitions], [1, layout.free]]
+    for tile in range(layout.tiles):
+        state = sbuf((layout.partitions, layout.free), FP32)
+        copy_rows(state, row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
+        states.append(state)
+    return Loaded(request=request, keys=keys, gates=gate_tiles, values=values, states=states)
+
+
+@dataclass
+class Prepared:
+    """A loaded request with every state-independent operand: ``operands[b][t]`` block b's ``BlockOperands``
+    for token t."""
+
+    loaded: Loaded
+    operands: list[list[Any]]
+
+
+def prepare_request(
+    shapes: Shapes, gates: Gates, consts: Constants, loaded: Loaded, scale: float, l2norm: bool, into: deque[Any]
+) -> Steps:
+    """Issue a loaded request's operands (q/k, gates, the blocks' selection products), every token's in
+    lockstep, one dependency level per step (``Steps``); appends the ``Prepared`` request to ``into``."""
+    layout = consts.layout
+    firsts = range(0, shapes.value_heads, layout.block_heads)
+
+    def token(t: int) -> Steps:
+        keys, gates_ = yield from lockstep([token_keys(shapes, loaded.keys[t], consts, scale, l2norm),
+                                            token_gates(gates, consts, loaded.gates[t])])  # fmt: skip
+        columns, scaled_beta = yield from gate_operands(shapes, keys, *gates_, consts)
+        token_gates_ = (*gates_, scaled_beta)
+        blocks = [block_operands(layout, consts.tiles, columns, token_gates_, loaded.values[b][t], h0)
+                  for b, h0 in enumerate(firsts)]  # fmt: skip
+        return (yield from lockstep(blocks))
+
+    per_token = yield from lockstep([token(t) for t in range(shapes.tokens)])
+    operands = [[per_token[t][b] for t in range(shapes.tokens)] for b in range(len(firsts))]
+    into.append(Prepared(loaded=loaded, operands=operands))
+
+
+def lockstep(steps: list[Steps]) -> Steps:
+    """Run ``Steps`` generators side by side, one dependency level of each per level; returns their results in
+    order (``lockstep.lockstep``, no step after the last level)."""
+    return (yield from run_side_by_side(steps, yield_after_last=False))
+
+
+def finish_request(
+    shapes: Shapes, tensors: tuple[Any, Any, Any, Any], consts: Constants, prepared: Prepared,
+    norm: OutputNorm | None = None, between: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
+    """Advance every tile of a prepared request through its tokens (token by token, tile by tile), store the
+    outputs, and store each tile after its last token (or after every token, with ``token_rows``).
+
+    The products of the next (token, tile) step are issued before this step's update whenever they touch another
+    tile, so the tensor engine does not wait on this step's PSUM evacuation (it issues in program order);
+    ``between`` is called after every step (``emit_requests`` advances the next requests' preparations one
+    dependency level), so the in-order engines interleave them with this request's steps.
+    """
+    out = tensors[3]
+    dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
+    h, request, states = layout.heads, prepared.loaded.request, prepared.loaded.states
+    out_row = request.n if request.out_row is None else request.out_row
+    per_block = layout.tiles_per_block
+    tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
+    rows_pattern = [[dv, h], [1, dv]]
+
+    def finish(step: tuple[int, int], mixed: Any) -> None:
+        t, tile = step
+        state = states[tile]
+        ops = prepared.operands[tile // per_block][t]
+        outputs = tile_update(layout, consts.tiles, ops, tile % per_block, state, mixed)[h : 2 * h, :]
+        within = (t * hv + tile * h) * dv
+        if norm is not None:
+            normed = sbuf((h, dv), FP32)  # the norm's row arithmetic from partition 0
+            nisa.dma_copy(dst=normed, src=outputs)
+            z_rows = sbuf((h, dv), FP32)
+            copy_rows(z_rows, row_view(norm.z, request.n, rows_pattern, within))
+            gated_rms_norm(shapes, normed, z_rows, consts)
+            outputs = normed
+        copy_rows(row_view(out, out_row, rows_pattern, within), outputs)
+        within_row = tile * layout.partitions * layout.free
+        if request.token_rows is not None:
+            copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
+        elif t == shapes.tokens - 1:
+            copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), state)
+        if between is not None:
+            between()
+
+    pending = None
+    for step in [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]:
+        if pending is not None and pending[0][1] == step[1]:
+            finish(*pending)  # the same tile: its update must land before these products read it
+            pending = None
+        t, tile = step
+        ops = prepared.operands[tile // per_block][t]
+        mixed = tile_products(layout, ops, tile % per_block, states[tile])
+        if pending is not None:
+            finish(*pending)
+        pending = (step, mixed)
+    finish(*pending)
+    if request.zeros is not None:  # last: its row is computed while the steps run
+        row, zeros = request.zeros
+        copy_rows(row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
+
+
+def emit_requests(
+    shapes: Shapes,
+    tensors: tuple[Any, Any, Any, Any],
+    gates: Gates,
+    consts: Constants,
+    requests: Iterable[Request],
+    scale: float,
+    l2norm: bool,
+    norm: OutputNorm | None = None,
+) -> None:
+    """Every request as a software pipeline: request n + ``PREPARED_AHEAD``'s loads are issued before request n's
+    steps, and the preparations under way advance one dependency level after each of them (``finish_request``'s
+    ``between``), so the DMA queues and the in-order engines reach the next requests while this one computes,
+    and no engine waits on a preparation's chain of dependent instructions.
+
+    Args:
+        tensors: (query [N, T, Hk, Dk], key, value [N, T, Hv, Dv], out [N, T, Hv, Dv]) in HBM.
+    """
+    prepared: deque[Prepared] = deque()
+    preparing: list[Steps] = []
+    waiting = iter(requests)
+
+    def start() -> None:  # the next request's loads, and its preparation queued
+        request = next(waiting, None)
+        if request is not None:
+            loaded = load_request(shapes, tensors, gates, consts, request)
+            preparing.append(prepare_request(shapes, gates, consts, loaded, scale, l2norm, prepared))
+
+    def advance() -> None:  # one level of every preparation under way
+        for generator in list(preparing):
+            if next(generator, _DONE) is _DONE:
+                preparing.remove(generator)
+
+    for _ in range(PREPARED_AHEAD):
+        start()
+    while preparing or prepared:
+        while not prepared:
+            advance()
+        start()
+        finish_request(shapes, tensors, consts, prepared.popleft(), norm, between=advance)

@@ -1,0 +1,270 @@
+"""A request's decode state as tiles of long contiguous runs, and one token through a tile.
+
+A pool row's state [Hv, Dk, Dv] fp32 is contiguous in HBM. Held as Dk on partitions, every partition would receive
+one Dv row of a head (512 bytes for Dv = 128) per head, a short run the DMA moves at a fraction of its peak
+(DMA efficiency rises with the contiguous bytes per descriptor up to ≥ 2 KiB "near peak": "DMA bandwidth guide",
+NKI deep dives, SDK 2.31; docs/nki-sources.md §4.4). Here each partition holds ``rows`` CONSECUTIVE
+Dk rows of one head instead, so a partition's share of a tile is one contiguous run of rows·Dv fp32:
+
+    tile t of a row = value heads t·H .. t·H + H − 1, partition p = h·G + dk_hi (G = Dk / rows partitions a head),
+    free = (dk_lo < rows, Dv):  element [p, dk_lo, dv] = S[t·H + h][dk_hi·rows + dk_lo, dv]
+
+and the whole tile is one contiguous block of H·Dk·Dv fp32 (partition stride rows·Dv): one DMA, every partition a
+single run of rows·Dv·4 bytes (2 KiB at Dv = 128, rows = 4).
+
+A head's Dk rows are split over G partitions and ``rows`` free slices, so the per-token products contract over
+(partition, dk_lo) pairs (``nki.isa.nc_matmul`` contracts over the partition dim and accumulates in PSUM, SDK 2.33):
+
+    [u; o] = [β v; c β v] − Σ_{dk_lo} St[dk_lo]ᵀ X[:, dk_lo, :]    rows·1 matmuls into one PSUM accumulation group
+    S_new  = α S + k uᵀ:  X ← α_p X (ScalarE), then per dk_lo  X[:, dk_lo] += k_p[dk_lo] · (E ᵀ u)[p]   (VectorE)
+
+St[dk_lo] is [P, 2H] block-diagonal: column (i, h) holds the recall (i = 0: −αβk) or read (i = 1: −(cαβk − αq))
+vector of head h on head h's G partitions, zero elsewhere, so one matmul serves the tile's H heads. Its values come
+from the [Dk, ·] columns of ``decode.gate_operands`` by a 0/1 selection matmul per dk_lo (``Sel[dk_lo][dk, p] =
+[dk = dk_hi(p)·rows + dk_lo]``) and one multiply by the head-block mask. E [H, P] (E[h, p] = [p in head h's
+block]) copies each head's u to its G partitions; the [β v; cβ v] term enters the same accumulation group as a
+matmul of the values against a gate-weighted 0/1 pick. Every compute operand starts at partition 0; rows at other
+partitions are only read by DMA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from ..common.backend import nisa, nl
+from ..common.engines import GPSIMD, SCALAR
+from ..common.tiles import FP32, matmul, psum, sbuf
+
+PMAX = 128
+# Bytes a partition's run of one state tile aims at: the DMA efficiency's "near peak" point ("≥ 2 KiB",
+# docs/nki-sources.md §4.4). The saturating 4 KiB halves the tiles and doubles their heads: fewer, longer tile
+# steps, which overlap the DMA less (PERFORMANCE.md, "Decode").
+RUN_BYTES = 2048
+# An fp32 PSUM bank per partition (2 KiB): the widest matmul output (a block's selection products).
+PSUM_BANK_FP32 = 512
+# Planes of the per-token columns the selection matmul moves: recall, read, key.
+PLANES = 3
+# Work issued one dependency level at a time: a generator that yields between levels and returns its result, so
+# a caller can interleave the levels with other work and no in-order engine waits on the chain.
+Steps = Generator[None, None, Any]
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class TileLayout:
+    """How a request's state is tiled: ``rows`` Dk rows per partition, ``heads`` value heads per tile, tiles grouped
+    in blocks of ``tiles_per_block`` (a block's selection products fill at most one PSUM bank)."""
+
+    dk: int
+    dv: int
+    value_heads: int
+    rows: int
+    heads: int
+    tiles_per_block: int
+
+    @property
+    def parts_per_head(self) -> int:
+        return self.dk // self.rows
+
+    @property
+    def partitions(self) -> int:
+        return self.heads * self.parts_per_head
+
+    @property
+    def tiles(self) -> int:
+        return self.value_heads // self.heads
+
+    @property
+    def free(self) -> int:
+        return self.rows * self.dv
+
+    @property
+    def block_heads(self) -> int:
+        return self.tiles_per_block * self.heads
+
+    @property
+    def lanes(self) -> int:
+        """Partitions the per-token gate tiles span: every consumer's (Dk columns, tile partitions, pick rows)."""
+        return max(self.dk, self.partitions, 2 * self.heads, self.block_heads)
+
+
+def tile_layout(dk: int, dv: int, value_heads: int) -> TileLayout:
+    """The layout of a [Hv, Dk, Dv] state: the most Dk rows per partition whose run is at most ``RUN_BYTES``
+    (a divisor of Dk), the most heads per tile that fit 128 partitions (a divisor of Hv, at most 64 so a tile's
+    [u; o] rows fit the partitions), the most tiles per block whose selection products fit one PSUM bank."""
+    rows = _largest_divisor(dk, max(1, RUN_BYTES // (dv * 4)))
+    heads = _largest_divisor(value_heads, min(PMAX // (dk // rows), PMAX // 2))
+    tiles = value_heads // heads
+    per_block = _largest_divisor(tiles, max(1, min(PSUM_BANK_FP32 // (PLANES * heads), PMAX // heads)))
+    return TileLayout(dk=dk, dv=dv, value_heads=value_heads, rows=rows, heads=heads, tiles_per_block=per_block)
+
+
+def _zero_one(dst: Any, values: Any, low: int, high: int) -> None:
+    """``dst = 1.0 where low <= values < high else 0.0`` (two compares and a product)."""
+    above = sbuf(tuple(dst.shape), FP32)
+    nisa.tensor_scalar(dst=above, data=values, op0=nl.greater_equal, operand0=float(low))
+    below = sbuf(tuple(dst.shape), FP32)
+    nisa.tensor_scalar(dst=below, data=values, op0=nl.less, operand0=float(high))
+    nisa.tensor_tensor(dst=dst, data1=above, data2=below, op=nl.multiply)
+
+
+class LayoutConstants:
+    """The 0/1 tiles of a layout, built once per launch on device (``nki.isa.iota`` and compares).
+
+    - ``select`` [Dk, rows, P]: select[dk, lo, p] = [dk = dk_hi(p)·rows + lo];
+    - ``signed_mask`` [P, 3, H]: [p in head h's block] with sign −, −, + for the recall, read and key planes;
+    - ``spread`` [H, P]: spread[h, p] = [p in head h's block] (a head's row to its partitions);
+    - ``pick`` [block, tiles_per_block, H]: pick[h, t, h'] = [h = t·H + h'] (a block's value row to its tile row);
+    - ``identity`` [block, block].
+    """
+
+    def __init__(self, layout: TileLayout):
+        dk, rows, g, h, parts = layout.dk, layout.rows, layout.parts_per_head, layout.heads, layout.partitions
+        heads_per_tile = parts // g
+        offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
+        nisa.iota(dst=offsets, pattern=[[-1, rows], [0, heads_per_tile], [-rows, g]], offset=0, channel_multiplier=1)
+        self.select = sbuf((dk, rows, parts), FP32)
+        nisa.tensor_scalar(dst=self.select.reshape((dk, rows * parts)), data=offsets, op0=nl.equal, operand0=0.0)
+        block_offsets = sbuf((parts, h), FP32)  # p − G·h
+        nisa.iota(dst=block_offsets, pattern=[[-g, h]], offset=0, channel_multiplier=1)
+        mask = sbuf((parts, h), FP32)
+        _zero_one(mask, block_offsets, 0, g)
+        self.signed_mask = sbuf((parts, PLANES, h), FP32)
+        for plane, sign in enumerate((-1.0, -1.0, 1.0)):
+            nisa.tensor_scalar(dst=self.signed_mask[:, plane, :], data=mask, op0=nl.multiply, operand0=sign)
+        spread_offsets = sbuf((h, parts), FP32)  # p − G·h
+        nisa.iota(dst=spread_offsets, pattern=[[1, parts]], offset=0, channel_multiplier=-g)
+        self.spread = sbuf((h, parts), FP32)
+        _zero_one(self.spread, spread_offsets, 0, g)
+        block = layout.block_heads
+        pick_offsets = sbuf((block, layout.tiles_per_block * h), FP32)  # row − t·H − h'
+        nisa.iota(dst=pick_offsets, pattern=[[-h, layout.tiles_per_block], [-1, h]], offset=0, channel_multiplier=1)
+        self.pick = sbuf((block, layout.tiles_per_block, h), FP32)
+        nisa.tensor_scalar(dst=self.pick.reshape((block, layout.tiles_per_block * h)), data=pick_offsets,
+                           op0=nl.equal, operand0=0.0)  # fmt: skip
+        diagonal = sbuf((block, block), FP32)
+        nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
+        self.identity = sbuf((block, block), FP32)
+        nisa.tensor_scalar(dst=self.identity, data=diagonal, op0=nl.equal, operand0=0.0)
+
+
+@dataclass(frozen=True)
+class BlockOperands:
+    """One token's operands for the tiles of one block (``tiles_per_block`` tiles, their H heads each).
+
+    Attributes:
+        stationaries: [P, rows, tiles, 3, H]: the signed, head-masked selection products; planes 0 and 1 of
+            [:, lo, t] are tile t's [P, 2H] recall/read stationary for dk_lo = lo, plane 2 the masked keys.
+        keys: [P, rows, tiles]: the key entry k[dk_hi(p)·rows + lo] of partition p's head, a per-partition scalar.
+        alpha: [P, tiles]: α of partition p's head.
+        value_pick: [block, tiles, 2, H]: value_pick[h, t, i, h'] = [h = t·H + h'] · (β_h, c β_h)[i].
+        values: [block, Dv] fp32: the block's value rows.
+    """
+
+    stationaries: Any
+    keys: Any
+    alpha: Any
+    value_pick: Any
+    values: Any
+
+
+def block_operands(
+    layout: TileLayout, consts: LayoutConstants, columns: Any, gates: tuple[Any, Any, Any], values: Any, h0: int
+) -> Steps:
+    """The operands (``BlockOperands``) of the block of heads ``h0 .. h0 + block`` for one token, in three
+    dependency levels (a ``Steps`` generator).
+
+    Args:
+        columns: [Dk, tiles, 3, H] the token's recall, read and key columns (``decode.gate_operands``).
+        gates: (α, β, c β), each [lanes, Hv] with every partition holding every head's value.
+        values: [block, Dv] fp32, the block's value rows.
+
+    Notes:
+        ``rows`` selection matmuls (K = Dk, N = 3·block) and a handful of small instructions; nothing here
+        depends on the state.
+    """
+    parts, rows, h, per_block = layout.partitions, layout.rows, layout.heads, layout.tiles_per_block
+    block = layout.block_heads
+    first = h0 // h
+    alpha, beta, scaled_beta = gates
+    moving = columns[:, first : first + per_block].reshape((layout.dk, per_block * PLANES * h))
+    selected = []
+    for lo in range(rows):
+        products = psum((parts, per_block * PLANES * h))
+        matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
+        selected.append(products)
+    head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
+    alpha_heads = sbuf((parts, per_block, h), FP32)
+    nisa.tensor_tensor(dst=alpha_heads, data1=alpha[0:parts, h0 : h0 + block].reshape((parts, per_block, h)),
+                       data2=head_mask, op=nl.multiply, engine=GPSIMD)  # fmt: skip
+    diagonals = []  # (β_h, c β_h) on partition h: the diagonal of the every-partition tiles
+    for gate in (beta, scaled_beta):
+        diagonal = sbuf((block, block), FP32)
+        nisa.tensor_tensor(dst=diagonal, data1=gate[0:block, h0 : h0 + block], data2=consts.identity,
+                           op=nl.multiply, engine=GPSIMD)  # fmt: skip
+        diagonals.append(diagonal)
+    yield
+    masked = sbuf((parts, rows, per_block, PLANES, h), FP32)
+    mask = consts.signed_mask.expand_dim(1).broadcast(1, per_block)
+    for lo, products in enumerate(selected):
+        nisa.tensor_tensor(dst=masked[:, lo], data1=products.reshape((parts, per_block, PLANES, h)), data2=mask,
+                           op=nl.multiply)  # fmt: skip
+    alpha_p = sbuf((parts, per_block), FP32)
+    nisa.tensor_reduce(dst=alpha_p, op=nl.add, data=alpha_heads, axis=2)
+    factors = sbuf((block, 2), FP32)
+    for i, diagonal in enumerate(diagonals):
+        nisa.tensor_reduce(dst=factors[:, i : i + 1], op=nl.add, data=diagonal, axis=1)
+    yield
+    keys = sbuf((parts, rows, per_block), FP32)
+    nisa.tensor_reduce(dst=keys, op=nl.add, data=masked[:, :, :, PLANES - 1, :], axis=3)
+    value_pick = sbuf((block, per_block, 2, h), FP32)
+    for i in range(2):
+        nisa.tensor_scalar(dst=value_pick[:, :, i, :], data=consts.pick, op0=nl.multiply,
+                           operand0=factors[:, i : i + 1], engine=SCALAR)  # fmt: skip
+    yield
+    return BlockOperands(stationaries=masked, keys=keys, alpha=alpha_p, value_pick=value_pick, values=values)
+
+
+def tile_products(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> Any:
+    """One token's [u; o] for tile ``t`` of a block from its state before the token ([P, rows·Dv] fp32).
+
+    Returns:
+        [2H, Dv] fp32 in PSUM: rows 0..H−1 the deltas u of the tile's heads, rows H..2H−1 their outputs.
+
+    Notes:
+        One matmul for [β v; c β v] and ``rows`` against the state, one PSUM accumulation group.
+    """
+    parts, dv, h = layout.partitions, layout.dv, layout.heads
+    mixed = psum((2 * h, dv))
+    matmul(ops.value_pick[:, t].reshape((layout.block_heads, 2 * h)), ops.values, dst=mixed)
+    for lo in range(layout.rows):
+        stationary = ops.stationaries[:, lo, t, 0:2, :].reshape((parts, 2 * h))
+        matmul(stationary, state[:, lo * dv : (lo + 1) * dv], dst=mixed, accumulate=True)
+    return mixed
+
+
+def tile_update(layout: TileLayout, consts: LayoutConstants, ops: BlockOperands, t: int, state: Any, mixed: Any) -> Any:
+    """S ← α S + k uᵀ on tile ``t`` of a block (``state`` updated in place) from ``tile_products``' ``mixed``.
+
+    Returns:
+        ``mixed`` evacuated to SBUF, [2H, Dv] fp32 (rows H..2H−1: the outputs).
+
+    Notes:
+        The scalar engine evacuates [u; o] and decays the tile in one instruction each; the tensor engine spreads u
+        to its heads' partitions; the vector engine adds the rank-1 write in ``rows`` scaled adds.
+    """
+    dv, h = layout.dv, layout.heads
+    rows = sbuf((2 * h, dv), FP32)
+    nisa.activation(dst=rows, op=nl.copy, data=mixed)
+    spread = matmul(consts.spread, rows[0:h, :], stationary_onezero=True)  # u of each partition's head, [P, Dv]
+    nisa.activation(dst=state, op=nl.copy, data=state, scale=ops.alpha[:, t : t + 1])
+    for lo in range(layout.rows):
+        piece = state[:, lo * dv : (lo + 1) * dv]
+        nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=ops.keys[:, lo, t : t + 1],
+                                  op1=nl.add, operand1=piece)  # fmt: skip
+    return rows

@@ -1,0 +1,501 @@
+"""gdn-nki for PyTorch model code: a drop-in for FLA's ``chunk_gated_delta_rule``, with state pools.
+
+Models (HF transformers' Qwen3-Next, vLLM, SGLang) call flash-linear-attention's
+``chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, ...,
+cu_seqlens=...)`` with seq-first ``[B, T, H, D]`` tensors. This module takes the same call on CPU torch tensors and
+runs it as ONE launch of the NKI kernel (``gdn_cte_varlen``, simulated on the CPU): every sequence — a batch row,
+or a ``cu_seqlens`` range — is a set of lanes with its own token range and state. Changing the import is enough::
+
+    from gdn_nki.torch import chunk_gated_delta_rule   # was: from fla.ops.gated_delta_rule import ...
+
+Needs the optional extra ``gdn-nki[torch]``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import numbers
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+from gdn_ref.activations import beta_from_logit, log_decay_from_gate
+from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.contract import ContractError, first_bad_index
+from gdn_ref.packed import cu_seqlens_violations
+
+from ..host.prefill import prefill_varlen
+from ..host.torch_io import (
+    INTEGER_DTYPES,
+    SUPPORTED_DTYPES,
+    as_numpy,
+    as_torch,
+    check_tensor,
+    forward_only,
+    import_torch,
+    in_place_recorder,
+    in_torch_terms,
+    is_torch_tensor,
+    reject_unwritable_state,
+    rejection,
+)
+
+torch = import_torch()
+
+# FLA and HF normalize q and k as x / sqrt(sum(x^2) + eps) in fp32 with this eps.
+L2NORM_EPS = 1e-6
+_SEQ_FIRST = {"q": "[B, T, Hk, K]", "k": "[B, T, Hk, K]", "v": "[B, T, Hv, V]", "g": "[B, T, Hv]", "beta": "[B, T, Hv]"}
+# The kernel's argument names (the contract's, in its errors) -> this entry point's.
+_CALLER_NAMES = {
+    "query": "q",
+    "key": "k",
+    "value": "v",
+    "g_log": "g",
+    "beta": "beta",
+    "recurrent_state": "initial_state",
+}
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    cp_context: Any = None,
+    *,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    head_first: bool | None = None,
+    transpose_state_layout: bool | None = None,
+    state_indices: torch.Tensor | None = None,
+    initial_state_indices: torch.Tensor | None = None,
+    algorithm: str = DEFAULT_ALGORITHM,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    bucket: tuple[int, int] | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_indices: torch.Tensor | None = None,
+    read_indices: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
+
+    Dimensions:
+        B: batch (1 with ``cu_seqlens``). T: tokens per row. Hk: key/query heads. Hv: value heads, a multiple of
+        Hk (value head j reads key head j // (Hv // Hk)). K, V: head dims (<= 128). N: sequences (B, or
+        len(cu_seqlens) - 1). P: rows of a state pool.
+
+    Args:
+        q, k (torch.Tensor): [B, T, Hk, K] CPU, bfloat16 or float32 (q's dtype is the compute dtype; k and v
+            share it). L2-normalized, unless ``use_qk_l2norm_in_kernel``.
+        v (torch.Tensor): [B, T, Hv, V].
+        g (torch.Tensor): [B, T, Hv] log-decay (<= 0), float32 or bfloat16 (widened to fp32 exactly); the raw
+            gate with ``use_gate_in_kernel``.
+        beta (torch.Tensor): [B, T, Hv] update strength in [0, 1], float32 or bfloat16; the logit with
+            ``use_beta_sigmoid_in_kernel``.
+        scale (float | None): query scaling; None = K ** -0.5.
+        initial_state (torch.Tensor | None): [N, Hv, K, V] float32 (or bfloat16, widened exactly) initial states,
+            read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE
+            at the named rows only.
+        output_final_state (bool): return the final states.
+        use_qk_l2norm_in_kernel (bool): L2-normalize q and k first (fp32, eps 1e-6, as FLA and HF).
+        use_beta_sigmoid_in_kernel (bool): ``beta`` is a logit: β = sigmoid(beta) (``gdn_ref.activations``).
+        allow_neg_eigval (bool): FLA's β = 2·sigmoid(beta) in [0, 2): rejected when set (β must be in [0, 1]).
+        state_v_first (bool): FLA's [N, H, V, K] states: rejected when set (``transpose_state_layout``, its name
+            before FLA 0.5.1, too).
+        cu_seqlens (torch.Tensor | None): [N + 1] integer boundaries of packed sequences in the one row (B == 1).
+        cu_seqlens_cpu, chunk_indices: FLA's caches of what it derives from ``cu_seqlens`` on the GPU (a host copy,
+            its 64-token chunk list): accepted and not read (gdn-nki derives its own chunks from ``cu_seqlens``).
+        cp_context: FLA's context parallelism: rejected when set (one launch runs a whole sequence).
+        use_gate_in_kernel (bool): ``g`` is the raw gate: the log-decay is −exp(A_log)·softplus(g + dt_bias)
+            (``gdn_ref.activations.log_decay_from_gate``), computed on the host before the launch.
+        A_log, dt_bias (torch.Tensor | None): [Hv] (any shape of Hv elements, as FLA), float32 or bfloat16: the
+            gate's parameters, A_log required with ``use_gate_in_kernel``; unused without it, as in FLA.
+        chunk_size (int): FLA's chunk (16, 32 or 64): accepted, not used (the kernel's chunk is the algorithm's;
+            the result is the same recurrence).
+        head_first (bool | None): rejected when set (removed from FLA; the layout is seq-first).
+        state_indices (torch.Tensor | None): [N] distinct pool rows, one per sequence (SGLang / TensorRT-LLM's
+            in-place pools). Not in FLA's signature. ``initial_state_indices`` (SGLang's and FlashInfer's name)
+            is the same argument.
+        algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
+        bucket (tuple[int, int] | None): with ``cu_seqlens``, (T, N): run the bucket's one compiled program
+            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed); omitted: the
+            configured default (``gdn_nki.configure_buckets``), else the trace-time form.
+        checkpoint_every (int | None), checkpoint_indices (torch.Tensor | None): prefix-cache checkpoints into
+            the pool (``state_indices``): the state after every ``checkpoint_every`` tokens (a multiple of the
+            algorithm's chunk) of sequence i goes to row ``checkpoint_indices[i, k]`` (-1: none).
+        read_indices (torch.Tensor | None): [N] pool rows sequence i starts from when it is not the row it ends in
+            (``state_indices``): a prefix-cache hit resumes from the cache's row without overwriting it, on
+            device (-1: zero state). Bucketed form (``gdn_nki.prefill_varlen``'s ``read_indices``). Not SGLang's
+            ``initial_state_indices``, which names the rows read and written alike.
+        kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
+            ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
+            is rejected, naming the closest valid one (a misspelt option must not vanish).
+
+    Returns:
+        tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 when
+        ``output_final_state`` (with ``state_indices``: the pool itself), else None.
+
+    Notes:
+        The positional order is current FLA's (since 0.5.1: ``cu_seqlens`` is thirteenth); a tensor in one of the
+        boolean slots — an older order's ``cu_seqlens`` — is rejected by name, as is every option whose meaning
+        this kernel does not implement (README, "FLA's options"). All sequences run in ONE kernel launch, each
+        padded exactly (g = 0, β = 0) to its own chunk multiple. Every argument is checked before anything runs;
+        a rejected or failed call writes nothing, the pool included. Forward only: with inputs that require grad,
+        the outputs stay on the autograd graph and backward raises NotImplementedError (FLA's kernel has a
+        backward; silently detached outputs would train nothing); a pool updated in place is recorded on the
+        graph the same way. A UserWarning, as FLA's, when T < Hk without ``cu_seqlens``: head-first [B, H, T, D]
+        tensors passed as seq-first look like that and would run as garbage. Errors name this function's
+        arguments and index their elements as the caller laid them out. The kernel runs simulated on the CPU
+        (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
+    """
+    flags = {
+        "output_final_state": output_final_state,
+        "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
+        "use_beta_sigmoid_in_kernel": use_beta_sigmoid_in_kernel,
+        "allow_neg_eigval": allow_neg_eigval,
+        "state_v_first": state_v_first,
+        "use_gate_in_kernel": use_gate_in_kernel,
+    }
+    _reject_tensor_flags(flags)
+    _reject_unknown_keywords(kwargs)
+    _reject_unsupported_options(
+        dict(head_first=head_first, state_v_first=state_v_first, transpose_state_layout=transpose_state_layout,
+             cp_context=cp_context, allow_neg_eigval=allow_neg_eigval)
+    )  # fmt: skip
+    _check_chunk_size(chunk_size)
+    state_indices = _state_indices(state_indices, initial_state_indices)
+    tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    _check_layout(tensors, cu_seqlens)
+    _reject_lost_packing(kwargs, cu_seqlens)
+    if cu_seqlens is None and q.shape[1] < q.shape[2]:
+        warnings.warn(
+            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
+            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
+            "[B, H, T, D] tensors (transpose(1, 2) them)",
+            UserWarning,
+            stacklevel=2,
+        )
+    batch, seq_len, _, dk = q.shape
+    value_heads, dv = v.shape[2], v.shape[3]
+    cu = _boundaries(cu_seqlens, batch, seq_len)
+    n_seqs = len(cu) - 1
+    state, slots = _states(initial_state, state_indices, n_seqs, (value_heads, dk, dv))
+    gate_parameters = (A_log, dt_bias) if _truthy(use_gate_in_kernel) else ()
+    if gate_parameters:
+        g = _log_decay(g, A_log, dt_bias, value_heads)
+    if _truthy(use_beta_sigmoid_in_kernel):
+        beta = torch.from_numpy(beta_from_logit(as_numpy(beta)))
+    if _truthy(use_qk_l2norm_in_kernel):
+        q, k = _l2norm(q), _l2norm(k)
+    query, key, value = (_head_major(x, x.dtype) for x in (q, k, v))
+    g_log, gate = (_head_major(x, torch.float32) for x in (g, beta))
+    inputs = (*tensors.values(), initial_state, *gate_parameters)
+    # The pool, written by the kernel, is recorded on the graph right before its rows are written.
+    record = in_place_recorder("initial_state", initial_state, inputs) if slots is not None else None
+    try:
+        out, final = prefill_varlen(
+            query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
+            algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
+            bucket=bucket, checkpoint_every=checkpoint_every,
+            checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
+        )  # fmt: skip
+    except ContractError as error:
+        raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
+    o = forward_only(as_torch(out).transpose(1, 2).reshape(batch, seq_len, value_heads, dv).contiguous(), inputs)
+    if not _truthy(output_final_state):
+        return o, None
+    return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
+
+
+# HF transformers' keyword arguments that its models pass through their layers to the GDN call (``**kwargs`` of a
+# Qwen3-Next / Qwen3.5 / OLMo-hybrid layer): ``TransformersKwargs`` and ``FlashAttentionKwargs``
+# (transformers 5: utils/generic.py, modeling_flash_attention_utils.py) and ``use_cache``, which the decoder layer
+# forwards. Accepted and not used; with transformers imported, the installed version's TypedDicts are read too.
+HF_PASS_THROUGH = frozenset(
+    {
+        "num_items_in_batch", "output_hidden_states", "output_attentions", "output_router_logits", "cu_seq_lens_q",
+        "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids", "is_causal", "seq_idx", "use_cache",
+        "cache_position",
+    }
+)  # fmt: skip
+# Of those, the ones that say the row holds packed sequences: ignoring them without ``cu_seqlens`` would run the
+# sequences as one (HF itself refuses them on its torch fallback).
+_PACKING_KEYWORDS = ("cu_seq_lens_q", "seq_idx")
+
+
+def _hf_pass_through() -> frozenset[str]:
+    """``HF_PASS_THROUGH``, plus the keys of the installed transformers' TypedDicts when a caller imported it."""
+    names = set(HF_PASS_THROUGH)
+    for module, typed in (("transformers.utils.generic", "TransformersKwargs"),
+                          ("transformers.modeling_flash_attention_utils", "FlashAttentionKwargs")):  # fmt: skip
+        names |= set(getattr(getattr(sys.modules.get(module), typed, None), "__annotations__", {}))
+    return frozenset(names)
+
+
+def _reject_unknown_keywords(kwargs: dict[str, Any]) -> None:
+    """Reject a keyword that is neither this function's (FLA's and ours) nor an HF pass-through one, naming the
+    closest valid name: a misspelt ``state_indice=`` would otherwise vanish and the pool would not be written."""
+    known = _hf_pass_through()
+    unknown = sorted(name for name in kwargs if name not in known)
+    if not unknown:
+        return
+    name = unknown[0]
+    valid = sorted({*_PARAMETERS, *known})
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    fix = f"did you mean {close[0]}=? " if close else ""
+    raise rejection(
+        name,
+        f"= {_describe(kwargs[name])}",
+        "chunk_gated_delta_rule takes FLA's arguments, HF transformers' pass-through attention keywords and "
+        "gdn-nki's own (state_indices, algorithm, group_size); an unknown keyword is an error, never ignored",
+        f"{fix}Pass only those (the README's table of FLA's options lists each)",
+        rule_id="keyword.unknown",
+    )
+
+
+def _reject_lost_packing(kwargs: dict[str, Any], cu_seqlens: Any) -> None:
+    """Reject HF's packing keywords without ``cu_seqlens``: the packed sequences would run as one."""
+    for name in _PACKING_KEYWORDS:
+        if kwargs.get(name) is not None and cu_seqlens is None:
+            raise rejection(
+                name,
+                "given without cu_seqlens",
+                f"{name} says the row holds packed sequences; gdn-nki keeps them apart only by cu_seqlens",
+                "pass cu_seqlens=cu_seq_lens_q (the boundaries of the packed sequences)",
+                rule_id="keyword.packing",
+            )
+
+
+def _reject_tensor_flags(flags: dict[str, Any]) -> None:
+    """A tensor in a boolean slot is an older positional order's ``cu_seqlens`` (ninth in FLA <= 0.2 and the
+    vLLM / SGLang copies, tenth in FLA 0.3-0.5.0; thirteenth since 0.5.1): rejected by name, never read as a flag
+    (``bool`` of a one-element tensor would pass silently). A 0-d tensor is a truth value, as FLA reads it."""
+    for name, value in flags.items():
+        if (is_torch_tensor(value) or isinstance(value, np.ndarray)) and value.ndim >= 1:  # 0-d: a truth value
+            raise rejection(
+                name,
+                f"a tensor of shape {tuple(value.shape)}",
+                f"{name} is a boolean flag; a tensor there is most likely cu_seqlens passed by position in an older "
+                "FLA order (ninth in FLA <= 0.2 and vLLM's / SGLang's copies, tenth in FLA 0.3-0.5.0)",
+                "pass cu_seqlens=... (and every argument after output_final_state) by keyword",
+                rule_id="flag.tensor",
+            )
+
+
+# FLA options that change what the tensors mean and that this entry point does not implement, and why, with the
+# fix; rejected when set. Unset means what FLA's own truthiness test means: None or a false scalar (FLA:
+# ``if head_first:``); anything else is rejected, never ignored (ignoring one runs a valid-looking call on misread
+# data).
+_TRANSPOSED_STATE = (
+    "gdn-nki takes states as [N, H, K, V] only (FLA's default layout)",
+    "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned state back",
+)
+_UNSUPPORTED_OPTIONS = {
+    "head_first": ("gdn-nki takes FLA's seq-first layout only (head_first was removed from FLA)",
+                   "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first"),
+    "state_v_first": _TRANSPOSED_STATE,
+    "transpose_state_layout": _TRANSPOSED_STATE,  # FLA's name for state_v_first before 0.5.1
+    "cp_context": ("gdn-nki runs a whole sequence in one launch (no context parallelism)",
+                   "call it on the whole sequence, without cp_context"),
+    "allow_neg_eigval": ("β = 2·sigmoid(beta) reaches 2, outside the kernel's contract (β in [0, 1]), where its "
+                         "accuracy is not established", "train and serve with allow_neg_eigval=False models, or "
+                         "run this layer with FLA"),
+}  # fmt: skip
+
+
+def _reject_unsupported_options(options: dict[str, Any]) -> None:
+    """Reject an FLA option this entry point does not implement when it is set (not None or a false scalar)."""
+    for name, value in options.items():
+        if value is None or (np.ndim(value) == 0 and not _truthy(value)):
+            continue
+        rule, fix = _UNSUPPORTED_OPTIONS[name]
+        raise rejection(name, f"= {_describe(value)}", rule, fix, rule_id="option.unsupported")
+
+
+def _check_chunk_size(chunk_size: Any) -> None:
+    """FLA's ``chunk_size`` (16, 32 or 64, as FLA checks it); not used: the chunking changes no result."""
+    if not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool) or chunk_size not in FLA_CHUNKS:
+        raise rejection("chunk_size", f"= {chunk_size!r}", f"FLA's chunk_size is one of {FLA_CHUNKS}",
+                        "omit chunk_size (gdn-nki chunks by its algorithm; the result is the same recurrence)",
+                        rule_id="option.chunk_size")  # fmt: skip
+
+
+FLA_CHUNKS = (16, 32, 64)
+
+
+def _state_indices(state_indices: Any, initial_state_indices: Any) -> Any:
+    """``state_indices``, given under its name or SGLang's / FlashInfer's ``initial_state_indices`` (the same
+    meaning: the pool rows, read and written in place), not both."""
+    if initial_state_indices is None:
+        return state_indices
+    if state_indices is not None:
+        raise rejection("initial_state_indices", "given with state_indices", "initial_state_indices is another "
+                        "name for state_indices", "pass one of them", rule_id="keyword.alias")  # fmt: skip
+    return initial_state_indices
+
+
+def _index_array(rows: Any) -> np.ndarray | None:
+    """Pool-row indices (a tensor or a sequence of ints) as a numpy array, None kept."""
+    return None if rows is None else as_numpy(torch.as_tensor(rows))
+
+
+def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> torch.Tensor:
+    """FLA's ``use_gate_in_kernel``: the log-decay from the raw gate ``g`` (checked, with its parameters)."""
+    if a_log is None:
+        raise rejection("A_log", "= None with use_gate_in_kernel=True", "the fused gate -exp(A_log)·softplus(g + "
+                        "dt_bias) needs the layer's A_log", "pass A_log=layer.A_log", rule_id="A_log.required")  # fmt: skip
+    parameters = {"A_log": a_log} if dt_bias is None else {"A_log": a_log, "dt_bias": dt_bias}
+    for name, x in parameters.items():
+        if not is_torch_tensor(x):
+            raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
+        check_tensor(name, x)
+        if x.numel() != value_heads:
+            raise rejection(name, f"shape {tuple(x.shape)}", f"{name} holds one value per value head (Hv="
+                            f"{value_heads})", f"pass the layer's {name} [Hv]", rule_id=f"{name}.shape")  # fmt: skip
+        found = first_bad_index(as_numpy(x).reshape(-1), lambda a: ~np.isfinite(a))
+        if found is not None:
+            raise rejection(name, f"value {as_numpy(x).reshape(-1)[found]} at index {list(found)}", f"{name} must "
+                            "be finite", f"pass the layer's trained {name}", rule_id=f"{name}.finite")  # fmt: skip
+    raw = as_numpy(g)
+    found = first_bad_index(raw, np.isnan)
+    if found is not None:
+        raise rejection("g", f"value nan at index {list(found)}", "with use_gate_in_kernel, g is the raw gate; NaN "
+                        "has no decay", "find where the NaN comes from (the gate projection)", rule_id="g.finite")  # fmt: skip
+    bias = None if dt_bias is None else as_numpy(dt_bias).reshape(-1)
+    return torch.from_numpy(log_decay_from_gate(raw, as_numpy(a_log).reshape(-1), bias))
+
+
+def _describe(value: Any) -> str:
+    """A short description of an argument's value for an error (a tensor by its shape, not its elements)."""
+    if is_torch_tensor(value) or isinstance(value, np.ndarray):
+        return f"a tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _truthy(value: Any) -> bool:
+    """``bool(value)`` for a scalar option value; a value that has no truth value counts as set."""
+    try:
+        return bool(value)
+    except (TypeError, ValueError, RuntimeError):
+        return True
+
+
+_PARAMETERS = tuple(p for p in inspect.signature(chunk_gated_delta_rule).parameters if p != "kwargs")
+
+
+def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
+    """The caller's index of an element the kernel's contract found at ``at`` in its head-major ``[1, H, B·T(,
+    D)]`` view of a seq-first ``[B, T, H(, D)]`` argument (states keep their layout)."""
+    if name not in ("query", "key", "value", "g_log", "beta"):
+        return at
+    _, head, token, *rest = at
+    return [token // seq_len, token % seq_len, head, *rest]
+
+
+def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
+    """Device, dtype and FLA's seq-first shapes, each failure naming its argument."""
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor):
+            raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
+        check_tensor(name, x)
+    q, v = tensors["q"], tensors["v"]
+    for name in ("k", "v"):
+        if tensors[name].dtype != q.dtype:
+            raise rejection(name, f"dtype {tensors[name].dtype}", f"{name} must have q's dtype ({q.dtype})",
+                            f"pass {name}.to(q.dtype)")  # fmt: skip
+    rows = q.shape[:2] if q.dim() == 4 else None
+    expected = {"q": 4, "k": 4, "v": 4, "g": 3, "beta": 3}
+    for name, x in tensors.items():
+        if 0 in x.shape:
+            raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must not be empty (every dimension, T "
+                            "included, at least 1)", "skip the call for an empty batch or prompt")  # fmt: skip
+        ok = x.dim() == expected[name] and tuple(x.shape[:2]) == tuple(rows or ())
+        if name == "k":
+            ok = ok and x.shape == q.shape
+        if name in ("g", "beta"):
+            ok = ok and v.dim() == 4 and x.shape[2] == v.shape[2]
+        if name == "v":
+            ok = ok and x.shape[2] % q.shape[2] == 0
+        if not ok:
+            raise rejection(
+                name,
+                f"shape {tuple(x.shape)}",
+                f"{name} must be seq-first {_SEQ_FIRST[name]} (q {tuple(q.shape)}; Hv a multiple of Hk)",
+                f"pass {name} laid out as {_SEQ_FIRST[name]}",
+            )
+    if cu_seqlens is not None and isinstance(cu_seqlens, torch.Tensor):
+        check_tensor("cu_seqlens", cu_seqlens, INTEGER_DTYPES)
+
+
+def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
+    """The packed row's sequence boundaries: ``cu_seqlens`` as given, or one sequence per batch row."""
+    if cu_seqlens is None:
+        return np.arange(batch + 1, dtype=np.int64) * seq_len
+    values = as_numpy(cu_seqlens) if isinstance(cu_seqlens, torch.Tensor) else np.asarray(cu_seqlens)
+    if batch != 1:  # prefill_varlen checks the rest (start, increase, end) on the flattened row
+        raise ContractError(
+            [v for v in cu_seqlens_violations(values, batch, 0) if v.rule_id in ("cu_seqlens.form", "cu_seqlens.batch")]
+        )
+    return values.copy()
+
+
+def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int]) -> tuple[Any, Any]:
+    """The kernel's state buffer and slots: the caller's pool itself (in place) with ``state_indices``, else a
+    private fp32 copy of ``initial_state`` (FLA never writes it) or None."""
+    if initial_state is None:
+        if state_indices is not None:
+            raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
+                            "passed as initial_state", "pass the pool as initial_state")  # fmt: skip
+        return None, None
+    if not isinstance(initial_state, torch.Tensor):
+        raise rejection("initial_state", f"of type {type(initial_state).__name__}", "initial_state must be a torch "
+                        "tensor", "pass torch.from_numpy(initial_state)")  # fmt: skip
+    # A state read once may be bf16 (FLA's own example passes one; it widens exactly); a pool written in place
+    # holds the fp32 final states, so it must be fp32.
+    check_tensor("initial_state", initial_state, ("float32",) if state_indices is not None else SUPPORTED_DTYPES)
+    rows = n_seqs if state_indices is None else None
+    shape = tuple(initial_state.shape)
+    if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
+        want = f"[{'P' if rows is None else rows}, {', '.join(map(str, tail))}]"
+        raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
+                        "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
+    if state_indices is None:
+        return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
+    reject_unwritable_state("initial_state", initial_state)
+    if not initial_state.is_contiguous():
+        raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
+                        "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
+    if isinstance(state_indices, torch.Tensor):
+        check_tensor("state_indices", state_indices, INTEGER_DTYPES)
+        state_indices = as_numpy(state_indices)
+    return as_numpy(initial_state), np.asarray(state_indices)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum(x²) + eps) over the head dim in fp32, rounded back to x's dtype (the kernel's operands)."""
+    wide = x.float()
+    return (wide * torch.rsqrt((wide * wide).sum(dim=-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+
+
+def _head_major(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """[B, T, H(, D)] seq-first -> [1, H, B·T(, D)] head-major numpy in ``dtype``: the batch rows become
+    consecutive sequences of the one packed row."""
+    flat = x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
+    return as_numpy(flat.transpose(1, 2).to(dtype).contiguous())

@@ -1,0 +1,289 @@
+"""Decode drop-ins on torch, same names, signatures and semantics as the originals, one ``gdn_step`` launch per
+(N, T) bucket:
+
+- ``fused_recurrent_gated_delta_rule``: FLA's (``fla/ops/gated_delta_rule/fused_recurrent.py``);
+- ``vllm_fused_recurrent_gated_delta_rule``: vLLM's variant of it (``vllm/model_executor/layers/fla/ops/
+  fused_recurrent.py``: ``inplace_final_state``, ``ssm_state_indices`` [N] or [N, T], ``num_accepted_tokens``),
+  exported under its own name here because it shares FLA's;
+- ``fused_sigmoid_gating_delta_rule_update``: vLLM's / SGLang's fused-gating update (``A_log, a, dt_bias,
+  softplus_beta, softplus_threshold, q, k, v, b, initial_state_source, initial_state_indices, scale,
+  use_qk_l2norm_in_kernel, cu_seqlens``), which returns ``o`` and updates the pool rows in place.
+
+Layouts are the originals': seq-first [B, T, H, D], B = 1 with ``cu_seqlens``, GQA by ``HV % H == 0``, state
+[.., HV, K, V] fp32. What cannot be honoured is rejected by name (a ``ContractError`` naming the argument, the
+value, the rule and the fix): per-key or per-value decays (``gk``, ``gv``), head-wise β, Eagle trees
+(``retrieve_parent_token``), ``inplace_final_state=False``, softplus with β ≠ 1 or a threshold below 20, pools
+not fp32, and, for the vLLM forms, packed sequences of different lengths (one program per (N, T) bucket; FLA's
+form groups them by length instead).
+
+Where the originals differ from this kernel (README, "Decode"): a padding request (index -1) gets zero outputs
+(vLLM leaves them unspecified), and q/k are normalized as x·rsqrt(Σx² + 1e-6) (the older
+``fused_sigmoid_gating_delta_rule_update`` divides by sqrt(Σx²) + 1e-6: the same to fp32 rounding for any q, k
+not near zero).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from ..host.decode import decode_step
+from ..host.torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, import_torch, rejection, state_buffer
+
+INDEX_DTYPES = ("int32", "int64")
+# A softplus threshold at or above this gives softplus(x) = x exactly in fp32 where the threshold applies
+# (log1p(exp(-20)) = 2e-9 is below half an ulp of 20): every threshold from here up is the exact softplus.
+MIN_SOFTPLUS_THRESHOLD = 20.0
+
+
+def fused_recurrent_gated_delta_rule(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any = None,
+    gk: Any = None,
+    gv: Any = None,
+    beta: Any = None,
+    scale: float | None = None,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """FLA's ``fused_recurrent_gated_delta_rule`` on gdn-nki's decode kernel.
+
+    Dimensions:
+        B, T: batch and tokens (B = 1 with ``cu_seqlens``, N sequences). H, HV: key and value heads. K, V.
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, HV, V] (float32 or bfloat16).
+        g: [B, T, HV] log-decay (None: no decay). gk, gv: must be None (not supported).
+        beta: [B, T, HV] (None: ones). scale: default K**-0.5.
+        initial_state: [N, HV, K, V] (only read). output_final_state: return the final states.
+        use_qk_l2norm_in_kernel: L2-normalize q and k in the kernel. cu_seqlens: [N + 1] packed boundaries.
+        kwargs: ignored, as HF's ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer)
+            ignores what the layer passes through (``use_cache``, attention kwargs).
+
+    Returns:
+        tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked).
+    """
+    torch = import_torch()
+    del kwargs  # see Args
+    for name, value in (("gk", gk), ("gv", gv)):
+        if value is not None:
+            raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
+                            f"pass {name}=None and a per-head g")  # fmt: skip
+    inputs = _token_tensors(q, k, v)
+    gates = _gates(q, v, g, beta)
+    spans = _spans(q, cu_seqlens, allow_mixed=True)
+    hv, dk, dv = v.shape[2], q.shape[3], v.shape[3]
+    pool = np.zeros((len(spans), hv, dk, dv), np.float32)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, ("float32",))
+        if tuple(initial_state.shape) != pool.shape:
+            raise rejection("initial_state", f"shape {tuple(initial_state.shape)}",
+                            f"initial_state must be [N, HV, K, V] = {pool.shape}", "pass one state per sequence")  # fmt: skip
+        pool[...] = as_numpy(initial_state)
+    out = np.empty((*v.shape[:3], dv), dtype=inputs["query"].dtype)
+    for seqs in _by_length(spans).values():
+        _launch(inputs, gates, spans, seqs, pool, np.array(seqs, np.int32), None, out, scale, use_qk_l2norm_in_kernel)
+    final = torch.from_numpy(pool) if output_final_state else None
+    return as_torch(out), final
+
+
+def vllm_fused_recurrent_gated_delta_rule(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any = None,
+    scale: float | None = None,
+    initial_state: Any = None,
+    inplace_final_state: bool = True,
+    cu_seqlens: Any = None,
+    ssm_state_indices: Any = None,
+    num_accepted_tokens: Any = None,
+    retrieve_parent_token: Any = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[Any, Any]:
+    """vLLM's ``fused_recurrent_gated_delta_rule`` (continuous batching, speculative decoding) on ``gdn_step``.
+
+    Args:
+        q, k, v, g, beta, scale, use_qk_l2norm_in_kernel: as FLA's.
+        initial_state: the state pool [P, HV, K, V] fp32, updated IN PLACE.
+        inplace_final_state: must be True (the pool form).
+        cu_seqlens: [N + 1] with B = 1; every sequence the same length T (one program per (N, T) bucket).
+        ssm_state_indices: [N] (T = 1: row read and written) or [N, T] (the state after token t to row [n, t],
+            read from [n, num_accepted_tokens[n] - 1], or [n, 0]); -1 marks a padding request.
+        num_accepted_tokens: optional [N].
+        retrieve_parent_token: must be None (Eagle trees are not supported).
+
+    Returns:
+        tuple: ``o`` [B, T, HV, V] in q's dtype and ``initial_state`` itself, updated.
+    """
+    if retrieve_parent_token is not None:
+        raise rejection("retrieve_parent_token", "given", "tree-structured drafts (Eagle) are not supported",
+                        "verify a linear draft, or pass retrieve_parent_token=None")  # fmt: skip
+    if inplace_final_state is not True:
+        raise rejection("inplace_final_state", f"= {inplace_final_state!r}",
+                        "only the in-place pool form is supported (the per-token state tensor is not)",
+                        "pass inplace_final_state=True with ssm_state_indices [N, T] to keep every token's state")  # fmt: skip
+    if ssm_state_indices is None or initial_state is None:
+        raise rejection("ssm_state_indices", "None", "the in-place form addresses the pool initial_state by "
+                        "ssm_state_indices", "pass the pool as initial_state and its rows as ssm_state_indices")  # fmt: skip
+    spans = _spans(q, cu_seqlens, allow_mixed=False)
+    tokens = spans[0][1] - spans[0][0]
+    indices = _indices("ssm_state_indices", ssm_state_indices)
+    if indices.ndim == 1 and tokens > 1:
+        raise rejection("ssm_state_indices", f"shape {indices.shape} with T={tokens}",
+                        "with T > 1 tokens per request the indices are [N, T], one row per token's state",
+                        "pass ssm_state_indices of shape [N, T]")  # fmt: skip
+    accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
+    pool, publish = state_buffer("initial_state", initial_state)
+    out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, scale, use_qk_l2norm_in_kernel)
+    publish()
+    return out, initial_state
+
+
+def fused_sigmoid_gating_delta_rule_update(
+    A_log: Any,
+    a: Any,
+    dt_bias: Any,
+    softplus_beta: float,
+    softplus_threshold: float,
+    q: Any,
+    k: Any,
+    v: Any,
+    b: Any,
+    initial_state_source: Any,
+    initial_state_indices: Any,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Any = None,
+) -> Any:
+    """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update``: fused gating, state pool by index.
+
+    Args:
+        A_log, dt_bias: [HV]. a, b: [B·T, HV] or [B, T, HV] raw gate inputs.
+        softplus_beta: must be 1.0. softplus_threshold: at least 20 (the exact softplus in fp32).
+        q, k: [B, T, H, K]; v: [B, T, HV, V]. cu_seqlens: [N + 1] (B = 1), equal lengths.
+        initial_state_source: the pool [P, HV, K, V] fp32, updated IN PLACE at ``initial_state_indices`` [N]
+            (the state after each request's last token); -1 marks a padding request.
+        scale, use_qk_l2norm_in_kernel: as FLA's.
+
+    Returns:
+        ``o`` [B, T, HV, V] in q's dtype.
+    """
+    if float(softplus_beta) != 1.0:
+        raise rejection("softplus_beta", f"= {softplus_beta!r}", "the kernel's gate is softplus with beta 1 "
+                        "(Qwen3-Next's)", "pass softplus_beta=1.0")  # fmt: skip
+    if float(softplus_threshold) < MIN_SOFTPLUS_THRESHOLD:
+        raise rejection("softplus_threshold", f"= {softplus_threshold!r}",
+                        f"the kernel computes the exact softplus, which a threshold >= {MIN_SOFTPLUS_THRESHOLD} "
+                        "reproduces in fp32", "pass softplus_threshold=20.0 (the default)")  # fmt: skip
+    spans = _spans(q, cu_seqlens, allow_mixed=False)
+    shape = (*v.shape[:2], v.shape[2])
+    raw = {name: _per_token(name, x, shape) for name, x in (("a", a), ("b", b))}
+    heads = {name: _fp32(name, x) for name, x in (("A_log", A_log), ("dt_bias", dt_bias))}
+    indices = _indices("initial_state_indices", initial_state_indices)
+    pool, publish = state_buffer("initial_state_source", initial_state_source)
+    out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, None, scale, use_qk_l2norm_in_kernel)
+    publish()
+    return out
+
+
+# --- shared conversions --------------------------------------------------------------------------------------------
+
+
+def _token_tensors(q: Any, k: Any, v: Any) -> dict[str, np.ndarray]:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, SUPPORTED_DTYPES)
+    return {"query": as_numpy(q), "key": as_numpy(k), "value": as_numpy(v)}
+
+
+def _fp32(name: str, x: Any) -> np.ndarray:
+    """A gate tensor as fp32 (widening bf16 is exact)."""
+    check_tensor(name, x, SUPPORTED_DTYPES)
+    return np.asarray(as_numpy(x), dtype=np.float32)
+
+
+def _per_token(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-token, per-value-head tensor as fp32 [B, T, HV] (the originals also take [B·T, HV])."""
+    array = _fp32(name, x)
+    if array.size != int(np.prod(shape)) or array.shape[-1] != shape[-1]:
+        raise rejection(name, f"shape {tuple(array.shape)}", f"{name} must be [B, T, HV] = {shape} (or [B·T, HV])",
+                        f"pass one {name} per token and value head")  # fmt: skip
+    return array.reshape(shape)
+
+
+def _gates(q: Any, v: Any, g: Any, beta: Any) -> dict[str, np.ndarray]:
+    shape = (*v.shape[:2], v.shape[2])
+    log_decay = np.zeros(shape, np.float32) if g is None else _per_token("g", g, shape)
+    if beta is not None and beta.ndim == v.ndim:
+        raise rejection("beta", f"shape {tuple(beta.shape)}", "head-wise beta ([B, T, HV, V]) is not supported",
+                        "pass one beta per token and value head, [B, T, HV]")  # fmt: skip
+    strength = np.ones(shape, np.float32) if beta is None else _per_token("beta", beta, shape)
+    return {"g_log": log_decay, "beta": strength}
+
+
+def _indices(name: str, x: Any) -> np.ndarray:
+    """An index tensor as int32 (values outside int32 are rejected here, not wrapped)."""
+    check_tensor(name, x, INDEX_DTYPES)
+    array = as_numpy(x)
+    if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
+        raise rejection(name, f"values up to {int(array.max())}", "indices must fit in int32",
+                        "pass pool rows below 2**31")  # fmt: skip
+    return np.ascontiguousarray(array, dtype=np.int32)
+
+
+def _spans(q: Any, cu_seqlens: Any, allow_mixed: bool) -> list[tuple[int, int, int]]:
+    """(first token, end token, batch row) of every sequence: B rows of T tokens, or B = 1 cut by cu_seqlens."""
+    batch, length = q.shape[0], q.shape[1]
+    if cu_seqlens is None:
+        return [(0, length, n) for n in range(batch)]
+    if batch != 1:
+        raise rejection("cu_seqlens", f"with batch B={batch}", "with cu_seqlens the sequences are packed in one "
+                        "row, so B must be 1", "flatten the batch into [1, T_total, ...]")  # fmt: skip
+    cu = [int(c) for c in _indices("cu_seqlens", cu_seqlens)]
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != length or any(b <= a for a, b in itertools.pairwise(cu)):
+        raise rejection("cu_seqlens", f"{cu}", f"cu_seqlens must rise strictly from 0 to T={length}",
+                        "give the packed boundaries of exactly the tokens passed")  # fmt: skip
+    lengths = {b - a for a, b in itertools.pairwise(cu)}
+    if not allow_mixed and len(lengths) > 1:
+        raise rejection("cu_seqlens", f"sequence lengths {sorted(lengths)}",
+                        "every request of one step has the same number of new tokens (one compiled program per "
+                        "(N, T) bucket)", "split the batch into calls of equal lengths")  # fmt: skip
+    return [(a, b, 0) for a, b in itertools.pairwise(cu)]
+
+
+def _by_length(spans: list[tuple[int, int, int]]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i, (start, end, _) in enumerate(spans):
+        groups.setdefault(end - start, []).append(i)
+    return groups
+
+
+def _gather(x: np.ndarray, spans: list[tuple[int, int, int]], seqs: list[int]) -> np.ndarray:
+    """The tokens of sequences ``seqs`` of a seq-first [B, T, ...] tensor as [len(seqs), length, ...]."""
+    return np.stack([x[spans[i][2], spans[i][0] : spans[i][1]] for i in seqs])
+
+
+def _launch(inputs, gates, spans, seqs, pool, indices, accepted, out, scale, l2norm) -> None:
+    """One ``decode_step`` for the sequences ``seqs`` (all of one length), outputs scattered into ``out``."""
+    step = {name: _gather(x, spans, seqs) for name, x in {**inputs, **gates}.items() if x.ndim > 1}
+    heads = {name: x for name, x in gates.items() if x.ndim == 1}
+    result, _ = decode_step(step.pop("query"), step.pop("key"), step.pop("value"), pool, indices, accepted,
+                            **step, **heads, scale=scale, use_qk_l2norm=bool(l2norm))  # fmt: skip
+    for j, i in enumerate(seqs):
+        start, end, row = spans[i]
+        out[row, start:end] = result[j]
+
+
+def _run_pool(q, k, v, gates, spans, pool, indices, accepted, scale, l2norm) -> Any:
+    inputs = _token_tensors(q, k, v)
+    out = np.empty((*v.shape[:3], v.shape[3]), dtype=inputs["query"].dtype)
+    _launch(inputs, gates, spans, list(range(len(spans))), pool, indices, accepted, out, scale, l2norm)
+    return as_torch(out)
