@@ -111,7 +111,8 @@ def conformance(session: nox.Session) -> None:
     Measured from a fresh clone on 2 cores shared with other jobs (load about 7, so CPU time; wall time there
     says little): user + sys CPU of gdn-nki's run 76 s (two workers), gdn-ref's 14 s, the decode run 6.6 s, the
     setup (virtualenv, four editable installs from uv's cache) about 6 s; the whole session 106 s. On the 2 cores
-    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test.
+    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test. Issue 41's cases
+    since: the decode run 8.1 → 11.5 s and the varlen area four tests more (measured side by side, load about 5).
     """
     _install_repo(session)
     # Implementations named on the command line, or a worker count set in GDN_TEST_WORKERS, take the usual workers.
