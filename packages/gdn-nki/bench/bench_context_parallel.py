@@ -137,11 +137,12 @@ def _span(values: list[float], fmt: str = ",.0f", unit: str = "") -> str:
     return f"{low:{fmt}}{unit}" if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}–{high:{fmt}}{unit}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Fit the kernel, print the table, and write it to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="a directory: the table is written to context_parallel.md there")
+    parser.add_argument("--out", type=Path, help="a directory: the table is written to bench_context_parallel.md there")
     parser.add_argument("--smoke", action="store_true", help="one lane at two short lengths (seconds; for CI)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         kernel = fit((128, 256), key_heads=1, value_heads=1, head_dim=HEAD_DIM)
         text = table(kernel, 1, HEAD_DIM, prompts=(4096,), ranks=(1, 2))
@@ -155,7 +156,7 @@ def main() -> None:
     print(header + text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "context_parallel.md").write_text(header + "\n" + text + "\n")
+        (args.out / "bench_context_parallel.md").write_text(header + "\n" + text + "\n")
 
 
 if __name__ == "__main__":
