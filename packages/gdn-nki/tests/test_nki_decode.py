@@ -279,6 +279,36 @@ def test_the_program_does_not_grow_with_the_requests(monkeypatch) -> None:
     assert sizes[9][1] == sizes[16][1] < sizes[40][1]
 
 
+def test_a_padding_requests_rows_are_one_past_their_tensors_end() -> None:
+    """Issue 40: no page says how ``oob_mode.skip`` reads a negative run-time offset, so every row a request does
+    not have is the row one past its tensor's end: the pool's P for a -1 index (and every spare slot), ``out``'s N
+    for a padding request's output row and for a live request's zeros' row."""
+    if gdn_nki.common.backend.USING_REAL_NKI:
+        pytest.skip("calls the kernel's row computation through nki-cpu")
+    import nki_cpu
+    from gdn_nki.tkg.step import _request_rows
+    from nki_cpu import isa as nisa
+    from nki_cpu import language as nl
+
+    pool_rows, requests, slots = 10, 3, 5
+
+    @nki_cpu.jit
+    def rows_of(indices):
+        found = nl.ndarray((4, slots), dtype=nl.int32, buffer=nl.shared_hbm)
+        for k, tile in enumerate(_request_rows(indices, None, requests, 1, slots, pool_rows)):
+            nisa.dma_copy(dst=found[k : k + 1, :], src=tile)
+        return found
+
+    found = nki_cpu.simulate(rows_of)(np.array([4, -1, 7], np.int32))
+    np.testing.assert_array_equal(
+        found,
+        [[4, 10, 7, 10, 10],  # pool rows of the indices (slots 3, 4: spare)
+         [4, 10, 7, 10, 10],  # the rows read
+         [0, 3, 2, 3, 3],  # out rows: the request's own, N where padding
+         [3, 1, 3, 3, 3]],  # zeros' rows: the padding request's own, N elsewhere
+    )  # fmt: skip
+
+
 def test_small_value_dims_with_several_tokens_fit_psum() -> None:
     """Dv = 16 puts 32 Dk rows on a partition (2 KiB runs), so a token's selection products are 32 PSUM tiles;
     held for 4 tokens of two requests in flight they overflowed PSUM's 16 KiB per partition (found by gdn-spec's
