@@ -246,6 +246,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_decode.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
     "packages/gdn-nki/tests/test_serve_qwen3_next.py",
+    "packages/gdn-nki/tests/test_serving_engine.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
