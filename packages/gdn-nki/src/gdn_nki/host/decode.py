@@ -79,11 +79,13 @@ def decode_step(
         violations = [Violation("state_pool.writable", "state_pool", "a read-only array",
                                 "the state pool is updated IN PLACE, so it must be writable",
                                 "pass a writable array", STEP)]  # fmt: skip
-    reads, writes = _rows(state_indices, num_accepted_tokens)
-    if not violations and check_values:
-        violations = [_as_step(v) for v in pool_row_violations(np.ascontiguousarray(state_pool[reads]), reads)]
-    if violations:
+    if violations:  # the rows below are read from the indices: only once their rules hold
         raise ContractError(violations)
+    reads, writes = _rows(state_indices, num_accepted_tokens)
+    if check_values:
+        violations = [_as_step(v) for v in pool_row_violations(np.ascontiguousarray(state_pool[reads]), reads)]
+        if violations:
+            raise ContractError(violations)
     saved = np.array(state_pool[writes], copy=True)
     kernel = gdn_step if grid is None else gdn_step[grid]
     try:
