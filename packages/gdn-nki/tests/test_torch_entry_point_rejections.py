@@ -1,0 +1,141 @@
+"""The torch drop-ins at the edges (issue 41): each bad call is refused with a ``ContractError`` in the caller's
+terms — its function, its argument names, its element indices — and every buffer keeps its bytes. Skipped where
+torch is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
+
+from decode_inputs import step_inputs  # noqa: E402
+from gdn_nki.host.torch_io import as_torch  # noqa: E402
+from gdn_nki.torch_decode import (  # noqa: E402
+    fused_recurrent_gated_delta_rule,
+    fused_sigmoid_gating_delta_rule_update,
+    vllm_fused_recurrent_gated_delta_rule,
+)
+from rejection_checks import assert_refused  # noqa: E402
+
+
+def _t(x: np.ndarray):
+    return as_torch(np.ascontiguousarray(x))
+
+
+def _packed(x, n: int, t: int) -> list:
+    """q, k, v, g, beta of ``step_inputs`` packed as vLLM passes them: [1, N·T, ...] with cu_seqlens."""
+    return [_t(a.reshape(1, n * t, *a.shape[2:])) for a in (x.query, x.key, x.value, x.g_log, x.beta)]
+
+
+# --- the vLLM drop-in: the indices' rules before any row is read (item 1), in the caller's names ---
+
+
+@pytest.mark.parametrize(
+    ("change", "rule_id", "argument", "value"),
+    [
+        (dict(num_accepted_tokens=torch.tensor([1, 2], dtype=torch.int32)), "num_accepted_tokens.shape",
+         "num_accepted_tokens", "shape (2,)"),
+        (dict(num_accepted_tokens=torch.tensor(1, dtype=torch.int32)), "num_accepted_tokens.rank",
+         "num_accepted_tokens", "shape ()"),
+        (dict(num_accepted_tokens=torch.ones(3, 1, dtype=torch.int32)), "num_accepted_tokens.rank",
+         "num_accepted_tokens", "shape (3, 1)"),
+    ],
+    ids=["accepted_short", "accepted_0d", "accepted_N_by_1"],
+)  # fmt: skip
+def test_vllm_drop_in_refuses_malformed_accepted_counts(change, rule_id, argument, value) -> None:
+    x = step_inputs(43, "float32", N=3, T=2, P=8)
+    rows = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    call = dict(initial_state=torch.from_numpy(x.pool), cu_seqlens=torch.tensor([0, 2, 4, 6], dtype=torch.int32),
+                ssm_state_indices=rows, **change)  # fmt: skip
+    assert_refused(lambda: vllm_fused_recurrent_gated_delta_rule(*_packed(x, 3, 2), **call), rule_id, argument,
+                   value, [x.pool])  # fmt: skip
+
+
+def test_vllm_drop_in_refuses_0d_indices_by_the_callers_name() -> None:
+    x = step_inputs(44, "float32", N=3, T=1, P=8)
+    error = assert_refused(
+        lambda: vllm_fused_recurrent_gated_delta_rule(
+            *_packed(x, 3, 1), initial_state=torch.from_numpy(x.pool), ssm_state_indices=torch.tensor(0),
+            cu_seqlens=torch.tensor([0, 1, 2, 3]),
+        ),
+        "state_indices.rank", "ssm_state_indices", "shape ()", [x.pool],
+    )  # fmt: skip
+    assert "`state_indices`" not in str(error)
+
+
+def test_vllm_drop_in_refuses_zero_requests() -> None:
+    x = step_inputs(45, "float32", N=3, T=1, P=8)
+    empty = [_t(a[:0]) for a in (x.query, x.key, x.value, x.g_log, x.beta)]
+    assert_refused(
+        lambda: vllm_fused_recurrent_gated_delta_rule(*empty, initial_state=torch.from_numpy(x.pool),
+                                                      ssm_state_indices=torch.zeros(0, dtype=torch.int32)),
+        "query.rank", "q", "shape (0, 1, 2, 32)", [x.pool],
+    )  # fmt: skip
+
+
+def test_a_bad_element_is_named_at_the_callers_index() -> None:
+    """A NaN in g of the packed row [1, N·T, HV] is reported where the caller put it, not at decode_step's
+    [N, T, HV] index."""
+    x = step_inputs(46, "float32", N=3, T=2, P=8)
+    x.g_log[2, 1, 3] = np.nan  # request 2, token 1: packed token 5
+    assert_refused(
+        lambda: vllm_fused_recurrent_gated_delta_rule(
+            *_packed(x, 3, 2), initial_state=torch.from_numpy(x.pool), cu_seqlens=torch.tensor([0, 2, 4, 6]),
+            ssm_state_indices=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
+        ),
+        "g_log.domain", "g", "value nan at index [0, 5, 3]", [x.pool],
+    )  # fmt: skip
+
+
+# --- gates in another layout with as many elements are refused, not reshaped (item 5) ---
+
+
+def test_fla_drop_in_refuses_time_major_gates() -> None:
+    x = step_inputs(47, "float32", N=3, T=2)
+    q, k, v, g, beta = (_t(a) for a in (x.query, x.key, x.value, x.g_log, x.beta))
+    time_major = _t(x.g_log.transpose(1, 0, 2))  # [T, B, HV] = (2, 3, 4): six tokens' gates, as [B, T, HV] has
+    assert_refused(lambda: fused_recurrent_gated_delta_rule(q, k, v, time_major, beta=beta), "g.torch", "g",
+                   "shape (2, 3, 4)", [x.g_log])  # fmt: skip
+    assert_refused(lambda: fused_recurrent_gated_delta_rule(q, k, v, g, beta=_t(x.beta.transpose(1, 0, 2))),
+                   "beta.torch", "beta", "shape (2, 3, 4)", [x.beta])  # fmt: skip
+
+
+def test_vllm_drop_in_refuses_time_major_gates() -> None:
+    x = step_inputs(48, "float32", N=3, T=2, P=8)
+    q, k, v, beta = (_t(a) for a in (x.query, x.key, x.value, x.beta))
+    rows = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    assert_refused(
+        lambda: vllm_fused_recurrent_gated_delta_rule(q, k, v, _t(x.g_log.transpose(1, 0, 2)), beta,
+                                                      initial_state=torch.from_numpy(x.pool), ssm_state_indices=rows),
+        "g.torch", "g", "shape (2, 3, 4)", [x.pool],
+    )  # fmt: skip
+
+
+def test_sigmoid_gating_update_refuses_time_major_raw_gates() -> None:
+    x = step_inputs(49, "float32", N=3, T=2, P=8)
+    q, k, v = (_t(a) for a in (x.query, x.key, x.value))
+    rows = torch.tensor([1, 4, 6], dtype=torch.int32)
+    a_time_major = _t(x.a.transpose(1, 0, 2))
+    error = assert_refused(
+        lambda: fused_sigmoid_gating_delta_rule_update(_t(x.A_log), a_time_major, _t(x.dt_bias), 1.0, 20.0, q, k, v,
+                                                       _t(x.b), torch.from_numpy(x.pool), rows),
+        "a.torch", "a", "shape (2, 3, 4)", [x.pool],
+    )  # fmt: skip
+    assert "[B, T, HV] = (3, 2, 4) or [B·T, HV] = (6, 4)" in str(error)  # the two forms it takes, and only those
+
+
+def test_decode_drop_ins_take_check_values() -> None:
+    """``check_values=False`` skips the element scans, as ``decode_step``'s does: a caller that guarantees its data
+    pays for no scan (here a NaN in a pool row the call reads reaches the output instead of being refused)."""
+    x = step_inputs(50, "float32", N=2, T=1, P=4)
+    x.pool[1, 0, 0, 0] = np.nan
+    rows = torch.tensor([1, 2], dtype=torch.int32)
+    q, k, v, g, beta = (_t(a) for a in (x.query, x.key, x.value, x.g_log, x.beta))
+    assert_refused(lambda: vllm_fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=torch.from_numpy(
+        x.pool), ssm_state_indices=rows), "recurrent_state.finite", "initial_state", "pool row 1", [x.pool])  # fmt: skip
+    o, _ = vllm_fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=torch.from_numpy(x.pool),
+                                                 ssm_state_indices=rows, check_values=False)  # fmt: skip
+    assert torch.isnan(o[0]).any() and not torch.isnan(o[1]).any()
+    o = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=_t(x.pool[:2]), check_values=False)[0]
+    assert torch.isnan(o[1]).any()
