@@ -9,7 +9,33 @@ import pytest
 
 import gdn_nki
 from decode_inputs import step_inputs
+from gdn_nki.traces import recording_launches
+from gdn_spec.regimes import Geometry
+from nki_inputs import case
 from rejection_checks import assert_refused
+
+HK, HV, DK, DV = 1, 2, 32, 16
+C = gdn_nki.CHUNK_BY_ALGORITHM["schur"]
+TENSORS = ("query", "key", "value", "g_log", "beta")
+
+
+def _packed(total: int, seed: int) -> dict[str, np.ndarray]:
+    """Head-major q, k, v, g_log, beta of ``total`` tokens: any cut of them by cu_seqlens is a packed batch."""
+    c = case("float32", Geometry(B=1, Hk=HK, Hv=HV, S=total, Dk=DK, Dv=DV), seed)
+    return {name: c.kernel[name].copy() for name in TENSORS}
+
+
+def _pool(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, HV, DK, DV)).astype(np.float32)
+
+
+@pytest.fixture
+def no_buckets():
+    """No configured bucket before the test and after it (``configure_buckets`` is process-wide)."""
+    gdn_nki.configure_buckets([])
+    yield
+    gdn_nki.configure_buckets([])
+
 
 # --- decode_step: the indices' own rules are reported before any row is read from them (issue 41, item 1) ---
 
@@ -47,3 +73,81 @@ def test_decode_step_refuses_zero_requests() -> None:
         lambda: gdn_nki.decode_step(**empty, state_pool=x.pool, state_indices=STEP_ROWS[:0], **gates),
         "query.rank", "query", "shape (0, 2, 2, 32)", [x.pool],
     )  # fmt: skip
+
+
+# --- numpy integers are ints wherever an int is documented (item 4) ---
+
+
+def test_configure_buckets_takes_numpy_integers(no_buckets) -> None:
+    gdn_nki.configure_buckets([(np.int64(4 * C), np.int32(2))])
+    assert gdn_nki.configured_buckets() == ((4 * C, 2),)
+    assert all(type(x) is int for x in gdn_nki.configured_buckets()[0])
+
+
+def test_numpy_integers_run_the_program_python_ints_run(no_buckets) -> None:
+    """bucket, checkpoint_every, group_size and grid as numpy integers: the same launch as with ints — same trace
+    key (what torch-neuronx compiles on), same bits."""
+    tensors, cu = _packed(190, 51), np.array([0, 140, 190], np.int32)
+    rows, checkpoints = np.array([3, 1], np.int32), np.array([[4], [-1]], np.int32)
+    results = []
+    for ints in ((3 * C, 2, C, 2, 1), (np.int64(3 * C), np.int64(2), np.int64(C), np.int64(2), np.int64(1))):
+        pool = _pool(6, 52)
+        with recording_launches() as launches:
+            out, _ = gdn_nki.prefill_bucket(
+                **tensors, cu_seqlens=cu, bucket=ints[:2], scale=DK**-0.5, recurrent_state=pool, state_indices=rows,
+                checkpoint_every=ints[2], checkpoint_indices=checkpoints, group_size=ints[3], grid=ints[4],
+            )  # fmt: skip
+        results.append((out, pool, launches[0].key))
+    (out_a, pool_a, key_a), (out_b, pool_b, key_b) = results
+    assert key_a == key_b
+    assert out_a.tobytes() == out_b.tobytes() and pool_a.tobytes() == pool_b.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("change", "rule_id", "argument", "value"),
+    [
+        (dict(bucket=(True, 2)), "bucket.form", "bucket", "value (True, 2)"),
+        (dict(checkpoint_every=True, checkpoint_indices=np.array([[4], [-1]], np.int32)), "bucket.checkpoint_every",
+         "checkpoint_every", "value True"),
+        (dict(group_size=np.True_), "group_size.range", "group_size", "value np.True_"),
+    ],
+    ids=["bucket", "checkpoint_every", "group_size"],
+)  # fmt: skip
+def test_a_bool_is_not_an_int(change, rule_id, argument, value, no_buckets) -> None:
+    tensors, pool = _packed(190, 53), _pool(6, 54)
+    call = {"bucket": (3 * C, 2), "state_indices": np.array([3, 1], np.int32), **change}
+    assert_refused(
+        lambda: gdn_nki.prefill_bucket(**tensors, cu_seqlens=np.array([0, 140, 190], np.int32), scale=DK**-0.5,
+                                       recurrent_state=pool, **call),
+        rule_id, argument, value, [pool, *tensors.values()],
+    )  # fmt: skip
+
+
+def test_decode_step_takes_a_numpy_grid_and_refuses_a_float_one() -> None:
+    x = step_inputs(55, "float32", N=2, T=1, P=4)
+    rows = np.array([1, 2], np.int32)
+    out, _ = gdn_nki.decode_step(x.query, x.key, x.value, x.pool.copy(), rows, **x.gates(False), grid=np.int64(1))
+    assert np.isfinite(out).all()
+    assert_refused(
+        lambda: gdn_nki.decode_step(x.query, x.key, x.value, x.pool, rows, **x.gates(False), grid=1.0),
+        "launch.grid", "grid", "1.0", [x.pool],
+    )  # fmt: skip
+
+
+def test_the_raw_kernels_take_numpy_integers() -> None:
+    """The kernels' trace-time rules take numpy integers (gdn-ref's ``is_integer``), so the kernels do too: a group
+    size or checkpoint spacing of numpy's runs as the int would (no access-pattern type error mid-trace)."""
+    from gdn_nki.common import backend
+
+    tensors = _packed(C, 56)
+    want, _ = gdn_nki.simulate(**tensors, scale=DK**-0.5, mask_pack=gdn_nki.build_mask_pack(), group_size=1)
+    got, _ = backend.simulate(gdn_nki.gdn_cte)(**tensors, scale=DK**-0.5, mask_pack=gdn_nki.build_mask_pack(),
+                                                group_size=np.int64(1))  # fmt: skip
+    assert got.tobytes() == want.tobytes()
+    pool = _pool(4, 57)
+    backend.simulate(gdn_nki.gdn_cte_bucket)(
+        **tensors, chunk_bounds=np.array([0, 1], np.int32), state_indices=np.array([2], np.int32), state_pool=pool,
+        scale=DK**-0.5, mask_pack=gdn_nki.build_mask_pack(), checkpoint_every=np.int64(C),
+        checkpoint_indices=np.array([[3]], np.int32),
+    )  # fmt: skip
+    assert pool[3].tobytes() == pool[2].tobytes()  # the checkpoint at the sequence's end is its final state

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .contract import Violation
+from .contract import Violation, is_integer
 from .packed import _describe_vector, integer_vector
 
 
@@ -90,7 +90,7 @@ def _bounds_violations(bounds: np.ndarray, tokens: int) -> list[Violation]:
 
 def _bucket_violations(bucket: Any, lengths: np.ndarray, chunk: int) -> list[Violation]:
     shape = tuple(bucket) if isinstance(bucket, (tuple, list)) else None
-    if shape is None or len(shape) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in shape):
+    if shape is None or len(shape) != 2 or not all(is_integer(x) for x in shape):
         return [Violation("bucket.form", "bucket", f"value {bucket!r}", "a bucket is (T tokens, N sequences), ints",
                           "pass bucket=(T, N), e.g. (4096, 8)")]  # fmt: skip
     total, slots = shape
@@ -130,8 +130,7 @@ def _rows_violations(
                                   "tokens: without it none would be stored", f"pass checkpoint_every (a multiple of "
                                   f"{chunk}), or drop checkpoint_indices")]  # fmt: skip
     if checkpoint_every is not None:
-        every_ok = isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
-        if not (every_ok and checkpoint_every > 0 and checkpoint_every % chunk == 0):
+        if not (is_integer(checkpoint_every) and checkpoint_every > 0 and checkpoint_every % chunk == 0):
             return [*found, Violation("bucket.checkpoint_every", "checkpoint_every", f"value {checkpoint_every!r}",
                                       f"checkpoints are taken every positive multiple of the chunk ({chunk}) tokens",
                                       f"pass a multiple of {chunk}, e.g. {2 * chunk}")]  # fmt: skip

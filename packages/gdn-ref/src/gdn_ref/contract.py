@@ -78,6 +78,19 @@ class Violation:
         return f"{self.api}: `{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
 
 
+def is_integer(x: Any) -> bool:
+    """``x`` is an int as a documented int argument takes one: Python's or numpy's (any ``numbers.Integral``), never
+    a bool (``True`` is an int to Python, but a flag passed where a count belongs is a mistake)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def plain_int(x: Any) -> Any:
+    """``x`` as a Python int when it is an integer (``is_integer``: ``np.int64(128)`` -> ``128``), anything else
+    unchanged, for the rules to report. What a host hands a kernel: trace-time arithmetic and a compile's key
+    (torch-neuronx keys on non-tensor values) take Python ints, so a numpy integer must not reach them."""
+    return int(x) if is_integer(x) else x
+
+
 def dtype_name(dtype: Any) -> str:
     """Canonical dtype name ("float32", "bfloat16", ...) of a numpy / ml_dtypes dtype or an NKI dtype object.
 
@@ -427,8 +440,7 @@ def _expected_pack() -> np.ndarray:
 
 def _group_size_range(call: Call) -> Violation | None:
     gs = call.args["group_size"]
-    is_int = isinstance(gs, numbers.Integral) and not isinstance(gs, bool)
-    if is_int and MIN_GROUP_SIZE <= gs <= MAX_GROUP_SIZE:
+    if is_integer(gs) and MIN_GROUP_SIZE <= gs <= MAX_GROUP_SIZE:
         return None
     return _violation(
         "group_size.range",

@@ -15,7 +15,6 @@ reported; the rules of ``CU_SEQLENS_RULES`` after its form rule are reported tog
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .constants import CHUNK_BY_ALGORITHM
-from .contract import Arguments, Rule, Violation, first_bad_index
+from .contract import Arguments, Rule, Violation, first_bad_index, is_integer
 
 # The dense rule about the state's shape is replaced by the pool's (``POOL_RULES``); every other documented rule
 # (dtype fp32, writable, neumann takes no state) applies to the pool as written.
@@ -87,10 +86,6 @@ def _describe_vector(values: Any) -> str:
     except (ValueError, TypeError):
         return f"a ragged {type(values).__name__} (not a rectangular array)"
     return "an empty sequence" if array.size == 0 else f"{array.dtype} of shape {array.shape}"
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 # --- cu_seqlens: the host's sequence boundaries ---
@@ -181,7 +176,7 @@ def _packed_batch(call: PackedCall) -> Violation | None:
 
 def _seq_chunks_form(call: PackedCall) -> Violation | None:
     seq_chunks = call.seq_chunks
-    if isinstance(seq_chunks, tuple) and seq_chunks and all(_is_int(n) and n >= 1 for n in seq_chunks):
+    if isinstance(seq_chunks, tuple) and seq_chunks and all(is_integer(n) and n >= 1 for n in seq_chunks):
         return None
     return Violation("varlen.seq_chunks", "seq_chunks", f"value {seq_chunks!r}",
                      "seq_chunks must be a non-empty tuple of positive ints (chunks per sequence)",
@@ -246,7 +241,7 @@ def _row_count(call: PackedCall) -> Violation | None:
     rows, n_seqs = call.state_rows, len(call.seq_chunks)
     if call.state is None or rows is None:
         return None
-    if isinstance(rows, tuple) and len(rows) == n_seqs and all(_is_int(r) for r in rows):
+    if isinstance(rows, tuple) and len(rows) == n_seqs and all(is_integer(r) for r in rows):
         return None
     return Violation("state_indices.count", "state_indices", f"value {rows!r}",
                      f"one integer pool row per sequence ({n_seqs})", "pass one pool row per sequence")  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments
+from gdn_ref.contract import Arguments, is_integer
 from gdn_ref.packed import tensor_violations
 
 from ..common.backend import nki, nl
@@ -95,7 +95,7 @@ def gdn_cte_bucket(
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     n_chunks = tokens // chunk
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
-    every = checkpoint_every // chunk
+    every = int(checkpoint_every) // chunk  # int(): numpy's integers are ints too (is_integer)
     tables = boundaries.build(
         chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
     )  # fmt: skip
@@ -148,7 +148,7 @@ def _check_layout_tensors(
     if checkpoint_every:
         shape = tuple(getattr(checkpoint_indices, "shape", ()))
         kernel_assert(
-            isinstance(checkpoint_every, int)
+            is_integer(checkpoint_every)
             and checkpoint_every > 0
             and checkpoint_every % CHUNK_BY_ALGORITHM[call.algorithm] == 0
             and len(shape) == 2

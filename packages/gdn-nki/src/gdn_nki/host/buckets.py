@@ -16,7 +16,7 @@ import numpy as np
 
 from gdn_ref.bucketed import bucket_violations, padded_tokens
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments, ContractError, Violation
+from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, plain_int
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import pool_row_violations, tensor_violations
@@ -32,11 +32,11 @@ _BUCKETS: list[tuple[int, int]] = []
 
 def configure_buckets(buckets: Sequence[tuple[int, int]]) -> None:
     """Set the buckets calls without ``bucket=`` choose from (an empty list: none; ``prefill_varlen`` then keeps
-    its trace-time form). Each is (T, N) with positive ints; T's chunk multiple is checked per call."""
+    its trace-time form). Each is (T, N) with positive ints (numpy's too); T's chunk multiple is checked per call."""
     chosen = []
     for bucket in buckets:
         ok = isinstance(bucket, (tuple, list)) and len(bucket) == 2
-        if not ok or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in bucket):
+        if not ok or not all(is_integer(x) and x > 0 for x in bucket):
             raise ContractError([Violation("bucket.form", "buckets", f"entry {bucket!r}",
                                            "a bucket is (T tokens, N sequences), positive ints",
                                            "pass e.g. [(2048, 8), (8192, 16)]")])  # fmt: skip
@@ -119,7 +119,7 @@ def prefill_bucket(
         CPU the kernel runs on a staged copy of the pool and only the rows it names are committed once it has
         completed; on Trainium the kernel writes the named rows of the device pool itself.
     """
-    check_grid(grid)
+    grid, group_size, checkpoint_every = check_grid(grid), plain_int(group_size), plain_int(checkpoint_every)
     mask_pack = default_mask_pack(mask_pack, algorithm)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = tensor_violations(call, padded=False, values=False)
@@ -153,7 +153,7 @@ def prefill_bucket(
     if violations:
         raise ContractError(violations)
     plan = packed_plan(lengths, chunk)
-    tokens, slots = bucket
+    tokens, slots = (int(x) for x in bucket)  # the rules took numpy's integers too; the kernel is given ints
     packed = {name: pad_tokens(plan.pack(getattr(call, name)), tokens - plan.padded_len) for name in TOKEN_ARGUMENTS}
     chunk_bounds = np.full(slots + 1, sum(plan.seq_chunks), np.int32)
     chunk_bounds[: seqs + 1] = np.cumsum((0, *plan.seq_chunks))

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_ref.contract import STEP, ContractError, Violation, validate_step, validate_tkg
+from gdn_ref.contract import STEP, ContractError, Violation, is_integer, plain_int, validate_step, validate_tkg
 from gdn_ref.packed import pool_row_violations
 
 from ..common import backend
@@ -66,10 +66,11 @@ def decode_step(
         and put back if the launch fails part-way, so a call completes or leaves the pool as it was; the cost is
         the rows touched, never the pool.
     """
-    if grid is not None and (isinstance(grid, bool) or grid not in LNC_DEGREES):
+    if grid is not None and not (is_integer(grid) and grid in LNC_DEGREES):
         raise ContractError([Violation("launch.grid", "grid", f"= {grid!r}", "the launch grid is the "
                                        f"logical-NeuronCore degree: one of {LNC_DEGREES}",
                                        "pass grid=None, 1 or 2; the kernel splits the requests itself", STEP)])  # fmt: skip
+    grid = plain_int(grid)
     if scale is None:
         scale = float(np.shape(query)[-1]) ** -0.5 if len(np.shape(query)) == 4 else 1.0
     tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,

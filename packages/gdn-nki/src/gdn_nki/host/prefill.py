@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments, ContractError
+from gdn_ref.contract import Arguments, ContractError, plain_int
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import (
@@ -69,7 +69,7 @@ def simulate(
         launch has completed — a launch that fails part-way (after some lanes stored their state) leaves it as
         it was.
     """
-    check_grid(grid)
+    grid, group_size = check_grid(grid), plain_int(group_size)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = call.violations(values=check_values)
     if violations:
@@ -191,7 +191,7 @@ def prefill_varlen(
         never read), and the kernel updates a staged copy of the named rows that is committed at the end, so a
         call either completes or changes nothing.
     """
-    check_grid(grid)
+    grid, group_size = check_grid(grid), plain_int(group_size)
     serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
     if any(x is not None for x in serving) or buckets.configured_buckets():
         return buckets.prefill_bucket(

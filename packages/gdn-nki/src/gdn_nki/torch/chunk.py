@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 import sys
 import warnings
 from typing import Any
@@ -24,7 +23,7 @@ import numpy as np
 
 from gdn_ref.activations import beta_from_logit, log_decay_from_gate
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, first_bad_index
+from gdn_ref.contract import ContractError, first_bad_index, is_integer
 from gdn_ref.packed import cu_seqlens_violations
 
 from ..host.prefill import prefill_varlen
@@ -330,7 +329,7 @@ def _reject_unsupported_options(options: dict[str, Any]) -> None:
 
 def _check_chunk_size(chunk_size: Any) -> None:
     """FLA's ``chunk_size`` (16, 32 or 64, as FLA checks it); not used: the chunking changes no result."""
-    if not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool) or chunk_size not in FLA_CHUNKS:
+    if not is_integer(chunk_size) or chunk_size not in FLA_CHUNKS:
         raise rejection("chunk_size", f"= {chunk_size!r}", f"FLA's chunk_size is one of {FLA_CHUNKS}",
                         "omit chunk_size (gdn-nki chunks by its algorithm; the result is the same recurrence)",
                         rule_id="option.chunk_size")  # fmt: skip
