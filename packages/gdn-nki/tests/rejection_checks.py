@@ -1,5 +1,6 @@
-"""The one assertion of a refused call at a host or torch entry point: a ``ContractError`` naming the argument, the
-value, the rule and the fix, with every buffer keeping its bytes."""
+"""What the entry-point rejection tests share: the one assertion of a refused call (a ``ContractError`` naming the
+argument, the value, the rule and the fix, with every buffer keeping its bytes), small packed batches and pools,
+and a clean bucket configuration."""
 
 from __future__ import annotations
 
@@ -9,7 +10,33 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gdn_nki
 from gdn_ref.contract import ContractError
+from gdn_spec.regimes import Geometry
+from nki_inputs import case
+
+HK, HV, DK, DV = 1, 2, 32, 16
+C = gdn_nki.CHUNK_BY_ALGORITHM["schur"]
+TENSORS = ("query", "key", "value", "g_log", "beta")
+
+
+def packed_tensors(total: int, seed: int) -> dict[str, np.ndarray]:
+    """Head-major q, k, v, g_log, beta of ``total`` tokens: any cut of them by cu_seqlens is a packed batch."""
+    c = case("float32", Geometry(B=1, Hk=HK, Hv=HV, S=total, Dk=DK, Dv=DV), seed)
+    return {name: c.kernel[name].copy() for name in TENSORS}
+
+
+def random_pool(rows: int, seed: int) -> np.ndarray:
+    """A state pool of ``rows`` rows of seeded normal values."""
+    return np.random.default_rng(seed).standard_normal((rows, HV, DK, DV)).astype(np.float32)
+
+
+@pytest.fixture
+def no_buckets():
+    """No configured bucket before the test and after it (``configure_buckets`` is process-wide)."""
+    gdn_nki.configure_buckets([])
+    yield
+    gdn_nki.configure_buckets([])
 
 
 def assert_refused(

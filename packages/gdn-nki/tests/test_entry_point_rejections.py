@@ -12,30 +12,9 @@ from decode_inputs import step_inputs
 from gdn_nki.traces import recording_launches
 from gdn_spec.regimes import Geometry
 from nki_inputs import case
-from rejection_checks import assert_refused
+from rejection_checks import DK, DV, TENSORS, C, assert_refused, no_buckets, packed_tensors, random_pool
 
-HK, HV, DK, DV = 1, 2, 32, 16
-C = gdn_nki.CHUNK_BY_ALGORITHM["schur"]
-TENSORS = ("query", "key", "value", "g_log", "beta")
-
-
-def _packed(total: int, seed: int) -> dict[str, np.ndarray]:
-    """Head-major q, k, v, g_log, beta of ``total`` tokens: any cut of them by cu_seqlens is a packed batch."""
-    c = case("float32", Geometry(B=1, Hk=HK, Hv=HV, S=total, Dk=DK, Dv=DV), seed)
-    return {name: c.kernel[name].copy() for name in TENSORS}
-
-
-def _pool(rows: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((rows, HV, DK, DV)).astype(np.float32)
-
-
-@pytest.fixture
-def no_buckets():
-    """No configured bucket before the test and after it (``configure_buckets`` is process-wide)."""
-    gdn_nki.configure_buckets([])
-    yield
-    gdn_nki.configure_buckets([])
-
+pytestmark = pytest.mark.usefixtures(no_buckets.__name__)  # every test starts and ends with no bucket configured
 
 # --- decode_step: the indices' own rules are reported before any row is read from them (issue 41, item 1) ---
 
@@ -78,20 +57,20 @@ def test_decode_step_refuses_zero_requests() -> None:
 # --- numpy integers are ints wherever an int is documented (item 4) ---
 
 
-def test_configure_buckets_takes_numpy_integers(no_buckets) -> None:
+def test_configure_buckets_takes_numpy_integers() -> None:
     gdn_nki.configure_buckets([(np.int64(4 * C), np.int32(2))])
     assert gdn_nki.configured_buckets() == ((4 * C, 2),)
     assert all(type(x) is int for x in gdn_nki.configured_buckets()[0])
 
 
-def test_numpy_integers_run_the_program_python_ints_run(no_buckets) -> None:
+def test_numpy_integers_run_the_program_python_ints_run() -> None:
     """bucket, checkpoint_every, group_size and grid as numpy integers: the same launch as with ints — same trace
     key (what torch-neuronx compiles on), same bits."""
-    tensors, cu = _packed(190, 51), np.array([0, 140, 190], np.int32)
+    tensors, cu = packed_tensors(190, 51), np.array([0, 140, 190], np.int32)
     rows, checkpoints = np.array([3, 1], np.int32), np.array([[4], [-1]], np.int32)
     results = []
     for ints in ((3 * C, 2, C, 2, 1), (np.int64(3 * C), np.int64(2), np.int64(C), np.int64(2), np.int64(1))):
-        pool = _pool(6, 52)
+        pool = random_pool(6, 52)
         with recording_launches() as launches:
             out, _ = gdn_nki.prefill_bucket(
                 **tensors, cu_seqlens=cu, bucket=ints[:2], scale=DK**-0.5, recurrent_state=pool, state_indices=rows,
@@ -113,8 +92,8 @@ def test_numpy_integers_run_the_program_python_ints_run(no_buckets) -> None:
     ],
     ids=["bucket", "checkpoint_every", "group_size"],
 )  # fmt: skip
-def test_a_bool_is_not_an_int(change, rule_id, argument, value, no_buckets) -> None:
-    tensors, pool = _packed(190, 53), _pool(6, 54)
+def test_a_bool_is_not_an_int(change, rule_id, argument, value) -> None:
+    tensors, pool = packed_tensors(190, 53), random_pool(6, 54)
     call = {"bucket": (3 * C, 2), "state_indices": np.array([3, 1], np.int32), **change}
     assert_refused(
         lambda: gdn_nki.prefill_bucket(**tensors, cu_seqlens=np.array([0, 140, 190], np.int32), scale=DK**-0.5,
@@ -139,15 +118,62 @@ def test_the_raw_kernels_take_numpy_integers() -> None:
     size or checkpoint spacing of numpy's runs as the int would (no access-pattern type error mid-trace)."""
     from gdn_nki.common import backend
 
-    tensors = _packed(C, 56)
+    tensors = packed_tensors(C, 56)
     want, _ = gdn_nki.simulate(**tensors, scale=DK**-0.5, mask_pack=gdn_nki.build_mask_pack(), group_size=1)
     got, _ = backend.simulate(gdn_nki.gdn_cte)(**tensors, scale=DK**-0.5, mask_pack=gdn_nki.build_mask_pack(),
                                                 group_size=np.int64(1))  # fmt: skip
     assert got.tobytes() == want.tobytes()
-    pool = _pool(4, 57)
+    pool = random_pool(4, 57)
     backend.simulate(gdn_nki.gdn_cte_bucket)(
         **tensors, chunk_bounds=np.array([0, 1], np.int32), state_indices=np.array([2], np.int32), state_pool=pool,
         scale=DK**-0.5, mask_pack=gdn_nki.build_mask_pack(), checkpoint_every=np.int64(C),
         checkpoint_indices=np.array([[3]], np.int32),
     )  # fmt: skip
     assert pool[3].tobytes() == pool[2].tobytes()  # the checkpoint at the sequence's end is its final state
+
+
+# --- buckets no launch can run are refused where they are named (item 2) ---
+
+TOO_BIG = [((6 * C, 129), "bucket.max_sequences", "N=129"), ((512 * C, 4), "bucket.max_chunks", "T=65536 (512 chunks)")]
+
+
+@pytest.mark.parametrize(("bucket", "rule_id", "value"), TOO_BIG, ids=["slots", "chunks"])
+def test_configure_buckets_refuses_a_bucket_no_launch_can_run(bucket, rule_id, value) -> None:
+    gdn_nki.configure_buckets([(4 * C, 2)])
+    assert_refused(lambda: gdn_nki.configure_buckets([(2 * C, 2), bucket]), rule_id, "buckets", value, [])
+    assert gdn_nki.configured_buckets() == ((4 * C, 2),), "a refused configuration changes nothing"
+
+
+def test_configure_buckets_refuses_a_token_count_off_the_chunk() -> None:
+    assert_refused(lambda: gdn_nki.configure_buckets([(1000, 2)]), "bucket.tokens", "buckets", "T=1000", [])
+
+
+@pytest.mark.parametrize(("bucket", "rule_id", "value"), TOO_BIG, ids=["slots", "chunks"])
+def test_prefill_bucket_refuses_a_bucket_no_launch_can_run(bucket, rule_id, value) -> None:
+    tensors, pool = packed_tensors(190, 58), random_pool(6, 59)
+    assert_refused(
+        lambda: gdn_nki.prefill_varlen(**tensors, cu_seqlens=np.array([0, 140, 190], np.int32), bucket=bucket,
+                                       recurrent_state=pool, state_indices=np.array([3, 1], np.int32)),
+        rule_id, "bucket", value, [pool, *tensors.values()],
+    )  # fmt: skip
+
+
+def test_a_batch_too_large_for_one_program_names_cu_seqlens() -> None:
+    """Without a bucket the batch runs in one of its own size: past the program's slots it is refused naming
+    cu_seqlens (the batch), not a bucket the caller never passed."""
+    tensors, pool = packed_tensors(129, 60), random_pool(130, 61)
+    assert_refused(
+        lambda: gdn_nki.prefill_bucket(**tensors, cu_seqlens=np.arange(130, dtype=np.int32), recurrent_state=pool,
+                                       state_indices=np.arange(129, dtype=np.int32)),
+        "bucket.max_sequences", "cu_seqlens", "129 sequences", [pool],
+    )  # fmt: skip
+
+
+def test_the_bucketed_form_refuses_neumann_by_its_name() -> None:
+    c = case("float32", Geometry(B=1, Hk=2, Hv=2, S=100, Dk=DK, Dv=DV), 62)
+    tensors = {name: c.kernel[name] for name in TENSORS}
+    assert_refused(
+        lambda: gdn_nki.prefill_bucket(**tensors, cu_seqlens=np.array([0, 60, 100]), bucket=(4 * 64, 2),
+                                       algorithm="neumann"),
+        "bucket.algorithm", "algorithm", "'neumann'", list(tensors.values()),
+    )  # fmt: skip

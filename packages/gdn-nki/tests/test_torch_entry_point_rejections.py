@@ -11,19 +11,27 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 from decode_inputs import step_inputs  # noqa: E402
 from gdn_nki.host.torch_io import as_torch  # noqa: E402
+from gdn_nki.torch import chunk_gated_delta_rule  # noqa: E402
 from gdn_nki.torch_decode import (  # noqa: E402
     fused_recurrent_gated_delta_rule,
     fused_sigmoid_gating_delta_rule_update,
     vllm_fused_recurrent_gated_delta_rule,
 )
-from rejection_checks import assert_refused  # noqa: E402
+from rejection_checks import DK, TENSORS, C, assert_refused, no_buckets, packed_tensors, random_pool  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures(no_buckets.__name__)  # every test starts and ends with no bucket configured
 
 
 def _t(x: np.ndarray):
     return as_torch(np.ascontiguousarray(x))
 
 
-def _packed(x, n: int, t: int) -> list:
+def _seq_first(tensors: dict[str, np.ndarray]) -> list:
+    """The head-major [1, H, T(, D)] packed tensors as FLA's seq-first [1, T, H(, D)] torch tensors."""
+    return [_t(np.swapaxes(tensors[name], 1, 2)) for name in TENSORS]
+
+
+def _vllm_packed(x, n: int, t: int) -> list:
     """q, k, v, g, beta of ``step_inputs`` packed as vLLM passes them: [1, N·T, ...] with cu_seqlens."""
     return [_t(a.reshape(1, n * t, *a.shape[2:])) for a in (x.query, x.key, x.value, x.g_log, x.beta)]
 
@@ -48,7 +56,7 @@ def test_vllm_drop_in_refuses_malformed_accepted_counts(change, rule_id, argumen
     rows = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
     call = dict(initial_state=torch.from_numpy(x.pool), cu_seqlens=torch.tensor([0, 2, 4, 6], dtype=torch.int32),
                 ssm_state_indices=rows, **change)  # fmt: skip
-    assert_refused(lambda: vllm_fused_recurrent_gated_delta_rule(*_packed(x, 3, 2), **call), rule_id, argument,
+    assert_refused(lambda: vllm_fused_recurrent_gated_delta_rule(*_vllm_packed(x, 3, 2), **call), rule_id, argument,
                    value, [x.pool])  # fmt: skip
 
 
@@ -56,7 +64,7 @@ def test_vllm_drop_in_refuses_0d_indices_by_the_callers_name() -> None:
     x = step_inputs(44, "float32", N=3, T=1, P=8)
     error = assert_refused(
         lambda: vllm_fused_recurrent_gated_delta_rule(
-            *_packed(x, 3, 1), initial_state=torch.from_numpy(x.pool), ssm_state_indices=torch.tensor(0),
+            *_vllm_packed(x, 3, 1), initial_state=torch.from_numpy(x.pool), ssm_state_indices=torch.tensor(0),
             cu_seqlens=torch.tensor([0, 1, 2, 3]),
         ),
         "state_indices.rank", "ssm_state_indices", "shape ()", [x.pool],
@@ -81,7 +89,7 @@ def test_a_bad_element_is_named_at_the_callers_index() -> None:
     x.g_log[2, 1, 3] = np.nan  # request 2, token 1: packed token 5
     assert_refused(
         lambda: vllm_fused_recurrent_gated_delta_rule(
-            *_packed(x, 3, 2), initial_state=torch.from_numpy(x.pool), cu_seqlens=torch.tensor([0, 2, 4, 6]),
+            *_vllm_packed(x, 3, 2), initial_state=torch.from_numpy(x.pool), cu_seqlens=torch.tensor([0, 2, 4, 6]),
             ssm_state_indices=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
         ),
         "g_log.domain", "g", "value nan at index [0, 5, 3]", [x.pool],
@@ -139,3 +147,21 @@ def test_decode_drop_ins_take_check_values() -> None:
     assert torch.isnan(o[0]).any() and not torch.isnan(o[1]).any()
     o = fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, initial_state=_t(x.pool[:2]), check_values=False)[0]
     assert torch.isnan(o[1]).any()
+
+
+# --- the FLA drop-in passes the host's refusals on, in its own terms (items 2, 3) ---
+
+
+@pytest.mark.parametrize(
+    ("bucket", "rule_id", "value"),
+    [((6 * C, 129), "bucket.max_sequences", "N=129"), ((512 * C, 4), "bucket.max_chunks", "T=65536 (512 chunks)")],
+    ids=["slots", "chunks"],
+)
+def test_chunk_drop_in_refuses_a_bucket_no_launch_can_run(bucket, rule_id, value) -> None:
+    pool = random_pool(6, 63)
+    assert_refused(
+        lambda: chunk_gated_delta_rule(*_seq_first(packed_tensors(190, 64)), initial_state=torch.from_numpy(pool),
+                                       cu_seqlens=torch.tensor([0, 140, 190]), state_indices=torch.tensor([3, 1]),
+                                       bucket=bucket, scale=DK**-0.5),
+        rule_id, "bucket", value, [pool],
+    )  # fmt: skip

@@ -29,6 +29,8 @@ from .kernel import emit
 from .plan import Span
 
 MAX_SEQUENCES = 128  # sequences of a bucket: one per partition in the boundary tables
+# Chunks of a bucket: its boundary tables have a column per chunk plus one (``boundaries.build``), at most MAX_TABLE
+MAX_CHUNKS = boundaries.MAX_TABLE - 1
 # Pool rows a bucket addresses: its row tables are fp32 sums of integers, exact below 2**24 (row P, one past the
 # pool, included: it names "no row")
 MAX_POOL_ROWS = 1 << 24
@@ -142,8 +144,8 @@ def _check_layout_tensors(
     )
     n_chunks = call.query.shape[2] // CHUNK_BY_ALGORITHM[call.algorithm]
     kernel_assert(
-        n_chunks < boundaries.MAX_TABLE,
-        f"gdn_cte_bucket: a bucket of {n_chunks} chunks is over {boundaries.MAX_TABLE - 1}. Fix: a smaller bucket",
+        n_chunks <= MAX_CHUNKS,
+        f"gdn_cte_bucket: a bucket of {n_chunks} chunks is over {MAX_CHUNKS}. Fix: a smaller bucket",
     )
     if checkpoint_every:
         shape = tuple(getattr(checkpoint_indices, "shape", ()))

@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from gdn_ref.bucketed import bucket_violations, padded_tokens
-from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, plain_int
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import pool_row_violations, tensor_violations
 
 from ..common import backend
-from ..cte.bucket import MAX_POOL_ROWS, gdn_cte_bucket
+from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
 from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .launch_grid import check_grid
 from .staging import commit, stage
@@ -32,7 +32,17 @@ _BUCKETS: list[tuple[int, int]] = []
 
 def configure_buckets(buckets: Sequence[tuple[int, int]]) -> None:
     """Set the buckets calls without ``bucket=`` choose from (an empty list: none; ``prefill_varlen`` then keeps
-    its trace-time form). Each is (T, N) with positive ints (numpy's too); T's chunk multiple is checked per call."""
+    its trace-time form).
+
+    Args:
+        buckets: (T, N) pairs of positive ints (numpy's too): T tokens, a multiple of the chunk (128: the bucket's
+            program runs "schur") and at most ``MAX_CHUNKS`` chunks; N sequence slots, at most ``MAX_SEQUENCES``.
+            T counts every sequence padded to its chunk multiple (``gdn_nki.padded_tokens``).
+
+    Notes:
+        A bucket no launch can run is refused here, naming it, rather than at every call it would be chosen for;
+        nothing is configured then (the previous buckets stay).
+    """
     chosen = []
     for bucket in buckets:
         ok = isinstance(bucket, (tuple, list)) and len(bucket) == 2
@@ -40,8 +50,52 @@ def configure_buckets(buckets: Sequence[tuple[int, int]]) -> None:
             raise ContractError([Violation("bucket.form", "buckets", f"entry {bucket!r}",
                                            "a bucket is (T tokens, N sequences), positive ints",
                                            "pass e.g. [(2048, 8), (8192, 16)]")])  # fmt: skip
+        violations = bucket_limit_violations(bucket, CHUNK_SCHUR, "buckets")
+        if bucket[0] % CHUNK_SCHUR:
+            violations.insert(0, Violation("bucket.tokens", "buckets", f"entry {bucket!r}: T={bucket[0]}",
+                                           f"T must be a multiple of the chunk ({CHUNK_SCHUR}: the bucket's program "
+                                           'runs "schur")', f"round T up to a multiple of {CHUNK_SCHUR}"))  # fmt: skip
+        if violations:
+            raise ContractError(violations)
         chosen.append((int(bucket[0]), int(bucket[1])))
     _BUCKETS[:] = sorted(set(chosen))
+
+
+def bucket_limit_violations(bucket: tuple[int, int], chunk: int, argument: str = "bucket") -> list[Violation]:
+    """What one compiled bucket program can hold: at most ``MAX_SEQUENCES`` slots and ``MAX_CHUNKS`` chunks (the
+    partitions and columns of its boundary tables). gdn-ref's bucketed rules are every kernel's; these are this
+    kernel's. Nothing when the bucket's form is broken (its own rule reports that).
+
+    Args:
+        bucket: (T, N) as passed. chunk (int): the algorithm's chunk.
+        argument (str): what the caller passed: "bucket", "buckets" (``configure_buckets``) or "cu_seqlens" (no
+            bucket: the batch runs in one of its own size).
+
+    Returns:
+        list[Violation]: the broken limits, each naming ``argument`` and the bucket.
+    """
+    if not (isinstance(bucket, (tuple, list)) and len(bucket) == 2 and all(is_integer(x) for x in bucket)):
+        return []
+    tokens, slots = (int(x) for x in bucket)
+    chunks = -(-tokens // chunk)
+    sizes = {
+        "buckets": (f"entry {(tokens, slots)}: N={slots}", f"entry {(tokens, slots)}: T={tokens} ({chunks} chunks)"),
+        "cu_seqlens": (f"{slots} sequences", f"{tokens} tokens, each sequence padded to its chunk multiple "
+                       f"({chunks} chunks)"),
+    }.get(argument, (f"N={slots}", f"T={tokens} ({chunks} chunks)"))  # fmt: skip
+    found = []
+    if slots > MAX_SEQUENCES:
+        found.append(Violation("bucket.max_sequences", argument, sizes[0],
+                               f"a bucket's program has at most {MAX_SEQUENCES} sequence slots (one partition each "
+                               "of its boundary tables)", f"use buckets of at most {MAX_SEQUENCES} slots and split "
+                               "a larger batch over launches"))  # fmt: skip
+    if tokens > MAX_CHUNKS * chunk:
+        found.append(Violation("bucket.max_chunks", argument, sizes[1],
+                               f"a bucket's program covers at most {MAX_CHUNKS} chunks of {chunk} tokens (a column "
+                               f"each of its boundary tables): T <= {MAX_CHUNKS * chunk}",
+                               f"use buckets of at most {MAX_CHUNKS * chunk} tokens, and prefill a longer prompt in "
+                               "pieces (chunked prefill: each piece starts from the row the last one stored)"))  # fmt: skip
+    return found
 
 
 def configured_buckets() -> tuple[tuple[int, int], ...]:
@@ -123,6 +177,11 @@ def prefill_bucket(
     mask_pack = default_mask_pack(mask_pack, algorithm)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = tensor_violations(call, padded=False, values=False)
+    if not violations and algorithm != ALGORITHM_SCHUR:
+        violations = [Violation("bucket.algorithm", "algorithm", f"value {algorithm!r}",
+                                'a bucket\'s program runs "schur" only: it starts every sequence from a pool row, and '
+                                '"neumann" takes no initial state', 'pass algorithm="schur", or run "neumann" without '
+                                "a bucket (prefill_varlen with no bucket configured)")]  # fmt: skip
     if violations:
         raise ContractError(violations)
     chunk = CHUNK_BY_ALGORITHM[algorithm]
@@ -139,9 +198,12 @@ def prefill_bucket(
         cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows, checkpoint_every, checkpoint_indices,
         read_indices,
     )  # fmt: skip
+    if not violations:
+        violations = bucket_limit_violations(bucket, chunk) if bucket is not None else []
     if not violations and bucket is None:
         bucket = _choose(np.diff(bounds.astype(np.int64)), chunk)
         violations = bucket_violations(cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows)
+        violations = violations or bucket_limit_violations(bucket, chunk, "cu_seqlens")  # the batch's own size
     if not violations and recurrent_state is not None:
         violations = _pool_violations(recurrent_state, call)
     lengths = np.diff(bounds.astype(np.int64))
