@@ -177,3 +177,29 @@ def test_the_bucketed_form_refuses_neumann_by_its_name() -> None:
                                        algorithm="neumann"),
         "bucket.algorithm", "algorithm", "'neumann'", list(tensors.values()),
     )  # fmt: skip
+
+
+# --- rows without a pool are refused by the bucketed form as by the trace-time form (item 3) ---
+
+
+@pytest.mark.parametrize(
+    ("rows", "argument", "value"),
+    [
+        (dict(state_indices=np.array([1, 0], np.int32)), "state_indices", "2 pool row(s)"),
+        (dict(state_indices=np.array([-1, 0], np.int32)), "state_indices", "2 pool row(s)"),
+        (dict(checkpoint_every=C, checkpoint_indices=np.array([[1], [-1]], np.int32)), "checkpoint_indices",
+         "2 pool row(s)"),
+        (dict(read_indices=np.array([-1, 1], np.int32)), "read_indices", "2 pool row(s)"),
+    ],
+    ids=["swapped", "minus_one", "checkpoints", "read_rows"],
+)  # fmt: skip
+def test_the_bucketed_form_refuses_rows_without_a_pool(rows, argument, value) -> None:
+    """Without a pool the returned state is row i = sequence i. Rows naming a pool that does not exist put the
+    states in the rows' order ([1, 0]: swapped) or drop a -1 row's, so they are refused, as the trace-time form
+    refuses them (rule ``state_indices.pool``)."""
+    tensors, cu = packed_tensors(190, 65), np.array([0, 140, 190], np.int32)
+    for bucket in (None, (3 * C, 2)):
+        assert_refused(
+            lambda bucket=bucket: gdn_nki.prefill_varlen(**tensors, cu_seqlens=cu, bucket=bucket, **rows),
+            f"{argument}.pool", argument, value, list(tensors.values()),
+        )  # fmt: skip

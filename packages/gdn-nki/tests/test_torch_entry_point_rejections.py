@@ -165,3 +165,12 @@ def test_chunk_drop_in_refuses_a_bucket_no_launch_can_run(bucket, rule_id, value
                                        bucket=bucket, scale=DK**-0.5),
         rule_id, "bucket", value, [pool],
     )  # fmt: skip
+
+
+def test_chunk_drop_in_refuses_read_rows_without_a_pool() -> None:
+    tensors = packed_tensors(190, 66)
+    assert_refused(
+        lambda: chunk_gated_delta_rule(*_seq_first(tensors), cu_seqlens=torch.tensor([0, 140, 190]),
+                                       bucket=(3 * C, 2), read_indices=torch.tensor([-1, 1]), scale=DK**-0.5),
+        "read_indices.pool", "read_indices", "2 pool row(s)", list(tensors.values()),
+    )  # fmt: skip

@@ -212,9 +212,33 @@ def _expected_tail(call: PackedCall) -> tuple[int, int, int]:
 def _rows_need_pool(call: PackedCall) -> Violation | None:
     if call.state is not None or call.state_rows is None:
         return None
-    return Violation("state_indices.pool", "state_indices", f"{len(call.state_rows)} pool row(s)",
-                     "state_indices name rows of a state pool, so one must be supplied",
-                     "pass the pool as recurrent_state (initial_state), or no state_indices")  # fmt: skip
+    return rows_need_pool(None, state_indices=call.state_rows)[0]
+
+
+def rows_need_pool(state: Any, **rows: Any) -> list[Violation]:
+    """Arguments naming pool rows (``state_indices``; in the bucketed form also ``checkpoint_indices`` and
+    ``read_indices``), refused when no pool is supplied (``state`` None): the returned state is then one row per
+    sequence, and rows naming a pool that does not exist would put the final states in the rows' order (or drop
+    the -1 rows') instead of the sequences'.
+
+    Args:
+        state: the pool (``recurrent_state``) as passed, or None.
+        rows: each row argument by name, as passed (None: not given).
+
+    Returns:
+        list[Violation]: one per row argument given without a pool.
+    """
+    if state is not None:
+        return []
+    found = []
+    for name, values in rows.items():
+        if values is None:
+            continue
+        vector = np.asarray(values) if integer_vector(values) is not None or np.ndim(values) == 2 else None
+        value = f"{vector.size} pool row(s)" if vector is not None else _describe_vector(values)
+        found.append(Violation(f"{name}.pool", name, value, f"{name} name rows of a state pool, so one must be "
+                               "supplied", f"pass the pool as recurrent_state (initial_state), or no {name}"))  # fmt: skip
+    return found
 
 
 def _pool_layout(call: PackedCall) -> Violation | None:

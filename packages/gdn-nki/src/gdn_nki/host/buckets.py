@@ -19,7 +19,7 @@ from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, 
 from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, plain_int
 from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
-from gdn_ref.packed import pool_row_violations, tensor_violations
+from gdn_ref.packed import pool_row_violations, rows_need_pool, tensor_violations
 
 from ..common import backend
 from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
@@ -153,7 +153,8 @@ def prefill_bucket(
         scale, algorithm, mask_pack, group_size: as ``prefill_varlen`` (the bucket kernel needs "schur": it
             starts sequences from pool rows).
         recurrent_state: optional [P, Hv, Dk, Dv] fp32 pool, updated in place; omitted: every sequence starts
-            from zero and a pool of n rows (row i = sequence i's final state) is made and returned.
+            from zero and a pool of n rows (row i = sequence i's final state) is made and returned, and the row
+            arguments below are refused (they name rows of a pool; the trace-time form refuses them alike).
         state_indices: [n] pool rows, −1 = start from zero and store nothing; omitted: row i.
         checkpoint_every: tokens between checkpoints (a chunk multiple), or None.
         checkpoint_indices: [n, K] pool rows: row of the state after ``(k + 1) · checkpoint_every`` tokens of
@@ -182,6 +183,10 @@ def prefill_bucket(
                                 'a bucket\'s program runs "schur" only: it starts every sequence from a pool row, and '
                                 '"neumann" takes no initial state', 'pass algorithm="schur", or run "neumann" without '
                                 "a bucket (prefill_varlen with no bucket configured)")]  # fmt: skip
+    # Row arguments without a pool are refused, as the trace-time form refuses them (``state_indices.pool``): the
+    # pool made below holds one row per sequence, and rows naming another layout would reorder or drop its states.
+    violations += rows_need_pool(recurrent_state, state_indices=state_indices, checkpoint_indices=checkpoint_indices,
+                                 read_indices=read_indices)  # fmt: skip
     if violations:
         raise ContractError(violations)
     chunk = CHUNK_BY_ALGORITHM[algorithm]
@@ -191,8 +196,7 @@ def prefill_bucket(
     if pool is None:
         dk, dv = query.shape[3], value.shape[3]
         pool = np.zeros((seqs, value.shape[1], dk, dv), np.float32)
-        if read_indices is None:  # every sequence starts from zero: no row of the fresh pool is read
-            read_indices = np.full(seqs, -1, np.int32)
+        read_indices = np.full(seqs, -1, np.int32)  # every sequence starts from zero: no row of the fresh pool is read
     rows = np.arange(seqs) if state_indices is None else state_indices
     violations = bucket_violations(
         cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows, checkpoint_every, checkpoint_indices,
