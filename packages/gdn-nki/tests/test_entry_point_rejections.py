@@ -203,3 +203,47 @@ def test_the_bucketed_form_refuses_rows_without_a_pool(rows, argument, value) ->
             lambda bucket=bucket: gdn_nki.prefill_varlen(**tensors, cu_seqlens=cu, bucket=bucket, **rows),
             f"{argument}.pool", argument, value, list(tensors.values()),
         )  # fmt: skip
+
+
+# --- a bucket's T counts sequences padded to their chunk multiples: said in the error, sized by a helper (item 7) ---
+
+THREE_PROMPTS = np.array([0, 300, 600, 1024], np.int32)  # 1024 tokens in all; 384 + 384 + 512 = 1280 padded
+
+
+def test_padded_tokens_sizes_a_batch_as_a_bucket_holds_it() -> None:
+    assert "padded_tokens" in gdn_nki.__all__
+    assert gdn_nki.padded_tokens(lengths=[300, 300, 424]) == gdn_nki.padded_tokens(cu_seqlens=THREE_PROMPTS) == 1280
+    assert gdn_nki.padded_tokens(lengths=np.array([128, 0, 1])) == 256  # an empty sequence takes nothing
+    assert gdn_nki.padded_tokens(lengths=[300], algorithm="neumann") == 320
+    assert gdn_nki.padded_tokens(lengths=[]) == 0
+
+
+@pytest.mark.parametrize(
+    ("batch", "rule_id", "argument", "value"),
+    [
+        ({}, "batch.form", "cu_seqlens", "neither"),
+        ({"lengths": [1], "cu_seqlens": [0, 1]}, "batch.form", "cu_seqlens", "both"),
+        ({"lengths": [300, -1]}, "batch.lengths", "lengths", "[300, -1]"),
+        ({"lengths": [1.5]}, "batch.lengths", "lengths", "float64"),
+        ({"cu_seqlens": [0, 300, 200]}, "bucket.cu_seqlens_order", "cu_seqlens", "entries 300, 200"),
+        ({"lengths": [3], "algorithm": "fast"}, "algorithm.known", "algorithm", "'fast'"),
+    ],
+    ids=["neither", "both", "negative", "float", "decreasing", "algorithm"],
+)
+def test_padded_tokens_refuses_a_malformed_batch(batch, rule_id, argument, value) -> None:
+    assert_refused(lambda: gdn_nki.padded_tokens(**batch), rule_id, argument, value, [])
+
+
+def test_a_batch_past_the_bucket_is_refused_with_its_padded_total() -> None:
+    tensors, pool = packed_tensors(1024, 67), random_pool(4, 68)
+    call = dict(cu_seqlens=THREE_PROMPTS, recurrent_state=pool, state_indices=np.array([0, 1, 2], np.int32))
+    error = assert_refused(lambda: gdn_nki.prefill_varlen(**tensors, **call, bucket=(1024, 4)),
+                           "bucket.holds_tokens", "bucket", "T=1024 for 3 sequences of 1024 tokens in all",
+                           [pool, *tensors.values()])  # fmt: skip
+    assert "padded to its own chunk multiple (128): these take 1280 tokens (300 -> 384, 300 -> 384, 424 -> 512)" in (
+        str(error)
+    )
+    gdn_nki.configure_buckets([(1024, 4)])
+    error = assert_refused(lambda: gdn_nki.prefill_varlen(**tensors, **call), "bucket.none_holds", "bucket",
+                           "3 sequences of 1024 tokens in all, 1280 padded", [pool, *tensors.values()])  # fmt: skip
+    assert "gdn_nki.padded_tokens" in str(error)

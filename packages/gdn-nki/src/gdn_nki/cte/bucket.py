@@ -57,7 +57,8 @@ def gdn_cte_bucket(
     """Chunked gated delta-rule prefill of up to N packed sequences in a bucket of T tokens, the layout on device.
 
     Dimensions:
-        T: tokens of the bucket, a chunk multiple (128 "schur", 64 "neumann"); at most 511 chunks. N: sequence
+        T: tokens of the bucket, a chunk multiple (128 "schur", 64 "neumann"); at most 511 chunks; the sequences
+        take it padded, each to its chunk multiple (``chunk_bounds`` counts chunks). N: sequence
         slots, <= 128. P: pool rows. K: checkpoints per sequence slot. Hk, Hv, Dk, Dv: as ``gdn_cte``.
 
     Args:

@@ -1,7 +1,8 @@
 """Bucketed serving prefill on the host: choose a bucket, check the layout, pack and pad the batch to it, and launch
 ``gdn_cte_bucket`` once (``prefill_bucket``).
 
-Buckets. A bucket is (T tokens, N sequence slots); every batch it holds runs the same compiled program. A server
+Buckets. A bucket is (T tokens, N sequence slots); every batch it holds runs the same compiled program. T counts
+each sequence padded to its own chunk multiple, not its real tokens (``padded_tokens`` sizes a batch). A server
 names its buckets once (``configure_buckets``, e.g. at model load, where it compiles them); a call without
 ``bucket=`` then takes the smallest configured bucket that holds it (fewest tokens, then fewest slots). With no
 bucket configured and none passed, ``prefill_varlen`` keeps its trace-time form (one program per batch layout),
@@ -11,10 +12,12 @@ which is the faster choice for one-off calls: it pads nothing beyond each sequen
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from gdn_ref.bucketed import bucket_violations, padded_tokens
+from gdn_ref import bucketed
+from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, plain_int
 from gdn_ref.contract import check_values as check_values_of
@@ -108,13 +111,42 @@ def smallest_bucket(lengths: Sequence[int], chunk: int) -> tuple[int, int] | Non
     None when no bucket is configured; ``ContractError`` when buckets are configured but none holds the batch."""
     if not _BUCKETS:
         return None
-    needed = padded_tokens(lengths, chunk)
+    needed = bucketed.padded_tokens(lengths, chunk)
     for tokens, slots in _BUCKETS:
         if tokens >= needed and slots >= len(lengths) and tokens % chunk == 0:
             return tokens, slots
-    raise ContractError([Violation("bucket.none_holds", "bucket", f"{len(lengths)} sequences, {needed} padded tokens",
-                                   f"no configured bucket holds the batch (configured: {list(_BUCKETS)})",
-                                   "configure a larger bucket, pass bucket=(T, N), or split the batch")])  # fmt: skip
+    raise ContractError([Violation("bucket.none_holds", "bucket", f"None for {len(lengths)} sequences of "
+                                   f"{int(np.sum(lengths))} tokens in all, {needed} padded to their chunk multiples",
+                                   f"no configured bucket holds the batch (configured: {list(_BUCKETS)}); a bucket's "
+                                   f"T counts each sequence padded to its own chunk multiple ({chunk})",
+                                   "configure a larger bucket, pass bucket=(T, N), or split the batch "
+                                   "(gdn_nki.padded_tokens sizes a batch before it is formed)")])  # fmt: skip
+
+
+def padded_tokens(*, cu_seqlens: Any = None, lengths: Any = None, algorithm: str = DEFAULT_ALGORITHM) -> int:
+    """The tokens a batch takes in a bucket: each sequence padded to its own chunk multiple, summed. What a
+    scheduler compares with a bucket's T before it forms a batch (three prompts of 1024 tokens in all — 300, 300,
+    424 — take 1280, not 1024: they do not fit a 1024-token bucket).
+
+    Args:
+        cu_seqlens: the batch's boundaries, [n + 1] integers from 0, non-decreasing (empty sequences allowed), or
+        lengths: its sequence lengths, [n] non-negative integers (pass exactly one, by keyword).
+        algorithm (str): whose chunk pads the sequences ("schur": 128, the bucket's program; "neumann": 64).
+
+    Returns:
+        int: the padded token count (a bucket of T >= it, and N >= n slots, holds the batch).
+
+    Notes:
+        ``ContractError`` (argument, value, rule, fix) for a malformed batch or an unknown algorithm.
+    """
+    found, chunk = [], CHUNK_BY_ALGORITHM.get(algorithm) if isinstance(algorithm, str) else None
+    if chunk is None:
+        found.append(Violation("algorithm.known", "algorithm", f"value {algorithm!r}",
+                               f"algorithm must be one of {tuple(CHUNK_BY_ALGORITHM)}", 'pass algorithm="schur"'))  # fmt: skip
+    sizes, broken = bucketed.batch_lengths(cu_seqlens, lengths)
+    if found or broken:
+        raise ContractError(found + broken)
+    return bucketed.padded_tokens(sizes, chunk)
 
 
 def prefill_bucket(
@@ -149,7 +181,8 @@ def prefill_bucket(
         query, key, value, g_log, beta: head-major packed tensors, as ``prefill_varlen``.
         cu_seqlens: [n + 1] integers from 0, non-decreasing (a repeated entry is an empty sequence), ending at T.
         bucket: (T_bucket, N): the program to run; None: the smallest configured bucket holding the batch, or
-            without configured buckets the batch's own size (module docstring).
+            without configured buckets the batch's own size (module docstring). T_bucket counts every sequence
+            padded to its chunk multiple (``padded_tokens``): N <= 128 slots, at most 511 chunks.
         scale, algorithm, mask_pack, group_size: as ``prefill_varlen`` (the bucket kernel needs "schur": it
             starts sequences from pool rows).
         recurrent_state: optional [P, Hv, Dk, Dv] fp32 pool, updated in place; omitted: every sequence starts
@@ -253,7 +286,7 @@ def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:
     chosen = smallest_bucket(lengths, chunk)
     if chosen is not None:
         return chosen
-    return max(chunk, padded_tokens(lengths, chunk)), len(lengths)
+    return max(chunk, bucketed.padded_tokens(lengths, chunk)), len(lengths)
 
 
 def _pool_violations(pool: np.ndarray, call: Arguments) -> list[Violation]:

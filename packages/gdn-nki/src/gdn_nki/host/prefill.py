@@ -173,7 +173,8 @@ def prefill_varlen(
         on_commit: called once the launch has completed, right before the named rows are written, as
             ``simulate``'s.
         bucket: (T, N): run the bucket's one compiled program instead (``buckets.prefill_bucket``: the layout
-            and the pool rows are device data, empty sequences and -1 rows allowed, ``out`` as here). Omitted:
+            and the pool rows are device data, empty sequences and -1 rows allowed, ``out`` as here; T counts each
+            sequence padded to its chunk multiple: ``buckets.padded_tokens``). Omitted:
             the smallest bucket of ``buckets.configure_buckets`` holding the batch; with none configured, the
             trace-time form (one program per batch layout, no padding beyond each sequence's chunk multiple: the
             better choice for one-off calls).

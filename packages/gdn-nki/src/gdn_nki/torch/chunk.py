@@ -133,8 +133,9 @@ def chunk_gated_delta_rule(
             is the same argument.
         algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
         bucket (tuple[int, int] | None): with ``cu_seqlens``, (T, N): run the bucket's one compiled program
-            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed); omitted: the
-            configured default (``gdn_nki.configure_buckets``), else the trace-time form.
+            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed; T counts each
+            sequence padded to its chunk multiple, ``gdn_nki.padded_tokens``); omitted: the configured default
+            (``gdn_nki.configure_buckets``), else the trace-time form.
         checkpoint_every (int | None), checkpoint_indices (torch.Tensor | None): prefix-cache checkpoints into
             the pool (``state_indices``): the state after every ``checkpoint_every`` tokens (a multiple of the
             algorithm's chunk) of sequence i goes to row ``checkpoint_indices[i, k]`` (-1: none).
