@@ -247,3 +247,80 @@ def test_a_batch_past_the_bucket_is_refused_with_its_padded_total() -> None:
     error = assert_refused(lambda: gdn_nki.prefill_varlen(**tensors, **call), "bucket.none_holds", "bucket",
                            "3 sequences of 1024 tokens in all, 1280 padded", [pool, *tensors.values()])  # fmt: skip
     assert "gdn_nki.padded_tokens" in str(error)
+
+
+# --- every offending sequence of a packed launch in the one error (item 8) ---
+
+
+def _poisoned(total: int, seed: int) -> dict[str, np.ndarray]:
+    """Packed tensors of three sequences [0, 140) [140, 150) [150, total) with bad values in the first and the last:
+    a NaN in key (sequence 0, token 7) and a g_log > 0 and an Inf in value (sequence 2, tokens 160 and 170)."""
+    tensors = packed_tensors(total, seed)
+    tensors["key"][0, 0, 7, 3] = np.nan
+    tensors["g_log"][0, 1, 160] = 0.5
+    tensors["value"][0, 1, 170, 2] = np.inf
+    return tensors
+
+
+EXPECTED_BAD = [
+    (0, "key.finite", "key", "value nan at index [0, 0, 7, 3] (sequence 0)"),
+    (2, "g_log.domain", "g_log", "value 0.5 at index [0, 1, 160] (sequence 2)"),
+    (2, "value.finite", "value", "value inf at index [0, 1, 170, 2] (sequence 2)"),
+]
+
+
+@pytest.mark.parametrize("bucket", [None, (4 * C, 4)], ids=["trace_time", "bucketed"])
+def test_every_bad_sequence_is_named_in_the_one_error(bucket) -> None:
+    tensors, pool = _poisoned(190, 69), random_pool(6, 70)
+    pool[5, 1, 2, 3] = np.nan  # sequence 1's start row
+    call = dict(cu_seqlens=np.array([0, 140, 150, 190], np.int32), recurrent_state=pool, bucket=bucket,
+                state_indices=np.array([3, 5, 1], np.int32))  # fmt: skip
+    error = assert_refused(lambda: gdn_nki.prefill_varlen(**tensors, **call), "recurrent_state.finite",
+                           "recurrent_state", "pool row 5 (sequence 1), index [5, 1, 2, 3]",
+                           [pool, *tensors.values()])  # fmt: skip
+    assert error.sequences == [0, 1, 2]
+    got = [(v.sequence, v.rule_id, v.argument, v.value) for v in error.violations if v.argument != "recurrent_state"]
+    assert got == EXPECTED_BAD
+    for _, rule_id, argument, value in EXPECTED_BAD:
+        assert f"`{argument}` {value} violates [{rule_id}]" in str(error)
+
+
+def test_a_server_drops_the_named_sequences_and_launches_the_rest() -> None:
+    """The bucketed form with an empty slot and a -1 row: the sequence numbers are the caller's, and the batch
+    without them runs as the clean sequence alone does."""
+    tensors, pool = _poisoned(190, 71), random_pool(6, 72)
+    cu, rows = np.array([0, 140, 140, 150, 190], np.int32), np.array([3, 4, -1, 1], np.int32)
+    with pytest.raises(gdn_nki.ContractError) as info:
+        gdn_nki.prefill_varlen(**tensors, cu_seqlens=cu, bucket=(4 * C, 4), recurrent_state=pool, state_indices=rows)
+    assert info.value.sequences == [0, 3]
+    keep = [2]  # 1 is empty; 0 and 3 dropped
+    clean = {name: x[:, :, 140:150] for name, x in tensors.items()}
+    out, _ = gdn_nki.prefill_varlen(**clean, cu_seqlens=np.array([0, 10], np.int32), bucket=(4 * C, 4),
+                                    recurrent_state=pool, state_indices=rows[keep])  # fmt: skip
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaN it lets through
+def test_check_values_false_skips_the_scan() -> None:
+    tensors, pool = _poisoned(190, 73), random_pool(6, 74)
+    gdn_nki.prefill_varlen(**tensors, cu_seqlens=np.array([0, 140, 150, 190], np.int32), bucket=(4 * C, 4),
+                           recurrent_state=pool, state_indices=np.array([3, 5, 1], np.int32), check_values=False)  # fmt: skip
+    assert np.isnan(pool[3]).any() and np.isfinite(pool[5]).all()  # the poisoned sequences' states, and the clean one's
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["precomputed_gates", "fused_gates"])
+def test_decode_step_names_every_bad_request(fused: bool) -> None:
+    x = step_inputs(77, "float32", N=4, T=2, P=8)
+    x.query[0, 1, 1, 5] = np.nan  # request 0
+    x.pool[2, 0, 1, 1] = np.inf  # request 1's row
+    x.g_log[3, 0, 2], x.a[3, 0, 2] = 0.5, np.nan  # request 3 (g > 0, or a fused gate of NaN)
+    rows = np.array([[0, 1], [2, 3], [-1, -1], [6, 7]], np.int32)
+    bad = [(3, "a.finite"), (3, "g.domain")] if fused else [(3, "g_log.domain")]
+    error = assert_refused(
+        lambda: gdn_nki.decode_step(x.query, x.key, x.value, x.pool, rows, **x.gates(fused)),
+        "query.finite", "query", "value nan at index [0, 1, 1, 5] (sequence 0)", [x.pool],
+    )  # fmt: skip
+    assert error.sequences == [0, 1, 3]
+    assert [(v.sequence, v.rule_id) for v in error.violations] == [(0, "query.finite"), (1, "recurrent_state.finite"),
+                                                                   *bad]  # fmt: skip
+    assert "pool row 2 (sequence 1)" in str(error)

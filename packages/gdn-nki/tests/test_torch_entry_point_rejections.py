@@ -174,3 +174,23 @@ def test_chunk_drop_in_refuses_read_rows_without_a_pool() -> None:
                                        bucket=(3 * C, 2), read_indices=torch.tensor([-1, 1]), scale=DK**-0.5),
         "read_indices.pool", "read_indices", "2 pool row(s)", list(tensors.values()),
     )  # fmt: skip
+
+
+# --- every bad sequence named in the caller's layout; check_values taken as the numpy entry points take it (item 8) ---
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaN check_values=False lets in
+def test_chunk_drop_in_names_every_bad_sequence_and_takes_check_values() -> None:
+    tensors = packed_tensors(190, 75)
+    tensors["key"][0, 0, 7, 3] = np.nan  # sequence 0
+    tensors["g_log"][0, 1, 160] = 0.5  # sequence 2
+    pool = random_pool(6, 76)
+    call = dict(initial_state=torch.from_numpy(pool), cu_seqlens=torch.tensor([0, 140, 150, 190]),
+                state_indices=torch.tensor([3, 5, 1]), bucket=(4 * C, 4), scale=DK**-0.5)  # fmt: skip
+    error = assert_refused(lambda: chunk_gated_delta_rule(*_seq_first(tensors), **call), "g_log.domain", "g",
+                           "value 0.5 at index [0, 160, 1] (sequence 2) (the kernel's `g_log` index [0, 1, 160])",
+                           [pool])  # fmt: skip
+    assert error.sequences == [0, 2]
+    assert "`k` value nan at index [0, 7, 0, 3]" in str(error)
+    chunk_gated_delta_rule(*_seq_first(tensors), **call, check_values=False)
+    assert np.isnan(pool[3]).any() and np.isfinite(pool[5]).all()

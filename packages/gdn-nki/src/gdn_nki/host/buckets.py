@@ -20,9 +20,8 @@ from gdn_ref import bucketed
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, plain_int
-from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
-from gdn_ref.packed import pool_row_violations, rows_need_pool, tensor_violations
+from gdn_ref.packed import rows_need_pool, sequence_value_violations, tensor_violations
 
 from ..common import backend
 from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
@@ -245,10 +244,11 @@ def prefill_bucket(
         violations = _pool_violations(recurrent_state, call)
     lengths = np.diff(bounds.astype(np.int64))
     if not violations and check_values:
-        violations = check_values_of(query, key, value, g_log, beta)
-        read = [int(r) for r, n in zip(rows if read_indices is None else read_indices, lengths, strict=True)
-                if r >= 0 and n > 0]  # fmt: skip
-        violations = violations or pool_row_violations(pool[read], read)
+        starts = rows if read_indices is None else read_indices
+        reading = [i for i, (r, n) in enumerate(zip(starts, lengths, strict=True)) if r >= 0 and n > 0]
+        read = [int(starts[i]) for i in reading]
+        # every sequence with a bad value, its inputs' and its start row's, in one error (a server drops them)
+        violations = sequence_value_violations(call, bounds, pool[read], read, reading)
     if violations:
         raise ContractError(violations)
     plan = packed_plan(lengths, chunk)

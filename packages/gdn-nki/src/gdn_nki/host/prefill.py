@@ -8,13 +8,12 @@ import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, plain_int
-from gdn_ref.contract import check_values as check_values_of
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import (
     cu_seqlens_violations,
     layout_violations,
     packed_token_count,
-    pool_row_violations,
+    sequence_value_violations,
     state_indices_violations,
     tensor_violations,
 )
@@ -214,16 +213,14 @@ def prefill_varlen(
     rows = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
     plan = packed_plan(np.diff(np.asarray(cu_seqlens)), CHUNK_BY_ALGORITHM[algorithm])
     violations = layout_violations(query, value, algorithm, recurrent_state, plan.seq_chunks, rows, padded=False)
-    if not violations and check_values:
-        violations = check_values_of(query, key, value, g_log, beta)  # the state's named rows: below
     if violations:
         raise ContractError(violations)
     # The kernel reads and writes a private [N, Hv, Dk, Dv] copy of the named rows, committed to the caller's state
     # only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
     state_rows = list(rows if rows is not None else range(len(plan.seq_chunks)))
     staged = stage(recurrent_state, state_rows)
-    if staged is not None and check_values:
-        violations = pool_row_violations(staged, rows)
+    if check_values:  # every sequence with a bad value, its inputs' and its state's, in one error (a server drops them)
+        violations = sequence_value_violations(call, cu_seqlens, staged, rows)
         if violations:
             raise ContractError(violations)
     packed = call.replace(**{name: plan.pack(getattr(call, name)) for name in TOKEN_ARGUMENTS}, recurrent_state=staged)

@@ -90,6 +90,7 @@ def chunk_gated_delta_rule(
     checkpoint_every: int | None = None,
     checkpoint_indices: torch.Tensor | None = None,
     read_indices: torch.Tensor | None = None,
+    check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
@@ -143,6 +144,9 @@ def chunk_gated_delta_rule(
             (``state_indices``): a prefix-cache hit resumes from the cache's row without overwriting it, on
             device (-1: zero state). Bucketed form (``gdn_nki.prefill_varlen``'s ``read_indices``). Not SGLang's
             ``initial_state_indices``, which names the rows read and written alike.
+        check_values (bool): scan every input and the initial states read first, as ``gdn_nki.prefill_varlen``'s
+            (default on): a NaN/±Inf (or g > 0) is refused naming every sequence holding one
+            (``ContractError.sequences``), so a server can drop them; False only when the caller guarantees its data.
         kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
             ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
             is rejected, naming the closest valid one (a misspelt option must not vanish).
@@ -214,6 +218,7 @@ def chunk_gated_delta_rule(
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
             bucket=bucket, checkpoint_every=checkpoint_every,
             checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
+            check_values=check_values,
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
