@@ -4,6 +4,7 @@ argument, its value, the rule and the fix — never a raw IndexError, a bare Ass
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -324,3 +325,56 @@ def test_decode_step_names_every_bad_request(fused: bool) -> None:
     assert [(v.sequence, v.rule_id) for v in error.violations] == [(0, "query.finite"), (1, "recurrent_state.finite"),
                                                                    *bad]  # fmt: skip
     assert "pool row 2 (sequence 1)" in str(error)
+
+
+# --- a rejection names the function the caller called (item 6) ---
+
+
+def _bad_beta(total: int = 190, seed: int = 78) -> dict[str, np.ndarray]:
+    tensors = packed_tensors(total, seed)
+    tensors["beta"] = tensors["beta"].astype(ml_dtypes.bfloat16)  # beta.dtype: a rule of gdn_cte's contract
+    return tensors
+
+
+ENTRY_POINT_CALLS = {  # test id -> (the function the caller called, the call)
+    "prefill_varlen": ("gdn_nki.prefill_varlen", lambda: gdn_nki.prefill_varlen(
+        **_bad_beta(), cu_seqlens=np.array([0, 140, 190]))),
+    "prefill_varlen_bucketed": ("gdn_nki.prefill_varlen", lambda: gdn_nki.prefill_varlen(
+        **_bad_beta(), cu_seqlens=np.array([0, 140, 190]), bucket=(3 * C, 2))),  # through prefill_bucket
+    "prefill_bucket": ("gdn_nki.prefill_bucket", lambda: gdn_nki.prefill_bucket(
+        **_bad_beta(), cu_seqlens=np.array([0, 140, 190]))),
+    "simulate": ("gdn_nki.simulate", lambda: gdn_nki.simulate(**_bad_beta(C), mask_pack=gdn_nki.build_mask_pack())),
+    "prefill": ("gdn_nki.prefill", lambda: gdn_nki.prefill(**_bad_beta(100))),  # through simulate
+    "configure_buckets": ("gdn_nki.configure_buckets", lambda: gdn_nki.configure_buckets([(C, 0)])),
+    "padded_tokens": ("gdn_nki.padded_tokens", lambda: gdn_nki.padded_tokens(lengths=[-1])),
+    "decode_step": ("gdn_nki.decode_step", lambda: gdn_nki.decode_step(**_bad_step())),
+}  # fmt: skip
+
+
+def _bad_step() -> dict:
+    x = step_inputs(79, "float32", N=2, T=1, P=4)
+    return dict(query=x.query, key=x.key, value=x.value, state_pool=x.pool, state_indices=np.array([1, 1], np.int32),
+                **x.gates(False))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ENTRY_POINT_CALLS))
+def test_a_rejection_names_the_function_the_caller_called(case: str) -> None:
+    entry_point, call = ENTRY_POINT_CALLS[case]
+    with pytest.raises(gdn_nki.ContractError) as info:
+        call()
+    message = str(info.value)
+    assert message.startswith(f"{entry_point} rejected the call"), message
+    assert info.value.entry_point == entry_point
+    assert "gdn_cte" not in message and "gdn_step" not in message, message
+
+
+def test_a_packed_kernel_names_itself() -> None:
+    """A direct launch of a packed kernel with a bad argument stops naming that kernel, not gdn_cte, whose rules
+    it checks."""
+    from gdn_nki.common import backend
+
+    tensors = _bad_beta(C)
+    with pytest.raises(AssertionError, match=r"^gdn_cte_bucket rejected the call[\s\S]*`beta`"):
+        backend.simulate(gdn_nki.gdn_cte_bucket)(**tensors, chunk_bounds=np.array([0, 1], np.int32),
+                                                 state_indices=np.array([0], np.int32), state_pool=random_pool(1, 80),
+                                                 mask_pack=gdn_nki.build_mask_pack())  # fmt: skip

@@ -17,6 +17,7 @@ from gdn_nki.torch_decode import (  # noqa: E402
     fused_sigmoid_gating_delta_rule_update,
     vllm_fused_recurrent_gated_delta_rule,
 )
+from gdn_ref.contract import ContractError  # noqa: E402
 from rejection_checks import DK, TENSORS, C, assert_refused, no_buckets, packed_tensors, random_pool  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures(no_buckets.__name__)  # every test starts and ends with no bucket configured
@@ -194,3 +195,32 @@ def test_chunk_drop_in_names_every_bad_sequence_and_takes_check_values() -> None
     assert "`k` value nan at index [0, 7, 0, 3]" in str(error)
     chunk_gated_delta_rule(*_seq_first(tensors), **call, check_values=False)
     assert np.isnan(pool[3]).any() and np.isfinite(pool[5]).all()
+
+
+# --- a rejection names the drop-in the caller called (item 6) ---
+
+
+def test_the_drop_ins_name_themselves() -> None:
+    x = step_inputs(81, "float32", N=2, T=1, P=4)
+    q, k, v, g, beta = (_t(a) for a in (x.query, x.key, x.value, x.g_log, x.beta))
+    pool, rows = torch.from_numpy(x.pool), torch.tensor([1, 1], dtype=torch.int32)  # a row named twice
+    tensors = packed_tensors(190, 82)
+    tensors["g_log"][0, 0, 3] = 1.0
+    calls = {
+        "gdn_nki.torch.chunk_gated_delta_rule": lambda: chunk_gated_delta_rule(
+            *_seq_first(tensors), cu_seqlens=torch.tensor([0, 140, 190])),  # a host rule, restated
+        "gdn_nki.torch.chunk_gated_delta_rule (its own rule)": lambda: chunk_gated_delta_rule(q, k, v, g, beta,
+                                                                                              head_first=True),
+        "gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule": lambda: vllm_fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, initial_state=pool, ssm_state_indices=rows),  # decode_step's rule
+        "gdn_nki.torch_decode.fused_recurrent_gated_delta_rule": lambda: fused_recurrent_gated_delta_rule(
+            q, k, v, g, gk=g),  # its own rule
+        "gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update": lambda: fused_sigmoid_gating_delta_rule_update(
+            _t(x.A_log), _t(x.a), _t(x.dt_bias), 1.0, 20.0, q, k, v, _t(x.b), pool, rows),
+    }  # fmt: skip
+    for entry_point, call in calls.items():
+        with pytest.raises(ContractError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"{entry_point.split()[0]} rejected the call"), message
+        assert "gdn_cte" not in message and "gdn_step" not in message, message

@@ -13,11 +13,12 @@ A message names the argument, the value, the rule and the fix, e.g.::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from .constants import (
     MIN_GROUP_SIZE,
 )
 from .masks import N_MASKS, build_mask_pack
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 ARGUMENTS = (
     "query",
@@ -50,11 +54,17 @@ TENSOR_RANKS = {"query": 4, "key": 4, "value": 4, "g_log": 3, "beta": 3, "mask_p
 
 
 class ContractError(ValueError):
-    """A call broke the documented gdn_cte contract; ``violations`` lists every broken rule."""
+    """A call broke the documented gdn_cte contract; ``violations`` lists every broken rule, and ``entry_point``
+    (when set) is the function the caller called, which the message names (``names_entry_point``)."""
 
-    def __init__(self, violations: list[Violation]):
+    def __init__(self, violations: list[Violation], entry_point: str | None = None):
         self.violations = violations
-        super().__init__(rejection_message(violations))
+        self.entry_point = entry_point
+        super().__init__(rejection_message(violations, entry_point))
+
+    def naming(self, entry_point: str) -> ContractError:
+        """The same rejection, naming ``entry_point`` as the function the caller called."""
+        return ContractError(self.violations, entry_point)
 
     @property
     def sequences(self) -> list[int]:
@@ -63,11 +73,41 @@ class ContractError(ValueError):
         return sorted({v.sequence for v in self.violations if v.sequence is not None})
 
 
-def rejection_message(violations: list[Violation]) -> str:
-    """The text of a rejected call: how many rules broke, then each violation (argument, value, rule, fix)."""
-    lines = "\n".join(f"  - {v}" for v in violations)
-    api = violations[0].api if violations else "gdn_cte"
-    return f"{api} rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
+def rejection_message(violations: list[Violation], entry_point: str | None = None) -> str:
+    """The text of a rejected call: who rejected it, how many rules broke, then each violation (argument, value,
+    rule, fix).
+
+    Args:
+        violations (list[Violation]): the broken rules.
+        entry_point (str | None): the function the caller called (e.g. ``gdn_nki.prefill_varlen``), which then
+            heads the message, and each line is its violation alone. None: the contract of the first violation
+            (``Violation.api``: gdn_cte, gdn_tkg or gdn_step) heads it, and each line starts with its own contract.
+    """
+    lines = "\n".join(f"  - {v if entry_point is None else v.text}" for v in violations)
+    who = entry_point or (violations[0].api if violations else "gdn_cte")
+    return f"{who} rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
+
+
+def names_entry_point(entry_point: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a public entry point so that its rejections name it: a ``ContractError`` raised inside — by its own
+    checks, or by an entry point or kernel check it calls — leaves it naming ``entry_point``, the function the
+    caller called (the outermost decorated function wins), with the same violations and traceback.
+
+    Args:
+        entry_point (str): the name the caller knows, e.g. "gdn_nki.prefill_varlen".
+    """
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def named(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return fn(*args, **kwargs)
+            except ContractError as error:
+                raise error.naming(entry_point).with_traceback(error.__traceback__) from None
+
+        return named
+
+    return decorate
 
 
 @dataclass(frozen=True)
@@ -83,7 +123,12 @@ class Violation:
     sequence: int | None = None  # the packed sequence (decode request) whose values broke the rule, if one did
 
     def __str__(self) -> str:
-        return f"{self.api}: `{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
+        return f"{self.api}: {self.text}"
+
+    @property
+    def text(self) -> str:
+        """The violation without its contract's name: argument, value, rule id, rule and fix."""
+        return f"`{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
 
 
 def is_integer(x: Any) -> bool:

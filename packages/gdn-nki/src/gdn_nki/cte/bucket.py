@@ -92,7 +92,7 @@ def gdn_cte_bucket(
         is checked before anything is allocated or written (an ``AssertionError`` naming rule, argument and fix).
     """
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, state_pool)
-    assert_valid_call(tensor_violations(call, host=False))
+    assert_valid_call(tensor_violations(call, host=False), "gdn_cte_bucket")
     _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices, read_indices)
     value_heads, tokens, dv = value.shape[1], query.shape[2], value.shape[3]
     chunk = CHUNK_BY_ALGORITHM[algorithm]

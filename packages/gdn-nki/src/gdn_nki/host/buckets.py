@@ -19,7 +19,7 @@ import numpy as np
 from gdn_ref import bucketed
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, plain_int
+from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, names_entry_point, plain_int
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import rows_need_pool, sequence_value_violations, tensor_violations
 
@@ -32,6 +32,7 @@ from .staging import commit, stage
 _BUCKETS: list[tuple[int, int]] = []
 
 
+@names_entry_point("gdn_nki.configure_buckets")
 def configure_buckets(buckets: Sequence[tuple[int, int]]) -> None:
     """Set the buckets calls without ``bucket=`` choose from (an empty list: none; ``prefill_varlen`` then keeps
     its trace-time form).
@@ -122,6 +123,7 @@ def smallest_bucket(lengths: Sequence[int], chunk: int) -> tuple[int, int] | Non
                                    "(gdn_nki.padded_tokens sizes a batch before it is formed)")])  # fmt: skip
 
 
+@names_entry_point("gdn_nki.padded_tokens")
 def padded_tokens(*, cu_seqlens: Any = None, lengths: Any = None, algorithm: str = DEFAULT_ALGORITHM) -> int:
     """The tokens a batch takes in a bucket: each sequence padded to its own chunk multiple, summed. What a
     scheduler compares with a bucket's T before it forms a batch (three prompts of 1024 tokens in all — 300, 300,
@@ -148,6 +150,7 @@ def padded_tokens(*, cu_seqlens: Any = None, lengths: Any = None, algorithm: str
     return bucketed.padded_tokens(sizes, chunk)
 
 
+@names_entry_point("gdn_nki.prefill_bucket")
 def prefill_bucket(
     query: np.ndarray,
     key: np.ndarray,

@@ -6,7 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from gdn_ref.contract import STEP, ContractError, Violation, is_integer, plain_int, validate_step, validate_tkg
+from gdn_ref.contract import (
+    STEP,
+    ContractError,
+    Violation,
+    is_integer,
+    names_entry_point,
+    plain_int,
+    validate_step,
+    validate_tkg,
+)
 from gdn_ref.packed import pool_row_violations
 
 from ..common import backend
@@ -15,6 +24,7 @@ from ..tkg.step import gdn_step, step_tensors
 from .launch_grid import LNC_DEGREES
 
 
+@names_entry_point("gdn_nki.tkg_simulate")
 def tkg_simulate(*args: Any, check_values: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_tkg`` on the CPU with numpy arrays after checking the whole contract.
 
@@ -31,6 +41,7 @@ def tkg_simulate(*args: Any, check_values: bool = True, **kwargs: Any) -> tuple[
     return backend.simulate(gdn_tkg)(*args, **kwargs)
 
 
+@names_entry_point("gdn_nki.decode_step")
 def decode_step(
     query: np.ndarray,
     key: np.ndarray,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments, ContractError, plain_int
+from gdn_ref.contract import Arguments, ContractError, names_entry_point, plain_int
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import (
     cu_seqlens_violations,
@@ -29,6 +29,7 @@ from .torch_io import accepts_torch
 
 
 @accepts_torch
+@names_entry_point("gdn_nki.simulate")
 def simulate(
     query: np.ndarray,
     key: np.ndarray,
@@ -90,6 +91,7 @@ simulate.gdn_spec_capabilities = {  # read by gdn-spec's conformance suite
 
 
 @accepts_torch
+@names_entry_point("gdn_nki.prefill")
 def prefill(
     query: np.ndarray,
     key: np.ndarray,
@@ -132,6 +134,7 @@ def prefill(
     return out[:, :, :seq_len], state
 
 
+@names_entry_point("gdn_nki.prefill_varlen")
 def prefill_varlen(
     query: np.ndarray,
     key: np.ndarray,

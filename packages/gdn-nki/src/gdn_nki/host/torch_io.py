@@ -247,7 +247,7 @@ def in_torch_terms(
             if at != kernel_at:
                 value = f"{value[: found.start()]}index {at}{value[found.end() :]} (the kernel's `{v.argument}` {found.group(0)})"
         restated.append(dataclasses.replace(v, argument=argument, value=value, rule=rule, fix=fix))
-    return ContractError(restated)
+    return ContractError(restated, error.entry_point)
 
 
 def _mention(kernel_name: str) -> re.Pattern[str]:

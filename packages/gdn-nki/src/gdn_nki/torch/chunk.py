@@ -23,7 +23,7 @@ import numpy as np
 
 from gdn_ref.activations import beta_from_logit, log_decay_from_gate
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, first_bad_index, is_integer
+from gdn_ref.contract import ContractError, first_bad_index, is_integer, names_entry_point
 from gdn_ref.packed import cu_seqlens_violations
 
 from ..host.prefill import prefill_varlen
@@ -58,6 +58,7 @@ _CALLER_NAMES = {
 }
 
 
+@names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

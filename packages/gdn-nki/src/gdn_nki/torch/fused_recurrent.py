@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gdn_ref.contract import ContractError
+from gdn_ref.contract import ContractError, names_entry_point
 
 from ..host.decode import decode_step
 from ..host.torch_io import (
@@ -61,6 +61,7 @@ _SIGMOID_NAMES = _CALLER_NAMES | {"state_pool": "initial_state_source", "state_i
 MIN_SOFTPLUS_THRESHOLD = 20.0
 
 
+@names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
 def fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -122,6 +123,7 @@ def fused_recurrent_gated_delta_rule(
     return as_torch(out), final
 
 
+@names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -180,6 +182,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     return out, initial_state
 
 
+@names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Any,
     a: Any,
