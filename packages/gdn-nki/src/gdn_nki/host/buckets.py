@@ -203,11 +203,12 @@ def prefill_bucket(
         tuple: (out [1, Hv, T, Dv] in query's dtype, the pool).
 
     Notes:
-        Every rule is checked before the launch (``gdn_ref.bucketed``), and with ``check_values`` the values of
-        the pool rows the launch reads (a NaN left in a free row must not reach a sequence); a rejected call
-        changes nothing. On this
-        CPU the kernel runs on a staged copy of the pool and only the rows it names are committed once it has
-        completed; on Trainium the kernel writes the named rows of the device pool itself.
+        Every rule is checked before the launch (``gdn_ref.bucketed``, and what one bucket program holds), and with
+        ``check_values`` the values of the inputs and of the pool rows the launch reads (a NaN left in a free row
+        must not reach a sequence), every sequence holding a bad one named in the one error
+        (``ContractError.sequences``); a rejected call changes nothing. On this CPU the kernel runs on a staged
+        copy of the pool and only the rows it names are committed once it has completed; on Trainium the kernel
+        writes the named rows of the device pool itself.
     """
     grid, group_size, checkpoint_every = check_grid(grid), plain_int(group_size), plain_int(checkpoint_every)
     mask_pack = default_mask_pack(mask_pack, algorithm)

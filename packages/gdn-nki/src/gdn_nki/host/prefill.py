@@ -191,8 +191,9 @@ def prefill_varlen(
     Notes:
         Each sequence is padded exactly (g = 0, β = 0, zero q/k/v) to its own chunk multiple, never to the longest.
         Every rule is checked before anything runs (the values of the named pool rows only: the rest of a pool is
-        never read), and the kernel updates a staged copy of the named rows that is committed at the end, so a
-        call either completes or changes nothing.
+        never read; every sequence holding a bad value is named in the one error, ``ContractError.sequences``),
+        and the kernel updates a staged copy of the named rows that is committed at the end, so a call either
+        completes or changes nothing.
     """
     grid, group_size = check_grid(grid), plain_int(group_size)
     serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
