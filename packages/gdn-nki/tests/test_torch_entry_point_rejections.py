@@ -189,7 +189,7 @@ def test_chunk_drop_in_names_every_bad_sequence_and_takes_check_values() -> None
     call = dict(initial_state=torch.from_numpy(pool), cu_seqlens=torch.tensor([0, 140, 150, 190]),
                 state_indices=torch.tensor([3, 5, 1]), bucket=(4 * C, 4), scale=DK**-0.5)  # fmt: skip
     error = assert_refused(lambda: chunk_gated_delta_rule(*_seq_first(tensors), **call), "g_log.domain", "g",
-                           "value 0.5 at index [0, 160, 1] (sequence 2) (the kernel's `g_log` index [0, 1, 160])",
+                           "value 0.5 at index [0, 160, 1] (the kernel's `g_log` index [0, 1, 160]) (sequence 2)",
                            [pool])  # fmt: skip
     assert error.sequences == [0, 2]
     assert "`k` value nan at index [0, 7, 0, 3]" in str(error)
