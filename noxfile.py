@@ -244,6 +244,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_options.py",
     "packages/gdn-nki/tests/test_qwen3_next.py",
     "packages/gdn-nki/tests/test_torch_decode.py",
+    "packages/gdn-nki/tests/test_torch_entry_point_rejections.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
     "packages/gdn-nki/tests/test_serve_qwen3_next.py",
     "packages/gdn-nki/tests/test_serving_engine.py",

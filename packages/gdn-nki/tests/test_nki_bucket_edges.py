@@ -178,11 +178,12 @@ def test_a_last_checkpoint_at_a_sequence_end_is_its_final_state_when_it_starts_f
     _assert_exact(run, "read rows, last checkpoints at sequence ends")
 
 
-def test_a_last_checkpoint_at_a_sequence_end_is_stored_without_a_pool() -> None:
-    """``prefill_bucket`` without a pool starts every sequence from zero (read rows -1); a checkpoint at a
-    sequence's end before the bucket's last chunk still holds its final state."""
-    run = _launch([C, C], [0, -1], (3 * C, 2), every=C, checkpoints=[[1], [-1]], with_pool=False)
-    _assert_exact(run, "no pool")
+def test_a_last_checkpoint_at_a_sequence_end_is_stored_when_no_row_is_read() -> None:
+    """Every sequence starts from zero (read rows -1: the launch a pool-less call made before row arguments without
+    a pool were refused, issue 41); a checkpoint at a sequence's end before the bucket's last chunk still holds its
+    final state."""
+    run = _launch([C, C], [0, -1], (3 * C, 2), read=[-1, -1], every=C, checkpoints=[[1], [-1]])
+    _assert_exact(run, "no row read")
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def test_tkg_matches_the_oracle(dtype: str) -> None:
 def test_tkg_rejects_before_launch() -> None:
     x = _tkg_inputs(2, "float32")
     x["v"] = x["v"].astype(np.float64)
-    with pytest.raises(ContractError, match=r"gdn_tkg rejected[\s\S]*`v` dtype float64"):
+    with pytest.raises(ContractError, match=r"gdn_nki.tkg_simulate rejected[\s\S]*`v` dtype float64"):
         gdn_nki.tkg_simulate(**x)
 
 
@@ -137,7 +137,7 @@ def test_qk_l2norm_keeps_its_eps_on_small_keys(dtype: str) -> None:
 def test_step_rejections_leave_the_pool_untouched(indices, rule) -> None:
     x = step_inputs(5, "float32")
     before = x.pool.copy()
-    with pytest.raises(ContractError, match=rf"gdn_step rejected[\s\S]*\[{rule}\]"):
+    with pytest.raises(ContractError, match=rf"gdn_nki.decode_step rejected[\s\S]*\[{rule}\]"):
         gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array(indices, np.int32), **x.gates(False))
     assert np.array_equal(x.pool, before)
 
@@ -201,7 +201,7 @@ def test_a_launch_grid_splits_requests_and_changes_nothing() -> None:
             for pool, grid in zip(pools, (None, 2), strict=True)]  # fmt: skip
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(pools[0], pools[1])
     assert not np.array_equal(pools[0], x.pool)
-    with pytest.raises(ContractError, match=r"gdn_step rejected[\s\S]*\[launch.grid\]"):
+    with pytest.raises(ContractError, match=r"gdn_nki.decode_step rejected[\s\S]*\[launch.grid\]"):
         gdn_nki.decode_step(x.query, x.key, x.value, pools[0], rows, **x.gates(True), grid=3)
 
 

@@ -24,7 +24,7 @@ from .common.backend import BACKEND_NAME
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
-from .host.buckets import configure_buckets, configured_buckets, prefill_bucket
+from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.decode import decode_step, tkg_simulate
 from .host.prefill import prefill, prefill_varlen, simulate
 from .tkg.fused import gdn_tkg
@@ -52,6 +52,7 @@ __all__ = [
     "gdn_cte_varlen",
     "gdn_step",
     "gdn_tkg",
+    "padded_tokens",
     "prefill",
     "prefill_bucket",
     "prefill_varlen",

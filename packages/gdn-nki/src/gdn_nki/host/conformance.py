@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.contract import names_entry_point
 
 from ..common.backend import BACKEND_NAME
 from .prefill import prefill_varlen, simulate
 
 
+@names_entry_point("gdn_nki.conformance.simulate_with_varlen")
 def simulate_with_varlen(
     query: np.ndarray,
     key: np.ndarray,

@@ -244,10 +244,11 @@ def in_torch_terms(
         if found is not None:
             kernel_at = [int(i) for i in found.group(1).split(",")]
             at = index(v.argument, kernel_at)
-            if at != kernel_at:
-                value = f"{value[: found.start()]}index {at}{value[found.end() :]} (the kernel's `{v.argument}` {found.group(0)})"
+            if at != kernel_at:  # the kernel's index right after the caller's, before what follows (a sequence)
+                kernel = f"(the kernel's `{v.argument}` {found.group(0)})"
+                value = f"{value[: found.start()]}index {at} {kernel}{value[found.end() :]}"
         restated.append(dataclasses.replace(v, argument=argument, value=value, rule=rule, fix=fix))
-    return ContractError(restated)
+    return ContractError(restated, error.entry_point)
 
 
 def _mention(kernel_name: str) -> re.Pattern[str]:

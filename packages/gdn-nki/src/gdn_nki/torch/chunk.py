@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 import sys
 import warnings
 from typing import Any
@@ -24,7 +23,7 @@ import numpy as np
 
 from gdn_ref.activations import beta_from_logit, log_decay_from_gate
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, first_bad_index
+from gdn_ref.contract import ContractError, first_bad_index, is_integer, names_entry_point
 from gdn_ref.packed import cu_seqlens_violations
 
 from ..host.prefill import prefill_varlen
@@ -60,6 +59,7 @@ _CALLER_NAMES = {
 }
 
 
+@names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -92,6 +92,7 @@ def chunk_gated_delta_rule(
     checkpoint_every: int | None = None,
     checkpoint_indices: torch.Tensor | None = None,
     read_indices: torch.Tensor | None = None,
+    check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
@@ -138,8 +139,9 @@ def chunk_gated_delta_rule(
             is the same argument.
         algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
         bucket (tuple[int, int] | None): with ``cu_seqlens``, (T, N): run the bucket's one compiled program
-            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed); omitted: the
-            configured default (``gdn_nki.configure_buckets``), else the trace-time form.
+            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed; T counts each
+            sequence padded to its chunk multiple, ``gdn_nki.padded_tokens``); omitted: the configured default
+            (``gdn_nki.configure_buckets``), else the trace-time form.
         checkpoint_every (int | None), checkpoint_indices (torch.Tensor | None): prefix-cache checkpoints into
             the pool (``state_indices``): the state after every ``checkpoint_every`` tokens (a multiple of the
             algorithm's chunk) of sequence i goes to row ``checkpoint_indices[i, k]`` (-1: none).
@@ -147,6 +149,9 @@ def chunk_gated_delta_rule(
             (``state_indices``): a prefix-cache hit resumes from the cache's row without overwriting it, on
             device (-1: zero state). Bucketed form (``gdn_nki.prefill_varlen``'s ``read_indices``). Not SGLang's
             ``initial_state_indices``, which names the rows read and written alike.
+        check_values (bool): scan every input and the initial states read first, as ``gdn_nki.prefill_varlen``'s
+            (default on): a NaN/±Inf (or g > 0) is refused naming every sequence holding one
+            (``ContractError.sequences``), so a server can drop them; False only when the caller guarantees its data.
         kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
             ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
             is rejected, naming the closest valid one (a misspelt option must not vanish).
@@ -230,6 +235,7 @@ def chunk_gated_delta_rule(
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
             bucket=bucket, checkpoint_every=checkpoint_every,
             checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
+            check_values=check_values,
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
@@ -396,7 +402,7 @@ def _reject_unsupported_options(options: dict[str, Any]) -> None:
 
 def _check_chunk_size(chunk_size: Any) -> None:
     """FLA's ``chunk_size`` (16, 32 or 64, as FLA checks it); not used: the chunking changes no result."""
-    if not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool) or chunk_size not in FLA_CHUNKS:
+    if not is_integer(chunk_size) or chunk_size not in FLA_CHUNKS:
         raise rejection("chunk_size", f"= {chunk_size!r}", f"FLA's chunk_size is one of {FLA_CHUNKS}",
                         "omit chunk_size (gdn-nki chunks by its algorithm; the result is the same recurrence)",
                         rule_id="option.chunk_size")  # fmt: skip
