@@ -245,6 +245,7 @@ def chunk_gated_delta_rule(
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
 
 
+@names_entry_point("gdn_nki.torch.context_parallel_chunk_gated_delta_rule")
 def context_parallel_chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

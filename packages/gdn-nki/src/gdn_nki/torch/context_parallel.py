@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from gdn_ref.contract import ContractError, Violation
+from gdn_ref.contract import ContractError, Violation, names_entry_point
 
 from ..host.torch_io import import_torch
 
@@ -75,6 +75,7 @@ class ContextParallel:
         return len(self.cu_seqlens_cpu) - 1
 
 
+@names_entry_point("gdn_nki.torch.build_cp_context")
 def build_cp_context(
     cu_seqlens: Any, group: Any, kernel_size: int | None = None, cu_seqlens_cpu: Any = None
 ) -> ContextParallel:
