@@ -33,6 +33,7 @@ IMPLEMENTATIONS = {
     "gdn_nki.conformance:simulate_with_varlen": "2",
     "gdn_ref:gdn_cte": "0",
     "gdn_nki:decode_step": "0",
+    "gdn_nki.conformance:decode_step_on_two_programs": "0",  # the decode family at launch grid 2
 }
 
 

@@ -323,3 +323,13 @@ def test_small_value_dims_with_several_tokens_fit_psum() -> None:
         assert_within("out", out[n], ref_out[n], "float32")
         for t in range(4):
             assert_within("state", pool[indices[n, t]], ref_states[n, t], "float32")
+
+
+def test_fewer_requests_than_programs_leaves_a_program_idle() -> None:
+    """One request at launch grid 2: program 1 has none (it divided by its zero-sized group before; found by the
+    decode family run at launch grid 2, ``gdn_nki.conformance:decode_step_on_two_programs``)."""
+    x = step_inputs(1, "float32", N=1, T=1)
+    one = gdn_nki.decode_step(x.query, x.key, x.value, x.pool.copy(), np.array([3], np.int32), **x.gates(False))
+    two = gdn_nki.decode_step(x.query, x.key, x.value, x.pool.copy(), np.array([3], np.int32), **x.gates(False),
+                              grid=2)  # fmt: skip
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])

@@ -106,6 +106,8 @@ def gdn_step(
 
     first, step = nl.program_id(0), nl.num_programs(0)
     count = len(range(first, n_req, step))  # this program's requests: first, first + step, ...
+    if count == 0:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
+        return out, state_pool
     group = min(REQUESTS_PER_ITERATION, count)
     trips = -(-count // group)
     # Every slot's row exists; those past N are past their tensor's end (skipped). A loop gets one spare slot, so that its program

@@ -41,7 +41,9 @@ PADDED = {
 
 # A serving step's batch: more requests than a kernel may run in one fixed-size group (gdn-nki's compiled request
 # loop runs 16 an iteration: here a full iteration and a partial one), with padding requests among them.
-MANY_REQUESTS, MANY_PADDING = 20, 3
+# Enough requests that a kernel issuing them as a compiled loop of fixed-size groups runs several iterations even
+# when it splits them over two programs (gdn-nki's groups of 16 at launch grid 2: a program takes 20 of 40).
+MANY_REQUESTS, MANY_PADDING = 40, 3
 
 
 def _pool_case(
