@@ -226,6 +226,8 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_decode.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
     "packages/gdn-nki/tests/test_serve_qwen3_next.py",
+    "packages/gdn-nki/tests/test_torch_ops.py",
+    "packages/gdn-nki/tests/test_torch_compile.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.

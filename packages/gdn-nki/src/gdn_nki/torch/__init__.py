@@ -1,18 +1,20 @@
-"""gdn-nki for PyTorch model code: every drop-in under its original name, from one import. Needs the optional
-extra ``gdn-nki[torch]``.
+"""gdn-nki for PyTorch model code: every drop-in under its original name, from one import, each a ``torch.library``
+custom op (namespace ``gdn_nki``; ``ops.py``). Needs the optional extra ``gdn-nki[torch]``.
 
     from gdn_nki.torch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule   # was: fla.ops...
 
-- ``chunk_gated_delta_rule``: FLA's prefill (``chunk.py``);
+- ``chunk_gated_delta_rule``: FLA's prefill (host path: ``chunk.py``);
 - ``fused_recurrent_gated_delta_rule``: FLA's decode; ``vllm_fused_recurrent_gated_delta_rule``: vLLM's pool
   variant of it (same original name in vLLM, so exported under its own here); ``fused_sigmoid_gating_delta_rule_update``:
-  vLLM's / SGLang's fused-gating update (``fused_recurrent.py``, also public as ``gdn_nki.torch_decode``).
+  vLLM's / SGLang's fused-gating update (host path: ``fused_recurrent.py``; also public as ``gdn_nki.torch_decode``);
+- ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
 """
 
-from .chunk import chunk_gated_delta_rule
-from .fused_recurrent import (
+from .ops import (
+    chunk_gated_delta_rule,
     fused_recurrent_gated_delta_rule,
     fused_sigmoid_gating_delta_rule_update,
+    gdn_tkg,
     vllm_fused_recurrent_gated_delta_rule,
 )
 
@@ -20,5 +22,6 @@ __all__ = [
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
+    "gdn_tkg",
     "vllm_fused_recurrent_gated_delta_rule",
 ]
