@@ -8,6 +8,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``). Needs the optional extra ``gdn-nk
   variant of it (same original name in vLLM, so exported under its own here); ``fused_sigmoid_gating_delta_rule_update``:
   vLLM's / SGLang's fused-gating update (host path: ``fused_recurrent.py``; also public as ``gdn_nki.torch_decode``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
+- ``check_values``: the value rules a device path trusts, run on demand (``values.py``).
 """
 
 from .ops import (
@@ -17,8 +18,10 @@ from .ops import (
     gdn_tkg,
     vllm_fused_recurrent_gated_delta_rule,
 )
+from .values import check_values
 
 __all__ = [
+    "check_values",
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
