@@ -19,9 +19,10 @@ Each drop-in (the public functions here, under the originals' names and signatur
 
 A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
 so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
-mode: index arguments given as Python lists or numpy arrays (host data), options of a type the rules reject
-(their ``ContractError`` is today's), and calls with an input requiring grad (the kernel is forward-only; the host
-path puts its results on the autograd graph so that backward raises, as before).
+mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
+type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), and calls
+with an input requiring grad (the kernel is forward-only; the host path puts its results on the autograd graph so
+that backward raises, as before).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from ..host.decode import tkg_simulate
 from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor
 from . import chunk, device, fused_recurrent, rules
-from .chunk import _reject_lost_packing, _reject_unknown_keywords, _reject_unsupported_options
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -189,19 +189,27 @@ def chunk_gated_delta_rule(
         chunk multiple. On the CPU the op runs the host path as before; on a device it launches
         ``gdn_cte_bucket`` (module docstring).
     """
-    options = dict(head_first=head_first, state_v_first=state_v_first, transpose_state_layout=transpose_state_layout,
-                   cp_context=cp_context, allow_neg_eigval=allow_neg_eigval)  # fmt: skip
-    flags = {
-        "output_final_state": output_final_state,
-        "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
-        "use_beta_sigmoid_in_kernel": use_beta_sigmoid_in_kernel,
-        "allow_neg_eigval": allow_neg_eigval,
-        "state_v_first": state_v_first,
-        "use_gate_in_kernel": use_gate_in_kernel,
-    }
+    flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
+    options = (head_first, state_v_first, transpose_state_layout, cp_context, allow_neg_eigval)
     tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
-    if not _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every):
+    carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every)
+    # The host path's non-tensor rules (unknown keywords, options set, FLA's chunk_size, aliases, packing keywords,
+    # rows without a pool) are the host path's to raise: a call breaking one runs it. Checked here only as far as
+    # telling a plainly valid call, which every compiled one is (those rules use numpy and difflib, which
+    # torch.compile does not trace).
+    pool = state_indices if initial_state_indices is None else initial_state_indices
+    plainly_valid = (
+        all(name in chunk.HF_PASS_THROUGH for name in kwargs)
+        and all(kwargs.get(name) is None for name in chunk._PACKING_KEYWORDS if cu_seqlens is None)
+        and all(value is None or (isinstance(value, (bool, int, float)) and not value) for value in options)
+        and type(chunk_size) is int
+        and chunk_size in chunk.FLA_CHUNKS
+        and (state_indices is None or initial_state_indices is None)
+        and (initial_state is not None or pool is None)
+        and (pool is not None or (checkpoint_indices is None and read_indices is None))
+    )
+    if not (carried and plainly_valid):
         return chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
             use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu, chunk_indices,
@@ -211,17 +219,6 @@ def chunk_gated_delta_rule(
             checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, read_indices=read_indices,
             **kwargs,
         )  # fmt: skip
-    # The host path's non-tensor rules, in its order (the tensors' rules run in the op: rules.prefill), each
-    # called only when its argument is not plainly valid: the checks use numpy and difflib, which torch.compile
-    # would not trace, and a valid call (every compiled one) needs none of them. The flags are plain bools here.
-    if any(name not in chunk.HF_PASS_THROUGH for name in kwargs):
-        _reject_unknown_keywords(kwargs)
-    if any(not (value is None or (isinstance(value, (bool, int, float)) and not value)) for value in options.values()):
-        _reject_unsupported_options(options)
-    if not (type(chunk_size) is int and chunk_size in chunk.FLA_CHUNKS):
-        chunk._check_chunk_size(chunk_size)
-    state_indices = chunk._state_indices(state_indices, initial_state_indices)
-    _reject_lost_packing(kwargs, cu_seqlens)
     if cu_seqlens is None and q.dim() == 4 and q.shape[1] < q.shape[2]:
         warnings.warn(
             f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
@@ -238,18 +235,10 @@ def chunk_gated_delta_rule(
         group_size=int(group_size), bucket=None if bucket is None else [int(x) for x in bucket],
     )  # fmt: skip
     gate = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
-    if state_indices is not None and initial_state is not None:
-        o = chunk_pool_op(q, k, v, g, beta, initial_state, state_indices, *gate, cu_seqlens, checkpoint_indices,
-                          read_indices, **common, checkpoint_every=checkpoint_every)  # fmt: skip
+    if pool is not None:
+        o = chunk_pool_op(q, k, v, g, beta, initial_state, pool, *gate, cu_seqlens, checkpoint_indices, read_indices,
+                          **common, checkpoint_every=checkpoint_every)  # fmt: skip
         return o, initial_state if output_final_state else None
-    if state_indices is not None or checkpoint_indices is not None or read_indices is not None:
-        # state_indices without a pool, checkpoints or read rows without one: the host path's rejections
-        return chunk.chunk_gated_delta_rule(
-            q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-            use_beta_sigmoid_in_kernel, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-            dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size, bucket=bucket,
-            checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, read_indices=read_indices,
-        )  # fmt: skip
     o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
     return o, final if output_final_state else None
 
@@ -257,7 +246,7 @@ def chunk_gated_delta_rule(
 def _op_can_carry(
     tensors: tuple[Any, ...],
     indices: tuple[Any, ...],
-    flags: dict[str, Any],
+    flags: tuple[Any, ...],
     scale: Any,
     algorithm: Any,
     group_size: Any,
@@ -269,7 +258,7 @@ def _op_can_carry(
     and no input on the autograd graph."""
     if not _one_device(tensors, indices):
         return False
-    if not all(isinstance(x, bool) for x in flags.values()):
+    if not all(isinstance(x, bool) for x in flags):
         return False
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
         return False
@@ -542,7 +531,23 @@ def gdn_tkg_op(
     norm_weight: Tensor,
     state_in: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """AWS's fused single-token step: (out [BH, V] in q's dtype, state [BH, K, V] fp32, new)."""
+    """AWS's ``gdn_tkg`` (SDK 2.33, nkilib.experimental.gdn) on torch tensors, as the op ``gdn_nki::gdn_tkg``.
+
+    Dimensions:
+        BH: batch × value heads (row r: batch r // Hv, value head r % Hv). K, V: head dims. Hv: value heads.
+
+    Args:
+        q, k (Tensor): [BH, K], raw (the kernel L2-normalizes them), GQA-expanded; bfloat16 or float32.
+        v (Tensor): [BH, V]. b, a (Tensor): [BH] logits of β and the raw gate. A_log, dt_bias (Tensor): [Hv].
+        z (Tensor): [BH, V] the output gate. norm_weight (Tensor): [V]. state_in (Tensor): [BH, K, V] fp32, read.
+
+    Returns:
+        tuple: (out [BH, V] in q's dtype, state [BH, K, V] fp32, a new tensor).
+
+    Notes:
+        The rules are ``gdn_nki.gdn_tkg``'s (``gdn_ref.contract.validate_tkg``); the CPU also scans the values
+        (``gdn_nki.tkg_simulate``), a device trusts them.
+    """
     return device.gdn_tkg(**locals())
 
 
@@ -567,33 +572,5 @@ def _gdn_tkg_fake(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in) -> tu
     return q.new_empty((q.shape[0], v.shape[1])), q.new_empty(tuple(state_in.shape), dtype=torch.float32)
 
 
-def gdn_tkg(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    b: Tensor,
-    a: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    z: Tensor,
-    norm_weight: Tensor,
-    state_in: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """AWS's ``gdn_tkg`` (SDK 2.33, nkilib.experimental.gdn) on torch tensors, as the op ``gdn_nki::gdn_tkg``.
-
-    Dimensions:
-        BH: batch × value heads (row r: batch r // Hv, value head r % Hv). K, V: head dims. Hv: value heads.
-
-    Args:
-        q, k (Tensor): [BH, K], raw (the kernel L2-normalizes them), GQA-expanded; bfloat16 or float32.
-        v (Tensor): [BH, V]. b, a (Tensor): [BH] logits of β and the raw gate. A_log, dt_bias (Tensor): [Hv].
-        z (Tensor): [BH, V] the output gate. norm_weight (Tensor): [V]. state_in (Tensor): [BH, K, V] fp32, read.
-
-    Returns:
-        tuple: (out [BH, V] in q's dtype, state [BH, K, V] fp32, a new tensor).
-
-    Notes:
-        The rules are ``gdn_nki.gdn_tkg``'s (``gdn_ref.contract.validate_tkg``); the CPU also scans the values
-        (``gdn_nki.tkg_simulate``), a device trusts them.
-    """
-    return gdn_tkg_op(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in)
+# The op itself is the drop-in: its arguments are all tensors, nothing to handle before it.
+gdn_tkg = gdn_tkg_op

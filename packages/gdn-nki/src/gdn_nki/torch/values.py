@@ -16,7 +16,7 @@ from typing import Any
 
 from ..common import backend
 from ..host.torch_io import import_torch, is_torch_tensor
-from . import chunk, fused_recurrent
+from . import chunk, fused_recurrent, ops
 from .ops import gdn_tkg_host
 
 torch = import_torch()
@@ -55,6 +55,11 @@ HOST_PATHS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _name(drop_in: Callable[..., Any]) -> str:
+    """A drop-in's name (``gdn_tkg`` is its op, which has no ``__name__``)."""
+    return "gdn_tkg" if drop_in is ops.gdn_tkg else drop_in.__name__
+
+
 def check_values(drop_in: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> None:
     """Check a drop-in call's values on the host, as its CPU path does before launching, without running it.
 
@@ -71,8 +76,7 @@ def check_values(drop_in: Callable[..., Any] | str, *args: Any, **kwargs: Any) -
         FLA's ``fused_recurrent_gated_delta_rule`` with packed sequences of several lengths is checked up to its
         first group's launch (the CPU launches once per length).
     """
-    name = drop_in if isinstance(drop_in, str) else drop_in.__name__
-    host = HOST_PATHS[name]
+    host = HOST_PATHS[drop_in if isinstance(drop_in, str) else _name(drop_in)]
 
     def on_host(x: Any) -> Any:
         return x.detach().to("cpu", copy=True) if is_torch_tensor(x) else x
