@@ -136,3 +136,47 @@ def test_export_has_one_op_node_per_gdn_call_and_declares_the_pool_mutation(name
         exported = module(hidden)
     assert torch.equal(exported, eager)
     assert torch.equal(module.pool, eager_pool)
+
+
+# --- the model: HF's tiny Qwen3-Next generating under torch.compile with the drop-ins --------------------------------
+
+PROMPT, NEW_TOKENS = 16, 4
+
+
+def test_compiled_model_generates_hfs_fp32_greedy_tokens_and_no_gdn_call_breaks_the_graph() -> None:
+    """Prefill through ``chunk_gated_delta_rule``, each decode step through ``fused_recurrent_gated_delta_rule``,
+    the model's forward compiled (HF's own code may break the graph elsewhere: its cache, its generation loop);
+    the greedy fp32 tokens are HF's eager ones, and no graph break happens inside gdn-nki."""
+    from transformers import Qwen3NextForCausalLM
+
+    from gdn_nki.torch import fused_recurrent_gated_delta_rule
+
+    example = load_example("qwen3_next_layer")
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(example.tiny_config()).eval()
+    ids = torch.randint(0, 256, (2, PROMPT))
+    with torch.no_grad():
+        theirs = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+        saved = hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule
+        hf.torch_chunk_gated_delta_rule = chunk_gated_delta_rule
+        hf.torch_recurrent_gated_delta_rule = fused_recurrent_gated_delta_rule
+        try:
+            eager = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(model.forward)(ids, use_cache=False)
+            forward = model.forward
+            model.forward = torch.compile(forward, backend="aot_eager")
+            try:
+                compiled = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+            finally:
+                model.forward = forward
+        finally:
+            hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule = saved
+    assert torch.equal(eager, theirs) and torch.equal(compiled, theirs)
+    in_gdn_nki = [reason for reason in explained.break_reasons
+                  if any("gdn_nki" in frame.filename for frame in reason.user_stack)]  # fmt: skip
+    assert in_gdn_nki == [], in_gdn_nki
+    captured = [
+        node.target for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
+    ]
+    assert captured == [torch.ops.gdn_nki.chunk_gated_delta_rule.default], "the prefill's GDN call is one graph node"
