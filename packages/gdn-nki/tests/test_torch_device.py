@@ -220,3 +220,11 @@ def test_check_values_passes_a_valid_call_without_a_launch_and_catches_duplicate
     args["ssm_state_indices"][2, 0] = 4  # row 4 is also request 0's
     with pytest.raises(ContractError, match=r"state_indices"):
         gdn_nki.torch.check_values(gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule, **args)
+
+
+def test_check_values_of_gdn_tkg_reads_its_keywords() -> None:
+    args = tkg_call()
+    assert gdn_nki.torch.check_values(gdn_nki.torch.gdn_tkg, **args) is None
+    args["a"][1] = float("inf")
+    with pytest.raises(ContractError, match="`a`"):
+        gdn_nki.torch.check_values("gdn_tkg", **args)

@@ -19,6 +19,7 @@ import gdn_nki  # noqa: E402
 import gdn_nki.torch  # noqa: E402
 import gdn_nki.torch_decode  # noqa: E402
 from gdn_nki.torch import ops  # noqa: E402
+from gdn_nki.traces import recording_launches  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 
 # The originals' names: FLA's two, vLLM's pool variant (its own name here: vLLM reuses FLA's), vLLM / SGLang's
@@ -162,6 +163,28 @@ def test_a_configured_bucket_is_chosen_from_shapes_alone_under_fake_tensors() ->
         assert tuple(o.shape) == (1, 127, HV, V) and pool is fake["initial_state"]
     finally:
         gdn_nki.configure_buckets([])
+
+
+def test_the_shapes_bucket_gives_the_lengths_bucket_bits() -> None:
+    """An empty sequence and one of 100 tokens need one chunk of 128 (the host path's choice from the lengths:
+    (128, 4)); from shapes, 100 tokens in 2 sequences may need two ((256, 4)). Same bits either way."""
+    args = prefill_pool_call()
+    for name in ("q", "k", "v", "g", "beta"):
+        args[name] = args[name][:, :100]
+    args.update(cu_seqlens=torch.tensor([0, 0, 100], dtype=torch.int32), checkpoint_every=None,
+                checkpoint_indices=None)  # fmt: skip
+    del args["bucket"]
+    gdn_nki.configure_buckets([(128, 4), (256, 4)])
+    try:
+        assert ops.rules.bucket_for(args["q"], args["cu_seqlens"], "schur") == (256, 4)
+        host_pool = args["initial_state"].clone()
+        with recording_launches() as launches:
+            want_o, _ = gdn_nki.torch.chunk.chunk_gated_delta_rule(**{**args, "initial_state": host_pool})
+            o, pool = gdn_nki.torch.chunk_gated_delta_rule(**args)
+    finally:
+        gdn_nki.configure_buckets([])
+    assert [dict(launch.key[2])["query"][1][2] for launch in launches] == [128, 256]  # the bucket's tokens
+    assert torch.equal(o, want_o) and torch.equal(pool, host_pool)
 
 
 # Shape and dtype errors: the CPU raises them (eager, today's path), and the op's fake implementation raises the very

@@ -183,14 +183,7 @@ def chunk_gated_delta_rule(
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     _check_layout(tensors, cu_seqlens)
     _reject_lost_packing(kwargs, cu_seqlens)
-    if cu_seqlens is None and q.shape[1] < q.shape[2]:
-        warnings.warn(
-            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
-            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
-            "[B, H, T, D] tensors (transpose(1, 2) them)",
-            UserWarning,
-            stacklevel=2,
-        )
+    warn_if_head_first(q, cu_seqlens)
     batch, seq_len, _, dk = q.shape
     value_heads, dv = v.shape[2], v.shape[3]
     cu = _boundaries(cu_seqlens, batch, seq_len)
@@ -415,6 +408,19 @@ def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
         return at
     _, head, token, *rest = at
     return [token // seq_len, token % seq_len, head, *rest]
+
+
+def warn_if_head_first(q: Any, cu_seqlens: Any) -> None:
+    """FLA's warning when T < Hk without ``cu_seqlens``: head-first [B, H, T, D] tensors passed as seq-first look
+    like that and would run as garbage (attributed to the drop-in's caller)."""
+    if cu_seqlens is None and q.shape[1] < q.shape[2]:
+        warnings.warn(
+            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
+            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
+            "[B, H, T, D] tensors (transpose(1, 2) them)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _check_layout(tensors: dict[str, Any], cu_seqlens: Any, any_device: bool = False) -> None:

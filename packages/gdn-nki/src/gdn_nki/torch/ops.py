@@ -27,8 +27,10 @@ that backward raises, as before).
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
@@ -70,6 +72,25 @@ def chunk_op(
 @chunk_op.register_kernel("cpu")
 def _chunk_cpu(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
                use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
+    with _drop_in_warned():
+        o, final = _chunk_host(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm,
+                               use_beta_sigmoid, use_gate, algorithm, group_size, bucket)  # fmt: skip
+    return o, final
+
+
+@contextlib.contextmanager
+def _drop_in_warned() -> Iterator[None]:
+    """The host path's head-first warning silenced: the drop-in, which called the op, has given it already."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=HEAD_FIRST_WARNING, category=UserWarning)
+        yield
+
+
+HEAD_FIRST_WARNING = "gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens"
+
+
+def _chunk_host(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
+                use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
     o, final = chunk.chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm, use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens,
@@ -118,6 +139,15 @@ def chunk_pool_op(
 def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
                     checkpoint_every) -> Tensor:  # fmt: skip
+    with _drop_in_warned():
+        return _chunk_pool_host(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
+                                read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size,
+                                bucket, checkpoint_every)  # fmt: skip
+
+
+def _chunk_pool_host(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
+                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
+                     checkpoint_every) -> Tensor:  # fmt: skip
     o, _ = chunk.chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
         use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
@@ -219,14 +249,8 @@ def chunk_gated_delta_rule(
             checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, read_indices=read_indices,
             **kwargs,
         )  # fmt: skip
-    if cu_seqlens is None and q.dim() == 4 and q.shape[1] < q.shape[2]:
-        warnings.warn(
-            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
-            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
-            "[B, H, T, D] tensors (transpose(1, 2) them)",
-            UserWarning,
-            stacklevel=2,
-        )
+    if q.dim() == 4:
+        chunk.warn_if_head_first(q, cu_seqlens)
     if bucket is None:
         bucket = rules.bucket_for(q, cu_seqlens, algorithm)
     common = dict(

@@ -73,7 +73,8 @@ def worst_case_tokens(tokens: int, seqs: int, chunk_tokens: int) -> int:
 def bucket_for(q: Any, cu_seqlens: Any, algorithm: Any) -> tuple[int, int] | None:
     """The smallest configured bucket holding any batch of these shapes (``worst_case_tokens`` of q's B·T tokens,
     N = B or len(cu_seqlens) − 1 sequences), or None: no bucket configured, none holds the worst case (the CPU then
-    chooses from the lengths, as before; a device raises), or shapes the rules will reject."""
+    chooses from the lengths, as before; a device runs the worst case's own size, a program of its own), or shapes
+    the rules will reject."""
     configured = configured_buckets()
     if not configured or algorithm not in CHUNK_BY_ALGORITHM or q.dim() != 4:
         return None

@@ -55,6 +55,9 @@ HOST_PATHS: dict[str, Callable[..., Any]] = {
 }
 
 
+TKG_ARGUMENTS = ("q", "k", "v", "b", "a", "A_log", "dt_bias", "z", "norm_weight", "state_in")
+
+
 def _name(drop_in: Callable[..., Any]) -> str:
     """A drop-in's name (``gdn_tkg`` is its op, which has no ``__name__``)."""
     return "gdn_tkg" if drop_in is ops.gdn_tkg else drop_in.__name__
@@ -76,7 +79,10 @@ def check_values(drop_in: Callable[..., Any] | str, *args: Any, **kwargs: Any) -
         FLA's ``fused_recurrent_gated_delta_rule`` with packed sequences of several lengths is checked up to its
         first group's launch (the CPU launches once per length).
     """
-    host = HOST_PATHS[drop_in if isinstance(drop_in, str) else _name(drop_in)]
+    name = drop_in if isinstance(drop_in, str) else _name(drop_in)
+    host = HOST_PATHS[name]
+    if name == "gdn_tkg":  # its host path takes the tensors in order
+        args, kwargs = (*args, *(kwargs[key] for key in TKG_ARGUMENTS[len(args) :])), {}
 
     def on_host(x: Any) -> Any:
         return x.detach().to("cpu", copy=True) if is_torch_tensor(x) else x
