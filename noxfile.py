@@ -76,11 +76,30 @@ SINGLE_THREAD_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_
 @nox.session
 @nox.parametrize("python", [_interpreter(v) for v in PYTHON_VERSIONS], ids=list(PYTHON_VERSIONS))
 def tests(session: nox.Session) -> None:
-    """Unit tests of every package and the conformance suite's self-tests (matplotlib: the PNG timeline test)."""
+    """Unit tests of every package and the conformance suite's self-tests (matplotlib: the PNG timeline test), then
+    every bench script's smoke run (``_bench_smoke``)."""
     _install_repo(session, "matplotlib>=3.7")
     for name in PACKAGES:
         tests_dir = ROOT / "packages" / name / "tests"
         session.run("pytest", "-n", _xdist_workers(), "-q", str(tests_dir), *session.posargs, env=SINGLE_THREAD_BLAS)
+    _bench_smoke(session)
+
+
+def _bench_scripts() -> list[Path]:
+    """The packages' bench scripts (``nox -s bench`` runs each with ``--out bench-out``)."""
+    return sorted(ROOT.glob("packages/*/bench/bench_*.py"))
+
+
+def _bench_smoke(session: nox.Session) -> None:
+    """Every bench script end to end at its smallest sizes (``--smoke``), writing into a scratch ``--out``
+    directory, where each must leave its files: a change that breaks a bench fails CI instead of the next
+    ``nox -s bench`` after minutes of work (a bench once wrote its table to the directory's path itself). About
+    15 s for the five scripts (measured on the 2-core dev VM); their output is shown when one fails."""
+    with tempfile.TemporaryDirectory() as scratch:
+        for script in _bench_scripts():
+            session.run("python", str(script), "--smoke", "--out", scratch, env=SINGLE_THREAD_BLAS, silent=True)
+            if not any(Path(scratch).glob(f"{script.stem}*")):
+                session.error(f"{script.relative_to(ROOT)} --smoke --out DIR wrote no {script.stem}* file to DIR")
 
 
 @nox.session
@@ -92,7 +111,8 @@ def conformance(session: nox.Session) -> None:
     Measured from a fresh clone on 2 cores shared with other jobs (load about 7, so CPU time; wall time there
     says little): user + sys CPU of gdn-nki's run 76 s (two workers), gdn-ref's 14 s, the decode run 6.6 s, the
     setup (virtualenv, four editable installs from uv's cache) about 6 s; the whole session 106 s. On the 2 cores
-    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test.
+    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test. Issue 41's cases
+    since: the decode run 8.1 → 11.5 s and the varlen area four tests more (measured side by side, load about 5).
     """
     _install_repo(session)
     # Implementations named on the command line, or a worker count set in GDN_TEST_WORKERS, take the usual workers.
@@ -229,6 +249,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_ops.py",
     "packages/gdn-nki/tests/test_torch_compile.py",
     "packages/gdn-nki/tests/test_torch_device.py",
+    "packages/gdn-nki/tests/test_context_parallel.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
@@ -264,11 +285,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: reference accuracy/speed, interpreter overhead, kernel cost-model table."""
+    """Benchmarks: reference accuracy/speed, interpreter overhead, kernel and decode cost-model tables, each script
+    writing its files (named after it) into ``bench-out/``; ``nox -s bench -- --smoke`` runs the smallest sizes."""
     _install_repo(session, "matplotlib>=3.7")
     out = ROOT / "bench-out"
     out.mkdir(exist_ok=True)
-    for script in sorted(ROOT.glob("packages/*/bench/bench_*.py")):
+    for script in _bench_scripts():
         session.run("python", str(script), "--out", str(out), *session.posargs)
 
 

@@ -186,6 +186,28 @@ def test_a_last_checkpoint_at_a_sequence_end_is_stored_without_a_pool() -> None:
 
 
 @pytest.mark.parametrize(
+    ("lengths", "bucket", "checkpoints"),
+    [
+        # every slot used, the last one ending at its last checkpoint before the bucket's last chunk: its copy comes
+        # after the chain (``lane_done``), as every other slot's
+        ([C, 40, C + 9, C], (6 * C, 4), [[4, -1], [-1, -1], [5, 6], [7, -1]]),
+        # a sequence after another ending exactly at the bucket's last chunk at its last checkpoint, an empty slot
+        # after it: its copy is the last link's second store, whatever its slot
+        ([C + 5, 4 * C, 0], (6 * C, 3), [[4, 5, -1, -1], [6, -1, 8, 9], [-1] * 4]),
+    ],
+    ids=["the-last-slot", "the-last-chunk-before-an-empty-slot"],
+)
+def test_a_last_checkpoint_at_a_sequence_end_wherever_the_tables_put_it(
+    lengths: list[int], bucket: tuple[int, int], checkpoints: list[list[int]]
+) -> None:
+    """A last checkpoint at its sequence's end is stored by one of two paths, chosen per slot on device: copied
+    from the state row once the chain is done, or, at the bucket's last chunk, stored a second time by the last
+    link; each must find its sequence in any slot (checkpoints every chunk, others inside and past the sequences)."""
+    rows = list(range(len(lengths)))
+    _assert_exact(_launch(lengths, rows, bucket, dv=64, every=C, checkpoints=checkpoints), f"lengths {lengths}")
+
+
+@pytest.mark.parametrize(
     ("lengths", "rows", "slots", "extra"),
     [
         ([C], [0], 1, {"every": C, "checkpoints": [[1]], "dv": 64}),  # its one chunk is first, last and a checkpoint

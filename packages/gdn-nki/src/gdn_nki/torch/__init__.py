@@ -1,5 +1,6 @@
 """gdn-nki for PyTorch model code: every drop-in under its original name, from one import, each a ``torch.library``
-custom op (namespace ``gdn_nki``; ``ops.py``). Needs the optional extra ``gdn-nki[torch]``.
+custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over a ``torch.distributed`` group
+(``context_parallel.py``). Needs the optional extra ``gdn-nki[torch]``.
 
     from gdn_nki.torch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule   # was: fla.ops...
 
@@ -8,9 +9,13 @@ custom op (namespace ``gdn_nki``; ``ops.py``). Needs the optional extra ``gdn-nk
   variant of it (same original name in vLLM, so exported under its own here); ``fused_sigmoid_gating_delta_rule_update``:
   vLLM's / SGLang's fused-gating update (host path: ``fused_recurrent.py``; also public as ``gdn_nki.torch_decode``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
-- ``check_values``: the value rules a device path trusts, run on demand (``values.py``).
+- ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
+- ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
+  (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
 """
 
+from .chunk import context_parallel_chunk_gated_delta_rule
+from .context_parallel import ContextParallel, build_cp_context
 from .ops import (
     chunk_gated_delta_rule,
     fused_recurrent_gated_delta_rule,
@@ -21,8 +26,11 @@ from .ops import (
 from .values import check_values
 
 __all__ = [
+    "ContextParallel",
+    "build_cp_context",
     "check_values",
     "chunk_gated_delta_rule",
+    "context_parallel_chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",

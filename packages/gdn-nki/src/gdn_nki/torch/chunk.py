@@ -42,6 +42,7 @@ from ..host.torch_io import (
     reject_unwritable_state,
     rejection,
 )
+from .context_parallel import ContextParallel, context_parallel_prefill
 
 torch = import_torch()
 
@@ -121,7 +122,10 @@ def chunk_gated_delta_rule(
         cu_seqlens (torch.Tensor | None): [N + 1] integer boundaries of packed sequences in the one row (B == 1).
         cu_seqlens_cpu, chunk_indices: FLA's caches of what it derives from ``cu_seqlens`` on the GPU (a host copy,
             its 64-token chunk list): accepted and not read (gdn-nki derives its own chunks from ``cu_seqlens``).
-        cp_context: FLA's context parallelism: rejected when set (one launch runs a whole sequence).
+        cp_context: FLA's context parallelism: a ``gdn_nki.torch.build_cp_context`` (FLA's call) of the global
+            ``cu_seqlens`` on a process group; q, k, v, g and beta are then this rank's slice, ``cu_seqlens`` (if
+            given) ``cp_context.cu_seqlens``, and the call is ``context_parallel_chunk_gated_delta_rule``'s (initial
+            and final states and pool rows work, unlike FLA's; no bucket or checkpoints).
         use_gate_in_kernel (bool): ``g`` is the raw gate: the log-decay is −exp(A_log)·softplus(g + dt_bias)
             (``gdn_ref.activations.log_decay_from_gate``), computed on the host before the launch.
         A_log, dt_bias (torch.Tensor | None): [Hv] (any shape of Hv elements, as FLA), float32 or bfloat16: the
@@ -164,6 +168,18 @@ def chunk_gated_delta_rule(
         arguments and index their elements as the caller laid them out. The kernel runs simulated on the CPU
         (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
+    if _truthy(cp_context):  # FLA's context parallelism (its truthiness test): this rank's slice of a split batch
+        _reject_unknown_keywords(kwargs)
+        return _context_parallel(
+            (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
+            _state_indices(state_indices, initial_state_indices),
+            dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
+                 group_size=group_size),
+            dict(bucket=bucket, checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
+                 read_indices=read_indices, head_first=head_first, state_v_first=state_v_first,
+                 transpose_state_layout=transpose_state_layout, allow_neg_eigval=allow_neg_eigval),
+        )  # fmt: skip
     flags = {
         "output_final_state": output_final_state,
         "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
@@ -176,7 +192,7 @@ def chunk_gated_delta_rule(
     _reject_unknown_keywords(kwargs)
     _reject_unsupported_options(
         dict(head_first=head_first, state_v_first=state_v_first, transpose_state_layout=transpose_state_layout,
-             cp_context=cp_context, allow_neg_eigval=allow_neg_eigval)
+             allow_neg_eigval=allow_neg_eigval)
     )  # fmt: skip
     _check_chunk_size(chunk_size)
     state_indices = _state_indices(state_indices, initial_state_indices)
@@ -214,6 +230,58 @@ def chunk_gated_delta_rule(
     if not _truthy(output_final_state):
         return o, None
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
+
+
+def context_parallel_chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cp_context: ContextParallel,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    state_indices: torch.Tensor | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This rank's share of a context-parallel prefill (``context_parallel.context_parallel_prefill``, its Args and
+    Returns) on ``chunk_gated_delta_rule``: the call for code without FLA's ``cp_context`` keyword."""
+    return context_parallel_prefill(
+        chunk_gated_delta_rule, q, k, v, g, beta, cp_context, scale, initial_state, output_final_state, state_indices,
+        **options,
+    )  # fmt: skip
+
+
+def _context_parallel(
+    tensors: tuple,
+    context: Any,
+    scale: Any,
+    initial_state: Any,
+    output_final_state: Any,
+    cu_seqlens: Any,
+    state_indices: Any,
+    options: dict[str, Any],
+    refused: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``cp_context`` call: checked against the context, then ``context_parallel_prefill``."""
+    if not isinstance(context, ContextParallel):
+        raise rejection("cp_context", f"of type {type(context).__name__}", "cp_context must be built by "
+                        "gdn_nki.torch.build_cp_context (FLA's build_cp_context arguments)",
+                        "build it with gdn_nki.torch.build_cp_context(cu_seqlens, group)")  # fmt: skip
+    given = [name for name, value in refused.items() if _truthy(value) and value is not None]
+    if given:
+        raise rejection(given[0], "given with cp_context", "context parallelism runs the trace-time form only (no "
+                        "bucket, checkpoints, read rows or transposed layouts)", f"drop {given[0]}")  # fmt: skip
+    if cu_seqlens is not None and not torch.equal(cu_seqlens.detach().cpu().long(), context.cu_seqlens_cpu):
+        raise rejection("cu_seqlens", "unlike cp_context.cu_seqlens", "with cp_context, cu_seqlens is this rank's "
+                        "(FLA's rank-local boundaries)", "pass cu_seqlens=cp_context.cu_seqlens, or omit it")  # fmt: skip
+    forwarded = {name: value for name, value in options.items() if value is not None and value is not False}
+    forwarded.update(algorithm=options["algorithm"], group_size=options["group_size"])
+    return context_parallel_prefill(
+        chunk_gated_delta_rule, *tensors, context, scale=scale, initial_state=initial_state, output_final_state=_truthy(output_final_state),
+        state_indices=state_indices, **forwarded,
+    )  # fmt: skip
 
 
 # HF transformers' keyword arguments that its models pass through their layers to the GDN call (``**kwargs`` of a
@@ -304,8 +372,6 @@ _UNSUPPORTED_OPTIONS = {
                    "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first"),
     "state_v_first": _TRANSPOSED_STATE,
     "transpose_state_layout": _TRANSPOSED_STATE,  # FLA's name for state_v_first before 0.5.1
-    "cp_context": ("gdn-nki runs a whole sequence in one launch (no context parallelism)",
-                   "call it on the whole sequence, without cp_context"),
     "allow_neg_eigval": ("β = 2·sigmoid(beta) reaches 2, outside the kernel's contract (β in [0, 1]), where its "
                          "accuracy is not established", "train and serve with allow_neg_eigval=False models, or "
                          "run this layer with FLA"),

@@ -20,7 +20,8 @@ Each drop-in (the public functions here, under the originals' names and signatur
 A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
 so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
-type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), and calls
+type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
+context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
 with an input requiring grad (the kernel is forward-only; the host path puts its results on the autograd graph so
 that backward raises, as before).
 """

@@ -1,0 +1,320 @@
+"""Context parallelism: one long prompt's prefill split over the ranks of a ``torch.distributed`` process group.
+
+Each rank holds a contiguous, equal slice of the packed tokens (FLA's ``build_cp_context`` split of the global
+``cu_seqlens``); sequences may span rank boundaries, others lie within one rank. Per value head a segment of tokens
+maps its entry state affinely (``gdn_ref.segments``): S_end = M·S₀ + L and o_t = o_t(from zero) + p_tᵀ S₀, where M
+and p are the segment run with zero values from the identity state. So every rank, at once:
+
+1. prefills its pieces (pass A): the first from zero when its sequence began on an earlier rank, every other from
+   its own initial state (a row of ``initial_state``, or of a pool through ``state_indices``);
+2. if its first piece continues a sequence, prefills that piece again with zero values from the identity state
+   (pass B, Dv = Dk): the piece's transition M (the final state) and read-out p (the outputs);
+3. exchanges one carry — the affine map from its first piece's entry state to the state it hands the next rank —
+   with every rank of the group (``all_gather``: Hv·Dk·(Dk + Dv) fp32 per rank, whatever the tokens), composes the
+   carries of the ranks its first sequence spans into its entry state S₀, and corrects: o += p S₀ on the first
+   piece, its state M S₀ + L.
+
+Both passes are the kernel as it is (``chunk_gated_delta_rule``), so every gate it accepts — −inf resets, huge
+gates — carries through exactly: a reset zeroes M and every later p. A sequence's final state comes back on the rank
+where it ends (a pool row is written there, and only there, once every rank has finished); initial states work on
+the rank where a sequence starts. Every collective runs under the group's timeout (``init_process_group(timeout=)``):
+a rank that never arrives fails the others' call instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+from gdn_ref.contract import ContractError, Violation
+
+from ..host.torch_io import import_torch
+
+torch = import_torch()
+dist = torch.distributed
+
+# The keyword options both passes take as the caller gave them (the same q/k normalization and gates in both).
+FORWARDED = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "use_gate_in_kernel", "A_log", "dt_bias",
+             "algorithm", "group_size")  # fmt: skip
+CALLER = "gdn_nki.torch.context_parallel_chunk_gated_delta_rule"
+
+
+@dataclasses.dataclass
+class ContextParallel:
+    """What one rank needs to know of a context-parallel layout (FLA's ``FLACPContext`` fields, and ours).
+
+    Attributes:
+        group: the process group the tokens are split over (one rank per slice, in rank order).
+        cu_seqlens: [n + 1] int32, this rank's pieces in its own tokens (FLA's rank-local ``cu_seqlens``).
+        cu_seqlens_cpu: the same on the CPU, int64.
+        is_first_rank: this rank's first piece starts its sequence (FLA's name).
+        pre_num_ranks: how many earlier ranks this rank's first sequence began before this one.
+        is_last_rank: this rank's last piece ends its sequence (FLA's name).
+        post_num_ranks: how many later ranks this rank's last sequence continues onto.
+        first_sequence: the global index of this rank's first piece's sequence.
+        tokens_per_rank: the slice every rank holds.
+        sent_bytes: the bytes this rank sent in the collectives of its last call (the exchange is independent of
+            the tokens; tests read it).
+    """
+
+    group: Any
+    cu_seqlens: Any
+    cu_seqlens_cpu: Any
+    is_first_rank: bool
+    pre_num_ranks: int
+    is_last_rank: bool
+    post_num_ranks: int
+    first_sequence: int
+    tokens_per_rank: int
+    sent_bytes: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        """The pieces on this rank."""
+        return len(self.cu_seqlens_cpu) - 1
+
+
+def build_cp_context(
+    cu_seqlens: Any, group: Any, kernel_size: int | None = None, cu_seqlens_cpu: Any = None
+) -> ContextParallel:
+    """This rank's slice of a packed batch split evenly over ``group`` (FLA's ``build_cp_context``).
+
+    Dimensions:
+        N: sequences of the whole batch; T: its tokens, a multiple of the group's size W.
+
+    Args:
+        cu_seqlens (torch.Tensor): [N + 1] global boundaries, 0 = cu[0] < cu[1] < ... < cu[N] = T.
+        group (ProcessGroup): the ranks the tokens are split over; rank r holds tokens [r·T/W, (r+1)·T/W).
+        kernel_size: FLA's conv halo: rejected when set (no conv here).
+        cu_seqlens_cpu (torch.Tensor | None): the same boundaries on the CPU (read instead of ``cu_seqlens``).
+
+    Returns:
+        ContextParallel: this rank's pieces and where its first and last sequences begin and end.
+    """
+    if kernel_size is not None:
+        raise _rejection("kernel_size", f"= {kernel_size!r}", "a GDN context carries no conv halo", "omit it")
+    host = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).detach().to("cpu", torch.int64)
+    bounds = [int(x) for x in host.tolist()]
+    if len(bounds) < 2 or bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):
+        raise _rejection("cu_seqlens", f"= {bounds[:8]}", "cu_seqlens starts at 0 and increases strictly",
+                         "pass the global boundaries of non-empty sequences")  # fmt: skip
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    total = bounds[-1]
+    if total % world:
+        raise _rejection("cu_seqlens", f"with {total} tokens", f"the tokens split evenly over the group's {world} "
+                         "ranks", f"pad the batch to a multiple of {world} tokens")  # fmt: skip
+    part = total // world
+    start, end = rank * part, (rank + 1) * part
+    first = max(i for i in range(len(bounds) - 1) if bounds[i] <= start)
+    last = min(i for i in range(1, len(bounds)) if bounds[i] >= end) - 1
+    local = [min(max(b, start), end) - start for b in bounds[first : last + 2]]
+    first_rank, last_rank = bounds[first] // part, (bounds[last + 1] - 1) // part
+    return ContextParallel(
+        group=group,
+        cu_seqlens=torch.tensor(local, dtype=torch.int32, device=cu_seqlens.device),
+        cu_seqlens_cpu=torch.tensor(local, dtype=torch.int64),
+        is_first_rank=first_rank == rank,
+        pre_num_ranks=rank - first_rank,
+        is_last_rank=last_rank == rank,
+        post_num_ranks=last_rank - rank,
+        first_sequence=first,
+        tokens_per_rank=part,
+    )
+
+
+def context_parallel_prefill(
+    prefill: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    cp_context: ContextParallel,
+    scale: float | None = None,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    state_indices: Any = None,
+    **options: Any,
+) -> tuple[Any, Any]:
+    """This rank's share of a context-parallel prefill; every rank of ``cp_context.group`` calls it at once
+    (``gdn_nki.torch.context_parallel_chunk_gated_delta_rule`` is this with ``chunk_gated_delta_rule``).
+
+    Dimensions:
+        L: this rank's tokens (the same on every rank). n: this rank's pieces. N: the batch's sequences. P: pool
+        rows. Hk, Hv, K, V as ``chunk_gated_delta_rule`` (with tensor parallelism: this rank's heads).
+
+    Args:
+        prefill: ``chunk_gated_delta_rule`` (passed in: it calls back here with ``cp_context``).
+        q, k, v, g, beta: this rank's tokens, seq-first [1, L, ·], as ``chunk_gated_delta_rule``.
+        cp_context (ContextParallel): ``build_cp_context`` of the global ``cu_seqlens`` on this group.
+        scale (float | None): query scaling; None = K ** -0.5.
+        initial_state (torch.Tensor | None): [N, Hv, K, V] fp32, sequence i's initial state (read on the rank
+            where i starts); with ``state_indices`` a [P, Hv, K, V] fp32 pool, its rows read where a sequence
+            starts and written, in place, where it ends.
+        output_final_state (bool): return the states after this rank's pieces.
+        state_indices (torch.Tensor | None): [N] pool rows of the batch's sequences (−1: start from zero, store
+            nothing).
+        options: ``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``use_gate_in_kernel``, ``A_log``,
+            ``dt_bias``, ``algorithm``, ``group_size``, as ``chunk_gated_delta_rule``.
+
+    Returns:
+        tuple: ``o`` [1, L, Hv, V] in q's dtype — the single-rank prefill's output for these tokens — and, with
+        ``output_final_state``, [n, Hv, K, V] fp32, the state after each piece's last token here (a sequence's final
+        state on the rank where it ends; with a pool, the pool itself, updated), else None.
+
+    Notes:
+        A call completes on every rank or raises on every rank (``ContractError`` for bad input anywhere, naming
+        the rank; ``RuntimeError`` when a rank's kernel failed), with no pool row written on any rank. The bytes
+        sent do not grow with L: a header, one carry and a status (``cp_context.sent_bytes``).
+    """
+    unknown = sorted(set(options) - set(FORWARDED))
+    if unknown:
+        raise _rejection(unknown[0], "given", f"context parallelism forwards only {', '.join(FORWARDED)}",
+                         "run bucketed, checkpointed or pool-reading calls without cp_context")  # fmt: skip
+    context = cp_context
+    context.sent_bytes = 0
+    value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
+    problem = _local_problem(q, v, context, initial_state, state_indices)
+    header = torch.tensor([q.shape[1], value_heads, dk, dv, 0 if problem is None else 1], dtype=torch.int64)
+    headers = _all_gather(context, header)
+    _agree(context, headers, problem)
+    for name, column in (("tokens", 0), ("value heads", 1), ("K", 2), ("V", 3)):
+        seen = sorted({int(h[column]) for h in headers})
+        if len(seen) > 1:
+            raise _rejection("q" if column < 3 else "v", f"with {name} {seen} across the ranks", "every rank of "
+                             "the group holds the same number of tokens and heads", "split the batch with "
+                             "build_cp_context and pass each rank its slice")  # fmt: skip
+
+    failure, result = None, None
+    try:
+        result = _prefill_here(prefill, (q, k, v, g, beta), context, scale, initial_state, state_indices, options)
+    except Exception as error:  # a rank's failure is every rank's: no rank commits, none hangs
+        failure = f"{type(error).__name__}: {error}"
+    carry = result[0] if result is not None else torch.zeros(value_heads, dk, dk + dv)
+    carries = _all_gather(context, carry.float().contiguous())
+    status = _all_gather(context, torch.tensor([0 if failure is None else 1], dtype=torch.int64))
+    if any(int(s) for s in status):
+        messages = _all_gather_objects(context, failure)
+        named = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m)
+        raise RuntimeError(f"{CALLER}: the prefill failed on a rank, so no rank wrote its pool rows ({named})")
+    _, out, readout, transition, states = result
+    if not context.is_first_rank:
+        entry = _entry_state(context, carries, dk)
+        out = _corrected(out, readout, entry)
+        states[0] = transition @ entry + states[0]
+    if not output_final_state:
+        return out, None
+    if state_indices is None:
+        return out, states
+    rows = _local_rows(context, state_indices)
+    ends_here = [i for i in range(context.num_seqs) if i < context.num_seqs - 1 or context.is_last_rank]
+    keep = [i for i in ends_here if rows[i] >= 0]
+    if keep:
+        initial_state[torch.tensor([rows[i] for i in keep])] = states[keep]
+    return out, initial_state
+
+
+def _corrected(out: Any, readout: Any, entry: Any) -> Any:
+    """``out`` with the first piece's outputs read from its true entry state: o_t += p_tᵀ S₀, in fp32, rounded once."""
+    length = readout.shape[0]
+    first = out[0, :length].float() + torch.einsum("thk,hkv->thv", readout.float(), entry)
+    out = out.clone()
+    out[0, :length] = first.to(out.dtype)
+    return out
+
+
+def _prefill_here(prefill, tensors, context, scale, initial_state, state_indices, options) -> tuple:
+    """This rank's two passes: (carry [Hv, K, K + V], out, readout [len₀, Hv, K], M [Hv, K, K], states [n, Hv, K, V])."""
+    q, k, v, g, beta = tensors
+    value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
+    pieces = context.cu_seqlens_cpu
+    entry = _initial_states(context, initial_state, state_indices, (value_heads, dk, dv))
+    out, states = prefill(q, k, v, g, beta, scale, initial_state=entry, output_final_state=True,
+                                         cu_seqlens=pieces, **options)  # fmt: skip
+    readout = transition = None
+    if not context.is_first_rank:  # pass B over the first piece: zero values from the identity state
+        length = int(pieces[1])
+        first = [x[:, :length] for x in (q, k, g, beta)]
+        zeros = torch.zeros(1, length, value_heads, dk, dtype=v.dtype)
+        identity = torch.eye(dk).expand(1, value_heads, dk, dk).contiguous()
+        p, m = prefill(first[0], first[1], zeros, first[2], first[3], scale, initial_state=identity,
+                                      output_final_state=True, **options)  # fmt: skip
+        readout, transition = p[0], m[0]
+    # The carry: the map from the first piece's entry state to the state handed to the next rank. Only a rank
+    # whose one piece spans it passes the entry state on (M, L); any other hands on its last piece's state (0, L).
+    spans = context.num_seqs == 1 and not context.is_first_rank
+    carry_m = transition if spans else torch.zeros(value_heads, dk, dk)
+    carry = torch.cat([carry_m, states[-1]], dim=-1)
+    return carry, out, readout, transition, states
+
+
+def _entry_state(context: ContextParallel, carries: list[Any], dk: int) -> Any:
+    """The first piece's true entry state: the carries of the ranks its sequence spans, composed in order."""
+    rank = dist.get_rank(context.group)
+    entry = None
+    for source in range(rank - context.pre_num_ranks, rank):
+        m, state = carries[source][..., :dk], carries[source][..., dk:]
+        entry = state if entry is None else m @ entry + state
+    return entry
+
+
+def _initial_states(context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple) -> Any:
+    """[n, Hv, K, V] fp32: each piece's state to start from here (zero for a continued first piece)."""
+    states = torch.zeros(context.num_seqs, *tail)
+    if initial_state is None:
+        return states
+    rows = _local_rows(context, state_indices) if state_indices is not None else None
+    for i in range(context.num_seqs):
+        if i == 0 and not context.is_first_rank:
+            continue
+        if rows is None:
+            states[i] = initial_state[context.first_sequence + i]
+        elif rows[i] >= 0:
+            states[i] = initial_state[rows[i]]
+    return states
+
+
+def _local_rows(context: ContextParallel, state_indices: Any) -> list[int]:
+    """The pool rows of this rank's pieces."""
+    rows = state_indices.detach().to("cpu").tolist()
+    return rows[context.first_sequence : context.first_sequence + context.num_seqs]
+
+
+def _local_problem(q: Any, v: Any, context: ContextParallel, initial_state: Any, state_indices: Any) -> str | None:
+    """What is wrong with this rank's part of the call, found before any collective (None: nothing)."""
+    if q.shape[0] != 1 or q.shape[1] != context.tokens_per_rank:
+        return (f"q has shape {tuple(q.shape)}; this rank holds [1, {context.tokens_per_rank}, ...] "
+                "(build_cp_context's slice)")  # fmt: skip
+    if state_indices is not None and initial_state is None:
+        return "state_indices given without a pool (initial_state)"
+    return None
+
+
+def _agree(context: ContextParallel, headers: list[Any], problem: str | None) -> None:
+    """Raise on every rank when any rank found its part of the call wrong, naming the ranks and what."""
+    if not any(int(h[4]) for h in headers):
+        return
+    messages = _all_gather_objects(context, problem)
+    named = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m)
+    raise _rejection("cp_context", f"on {sum(1 for m in messages if m)} rank(s)", named, "fix the named ranks' "
+                     "inputs; no rank ran or wrote anything")  # fmt: skip
+
+
+def _all_gather(context: ContextParallel, tensor: Any) -> list[Any]:
+    """``dist.all_gather`` of one tensor per rank, its bytes counted in ``context.sent_bytes``."""
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(context.group))]
+    dist.all_gather(gathered, tensor, group=context.group)
+    context.sent_bytes += tensor.numel() * tensor.element_size()
+    return gathered
+
+
+def _all_gather_objects(context: ContextParallel, value: Any) -> list[Any]:
+    """Every rank's message (only after a failure: the happy path sends tensors of fixed size)."""
+    gathered: list[Any] = [None] * dist.get_world_size(context.group)
+    dist.all_gather_object(gathered, value, group=context.group)
+    return gathered
+
+
+def _rejection(argument: str, value: str, rule: str, fix: str) -> ContractError:
+    return ContractError([Violation(f"context_parallel.{argument}", argument, value, rule, fix, api=CALLER)])
