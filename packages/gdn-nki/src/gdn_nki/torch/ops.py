@@ -74,9 +74,12 @@ def chunk_op(
 def _chunk_cpu(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
                use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
     with _drop_in_warned():
-        o, final = _chunk_host(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm,
-                               use_beta_sigmoid, use_gate, algorithm, group_size, bucket)  # fmt: skip
-    return o, final
+        return chunk.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm, use_beta_sigmoid_in_kernel=use_beta_sigmoid,
+            cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
+            group_size=group_size, bucket=None if bucket is None else tuple(bucket),
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -88,17 +91,6 @@ def _drop_in_warned() -> Iterator[None]:
 
 
 HEAD_FIRST_WARNING = "gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens"
-
-
-def _chunk_host(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
-                use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
-    o, final = chunk.chunk_gated_delta_rule(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
-        use_qk_l2norm_in_kernel=use_qk_l2norm, use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens,
-        use_gate_in_kernel=use_gate, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm, group_size=group_size,
-        bucket=None if bucket is None else tuple(bucket),
-    )  # fmt: skip
-    return o, final
 
 
 @chunk_op.register_fake
@@ -141,21 +133,13 @@ def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_se
                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
                     checkpoint_every) -> Tensor:  # fmt: skip
     with _drop_in_warned():
-        return _chunk_pool_host(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
-                                read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size,
-                                bucket, checkpoint_every)  # fmt: skip
-
-
-def _chunk_pool_host(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
-                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                     checkpoint_every) -> Tensor:  # fmt: skip
-    o, _ = chunk.chunk_gated_delta_rule(
-        q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
-        A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
-        bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
-        checkpoint_indices=checkpoint_indices, read_indices=read_indices,
-    )  # fmt: skip
+        o, _ = chunk.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
+            A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
+            bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
+            checkpoint_indices=checkpoint_indices, read_indices=read_indices,
+        )  # fmt: skip
     return o
 
 
