@@ -249,6 +249,9 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
     "packages/gdn-nki/tests/test_serve_qwen3_next.py",
     "packages/gdn-nki/tests/test_serving_engine.py",
+    "packages/gdn-nki/tests/test_torch_ops.py",
+    "packages/gdn-nki/tests/test_torch_compile.py",
+    "packages/gdn-nki/tests/test_torch_device.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
@@ -312,12 +315,12 @@ def neuron(session: nox.Session) -> None:
     compiled and (with a device) benchmarked at Qwen3-Next shapes into bench-out/. Prints "skipped: Neuron SDK not
     installed" and succeeds where the SDK cannot be had (no Neuron host and no GDN_NEURON_INDEX)."""
     if not (_neuron_machine() or os.environ.get("GDN_NEURON_INDEX")):
-        session.log("skipped: Neuron SDK not installed")
+        session.log(f"skipped: Neuron SDK not installed; on a Neuron host this session would run: {NEURON_PLAN}")
         return
     _install_repo(session)
     session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_PACKAGES)
     if not _real_nki_in_session(session):
-        session.log("skipped: Neuron SDK not installed")
+        session.log(f"skipped: Neuron SDK not installed; on a Neuron host this session would run: {NEURON_PLAN}")
         return
     env = {
         **SINGLE_THREAD_BLAS,
@@ -328,6 +331,26 @@ def neuron(session: nox.Session) -> None:
     session.run("pytest", "-q", "-n", _xdist_workers(), str(ROOT / "packages/gdn-nki/tests"), env=env)
     session.run("gdn-spec", "check", "gdn_nki:simulate", "-n", _xdist_workers(), env=env)
     session.run("python", str(ROOT / "packages/gdn-nki/bench/neuron_kernel.py"), "--out", str(out), env=env)
+    # The torch ops on the device: torch-neuronx from the same index, then the ops' tests (fake tensors, opcheck,
+    # compile, export, the device path's layouts) and the conformance suite through the drop-in on device tensors.
+    # Never run yet (README, "Running on Trainium"): a failure here is the first news of the device path.
+    session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_TORCH_PACKAGES)
+    session.run("pytest", "-q", *TORCH_OPS_TESTS, env=env)
+    session.run("gdn-spec", "check", "gdn_nki.torch:chunk_gated_delta_rule", "--adapter", "fla-torch:varlen=yes",
+                "--device", NEURON_TORCH_DEVICE, env=env)  # fmt: skip
+
+
+# torch-neuronx (its torch and the XLA device), from AWS's index like the SDK; the ops' tests and their device.
+NEURON_TORCH_PACKAGES = ["torch-neuronx>=2.14", "transformers>=5.24"]
+NEURON_TORCH_DEVICE = "xla"
+TORCH_OPS_TESTS = tuple(
+    f"packages/gdn-nki/tests/{name}" for name in ("test_torch_ops.py", "test_torch_compile.py", "test_torch_device.py")
+)
+NEURON_PLAN = (
+    "gdn-nki's tests and gdn-spec check gdn_nki:simulate on the real nki; bench/neuron_kernel.py (compile, and "
+    "nki.benchmark with a device); torch-neuronx's ops: pytest " + " ".join(TORCH_OPS_TESTS) + "; gdn-spec check "
+    f"gdn_nki.torch:chunk_gated_delta_rule --adapter fla-torch:varlen=yes --device {NEURON_TORCH_DEVICE}"
+)
 
 
 def _real_nki_in_session(session: nox.Session) -> bool:

@@ -204,14 +204,7 @@ def chunk_gated_delta_rule(
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     _check_layout(tensors, cu_seqlens)
     _reject_lost_packing(kwargs, cu_seqlens)
-    if cu_seqlens is None and q.shape[1] < q.shape[2]:
-        warnings.warn(
-            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
-            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
-            "[B, H, T, D] tensors (transpose(1, 2) them)",
-            UserWarning,
-            stacklevel=2,
-        )
+    warn_if_head_first(q, cu_seqlens)
     batch, seq_len, _, dk = q.shape
     value_heads, dv = v.shape[2], v.shape[3]
     cu = _boundaries(cu_seqlens, batch, seq_len)
@@ -428,8 +421,9 @@ def _index_array(rows: Any) -> np.ndarray | None:
     return None if rows is None else as_numpy(torch.as_tensor(rows))
 
 
-def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> torch.Tensor:
-    """FLA's ``use_gate_in_kernel``: the log-decay from the raw gate ``g`` (checked, with its parameters)."""
+def check_gate_parameters(a_log: Any, dt_bias: Any, value_heads: int, any_device: bool = False) -> None:
+    """The rules of FLA's ``use_gate_in_kernel`` parameters that read no value: given, tensors, dtypes, one per
+    value head (the custom ops check them at trace time)."""
     if a_log is None:
         raise rejection("A_log", "= None with use_gate_in_kernel=True", "the fused gate -exp(A_log)·softplus(g + "
                         "dt_bias) needs the layer's A_log", "pass A_log=layer.A_log", rule_id="A_log.required")  # fmt: skip
@@ -437,10 +431,17 @@ def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> t
     for name, x in parameters.items():
         if not is_torch_tensor(x):
             raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
-        check_tensor(name, x)
+        check_tensor(name, x, any_device=any_device)
         if x.numel() != value_heads:
             raise rejection(name, f"shape {tuple(x.shape)}", f"{name} holds one value per value head (Hv="
                             f"{value_heads})", f"pass the layer's {name} [Hv]", rule_id=f"{name}.shape")  # fmt: skip
+
+
+def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> torch.Tensor:
+    """FLA's ``use_gate_in_kernel``: the log-decay from the raw gate ``g`` (checked, with its parameters)."""
+    check_gate_parameters(a_log, dt_bias, value_heads)
+    parameters = {"A_log": a_log} if dt_bias is None else {"A_log": a_log, "dt_bias": dt_bias}
+    for name, x in parameters.items():
         found = first_bad_index(as_numpy(x).reshape(-1), lambda a: ~np.isfinite(a))
         if found is not None:
             raise rejection(name, f"value {as_numpy(x).reshape(-1)[found]} at index {list(found)}", f"{name} must "
@@ -482,12 +483,25 @@ def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
     return [token // seq_len, token % seq_len, head, *rest]
 
 
-def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
-    """Device, dtype and FLA's seq-first shapes, each failure naming its argument."""
+def warn_if_head_first(q: Any, cu_seqlens: Any) -> None:
+    """FLA's warning when T < Hk without ``cu_seqlens``: head-first [B, H, T, D] tensors passed as seq-first look
+    like that and would run as garbage (attributed to the drop-in's caller)."""
+    if cu_seqlens is None and q.shape[1] < q.shape[2]:
+        warnings.warn(
+            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
+            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
+            "[B, H, T, D] tensors (transpose(1, 2) them)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _check_layout(tensors: dict[str, Any], cu_seqlens: Any, any_device: bool = False) -> None:
+    """Device (the CPU unless ``any_device``), dtype and FLA's seq-first shapes, each failure naming its argument."""
     for name, x in tensors.items():
         if not isinstance(x, torch.Tensor):
             raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
-        check_tensor(name, x)
+        check_tensor(name, x, any_device=any_device)
     q, v = tensors["q"], tensors["v"]
     for name in ("k", "v"):
         if tensors[name].dtype != q.dtype:
@@ -514,7 +528,7 @@ def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
                 f"pass {name} laid out as {_SEQ_FIRST[name]}",
             )
     if cu_seqlens is not None and isinstance(cu_seqlens, torch.Tensor):
-        check_tensor("cu_seqlens", cu_seqlens, INTEGER_DTYPES)
+        check_tensor("cu_seqlens", cu_seqlens, INTEGER_DTYPES, any_device=any_device)
 
 
 def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
@@ -532,6 +546,21 @@ def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
 def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int]) -> tuple[Any, Any]:
     """The kernel's state buffer and slots: the caller's pool itself (in place) with ``state_indices``, else a
     private fp32 copy of ``initial_state`` (FLA never writes it) or None."""
+    check_states(initial_state, state_indices, n_seqs, tail)
+    if initial_state is None:
+        return None, None
+    if state_indices is None:
+        return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
+    if isinstance(state_indices, torch.Tensor):
+        state_indices = as_numpy(state_indices)
+    return as_numpy(initial_state), np.asarray(state_indices)
+
+
+def check_states(
+    initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int], any_device: bool = False
+) -> None:
+    """The rules of ``initial_state`` and ``state_indices`` that read only types, shapes, dtypes and strides (the
+    custom ops check them at trace time)."""
     if initial_state is None:
         if state_indices is not None:
             raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
@@ -542,7 +571,8 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
                         "tensor", "pass torch.from_numpy(initial_state)")  # fmt: skip
     # A state read once may be bf16 (FLA's own example passes one; it widens exactly); a pool written in place
     # holds the fp32 final states, so it must be fp32.
-    check_tensor("initial_state", initial_state, ("float32",) if state_indices is not None else SUPPORTED_DTYPES)
+    dtypes = ("float32",) if state_indices is not None else SUPPORTED_DTYPES
+    check_tensor("initial_state", initial_state, dtypes, any_device=any_device)
     rows = n_seqs if state_indices is None else None
     shape = tuple(initial_state.shape)
     if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
@@ -550,15 +580,13 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
         raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:
-        return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
+        return
     reject_unwritable_state("initial_state", initial_state)
     if not initial_state.is_contiguous():
         raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
                         "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
     if isinstance(state_indices, torch.Tensor):
-        check_tensor("state_indices", state_indices, INTEGER_DTYPES)
-        state_indices = as_numpy(state_indices)
-    return as_numpy(initial_state), np.asarray(state_indices)
+        check_tensor("state_indices", state_indices, INTEGER_DTYPES, any_device=any_device)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -100,10 +100,7 @@ def fused_recurrent_gated_delta_rule(
     """
     torch = import_torch()
     del kwargs  # see Args
-    for name, value in (("gk", gk), ("gv", gv)):
-        if value is not None:
-            raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
-                            f"pass {name}=None and a per-head g")  # fmt: skip
+    reject_per_key_decays(gk, gv)
     inputs = _token_tensors(q, k, v)
     gates = _gates(q, v, g, beta)
     spans = _spans(q, cu_seqlens, allow_mixed=True)
@@ -164,16 +161,11 @@ def vllm_fused_recurrent_gated_delta_rule(
         raise rejection("inplace_final_state", f"= {inplace_final_state!r}",
                         "only the in-place pool form is supported (the per-token state tensor is not)",
                         "pass inplace_final_state=True with ssm_state_indices [N, T] to keep every token's state")  # fmt: skip
-    if ssm_state_indices is None or initial_state is None:
-        raise rejection("ssm_state_indices", "None", "the in-place form addresses the pool initial_state by "
-                        "ssm_state_indices", "pass the pool as initial_state and its rows as ssm_state_indices")  # fmt: skip
+    reject_missing_pool(ssm_state_indices, initial_state)
     spans = _spans(q, cu_seqlens, allow_mixed=False)
     tokens = spans[0][1] - spans[0][0] if spans else q.shape[1]  # no request: decode_step names the empty batch
     indices = _indices("ssm_state_indices", ssm_state_indices)
-    if indices.ndim == 1 and tokens > 1:
-        raise rejection("ssm_state_indices", f"shape {indices.shape} with T={tokens}",
-                        "with T > 1 tokens per request the indices are [N, T], one row per token's state",
-                        "pass ssm_state_indices of shape [N, T]")  # fmt: skip
+    check_rows_per_token(indices.shape, tokens)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
     pool, publish = state_buffer("initial_state", initial_state)
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _VLLM_NAMES)
@@ -215,13 +207,7 @@ def fused_sigmoid_gating_delta_rule_update(
     Returns:
         ``o`` [B, T, HV, V] in q's dtype.
     """
-    if float(softplus_beta) != 1.0:
-        raise rejection("softplus_beta", f"= {softplus_beta!r}", "the kernel's gate is softplus with beta 1 "
-                        "(Qwen3-Next's)", "pass softplus_beta=1.0")  # fmt: skip
-    if float(softplus_threshold) < MIN_SOFTPLUS_THRESHOLD:
-        raise rejection("softplus_threshold", f"= {softplus_threshold!r}",
-                        f"the kernel computes the exact softplus, which a threshold >= {MIN_SOFTPLUS_THRESHOLD} "
-                        "reproduces in fp32", "pass softplus_threshold=20.0 (the default)")  # fmt: skip
+    check_softplus(softplus_beta, softplus_threshold)
     spans = _spans(q, cu_seqlens, allow_mixed=False)
     shape = (*v.shape[:2], v.shape[2])
     raw = {name: _per_token(name, x, shape) for name, x in (("a", a), ("b", b))}
@@ -233,6 +219,32 @@ def fused_sigmoid_gating_delta_rule_update(
     out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, None, step)
     publish()
     return out
+
+
+def reject_per_key_decays(gk: Any, gv: Any) -> None:
+    """FLA's per-key and per-value decays are not the kernel's (one g per token and value head)."""
+    for name, value in (("gk", gk), ("gv", gv)):
+        if value is not None:
+            raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
+                            f"pass {name}=None and a per-head g")  # fmt: skip
+
+
+def reject_missing_pool(ssm_state_indices: Any, initial_state: Any) -> None:
+    """vLLM's in-place form needs its pool and the pool's rows."""
+    if ssm_state_indices is None or initial_state is None:
+        raise rejection("ssm_state_indices", "None", "the in-place form addresses the pool initial_state by "
+                        "ssm_state_indices", "pass the pool as initial_state and its rows as ssm_state_indices")  # fmt: skip
+
+
+def check_softplus(softplus_beta: float, softplus_threshold: float) -> None:
+    """The kernel's gate is the exact softplus with beta 1."""
+    if float(softplus_beta) != 1.0:
+        raise rejection("softplus_beta", f"= {softplus_beta!r}", "the kernel's gate is softplus with beta 1 "
+                        "(Qwen3-Next's)", "pass softplus_beta=1.0")  # fmt: skip
+    if float(softplus_threshold) < MIN_SOFTPLUS_THRESHOLD:
+        raise rejection("softplus_threshold", f"= {softplus_threshold!r}",
+                        f"the kernel computes the exact softplus, which a threshold >= {MIN_SOFTPLUS_THRESHOLD} "
+                        "reproduces in fp32", "pass softplus_threshold=20.0 (the default)")  # fmt: skip
 
 
 # --- shared conversions --------------------------------------------------------------------------------------------
@@ -252,25 +264,41 @@ def _fp32(name: str, x: Any) -> np.ndarray:
 
 def _per_token(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
     """A per-token, per-value-head tensor as fp32 [B, T, HV] from [B, T, HV] or the token-flattened [B·T, HV] the
-    originals also take. The shape is matched exactly: a time-major [T, B, HV] holds as many elements, and
-    reshaping it would pair each token with another token's gate."""
-    array = _fp32(name, x)
-    forms = (shape, (shape[0] * shape[1], shape[2]))
-    if tuple(array.shape) not in forms:
-        raise rejection(name, f"shape {tuple(array.shape)}", f"{name} must be [B, T, HV] = {forms[0]} or [B·T, HV] = "
+    originals also take."""
+    check_per_token(name, x, shape)
+    return _fp32(name, x).reshape(shape)
+
+
+def check_per_token(name: str, x: Any, shape: tuple[int, ...], any_device: bool = False) -> None:
+    """``_per_token``'s rules, which read only the dtype and the shape (the custom ops check them at trace time).
+    The shape is matched exactly: a time-major [T, B, HV] holds as many elements, and reshaping it would pair each
+    token with another token's gate."""
+    check_tensor(name, x, SUPPORTED_DTYPES, any_device=any_device)
+    forms = (tuple(shape), (shape[0] * shape[1], shape[2]))
+    if tuple(x.shape) not in forms:
+        raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must be [B, T, HV] = {forms[0]} or [B·T, HV] = "
                         f"{forms[1]}: one value per token and value head, tokens in q's order",
                         f"pass {name} laid out as q's tokens (a time-major [T, B, HV] tensor: {name}.transpose(0, 1))")  # fmt: skip
-    return array.reshape(shape)
 
 
 def _gates(q: Any, v: Any, g: Any, beta: Any) -> dict[str, np.ndarray]:
+    check_gates(v, g, beta)
     shape = (*v.shape[:2], v.shape[2])
     log_decay = np.zeros(shape, np.float32) if g is None else _per_token("g", g, shape)
+    strength = np.ones(shape, np.float32) if beta is None else _per_token("beta", beta, shape)
+    return {"g_log": log_decay, "beta": strength}
+
+
+def check_gates(v: Any, g: Any, beta: Any, any_device: bool = False) -> None:
+    """The rules of ``g`` and ``beta`` that read only dtypes and shapes, in ``_gates``'s order."""
+    shape = (*v.shape[:2], v.shape[2])
+    if g is not None:
+        check_per_token("g", g, shape, any_device)
     if beta is not None and beta.ndim == v.ndim:
         raise rejection("beta", f"shape {tuple(beta.shape)}", "head-wise beta ([B, T, HV, V]) is not supported",
                         "pass one beta per token and value head, [B, T, HV]")  # fmt: skip
-    strength = np.ones(shape, np.float32) if beta is None else _per_token("beta", beta, shape)
-    return {"g_log": log_decay, "beta": strength}
+    if beta is not None:
+        check_per_token("beta", beta, shape, any_device)
 
 
 def _indices(name: str, x: Any) -> np.ndarray:
@@ -288,9 +316,7 @@ def _spans(q: Any, cu_seqlens: Any, allow_mixed: bool) -> list[tuple[int, int, i
     batch, length = q.shape[0], q.shape[1]
     if cu_seqlens is None:
         return [(0, length, n) for n in range(batch)]
-    if batch != 1:
-        raise rejection("cu_seqlens", f"with batch B={batch}", "with cu_seqlens the sequences are packed in one "
-                        "row, so B must be 1", "flatten the batch into [1, T_total, ...]")  # fmt: skip
+    check_packed_batch(batch)
     cu = [int(c) for c in _indices("cu_seqlens", cu_seqlens)]
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != length or any(b <= a for a, b in itertools.pairwise(cu)):
         raise rejection("cu_seqlens", f"{cu}", f"cu_seqlens must rise strictly from 0 to T={length}",
@@ -301,6 +327,21 @@ def _spans(q: Any, cu_seqlens: Any, allow_mixed: bool) -> list[tuple[int, int, i
                         "every request of one step has the same number of new tokens (one compiled program per "
                         "(N, T) bucket)", "split the batch into calls of equal lengths")  # fmt: skip
     return [(a, b, 0) for a, b in itertools.pairwise(cu)]
+
+
+def check_packed_batch(batch: int) -> None:
+    """With ``cu_seqlens`` the sequences are packed in one row: B = 1."""
+    if batch != 1:
+        raise rejection("cu_seqlens", f"with batch B={batch}", "with cu_seqlens the sequences are packed in one "
+                        "row, so B must be 1", "flatten the batch into [1, T_total, ...]")  # fmt: skip
+
+
+def check_rows_per_token(shape: tuple[int, ...], tokens: int) -> None:
+    """``ssm_state_indices`` is [N, T] when a request brings T > 1 tokens (one row per token's state)."""
+    if len(shape) == 1 and tokens > 1:
+        raise rejection("ssm_state_indices", f"shape {shape} with T={tokens}",
+                        "with T > 1 tokens per request the indices are [N, T], one row per token's state",
+                        "pass ssm_state_indices of shape [N, T]")  # fmt: skip
 
 
 def _by_length(spans: list[tuple[int, int, int]]) -> dict[int, list[int]]:
