@@ -54,8 +54,8 @@ _CALLER_NAMES = {
     "use_qk_l2norm": "use_qk_l2norm_in_kernel",
     "state_pool": "initial_state",
 }
-_VLLM_NAMES = _CALLER_NAMES | {"state_indices": "ssm_state_indices"}
-_SIGMOID_NAMES = _CALLER_NAMES | {"state_pool": "initial_state_source", "state_indices": "initial_state_indices"}
+VLLM_NAMES = _CALLER_NAMES | {"state_indices": "ssm_state_indices"}
+SIGMOID_NAMES = _CALLER_NAMES | {"state_pool": "initial_state_source", "state_indices": "initial_state_indices"}
 # A softplus threshold at or above this gives softplus(x) = x exactly in fp32 where the threshold applies
 # (log1p(exp(-20)) = 2e-9 is below half an ulp of 20): every threshold from here up is the exact softplus.
 MIN_SOFTPLUS_THRESHOLD = 20.0
@@ -168,7 +168,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     check_rows_per_token(indices.shape, tokens)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
     pool, publish = state_buffer("initial_state", initial_state)
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _VLLM_NAMES)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES)
     out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, step)
     publish()
     return out, initial_state
@@ -215,7 +215,7 @@ def fused_sigmoid_gating_delta_rule_update(
     indices = _indices("initial_state_indices", initial_state_indices)
     pool, publish = state_buffer("initial_state_source", initial_state_source)
     layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _SIGMOID_NAMES, layouts)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts)
     out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, None, step)
     publish()
     return out

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.contract import names_entry_point
 
 from ..host.decode import tkg_simulate
 from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor
@@ -156,6 +157,7 @@ def _prefill_out(q: Tensor, v: Tensor) -> Tensor:
     return q.new_empty((*v.shape[:3], v.shape[3]))
 
 
+@names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -188,6 +190,7 @@ def chunk_gated_delta_rule(
     checkpoint_every: int | None = None,
     checkpoint_indices: Tensor | None = None,
     read_indices: Tensor | None = None,
+    check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, as one ``gdn_nki`` op.
@@ -224,7 +227,8 @@ def chunk_gated_delta_rule(
         and (initial_state is not None or pool is None)
         and (pool is not None or (checkpoint_indices is None and read_indices is None))
     )
-    if not (carried and plainly_valid):
+    # check_values=False on the CPU is the host path's (the op's CPU kernel scans; a device path never does)
+    if not (carried and plainly_valid) or (check_values is not True and q.device.type == "cpu"):
         return chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
             use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu, chunk_indices,
@@ -232,7 +236,7 @@ def chunk_gated_delta_rule(
             head_first=head_first, transpose_state_layout=transpose_state_layout, state_indices=state_indices,
             initial_state_indices=initial_state_indices, algorithm=algorithm, group_size=group_size, bucket=bucket,
             checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, read_indices=read_indices,
-            **kwargs,
+            check_values=check_values, **kwargs,
         )  # fmt: skip
     if q.dim() == 4:
         chunk.warn_if_head_first(q, cu_seqlens)
@@ -317,6 +321,7 @@ def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, us
     return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
 
 
+@names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -330,6 +335,7 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Tensor | None = None,
+    check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """FLA's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::fused_recurrent_gated_delta_rule``.
@@ -342,9 +348,11 @@ def fused_recurrent_gated_delta_rule(
         reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
     """
     del kwargs  # ignored, as HF's torch_recurrent_gated_delta_rule ignores them
-    if not _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale):
+    carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale)
+    if not carried or (check_values is not True and q.device.type == "cpu"):
         return fused_recurrent.fused_recurrent_gated_delta_rule(
-            q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens
+            q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+            check_values=check_values,
         )  # fmt: skip
     fused_recurrent.reject_per_key_decays(gk, gv)
     o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
@@ -390,6 +398,7 @@ def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seq
     return _prefill_out(q, v)
 
 
+@names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -404,6 +413,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     num_accepted_tokens: Tensor | None = None,
     retrieve_parent_token: Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    check_values: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """vLLM's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::vllm_fused_recurrent_gated_delta_rule``
     (the pool declared mutated).
@@ -419,10 +429,11 @@ def vllm_fused_recurrent_gated_delta_rule(
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
     )
-    if not carried or retrieve_parent_token is not None or inplace_final_state is not True:
+    host = check_values is not True and q.device.type == "cpu"
+    if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True:
         return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
-            num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel,
+            num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel, check_values=check_values,
         )  # fmt: skip
     fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
     o = vllm_fused_recurrent_op(q, k, v, g, beta, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
@@ -468,6 +479,7 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
     return _prefill_out(q, v)
 
 
+@names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Tensor,
     a: Tensor,
@@ -483,6 +495,7 @@ def fused_sigmoid_gating_delta_rule_update(
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Tensor | None = None,
+    check_values: bool = True,
 ) -> Tensor:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` as the op
     ``gdn_nki::fused_sigmoid_gating_delta_rule_update`` (the pool declared mutated).
@@ -491,12 +504,15 @@ def fused_sigmoid_gating_delta_rule_update(
         As ``gdn_nki.torch.fused_recurrent.fused_sigmoid_gating_delta_rule_update``: ``o``.
     """
     tensors = (A_log, a, dt_bias, q, k, v, b, initial_state_source)
-    if not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices), scale) or not all(
-        isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold)
+    host = check_values is not True and q.device.type == "cpu"
+    if (
+        host
+        or not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices), scale)
+        or not all(isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold))
     ):
         return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
-            initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens,
+            initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens, check_values=check_values,
         )  # fmt: skip
     fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
     return fused_sigmoid_gating_op(A_log, a, dt_bias, q, k, v, b, initial_state_source, initial_state_indices,
@@ -571,7 +587,8 @@ def gdn_tkg_host(*tensors: Tensor) -> tuple[Tensor, Tensor]:
     names = ("q", "k", "v", "b", "a", "A_log", "dt_bias", "z", "norm_weight", "state_in")
     for name, x in zip(names, tensors, strict=True):
         rules.check_tkg_tensor(name, x)
-    out, state = tkg_simulate(*(as_numpy(x.contiguous()) for x in tensors))
+    # tkg_simulate's rules without its entry-point name: the traced path's rules (rules.tkg) raise gdn_tkg's
+    out, state = tkg_simulate.__wrapped__(*(as_numpy(x.contiguous()) for x in tensors))
     return as_torch(out), as_torch(state)
 
 

@@ -253,7 +253,11 @@ def pool_decode(
         step_gates = {"g_log": stand_in(per_token, "float32"), "beta": stand_in(per_token, "float32")}
     rows = stand_in(tuple(indices.shape), "int32")
     counts = None if accepted is None else stand_in(tuple(accepted.shape), "int32")
-    _step_rules(q, k, v, like(pool), rows, counts, step_gates, n_seqs, tokens, scale, use_qk_l2norm)
+    try:
+        _step_rules(q, k, v, like(pool), rows, counts, step_gates, n_seqs, tokens, scale, use_qk_l2norm)
+    except ContractError as error:  # in the caller's names, as the host path restates them
+        names = fused_recurrent.SIGMOID_NAMES if fused else fused_recurrent.VLLM_NAMES
+        raise in_torch_terms(error, names) from None
     return n_seqs, tokens
 
 
