@@ -32,12 +32,12 @@ from typing import Any
 from gdn_ref.conv_rules import conv_step_violations
 
 from ..common.backend import nisa, nki, nl
-from ..common.engines import GPSIMD, SCALAR, VECTOR
+from ..common.engines import GPSIMD, SCALAR
 from ..common.kernel_assert import assert_valid_call
 from ..common.request_rows import entry, request_rows
-from ..common.tiles import FP32, sbuf
+from ..common.tiles import FP32, matmul, sbuf
 
-PARTITIONS_PER_REQUEST = 16  # runs of 2^k KiB per partition at Qwen3-Next's C = 8192 (module docstring)
+PARTITIONS_PER_REQUEST = 16  # runs of 1 KiB (x, out) and 3 KiB (windows) per partition at C = 8192, bf16
 REQUESTS_PER_GROUP = 128 // PARTITIONS_PER_REQUEST
 
 
@@ -81,64 +81,126 @@ def gdn_conv_step(
     per_token = len(state_indices.shape) == 2
     out = nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    group = REQUESTS_PER_GROUP
-    trips = -(-n_req // group)
-    slots = trips * group  # slots past N hold −1 rows: their transfers are skipped
-    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots)
-    taps, shift = _constants(weight, bias, per_part, width)
+    groups = -(-n_req // REQUESTS_PER_GROUP)
+    sets = min(TILE_SETS, groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    trips = -(-groups // sets)
+    # Group g's slot j is request j·G + g (G: every group the launch addresses, including those a loop's last
+    # iteration loads ahead for an iteration that does not come): slot j's requests are consecutive, so each slot's
+    # flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows: skipped.
+    total = (trips + (trips > 1)) * sets
+    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP, outputs=False)
+    taps, bias_column = _constants(weight, bias, per_part)
+    tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column) for _ in range(sets)]
+    live = _live_mask(state_indices, n_req, total)
+    shape = (tokens, state_len, width)
+    accepted = num_accepted_tokens is not None
 
-    # Working tiles allocated once, before the loop: a compiled body touches the same tiles every iteration.
-    windows = sbuf((128, per_part, state_len), x.dtype)
-    inputs = sbuf((128, tokens, per_part), x.dtype)
-    nisa.memset(dst=windows, value=0.0)  # a padding slot's skipped load leaves defined values
-    nisa.memset(dst=inputs, value=0.0)
-    series = sbuf((128, per_part, state_len + tokens), FP32)  # window then tokens, per channel
-    acc = sbuf((128, per_part, tokens), FP32)
-    product = sbuf((128, per_part, tokens), FP32)
-    result = sbuf((128, tokens, per_part), x.dtype)
-    kept = sbuf((128, tokens if per_token else 1, per_part, state_len), x.dtype)
-    zeros = sbuf((PARTITIONS_PER_REQUEST, tokens, per_part), x.dtype)
-    nisa.memset(dst=zeros, value=0.0)
+    def slots_of(g: Any) -> list[_Slot]:
+        return [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
 
-    def requests(base: Any) -> list[tuple[int, Any, Any, tuple[Any, ...], Any, Any]]:
-        found = []
-        for j in range(group):
-            n = j if isinstance(base, int) else base + j
-            width_rows = tokens if per_token else 1
-            if num_accepted_tokens is None:
-                read_row = nisa.scalar_load(entry(rows[0], j * width_rows, base, width_rows))
-            else:
-                read_row = nisa.scalar_load(entry(rows[1], j, base, 1))
-            writes = (
-                tuple(nisa.scalar_load(entry(rows[0], j * tokens + t, base, tokens)) for t in range(tokens))
-                if per_token
-                else (read_row,)
-            )
-            out_row, pad_row = (nisa.scalar_load(entry(tile, j, base, 1)) for tile in rows[2:])
-            found.append((j, n, read_row, writes, out_row, pad_row))
-        return found
+    # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
+    # before it in the same tile set is convolved, so the DMA moves one group while the engines convolve the others.
+    for s, tile_set in enumerate(tile_sets):
+        tile_set.load(x, conv_pool, slots_of(s))
 
-    def iteration(g: Any) -> None:
-        base = g * group
-        slots_of = requests(base)
-        for j, n, read_row, _, _, _ in slots_of:
-            part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
-            nisa.dma_copy(dst=windows[part], src=_pool_view(conv_pool, read_row), oob_mode=nisa.oob_mode.skip)
-            if not isinstance(n, int) or n < x.shape[0]:  # a static slot past N has no inputs
-                nisa.dma_copy(dst=inputs[part], src=_input_view(x, n), **_skip_if_scalar(n))
-        _convolve(windows, inputs, series, acc, product, result, kept, taps, shift, width, activation)
-        for j, _, _, writes, out_row, pad_row in slots_of:
-            part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
-            for t, row in enumerate(writes):
-                nisa.dma_copy(dst=_pool_view(conv_pool, row), src=kept[part, t], oob_mode=nisa.oob_mode.skip)
-            nisa.dma_copy(dst=_input_view(out, out_row), src=result[part], oob_mode=nisa.oob_mode.skip)
-            nisa.dma_copy(dst=_input_view(out, pad_row), src=zeros, oob_mode=nisa.oob_mode.skip)
+    def iteration(i: Any) -> None:
+        for s, tile_set in enumerate(tile_sets):
+            g = i * sets + s
+            tile_set.convolve(taps, _column(live, g), shape, activation)
+            tile_set.store(out, conv_pool, slots_of(g))
+            if trips > 1:  # unrolled, no group follows
+                tile_set.load(x, conv_pool, slots_of(g + sets))
 
     if trips == 1:
         iteration(0)
     else:
         nl.fori_loop(0, trips, iteration)
     return out, conv_pool
+
+
+BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)
+# SBUF bytes per partition the tile sets may take (of 212,984 usable: docs/nki-sources.md §2.9), the rest for the
+# constants; verification with every token's window kept at T = 4 fits two sets.
+SET_BUDGET = 160 * 1024
+TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+
+
+def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
+    """SBUF bytes per partition of one ``_TileSet``."""
+    io = 2 if x.dtype != FP32 else 4
+    kept = tokens if per_token else 1
+    return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
+
+
+class _Slot:
+    """One request slot of a group: its partitions and request index, and its rows (run-time scalars) loaded from
+    ``request_rows``' tiles only when asked: each ``scalar_load`` is a GpSimd instruction, and a slot's loads and
+    stores happen in different iterations of the pipeline."""
+
+    def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool):
+        self.part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
+        self.n = g + j * total  # request j·G + g (the kernel's map of slots)
+        self._rows, self._g, self._first = rows, g, j * total
+        self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+
+    def _load(self, tile: int, static: int, scale: int) -> Any:
+        return nisa.scalar_load(entry(self._rows[tile], static, self._g, scale))
+
+    def read_row(self) -> Any:
+        """The row the request's window is loaded from."""
+        if self._accepted:
+            return self._load(1, self._first, 1)
+        width = self._tokens if self._per_token else 1
+        return self._load(0, self._first * width, width)
+
+    def write_rows(self) -> tuple[Any, ...]:
+        """The rows its windows are stored to: one per token with per-token rows, else its read row."""
+        if not self._per_token:
+            return (self.read_row(),)
+        return tuple(self._load(0, self._first * self._tokens + t, self._tokens) for t in range(self._tokens))
+
+
+class _TileSet:
+    """The tiles one group of 8 requests is convolved in (allocated once: a compiled body touches the same tiles
+    every iteration): windows [128, F, L] and inputs [128, T, F] in x's dtype as loaded; the products of every tap
+    [128, F, T, W (+1: the bias)] and their sums [128, F, T] fp32; the outputs [128, T, F] and the windows to keep
+    [128, T or 1, F, L] in x's dtype, as stored."""
+
+    def __init__(
+        self, dtype: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool, bias_column: Any
+    ):
+        self.windows = sbuf((128, per_part, state_len), dtype)
+        self.inputs = sbuf((128, tokens, per_part), dtype)
+        # A padding slot's skipped loads leave defined values; set off the vector engine, which sums every group.
+        nisa.memset(dst=self.windows, value=0.0, engine=GPSIMD)
+        nisa.memset(dst=self.inputs, value=0.0, engine=GPSIMD)
+        terms = width + (bias_column is not None)
+        self.products = sbuf((128, per_part, tokens, terms), FP32)
+        if bias_column is not None:  # the bias as one more term of every sum, set once
+            for t in range(tokens):
+                nisa.activation(dst=self.products[:, :, t, width], op=nl.copy, data=bias_column, engine=SCALAR)
+        self.sums = sbuf((128, per_part, tokens), FP32)
+        self.result = sbuf((128, tokens, per_part), dtype)
+        self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+
+    def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
+        for slot in slots:
+            nisa.dma_copy(
+                dst=self.windows[slot.part], src=_pool_view(pool, slot.read_row()), oob_mode=nisa.oob_mode.skip
+            )
+            if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
+                nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
+
+    def convolve(self, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
+        """The group's conv over all 128 partitions (``_convolve``); ``live`` [128, 1] fp32 zeroes padding slots."""
+        _convolve(self, taps, live, shape, activation)
+
+    def store(self, out: Any, pool: Any, slots: list[_Slot]) -> None:
+        for slot in slots:
+            for t, row in enumerate(slot.write_rows()):
+                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+            if not isinstance(slot.n, int) or slot.n < out.shape[0]:  # every request's row, padding's zeros included
+                nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
 
 
 def _skip_if_scalar(n: Any) -> dict[str, Any]:
@@ -166,73 +228,122 @@ def _input_view(tensor: Any, n: Any) -> Any:
     return tensor.ap(pattern=pattern, offset=0, scalar_offset=n, indirect_dim=0)
 
 
-def _constants(weight: Any, bias: Any, per_part: int, width: int) -> tuple[Any, Any]:
-    """The taps [128, F, W] and the bias [128, F] (zeros without one), fp32, replicated for each request slot of the
-    128 partitions: loaded once per launch."""
-    taps_in = sbuf((128, per_part, width), weight.dtype)
-    for j in range(REQUESTS_PER_GROUP):
-        part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
-        view = weight.ap(pattern=[[per_part * width, PARTITIONS_PER_REQUEST], [width, per_part], [1, width]], offset=0)
-        nisa.dma_copy(dst=taps_in[part], src=view)
-    taps = sbuf((128, per_part, width), FP32)
-    nisa.tensor_copy(dst=taps, src=taps_in)
-    shift = sbuf((128, per_part), FP32)
-    if bias is None:
-        nisa.memset(dst=shift, value=0.0)
-        return taps, shift
-    bias_in = sbuf((128, per_part), bias.dtype)
-    for j in range(REQUESTS_PER_GROUP):
-        part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
-        view = bias.ap(pattern=[[per_part, PARTITIONS_PER_REQUEST], [1, per_part]], offset=0)
-        nisa.dma_copy(dst=bias_in[part], src=view)
-    nisa.tensor_copy(dst=shift, src=bias_in)
-    return taps, shift
+def _constants(weight: Any, bias: Any, per_part: int) -> tuple[Any, Any]:
+    """The taps [128, F, W] and the bias [128, F] (None without one), fp32, on every request slot's partitions.
 
-
-def _convolve(
-    windows: Any,
-    inputs: Any,
-    series: Any,
-    acc: Any,
-    product: Any,
-    result: Any,
-    kept: Any,
-    taps: Any,
-    shift: Any,
-    width: int,
-    activation: str | None,
-) -> None:
-    """One group's conv over all 128 partitions: ``series`` = window ++ tokens per channel (fp32), the taps'
-    products summed onto the bias, the activation into ``result`` ([128, T, F], x's dtype), and the windows to keep
-    (after the last token, or after each with per-token rows) into ``kept``.
-
-    Engines: the products go to GpSimd and the sums to the vector engine (two streams side by side); the copies
-    and the activation to the scalar engine (``activation`` is ScalarE's instruction, ISA v2.33.0).
+    Each is read from HBM once, onto one slot's 16 partitions, and copied to the other slots by the tensor engine
+    (a 0/1 selection as the stationary: partition p takes partition p mod 16, exact) — reading it once per slot
+    would move C·W elements 8 times.
     """
-    state_len = windows.shape[2]
-    tokens = inputs.shape[1]
-    nisa.activation(dst=series[:, :, 0:state_len], op=nl.copy, data=windows, engine=SCALAR)
-    nisa.activation(dst=series[:, :, state_len:], op=nl.copy, data=_token_last(inputs), engine=SCALAR)
-    first = state_len - (width - 1)  # tap j reads the input W − 1 − j tokens back
+    replicate = _slot_replicator()
+    taps = _replicated(weight, (per_part, weight.shape[1]), replicate)
+    return taps, None if bias is None else _replicated(bias, (per_part,), replicate)
 
-    def tap(j: int) -> Any:
-        return taps[:, :, j : j + 1].broadcast(2, tokens)
 
-    nisa.tensor_tensor(dst=acc, data1=series[:, :, first : first + tokens], data2=tap(0), op=nl.multiply, engine=GPSIMD)
-    nisa.tensor_tensor(dst=acc, data1=acc, data2=shift.expand_dim(2).broadcast(2, tokens), op=nl.add, engine=VECTOR)
-    for j in range(1, width):
-        start = first + j
-        nisa.tensor_tensor(dst=product, data1=series[:, :, start : start + tokens], data2=tap(j), op=nl.multiply,
-                           engine=GPSIMD)  # fmt: skip
-        nisa.tensor_tensor(dst=acc, data1=acc, data2=product, op=nl.add, engine=VECTOR)
-    out_view = _token_last(result)
-    if activation is None:
-        nisa.activation(dst=out_view, op=nl.copy, data=acc, engine=SCALAR)
-    else:
-        nisa.activation(dst=out_view, op=nl.silu, data=acc, engine=SCALAR)
-    kept_tokens = range(tokens) if kept.shape[1] > 1 else (tokens - 1,)
-    for i, t in enumerate(kept_tokens):  # the window after token t: inputs t + 1 .. t + L of the series
-        nisa.activation(dst=kept[:, i], op=nl.copy, data=series[:, :, t + 1 : t + 1 + state_len], engine=SCALAR)
+def _in_dtype(select: Any, dtype: Any) -> Any:
+    """The 0/1 selection in ``dtype``: a matmul's operands share a precision (an fp32 operand pairs only with
+    fp32, ISA ``nc_matmul``), and 0/1 is exact in both."""
+    if dtype == FP32:
+        return select
+    narrow = sbuf(tuple(select.shape), dtype)
+    nisa.tensor_copy(dst=narrow, src=select)
+    return narrow
+
+
+def _slot_replicator() -> Any:
+    """[16, 128] fp32: 1 where partition p of the 128 is slot partition s (p ≡ s mod 16), else 0."""
+    offset = sbuf((PARTITIONS_PER_REQUEST, 128), FP32)  # p − s
+    nisa.iota(dst=offset, pattern=[[1, 128]], offset=0, channel_multiplier=-1)
+    select = sbuf((PARTITIONS_PER_REQUEST, 128), FP32)
+    nisa.memset(dst=select, value=0.0)
+    for j in range(REQUESTS_PER_GROUP):
+        block = select[:, j * PARTITIONS_PER_REQUEST : (j + 1) * PARTITIONS_PER_REQUEST]
+        nisa.tensor_scalar(dst=block, data=offset[:, 0:PARTITIONS_PER_REQUEST], op0=nl.equal, operand0=0.0)
+    return select
+
+
+def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
+    """A per-channel constant ([C] or [C, W] in HBM) as [128, F(, W)] fp32: loaded once onto 16 partitions
+    (partition s: channels s·F ..) and spread to the 8 slots by 0/1 matmuls in its own dtype (one PSUM bank of 512
+    fp32 columns each; a product with one nonzero term is exact), evacuated as fp32."""
+    size = 1
+    for n in inner:
+        size *= n
+    raw = sbuf((PARTITIONS_PER_REQUEST, size), tensor.dtype)
+    nisa.dma_copy(dst=raw, src=tensor.ap(pattern=[[size, PARTITIONS_PER_REQUEST], [1, size]], offset=0))
+    select = _in_dtype(select, tensor.dtype)
+    spread = sbuf((128, *inner), FP32)
+    flat = spread.reshape((128, size))
+    for start in range(0, size, BANK):
+        cols = slice(start, min(size, start + BANK))
+        product = matmul(select, raw[:, cols], stationary_onezero=True)
+        nisa.activation(dst=flat[:, cols], op=nl.copy, data=product, engine=SCALAR)
+    return spread
+
+
+def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
+    """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd),
+    their sums with the bias (one reduce, vector engine) — three engines, one instruction kind each, so a group's
+    work splits across them and each stream stays below the group's DMA time.
+
+    Token t's tap j reads input ``first + j + t`` of the series window ++ tokens (first = L − (W − 1)): the window
+    while that index is below L, the tokens after it; each part is one instruction per token.
+    """
+    tokens, state_len, width = shape
+    first = state_len - (width - 1)
+    inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
+    # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
+    # tiles are free for the next group's loads as soon as both have read them.
+    kept_tokens = range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
+    for i, t in enumerate(kept_tokens):  # the window after token t: series inputs t + 1 .. t + L
+        kept = tiles.kept[:, i]
+        old = max(0, state_len - t - 1)  # entries still from the loaded window
+        if old:
+            nisa.activation(
+                dst=kept[:, :, 0:old], op=nl.copy, data=tiles.windows[:, :, t + 1 : t + 1 + old], engine=SCALAR
+            )
+        new = state_len - old
+        nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
+                        engine=SCALAR)  # fmt: skip
+    for t in range(tokens):
+        from_window = min(width, max(0, state_len - first - t))
+        if from_window:
+            at = first + t
+            nisa.tensor_tensor(dst=tiles.products[:, :, t, 0:from_window], data1=tiles.windows[:, :, at : at + from_window],
+                               data2=taps[:, :, 0:from_window], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+        if from_window < width:
+            k0 = first + from_window + t - state_len
+            nisa.tensor_tensor(dst=tiles.products[:, :, t, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
+                               data2=taps[:, :, from_window:width], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+    nisa.tensor_reduce(dst=tiles.sums, op=nl.add, data=tiles.products, axis=3)
+    # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
+    # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
+    nisa.activation(dst=_token_last(tiles.result), op=nl.copy if activation is None else nl.silu, data=tiles.sums,
+                    scale=live, engine=SCALAR)  # fmt: skip
+
+
+def _live_mask(state_indices: Any, n_req: int, groups: int) -> Any:
+    """[128, groups] fp32: 1 on the partitions of slot j of group g when request j·G + g is live (its first index
+    is not −1), else 0 (padding, and requests past N): built once per launch from the index tensor, one contiguous
+    run of it per slot (``gdn_conv_step``'s slot map)."""
+    width = state_indices.size // n_req
+    first_rows = sbuf((128, groups * width), nl.int32)
+    nisa.memset(dst=first_rows, value=-1)
+    for j in range(REQUESTS_PER_GROUP):
+        count = min(groups, max(0, n_req - j * groups))
+        if count:
+            part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
+            src = state_indices.ap(pattern=[[0, PARTITIONS_PER_REQUEST], [1, count * width]], offset=j * groups * width)
+            nisa.dma_copy(dst=first_rows[part, 0 : count * width], src=src)
+    live = sbuf((128, groups), FP32)
+    firsts = first_rows.ap(pattern=[[groups * width, 128], [width, groups]], offset=0)
+    nisa.tensor_scalar(dst=live, data=firsts, op0=nl.greater_equal, operand0=0.0)
+    return live
+
+
+def _column(table: Any, g: Any) -> Any:
+    """Column ``g`` of an SBUF table as [P, 1]: a static slice, or a run-time ``nl.ds`` start on the free axis."""
+    return table[:, g : g + 1] if isinstance(g, int) else table[:, nl.ds(g, 1)]
 
 
 def _token_last(tile: Any) -> Any:
