@@ -25,7 +25,7 @@ from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
 from .host.buckets import configure_buckets, configured_buckets, prefill_bucket
-from .host.conv import conv_decode_step
+from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
 from .host.prefill import prefill, prefill_varlen, simulate
 from .tkg.fused import gdn_tkg
@@ -48,6 +48,7 @@ __all__ = [
     "configure_buckets",
     "configured_buckets",
     "conv_decode_step",
+    "conv_prefill_bucket",
     "decode_step",
     "gdn_cte",
     "gdn_cte_bucket",

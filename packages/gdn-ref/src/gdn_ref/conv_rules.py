@@ -17,6 +17,9 @@ import numpy as np
 from .contract import INDEX_DTYPE, Violation, index_violations
 
 CONV_STEP = "conv_decode_step"
+CONV_PREFILL = "conv_prefill_bucket"
+BUCKET_QUANTUM = 128  # a bucket's tokens: the recurrent bucket's chunk, so one bucket serves both kernels
+MAX_SEQUENCES = 128  # sequence slots of a bucket, as the recurrent bucket's
 CONV_WIDTHS = range(2, 6)  # vLLM's prefill kernel takes widths 2..5 (its KERNEL_WIDTH branches); Qwen3-Next uses 4
 CHANNEL_QUANTUM = 16  # gdn-nki's conv kernels put a request's channels on 16 partitions (conv/step.py)
 IO_DTYPES = ("float32", "bfloat16")
@@ -59,12 +62,36 @@ def conv_step_violations(
     def bad(rule: str, argument: str, value: str, text: str, fix: str) -> None:
         found.append(Violation(f"conv.{rule}", argument, value, text, fix, api))
 
-    xs, ws, ps = _shape(x), _shape(weight), _shape(conv_pool)
+    xs = _shape(x)
     if xs is None or len(xs) != 3 or min(xs) < 1 or _dtype(x) not in IO_DTYPES:
         bad("x", "x", f"shape {xs} dtype {_dtype(x)}", "x must be [N, T, C] float32 or bfloat16 (token-major)",
             "pass the q|k|v projections of N requests × T tokens as [N, T, C]")  # fmt: skip
         return found
     channels = xs[2]
+    found += _parts(x, channels, conv_pool, weight, bias, activation, api)
+    si = _shape(state_indices)
+    if si not in ((xs[0],), (xs[0], xs[1])) or _dtype(state_indices) != INDEX_DTYPE:
+        bad("state_indices", "state_indices", f"shape {si} dtype {_dtype(state_indices)}",
+            f"state_indices must be [N] = [{xs[0]}] or [N, T] = [{xs[0]}, {xs[1]}] int32 pool rows (-1 = padding)",
+            "pass one row per request (or per token) as int32")  # fmt: skip
+    if num_accepted_tokens is not None:
+        na = _shape(num_accepted_tokens)
+        if si != (xs[0], xs[1]) or na != (xs[0],) or _dtype(num_accepted_tokens) != INDEX_DTYPE:
+            bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} dtype {_dtype(num_accepted_tokens)}",
+                "num_accepted_tokens is [N] int32 and goes with [N, T] state_indices (the row to resume from)",
+                "pass per-token rows [N, T] with it, or drop it")  # fmt: skip
+    return found
+
+
+def _parts(x: Any, channels: int, conv_pool: Any, weight: Any, bias: Any, activation: Any, api: str) -> list[Violation]:
+    """The rules of the conv's other operands against x's channels and dtype: the taps and their width, the bias,
+    the pool and its window length, the activation."""
+    found: list[Violation] = []
+
+    def bad(rule: str, argument: str, value: str, text: str, fix: str) -> None:
+        found.append(Violation(f"conv.{rule}", argument, value, text, fix, api))
+
+    ws, ps = _shape(weight), _shape(conv_pool)
     if channels % CHANNEL_QUANTUM:
         bad("channels", "x", f"C={channels}", f"the channels must be a multiple of {CHANNEL_QUANTUM} (a request "
             f"spans {CHANNEL_QUANTUM} partitions)", f"pad the channels to a multiple of {CHANNEL_QUANTUM}")  # fmt: skip
@@ -101,17 +128,65 @@ def conv_step_violations(
     if activation not in ACTIVATIONS:
         bad("activation", "activation", f"value {activation!r}", "activation must be 'silu' or None",
             "pass activation='silu' (Qwen3-Next) or None")  # fmt: skip
-    si = _shape(state_indices)
-    if si not in ((xs[0],), (xs[0], xs[1])) or _dtype(state_indices) != INDEX_DTYPE:
-        bad("state_indices", "state_indices", f"shape {si} dtype {_dtype(state_indices)}",
-            f"state_indices must be [N] = [{xs[0]}] or [N, T] = [{xs[0]}, {xs[1]}] int32 pool rows (-1 = padding)",
-            "pass one row per request (or per token) as int32")  # fmt: skip
-    if num_accepted_tokens is not None:
-        na = _shape(num_accepted_tokens)
-        if si != (xs[0], xs[1]) or na != (xs[0],) or _dtype(num_accepted_tokens) != INDEX_DTYPE:
-            bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} dtype {_dtype(num_accepted_tokens)}",
-                "num_accepted_tokens is [N] int32 and goes with [N, T] state_indices (the row to resume from)",
-                "pass per-token rows [N, T] with it, or drop it")  # fmt: skip
+    return found
+
+
+def conv_prefill_violations(
+    x: Any,
+    conv_pool: Any,
+    weight: Any,
+    bias: Any,
+    cu_seqlens: Any,
+    state_indices: Any,
+    activation: Any = "silu",
+    checkpoint_every: Any = 0,
+    checkpoint_indices: Any = None,
+    read_indices: Any = None,
+    *,
+    api: str = CONV_PREFILL,
+) -> list[Violation]:
+    """Every broken shape / dtype rule of a bucketed conv prefill launch (no values read; ``gdn_ref.bucketed`` and
+    ``conv_layout_violations`` check the layout's values on the host).
+
+    Args:
+        x: [T, C] float32 or bfloat16, T a positive multiple of 128 (the bucket). cu_seqlens: [N + 1] int32.
+        state_indices: [N] int32, 1 <= N <= 128. checkpoint_every: 0 (none) or a positive int >= L, with
+        checkpoint_indices [N, K] int32. read_indices: None or [N] int32. The rest as ``conv_step_violations``.
+    """
+    found: list[Violation] = []
+
+    def bad(rule: str, argument: str, value: str, text: str, fix: str) -> None:
+        found.append(Violation(f"conv.{rule}", argument, value, text, fix, api))
+
+    xs = _shape(x)
+    if xs is None or len(xs) != 2 or xs[0] < 1 or xs[0] % BUCKET_QUANTUM or _dtype(x) not in IO_DTYPES:
+        bad("x", "x", f"shape {xs} dtype {_dtype(x)}", f"x must be [T, C] float32 or bfloat16 with T a positive "
+            f"multiple of {BUCKET_QUANTUM} (the bucket's tokens)", "pad the packed tokens to the bucket's T")  # fmt: skip
+        return found
+    channels = xs[1]
+    found += _parts(x, channels, conv_pool, weight, bias, activation, api)
+    ns = _shape(state_indices)
+    if ns is None or len(ns) != 1 or not 1 <= ns[0] <= MAX_SEQUENCES or _dtype(state_indices) != INDEX_DTYPE:
+        bad("state_indices", "state_indices", f"shape {ns} dtype {_dtype(state_indices)}", f"state_indices must be "
+            f"[N] int32 with 1 <= N <= {MAX_SEQUENCES}", "one pool row (or -1) per sequence slot, as int32")  # fmt: skip
+        return found
+    seqs = ns[0]
+    if _shape(cu_seqlens) != (seqs + 1,) or _dtype(cu_seqlens) != INDEX_DTYPE:
+        bad("cu_seqlens", "cu_seqlens", f"shape {_shape(cu_seqlens)} dtype {_dtype(cu_seqlens)}",
+            f"cu_seqlens must be [N + 1] = [{seqs + 1}] int32", "pass the slots' token bounds as int32")  # fmt: skip
+    if read_indices is not None and (_shape(read_indices) != (seqs,) or _dtype(read_indices) != INDEX_DTYPE):
+        bad("read_indices", "read_indices", f"shape {_shape(read_indices)}", f"read_indices must be [N] = [{seqs}] "
+            "int32", "one pool row to start from (or -1) per sequence slot")  # fmt: skip
+    state_len = (_shape(conv_pool) or (0, 0, 0))[-1]
+    every_ok = isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool) and checkpoint_every >= 0
+    if not every_ok or (checkpoint_every and checkpoint_every < state_len):
+        bad("checkpoint_every", "checkpoint_every", f"value {checkpoint_every!r}", f"checkpoint_every must be 0 or "
+            f"an int >= the window's L={state_len}", "pass the recurrent checkpoints' spacing (a multiple of 128)")  # fmt: skip
+    elif checkpoint_every:
+        cs = _shape(checkpoint_indices)
+        if cs is None or len(cs) != 2 or cs[0] != seqs or cs[1] < 1 or _dtype(checkpoint_indices) != INDEX_DTYPE:
+            bad("checkpoint_indices", "checkpoint_indices", f"shape {cs}", f"checkpoint_indices must be [N, K] = "
+                f"[{seqs}, K] int32", "one row per sequence slot, one pool row (or -1) per checkpoint")  # fmt: skip
     return found
 
 

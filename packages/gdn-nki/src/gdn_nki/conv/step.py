@@ -167,21 +167,35 @@ class _TileSet:
     [128, T or 1, F, L] in x's dtype, as stored."""
 
     def __init__(
-        self, dtype: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool, bias_column: Any
+        self,
+        dtype: Any,
+        per_part: int,
+        tokens: int,
+        state_len: int,
+        width: int,
+        per_token: bool | None,
+        bias_column: Any,
+        first_output: int = 0,
     ):
+        """``per_token``: keep the window after every token (True), the last (False) or none (None);
+        ``first_output``: the first token whose output is computed (the tokens before it are a halo)."""
+        self.first_output = first_output
+        outputs = tokens - first_output
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values; set off the vector engine, which sums every group.
         nisa.memset(dst=self.windows, value=0.0, engine=GPSIMD)
         nisa.memset(dst=self.inputs, value=0.0, engine=GPSIMD)
         terms = width + (bias_column is not None)
-        self.products = sbuf((128, per_part, tokens, terms), FP32)
+        self.products = sbuf((128, per_part, outputs, terms), FP32)
         if bias_column is not None:  # the bias as one more term of every sum, set once
-            for t in range(tokens):
+            for t in range(outputs):
                 nisa.activation(dst=self.products[:, :, t, width], op=nl.copy, data=bias_column, engine=SCALAR)
-        self.sums = sbuf((128, per_part, tokens), FP32)
-        self.result = sbuf((128, tokens, per_part), dtype)
-        self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+        self.sums = sbuf((128, per_part, outputs), FP32)
+        self.result = sbuf((128, outputs, per_part), dtype)
+        self.kept = None
+        if per_token is not None:
+            self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -294,7 +308,7 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
     inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
     # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
     # tiles are free for the next group's loads as soon as both have read them.
-    kept_tokens = range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
+    kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
     for i, t in enumerate(kept_tokens):  # the window after token t: series inputs t + 1 .. t + L
         kept = tiles.kept[:, i]
         old = max(0, state_len - t - 1)  # entries still from the loaded window
@@ -305,15 +319,16 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
         new = state_len - old
         nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
                         engine=SCALAR)  # fmt: skip
-    for t in range(tokens):
+    for t in range(tiles.first_output, tokens):
+        products = tiles.products[:, :, t - tiles.first_output]
         from_window = min(width, max(0, state_len - first - t))
         if from_window:
             at = first + t
-            nisa.tensor_tensor(dst=tiles.products[:, :, t, 0:from_window], data1=tiles.windows[:, :, at : at + from_window],
+            nisa.tensor_tensor(dst=products[:, :, 0:from_window], data1=tiles.windows[:, :, at : at + from_window],
                                data2=taps[:, :, 0:from_window], op=nl.multiply, engine=GPSIMD)  # fmt: skip
         if from_window < width:
             k0 = first + from_window + t - state_len
-            nisa.tensor_tensor(dst=tiles.products[:, :, t, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
+            nisa.tensor_tensor(dst=products[:, :, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
                                data2=taps[:, :, from_window:width], op=nl.multiply, engine=GPSIMD)  # fmt: skip
     nisa.tensor_reduce(dst=tiles.sums, op=nl.add, data=tiles.products, axis=3)
     # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
