@@ -70,11 +70,13 @@ def test_conv_step_matches_the_oracle(N, T, W, extra, per_token, dtype, seed, da
            data.draw(st.sampled_from(["silu", None])), dtype)  # fmt: skip
 
 
-def test_qwen3_next_width_and_a_compiled_loop_of_groups() -> None:
-    """N = 19: three groups of 8 as a compiled loop, the last with 5 slots past N; per-token rows and rollback."""
-    rng, x, pool, weight, bias = _inputs(3, "bfloat16", 19, 2, C=64, P=64)
-    rows = _rows(rng, 19, 2, 64, True, [4, 17])
-    accepted = rng.integers(1, 3, 19).astype(np.int32)
+@pytest.mark.parametrize("N", [19, 30, 50, 75])
+def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int) -> None:
+    """N = 19: three groups of 8 unrolled, 5 slots past N; 30: two iterations of three groups (the last unrolled);
+    50 and 75: a compiled loop of 2 and 3 iterations before it. Per-token rows, rollback, padding."""
+    rng, x, pool, weight, bias = _inputs(3, "bfloat16", N, 2, C=64, P=2 * N + 4)
+    rows = _rows(rng, N, 2, 2 * N + 4, True, [4, 17])
+    accepted = rng.integers(1, 3, N).astype(np.int32)
     _check(x, pool, weight, bias, rows, accepted, "silu", "bfloat16")
 
 

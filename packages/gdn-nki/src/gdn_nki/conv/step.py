@@ -84,10 +84,10 @@ def gdn_conv_step(
     groups = -(-n_req // REQUESTS_PER_GROUP)
     sets = min(TILE_SETS, groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
     trips = -(-groups // sets)
-    # Group g's slot j is request j·G + g (G: every group the launch addresses, including those a loop's last
-    # iteration loads ahead for an iteration that does not come): slot j's requests are consecutive, so each slot's
-    # flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows: skipped.
-    total = (trips + (trips > 1)) * sets
+    # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
+    # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
+    # and are outside x and out: their transfers are skipped.
+    total = trips * sets
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP, outputs=False)
     taps, bias_column = _constants(weight, bias, per_part)
     tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column) for _ in range(sets)]
@@ -103,18 +103,21 @@ def gdn_conv_step(
     for s, tile_set in enumerate(tile_sets):
         tile_set.load(x, conv_pool, slots_of(s))
 
-    def iteration(i: Any) -> None:
+    def iteration(i: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
             tile_set.convolve(taps, _column(live, g), shape, activation)
             tile_set.store(out, conv_pool, slots_of(g))
-            if trips > 1:  # unrolled, no group follows
+            if ahead:
                 tile_set.load(x, conv_pool, slots_of(g + sets))
 
-    if trips == 1:
+    # Every iteration but the last loads the next one's groups; the last, unrolled, loads nothing (its groups
+    # would be past the launch's, and the slot map would make them other groups' requests).
+    if trips > 2:
+        nl.fori_loop(0, trips - 1, iteration)
+    elif trips == 2:
         iteration(0)
-    else:
-        nl.fori_loop(0, trips, iteration)
+    iteration(trips - 1, ahead=False)
     return out, conv_pool
 
 
