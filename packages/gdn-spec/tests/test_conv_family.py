@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gdn_ref.conv import causal_conv1d_decode_pool
-from gdn_spec.conv import CAPABILITIES_ATTR, ConvCapabilities, run
-from gdn_spec.conv.adapters import hf_update, reference
+from gdn_spec.conv import CAPABILITIES_ATTR, PREFILL_CAPABILITIES_ATTR, ConvCapabilities, run, run_prefill
+from gdn_spec.conv.adapters import hf_conv_fn, hf_update, reference, reference_prefill
 
 
 def test_the_oracle_passes_every_check() -> None:
@@ -94,4 +94,73 @@ MUTANTS = {
 def test_each_planted_bug_is_caught_by_its_check(name: str) -> None:
     change, checks = MUTANTS[name]
     report = run(_mutant(change), ConvCapabilities(name=name, per_token_rows=True, rejections=True))
+    assert set(report.failed) & checks, report.table()
+
+
+# --- the prefill checks -----------------------------------------------------------------------------------------
+
+
+def test_the_prefill_oracle_passes_every_prefill_check() -> None:
+    report = run_prefill(reference_prefill())
+    assert set(report.verdicts.values()) == {"passed"}, report.table()
+
+
+def test_hf_causal_conv1d_fn_through_its_cache_glue() -> None:
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    if not hasattr(modeling, "causal_conv1d_fn"):
+        pytest.skip("this transformers has no causal_conv1d_fn")
+    report = run_prefill(hf_conv_fn(modeling.causal_conv1d_fn))
+    assert not report.failed, report.table()
+    assert report.verdicts["checkpoints"].startswith("skipped")
+
+
+def _prefill_mutant(change):
+    good = reference_prefill()
+
+    def kernel(x, pool, weight, bias, cu, rows, *, activation="silu", checkpoint_every=None, checkpoint_indices=None,
+               read_indices=None):  # fmt: skip
+        layout = dict(checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
+                      read_indices=read_indices)  # fmt: skip
+        return change(good, x, pool, weight, bias, cu, rows, layout)
+
+    setattr(kernel, PREFILL_CAPABILITIES_ATTR, getattr(good, PREFILL_CAPABILITIES_ATTR))
+    return kernel
+
+
+def _checkpoint_a_token_late(good, x, pool, w, b, cu, rows, layout):
+    if layout["checkpoint_every"]:
+        before = pool.copy()
+        out, pool = good(x, pool, w, b, cu, rows, **layout)
+        late = before.copy()
+        good(x, late, w, b, cu, rows, **dict(layout, checkpoint_every=layout["checkpoint_every"] + 1))
+        for row in np.asarray(layout["checkpoint_indices"]).reshape(-1):
+            if row >= 0:
+                pool[row] = late[row]
+        return out, pool
+    return good(x, pool, w, b, cu, rows, **layout)
+
+
+def _minus_one_read_as_last_row(good, x, pool, w, b, cu, rows, layout):
+    reads = np.asarray(rows if layout["read_indices"] is None else layout["read_indices"])
+    fixed = np.where(reads < 0, pool.shape[0] - 1, reads).astype(np.int32)  # a -1 read as "the last row"
+    pool[-1] = np.where(np.isnan(pool[-1].astype(np.float32)), 0, pool[-1]).astype(pool.dtype)
+    return good(x, pool, w, b, cu, rows, **dict(layout, read_indices=fixed))
+
+
+def _prefill_batch_dependent(good, x, pool, w, b, cu, rows, layout):
+    out, pool = good(x, pool, w, b, cu, rows, **layout)
+    return (out * (1 + 1e-3 * (len(rows) > 2))).astype(x.dtype), pool
+
+
+PREFILL_MUTANTS = {
+    "checkpoint a token late": (_checkpoint_a_token_late, {"checkpoints"}),
+    "-1 read as a row": (_minus_one_read_as_last_row, {"prefill_rows", "prefill_numerics"}),
+    "batch dependent": (_prefill_batch_dependent, {"prefill_batch_invariance"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL_MUTANTS))
+def test_each_planted_prefill_bug_is_caught(name: str) -> None:
+    change, checks = PREFILL_MUTANTS[name]
+    report = run_prefill(_prefill_mutant(change))
     assert set(report.failed) & checks, report.table()

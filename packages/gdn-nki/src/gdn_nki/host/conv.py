@@ -218,6 +218,11 @@ def _finite(name: str, array: np.ndarray | None) -> list[Violation]:
                       f"{name} must hold finite numbers", f"find where {name} overflowed", CONV_STEP)]  # fmt: skip
 
 
+conv_prefill_bucket.gdn_spec_conv_prefill_capabilities = {  # read by gdn-spec's conv family (gdn_spec.conv.prefill)
+    "name": "gdn-nki conv_prefill_bucket",
+    "checkpoints": True,
+    "read_rows": True,
+}
 conv_decode_step.gdn_spec_conv_capabilities = {  # read by gdn-spec's conv family (gdn_spec.conv)
     "name": "gdn-nki conv_decode_step",
     "per_token_rows": True,

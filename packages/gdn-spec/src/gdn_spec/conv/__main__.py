@@ -1,5 +1,6 @@
-"""``python -m gdn_spec.conv MODULE:CALLABLE [--adapter hf-conv] [--seed N]``: the conv family on a kernel, its
-verdicts as a table; exit status 1 when a check fails."""
+"""``python -m gdn_spec.conv MODULE:CALLABLE [--adapter hf-conv|hf-conv-fn] [--seed N]``: the conv family on a
+kernel (its prefill checks for a kernel declaring ``gdn_spec_conv_prefill_capabilities``), its verdicts as a
+table; exit status 1 when a check fails."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 from .adapters import ADAPTERS
 from .checks import run
+from .prefill import PREFILL_CAPABILITIES_ATTR, run_prefill
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     module, _, name = args.kernel.partition(":")
     fn = getattr(importlib.import_module(module), name)
     kernel = ADAPTERS[args.adapter](fn, args.device) if args.adapter else fn
-    report = run(kernel, seed=args.seed)
+    # A kernel declaring prefill capabilities (or adapted as one) gets the prefill checks, else the decode checks.
+    prefill = getattr(kernel, PREFILL_CAPABILITIES_ATTR, None) is not None
+    report = run_prefill(kernel, seed=args.seed) if prefill else run(kernel, seed=args.seed)
     print(report.table())
     return 1 if report.failed else 0
 
