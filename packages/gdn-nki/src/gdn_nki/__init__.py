@@ -21,6 +21,7 @@ from gdn_ref.contract import ContractError
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
 from .common.backend import BACKEND_NAME
+from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
@@ -50,6 +51,8 @@ __all__ = [
     "conv_decode_step",
     "conv_prefill_bucket",
     "decode_step",
+    "gdn_conv1d_decode",
+    "gdn_conv1d_prefill",
     "gdn_cte",
     "gdn_cte_bucket",
     "gdn_cte_varlen",
