@@ -155,3 +155,17 @@ def test_prefill_then_decode_equals_a_longer_prefill() -> None:
         y, _ = gdn_nki.conv_decode_step(nxt[None, t : t + 1], pool, weight, bias, np.array([0], np.int32))
         np.testing.assert_array_equal(y[0, 0], ref[45 + t])
     np.testing.assert_array_equal(pool[0], long_pool[0])
+
+
+def test_many_sequences_share_one_tile_set() -> None:
+    """20 sequences (three groups of 8, one tile set convolving them in turn after every window is loaded), some
+    empty, some of one token, some reading a row another writes after it."""
+    rng, cu, x, pool, weight, bias = _case(6, [int(n) for n in np.random.default_rng(6).integers(0, 12, 20)])
+    rows = rng.permutation(P)[:20].astype(np.int32)
+    rows[[3, 11]] = -1
+    before = pool.copy()
+    out, _ = gdn_nki.conv_prefill_bucket(x, pool, weight, bias, cu, rows, bucket=(T_BUCKET, 24))
+    ref_out, ref_pool = causal_conv1d_prefill_pool(x, weight, bias, cu, before, rows, "silu")
+    error = compare("out", out, ref_out, "float32")
+    assert error.ok, describe([error])
+    np.testing.assert_array_equal(pool, ref_pool.astype(pool.dtype))

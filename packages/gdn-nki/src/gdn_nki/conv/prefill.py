@@ -252,22 +252,28 @@ def _starts(x: Any, out: Any, pool: Any, taps: Any, bias_column: Any, ones: Any,
     state_len, width = shape
     per_part = x.shape[1] // PARTITIONS_PER_REQUEST
     groups = -(-seqs // REQUESTS_PER_GROUP)
-    # A tile set per group, fresh (zeros): a −1 row (an empty window) is a skipped load that leaves them.
-    tile_sets = [_TileSet(x.dtype, per_part, state_len, state_len, width, True, bias_column) for _ in range(groups)]
-    for g, tiles in enumerate(tile_sets):
+    # Every group's windows first (a tile each, zeros: a −1 row, an empty window, is a skipped load that leaves
+    # them), so no pool row is written before every row is read; then one tile set convolves the groups in turn.
+    windows = []
+    for g in range(groups):
+        tile = sbuf((128, per_part, state_len), x.dtype)
+        nisa.memset(dst=tile, value=0.0)
         for j in range(REQUESTS_PER_GROUP):
             i = g * REQUESTS_PER_GROUP + j
-            if i >= seqs:
-                continue
-            _copy(tiles.windows[_parts(j)], (_pool_view(pool, _row(tables.read, i)), {"oob_mode": nisa.oob_mode.skip}))
+            if i < seqs:
+                _copy(tile[_parts(j)], (_pool_view(pool, _row(tables.read, i)), {"oob_mode": nisa.oob_mode.skip}))
+        windows.append(tile)
+    tiles = _TileSet(x.dtype, per_part, state_len, state_len, width, True, bias_column)
+    for g in range(groups):
+        tiles.windows = windows[g]
+        members = [
+            (j, g * REQUESTS_PER_GROUP + j) for j in range(REQUESTS_PER_GROUP) if g * REQUESTS_PER_GROUP + j < seqs
+        ]
+        for j, i in members:
             for q in range(state_len):
                 _copy(tiles.inputs[_parts(j), q : q + 1], _x_rows(x, _row(tables.start_in, i * state_len + q), 1))
-    for g, tiles in enumerate(tile_sets):
         _convolve(tiles, taps, ones, (state_len, state_len, width), activation)
-        for j in range(REQUESTS_PER_GROUP):
-            i = g * REQUESTS_PER_GROUP + j
-            if i >= seqs:
-                continue
+        for j, i in members:
             for q in range(state_len):
                 at = i * state_len + q
                 _copy(_x_rows(out, _row(tables.start_out, at), 1), tiles.result[_parts(j), q : q + 1])
