@@ -10,7 +10,9 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
 - [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
   (``[n, 0]`` without it);
 - −1 is padding: every pool transfer it addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy",
-  SDK 2.33) and its outputs are zeros.
+  SDK 2.33) and its outputs are zeros: act(0 · sum), the activation's per-partition scale set from a per-group
+  live mask (``_live_mask``), so every request's row of ``out`` is written without a row to look up. That holds
+  while the request's x is finite (0 · inf is NaN): the host scans x unless told not to.
 
 Layout: a request's data lives on ``PARTITIONS_PER_REQUEST`` (16) partitions, channel c = s·F + f on partition s of
 them (F = C / 16 consecutive channels per partition), so ``REQUESTS_PER_GROUP`` (8) requests fill the 128 partitions
