@@ -222,6 +222,7 @@ conv_prefill_bucket.gdn_spec_conv_prefill_capabilities = {  # read by gdn-spec's
     "name": "gdn-nki conv_prefill_bucket",
     "checkpoints": True,
     "read_rows": True,
+    "rejections": True,
 }
 conv_decode_step.gdn_spec_conv_capabilities = {  # read by gdn-spec's conv family (gdn_spec.conv)
     "name": "gdn-nki conv_decode_step",

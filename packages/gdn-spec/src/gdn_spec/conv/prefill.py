@@ -13,6 +13,7 @@ bit for bit, every row not named keeping its bytes — rows no call names are Na
 | ``prefill_rows`` | −1 rows (an empty window, nothing stored) and rows read that are not written (``read_indices``, declared ``read_rows``) |
 | ``checkpoints`` | the window after every ``checkpoint_every`` tokens in its row, none past a sequence's end (declared ``checkpoints``) |
 | ``prefill_batch_invariance`` | a sequence's outputs and final window keep every bit whatever shares the call |
+| ``prefill_rejections`` | wrong widths, a window longer than the state, mismatched channels, rows out of range or repeated, bad bounds: an exception, the pool untouched (declared ``rejections``) |
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class PrefillCapabilities:
     name: str = "conv prefill kernel"
     checkpoints: bool = False
     read_rows: bool = False
+    rejections: bool = False  # raises on invalid calls with the pool untouched (the api profile)
     channel_quantum: int = 16
 
     @classmethod
@@ -153,11 +155,42 @@ def check_prefill_batch_invariance(kernel: Kernel, caps: PrefillCapabilities, se
         raise ConvCheckError("one sequence's outputs or final window changed with the other sequences of the call")
 
 
+def check_prefill_rejections(kernel: Kernel, caps: PrefillCapabilities, seed: int) -> None:
+    if not caps.rejections:
+        raise NotApplicableError("the kernel does not declare rejections (the math profile: numbers only)")
+    rng = np.random.default_rng(seed)
+    base = _call(rng, caps, [5, 7])
+    c = base["x"].shape[1]
+    good = np.array([3, 7], np.int32)
+    _fill(rng, base["pool"], good)
+    invalid = {
+        "a width outside 2..5": dict(weight=np.zeros((c, 6), np.float32)),
+        "a window longer than the state": dict(weight=np.zeros((c, 5), np.float32)),
+        "mismatched channels (weight)": dict(weight=np.zeros((c + 16, 4), np.float32)),
+        "mismatched channels (pool)": dict(pool=np.zeros((POOL_ROWS, c + 16, 3), base["pool"].dtype)),
+        "a row out of range": dict(rows=np.array([3, POOL_ROWS], np.int32)),
+        "a repeated row": dict(rows=np.array([3, 3], np.int32)),
+        "cu_seqlens not ending at the tokens": dict(cu=np.array([0, 5, 9], np.int32)),
+    }
+    for what, change in invalid.items():
+        call = {**base, "rows": good, **change}
+        call["pool"] = call["pool"].copy()
+        before = call["pool"].tobytes()
+        try:
+            kernel(call["x"], call["pool"], call["weight"], call["bias"], call["cu"], call["rows"])
+        except Exception:  # any error rejects; the pool is what is checked
+            if call["pool"].tobytes() != before:
+                raise ConvCheckError(f"{what}: rejected, but the pool was modified") from None
+            continue
+        raise ConvCheckError(f"{what}: the call was accepted")
+
+
 PREFILL_CHECKS: dict[str, Callable[[Kernel, PrefillCapabilities, int], str | None]] = {
     "prefill_numerics": check_prefill_numerics,
     "prefill_rows": check_prefill_rows,
     "checkpoints": check_checkpoints,
     "prefill_batch_invariance": check_prefill_batch_invariance,
+    "prefill_rejections": check_prefill_rejections,
 }
 
 
