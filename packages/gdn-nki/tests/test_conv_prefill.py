@@ -66,6 +66,8 @@ def test_prefill_matches_the_oracle(lengths, W, extra, dtype, seed, data) -> Non
         spare = [r for r in range(P) if r not in rows and r not in layout.get("read_indices", ())]
         table = np.array(spare[: 2 * n], np.int32).reshape(n, 2)
         layout.update(checkpoint_every=128, checkpoint_indices=table)
+    if data.draw(st.booleans()):  # bf16 taps and bias, as the layer keeps them
+        weight, bias = weight.astype(ml_dtypes.bfloat16), bias.astype(ml_dtypes.bfloat16)
     _run_and_check(cu, x, pool, weight, bias, rows, dtype, **layout)
 
 

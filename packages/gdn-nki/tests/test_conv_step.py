@@ -66,6 +66,8 @@ def test_conv_step_matches_the_oracle(N, T, W, extra, per_token, dtype, seed, da
     accepted = None
     if per_token and data.draw(st.booleans()):
         accepted = np.array([data.draw(st.integers(1, T)) for _ in range(N)], np.int32)
+    if data.draw(st.booleans()):  # the layer's own dtype: bf16 taps and bias (spread by bf16 0/1 matmuls, exact)
+        weight, bias = weight.astype(ml_dtypes.bfloat16), bias.astype(ml_dtypes.bfloat16)
     _check(x, pool, weight, data.draw(st.sampled_from([bias, None])), rows, accepted,
            data.draw(st.sampled_from(["silu", None])), dtype)  # fmt: skip
 
