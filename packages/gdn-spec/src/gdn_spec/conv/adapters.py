@@ -32,7 +32,9 @@ def hf_update(fn: Callable[..., Any], device: str | None = None) -> Callable[...
     """HF's decode conv update through pool glue (module docstring)."""
     io = TorchIO.create(device)
 
-    def kernel(x, conv_pool, weight, bias, state_indices, num_accepted_tokens=None, *, activation="silu"):
+    def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None = None, *,
+               activation: str | None = "silu") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         rows = np.asarray(state_indices)
         if rows.ndim != 1 or num_accepted_tokens is not None:
             raise ValueError("HF's update keeps one state per request: [N] rows only")
@@ -56,7 +58,9 @@ def hf_update(fn: Callable[..., Any], device: str | None = None) -> Callable[...
 def reference() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
     """The fp64 oracle as an in-place conv kernel that rejects what ``gdn_ref.conv_rules`` rejects."""
 
-    def kernel(x, conv_pool, weight, bias, state_indices, num_accepted_tokens=None, *, activation="silu"):
+    def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None = None, *,
+               activation: str | None = "silu") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         found = conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
         found = found or conv_index_violations(state_indices, num_accepted_tokens, conv_pool.shape[0], x.shape[1])
         if found:
@@ -77,8 +81,10 @@ def hf_conv_fn(fn: Callable[..., Any], device: str | None = None) -> Callable[..
     inputs. −1 rows: an empty window, nothing stored; read rows honoured by the glue; no checkpoints."""
     io = TorchIO.create(device)
 
-    def kernel(x, conv_pool, weight, bias, cu_seqlens, state_indices, *, activation="silu", checkpoint_every=None,
-               checkpoint_indices=None, read_indices=None, **_: Any):  # fmt: skip
+    def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               cu_seqlens: np.ndarray, state_indices: np.ndarray, *, activation: str | None = "silu",
+               checkpoint_every: int | None = None, checkpoint_indices: np.ndarray | None = None,
+               read_indices: np.ndarray | None = None, **_: Any) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         if checkpoint_every:
             raise ValueError("HF's conv takes no checkpoints")
         bounds = np.asarray(cu_seqlens).reshape(-1)
@@ -111,8 +117,10 @@ def hf_conv_fn(fn: Callable[..., Any], device: str | None = None) -> Callable[..
 def reference_prefill() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
     """The fp64 prefill oracle as an in-place prefill-family kernel (no rejections: the values are the point)."""
 
-    def kernel(x, conv_pool, weight, bias, cu_seqlens, state_indices, *, activation="silu", checkpoint_every=None,
-               checkpoint_indices=None, read_indices=None, **_: Any):  # fmt: skip
+    def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               cu_seqlens: np.ndarray, state_indices: np.ndarray, *, activation: str | None = "silu",
+               checkpoint_every: int | None = None, checkpoint_indices: np.ndarray | None = None,
+               read_indices: np.ndarray | None = None, **_: Any) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         out, after = causal_conv1d_prefill_pool(x, weight, bias, cu_seqlens, conv_pool, state_indices, activation,
                                                 checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
         conv_pool[...] = after.astype(conv_pool.dtype)
