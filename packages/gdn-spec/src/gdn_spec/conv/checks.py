@@ -191,25 +191,39 @@ def check_rejections(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
         raise NotApplicableError("the kernel does not declare rejections (the math profile: numbers only)")
     rng = np.random.default_rng(seed)
     base = _case(rng, caps, 2, 1, channels=caps.channel_quantum)
-    c = base["x"].shape[2]
     good = np.array([3, 7], np.int32)
     _fill(rng, base["pool"], good)
-    invalid = {
-        "a width outside 2..5": dict(weight=np.zeros((c, 6), np.float32)),
-        "a window longer than the state": dict(weight=np.zeros((c, 5), np.float32)),
-        "mismatched channels (weight)": dict(weight=np.zeros((c + 16, 4), np.float32)),
-        "mismatched channels (pool)": dict(pool=np.zeros((POOL_ROWS, c + 16, 3), base["pool"].dtype)),
+
+    def call(case: dict[str, Any]) -> None:
+        kernel(case["x"], case["pool"], case["weight"], case["bias"], case["rows"], activation="silu")
+
+    expect_rejections(call, {**base, "rows": good}, invalid_operands(base["x"].shape[-1], base["pool"].dtype))
+
+
+def invalid_operands(channels: int, pool_dtype: Any) -> dict[str, dict[str, Any]]:
+    """The invalid calls every conv kernel must reject, as changes to a valid call's operands (``rows`` [2]:
+    3 and 7 in the valid call)."""
+    return {
+        "a width outside 2..5": dict(weight=np.zeros((channels, 6), np.float32)),
+        "a window longer than the state": dict(weight=np.zeros((channels, 5), np.float32)),
+        "mismatched channels (weight)": dict(weight=np.zeros((channels + 16, 4), np.float32)),
+        "mismatched channels (pool)": dict(pool=np.zeros((POOL_ROWS, channels + 16, 3), pool_dtype)),
         "a row out of range": dict(rows=np.array([3, POOL_ROWS], np.int32)),
         "a repeated row": dict(rows=np.array([3, 3], np.int32)),
     }
+
+
+def expect_rejections(call: Callable[[dict[str, Any]], None], valid: dict[str, Any],
+                      invalid: dict[str, dict[str, Any]]) -> None:  # fmt: skip
+    """Each invalid change to ``valid`` must raise (any error) and leave the pool's bytes as they were."""
     for what, change in invalid.items():
-        call = {**base, "rows": good, **change}
-        call["pool"] = call["pool"].copy()
-        before = call["pool"].copy()
+        case = {**valid, **change}
+        case["pool"] = case["pool"].copy()
+        before = case["pool"].tobytes()
         try:
-            kernel(call["x"], call["pool"], call["weight"], call["bias"], call["rows"], activation="silu")
+            call(case)
         except Exception:  # any error rejects; the pool is what is checked
-            if call["pool"].tobytes() != before.tobytes():
+            if case["pool"].tobytes() != before:
                 raise ConvCheckError(f"{what}: rejected, but the pool was modified") from None
             continue
         raise ConvCheckError(f"{what}: the call was accepted")
