@@ -33,6 +33,7 @@ IMPLEMENTATIONS = {
     "gdn_nki.conformance:simulate_with_varlen": "2",
     "gdn_ref:gdn_cte": "0",
     "gdn_nki:decode_step": "0",
+    "gdn_nki.conformance:decode_step_on_two_programs": "0",  # the decode family at launch grid 2
 }
 
 
@@ -76,11 +77,30 @@ SINGLE_THREAD_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_
 @nox.session
 @nox.parametrize("python", [_interpreter(v) for v in PYTHON_VERSIONS], ids=list(PYTHON_VERSIONS))
 def tests(session: nox.Session) -> None:
-    """Unit tests of every package and the conformance suite's self-tests (matplotlib: the PNG timeline test)."""
+    """Unit tests of every package and the conformance suite's self-tests (matplotlib: the PNG timeline test), then
+    every bench script's smoke run (``_bench_smoke``)."""
     _install_repo(session, "matplotlib>=3.7")
     for name in PACKAGES:
         tests_dir = ROOT / "packages" / name / "tests"
         session.run("pytest", "-n", _xdist_workers(), "-q", str(tests_dir), *session.posargs, env=SINGLE_THREAD_BLAS)
+    _bench_smoke(session)
+
+
+def _bench_scripts() -> list[Path]:
+    """The packages' bench scripts (``nox -s bench`` runs each with ``--out bench-out``)."""
+    return sorted(ROOT.glob("packages/*/bench/bench_*.py"))
+
+
+def _bench_smoke(session: nox.Session) -> None:
+    """Every bench script end to end at its smallest sizes (``--smoke``), writing into a scratch ``--out``
+    directory, where each must leave its files: a change that breaks a bench fails CI instead of the next
+    ``nox -s bench`` after minutes of work (a bench once wrote its table to the directory's path itself). About
+    15 s for the five scripts (measured on the 2-core dev VM); their output is shown when one fails."""
+    with tempfile.TemporaryDirectory() as scratch:
+        for script in _bench_scripts():
+            session.run("python", str(script), "--smoke", "--out", scratch, env=SINGLE_THREAD_BLAS, silent=True)
+            if not any(Path(scratch).glob(f"{script.stem}*")):
+                session.error(f"{script.relative_to(ROOT)} --smoke --out DIR wrote no {script.stem}* file to DIR")
 
 
 @nox.session
@@ -92,7 +112,8 @@ def conformance(session: nox.Session) -> None:
     Measured from a fresh clone on 2 cores shared with other jobs (load about 7, so CPU time; wall time there
     says little): user + sys CPU of gdn-nki's run 76 s (two workers), gdn-ref's 14 s, the decode run 6.6 s, the
     setup (virtualenv, four editable installs from uv's cache) about 6 s; the whole session 106 s. On the 2 cores
-    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test.
+    idle that is about 6 + 97 / 2 ≈ 55 s of wall time, the cores busy until gdn-nki's last test. Issue 41's cases
+    since: the decode run 8.1 → 11.5 s and the varlen area four tests more (measured side by side, load about 5).
     """
     _install_repo(session)
     # Implementations named on the command line, or a worker count set in GDN_TEST_WORKERS, take the usual workers.
@@ -224,8 +245,13 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_options.py",
     "packages/gdn-nki/tests/test_qwen3_next.py",
     "packages/gdn-nki/tests/test_torch_decode.py",
+    "packages/gdn-nki/tests/test_torch_entry_point_rejections.py",
     "packages/gdn-nki/tests/test_qwen3_next_generate.py",
     "packages/gdn-nki/tests/test_serve_qwen3_next.py",
+    "packages/gdn-nki/tests/test_serving_engine.py",
+    "packages/gdn-nki/tests/test_torch_ops.py",
+    "packages/gdn-nki/tests/test_torch_compile.py",
+    "packages/gdn-nki/tests/test_torch_device.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
@@ -262,11 +288,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: reference accuracy/speed, interpreter overhead, kernel cost-model table."""
+    """Benchmarks: reference accuracy/speed, interpreter overhead, kernel and decode cost-model tables, each script
+    writing its files (named after it) into ``bench-out/``; ``nox -s bench -- --smoke`` runs the smallest sizes."""
     _install_repo(session, "matplotlib>=3.7")
     out = ROOT / "bench-out"
     out.mkdir(exist_ok=True)
-    for script in sorted(ROOT.glob("packages/*/bench/bench_*.py")):
+    for script in _bench_scripts():
         session.run("python", str(script), "--out", str(out), *session.posargs)
 
 
@@ -288,12 +315,12 @@ def neuron(session: nox.Session) -> None:
     compiled and (with a device) benchmarked at Qwen3-Next shapes into bench-out/. Prints "skipped: Neuron SDK not
     installed" and succeeds where the SDK cannot be had (no Neuron host and no GDN_NEURON_INDEX)."""
     if not (_neuron_machine() or os.environ.get("GDN_NEURON_INDEX")):
-        session.log("skipped: Neuron SDK not installed")
+        session.log(f"skipped: Neuron SDK not installed; on a Neuron host this session would run: {NEURON_PLAN}")
         return
     _install_repo(session)
     session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_PACKAGES)
     if not _real_nki_in_session(session):
-        session.log("skipped: Neuron SDK not installed")
+        session.log(f"skipped: Neuron SDK not installed; on a Neuron host this session would run: {NEURON_PLAN}")
         return
     env = {
         **SINGLE_THREAD_BLAS,
@@ -304,6 +331,26 @@ def neuron(session: nox.Session) -> None:
     session.run("pytest", "-q", "-n", _xdist_workers(), str(ROOT / "packages/gdn-nki/tests"), env=env)
     session.run("gdn-spec", "check", "gdn_nki:simulate", "-n", _xdist_workers(), env=env)
     session.run("python", str(ROOT / "packages/gdn-nki/bench/neuron_kernel.py"), "--out", str(out), env=env)
+    # The torch ops on the device: torch-neuronx from the same index, then the ops' tests (fake tensors, opcheck,
+    # compile, export, the device path's layouts) and the conformance suite through the drop-in on device tensors.
+    # Never run yet (README, "Running on Trainium"): a failure here is the first news of the device path.
+    session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_TORCH_PACKAGES)
+    session.run("pytest", "-q", *TORCH_OPS_TESTS, env=env)
+    session.run("gdn-spec", "check", "gdn_nki.torch:chunk_gated_delta_rule", "--adapter", "fla-torch:varlen=yes",
+                "--device", NEURON_TORCH_DEVICE, env=env)  # fmt: skip
+
+
+# torch-neuronx (its torch and the XLA device), from AWS's index like the SDK; the ops' tests and their device.
+NEURON_TORCH_PACKAGES = ["torch-neuronx>=2.14", "transformers>=5.24"]
+NEURON_TORCH_DEVICE = "xla"
+TORCH_OPS_TESTS = tuple(
+    f"packages/gdn-nki/tests/{name}" for name in ("test_torch_ops.py", "test_torch_compile.py", "test_torch_device.py")
+)
+NEURON_PLAN = (
+    "gdn-nki's tests and gdn-spec check gdn_nki:simulate on the real nki; bench/neuron_kernel.py (compile, and "
+    "nki.benchmark with a device); torch-neuronx's ops: pytest " + " ".join(TORCH_OPS_TESTS) + "; gdn-spec check "
+    f"gdn_nki.torch:chunk_gated_delta_rule --adapter fla-torch:varlen=yes --device {NEURON_TORCH_DEVICE}"
+)
 
 
 def _real_nki_in_session(session: nox.Session) -> bool:

@@ -51,9 +51,14 @@ LOGIT_TOLERANCE = 1e-4  # fp32
 KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step"}
 
 
-def build_model(dtype: torch.dtype, seed: int = 0) -> Qwen3NextForCausalLM:
+def build_model(dtype: torch.dtype, seed: int = 0, layer_types: tuple[str, ...] | None = None) -> Qwen3NextForCausalLM:
+    """The tiny config's model with random weights; ``layer_types``: other layers than its one GatedDeltaNet and one
+    attention layer (with several GDN layers, a row or checkpoint of the wrong layer changes the result)."""
     torch.manual_seed(seed)
     config = tiny_config()
+    if layer_types is not None:
+        config.layer_types, config.num_hidden_layers = list(layer_types), len(layer_types)
+        config.mlp_only_layers = list(range(len(layer_types)))  # dense MLPs, as the tiny config's
     config.max_position_embeddings = 8192
     model = Qwen3NextForCausalLM(config).eval()
     for module in model.modules():
@@ -112,10 +117,12 @@ def judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]
     return verdicts
 
 
-def serve(dtype: str, requests: list[Request], config: Config, log=print) -> tuple[Engine, dict]:
-    """Run ``requests`` through the engine on a fresh model; returns the engine and its programs: per phase and
-    bucket, how many launches ran each program (``programs``)."""
-    model = build_model(getattr(torch, dtype))
+def serve(
+    dtype: str, requests: list[Request], config: Config, log=print, layer_types: tuple[str, ...] | None = None
+) -> tuple[Engine, dict]:
+    """Run ``requests`` through the engine on a fresh model (``build_model``'s ``layer_types``); returns the engine
+    and its programs: per phase and bucket, how many launches ran each program (``programs``)."""
+    model = build_model(getattr(torch, dtype), layer_types=layer_types)
     heads = model.config.linear_num_value_heads
     dims = model.config.linear_key_head_dim, model.config.linear_value_head_dim
     gdn = sum(t == "linear_attention" for t in model.config.layer_types)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
+import gdn_nki
 from gdn_nki.torch import chunk_gated_delta_rule
 from gdn_nki.torch_decode import vllm_fused_recurrent_gated_delta_rule
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM
@@ -58,7 +59,7 @@ class Buckets:
 
     def prefill_bucket(self, lengths: Sequence[int]) -> tuple[int, int]:
         """The smallest prefill bucket holding sequences of these lengths."""
-        need = sum(-(-n // CHUNK) * CHUNK for n in lengths)
+        need = gdn_nki.padded_tokens(lengths=lengths)  # each sequence padded to its chunk multiple, as the bucket pads
         for tokens, slots in sorted(self.prefill):
             if tokens >= need and slots >= len(lengths):
                 return tokens, slots

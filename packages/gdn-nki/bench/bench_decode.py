@@ -19,14 +19,18 @@ Floors:
   (``gdn_nki.tkg.state_tiles``), which the model's efficiency curve puts at 90 % of that 368 B/ns peak: 331 B/ns,
   just below the HBM share, so the model's floor sits slightly above the HBM floor.
 
-    python packages/gdn-nki/bench/bench_decode.py [--out FILE] [--quick]
+    python packages/gdn-nki/bench/bench_decode.py [--out DIR] [--quick | --smoke]
+
+With ``--out`` the table goes to ``DIR/bench_decode.md`` and every figure to ``DIR/bench_decode.json`` (the
+directory is shared with the other benches, hence the prefix).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import ml_dtypes
@@ -37,8 +41,12 @@ import nki_cpu
 from nki_cpu.cost import estimate
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 32, 128
+PREFIX = "bench_decode"  # every file this script writes starts with it (--out is shared by all benches)
 REQUESTS = (1, 8, 64, 256)
 TOKENS = (1, 4)
+QUICK_REQUESTS = (1, 8)
+# CI's smoke run (``--smoke``): every code path of the script (both pool forms) at the smallest cells, in seconds
+SMOKE_REQUESTS, SMOKE_TOKENS = (1,), (1, 2)
 HBM_BYTES_PER_NS = 2.9e12 / 8 / 1e9  # one NeuronCore's share of Trn2's 2.9 TB/s (module docstring)
 # The order a reordering compiler would issue the same instructions in, beside the kernel's own program order (as
 # bench_kernel.py reports it): neuronx-cc reorders independent instructions by default (docs/nki-sources.md §4.6).
@@ -120,23 +128,33 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Measure the cells, print the table, and write it (markdown and JSON) to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown table here")
-    parser.add_argument("--quick", action="store_true", help="N in {1, 8} only")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="directory for bench_decode.md and bench_decode.json")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=f"N in {set(QUICK_REQUESTS)} only")
+    size.add_argument("--smoke", action="store_true", help="the smallest cells only (CI's check that the script runs)")
+    args = parser.parse_args(argv)
+    requests, tokens = (SMOKE_REQUESTS, SMOKE_TOKENS) if args.smoke else (REQUESTS, TOKENS)
+    if args.quick:
+        requests = QUICK_REQUESTS
     rows = []
-    for requests in REQUESTS[:2] if args.quick else REQUESTS:
-        for tokens in TOKENS:
-            for keep in (False, True) if tokens > 1 else (False,):
-                rows.append(measure(requests, tokens, keep))
+    for n in requests:
+        for t in tokens:
+            for keep in (False, True) if t > 1 else (False,):
+                rows.append(measure(n, t, keep))
                 r = rows[-1]
-                print(f"N={requests} T={tokens} {r.form}: {r.makespan_us:,.1f} us ({r.instructions} instr, "
-                      f"{r.wall_s:.1f} s)", flush=True)  # fmt: skip
+                print(f"N={n} T={t} {r.form}: {r.makespan_us:,.1f} us ({r.instructions} instr, {r.wall_s:.1f} s)",
+                      flush=True)  # fmt: skip
     text = table(rows)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{PREFIX}.md").write_text(text + "\n")
+        cells = [{**asdict(r), "hbm_ratio": r.hbm_ratio, "model_ratio": r.model_ratio} for r in rows]
+        (args.out / f"{PREFIX}.json").write_text(json.dumps(cells, indent=2) + "\n")
+        print(f"wrote {args.out / (PREFIX + '.md')}, {args.out / (PREFIX + '.json')}")
 
 
 if __name__ == "__main__":

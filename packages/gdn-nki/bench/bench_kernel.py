@@ -32,7 +32,11 @@ oracle), the PE time of each one-lane launch at S = 2048 broken down by instruct
 per algorithm and dtype over a few small input regimes, the long-prompt errors, a JSON file with every number, and
 a Perfetto trace and a PNG timeline (matplotlib, ``nki-cpu[plot]``) per one-lane launch at S = 2048.
 
-    python packages/gdn-nki/bench/bench_kernel.py --out bench-out
+    python packages/gdn-nki/bench/bench_kernel.py --out bench-out [--smoke]
+
+``--smoke`` (CI's check that the script runs end to end) takes ``SMOKE_PLAN``'s small sizes as the defaults: one
+short one-lane row per algorithm, small varlen and checkpoint rows, a short long-error row, no scale matrix and no
+accuracy sweep; the options given beside it still apply.
 """
 
 from __future__ import annotations
@@ -126,6 +130,23 @@ ACCURACY_GEOMETRIES = {
     "neumann": (Geometry(B=1, Hk=2, Hv=2, S=256, Dk=64, Dv=32), Geometry(B=1, Hk=1, Hv=1, S=384, Dk=128, Dv=100)),
 }
 ACCURACY_SEEDS = (0, 1)
+
+# ``--smoke``'s defaults: every table of the report from launches of a chunk or a few (seconds in all).
+SMOKE_PLAN = {
+    "seq_lens": [128],
+    "qwen_seq_lens": [],
+    "skip_accuracy": True,
+    "scale_lanes": [],
+    "fp32_seq_lens": [],
+    "varlen_lengths": [37, 200],
+    "varlen_heads": [1, 2],
+    "short_prompts": [50, 50, 50],
+    "checkpoint_seq_len": 256,
+    "checkpoint_every": 128,
+    "checkpoint_heads": [1, 1],
+    "one_lane_fp32_seq_lens": [],
+    "long_error_seq_len": 256,
+}
 
 
 @dataclass
@@ -1176,7 +1197,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="one-lane fp32 rows (both algorithms) in the perf table")  # fmt: skip
     parser.add_argument("--long-error-seq-len", type=int, default=LONG_ERROR_SEQ_LEN,
                         help="S of the long-prompt error rows (0: skip them)")  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="small sizes for every row (CI's check that it runs)")
     args = parser.parse_args(argv)
+    if args.smoke:  # SMOKE_PLAN as the defaults, the options given kept
+        parser.set_defaults(**SMOKE_PLAN)
+        args = parser.parse_args(argv)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
 

@@ -512,3 +512,24 @@ def test_a_pool_of_2_to_the_24_rows_is_refused_before_anything_is_read() -> None
         gdn_nki.prefill_bucket(**batch.packed, cu_seqlens=batch.cu, bucket=BUCKET, recurrent_state=huge,
                                state_indices=batch.rows)  # fmt: skip
     assert not row.any(), "a refused call wrote the pool"
+
+
+def test_a_compiled_loop_reads_its_tables_from_fixed_tiles_and_no_dma_copies_pool_to_pool() -> None:
+    """Documented forms only (issue 40): every ``scalar_load`` reads a [1, 1] tile at a trace-time address (no page
+    says a view at a run-time offset is "a 1x1 tensor"), and no DMA copies one pool row to another — a last
+    checkpoint at its sequence's end is a second store from SBUF, not a copy of the pool row the end store wrote
+    (no page orders two DMAs at run-time addresses)."""
+    if gdn_nki.common.backend.USING_REAL_NKI:
+        pytest.skip("reads nki-cpu's trace")
+    batch = _batch([11 * C + 3, 0, 5 * C, 4 * C - 1], [7, 2, 0, -1], seeds=[1, 2, 3, 4])
+    checkpoints = np.array([[8, -1], [-1, -1], [9, 10], [11, 3]], np.int32)  # sequence 3 ends at its second
+    _run(batch, (24 * C, 4), group_size=3, checkpoint_every=2 * C, checkpoint_indices=checkpoints)
+    trace = nki_cpu.last_traces()[0]
+    assert any(entry == ("loop", "fori_loop") for entry in trace.program if isinstance(entry, tuple))
+    loads = [r for r in trace.records if r.opcode == "scalar_load"]
+    assert loads and all("runtime" not in op for r in loads for op in r.operands if isinstance(op, tuple))
+    pool_to_pool = [
+        r for r in trace.records
+        if r.opcode == "dma_copy" and {x.storage_id for x in r.reads} & {x.storage_id for x in r.writes if x.buffer == "hbm"}
+    ]  # fmt: skip
+    assert not pool_to_pool

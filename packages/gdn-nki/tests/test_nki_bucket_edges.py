@@ -178,11 +178,34 @@ def test_a_last_checkpoint_at_a_sequence_end_is_its_final_state_when_it_starts_f
     _assert_exact(run, "read rows, last checkpoints at sequence ends")
 
 
-def test_a_last_checkpoint_at_a_sequence_end_is_stored_without_a_pool() -> None:
-    """``prefill_bucket`` without a pool starts every sequence from zero (read rows -1); a checkpoint at a
-    sequence's end before the bucket's last chunk still holds its final state."""
-    run = _launch([C, C], [0, -1], (3 * C, 2), every=C, checkpoints=[[1], [-1]], with_pool=False)
-    _assert_exact(run, "no pool")
+def test_a_last_checkpoint_at_a_sequence_end_is_stored_when_no_row_is_read() -> None:
+    """Every sequence starts from zero (read rows -1: the launch a pool-less call made before row arguments without
+    a pool were refused, issue 41); a checkpoint at a sequence's end before the bucket's last chunk still holds its
+    final state."""
+    run = _launch([C, C], [0, -1], (3 * C, 2), read=[-1, -1], every=C, checkpoints=[[1], [-1]])
+    _assert_exact(run, "no row read")
+
+
+@pytest.mark.parametrize(
+    ("lengths", "bucket", "checkpoints"),
+    [
+        # every slot used, the last one ending at its last checkpoint before the bucket's last chunk: its copy comes
+        # after the chain (``lane_done``), as every other slot's
+        ([C, 40, C + 9, C], (6 * C, 4), [[4, -1], [-1, -1], [5, 6], [7, -1]]),
+        # a sequence after another ending exactly at the bucket's last chunk at its last checkpoint, an empty slot
+        # after it: its copy is the last link's second store, whatever its slot
+        ([C + 5, 4 * C, 0], (6 * C, 3), [[4, 5, -1, -1], [6, -1, 8, 9], [-1] * 4]),
+    ],
+    ids=["the-last-slot", "the-last-chunk-before-an-empty-slot"],
+)
+def test_a_last_checkpoint_at_a_sequence_end_wherever_the_tables_put_it(
+    lengths: list[int], bucket: tuple[int, int], checkpoints: list[list[int]]
+) -> None:
+    """A last checkpoint at its sequence's end is stored by one of two paths, chosen per slot on device: copied
+    from the state row once the chain is done, or, at the bucket's last chunk, stored a second time by the last
+    link; each must find its sequence in any slot (checkpoints every chunk, others inside and past the sequences)."""
+    rows = list(range(len(lengths)))
+    _assert_exact(_launch(lengths, rows, bucket, dv=64, every=C, checkpoints=checkpoints), f"lengths {lengths}")
 
 
 @pytest.mark.parametrize(

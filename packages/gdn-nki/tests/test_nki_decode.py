@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gdn_nki
-from decode_inputs import DTYPES, assert_within, step_inputs
+from decode_inputs import DTYPES, StepInputs, assert_within, step_inputs
 from gdn_ref import decode_steps, gdn_tkg_reference
 from gdn_ref.contract import ContractError
 
@@ -43,7 +43,7 @@ def test_tkg_matches_the_oracle(dtype: str) -> None:
 def test_tkg_rejects_before_launch() -> None:
     x = _tkg_inputs(2, "float32")
     x["v"] = x["v"].astype(np.float64)
-    with pytest.raises(ContractError, match=r"gdn_tkg rejected[\s\S]*`v` dtype float64"):
+    with pytest.raises(ContractError, match=r"gdn_nki.tkg_simulate rejected[\s\S]*`v` dtype float64"):
         gdn_nki.tkg_simulate(**x)
 
 
@@ -87,6 +87,49 @@ def test_step_keeps_every_token_state_and_resumes_from_the_accepted_one(dtype: s
     assert np.array_equal(pool[untouched], before[untouched])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_several_state_tiles_per_request_match_the_oracle(dtype: str) -> None:
+    """Qwen3-Next's decode head dims (Dk = Dv = 128) with 12 value heads on 6 key heads: a request's state is three
+    128-partition tiles of one block (``state_tiles``), each stepped with its own block operands, stored to its
+    own part of the row; per-token rows, one request accepting its whole draft, one padding."""
+    from gdn_nki.tkg.state_tiles import tile_layout
+
+    x = step_inputs(15, dtype, N=3, T=2, Hk=6, Hv=12, Dk=128, Dv=128, P=7)
+    layout = tile_layout(128, 128, 12)
+    assert layout.tiles == layout.tiles_per_block == 3, "the sizes no longer reach several tiles of one block"
+    indices = np.array([[4, 0], [-1, -1], [2, 6]], np.int32)
+    accepted = np.array([1, 0, 2], np.int32)  # request 2 resumes from the state after its whole draft (row 6)
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, True, [4, 0, 6], True, 0.25)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(True), scale=0.25,
+                                    use_qk_l2norm=True)  # fmt: skip
+    for n in (0, 2):
+        assert_within("out", out[n], ref_out[n], dtype)
+        for t in range(2):
+            assert_within("state", pool[indices[n, t]], ref_states[n, t], dtype)
+    assert not out[1].any()
+    untouched = [r for r in range(7) if r not in indices[[0, 2]]]
+    assert np.array_equal(pool[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_qk_l2norm_keeps_its_eps_on_small_keys(dtype: str) -> None:
+    """Raw q and k of norms 3e-4–3e-3, where the eps under the root (``gdn_ref.decode.L2NORM_EPS``, 1e-6) is 10 % to
+    10× Σx²: normalized they have norms 0.3–0.95, not 1 (at unit norms the eps moves nothing a tolerance sees)."""
+    x = step_inputs(16, dtype, N=2, T=2)
+    rng = np.random.default_rng(16)
+    for name in ("query", "key"):
+        raw = getattr(x, name).astype(np.float64)
+        norms = rng.uniform(3e-4, 3e-3, (*raw.shape[:3], 1))
+        setattr(x, name, (raw / np.linalg.norm(raw, axis=-1, keepdims=True) * norms).astype(DTYPES[dtype]))
+    ref_out, ref_states = _expected(x, False, [3, 5], True, 0.3)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array([3, 5], np.int32), **x.gates(False),
+                                    scale=0.3, use_qk_l2norm=True)  # fmt: skip
+    for n, row in enumerate((3, 5)):
+        assert_within("out", out[n], ref_out[n], dtype)
+        assert_within("state", pool[row], ref_states[n, -1], dtype)
+
+
 @pytest.mark.parametrize(
     ("indices", "rule"),
     [([5, 5, 2], "state_indices.distinct"), ([5, 8, 2], "state_indices.range"), ([5, -2, 2], "state_indices.range")],
@@ -94,7 +137,7 @@ def test_step_keeps_every_token_state_and_resumes_from_the_accepted_one(dtype: s
 def test_step_rejections_leave_the_pool_untouched(indices, rule) -> None:
     x = step_inputs(5, "float32")
     before = x.pool.copy()
-    with pytest.raises(ContractError, match=rf"gdn_step rejected[\s\S]*\[{rule}\]"):
+    with pytest.raises(ContractError, match=rf"gdn_nki.decode_step rejected[\s\S]*\[{rule}\]"):
         gdn_nki.decode_step(x.query, x.key, x.value, x.pool, np.array(indices, np.int32), **x.gates(False))
     assert np.array_equal(x.pool, before)
 
@@ -158,7 +201,7 @@ def test_a_launch_grid_splits_requests_and_changes_nothing() -> None:
             for pool, grid in zip(pools, (None, 2), strict=True)]  # fmt: skip
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(pools[0], pools[1])
     assert not np.array_equal(pools[0], x.pool)
-    with pytest.raises(ContractError, match=r"gdn_step rejected[\s\S]*\[launch.grid\]"):
+    with pytest.raises(ContractError, match=r"gdn_nki.decode_step rejected[\s\S]*\[launch.grid\]"):
         gdn_nki.decode_step(x.query, x.key, x.value, pools[0], rows, **x.gates(True), grid=3)
 
 
@@ -170,18 +213,40 @@ def test_a_compiled_request_loop_matches_the_oracle_past_its_last_full_group(per
     import gdn_nki.tkg.step
 
     monkeypatch.setattr(gdn_nki.tkg.step, "REQUESTS_PER_ITERATION", 8)
-    x = step_inputs(12, "float32", N=11, T=2, P=45)
-    reads = [3, 17, -1, 0, 8, 29, 5, 12, 1, -1, 20]
-    if per_token:  # token 0's state over the row read, token 1's to a row of its own
-        indices = np.array([[r, 31 + n] if r >= 0 else [-1, -1] for n, r in enumerate(reads)], np.int32)
-        accepted = np.full(11, 1, np.int32)
+    _check_request_loop(step_inputs(12, "float32", N=11, T=2, P=45), [3, 17, -1, 0, 8, 29, 5, 12, 1, -1, 20], per_token)
+
+
+def test_a_launch_grid_of_two_runs_each_programs_compiled_request_loop() -> None:
+    """At ``grid=2`` each program's share of the requests (every other one) runs as a compiled loop when it is more
+    than one iteration's group: 2·(group + 1) + 1 requests give each program two iterations, the second partial,
+    and a loop iteration's requests must be the program's own (its offset and stride), not the first program's."""
+    import gdn_nki.tkg.step
+
+    group = gdn_nki.tkg.step.REQUESTS_PER_ITERATION
+    n = 2 * (group + 1) + 1
+    rng = np.random.default_rng(14)
+    reads = [int(r) for r in rng.permutation(n + 4)[:n]]
+    for padding in rng.choice(n, 4, replace=False):
+        reads[padding] = -1
+    _check_request_loop(step_inputs(14, "float32", N=n, T=1, P=n + 4), reads, per_token=False, grid=2)
+
+
+def _check_request_loop(x: StepInputs, reads: list[int], per_token: bool, grid: int | None = None) -> None:
+    """Decode ``x`` (fused gating, in-kernel l2norm) with request n reading row ``reads[n]`` (-1: padding): with
+    ``per_token`` (T = 2), token 0's state written over the row read and token 1's to a row of its own past the
+    rows read; every live request's outputs and rows against the oracle, padding outputs zero, every other row
+    bit-identical."""
+    n_req, spare = len(reads), x.pool.shape[0] - len(reads)
+    if per_token:
+        indices = np.array([[r, spare + n] if r >= 0 else [-1, -1] for n, r in enumerate(reads)], np.int32)
+        accepted = np.full(n_req, 1, np.int32)
     else:
         indices, accepted = np.array(reads, np.int32), None
     assert len(set(indices[indices >= 0].ravel())) == (indices >= 0).sum()
     before = x.pool.copy()
     ref_out, ref_states = _expected(x, True, [max(r, 0) for r in reads], True, 0.3)
     out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(True), scale=0.3,
-                                    use_qk_l2norm=True)  # fmt: skip
+                                    use_qk_l2norm=True, grid=grid)  # fmt: skip
     written = set()
     for n, row in enumerate(reads):
         if row < 0:
@@ -192,7 +257,7 @@ def test_a_compiled_request_loop_matches_the_oracle_past_its_last_full_group(per
         for t, target in enumerate(targets):
             assert_within("state", pool[target], ref_states[n, t if per_token else -1], "float32")
             written.add(int(target))
-    untouched = [r for r in range(45) if r not in written]
+    untouched = [r for r in range(len(pool)) if r not in written]
     assert np.array_equal(pool[untouched], before[untouched])
 
 
@@ -212,3 +277,59 @@ def test_the_program_does_not_grow_with_the_requests(monkeypatch) -> None:
         sizes[n] = (trace.static_instructions, len(trace.records))
     assert sizes[9][0] == sizes[16][0] == sizes[40][0]
     assert sizes[9][1] == sizes[16][1] < sizes[40][1]
+
+
+def test_a_padding_requests_rows_are_one_past_their_tensors_end() -> None:
+    """Issue 40: no page says how ``oob_mode.skip`` reads a negative run-time offset, so every row a request does
+    not have is the row one past its tensor's end: the pool's P for a -1 index (and every spare slot), ``out``'s N
+    for a padding request's output row and for a live request's zeros' row."""
+    if gdn_nki.common.backend.USING_REAL_NKI:
+        pytest.skip("calls the kernel's row computation through nki-cpu")
+    import nki_cpu
+    from gdn_nki.tkg.step import _request_rows
+    from nki_cpu import isa as nisa
+    from nki_cpu import language as nl
+
+    pool_rows, requests, slots = 10, 3, 5
+
+    @nki_cpu.jit
+    def rows_of(indices):
+        found = nl.ndarray((4, slots), dtype=nl.int32, buffer=nl.shared_hbm)
+        for k, tile in enumerate(_request_rows(indices, None, requests, 1, slots, pool_rows)):
+            nisa.dma_copy(dst=found[k : k + 1, :], src=tile)
+        return found
+
+    found = nki_cpu.simulate(rows_of)(np.array([4, -1, 7], np.int32))
+    np.testing.assert_array_equal(
+        found,
+        [[4, 10, 7, 10, 10],  # pool rows of the indices (slots 3, 4: spare)
+         [4, 10, 7, 10, 10],  # the rows read
+         [0, 3, 2, 3, 3],  # out rows: the request's own, N where padding
+         [3, 1, 3, 3, 3]],  # zeros' rows: the padding request's own, N elsewhere
+    )  # fmt: skip
+
+
+def test_small_value_dims_with_several_tokens_fit_psum() -> None:
+    """Dv = 16 puts 32 Dk rows on a partition (2 KiB runs), so a token's selection products are 32 PSUM tiles;
+    held for 4 tokens of two requests in flight they overflowed PSUM's 16 KiB per partition (found by gdn-spec's
+    wider decode draws). Each is now masked into SBUF as soon as it is made."""
+    x = step_inputs(0, "float32", N=2, T=4, Hk=2, Hv=6, Dk=64, Dv=16, P=8)
+    indices = np.arange(8, dtype=np.int32).reshape(2, 4)
+    accepted = np.array([4, 2], np.int32)
+    ref_out, ref_states = _expected(x, False, [3, 5], False, 0.25)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(False),
+                                    scale=0.25)  # fmt: skip
+    for n in range(2):
+        assert_within("out", out[n], ref_out[n], "float32")
+        for t in range(4):
+            assert_within("state", pool[indices[n, t]], ref_states[n, t], "float32")
+
+
+def test_fewer_requests_than_programs_leaves_a_program_idle() -> None:
+    """One request at launch grid 2: program 1 has none (it divided by its zero-sized group before; found by the
+    decode family run at launch grid 2, ``gdn_nki.conformance:decode_step_on_two_programs``)."""
+    x = step_inputs(1, "float32", N=1, T=1)
+    one = gdn_nki.decode_step(x.query, x.key, x.value, x.pool.copy(), np.array([3], np.int32), **x.gates(False))
+    two = gdn_nki.decode_step(x.query, x.key, x.value, x.pool.copy(), np.array([3], np.int32), **x.gates(False),
+                              grid=2)  # fmt: skip
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])

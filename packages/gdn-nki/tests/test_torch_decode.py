@@ -3,6 +3,8 @@ fused_sigmoid_gating_delta_rule_update, against HF's torch recurrence and the fp
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,35 @@ def test_sigmoid_gating_update_matches_the_fused_oracle() -> None:
         assert_within("state", x.pool[row], ref_states[n, -1], "float32")
     with pytest.raises(ContractError, match="softplus_beta"):
         fused_sigmoid_gating_delta_rule_update(_t(x.A_log), a2d, _t(x.dt_bias), 2.0, 20.0, *flat, b2d, pool, _t(rows))
+
+
+@pytest.mark.parametrize("default", ["g", "beta"])
+def test_fla_form_batch_rows_and_default_gates_match_the_oracle(default: str) -> None:
+    """B = 2 rows of T = 3 tokens without cu_seqlens (every other test packs B = 1, where a gate read time-major,
+    [T, B, HV], is the same tensor), and FLA's defaults for the gate not passed: g = None no decay, beta = None
+    ones."""
+    x = step_inputs(36, "float32", N=2, T=3, P=2)
+    g_log = np.zeros_like(x.g_log) if default == "g" else x.g_log
+    beta = np.ones_like(x.beta) if default == "beta" else x.beta
+    gates = dict(g=None if default == "g" else _t(x.g_log), beta=None if default == "beta" else _t(x.beta))
+    o, final = fused_recurrent_gated_delta_rule(_t(x.query), _t(x.key), _t(x.value), **gates,
+                                                initial_state=_t(x.pool), output_final_state=True)  # fmt: skip
+    ref_out, ref_states = decode_steps(x.query, x.key, x.value, g_log, beta, 32**-0.5, x.pool)
+    assert_within("out", o.numpy(), ref_out, "float32")
+    assert_within("state", final.numpy(), ref_states[:, -1], "float32")
+
+
+def test_fla_form_scatters_each_length_group_back_to_its_sequences() -> None:
+    """Packed lengths 2, 1, 2, 1: two launches of two sequences each, interleaved in the packing, every output
+    back at its own tokens and every final state at its own row (lengths 1, 3, 2 above launch one each)."""
+    x = step_inputs(37, "float32", N=1, T=6, P=4)
+    cu = (0, 2, 3, 5, 6)
+    o, final = fused_recurrent_gated_delta_rule(_t(x.query), _t(x.key), _t(x.value), _t(x.g_log), beta=_t(x.beta),
+                                                initial_state=_t(x.pool), output_final_state=True,
+                                                cu_seqlens=torch.tensor(cu))  # fmt: skip
+    for n, (a, b) in enumerate(itertools.pairwise(cu)):
+        tokens = (slice(None), slice(a, b))
+        ref_out, ref_states = decode_steps(x.query[tokens], x.key[tokens], x.value[tokens], x.g_log[tokens],
+                                           x.beta[tokens], 32**-0.5, x.pool[n : n + 1])  # fmt: skip
+        assert_within("out", o[:, a:b].numpy(), ref_out, "float32")
+        assert_within("state", final[n : n + 1].numpy(), ref_states[:, -1], "float32")

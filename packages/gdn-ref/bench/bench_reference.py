@@ -1,6 +1,6 @@
 """Benchmark of the gdn-ref references: chunked-vs-oracle error per precision, and run times at Qwen3-Next size.
 
-Usage: ``python bench_reference.py [--out DIR] [--repeats N] [--skip-oracle]``. Prints two tables and, with
+Usage: ``python bench_reference.py [--out DIR] [--repeats N] [--skip-oracle] [--smoke]``. Prints two tables and, with
 ``--out``, writes ``bench_reference.json`` and ``bench_reference.md`` there. Not a timed test: the figures depend
 on the machine and on whatever else shares its cores (the load average is recorded with them).
 """
@@ -24,6 +24,9 @@ PRECISIONS = {"fp64": (np.float64, False), "fp32": (np.float32, False), "bf16-op
 ERROR_SHAPE = dict(B=1, Hk=2, Hv=4, S=1000, Dk=64, Dv=64)
 # Timing shape: one Qwen3-Next GDN layer's prefill (Hk=16, Hv=32, D=128) over 8K tokens.
 TIMING_SHAPE = dict(B=1, Hk=16, Hv=32, S=8192, Dk=128, Dv=128)
+# CI's smoke run (``--smoke``): both tables at shapes that take a fraction of a second (a partial last chunk kept)
+SMOKE_ERROR_SHAPE = dict(B=1, Hk=1, Hv=2, S=200, Dk=16, Dv=16)
+SMOKE_TIMING_SHAPE = dict(B=1, Hk=1, Hv=2, S=256, Dk=32, Dv=32)
 
 
 def make_inputs(seed: int, B: int, Hk: int, Hv: int, S: int, Dk: int, Dv: int, regime: str) -> tuple:
@@ -60,10 +63,10 @@ def max_abs(actual: np.ndarray, reference: np.ndarray) -> float:
     return float(np.max(np.abs(np.asarray(actual, np.float64) - reference)))
 
 
-def error_table() -> list[dict]:
+def error_table(shape: dict[str, int]) -> list[dict]:
     rows = []
     for regime in ("moderate", "ill-conditioned"):
-        args = make_inputs(0, **ERROR_SHAPE, regime=regime)
+        args = make_inputs(0, **shape, regime=regime)
         out_ref, state_ref = recurrent(*args)
         for algorithm in ALGORITHMS:
             for name, (dtype, bf16) in PRECISIONS.items():
@@ -83,8 +86,8 @@ def error_table() -> list[dict]:
     return rows
 
 
-def timing_table(repeats: int, skip_oracle: bool) -> list[dict]:
-    args = make_inputs(1, **TIMING_SHAPE, regime="moderate")
+def timing_table(shape: dict[str, int], repeats: int, skip_oracle: bool) -> list[dict]:
+    args = make_inputs(1, **shape, regime="moderate")
     rows = []
     for algorithm in ALGORITHMS:
         chunked(*args, algorithm=algorithm)  # warm-up: BLAS threads, allocator
@@ -113,9 +116,11 @@ def machine_note() -> dict:
     )
 
 
-def markdown(errors: list[dict], timings: list[dict], machine: dict) -> str:
+def markdown(errors: list[dict], timings: list[dict], machine: dict, shapes: tuple[dict, dict]) -> str:
+    """The two tables (``shapes``: the error table's and the timing table's) and the machine note."""
+    error_shape, timing_shape = shapes
     lines = [
-        f"## chunked vs fp64 oracle (B, Hk, Hv, S, Dk, Dv = {tuple(ERROR_SHAPE.values())})",
+        f"## chunked vs fp64 oracle (B, Hk, Hv, S, Dk, Dv = {tuple(error_shape.values())})",
         "",
         "| regime | algorithm | precision | out rel-RMS | out max-abs | state rel-RMS | state max-abs |",
         "|---|---|---|---|---|---|---|",
@@ -127,7 +132,7 @@ def markdown(errors: list[dict], timings: list[dict], machine: dict) -> str:
         )
     lines += [
         "",
-        f"## run time (B, Hk, Hv, S, Dk, Dv = {tuple(TIMING_SHAPE.values())})",
+        f"## run time (B, Hk, Hv, S, Dk, Dv = {tuple(timing_shape.values())})",
         "",
         "| what | median s | runs s |",
         "|---|---|---|",
@@ -138,17 +143,20 @@ def markdown(errors: list[dict], timings: list[dict], machine: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Measure both tables, print them and write them to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="directory for bench_reference.json and bench_reference.md")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each chunked algorithm (median)")
     parser.add_argument("--skip-oracle", action="store_true", help="do not time the (slow) token-by-token oracle")
-    options = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="small shapes, one timed run (CI's check that it runs)")
+    options = parser.parse_args(argv)
 
-    errors = error_table()
-    timings = timing_table(options.repeats, options.skip_oracle)
+    shapes = (SMOKE_ERROR_SHAPE, SMOKE_TIMING_SHAPE) if options.smoke else (ERROR_SHAPE, TIMING_SHAPE)
+    errors = error_table(shapes[0])
+    timings = timing_table(shapes[1], 1 if options.smoke else options.repeats, options.skip_oracle)
     machine = machine_note()
-    report = markdown(errors, timings, machine)
+    report = markdown(errors, timings, machine, shapes)
     print(report)
     if options.out:
         options.out.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,15 @@
 """Interpreter overhead of nki-cpu, and the cost report of a 4,096-instruction kernel.
 
 Usage:
-    python bench/bench_interpreter.py --out DIR [--repeats 7] [--per-kind 64] [--target trn2]
+    python bench/bench_interpreter.py --out DIR [--repeats 7] [--per-kind 64] [--target trn2] [--smoke]
 
 Measures, through ``nki_cpu.simulate``: the median wall time per instruction for a few instruction kinds on
 128×512 tiles (a kernel with ``--per-kind`` copies of the instruction minus the same kernel without them), and the
 wall time of a 4,096-instruction kernel. Prints a table and writes to ``--out`` (shared with the other packages'
 benches, hence the prefix): ``bench_interpreter.json``, ``bench_interpreter.md``, the kernel's cost report
 (``bench_interpreter_cost_report.txt``), its Chrome trace (``bench_interpreter_cost_trace.json``) and, when
-matplotlib is installed, a PNG timeline (``bench_interpreter_cost_timeline.png``).
+matplotlib is installed, a PNG timeline (``bench_interpreter_cost_timeline.png``). ``--smoke`` (CI's check that
+the script runs): one run of each kernel, two instructions per kind, a 64-instruction mixed kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from nki_cpu.cost import Trace, estimate, write_chrome_trace, write_png_timeline
 P, F = 128, 512  # one full tile: 128 partitions × 512 elements
 LOOP_BODY = 8  # instructions per iteration of the mixed kernel
 MIXED_ITERATIONS = 4096 // LOOP_BODY
+SMOKE_MIXED_ITERATIONS = 64 // LOOP_BODY
 
 
 @contextlib.contextmanager
@@ -88,11 +90,12 @@ def make_kind_kernel(kind: str, count: int) -> Callable[..., Any]:
     return kernel
 
 
-def mixed_kernel(x: Any, w: Any) -> Any:
-    """4,096 instructions: per iteration load, matmul, evict, activation, tensor_tensor, tensor_scalar, copy, store."""
-    out = nl.ndarray((MIXED_ITERATIONS, P, F), dtype=x.dtype, buffer=nl.shared_hbm)
+def mixed_kernel(x: Any, w: Any, iterations: int = MIXED_ITERATIONS) -> Any:
+    """``iterations`` × 8 instructions (4,096 by default): per iteration load, matmul, evict, activation,
+    tensor_tensor, tensor_scalar, copy, store."""
+    out = nl.ndarray((iterations, P, F), dtype=x.dtype, buffer=nl.shared_hbm)
     weights = _load(w)
-    for i in range(MIXED_ITERATIONS):
+    for i in range(iterations):
         tile = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=tile, src=x[i % x.shape[0]])
         acc = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.psum)
@@ -136,15 +139,15 @@ def bench_kinds(repeats: int, per_kind: int) -> dict[str, float]:
     return results
 
 
-def bench_mixed(repeats: int) -> tuple[float, Trace | None]:
-    """Median seconds of the 4,096-instruction kernel and the trace of its last run."""
+def bench_mixed(repeats: int, iterations: int = MIXED_ITERATIONS) -> tuple[float, Trace | None]:
+    """Median seconds of the mixed kernel (4,096 instructions by default) and the trace of its last run."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, P, F), dtype=np.float32)
     w = rng.standard_normal((P, P), dtype=np.float32) / P
     kernel = simulate(mixed_kernel)
-    seconds = median_seconds(lambda: kernel(x, w), repeats)
+    seconds = median_seconds(lambda: kernel(x, w, iterations=iterations), repeats)
     with captured_traces() as traces:
-        kernel(x, w)
+        kernel(x, w, iterations=iterations)
     return seconds, (traces[-1] if traces else None)
 
 
@@ -187,10 +190,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--per-kind", type=int, default=64)
     parser.add_argument("--target", default="trn2")
+    parser.add_argument("--smoke", action="store_true", help="the smallest kernels, one run each (CI's check)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        args.repeats, args.per_kind = 1, 2
     per_kind = bench_kinds(args.repeats, args.per_kind)
-    mixed_s, trace = bench_mixed(max(1, args.repeats // 2))
+    mixed_s, trace = bench_mixed(max(1, args.repeats // 2), SMOKE_MIXED_ITERATIONS if args.smoke else MIXED_ITERATIONS)
     print(write_outputs(args.out, per_kind, mixed_s, trace, args.target))
 
 

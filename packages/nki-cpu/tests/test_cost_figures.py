@@ -7,7 +7,7 @@ import re
 
 from nki_cpu.cost import FIGURES, TRN1, TRN2, TRN3, Engine, figures
 
-SOURCE_TAG = re.compile(r"#.*\b(ARCH|TRN2|TRN3|HW|DMA|DMABW|DGE|PERF|SHARED|ISA|LEGACY|INFER)\b")
+SOURCE_TAG = re.compile(r"#.*\b(ARCH|TRN2|TRN3|HW|DMA|DMABW|DGE|PERF|SHARED|ISA|LEGACY|INFER|LOOPS)\b")
 NUMERIC_LITERAL = re.compile(r"=\s*-?\d|:\s*\d|\(\d+, \d")
 
 

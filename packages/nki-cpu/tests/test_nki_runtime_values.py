@@ -293,13 +293,18 @@ RELAXED_VIEW_FORMS = {
 }
 
 
+def _warns_relaxed_and_raises_strict(form, rule: str) -> None:
+    """``form`` run in a launch: a warning naming ``rule`` when it is relaxed, its RuleViolationError when not."""
+    with pytest.warns(RuntimeWarning, match=rf"rule '{rule}' relaxed"):
+        _run(form, relax={rule})
+    with pytest.raises(checks.RuleViolationError) as info:
+        _run(form)
+    assert info.value.rule == rule
+
+
 @pytest.mark.parametrize("rule", sorted(RELAXED_VIEW_FORMS))
 def test_relaxed_run_time_forms_warn_and_proceed(rule):
-    with pytest.warns(RuntimeWarning, match=rf"rule '{rule}' relaxed"):
-        _run(RELAXED_VIEW_FORMS[rule], relax={rule})
-    with pytest.raises(checks.RuleViolationError) as info:
-        _run(RELAXED_VIEW_FORMS[rule])
-    assert info.value.rule == rule
+    _warns_relaxed_and_raises_strict(RELAXED_VIEW_FORMS[rule], rule)
 
 
 def test_relaxed_run_time_view_rules_warn():
@@ -529,3 +534,111 @@ def test_a_vector_offset_source_is_run_time_addressed_for_dma_transpose():
     assert view.is_runtime_addressed()
     with pytest.raises(checks.RuleViolationError, match="dma_transpose src addressed at run time"):
         nisa.dma_transpose(dst=empty((16, 16)), src=view)
+
+
+# --- issue 40: the remaining doc-forbidden run-time forms, and the documented forms beside them ----------------
+def _window(sbuf_cols: int = 8):
+    """An fp32 SBUF tile's columns 2..6 addressed at run time (a free-dim nl.ds with a run-time start)."""
+    return empty((4, sbuf_cols))[:, nl.ds(_scalar(2), 4)]
+
+
+def test_a_dtype_view_of_a_run_time_view_is_rejected_and_of_the_allocation_allowed():
+    with pytest.raises(checks.RuleViolationError, match=r"view\(dtype\) of a view addressed at run time"):
+        _window().view(nl.bfloat16)
+    with pytest.raises(checks.RuleViolationError, match=r"ap\(dtype=\) of a view addressed at run time"):
+        _window().ap([[8, 4], [1, 8]], dtype=nl.bfloat16)
+    rows = tile(np.array([[1], [2]], np.int32))
+    gather = wrap_array(np.zeros((8, 4), np.float32)).ap([[4, 2], [1, 4]], offset=0, vector_offset=rows)
+    with pytest.raises(checks.RuleViolationError, match="addressed at run time"):
+        gather.view(nl.int32)
+    halves = empty((4, 8)).view(nl.bfloat16)  # the allocation: allowed, and then addressed at run time
+    assert halves[:, nl.ds(_scalar(2), 4)].is_indirect()
+    # the documented spelling: reinterpretation and run-time offset in one .ap on the allocation
+    view = empty((4, 8)).ap([[16, 4], [1, 8]], dtype=nl.bfloat16, scalar_offset=_scalar(1), indirect_dim=1)
+    assert view.is_indirect() and view.dtype == nl.bfloat16
+
+
+def test_re_slicing_the_run_time_dim_through_a_relaxed_dtype_view_is_still_rejected():
+    def kernel():
+        halves = _window().view(nl.bfloat16)  # relaxed: warns, and keeps the run-time index's dimension
+        with pytest.raises(checks.RuleViolationError, match="dim 1 of a view addressed at run time must be taken"):
+            halves[:, 1:8:2]
+        assert halves[0:2, :].shape == (2, 8)  # the other dimension may still be sliced
+
+    with pytest.warns(RuntimeWarning, match="rule 'runtime_view_dtype' relaxed"):
+        _run(kernel, relax={"runtime_view_dtype"})
+
+
+def test_a_run_time_partition_start_through_ap_is_rejected_and_a_free_dim_offset_allowed():
+    sbuf = empty((8, 8))
+    with pytest.raises(checks.RuleViolationError, match="indirect_dim=0 on an SBUF/PSUM tensor"):
+        sbuf.ap([[8, 2], [1, 8]], scalar_offset=_scalar(1), indirect_dim=0)
+    with pytest.raises(checks.RuleViolationError, match="indirect_dim=0 on an SBUF/PSUM tensor"):
+        sbuf.ap([[8, 2], [1, 8]], scalar_offset=_index_tile(1), indirect_dim=0)  # a (1, 1) tile is run time too
+    assert sbuf.ap([[8, 8], [1, 2]], scalar_offset=_scalar(3), indirect_dim=1).is_indirect()
+    # the documented form: scalar_offset a (1, 1) SBUF tensor, on HBM (a DMA's run-time side)
+    values = np.arange(32, dtype=np.float32).reshape(8, 4)
+    rows = empty((2, 4))
+    nisa.dma_copy(dst=rows, src=wrap_array(values).ap([[4, 2], [1, 4]], scalar_offset=_index_tile(3), indirect_dim=0))
+    np.testing.assert_array_equal(rows.read(), values[3:5])
+
+
+def test_ds_with_a_1x1_uint32_start_addresses_at_run_time():
+    """The v2.33 ``nl.ds`` page's own form: the start a (1, 1) uint32 tile."""
+    values = np.arange(32, dtype=np.float32).reshape(8, 4)
+    rows = empty((2, 4))
+    nisa.dma_copy(dst=rows, src=wrap_array(values)[nl.ds(_index_tile(5, nl.uint32), 2), :])
+    np.testing.assert_array_equal(rows.read(), values[5:7])
+    assert empty((4, 8))[:, nl.ds(_index_tile(5, nl.uint32), 2)].is_indirect()
+
+
+def _summed(dst, srcs, **kwargs):
+    nisa.dma_compute(dst=dst, srcs=srcs, reduce_op=nl.add, **kwargs)
+
+
+def test_dma_compute_at_a_run_time_address_is_rejected_and_at_a_static_one_allowed():
+    values = np.arange(32, dtype=np.float32).reshape(8, 4)
+    hbm = wrap_array(values.copy())
+    ones = tile(np.ones((2, 4), np.float32))
+    with pytest.raises(checks.RuleViolationError, match=r"srcs\[0\] must have a compile-time known address"):
+        _summed(empty((2, 4)), [hbm[nl.ds(_scalar(3), 2), :], ones])
+    with pytest.raises(checks.RuleViolationError, match="dst must have a compile-time known address"):
+        _summed(hbm.ap([[4, 2], [1, 4]], scalar_offset=_scalar(3), indirect_dim=0), [ones, ones])
+    dst = empty((2, 4))
+    _summed(dst, [hbm[3:5, :], ones])  # static addresses: allowed
+    np.testing.assert_array_equal(dst.read(), values[3:5] + 1)
+    # the documented alternative: the run-time window copied into a fixed tile first
+    window = empty((2, 4))
+    nisa.dma_copy(dst=window, src=hbm[nl.ds(_scalar(3), 2), :])
+    _summed(dst, [window, ones])
+    np.testing.assert_array_equal(dst.read(), values[3:5] + 1)
+
+
+def test_dma_compute_through_a_vector_offset_is_allowed():
+    np.testing.assert_array_equal(_scatter_compute([1, 3]).read()[[1, 3]], np.full((2, 4), 2.0))
+
+
+def test_dma_compute_with_unique_indices_false_is_rejected():
+    ones = tile(np.ones((2, 4), np.float32))
+    with pytest.raises(checks.RuleViolationError, match="unique_indices must be True, got False"):
+        _summed(empty((2, 4)), [ones, ones], unique_indices=False)
+    dst = empty((2, 4))
+    _summed(dst, [ones, ones], unique_indices=True)
+    np.testing.assert_array_equal(dst.read(), np.full((2, 4), 2.0))
+
+
+ISSUE_40_FORMS = {
+    "runtime_view_dtype": lambda: _window().view(nl.int32),
+    "dynamic_partition_start": lambda: empty((8, 8)).ap([[8, 2], [1, 8]], scalar_offset=_scalar(1), indirect_dim=0),
+    "dma_compute_static_address": lambda: _summed(
+        empty((2, 4)), [wrap_array(np.zeros((8, 4), np.float32))[nl.ds(_scalar(3), 2), :], empty((2, 4))]
+    ),
+    "dma_compute_unique_indices": lambda: _summed(
+        empty((2, 4)), [tile(np.ones((2, 4), np.float32))], unique_indices=False
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(ISSUE_40_FORMS))
+def test_relaxed_issue_40_forms_warn_and_proceed(rule):
+    _warns_relaxed_and_raises_strict(ISSUE_40_FORMS[rule], rule)

@@ -25,7 +25,7 @@ from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
-from .host.buckets import configure_buckets, configured_buckets, prefill_bucket
+from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
 from .host.prefill import prefill, prefill_varlen, simulate
@@ -58,6 +58,7 @@ __all__ = [
     "gdn_cte_varlen",
     "gdn_step",
     "gdn_tkg",
+    "padded_tokens",
     "prefill",
     "prefill_bucket",
     "prefill_varlen",

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .contract import Violation
+from .contract import Violation, is_integer
 from .packed import _describe_vector, integer_vector
 
 
@@ -65,8 +65,49 @@ def bucket_violations(
 
 
 def padded_tokens(lengths: Sequence[int] | np.ndarray, chunk: int) -> int:
-    """Tokens of sequences of these lengths packed with each padded to its own chunk multiple."""
+    """Tokens of sequences of these lengths packed with each padded to its own chunk multiple: what a bucket's T
+    must hold (three prompts of 1024 tokens in all take 1280 tokens at chunk 128 when none is a chunk multiple)."""
     return int(sum(-(-int(n) // chunk) for n in lengths)) * chunk
+
+
+def batch_lengths(cu_seqlens: Any = None, lengths: Any = None) -> tuple[np.ndarray | None, list[Violation]]:
+    """A batch's sequence lengths from exactly one of its forms, with the rules each form keeps.
+
+    Args:
+        cu_seqlens: [n + 1] integers from 0, non-decreasing (a repeated entry is an empty sequence).
+        lengths: [n] non-negative integers (a list of ints, or an integer array; empty: no sequence).
+
+    Returns:
+        tuple: the lengths as int64 [n] (None when a rule is broken), and the violations.
+    """
+    if (cu_seqlens is None) == (lengths is None):
+        given = "both" if lengths is not None else "neither"
+        return None, [Violation("batch.form", "cu_seqlens", f"{given} of cu_seqlens and lengths",
+                                "a batch is given by its boundaries (cu_seqlens) or by its sequence lengths",
+                                "pass cu_seqlens=... or lengths=..., one of them")]  # fmt: skip
+    if cu_seqlens is not None:
+        bounds = integer_vector(cu_seqlens)
+        if bounds is None or bounds.size < 1:
+            return None, [Violation("batch.cu_seqlens", "cu_seqlens", _describe_vector(cu_seqlens),
+                                    "cu_seqlens must be a 1-D integer tensor [n + 1]",
+                                    "pass the cumulative sequence lengths, e.g. [0, len0, len0 + len1, ...]")]  # fmt: skip
+        bounds = bounds.astype(np.int64)
+        found = _bounds_violations(bounds, int(bounds[-1]))
+        return (None if found else np.diff(bounds)), found
+    if np.size(lengths) == 0:
+        return np.zeros(0, np.int64), []
+    values = integer_vector(lengths)
+    if values is None or (values < 0).any():
+        value = _describe_vector(lengths) if values is None else f"{values.tolist()}"
+        return None, [Violation("batch.lengths", "lengths", value, "lengths are the sequences' token counts: a 1-D "
+                                "sequence of non-negative integers", "pass e.g. lengths=[300, 300, 424]")]  # fmt: skip
+    return values.astype(np.int64), []
+
+
+def _padding_text(lengths: np.ndarray, chunk: int, shown: int = 4) -> str:
+    """How each sequence pads, for a message: "300 -> 384, 300 -> 384, 424 -> 512" (the first ``shown``)."""
+    parts = [f"{int(n)} -> {-(-int(n) // chunk) * chunk}" for n in lengths[:shown]]
+    return ", ".join(parts) + (f", ... ({len(lengths)} sequences)" if len(lengths) > shown else "")
 
 
 def _bounds_violations(bounds: np.ndarray, tokens: int) -> list[Violation]:
@@ -90,7 +131,7 @@ def _bounds_violations(bounds: np.ndarray, tokens: int) -> list[Violation]:
 
 def _bucket_violations(bucket: Any, lengths: np.ndarray, chunk: int) -> list[Violation]:
     shape = tuple(bucket) if isinstance(bucket, (tuple, list)) else None
-    if shape is None or len(shape) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in shape):
+    if shape is None or len(shape) != 2 or not all(is_integer(x) for x in shape):
         return [Violation("bucket.form", "bucket", f"value {bucket!r}", "a bucket is (T tokens, N sequences), ints",
                           "pass bucket=(T, N), e.g. (4096, 8)")]  # fmt: skip
     total, slots = shape
@@ -101,9 +142,12 @@ def _bucket_violations(bucket: Any, lengths: np.ndarray, chunk: int) -> list[Vio
                                f"T must be a positive multiple of the chunk ({chunk})",
                                f"round T up to a multiple of {chunk}"))  # fmt: skip
     elif needed > total:
-        found.append(Violation("bucket.holds_tokens", "bucket", f"T={total}",
-                               f"the sequences padded to their chunk multiples take {needed} tokens",
-                               f"use a bucket of at least {needed} tokens"))  # fmt: skip
+        real = int(lengths.clip(min=0).sum())
+        found.append(Violation("bucket.holds_tokens", "bucket", f"T={total} for {len(lengths)} sequences of {real} "
+                               "tokens in all", f"a bucket's T counts each sequence padded to its own chunk multiple "
+                               f"({chunk}): these take {needed} tokens ({_padding_text(lengths, chunk)})",
+                               f"use a bucket of at least {needed} tokens (size a batch by the sum of its lengths "
+                               f"each rounded up to {chunk})"))  # fmt: skip
     if slots < len(lengths):
         found.append(Violation("bucket.holds_sequences", "bucket", f"N={slots}",
                                f"the call has {len(lengths)} sequences", f"use a bucket of at least {len(lengths)} slots"))  # fmt: skip
@@ -130,8 +174,7 @@ def _rows_violations(
                                   "tokens: without it none would be stored", f"pass checkpoint_every (a multiple of "
                                   f"{chunk}), or drop checkpoint_indices")]  # fmt: skip
     if checkpoint_every is not None:
-        every_ok = isinstance(checkpoint_every, int) and not isinstance(checkpoint_every, bool)
-        if not (every_ok and checkpoint_every > 0 and checkpoint_every % chunk == 0):
+        if not (is_integer(checkpoint_every) and checkpoint_every > 0 and checkpoint_every % chunk == 0):
             return [*found, Violation("bucket.checkpoint_every", "checkpoint_every", f"value {checkpoint_every!r}",
                                       f"checkpoints are taken every positive multiple of the chunk ({chunk}) tokens",
                                       f"pass a multiple of {chunk}, e.g. {2 * chunk}")]  # fmt: skip

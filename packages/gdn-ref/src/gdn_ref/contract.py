@@ -13,10 +13,12 @@ A message names the argument, the value, the rule and the fix, e.g.::
 
 from __future__ import annotations
 
+import functools
+import itertools
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -32,6 +34,9 @@ from .constants import (
     MIN_GROUP_SIZE,
 )
 from .masks import N_MASKS, build_mask_pack
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 ARGUMENTS = (
     "query",
@@ -49,18 +54,60 @@ TENSOR_RANKS = {"query": 4, "key": 4, "value": 4, "g_log": 3, "beta": 3, "mask_p
 
 
 class ContractError(ValueError):
-    """A call broke the documented gdn_cte contract; ``violations`` lists every broken rule."""
+    """A call broke the documented gdn_cte contract; ``violations`` lists every broken rule, and ``entry_point``
+    (when set) is the function the caller called, which the message names (``names_entry_point``)."""
 
-    def __init__(self, violations: list[Violation]):
+    def __init__(self, violations: list[Violation], entry_point: str | None = None):
         self.violations = violations
-        super().__init__(rejection_message(violations))
+        self.entry_point = entry_point
+        super().__init__(rejection_message(violations, entry_point))
+
+    def naming(self, entry_point: str) -> ContractError:
+        """The same rejection, naming ``entry_point`` as the function the caller called."""
+        return ContractError(self.violations, entry_point)
+
+    @property
+    def sequences(self) -> list[int]:
+        """The packed sequences (or decode requests) whose own values broke a rule, ascending: what a server drops
+        from the batch before it launches the rest (empty when a violation concerns the whole call)."""
+        return sorted({v.sequence for v in self.violations if v.sequence is not None})
 
 
-def rejection_message(violations: list[Violation]) -> str:
-    """The text of a rejected call: how many rules broke, then each violation (argument, value, rule, fix)."""
-    lines = "\n".join(f"  - {v}" for v in violations)
-    api = violations[0].api if violations else "gdn_cte"
-    return f"{api} rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
+def rejection_message(violations: list[Violation], entry_point: str | None = None) -> str:
+    """The text of a rejected call: who rejected it, how many rules broke, then each violation (argument, value,
+    rule, fix).
+
+    Args:
+        violations (list[Violation]): the broken rules.
+        entry_point (str | None): the function the caller called (e.g. ``gdn_nki.prefill_varlen``), which then
+            heads the message, and each line is its violation alone. None: the contract of the first violation
+            (``Violation.api``: gdn_cte, gdn_tkg or gdn_step) heads it, and each line starts with its own contract.
+    """
+    lines = "\n".join(f"  - {v if entry_point is None else v.text}" for v in violations)
+    who = entry_point or (violations[0].api if violations else "gdn_cte")
+    return f"{who} rejected the call ({len(violations)} violation(s)); nothing was written:\n{lines}"
+
+
+def names_entry_point(entry_point: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a public entry point so that its rejections name it: a ``ContractError`` raised inside — by its own
+    checks, or by an entry point or kernel check it calls — leaves it naming ``entry_point``, the function the
+    caller called (the outermost decorated function wins), with the same violations and traceback.
+
+    Args:
+        entry_point (str): the name the caller knows, e.g. "gdn_nki.prefill_varlen".
+    """
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def named(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return fn(*args, **kwargs)
+            except ContractError as error:
+                raise error.naming(entry_point).with_traceback(error.__traceback__) from None
+
+        return named
+
+    return decorate
 
 
 @dataclass(frozen=True)
@@ -73,9 +120,28 @@ class Violation:
     rule: str
     fix: str
     api: str = "gdn_cte"  # whose contract: gdn_cte, or the decode entry points gdn_tkg and gdn_step (below)
+    sequence: int | None = None  # the packed sequence (decode request) whose values broke the rule, if one did
 
     def __str__(self) -> str:
-        return f"{self.api}: `{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
+        return f"{self.api}: {self.text}"
+
+    @property
+    def text(self) -> str:
+        """The violation without its contract's name: argument, value, rule id, rule and fix."""
+        return f"`{self.argument}` {self.value} violates [{self.rule_id}] {self.rule}. Fix: {self.fix}"
+
+
+def is_integer(x: Any) -> bool:
+    """``x`` is an int as a documented int argument takes one: Python's or numpy's (any ``numbers.Integral``), never
+    a bool (``True`` is an int to Python, but a flag passed where a count belongs is a mistake)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def plain_int(x: Any) -> Any:
+    """``x`` as a Python int when it is an integer (``is_integer``: ``np.int64(128)`` -> ``128``), anything else
+    unchanged, for the rules to report. What a host hands a kernel: trace-time arithmetic and a compile's key
+    (torch-neuronx keys on non-tensor values) take Python ints, so a numpy integer must not reach them."""
+    return int(x) if is_integer(x) else x
 
 
 def dtype_name(dtype: Any) -> str:
@@ -427,8 +493,7 @@ def _expected_pack() -> np.ndarray:
 
 def _group_size_range(call: Call) -> Violation | None:
     gs = call.args["group_size"]
-    is_int = isinstance(gs, numbers.Integral) and not isinstance(gs, bool)
-    if is_int and MIN_GROUP_SIZE <= gs <= MAX_GROUP_SIZE:
+    if is_integer(gs) and MIN_GROUP_SIZE <= gs <= MAX_GROUP_SIZE:
         return None
     return _violation(
         "group_size.range",
@@ -552,8 +617,38 @@ def first_bad_index(x: np.ndarray, bad: Callable[[np.ndarray], np.ndarray]) -> t
     return None
 
 
-def _value_rule(name: str, bad: Callable[[np.ndarray], np.ndarray], rule_id: str, rule: str, fix: str) -> Check:
-    """A check scanning ``name``'s contents; silent unless ``name``'s rank, shape and dtype rules hold."""
+@dataclass(frozen=True)
+class ValueScan:
+    """A value rule's scan of one argument: the test of a bad element, and the rule's text and fix."""
+
+    rule_id: str
+    argument: str
+    bad: Callable[[np.ndarray], np.ndarray]
+    rule: str
+    fix: str
+
+    def first(self, x: np.ndarray, origin: Sequence[int] = (), sequence: int | None = None) -> Violation | None:
+        """The violation naming ``x``'s first bad element (C order, in the caller's layout), or None.
+
+        Args:
+            x (np.ndarray): the tensor, or a window of it (a packed sequence's tokens).
+            origin (Sequence[int]): where the window starts in the caller's tensor, added to the index so that it
+                stays the caller's (e.g. ``(0, 0, start)`` for a sequence's tokens along axis 2); () for all of it.
+            sequence (int | None): the packed sequence (or decode request) the window is, named in the value and
+                kept on the violation (``ContractError.sequences``).
+        """
+        where = first_bad_index(x, self.bad)
+        if where is None:
+            return None
+        at = [int(i) + int(o) for i, o in itertools.zip_longest(where, origin, fillvalue=0)]
+        of = "" if sequence is None else f" (sequence {sequence})"
+        return Violation(self.rule_id, self.argument, f"value {float(x[where])} at index {at}{of}", self.rule,
+                         self.fix, sequence=sequence)  # fmt: skip
+
+
+def _value_rule(scan: ValueScan) -> Check:
+    """A check scanning ``scan.argument``'s contents; silent unless its rank, shape and dtype rules hold."""
+    name = scan.argument
 
     def check(call: Call) -> Violation | None:
         x = call.args[name]
@@ -562,19 +657,9 @@ def _value_rule(name: str, bad: Callable[[np.ndarray], np.ndarray], rule_id: str
         prerequisites = (f"{name}.shape", f"{name}.dtype", "query.dtype")
         if any(pid in RULES_BY_ID and RULES_BY_ID[pid].check(call) is not None for pid in prerequisites):
             return None
-        return _first_bad_value(x, name, bad, rule_id, rule, fix)
+        return scan.first(x)
 
     return check
-
-
-def _first_bad_value(
-    x: np.ndarray, name: str, bad: Callable[[np.ndarray], np.ndarray], rule_id: str, rule: str, fix: str
-) -> Violation | None:
-    """The violation naming ``x``'s first element (C order, in the caller's layout) where ``bad`` holds."""
-    where = first_bad_index(x, bad)
-    if where is None:
-        return None
-    return _violation(rule_id, name, f"value {float(x[where])} at index {list(where)}", rule, fix)
 
 
 _FINITE_WHY = {
@@ -586,19 +671,23 @@ _FINITE_WHY = {
 }
 
 
+def _finite_scan(name: str) -> ValueScan:
+    return ValueScan(
+        f"{name}.finite",
+        name,
+        _nonfinite,
+        f"{name} ({_FINITE_WHY[name]}) must hold finite numbers: NaN and ±Inf reach every later token through the "
+        "state, and earlier tokens of the same chunk through the intra-chunk solve",
+        f"find where the producer of {name} overflowed or divided by zero (the index above)",
+    )
+
+
 def _finite_rule(name: str) -> Rule:
     return Rule(
         f"{name}.finite",
         "Every input is a finite number (a NaN or Inf would spread through the chunk and the state)",
         (name,),
-        _value_rule(
-            name,
-            _nonfinite,
-            f"{name}.finite",
-            f"{name} ({_FINITE_WHY[name]}) must hold finite numbers: NaN and ±Inf reach every later token "
-            "through the state, and earlier tokens of the same chunk through the intra-chunk solve",
-            f"find where the producer of {name} overflowed or divided by zero (the index above)",
-        ),
+        _value_rule(VALUE_SCANS[f"{name}.finite"]),
     )
 
 
@@ -613,11 +702,22 @@ _BETA_DOMAIN_TEXT = (
     "pass sigmoid(b) of the layer's beta projection; check g_log and beta were not swapped",
 )
 
+# Every value rule's scan, in the rules' order: the rules below run them whole, and a packed launch per sequence
+# (``gdn_ref.packed.sequence_value_violations``).
+VALUE_SCANS: dict[str, ValueScan] = {
+    scan.rule_id: scan
+    for scan in (
+        ValueScan("g_log.domain", "g_log", _outside_log_decay, *_G_LOG_DOMAIN_TEXT),
+        ValueScan("beta.domain", "beta", _outside_update_strength, *_BETA_DOMAIN_TEXT),
+        *(_finite_scan(name) for name in _FINITE_WHY),
+    )
+}
+
 G_LOG_DOMAIN = Rule(
     "g_log.domain",
     "Per-token log-decay (negative) in HBM, fp32.",
     ("g_log",),
-    _value_rule("g_log", _outside_log_decay, "g_log.domain", *_G_LOG_DOMAIN_TEXT),
+    _value_rule(VALUE_SCANS["g_log.domain"]),
 )
 
 # The spec's (0, 1) with its end points: an fp32 sigmoid rounds to exactly 1 from x ≈ 17 and to 0 far below
@@ -627,7 +727,7 @@ BETA_DOMAIN = Rule(
     "beta.domain",
     "Per-token update strength in (0, 1) in HBM, fp32.",
     ("beta",),
-    _value_rule("beta", _outside_update_strength, "beta.domain", *_BETA_DOMAIN_TEXT),
+    _value_rule(VALUE_SCANS["beta.domain"]),
 )
 
 LAYOUTS = {
@@ -956,18 +1056,21 @@ def _head_dim_violations(api: str, sizes: dict, dims: tuple[tuple[str, str], ...
     ]
 
 
-def _finite_violations(api: str, args: dict[str, Any], names: tuple[str, ...]) -> list[Violation]:
+def _finite_violations(
+    api: str, args: dict[str, Any], names: tuple[str, ...], origin: Sequence[int] = (), request: int | None = None
+) -> list[Violation]:
+    """The decode entry points' finite rule on ``names`` (``ValueScan.first``'s ``origin`` and ``request``)."""
     found = []
     for name in names:
         x = args.get(name)
         if not isinstance(x, np.ndarray):
             continue
-        where = first_bad_index(x, _nonfinite)
-        if where is not None:
-            found.append(Violation(f"{name}.finite", name, f"value {float(x[where])} at index {list(where)}",
-                                   f"{name} must hold finite numbers: NaN and ±Inf reach every later token through "
-                                   "the state", f"find where the producer of {name} overflowed (the index above)",
-                                   api))  # fmt: skip
+        scan = ValueScan(f"{name}.finite", name, _nonfinite, f"{name} must hold finite numbers: NaN and ±Inf reach "
+                         "every later token through the state", f"find where the producer of {name} overflowed (the "
+                         "index above)")  # fmt: skip
+        violation = scan.first(x, origin, request)
+        if violation is not None:
+            found.append(replace(violation, api=api))
     return found
 
 
@@ -978,7 +1081,8 @@ def fused_log_decay(a: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray) -> np
         return -np.exp(np.asarray(A_log, dtype=np.float32)) * np.logaddexp(np.float32(0), x)
 
 
-def _fused_gate_violation(api: str, a: Any, A_log: Any, dt_bias: Any) -> list[Violation]:
+def _fused_gate_violation(api: str, a: Any, A_log: Any, dt_bias: Any, request: int | None = None) -> list[Violation]:
+    """The fused gate's domain; with ``request``, ``a`` is that request's [1, T, Hv] window of the step's a."""
     if not all(isinstance(x, np.ndarray) for x in (a, A_log, dt_bias)):
         return []
     # a's last axis runs over the value heads ([.., Hv]; gdn_tkg's [BH] rows are b·Hv + h).
@@ -986,10 +1090,13 @@ def _fused_gate_violation(api: str, a: Any, A_log: Any, dt_bias: Any) -> list[Vi
     where = first_bad_index(fused_log_decay(per_head, A_log, dt_bias), _outside_log_decay)
     if where is None:
         return []
-    return [Violation("g.domain", "A_log", f"fused g {float(fused_log_decay(per_head, A_log, dt_bias)[where])} at a index {int(np.ravel_multi_index(where, per_head.shape))}",
+    at = int(np.ravel_multi_index(where, per_head.shape)) + (request or 0) * per_head.size  # the flat index in a
+    of = "" if request is None else f" (sequence {request})"
+    return [Violation("g.domain", "A_log", f"fused g {float(fused_log_decay(per_head, A_log, dt_bias)[where])} at a index {at}{of}",
                       "g = -exp(A_log)*softplus(a + dt_bias) must be a log-decay <= 0 and not NaN (exp(A_log) "
                       "overflows past A_log ~ 88, and inf * softplus(...) = 0 is NaN)",
-                      "keep A_log below 88 (A = exp(A_log) is the decay rate) and a + dt_bias finite", api)]  # fmt: skip
+                      "keep A_log below 88 (A = exp(A_log) is the decay rate) and a + dt_bias finite", api,
+                      request)]  # fmt: skip
 
 
 def validate_tkg(*args: Any, host: bool = True, **kwargs: Any) -> list[Violation]:
@@ -1055,22 +1162,41 @@ def validate_step(
     if host and not found:
         found += index_violations(indices, accepted, sizes["P"], sizes["T"])
     if host and values and not found:
-        found += _finite_violations(STEP, args, ("query", "key", "value", "beta", "a", "b", "A_log", "dt_bias"))
-        if args.get("g_log") is not None:
-            found += _step_gates(args)
-        else:
-            found += _fused_gate_violation(STEP, args["a"], args["A_log"], args["dt_bias"])
+        found += _step_value_violations(args)
     return found
 
 
-def _step_gates(args: dict[str, Any]) -> list[Violation]:
-    """gdn_cte's g_log / beta domain rules on a step's precomputed gates ([N, T, Hv], the step's own layout, so
-    an index names the caller's element)."""
-    found = (
-        _first_bad_value(args["g_log"], "g_log", _outside_log_decay, "g_log.domain", *_G_LOG_DOMAIN_TEXT),
-        _first_bad_value(args["beta"], "beta", _outside_update_strength, "beta.domain", *_BETA_DOMAIN_TEXT),
-    )
-    return [replace(v, api=STEP) for v in found if v is not None]
+# A step's tensors whose first axis is the request (N): a bad value in one is that request's alone.
+_PER_REQUEST = ("query", "key", "value", "g_log", "beta", "a", "b")
+
+
+def _step_value_violations(args: dict[str, Any]) -> list[Violation]:
+    """The step's value rules, request by request when a request's own inputs broke one: every such request, and
+    in it each argument's first bad element (``Violation.sequence``), so a server can drop them all. A non-finite
+    A_log / dt_bias is every request's: reported once, for the call."""
+    whole = _step_values(args)
+    if not whole or any(v.rule_id in ("A_log.finite", "dt_bias.finite") for v in whole):
+        return whole
+    found = []
+    for n in range(np.shape(args["query"])[0]):
+        window = {name: x[n : n + 1] if name in _PER_REQUEST and x is not None else x for name, x in args.items()}
+        found += _step_values(window, (n,), n)
+    return found
+
+
+def _step_values(args: dict[str, Any], origin: Sequence[int] = (), request: int | None = None) -> list[Violation]:
+    """The step's value rules on ``args`` (a request's window of them at ``origin``, with ``request``)."""
+    found = _finite_violations(STEP, args, ("query", "key", "value", "beta", "a", "b", "A_log", "dt_bias"), origin,
+                               request)  # fmt: skip
+    if args.get("g_log") is None:
+        return found + _fused_gate_violation(STEP, args["a"], args["A_log"], args["dt_bias"], request)
+    # gdn_cte's g_log / beta domain rules on the precomputed gates ([N, T, Hv], the step's own layout, so an index
+    # names the caller's element)
+    gates = (VALUE_SCANS[rule].first(args[name], origin, request) for rule, name in _GATE_DOMAINS)
+    return found + [replace(v, api=STEP) for v in gates if v is not None]
+
+
+_GATE_DOMAINS = (("g_log.domain", "g_log"), ("beta.domain", "beta"))
 
 
 def index_violations(state_indices: Any, num_accepted_tokens: Any, pool_rows: int, tokens: int) -> list[Violation]:

@@ -15,7 +15,7 @@ reported; the rules of ``CU_SEQLENS_RULES`` after its form rule are reported tog
 
 from __future__ import annotations
 
-import numbers
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .constants import CHUNK_BY_ALGORITHM
-from .contract import Arguments, Rule, Violation, first_bad_index
+from .contract import VALUE_SCANS, Arguments, Rule, Violation, first_bad_index, is_integer
 
 # The dense rule about the state's shape is replaced by the pool's (``POOL_RULES``); every other documented rule
 # (dtype fp32, writable, neumann takes no state) applies to the pool as written.
@@ -87,10 +87,6 @@ def _describe_vector(values: Any) -> str:
     except (ValueError, TypeError):
         return f"a ragged {type(values).__name__} (not a rectangular array)"
     return "an empty sequence" if array.size == 0 else f"{array.dtype} of shape {array.shape}"
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 # --- cu_seqlens: the host's sequence boundaries ---
@@ -181,7 +177,7 @@ def _packed_batch(call: PackedCall) -> Violation | None:
 
 def _seq_chunks_form(call: PackedCall) -> Violation | None:
     seq_chunks = call.seq_chunks
-    if isinstance(seq_chunks, tuple) and seq_chunks and all(_is_int(n) and n >= 1 for n in seq_chunks):
+    if isinstance(seq_chunks, tuple) and seq_chunks and all(is_integer(n) and n >= 1 for n in seq_chunks):
         return None
     return Violation("varlen.seq_chunks", "seq_chunks", f"value {seq_chunks!r}",
                      "seq_chunks must be a non-empty tuple of positive ints (chunks per sequence)",
@@ -217,9 +213,33 @@ def _expected_tail(call: PackedCall) -> tuple[int, int, int]:
 def _rows_need_pool(call: PackedCall) -> Violation | None:
     if call.state is not None or call.state_rows is None:
         return None
-    return Violation("state_indices.pool", "state_indices", f"{len(call.state_rows)} pool row(s)",
-                     "state_indices name rows of a state pool, so one must be supplied",
-                     "pass the pool as recurrent_state (initial_state), or no state_indices")  # fmt: skip
+    return rows_need_pool(None, state_indices=call.state_rows)[0]
+
+
+def rows_need_pool(state: Any, **rows: Any) -> list[Violation]:
+    """Arguments naming pool rows (``state_indices``; in the bucketed form also ``checkpoint_indices`` and
+    ``read_indices``), refused when no pool is supplied (``state`` None): the returned state is then one row per
+    sequence, and rows naming a pool that does not exist would put the final states in the rows' order (or drop
+    the -1 rows') instead of the sequences'.
+
+    Args:
+        state: the pool (``recurrent_state``) as passed, or None.
+        rows: each row argument by name, as passed (None: not given).
+
+    Returns:
+        list[Violation]: one per row argument given without a pool.
+    """
+    if state is not None:
+        return []
+    found = []
+    for name, values in rows.items():
+        if values is None:
+            continue
+        vector = np.asarray(values) if integer_vector(values) is not None or np.ndim(values) == 2 else None
+        value = f"{vector.size} pool row(s)" if vector is not None else _describe_vector(values)
+        found.append(Violation(f"{name}.pool", name, value, f"{name} name rows of a state pool, so one must be "
+                               "supplied", f"pass the pool as recurrent_state (initial_state), or no {name}"))  # fmt: skip
+    return found
 
 
 def _pool_layout(call: PackedCall) -> Violation | None:
@@ -246,7 +266,7 @@ def _row_count(call: PackedCall) -> Violation | None:
     rows, n_seqs = call.state_rows, len(call.seq_chunks)
     if call.state is None or rows is None:
         return None
-    if isinstance(rows, tuple) and len(rows) == n_seqs and all(_is_int(r) for r in rows):
+    if isinstance(rows, tuple) and len(rows) == n_seqs and all(is_integer(r) for r in rows):
         return None
     return Violation("state_indices.count", "state_indices", f"value {rows!r}",
                      f"one integer pool row per sequence ({n_seqs})", "pass one pool row per sequence")  # fmt: skip
@@ -383,28 +403,85 @@ def packed_token_count(query: Any, found: Sequence[Violation]) -> int | None:
     return int(query.shape[2])
 
 
-def pool_row_violations(rows_state: np.ndarray, rows: Sequence[int] | None) -> list[Violation]:
+def pool_row_violations(
+    rows_state: np.ndarray, rows: Sequence[int] | None, sequences: Sequence[int] | None = None
+) -> list[Violation]:
     """The values rule of ``recurrent_state`` on the rows a launch reads: a pool's shape is not the dense
     [B, Hv, Dk, Dv] the contract's scan expects, and its other rows are never read, so only the named ones are
     scanned (a NaN left in a free row by an earlier request must not fail this one).
 
     Args:
-        rows_state (np.ndarray): [N, Hv, Dk, Dv] fp32, the named rows in sequence order.
-        rows (Sequence[int] | None): the pool row of each sequence (for the message), or None for a state of one
-            row per sequence (no pool).
+        rows_state (np.ndarray): [n, Hv, Dk, Dv] fp32, the rows read, one per sequence that reads one.
+        rows (Sequence[int] | None): the pool row of each (for the message), or None for a state of one row per
+            sequence (no pool).
+        sequences (Sequence[int] | None): the sequence (or decode request) each row is read for; None: the k-th
+            row is sequence k.
 
     Returns:
-        list[Violation]: one violation naming the pool row (or sequence) and index of the first NaN/±Inf, or nothing.
+        list[Violation]: one per sequence whose row holds a NaN/±Inf, naming the pool row, the sequence
+        (``Violation.sequence``) and the index of its first one, so that a server can drop every such sequence.
     """
-    where = first_bad_index(rows_state, lambda block: ~np.isfinite(block))
-    if where is None:
-        return []
-    seq = where[0]
-    if rows is None:
-        at, fix = f"sequence {seq}, index {list(where)}", "pass a finite initial state for that sequence (or zeros)"
-    else:
-        at = f"pool row {rows[seq]} (sequence {seq}), index {[rows[seq], *where[1:]]}"
-        fix = "reset that row (zeros) before reusing it, or find where the previous request overflowed"
-    return [Violation("recurrent_state.finite", "recurrent_state", f"value {float(rows_state[where])} at {at}",
-                      "the initial state of every sequence must hold finite numbers: NaN and ±Inf reach every "
-                      "token of the sequence through the state", fix)]  # fmt: skip
+    found = []
+    for k, row_state in enumerate(rows_state):
+        where = first_bad_index(row_state, lambda block: ~np.isfinite(block))
+        if where is None:
+            continue
+        seq = k if sequences is None else int(sequences[k])
+        if rows is None:
+            at = f"sequence {seq}, index {[seq, *where]}"
+            fix = "pass a finite initial state for that sequence (or zeros)"
+        else:
+            at = f"pool row {rows[k]} (sequence {seq}), index {[int(rows[k]), *where]}"
+            fix = "reset that row (zeros) before reusing it, or find where the previous request overflowed"
+        found.append(Violation("recurrent_state.finite", "recurrent_state", f"value {float(row_state[where])} at {at}",
+                               "the initial state of every sequence must hold finite numbers: NaN and ±Inf reach "
+                               "every token of the sequence through the state", fix, sequence=seq))  # fmt: skip
+    return found
+
+
+# The packed tensors: their tokens run along axis 2 ([1, H, T(, D)]), cut into sequences by cu_seqlens.
+PACKED_TENSORS = ("query", "key", "value", "g_log", "beta")
+
+
+def sequence_value_violations(
+    call: Arguments,
+    cu_seqlens: Sequence[int] | np.ndarray,
+    states: np.ndarray | None = None,
+    rows: Sequence[int] | None = None,
+    sequences: Sequence[int] | None = None,
+) -> list[Violation]:
+    """The value rules (``contract.VALUE_SCANS``: g_log <= 0 and not NaN, the rest finite) of the packed tensors,
+    per sequence: every sequence with a bad element, and in it each argument's first, at its index in the packed
+    tensor and naming the sequence (``Violation.sequence``; ``ContractError.sequences`` lists them) — one
+    request's NaN must not hide another's, so a server can drop them all and launch the rest.
+
+    Dimensions:
+        T: packed tokens; n: sequences (``cu_seqlens`` [n + 1], from 0, non-decreasing, ending at T).
+
+    Args:
+        call (Arguments): the packed call (query/key [1, Hk, T, Dk], value [1, Hv, T, Dv], g_log/beta [1, Hv, T]),
+            its layout rules already holding.
+        cu_seqlens: the sequences' token boundaries.
+        states, rows, sequences: the initial states the launch reads, as ``pool_row_violations`` takes them
+            (None: none read), reported in the same list.
+
+    Returns:
+        list[Violation]: by sequence, then in the rules' order; empty when every value is in its domain.
+
+    Notes:
+        A clean tensor is read once, as ``contract.check_values`` reads it; only a tensor holding a bad element is
+        read again, sequence by sequence.
+    """
+    bounds = [int(b) for b in np.asarray(cu_seqlens)]
+    found = []
+    for scan in VALUE_SCANS.values():
+        if scan.argument not in PACKED_TENSORS or scan.first(getattr(call, scan.argument)) is None:
+            continue
+        x = getattr(call, scan.argument)
+        for seq, (start, end) in enumerate(itertools.pairwise(bounds)):
+            violation = scan.first(x[:, :, start:end], origin=(0, 0, start), sequence=seq)
+            if violation is not None:
+                found.append(violation)
+    if states is not None:
+        found += pool_row_violations(states, rows, sequences)
+    return sorted(found, key=lambda v: v.sequence)  # stable: each sequence's in the rules' order

@@ -25,6 +25,7 @@ import pytest
 
 from gdn_ref.constants import ALGORITHMS
 
+from . import context_parallel
 from .adapters import ADAPTERS
 from .decode.adapters import DECODE_ADAPTERS
 from .decode.impl import FAMILIES, is_decode, resolve_family
@@ -328,6 +329,16 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-k", dest="keyword", help="pytest -k expression to select tests")
     check.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     check.add_argument("--label", help="display name of the kernel in the summary and the JSON")
+    cp = sub.add_parser(
+        "check-cp",
+        help="run a context-parallel kernel over 2 and 4 spawned gloo processes against its single-rank result",
+        description=context_parallel.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cp.add_argument("impl", help="module:callable taking FLA's cp_context convention")
+    cp.add_argument("--context", required=True, help="module:callable building the context (FLA's build_cp_context)")
+    cp.add_argument("--no-states", action="store_true", help="the kernel takes no initial or final states under CP")
+    cp.add_argument("--world", type=int, action="append", choices=(2, 4), help="group sizes to run (default: 2 and 4)")
     return parser
 
 
@@ -347,9 +358,22 @@ def _title(impl: Implementation | None, spec: str) -> str:
     return f"{impl.capabilities.name} ({spec})" if impl else spec
 
 
+def check_cp(args: argparse.Namespace) -> int:
+    """``gdn-spec check-cp``: each context-parallel case's verdict, then the exit code (1: a case failed)."""
+    worlds = tuple(args.world or (2, 4))
+    verdicts = context_parallel.check(args.impl, args.context, states=not args.no_states, worlds=worlds)
+    for name, problems in verdicts.items():
+        print(f"{'PASS' if not problems else 'FAIL'} {name}" + "".join(f"\n    {p}" for p in problems))
+    failed = sum(1 for problems in verdicts.values() if problems)
+    print(f"{len(verdicts) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gdn-spec`` console script; returns the exit code."""
     args = parse_args(argv)
+    if args.command == "check-cp":
+        return check_cp(args)
     try:
         impl = resolve_family(args.impl, adapter=args.adapter, device=args.device, family=args.family)
     except ImplementationError as exc:

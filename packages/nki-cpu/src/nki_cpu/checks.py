@@ -88,13 +88,16 @@ RULES = frozenset(
         "register_load_source",  # register_load / register_store: a one-element tensor in SBUF or HBM, <= 32 bits
         "loop_bounds",  # fori_loop bounds are ints or 32-bit run-time values (no floats, bools or int64 scalars)
         "dynamic_index_count",  # at most one run-time index per view (ds start, scalar_offset, vector_offset)
-        "dynamic_partition_start",  # no run-time start on the partition dim of an SBUF/PSUM tensor
+        "dynamic_partition_start",  # no run-time start on the partition dim of an SBUF/PSUM tensor (ds or .ap)
         "indirect_dim_reslice",  # the dim a run-time index addresses is not sliced again
         "onchip_offset_int32",  # a run-time offset on an SBUF/PSUM tensor is nl.int32
         "vector_offset_form",  # vector_offset: an integer SBUF index tile, addressing an HBM tensor
         "dynamic_dge_mode",  # a DMA addressed at run time needs swdge/hwdge; a vector-offset gather/scatter swdge
         "dynamic_out_of_bounds",  # a run-time index outside its tensor fails (a DMA with oob_mode.skip skips it)
         "unique_scatter_indices",  # dma_compute scatters each row once
+        "runtime_view_dtype",  # no .view(dtype) / .ap(dtype=) of a view addressed at run time
+        "dma_compute_static_address",  # dma_compute operands at compile-time addresses (unless vector_offset)
+        "dma_compute_unique_indices",  # dma_compute(unique_indices=False) is not supported
     }
 )
 

@@ -21,7 +21,12 @@ that doing so computes what the traced-once program would:
 - a tile allocated inside a body is one allocation reused by every iteration, so an instruction may touch it only
   in the iteration that allocated it (and, after the loop, only the last iteration's): reading a previous
   iteration's tile would read what the program overwrote. Values that cross iterations live in tiles allocated
-  before the loop.
+  before the loop;
+- the cost model sees that one allocation: the n-th allocation of every iteration gets fresh storage in the
+  interpreter (fresh NaN, so a read before a write still shows), but its instructions' records name the first
+  iteration's (``state.Launch.allocate``), so an iteration's first write waits for the previous iteration's last
+  read of the same buffer, as on hardware ("Tensors allocated inside the loop body are allocated once and reused
+  across iterations": "NKI Dynamic Loops" deep dive, SDK documentation sources, date-modified 03/31/2026).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class LoopFrame:
         self.id = next(_loop_ids)
         self.iteration = 0
         self.ordinals: dict[int, int] = {}  # storage id -> its allocation number within the iteration
+        # allocation number within an iteration -> the storage id the hardware's one buffer of that allocation is
+        # known by (the first iteration's; ``state.Launch.allocate``)
+        self.buffers: dict[int, int] = {}
 
     def allocated(self, storage_id: int) -> None:
         self.ordinals[storage_id] = len(self.ordinals)

@@ -6,6 +6,7 @@ state outside any launch, so tensors can be built and instructions run in plain 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import threading
@@ -16,7 +17,7 @@ import numpy as np
 
 from nki_cpu import checks
 from nki_cpu.checks import PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION
-from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Trace, caller_site
+from nki_cpu.cost.record import NO_REORDER, InstructionRecord, Region, Trace, caller_site
 
 _storage_ids = itertools.count(1)
 
@@ -55,6 +56,9 @@ class Launch:
     # inside their bodies: storage id -> ((loop id, iteration), ...) of every loop running at the allocation.
     loops: list[Any] = field(default_factory=list)
     body_allocations: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # An allocation a later iteration of a compiled loop's body made: storage id -> the id of the allocation the
+    # program reuses for it (the first iteration's); records name that one (``buffer_regions``).
+    buffer_of: dict[int, int] = field(default_factory=dict)
     # The ``nl.no_reorder()`` block being run (its id; nested blocks are one block), or None: its instructions keep
     # their program order when the cost model reorders as the compiler does (``cost.reorder``).
     no_reorder_block: int | None = None
@@ -81,6 +85,8 @@ class Launch:
             rec.attrs[NO_REORDER] = self.no_reorder_block
         if self.body_allocations:
             self.check_body_tiles(rec)
+        if self.buffer_of:
+            self.buffer_regions(rec)
         if not rec.repeat:
             self.trace.program.append(rec)
         self.trace.append(rec)
@@ -111,6 +117,40 @@ class Launch:
                         "last iteration's data. Fix: allocate tiles whose values outlive the loop before it"
                     )
 
+    def buffer_regions(self, record: InstructionRecord) -> None:
+        """Name, in ``record``'s regions, the one buffer the program has for an allocation a later iteration of a
+        compiled loop's body made (``buffer_of``): the cost model then orders that iteration's accesses after the
+        previous iterations' accesses to the same buffer (``nki_cpu.loops``)."""
+        buffer_of = self.buffer_of
+
+        def renamed(regions: tuple[Region, ...]) -> tuple[Region, ...]:
+            if not any(r.storage_id in buffer_of for r in regions):
+                return regions
+            return tuple(
+                dataclasses.replace(r, storage_id=buffer_of[r.storage_id]) if r.storage_id in buffer_of else r
+                for r in regions
+            )
+
+        record.reads, record.writes = renamed(record.reads), renamed(record.writes)
+
+    def _reused_buffer(self, storage_id: int, buffer: str, bytes_per_partition: int) -> int:
+        """The storage id of the allocation the program reuses for a new allocation inside compiled loops: the
+        innermost loop past its first iteration maps the allocation's number within its iteration to the first
+        iteration's allocation; a loop in its first iteration defers to the loop around it (the first iteration
+        of an inner loop is, to the outer loop, the same position of its body every time). An allocation of
+        another buffer or size than the one it maps to keeps its own id (no false sharing)."""
+        reused = storage_id
+        for frame in reversed(self.loops):
+            if frame.iteration > 0:
+                candidate = frame.buffers.get(frame.ordinals[storage_id], storage_id)
+                if self.trace.allocations.get(candidate) == (buffer, bytes_per_partition):
+                    reused = candidate
+                break
+        for frame in self.loops:
+            if frame.iteration == 0:
+                frame.buffers[frame.ordinals[storage_id]] = reused
+        return reused
+
     def allocate(self, buffer: str, bytes_per_partition: int, owner: Any) -> None:
         """Account an on-chip allocation; raise when the per-partition capacity is exceeded.
 
@@ -137,11 +177,15 @@ class Launch:
             self.body_allocations[owner.id] = tuple((frame.id, frame.iteration) for frame in self.loops)
             for frame in self.loops:
                 frame.allocated(owner.id)
+            reused = self._reused_buffer(owner.id, buffer, bytes_per_partition)
+            if reused != owner.id:
+                self.buffer_of[owner.id] = reused
 
     def free(self, buffer: str, nbytes: int, storage_id: int = 0) -> None:
         """Return ``nbytes`` per partition of ``buffer`` (called when an allocation is garbage-collected)."""
         self.live[buffer] -= nbytes
         self.body_allocations.pop(storage_id, None)
+        self.buffer_of.pop(storage_id, None)
 
 
 _local = threading.local()

@@ -748,7 +748,14 @@ class NkiTensor:
         return self.reshape([*list(self.shape[:start_dim]), merged, *list(self.shape[end_dim + 1 :])])
 
     def view(self, dtype: Any) -> NkiTensor:
-        """Reinterpret the bits as ``dtype``; the last dim is rescaled by the size ratio."""
+        """Reinterpret the bits as ``dtype``; the last dim is rescaled by the size ratio.
+
+        Notes:
+            Refused on a view addressed at run time (rule ``runtime_view_dtype``); relaxed, the new view keeps the
+            run-time index's dimension, so re-slicing it is still refused (rule ``indirect_dim_reslice``).
+        """
+        if self.is_runtime_addressed():
+            _runtime_view_dtype(self, "view(dtype)")
         new = dtypes.as_dtype(dtype)
         old_sz, new_sz = self.itemsize, new.itemsize
         if self.strides and self.strides[-1] != 1 and self.shape[-1] != 1:
@@ -764,7 +771,7 @@ class NkiTensor:
                 checks.fail(f"view(dtype) strides must be multiples of {new_sz} bytes, got {s * old_sz} bytes")
             strides.append(s * old_sz // new_sz)
         shape = (*self.shape[:-1], last // new_sz)
-        return self._make(shape, [*strides, 1], self._offset * old_sz // new_sz, dtype=new)
+        return self._make(shape, [*strides, 1], self._offset * old_sz // new_sz, dtype=new, keeps_dims=True)
 
     reinterpret_cast = view
 
@@ -791,6 +798,8 @@ class NkiTensor:
             A view of shape ``[num for step, num in pattern]``.
         """
         new = self.dtype if dtype is None else dtypes.as_dtype(dtype)
+        if new != self.dtype and self.is_runtime_addressed():
+            _runtime_view_dtype(self, "ap(dtype=)")
         pairs = [(int(p[0]), int(p[1])) for p in pattern]
         base = self._offset
         if new.itemsize != self.itemsize:
@@ -808,7 +817,7 @@ class NkiTensor:
         if (scalar_offset is not None or vector_offset is not None) and not self._whole_allocation():
             _indirect_on_a_view(self)
         runtime_start = scalar_offset is not None and not isinstance(scalar_offset, (int, np.integer))
-        _check_runtime_ap(self, scalar_offset if runtime_start else None, vector_offset)
+        _check_runtime_ap(self, scalar_offset if runtime_start else None, vector_offset, indirect_dim)
         shape, strides = [n for _, n in pairs], [s for s, _ in pairs]
         runtime = None
         if scalar_offset is not None:
@@ -913,8 +922,28 @@ def _check_runtime_key(view: NkiTensor, key: tuple[Any, ...]) -> None:
             )
 
 
-def _check_runtime_ap(view: NkiTensor, scalar_offset: Any, vector_offset: Any) -> None:
+def _runtime_view_dtype(view: NkiTensor, method: str) -> None:
+    """A dtype reinterpretation of a view addressed at run time is refused (rule ``runtime_view_dtype``):
+    ``NkiTensor.view`` lists "Not supported after dynamic / vector select" among its constraints (NL, v2.31.0 and
+    v2.32.0), and a run-time ``nl.ds`` start or offset makes a view indirect (``nki.language.ds``, v2.33.0)."""
+    _runtime_rule(
+        "runtime_view_dtype",
+        f"{method} of a view addressed at run time is not supported (NkiTensor.view: 'Not supported after dynamic / "
+        "vector select'). Fix: reinterpret the tensor as allocated and address it at run time after, in one "
+        ".ap(pattern, dtype=..., scalar_offset=i, indirect_dim=d) on the allocation, or copy the window into a "
+        "fixed tile first",
+    )
+
+
+def _check_runtime_ap(view: NkiTensor, scalar_offset: Any, vector_offset: Any, indirect_dim: int = 0) -> None:
     """The documented limits of ``.ap(scalar_offset= / vector_offset=)`` (README, "What is enforced")."""
+    if view._on_chip and scalar_offset is not None and indirect_dim == 0:
+        _runtime_rule(
+            "dynamic_partition_start",
+            "ap scalar_offset with indirect_dim=0 on an SBUF/PSUM tensor moves its partition start at run time, "
+            "got a run-time scalar_offset. Fix: address partitions statically (a run-time offset on a free dim, "
+            "indirect_dim >= 1); move the data with dma_copy, whose HBM side may be addressed at run time",
+        )
     count = (scalar_offset is not None) + (vector_offset is not None) + view.is_indirect()
     if count > 1:
         _runtime_rule(

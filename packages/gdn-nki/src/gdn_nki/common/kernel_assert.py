@@ -17,6 +17,7 @@ def kernel_assert(condition: bool, message: str) -> None:
     assert condition, message  # noqa: S101 - the tracer's only way to stop a kernel; see the module docstring
 
 
-def assert_valid_call(violations: list[Violation]) -> None:
-    """Stop the trace when the call broke any contract rule, listing every violation."""
-    kernel_assert(not violations, rejection_message(violations))
+def assert_valid_call(violations: list[Violation], kernel: str | None = None) -> None:
+    """Stop the trace when the call broke any contract rule, listing every violation; ``kernel`` names the kernel
+    launched when its rules are another's (the packed kernels check gdn_cte's), else the rules' own contract."""
+    kernel_assert(not violations, rejection_message(violations, kernel))

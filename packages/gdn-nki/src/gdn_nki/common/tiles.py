@@ -23,6 +23,22 @@ def sbuf(shape: tuple[int, ...], dtype: Any) -> Any:
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
+def load_scalar(entry: Any, at_run_time: bool) -> Any:
+    """``nisa.scalar_load`` of a [1, 1] int32 table entry (an ``NkiScalar``).
+
+    An entry at a run-time offset (a column a compiled loop's iteration value picks) is first copied into a fixed
+    [1, 1] tile: ``scalar_load`` takes "a 1x1 tensor in SBUF or HBM with dtype nl.int32 or nl.int64" (ISA
+    ``scalar_load``, SDK 2.33) and no page says whether a view at a run-time offset is one; a fixed tile is. One
+    GpSimd copy (int32 to int32 moves the bits), on the engine nki-cpu charges the load to (its README, known
+    unknown 25), so the load does not wait on another engine's semaphore.
+    """
+    if at_run_time:
+        fixed = sbuf((1, 1), entry.dtype)
+        nisa.tensor_copy(dst=fixed, src=entry, engine=nisa.engine.gpsimd)
+        entry = fixed
+    return nisa.scalar_load(entry)
+
+
 def psum(shape: tuple[int, ...], dtype: Any = FP32) -> Any:
     """A fresh PSUM tile; fp32 unless a same-dtype PE transpose needs otherwise."""
     return nl.ndarray(shape, dtype=dtype, buffer=nl.psum)

@@ -23,9 +23,9 @@ arithmetic and run-time addresses:
   prefix-cache hit: the cache's row is read, the request's own row written);
 - after each chunk the state is stored by one DMA per column block addressed at run time (a row read with
   ``nisa.scalar_load``): to the row of the sequence ending there, else to the row of a checkpoint taken there (one
-  chunk holds at most one sequence's end and checkpoints). A last checkpoint that is its sequence's end is copied
-  from its ``state_indices`` row (not the row it read) once the head's chain is done
-  (``ChunkBoundaries.lane_done``), or, at the bucket's last chunk, stored by the last link too. A chunk with
+  chunk holds at most one sequence's end and checkpoints). A last checkpoint that is its sequence's end is a second store
+  of the same link, from SBUF (``end_copy_row``): a copy from the pool row the end went to would read, at a
+  run-time address, what a DMA at a run-time address wrote, an order no page states. A chunk with
   nothing to store addresses row P, one past the pool, and the DMA skips it (``oob_mode=nisa.oob_mode.skip``: ISA
   ``dma_copy`` v2.29.1–v2.33.0, ``nki.isa.oob_mode`` v2.29.1). The stores read the first third of the boundary
   tiles, which only the chain writes, so the chain never waits for a store.
@@ -36,9 +36,7 @@ Tables (chunk c of the bucket, c = 0..n, n = T / chunk; column n is past the las
 |---|---|---|
 | ``start_slot`` | [1, n + 1] int32 | the slot of the sequence starting at chunk c (its gathered initial state); N (skipped) where none starts or it has no row |
 | ``store_row`` | [1, n + 1] int32 | the pool row the state after chunk c goes to: a sequence's end (with a row), else a checkpoint's; P where none |
-| ``copy_row`` | [1, N] int32 | with checkpoints: the row a slot's final state is copied to when its last checkpoint is its end; P where none, and for the sequence ending at the bucket's last chunk |
-| ``end_rows`` | [1, N] int32 | with checkpoints: each slot's ``state_indices`` row, the source of that copy |
-| ``last_copy_row`` | [1, 1] int32 | with checkpoints: that row for the sequence ending at the bucket's last chunk, stored from SBUF by the lane's last link; P where none |
+| ``end_copy_row`` | [1, n + 1] int32 | with checkpoints: the row the state after chunk c is also stored to, where a sequence whose last checkpoint is its end ends; P where none |
 | ``entry_offset`` | [1, n + 1] int32 | the third of the boundary tiles chunk c's entry state is: 0 (the carried state) where no sequence starts, 1 (the loaded one) where one with a row starts, 2 (zeros) where one without starts |
 
 They are sums over the sequences (on partitions) of 0/1 comparisons of an iota against the boundaries, weighted by
@@ -74,60 +72,82 @@ class ChunkBoundaries:
     start_slot: Any
     store_row: Any
     entry_offset: Any
-    # With checkpoints: per slot, the checkpoint row its final state is copied to once stored (``lane_done``)
-    copy_row: Any = None
-    last_copy_row: Any = None
-    # With checkpoints: [1, N] int32, each slot's state row, which ``lane_done`` copies from (not the row it read)
-    end_rows: Any = None
+    # With checkpoints: [1, n + 1] int32, the second row the state after chunk c is stored to (a last checkpoint
+    # at its sequence's end), P where none
+    end_copy_row: Any = None
+    # Inside a compiled loop's body (``open_window``): each table's columns around the iteration's chunk index, in
+    # fixed tiles (by table id), and the first one's offset from that index
+    window: dict[int, Any] | None = None
+    window_start: int = 0
+
+    def open_window(self, index: Any, start: int, stop: int) -> None:
+        """Copy columns ``index + start .. index + stop − 1`` of every table (``index``: a compiled loop's
+        run-time chunk index) into fixed [1, stop − start] tiles, once an iteration, so the iteration's scalar
+        loads read fixed tiles at trace-time columns: ``scalar_load`` takes "a 1x1 tensor" (ISA ``scalar_load``,
+        SDK 2.33) and no page says a view at a run-time offset is one (``tiles.load_scalar``). One copy per table
+        and iteration instead of one per load."""
+        self.window, self.window_start = {}, start
+        for table in self._tables():
+            fixed = tiles.sbuf((1, stop - start), INT32)
+            nisa.tensor_copy(dst=fixed, src=table[:, nl.ds(index + start, stop - start)])
+            self.window[id(table)] = fixed
+
+    def close_window(self) -> None:
+        """Leave the compiled loop's body: loads read the tables again."""
+        self.window = None
+
+    def _tables(self) -> list[Any]:
+        return [t for t in (self.start_slot, self.store_row, self.entry_offset, self.end_copy_row) if t is not None]
+
+    def _entry(self, table: Any, c: Any, static: int | None) -> Any:
+        """Column ``c`` of a [1, ·] int32 table as an ``NkiScalar``: at a trace-time column, from the iteration's
+        window (``static``: ``c`` less the iteration's chunk index), else through a fixed [1, 1] tile
+        (``tiles.load_scalar``)."""
+        if isinstance(c, int):
+            return nisa.scalar_load(_column(table, c))
+        if self.window is not None and static is not None:
+            at = static - self.window_start
+            return nisa.scalar_load(self.window[id(table)][:, at : at + 1])
+        return tiles.load_scalar(_column(table, c), at_run_time=True)
 
     def initial_state(self, h: int, dst: Any) -> None:
         """Load value head ``h`` of the state chunk 0's sequence starts from into ``dst`` ([Dk, Dv] fp32): the pool
         row, or zero (set first; the load is skipped)."""
         nisa.memset(dst=dst, value=0.0)
-        self._load_initial(_column(self.start_slot, 0), h, dst)
+        self._load_initial(self.start_slot, 0, None, h, dst)
 
-    def load_next_initial(self, h: int, c: Any, dst: list[Any]) -> None:
+    def load_next_initial(self, h: int, c: Any, dst: list[Any], static: int | None = None) -> None:
         """With the loads of chunk ``c`` (an int, or a compiled loop's run-time scalar): DMA value head ``h`` of
         the initial state a sequence starting at chunk c + 1 starts from into ``dst`` (the chunk's
         ``ChunkTiles.initial``, one [Dk, w] fp32 view per column block), periods before the next chunk reads it;
         skipped where no sequence with a row starts there (``entry_offset`` then points elsewhere)."""
-        slot_entry, start = _column(self.start_slot, c + 1), 0
+        start = 0
         for block in dst:
-            self._load_initial(slot_entry, h, block, slice(start, start + block.shape[1]))
+            following = None if static is None else static + 1
+            self._load_initial(self.start_slot, c + 1, following, h, block, slice(start, start + block.shape[1]))
             start += block.shape[1]
 
-    def link(self, h: int, c: Any, last: bool, place: Any, unit_end: bool) -> BoundaryLink:
+    def link(self, h: int, c: Any, last: bool, place: Any, unit_end: bool, static: int | None = None) -> BoundaryLink:
         """What the chain's link for chunk ``c`` (an int, or a compiled loop's run-time scalar) of value head ``h``
         does at the boundary after it (``BoundaryLink``): the rows its state is stored to and the next chunk's
         entry offset (both read now, ahead of the link), in the chunk's boundary tile (``place``: its
         ``ChunkTiles``); ``unit_end``: the entry is copied into the next unit's tile. ``last``: the lane's last
         chunk (no next chunk to start)."""
-        stores = [nisa.scalar_load(_column(self.store_row, c))]
+        stores = [self._entry(self.store_row, c, static)]
+        if self.end_copy_row is not None:  # a last checkpoint at its sequence's end: a second store, from SBUF
+            stores.append(self._entry(self.end_copy_row, c, static))
         if last:
-            if self.last_copy_row is not None:  # a last checkpoint at the bucket's end: stored now, not copied after
-                stores.append(nisa.scalar_load(self.last_copy_row))
             return BoundaryLink(self.pool, h, stores)
-        offset = nisa.scalar_load(_column(self.entry_offset, c + 1))
+        offset = self._entry(self.entry_offset, c + 1, None if static is None else static + 1)
         return BoundaryLink(self.pool, h, stores, place.after, place.boundary, offset, unit_end)
 
-    def lane_done(self, h: int) -> None:
-        """After value head ``h``'s last link: copy the final state of each sequence whose last checkpoint is its
-        end from its state row (``end_rows``: the row its end was stored to, not the row it read) to that
-        checkpoint's row (skipped where ``copy_row`` names row P), so the chain
-        stores each chunk's state once even where a checkpoint and an end coincide."""
-        if self.copy_row is None:
-            return
-        dv = self.pool.shape[3]
-        for i in range(self.copy_row.shape[1]):
-            src = _pool_view(self.pool, nisa.scalar_load(self.end_rows[:, i : i + 1]), h, slice(0, dv))
-            dst = _pool_view(self.pool, nisa.scalar_load(self.copy_row[:, i : i + 1]), h, slice(0, dv))
-            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
-
-    def _load_initial(self, slot_entry: Any, h: int, dst: Any, cols: slice | None = None) -> None:
-        """DMA columns ``cols`` (all) of value head ``h`` of the gathered initial state the table entry names into
-        ``dst`` (slot N, past the copy: skipped, ``dst`` unchanged)."""
+    def _load_initial(
+        self, table: Any, c: Any, static: int | None, h: int, dst: Any, cols: slice | None = None
+    ) -> None:
+        """DMA columns ``cols`` (all) of value head ``h`` of the gathered initial state that column ``c`` of the
+        slot table names into ``dst`` (slot N, past the copy: skipped, ``dst`` unchanged)."""
         self.initial.gather(h)
-        slot = nisa.scalar_load(slot_entry)
+        slot = self._entry(table, c, static)
         cols = slice(0, dst.shape[1]) if cols is None else cols
         nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
 
@@ -159,14 +179,23 @@ class BoundaryLink:
         width = self.after[j].shape[1]
         return self.boundary[j][:, nl.ds(self.offset * width, width)]
 
+    def entry_high_half(self, j: int) -> Any:
+        """The bf16 high halves of ``entry(j)`` (``tiles.high_half``): the boundary tile reinterpreted and its
+        upper halves taken first, the run-time column offset applied last — ``NkiTensor.view`` is "Not supported
+        after dynamic / vector select" (SDK 2.31-2.32), and truncation commutes with the select."""
+        width = self.after[j].shape[1]
+        return tiles.high_half(self.boundary[j])[:, nl.ds(self.offset * width, width)]
+
     def entry_state(self, dtype: Any, tiles_of: State | None) -> State:
-        """The next chunk's entry state as views of the boundary tiles at the run-time offset, one per column block;
-        its parts and decayed copies made in ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
+        """The next chunk's entry state as views of the boundary tiles at the run-time offset, one per column block
+        (with bf16 compute, their high halves too: ``entry_high_half``); its parts and decayed copies made in
+        ``tiles_of``'s tiles (a compiled loop's ring tile), else fresh ones."""
         blocks = [self.entry(j) for j in range(len(self.after))]
+        high = [self.entry_high_half(j) for j in range(len(self.after))] if dtype != FP32 else None
         if tiles_of is None:
-            return State(blocks, None, dtype)
+            return State(blocks, None, dtype, high=high)
         tiles_of.written()
-        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles)
+        return State(blocks, None, dtype, lo=tiles_of.lo, decayed_tiles=tiles_of.decayed_tiles, high=high)
 
     def after_chunk(self, block: Any, j: int) -> Any:
         """Where the link writes column block ``j`` of the state after the chunk (``block``: the next chunk's entry
@@ -256,18 +285,15 @@ def build(
     nisa.tensor_tensor(dst=offset_weight, data1=offset_weight, data2=live, op=nl.multiply)
 
     end_row = _sum_table(row_weight, ends, rows_total)
-    copy_row = last_copy_row = end_rows = None
+    end_copy_row = None
     if checkpoint_every:
-        end_row, copy_row, last_copy_row = _with_checkpoints(
-            end_row, chunk_bounds, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end,
-            has_row, live,
-        )  # fmt: skip
+        end_row, end_copy_row = _with_checkpoints(
+            end_row, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end, ends, has_row, live
+        )
     initial = _initial_states(pool, reads, seqs)
-    if checkpoint_every:  # the rows final states are stored in: the rows read, unless other rows are read
-        end_rows = initial.rows if read_indices is None else _row_table(state_indices, seqs)
     return ChunkBoundaries(
-        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, _sum_table(offset_weight, starts, 0), copy_row,
-        last_copy_row, end_rows,
+        pool, initial, _sum_table(slot_weight, starts, seqs), end_row, _sum_table(offset_weight, starts, 0),
+        end_copy_row,
     )  # fmt: skip
 
 
@@ -363,7 +389,6 @@ def _sum_table(weight: Any, found: Any, total: int) -> Any:
 
 def _with_checkpoints(
     end_row: Any,
-    chunk_bounds: Any,
     checkpoint_indices: Any,
     seqs: int,
     width: int,
@@ -371,16 +396,19 @@ def _with_checkpoints(
     every: int,
     first: Any,
     end: Any,
+    ends: Any,
     has_row: Any,
     live: Any,
 ) -> tuple[Any, Any]:
-    """The store table with the checkpoints in it, and the per-slot rows a final state is copied to.
+    """The store table with the checkpoints in it, and the per-chunk rows a final state is stored to as well.
 
     Checkpoint k of sequence i follows chunk ``first_i + (k + 1)·every − 1``, when that chunk is the sequence's.
     One chunk holds at most one sequence's end and checkpoints, so each chunk stores its state to ONE row: the
     end's where there is one (and a state row), else the checkpoint's. Only where a sequence's last checkpoint is
-    its end, with a state row, does the checkpoint need a second copy: ``copy_row[i]`` names it (else P), and
-    ``ChunkBoundaries.lane_done`` copies the stored final state there, pool row to pool row, once per value head.
+    its end, with a state row, does the checkpoint need a second store: ``end_copy_row[c]`` names its row at the
+    chunk the sequence ends (else P), and the link stores the state after the chunk there too, from SBUF. Not a
+    copy of the pool row the end was stored to once the chain is done: that copy would read, at a run-time address,
+    what a DMA at a run-time address wrote, and no page says the two are ordered (docs/nki-sources.md §6.26).
 
     The checkpoints' table is a sum over the sequences on partitions, one checkpoint index k at a time
     (accumulating in PSUM); the per-checkpoint columns are made for all k at once ([N, K] tiles) and the K
@@ -388,7 +416,7 @@ def _with_checkpoints(
     chain link reads it).
 
     Returns:
-        ``([1, width] int32 store rows, [1, N] int32 copy rows, [1, 1] int32 the last chunk's second row)``.
+        ``([1, width] int32 store rows, [1, width] int32 second store rows)``.
     """
     per_seq = checkpoint_indices.shape[1]
     at = tiles.sbuf((seqs, per_seq), FP32)  # chunks done at checkpoint k: first + (k + 1)·every
@@ -425,15 +453,4 @@ def _with_checkpoints(
     nisa.tensor_reduce(dst=copy_weight, op=nl.add, data=at_end, axis=1)
     for flag in (has_row, live):
         nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=flag, op=nl.multiply)
-    # The sequence ending at the bucket's last chunk: its copy is a second store of the lane's last link (from SBUF,
-    # not a pool-to-pool copy after the chain, which would be the launch's last transfer)
-    ends_last = tiles.sbuf((seqs, 1), FP32)
-    nisa.tensor_scalar(dst=ends_last, data=end, op0=nl.equal, operand0=float(width - 1))
-    last_copy_row = _sum_table(copy_weight, ends_last, rows_total)
-    nisa.tensor_scalar(dst=ends_last, data=ends_last, op0=nl.multiply, operand0=-1.0, op1=nl.add, operand1=1.0)
-    nisa.tensor_tensor(dst=copy_weight, data1=copy_weight, data2=ends_last, op=nl.multiply)
-    slot_index = tiles.sbuf((seqs, seqs), FP32)  # c − p: 0 on the diagonal
-    nisa.iota(dst=slot_index, pattern=[[1, seqs]], offset=0, channel_multiplier=-1)
-    identity = tiles.sbuf((seqs, seqs), FP32)
-    nisa.tensor_scalar(dst=identity, data=slot_index, op0=nl.equal, operand0=0.0)
-    return store_row, _sum_table(copy_weight, identity, rows_total), last_copy_row
+    return store_row, _sum_table(copy_weight, ends, rows_total)

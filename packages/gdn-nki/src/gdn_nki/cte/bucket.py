@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments
+from gdn_ref.contract import Arguments, is_integer
 from gdn_ref.packed import tensor_violations
 
 from ..common.backend import nki, nl
@@ -29,6 +29,8 @@ from .kernel import emit
 from .plan import Span
 
 MAX_SEQUENCES = 128  # sequences of a bucket: one per partition in the boundary tables
+# Chunks of a bucket: its boundary tables have a column per chunk plus one (``boundaries.build``), at most MAX_TABLE
+MAX_CHUNKS = boundaries.MAX_TABLE - 1
 # Pool rows a bucket addresses: its row tables are fp32 sums of integers, exact below 2**24 (row P, one past the
 # pool, included: it names "no row")
 MAX_POOL_ROWS = 1 << 24
@@ -55,7 +57,8 @@ def gdn_cte_bucket(
     """Chunked gated delta-rule prefill of up to N packed sequences in a bucket of T tokens, the layout on device.
 
     Dimensions:
-        T: tokens of the bucket, a chunk multiple (128 "schur", 64 "neumann"); at most 511 chunks. N: sequence
+        T: tokens of the bucket, a chunk multiple (128 "schur", 64 "neumann"); at most 511 chunks; the sequences
+        take it padded, each to its chunk multiple (``chunk_bounds`` counts chunks). N: sequence
         slots, <= 128. P: pool rows. K: checkpoints per sequence slot. Hk, Hv, Dk, Dv: as ``gdn_cte``.
 
     Args:
@@ -89,13 +92,13 @@ def gdn_cte_bucket(
         is checked before anything is allocated or written (an ``AssertionError`` naming rule, argument and fix).
     """
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, state_pool)
-    assert_valid_call(tensor_violations(call, host=False))
+    assert_valid_call(tensor_violations(call, host=False), "gdn_cte_bucket")
     _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices, read_indices)
     value_heads, tokens, dv = value.shape[1], query.shape[2], value.shape[3]
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     n_chunks = tokens // chunk
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
-    every = checkpoint_every // chunk
+    every = int(checkpoint_every) // chunk  # int(): numpy's integers are ints too (is_integer)
     tables = boundaries.build(
         chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
     )  # fmt: skip
@@ -142,13 +145,13 @@ def _check_layout_tensors(
     )
     n_chunks = call.query.shape[2] // CHUNK_BY_ALGORITHM[call.algorithm]
     kernel_assert(
-        n_chunks < boundaries.MAX_TABLE,
-        f"gdn_cte_bucket: a bucket of {n_chunks} chunks is over {boundaries.MAX_TABLE - 1}. Fix: a smaller bucket",
+        n_chunks <= MAX_CHUNKS,
+        f"gdn_cte_bucket: a bucket of {n_chunks} chunks is over {MAX_CHUNKS}. Fix: a smaller bucket",
     )
     if checkpoint_every:
         shape = tuple(getattr(checkpoint_indices, "shape", ()))
         kernel_assert(
-            isinstance(checkpoint_every, int)
+            is_integer(checkpoint_every)
             and checkpoint_every > 0
             and checkpoint_every % CHUNK_BY_ALGORITHM[call.algorithm] == 0
             and len(shape) == 2

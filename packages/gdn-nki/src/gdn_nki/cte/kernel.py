@@ -113,7 +113,8 @@ def _emit_lanes(
     if algorithm == ALGORITHM_SCHUR:
         consts = constants_from_pack(mask_pack, chunk, dtype)
         deferred = functools.partial(schur.load_merge_planes, mask_pack, consts, dtype)
-        invert_group, group, system_dtype = schur.invert_group, call.group_size, dtype
+        # int(): the contract takes numpy's integers too, and the group sizes trace-time access patterns
+        invert_group, group, system_dtype = schur.invert_group, int(call.group_size), dtype
         idle_rounds = schur.OPERAND_IDLE_ROUNDS_FP32 if dtype == FP32 else schur.OPERAND_IDLE_ROUNDS
     else:
         assert algorithm == ALGORITHM_NEUMANN  # noqa: S101 - validate() rejected anything else

@@ -97,6 +97,8 @@ class Segment:
     entry: State | None = None  # the state the previous unit's chain left (``hand_over``), for the first segment
     start: Any = None
     first_chunk: Any = None  # with ``start``: the lane's chunk index of ``start`` (a bucket's boundary tables read it)
+    # with ``first_chunk`` in a compiled loop's body: its offset from the iteration's chunk index (a trace-time int)
+    chunk_offset: int | None = None
 
     @property
     def token(self) -> Any:
@@ -112,6 +114,10 @@ class Segment:
         if self.first_chunk is not None:
             return self.first_chunk + j
         return self.lane.offset // self.lane.chunk + self.begin + j
+
+    def chunk_static(self, j: int) -> int | None:
+        """In a compiled loop's body, chunk j's index less the iteration's (a trace-time int); else None."""
+        return None if self.chunk_offset is None else self.chunk_offset + j
 
 
 @dataclass
@@ -164,6 +170,13 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
 
 
 PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inverse, transition and chain
+# A compiled loop's iteration is this many times ``depth`` periods. The compiler ends every iteration with a drain
+# and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
+# ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain: +13-16 % at
+# S = 8192 and 32768 at 1. At 3 that is +5.2 % at S = 32768, but the program grows 2.8x (static 5,291 -> 14,723) and
+# the shortest looped sequence triples, so the program tests' shapes no longer loop (PERFORMANCE.md, "Hardware
+# loops"): left at 1 until those tests are re-sized.
+LOOP_UNROLL = 1
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
@@ -218,7 +231,7 @@ def load(work: Work, pipe: Pipeline) -> None:
             chunk.place = place
         if inputs.boundaries is not None:  # the state each chunk's successor may start from, loaded ahead
             for j, place in enumerate(work.tiles[positions]):
-                inputs.boundaries.load_next_initial(lane.h, seg.chunk_index(j), place.initial)
+                inputs.boundaries.load_next_initial(lane.h, seg.chunk_index(j), place.initial, seg.chunk_static(j))
         if seg.starts_lane:
             ring = pipe.rings.get(id(lane))
             dst = ring[0] if ring else None
@@ -314,7 +327,7 @@ def advance(
         # engine's queue ahead of the chain's work, not between a link and the next chunk's first use of its state
         links = [
             boundaries.link(lane.h, seg.chunk_index(k), seg.ends_lane and k == last, tile_set[positions.start + k],
-                            unit_end=k == last)
+                            unit_end=k == last, static=seg.chunk_static(k))
             for k in range(len(seg.chunks))
         ] if boundaries is not None else [None] * len(seg.chunks)  # fmt: skip
         for k, chunk in enumerate(seg.chunks):
@@ -328,8 +341,6 @@ def advance(
             yield
         if seg.ends_lane and boundaries is None:  # the final state is ready before the last output: store it first
             hbm.store_state(final_state, lane, state)
-        elif seg.ends_lane:
-            boundaries.lane_done(lane.h)
         if pending is not None:
             output.emit_output(lane, *pending)
         seg.chunks = []
@@ -410,15 +421,19 @@ def period_work(units: list[Unit], p: int, pipe: Pipeline) -> tuple[Work | None,
 @dataclass(frozen=True)
 class SteadyState:
     """Periods ``first_period .. last_period`` (inclusive) of one lane, each issuing the stages of whole units of
-    the lane: one compiled loop of ``(last_period − first_period + 1) / depth`` iterations of ``depth`` periods."""
+    the lane: one compiled loop of ``(last_period − first_period + 1) / (depth · unroll)`` iterations of
+    ``depth · unroll`` periods (``steady_states``)."""
 
     lane: Lane
     first_period: int
     last_period: int
 
 
-def steady_states(units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH) -> list[SteadyState]:
-    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth`` periods.
+def steady_states(
+    units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, unroll: int = 1
+) -> list[SteadyState]:
+    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth · unroll``
+    periods.
 
     Period p (the operands of unit p, the chain of unit p − depth + 1) qualifies when units p − depth + 1 .. p are all
     one full segment of the same lane and the oldest starts at a unit boundary of the lane (its state then starts
@@ -447,9 +462,9 @@ def steady_states(units: list[Unit], group_size: int, depth: int = PIPELINE_DEPT
         last = p
         while last + 1 < len(units) and steady(last + 1) is lane:
             last += 1
-        iterations = (last - p + 1) // depth
+        iterations = (last - p + 1) // (depth * unroll)
         if iterations:
-            found.append(SteadyState(lane, p, p + iterations * depth - 1))
+            found.append(SteadyState(lane, p, p + iterations * depth * unroll - 1))
         p = last + 1
     return found
 
@@ -504,7 +519,7 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     depth = pipeline_depth(lanes[0], group_size, bucketed)
     tile_sets = allocate_tile_sets(group_size, lanes[0], depth, initial=bucketed)
     pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
-    loops = {run.first_period: run for run in steady_states(units, group_size, depth)}
+    loops = {run.first_period: run for run in steady_states(units, group_size, depth, LOOP_UNROLL)}
     if loops:
         pipe.ring_order = state_ring_order(group_size) or []
         rings = [[state_tile(lanes[0], reused=True) for _ in range(STATE_RING)] for _ in range(2)]
@@ -562,24 +577,31 @@ def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) 
     def unit_at(index: Any, offset: int, entry: State | None = None) -> Unit:
         if by_chunk:
             first = index + offset * group
-            return [Segment(lane, -1, group, False, False, entry=entry, start=first * lane.chunk, first_chunk=first)]
+            return [Segment(lane, -1, group, False, False, entry=entry, start=first * lane.chunk, first_chunk=first,
+                            chunk_offset=offset * group)]  # fmt: skip
         return [Segment(lane, -1, group, False, False, entry=entry, start=index + offset * unit_tokens)]
 
+    span = depth * LOOP_UNROLL  # periods per iteration
+
     def body(token: Any) -> None:
+        if by_chunk:  # the chunks of the iteration's units, and each one's successor: their table columns
+            pipe.inputs.boundaries.open_window(token, -(depth - 1) * group, span * group + 1)
         with pipe.balancer.fixed(decisions):
-            for k in range(depth):
+            for k in range(span):
                 p = run.first_period + k
                 newest = Work(unit_at(token, k), pipe.tile_set(p))
                 oldest = Work(unit_at(token, k - depth + 1, ring[0]), pipe.tile_set(p - depth + 1))
                 middle = newest if depth == 2 else Work(unit_at(token, k - 1), pipe.tile_set(p - 1))
                 run_period(pipe, newest, middle, oldest)
+        if by_chunk:
+            pipe.inputs.boundaries.close_window()
 
     units[run.first_period - depth + 1][0].entry = None  # the loop's chains start from the ring's tile 0 instead
     periods = run.last_period - run.first_period + 1
     if by_chunk:
         start = units[run.first_period][0].chunk_index(0)
-        nl.fori_loop(start, start + periods * group, body, step=depth * group)
+        nl.fori_loop(start, start + periods * group, body, step=span * group)
     else:
         start = units[run.first_period][0].token
-        nl.fori_loop(start, start + periods * unit_tokens, body, step=depth * unit_tokens)
+        nl.fori_loop(start, start + periods * unit_tokens, body, step=span * unit_tokens)
     return ring[0]

@@ -43,6 +43,10 @@ class State:
     lo: list[Any] | None = None  # per block, the tile its low part is made in (None: a fresh tile)
     decayed_tiles: list[Any] | None = None  # per block, the tile its decayed copy is made in (None: a fresh tile)
     decayed: dict[int, Any] = field(default_factory=dict, repr=False)  # block -> e^{γ_last}·h for the next chunk
+    # Per block, the bf16 high halves of ``blocks`` when the blocks are views at a run-time offset (a bucket's entry
+    # state, read from its boundary tile): reinterpreted before the run-time select, since no page allows it after
+    # ("Not supported after dynamic / vector select", ``NkiTensor.view``). None: taken from the blocks.
+    high: list[Any] | None = None
 
     @property
     def zero(self) -> bool:
@@ -51,7 +55,8 @@ class State:
     def parts(self, j: int) -> list[Any]:
         """Block j's matmul operands, made on first use (after the state is written: ``written``)."""
         if j not in self._parts:
-            self._parts[j] = split_block(self.blocks[j], self.operand_dtype, self.lo[j] if self.lo else None)
+            self._parts[j] = split_block(self.blocks[j], self.operand_dtype, self.lo[j] if self.lo else None,
+                                         None if self.high is None else self.high[j])  # fmt: skip
         return self._parts[j]
 
     def written(self) -> State:
@@ -73,7 +78,7 @@ class State:
         self.decayed[j] = tiles.scale_rows(block, decay_last, FP32, dst=dst, among=(engines.GPSIMD,))
 
 
-def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
+def split_block(block: Any, dtype: Any, lo: Any = None, hi: Any = None) -> list[Any]:
     """The matmul operands of an fp32 state block for the compute ``dtype``, which sum to the block.
 
     fp32: ``[block]``. bf16: ``[hi, lo]`` with ``hi`` the block truncated to bf16 — the upper half of each fp32
@@ -81,11 +86,11 @@ def split_block(block: Any, dtype: Any, lo: Any = None) -> list[Any]:
     instruction (``block − hi`` is exact in fp32; its rounding to bf16 is the split's only error, below 2⁻¹⁶ of
     the element). GpSimd: the one engine with room in the chain's period (on the vector engine, in line with the
     chain's update, it makes a chain link more than twice as long). ``lo`` is made in the given tile (else a fresh
-    one).
+    one); ``hi`` is given for a block at a run-time offset (``State.high``).
     """
     if dtype == FP32:
         return [block]
-    hi = tiles.high_half(block)
+    hi = tiles.high_half(block) if hi is None else hi
     lo = lo if lo is not None else tiles.sbuf(tuple(block.shape), dtype)
     return [hi, tiles.combine(lo, block, hi, nl.subtract, engine=engines.GPSIMD)]
 

@@ -71,7 +71,7 @@ def gdn_cte_varlen(
         a violation stops the trace with an ``AssertionError`` listing each rule, argument and fix.
     """
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
-    assert_valid_call(packed_violations(call, seq_chunks, state_rows, host=False))  # no raise in a kernel
+    assert_valid_call(packed_violations(call, seq_chunks, state_rows, host=False), "gdn_cte_varlen")  # no raise
     value_heads, seq_len, dk, dv = value.shape[1], query.shape[2], query.shape[3], value.shape[3]
     out = nl.ndarray((1, value_heads, seq_len, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     rows = tuple(range(len(seq_chunks))) if state_rows is None else state_rows

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+from gdn_ref.contract import names_entry_point
 
 from ..common.backend import BACKEND_NAME
+from .decode import decode_step
 from .prefill import prefill_varlen, simulate
 
 
+@names_entry_point("gdn_nki.conformance.simulate_with_varlen")
 def simulate_with_varlen(
     query: np.ndarray,
     key: np.ndarray,
@@ -70,4 +75,22 @@ simulate_with_varlen.gdn_spec_capabilities = {  # read by gdn-spec's conformance
     "bucket": True,
     "checkpoints": True,
     "read_rows": True,
+}
+
+
+@names_entry_point("gdn_nki.conformance.decode_step_on_two_programs")
+def decode_step_on_two_programs(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``decode_step`` launched as ``gdn_step[2]``: the requests split over two programs, each a compiled loop of
+    request groups once it holds more than a group — the configuration of Trainium2's logical NeuronCore (LNC = 2)
+    that the decode family checks here (``nox -s conformance``).
+
+    Args and Returns:
+        As ``decode_step``, without ``grid``.
+    """
+    return decode_step(*args, grid=2, **kwargs)
+
+
+decode_step_on_two_programs.gdn_spec_decode_capabilities = {
+    **decode_step.gdn_spec_decode_capabilities,
+    "name": "gdn-nki decode_step at launch grid 2",
 }

@@ -6,7 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from gdn_ref.contract import STEP, ContractError, Violation, validate_step, validate_tkg
+from gdn_ref.contract import (
+    STEP,
+    ContractError,
+    Violation,
+    is_integer,
+    names_entry_point,
+    plain_int,
+    validate_step,
+    validate_tkg,
+)
 from gdn_ref.packed import pool_row_violations
 
 from ..common import backend
@@ -15,6 +24,7 @@ from ..tkg.step import gdn_step, step_tensors
 from .launch_grid import LNC_DEGREES
 
 
+@names_entry_point("gdn_nki.tkg_simulate")
 def tkg_simulate(*args: Any, check_values: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_tkg`` on the CPU with numpy arrays after checking the whole contract.
 
@@ -31,6 +41,7 @@ def tkg_simulate(*args: Any, check_values: bool = True, **kwargs: Any) -> tuple[
     return backend.simulate(gdn_tkg)(*args, **kwargs)
 
 
+@names_entry_point("gdn_nki.decode_step")
 def decode_step(
     query: np.ndarray,
     key: np.ndarray,
@@ -66,24 +77,29 @@ def decode_step(
         and put back if the launch fails part-way, so a call completes or leaves the pool as it was; the cost is
         the rows touched, never the pool.
     """
-    if grid is not None and (isinstance(grid, bool) or grid not in LNC_DEGREES):
+    if grid is not None and not (is_integer(grid) and grid in LNC_DEGREES):
         raise ContractError([Violation("launch.grid", "grid", f"= {grid!r}", "the launch grid is the "
                                        f"logical-NeuronCore degree: one of {LNC_DEGREES}",
                                        "pass grid=None, 1 or 2; the kernel splits the requests itself", STEP)])  # fmt: skip
+    grid = plain_int(grid)
     if scale is None:
         scale = float(np.shape(query)[-1]) ** -0.5 if len(np.shape(query)) == 4 else 1.0
     tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
                            A_log, dt_bias)  # fmt: skip
-    violations = validate_step(tensors, scale, use_qk_l2norm, values=check_values)
+    violations = validate_step(tensors, scale, use_qk_l2norm, values=False)
     if not violations and not state_pool.flags.writeable:
         violations = [Violation("state_pool.writable", "state_pool", "a read-only array",
                                 "the state pool is updated IN PLACE, so it must be writable",
                                 "pass a writable array", STEP)]  # fmt: skip
-    reads, writes = _rows(state_indices, num_accepted_tokens)
-    if not violations and check_values:
-        violations = [_as_step(v) for v in pool_row_violations(np.ascontiguousarray(state_pool[reads]), reads)]
-    if violations:
+    if violations:  # the rows below are read from the indices: only once their rules hold
         raise ContractError(violations)
+    live, reads, writes = _rows(state_indices, num_accepted_tokens)
+    if check_values:  # every request with a bad value, its inputs' and its state row's, in one error
+        violations = validate_step(tensors, scale, use_qk_l2norm)  # the layout holds: only values can break now
+        rows_read = np.ascontiguousarray(state_pool[reads])
+        violations += [_as_step(v) for v in pool_row_violations(rows_read, reads, live)]
+        if violations:
+            raise ContractError(sorted(violations, key=lambda v: -1 if v.sequence is None else v.sequence))
     saved = np.array(state_pool[writes], copy=True)
     kernel = gdn_step if grid is None else gdn_step[grid]
     try:
@@ -103,8 +119,9 @@ decode_step.gdn_spec_decode_capabilities = {  # read by gdn-spec's decode family
 }
 
 
-def _rows(state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None) -> tuple[list[int], list[int]]:
-    """The pool rows a valid call reads (one per live request) and writes (every index of a live request)."""
+def _rows(state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None) -> tuple[list[int], list[int], list[int]]:
+    """The live requests, the pool rows a valid call reads (one per live request) and writes (every index of a
+    live request)."""
     rows = np.asarray(state_indices).astype(np.int64)
     rows = rows.reshape(rows.shape[0], -1)
     live = np.flatnonzero(rows[:, 0] >= 0)
@@ -113,8 +130,8 @@ def _rows(state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None) -> 
     else:
         accepted = np.clip(np.asarray(num_accepted_tokens).astype(np.int64), 1, rows.shape[1])
         reads = rows[live, accepted[live] - 1]
-    return [int(r) for r in reads], [int(r) for r in rows[live].reshape(-1)]
+    return [int(n) for n in live], [int(r) for r in reads], [int(r) for r in rows[live].reshape(-1)]
 
 
 def _as_step(v: Violation) -> Violation:
-    return Violation(v.rule_id, "state_pool", v.value, v.rule, v.fix, STEP)
+    return Violation(v.rule_id, "state_pool", v.value, v.rule, v.fix, STEP, v.sequence)

@@ -3,19 +3,18 @@ Trn2/Trn3 kernel may use, and the check every entry point makes of ``grid`` befo
 
 from __future__ import annotations
 
-import numbers
-
-from gdn_ref.contract import ContractError, Violation
+from gdn_ref.contract import ContractError, Violation, is_integer, plain_int
 
 # Launch grids a Trn2/Trn3 kernel may use: the SDK's LNC degrees (LNC page, v2.33.1).
 LNC_DEGREES = (1, 2)
 
 
-def check_grid(grid: object) -> None:
-    """``grid`` is None or a positive int (no silent conversion of "2", 2.7 or True) that is an LNC degree."""
+def check_grid(grid: object) -> int | None:
+    """``grid`` is None or a positive int (numpy's too; no silent conversion of "2", 2.7 or True) that is an LNC
+    degree; returned as a Python int (or None), the launch grid the entry point passes the kernel."""
     if grid is None:
-        return
-    if not (isinstance(grid, numbers.Integral) and not isinstance(grid, bool) and grid >= 1):
+        return None
+    if not (is_integer(grid) and grid >= 1):
         rule, fix = (
             "must be a positive int: the number of programs of the launch gdn_cte[grid]",
             "pass grid=2, say, or None for one program",
@@ -26,5 +25,5 @@ def check_grid(grid: object) -> None:
             "pass grid=None, 1 or 2; the kernel splits the lanes over the programs itself",
         )
     else:
-        return
+        return plain_int(grid)
     raise ContractError([Violation("launch.grid", "grid", f"value {grid!r}", rule, fix)])

@@ -7,14 +7,13 @@ from collections.abc import Callable
 import numpy as np
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import Arguments, ContractError
-from gdn_ref.contract import check_values as check_values_of
+from gdn_ref.contract import Arguments, ContractError, names_entry_point, plain_int
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import (
     cu_seqlens_violations,
     layout_violations,
     packed_token_count,
-    pool_row_violations,
+    sequence_value_violations,
     state_indices_violations,
     tensor_violations,
 )
@@ -30,6 +29,7 @@ from .torch_io import accepts_torch
 
 
 @accepts_torch
+@names_entry_point("gdn_nki.simulate")
 def simulate(
     query: np.ndarray,
     key: np.ndarray,
@@ -69,7 +69,7 @@ def simulate(
         launch has completed — a launch that fails part-way (after some lanes stored their state) leaves it as
         it was.
     """
-    check_grid(grid)
+    grid, group_size = check_grid(grid), plain_int(group_size)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = call.violations(values=check_values)
     if violations:
@@ -91,6 +91,7 @@ simulate.gdn_spec_capabilities = {  # read by gdn-spec's conformance suite
 
 
 @accepts_torch
+@names_entry_point("gdn_nki.prefill")
 def prefill(
     query: np.ndarray,
     key: np.ndarray,
@@ -133,6 +134,7 @@ def prefill(
     return out[:, :, :seq_len], state
 
 
+@names_entry_point("gdn_nki.prefill_varlen")
 def prefill_varlen(
     query: np.ndarray,
     key: np.ndarray,
@@ -173,7 +175,8 @@ def prefill_varlen(
         on_commit: called once the launch has completed, right before the named rows are written, as
             ``simulate``'s.
         bucket: (T, N): run the bucket's one compiled program instead (``buckets.prefill_bucket``: the layout
-            and the pool rows are device data, empty sequences and -1 rows allowed, ``out`` as here). Omitted:
+            and the pool rows are device data, empty sequences and -1 rows allowed, ``out`` as here; T counts each
+            sequence padded to its chunk multiple: ``buckets.padded_tokens``). Omitted:
             the smallest bucket of ``buckets.configure_buckets`` holding the batch; with none configured, the
             trace-time form (one program per batch layout, no padding beyond each sequence's chunk multiple: the
             better choice for one-off calls).
@@ -188,10 +191,11 @@ def prefill_varlen(
     Notes:
         Each sequence is padded exactly (g = 0, β = 0, zero q/k/v) to its own chunk multiple, never to the longest.
         Every rule is checked before anything runs (the values of the named pool rows only: the rest of a pool is
-        never read), and the kernel updates a staged copy of the named rows that is committed at the end, so a
-        call either completes or changes nothing.
+        never read; every sequence holding a bad value is named in the one error, ``ContractError.sequences``),
+        and the kernel updates a staged copy of the named rows that is committed at the end, so a call either
+        completes or changes nothing.
     """
-    check_grid(grid)
+    grid, group_size = check_grid(grid), plain_int(group_size)
     serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
     if any(x is not None for x in serving) or buckets.configured_buckets():
         return buckets.prefill_bucket(
@@ -213,16 +217,14 @@ def prefill_varlen(
     rows = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
     plan = packed_plan(np.diff(np.asarray(cu_seqlens)), CHUNK_BY_ALGORITHM[algorithm])
     violations = layout_violations(query, value, algorithm, recurrent_state, plan.seq_chunks, rows, padded=False)
-    if not violations and check_values:
-        violations = check_values_of(query, key, value, g_log, beta)  # the state's named rows: below
     if violations:
         raise ContractError(violations)
     # The kernel reads and writes a private [N, Hv, Dk, Dv] copy of the named rows, committed to the caller's state
     # only once the launch has completed. Copying rows (not the pool) keeps the cost at what the call touches.
     state_rows = list(rows if rows is not None else range(len(plan.seq_chunks)))
     staged = stage(recurrent_state, state_rows)
-    if staged is not None and check_values:
-        violations = pool_row_violations(staged, rows)
+    if check_values:  # every sequence with a bad value, its inputs' and its state's, in one error (a server drops them)
+        violations = sequence_value_violations(call, cu_seqlens, staged, rows)
         if violations:
             raise ContractError(violations)
     packed = call.replace(**{name: plan.pack(getattr(call, name)) for name in TOKEN_ARGUMENTS}, recurrent_state=staged)

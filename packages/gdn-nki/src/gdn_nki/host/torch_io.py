@@ -52,9 +52,10 @@ def rejection(argument: str, value: str, rule: str, fix: str, rule_id: str | Non
     return ContractError([Violation(rule_id or f"{argument}.torch", argument, value, rule, fix)])
 
 
-def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES) -> None:
-    """Reject a torch tensor the host cannot read: not on the CPU, or of a dtype outside ``dtypes``."""
-    if x.device.type != "cpu":
+def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES, *, any_device: bool = False) -> None:
+    """Reject a torch tensor the host cannot read: not on the CPU (unless ``any_device``: the custom ops' trace-time
+    checks, whose device implementation takes device tensors), or of a dtype outside ``dtypes``."""
+    if x.device.type != "cpu" and not any_device:
         raise rejection(
             name,
             f"on device {x.device}",
@@ -202,6 +203,13 @@ def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]
     view = as_numpy(state)
     if view.flags.c_contiguous:
         return view, lambda: None
+    reject_broadcast_state(name, state)
+    staged = np.ascontiguousarray(view)
+    return staged, lambda: view.__setitem__(Ellipsis, staged)
+
+
+def reject_broadcast_state(name: str, state: Any) -> None:
+    """Reject a state written in place that is a broadcast (stride-0) view: its rows would alias."""
     if any(stride == 0 for stride, size in zip(state.stride(), state.shape, strict=True) if size > 1):
         raise rejection(
             name,
@@ -209,8 +217,6 @@ def state_buffer(name: str, state: Any) -> tuple[np.ndarray, Callable[[], None]]
             "a state updated in place cannot be a broadcast (stride-0) view: its rows would alias",
             f"pass {name}.contiguous() and read the returned state",
         )
-    staged = np.ascontiguousarray(view)
-    return staged, lambda: view.__setitem__(Ellipsis, staged)
 
 
 # The host rules' fixes are numpy idioms (gdn-ref's contract speaks numpy); a torch caller reads torch ones.
@@ -244,10 +250,11 @@ def in_torch_terms(
         if found is not None:
             kernel_at = [int(i) for i in found.group(1).split(",")]
             at = index(v.argument, kernel_at)
-            if at != kernel_at:
-                value = f"{value[: found.start()]}index {at}{value[found.end() :]} (the kernel's `{v.argument}` {found.group(0)})"
+            if at != kernel_at:  # the kernel's index right after the caller's, before what follows (a sequence)
+                kernel = f"(the kernel's `{v.argument}` {found.group(0)})"
+                value = f"{value[: found.start()]}index {at} {kernel}{value[found.end() :]}"
         restated.append(dataclasses.replace(v, argument=argument, value=value, rule=rule, fix=fix))
-    return ContractError(restated)
+    return ContractError(restated, error.entry_point)
 
 
 def _mention(kernel_name: str) -> re.Pattern[str]:

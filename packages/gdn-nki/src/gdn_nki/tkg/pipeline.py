@@ -47,8 +47,8 @@ class Request:
     [.., Hv, Dk, Dv]; ``read_row`` a trace-time int or an NkiScalar; ``token_rows`` the row the state after
     each token is written to (None: only the final state, to ``final_row``); ``out_row`` the request's row of
     ``out`` (None: ``n``); ``zeros`` (row, ``zero_rows`` tile): zeros written to that row of ``out`` after the
-    request's steps (the outputs of a padding request). A run-time row outside its tensor (-1: padding) makes
-    every transfer addressed by it a no-op (``oob_mode.skip``): nothing read, nothing written."""
+    request's steps (the outputs of a padding request). A run-time row outside its tensor (one past its end: padding)
+    makes every transfer addressed by it a no-op (``oob_mode.skip``): nothing read, nothing written."""
 
     n: Any
     source: Any

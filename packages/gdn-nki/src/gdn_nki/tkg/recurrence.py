@@ -17,8 +17,9 @@ inputs and narrows ``out``), as HF's and AWS's references compute decode.
 
 Run-time addressing: a pool row (and a request's row of ``out``) is an ``NkiScalar`` (``nki.isa.scalar_load`` of
 an index tile), used only as the ``scalar_offset`` of ``.ap`` on the tensor ("NKI Access Patterns" and
-``nki.isa.scalar_load``, SDK 2.33); a padding request's row is -1, outside the tensor, and every transfer it
-addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy", SDK 2.33): it reads and writes nothing.
+``nki.isa.scalar_load``, SDK 2.33); a padding request's row is the row one past the tensor's end, outside it,
+and every transfer it addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy", SDK 2.33): it reads
+and writes nothing.
 No index is ever a Python value at trace time.
 """
 

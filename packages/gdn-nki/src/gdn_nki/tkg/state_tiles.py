@@ -193,11 +193,16 @@ def block_operands(
     first = h0 // h
     alpha, beta, scaled_beta = gates
     moving = columns[:, first : first + per_block].reshape((layout.dk, per_block * PLANES * h))
-    selected = []
+    # Each row's selection product is masked into SBUF right after its matmul, so at most one of them is live in
+    # PSUM: holding all ``rows`` of them to the next level (rows · T tokens · the requests in flight, 32 rows
+    # at Dv = 16) overflowed PSUM's 16 KiB per partition at small head dims.
+    masked = sbuf((parts, rows, per_block, PLANES, h), FP32)
+    mask = consts.signed_mask.expand_dim(1).broadcast(1, per_block)
     for lo in range(rows):
         products = psum((parts, per_block * PLANES * h))
         matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
-        selected.append(products)
+        nisa.tensor_tensor(dst=masked[:, lo], data1=products.reshape((parts, per_block, PLANES, h)), data2=mask,
+                           op=nl.multiply)  # fmt: skip
     head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
     alpha_heads = sbuf((parts, per_block, h), FP32)
     nisa.tensor_tensor(dst=alpha_heads, data1=alpha[0:parts, h0 : h0 + block].reshape((parts, per_block, h)),
@@ -209,11 +214,6 @@ def block_operands(
                            op=nl.multiply, engine=GPSIMD)  # fmt: skip
         diagonals.append(diagonal)
     yield
-    masked = sbuf((parts, rows, per_block, PLANES, h), FP32)
-    mask = consts.signed_mask.expand_dim(1).broadcast(1, per_block)
-    for lo, products in enumerate(selected):
-        nisa.tensor_tensor(dst=masked[:, lo], data1=products.reshape((parts, per_block, PLANES, h)), data2=mask,
-                           op=nl.multiply)  # fmt: skip
     alpha_p = sbuf((parts, per_block), FP32)
     nisa.tensor_reduce(dst=alpha_p, op=nl.add, data=alpha_heads, axis=2)
     factors = sbuf((block, 2), FP32)

@@ -1,11 +1,38 @@
-"""gdn-nki for PyTorch model code: FLA's ``chunk_gated_delta_rule`` on the NKI kernel (``chunk.py``), the decode
-drop-ins (``fused_recurrent.py``) and context-parallel prefill over a ``torch.distributed`` group
+"""gdn-nki for PyTorch model code: every drop-in under its original name, from one import, each a ``torch.library``
+custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over a ``torch.distributed`` group
 (``context_parallel.py``). Needs the optional extra ``gdn-nki[torch]``.
 
-    from gdn_nki.torch import chunk_gated_delta_rule   # was: from fla.ops.gated_delta_rule import ...
+    from gdn_nki.torch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule   # was: fla.ops...
+
+- ``chunk_gated_delta_rule``: FLA's prefill (host path: ``chunk.py``);
+- ``fused_recurrent_gated_delta_rule``: FLA's decode; ``vllm_fused_recurrent_gated_delta_rule``: vLLM's pool
+  variant of it (same original name in vLLM, so exported under its own here); ``fused_sigmoid_gating_delta_rule_update``:
+  vLLM's / SGLang's fused-gating update (host path: ``fused_recurrent.py``; also public as ``gdn_nki.torch_decode``);
+- ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
+- ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
+- ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
+  (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
 """
 
-from .chunk import chunk_gated_delta_rule
-from .context_parallel import ContextParallel, build_cp_context, context_parallel_chunk_gated_delta_rule
+from .chunk import context_parallel_chunk_gated_delta_rule
+from .context_parallel import ContextParallel, build_cp_context
+from .ops import (
+    chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+    fused_sigmoid_gating_delta_rule_update,
+    gdn_tkg,
+    vllm_fused_recurrent_gated_delta_rule,
+)
+from .values import check_values
 
-__all__ = ["ContextParallel", "build_cp_context", "chunk_gated_delta_rule", "context_parallel_chunk_gated_delta_rule"]
+__all__ = [
+    "ContextParallel",
+    "build_cp_context",
+    "check_values",
+    "chunk_gated_delta_rule",
+    "context_parallel_chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_sigmoid_gating_delta_rule_update",
+    "gdn_tkg",
+    "vllm_fused_recurrent_gated_delta_rule",
+]

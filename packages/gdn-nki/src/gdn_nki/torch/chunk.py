@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 import sys
 import warnings
 from typing import Any
@@ -24,7 +23,7 @@ import numpy as np
 
 from gdn_ref.activations import beta_from_logit, log_decay_from_gate
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
-from gdn_ref.contract import ContractError, first_bad_index
+from gdn_ref.contract import ContractError, first_bad_index, is_integer, names_entry_point
 from gdn_ref.packed import cu_seqlens_violations
 
 from ..host.prefill import prefill_varlen
@@ -42,6 +41,7 @@ from ..host.torch_io import (
     reject_unwritable_state,
     rejection,
 )
+from .context_parallel import ContextParallel, context_parallel_prefill
 
 torch = import_torch()
 
@@ -59,6 +59,7 @@ _CALLER_NAMES = {
 }
 
 
+@names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -91,6 +92,7 @@ def chunk_gated_delta_rule(
     checkpoint_every: int | None = None,
     checkpoint_indices: torch.Tensor | None = None,
     read_indices: torch.Tensor | None = None,
+    check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
@@ -121,7 +123,10 @@ def chunk_gated_delta_rule(
         cu_seqlens (torch.Tensor | None): [N + 1] integer boundaries of packed sequences in the one row (B == 1).
         cu_seqlens_cpu, chunk_indices: FLA's caches of what it derives from ``cu_seqlens`` on the GPU (a host copy,
             its 64-token chunk list): accepted and not read (gdn-nki derives its own chunks from ``cu_seqlens``).
-        cp_context: FLA's context parallelism: rejected when set (one launch runs a whole sequence).
+        cp_context: FLA's context parallelism: a ``gdn_nki.torch.build_cp_context`` (FLA's call) of the global
+            ``cu_seqlens`` on a process group; q, k, v, g and beta are then this rank's slice, ``cu_seqlens`` (if
+            given) ``cp_context.cu_seqlens``, and the call is ``context_parallel_chunk_gated_delta_rule``'s (initial
+            and final states and pool rows work, unlike FLA's; no bucket or checkpoints).
         use_gate_in_kernel (bool): ``g`` is the raw gate: the log-decay is −exp(A_log)·softplus(g + dt_bias)
             (``gdn_ref.activations.log_decay_from_gate``), computed on the host before the launch.
         A_log, dt_bias (torch.Tensor | None): [Hv] (any shape of Hv elements, as FLA), float32 or bfloat16: the
@@ -134,8 +139,9 @@ def chunk_gated_delta_rule(
             is the same argument.
         algorithm (str), group_size (int): the kernel's options (gdn_cte's defaults).
         bucket (tuple[int, int] | None): with ``cu_seqlens``, (T, N): run the bucket's one compiled program
-            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed); omitted: the
-            configured default (``gdn_nki.configure_buckets``), else the trace-time form.
+            (``gdn_nki.prefill_varlen``'s ``bucket``: empty sequences and -1 pool rows allowed; T counts each
+            sequence padded to its chunk multiple, ``gdn_nki.padded_tokens``); omitted: the configured default
+            (``gdn_nki.configure_buckets``), else the trace-time form.
         checkpoint_every (int | None), checkpoint_indices (torch.Tensor | None): prefix-cache checkpoints into
             the pool (``state_indices``): the state after every ``checkpoint_every`` tokens (a multiple of the
             algorithm's chunk) of sequence i goes to row ``checkpoint_indices[i, k]`` (-1: none).
@@ -143,6 +149,9 @@ def chunk_gated_delta_rule(
             (``state_indices``): a prefix-cache hit resumes from the cache's row without overwriting it, on
             device (-1: zero state). Bucketed form (``gdn_nki.prefill_varlen``'s ``read_indices``). Not SGLang's
             ``initial_state_indices``, which names the rows read and written alike.
+        check_values (bool): scan every input and the initial states read first, as ``gdn_nki.prefill_varlen``'s
+            (default on): a NaN/±Inf (or g > 0) is refused naming every sequence holding one
+            (``ContractError.sequences``), so a server can drop them; False only when the caller guarantees its data.
         kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
             ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
             is rejected, naming the closest valid one (a misspelt option must not vanish).
@@ -164,6 +173,18 @@ def chunk_gated_delta_rule(
         arguments and index their elements as the caller laid them out. The kernel runs simulated on the CPU
         (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
+    if _truthy(cp_context):  # FLA's context parallelism (its truthiness test): this rank's slice of a split batch
+        _reject_unknown_keywords(kwargs)
+        return _context_parallel(
+            (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
+            _state_indices(state_indices, initial_state_indices),
+            dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
+                 group_size=group_size),
+            dict(bucket=bucket, checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
+                 read_indices=read_indices, head_first=head_first, state_v_first=state_v_first,
+                 transpose_state_layout=transpose_state_layout, allow_neg_eigval=allow_neg_eigval),
+        )  # fmt: skip
     flags = {
         "output_final_state": output_final_state,
         "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
@@ -176,21 +197,14 @@ def chunk_gated_delta_rule(
     _reject_unknown_keywords(kwargs)
     _reject_unsupported_options(
         dict(head_first=head_first, state_v_first=state_v_first, transpose_state_layout=transpose_state_layout,
-             cp_context=cp_context, allow_neg_eigval=allow_neg_eigval)
+             allow_neg_eigval=allow_neg_eigval)
     )  # fmt: skip
     _check_chunk_size(chunk_size)
     state_indices = _state_indices(state_indices, initial_state_indices)
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     _check_layout(tensors, cu_seqlens)
     _reject_lost_packing(kwargs, cu_seqlens)
-    if cu_seqlens is None and q.shape[1] < q.shape[2]:
-        warnings.warn(
-            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
-            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
-            "[B, H, T, D] tensors (transpose(1, 2) them)",
-            UserWarning,
-            stacklevel=2,
-        )
+    warn_if_head_first(q, cu_seqlens)
     batch, seq_len, _, dk = q.shape
     value_heads, dv = v.shape[2], v.shape[3]
     cu = _boundaries(cu_seqlens, batch, seq_len)
@@ -214,6 +228,7 @@ def chunk_gated_delta_rule(
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
             bucket=bucket, checkpoint_every=checkpoint_every,
             checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
+            check_values=check_values,
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
@@ -221,6 +236,59 @@ def chunk_gated_delta_rule(
     if not _truthy(output_final_state):
         return o, None
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
+
+
+@names_entry_point("gdn_nki.torch.context_parallel_chunk_gated_delta_rule")
+def context_parallel_chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cp_context: ContextParallel,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    state_indices: torch.Tensor | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This rank's share of a context-parallel prefill (``context_parallel.context_parallel_prefill``, its Args and
+    Returns) on ``chunk_gated_delta_rule``: the call for code without FLA's ``cp_context`` keyword."""
+    return context_parallel_prefill(
+        chunk_gated_delta_rule, q, k, v, g, beta, cp_context, scale, initial_state, output_final_state, state_indices,
+        **options,
+    )  # fmt: skip
+
+
+def _context_parallel(
+    tensors: tuple,
+    context: Any,
+    scale: Any,
+    initial_state: Any,
+    output_final_state: Any,
+    cu_seqlens: Any,
+    state_indices: Any,
+    options: dict[str, Any],
+    refused: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``cp_context`` call: checked against the context, then ``context_parallel_prefill``."""
+    if not isinstance(context, ContextParallel):
+        raise rejection("cp_context", f"of type {type(context).__name__}", "cp_context must be built by "
+                        "gdn_nki.torch.build_cp_context (FLA's build_cp_context arguments)",
+                        "build it with gdn_nki.torch.build_cp_context(cu_seqlens, group)")  # fmt: skip
+    given = [name for name, value in refused.items() if _truthy(value) and value is not None]
+    if given:
+        raise rejection(given[0], "given with cp_context", "context parallelism runs the trace-time form only (no "
+                        "bucket, checkpoints, read rows or transposed layouts)", f"drop {given[0]}")  # fmt: skip
+    if cu_seqlens is not None and not torch.equal(cu_seqlens.detach().cpu().long(), context.cu_seqlens_cpu):
+        raise rejection("cu_seqlens", "unlike cp_context.cu_seqlens", "with cp_context, cu_seqlens is this rank's "
+                        "(FLA's rank-local boundaries)", "pass cu_seqlens=cp_context.cu_seqlens, or omit it")  # fmt: skip
+    forwarded = {name: value for name, value in options.items() if value is not None and value is not False}
+    forwarded.update(algorithm=options["algorithm"], group_size=options["group_size"])
+    return context_parallel_prefill(
+        chunk_gated_delta_rule, *tensors, context, scale=scale, initial_state=initial_state, output_final_state=_truthy(output_final_state),
+        state_indices=state_indices, **forwarded,
+    )  # fmt: skip
 
 
 # HF transformers' keyword arguments that its models pass through their layers to the GDN call (``**kwargs`` of a
@@ -311,8 +379,6 @@ _UNSUPPORTED_OPTIONS = {
                    "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first"),
     "state_v_first": _TRANSPOSED_STATE,
     "transpose_state_layout": _TRANSPOSED_STATE,  # FLA's name for state_v_first before 0.5.1
-    "cp_context": ("gdn-nki runs a whole sequence in one launch (no context parallelism)",
-                   "call it on the whole sequence, without cp_context"),
     "allow_neg_eigval": ("β = 2·sigmoid(beta) reaches 2, outside the kernel's contract (β in [0, 1]), where its "
                          "accuracy is not established", "train and serve with allow_neg_eigval=False models, or "
                          "run this layer with FLA"),
@@ -330,7 +396,7 @@ def _reject_unsupported_options(options: dict[str, Any]) -> None:
 
 def _check_chunk_size(chunk_size: Any) -> None:
     """FLA's ``chunk_size`` (16, 32 or 64, as FLA checks it); not used: the chunking changes no result."""
-    if not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool) or chunk_size not in FLA_CHUNKS:
+    if not is_integer(chunk_size) or chunk_size not in FLA_CHUNKS:
         raise rejection("chunk_size", f"= {chunk_size!r}", f"FLA's chunk_size is one of {FLA_CHUNKS}",
                         "omit chunk_size (gdn-nki chunks by its algorithm; the result is the same recurrence)",
                         rule_id="option.chunk_size")  # fmt: skip
@@ -355,8 +421,9 @@ def _index_array(rows: Any) -> np.ndarray | None:
     return None if rows is None else as_numpy(torch.as_tensor(rows))
 
 
-def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> torch.Tensor:
-    """FLA's ``use_gate_in_kernel``: the log-decay from the raw gate ``g`` (checked, with its parameters)."""
+def check_gate_parameters(a_log: Any, dt_bias: Any, value_heads: int, any_device: bool = False) -> None:
+    """The rules of FLA's ``use_gate_in_kernel`` parameters that read no value: given, tensors, dtypes, one per
+    value head (the custom ops check them at trace time)."""
     if a_log is None:
         raise rejection("A_log", "= None with use_gate_in_kernel=True", "the fused gate -exp(A_log)·softplus(g + "
                         "dt_bias) needs the layer's A_log", "pass A_log=layer.A_log", rule_id="A_log.required")  # fmt: skip
@@ -364,10 +431,17 @@ def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> t
     for name, x in parameters.items():
         if not is_torch_tensor(x):
             raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
-        check_tensor(name, x)
+        check_tensor(name, x, any_device=any_device)
         if x.numel() != value_heads:
             raise rejection(name, f"shape {tuple(x.shape)}", f"{name} holds one value per value head (Hv="
                             f"{value_heads})", f"pass the layer's {name} [Hv]", rule_id=f"{name}.shape")  # fmt: skip
+
+
+def _log_decay(g: torch.Tensor, a_log: Any, dt_bias: Any, value_heads: int) -> torch.Tensor:
+    """FLA's ``use_gate_in_kernel``: the log-decay from the raw gate ``g`` (checked, with its parameters)."""
+    check_gate_parameters(a_log, dt_bias, value_heads)
+    parameters = {"A_log": a_log} if dt_bias is None else {"A_log": a_log, "dt_bias": dt_bias}
+    for name, x in parameters.items():
         found = first_bad_index(as_numpy(x).reshape(-1), lambda a: ~np.isfinite(a))
         if found is not None:
             raise rejection(name, f"value {as_numpy(x).reshape(-1)[found]} at index {list(found)}", f"{name} must "
@@ -409,12 +483,25 @@ def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
     return [token // seq_len, token % seq_len, head, *rest]
 
 
-def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
-    """Device, dtype and FLA's seq-first shapes, each failure naming its argument."""
+def warn_if_head_first(q: Any, cu_seqlens: Any) -> None:
+    """FLA's warning when T < Hk without ``cu_seqlens``: head-first [B, H, T, D] tensors passed as seq-first look
+    like that and would run as garbage (attributed to the drop-in's caller)."""
+    if cu_seqlens is None and q.shape[1] < q.shape[2]:
+        warnings.warn(
+            f"gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens (T={q.shape[1]}) than heads "
+            f"(Hk={q.shape[2]}); the layout is seq-first [B, T, H, D], so check these are not head-first "
+            "[B, H, T, D] tensors (transpose(1, 2) them)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _check_layout(tensors: dict[str, Any], cu_seqlens: Any, any_device: bool = False) -> None:
+    """Device (the CPU unless ``any_device``), dtype and FLA's seq-first shapes, each failure naming its argument."""
     for name, x in tensors.items():
         if not isinstance(x, torch.Tensor):
             raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
-        check_tensor(name, x)
+        check_tensor(name, x, any_device=any_device)
     q, v = tensors["q"], tensors["v"]
     for name in ("k", "v"):
         if tensors[name].dtype != q.dtype:
@@ -441,7 +528,7 @@ def _check_layout(tensors: dict[str, Any], cu_seqlens: Any) -> None:
                 f"pass {name} laid out as {_SEQ_FIRST[name]}",
             )
     if cu_seqlens is not None and isinstance(cu_seqlens, torch.Tensor):
-        check_tensor("cu_seqlens", cu_seqlens, INTEGER_DTYPES)
+        check_tensor("cu_seqlens", cu_seqlens, INTEGER_DTYPES, any_device=any_device)
 
 
 def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
@@ -459,6 +546,21 @@ def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
 def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int]) -> tuple[Any, Any]:
     """The kernel's state buffer and slots: the caller's pool itself (in place) with ``state_indices``, else a
     private fp32 copy of ``initial_state`` (FLA never writes it) or None."""
+    check_states(initial_state, state_indices, n_seqs, tail)
+    if initial_state is None:
+        return None, None
+    if state_indices is None:
+        return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
+    if isinstance(state_indices, torch.Tensor):
+        state_indices = as_numpy(state_indices)
+    return as_numpy(initial_state), np.asarray(state_indices)
+
+
+def check_states(
+    initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int], any_device: bool = False
+) -> None:
+    """The rules of ``initial_state`` and ``state_indices`` that read only types, shapes, dtypes and strides (the
+    custom ops check them at trace time)."""
     if initial_state is None:
         if state_indices is not None:
             raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
@@ -469,7 +571,8 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
                         "tensor", "pass torch.from_numpy(initial_state)")  # fmt: skip
     # A state read once may be bf16 (FLA's own example passes one; it widens exactly); a pool written in place
     # holds the fp32 final states, so it must be fp32.
-    check_tensor("initial_state", initial_state, ("float32",) if state_indices is not None else SUPPORTED_DTYPES)
+    dtypes = ("float32",) if state_indices is not None else SUPPORTED_DTYPES
+    check_tensor("initial_state", initial_state, dtypes, any_device=any_device)
     rows = n_seqs if state_indices is None else None
     shape = tuple(initial_state.shape)
     if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
@@ -477,15 +580,13 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
         raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:
-        return np.array(as_numpy(initial_state.float()), dtype=np.float32, order="C"), None
+        return
     reject_unwritable_state("initial_state", initial_state)
     if not initial_state.is_contiguous():
         raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
                         "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
     if isinstance(state_indices, torch.Tensor):
-        check_tensor("state_indices", state_indices, INTEGER_DTYPES)
-        state_indices = as_numpy(state_indices)
-    return as_numpy(initial_state), np.asarray(state_indices)
+        check_tensor("state_indices", state_indices, INTEGER_DTYPES, any_device=any_device)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,9 @@ import dataclasses
 import itertools
 from typing import Any
 
-from gdn_ref.contract import ContractError, Violation
+from gdn_ref.contract import ContractError, Violation, names_entry_point
 
 from ..host.torch_io import import_torch
-from .chunk import chunk_gated_delta_rule
 
 torch = import_torch()
 dist = torch.distributed
@@ -76,6 +75,7 @@ class ContextParallel:
         return len(self.cu_seqlens_cpu) - 1
 
 
+@names_entry_point("gdn_nki.torch.build_cp_context")
 def build_cp_context(
     cu_seqlens: Any, group: Any, kernel_size: int | None = None, cu_seqlens_cpu: Any = None
 ) -> ContextParallel:
@@ -124,7 +124,8 @@ def build_cp_context(
     )
 
 
-def context_parallel_chunk_gated_delta_rule(
+def context_parallel_prefill(
+    prefill: Any,
     q: Any,
     k: Any,
     v: Any,
@@ -137,13 +138,15 @@ def context_parallel_chunk_gated_delta_rule(
     state_indices: Any = None,
     **options: Any,
 ) -> tuple[Any, Any]:
-    """This rank's share of a context-parallel prefill; every rank of ``cp_context.group`` calls it at once.
+    """This rank's share of a context-parallel prefill; every rank of ``cp_context.group`` calls it at once
+    (``gdn_nki.torch.context_parallel_chunk_gated_delta_rule`` is this with ``chunk_gated_delta_rule``).
 
     Dimensions:
         L: this rank's tokens (the same on every rank). n: this rank's pieces. N: the batch's sequences. P: pool
         rows. Hk, Hv, K, V as ``chunk_gated_delta_rule`` (with tensor parallelism: this rank's heads).
 
     Args:
+        prefill: ``chunk_gated_delta_rule`` (passed in: it calls back here with ``cp_context``).
         q, k, v, g, beta: this rank's tokens, seq-first [1, L, ·], as ``chunk_gated_delta_rule``.
         cp_context (ContextParallel): ``build_cp_context`` of the global ``cu_seqlens`` on this group.
         scale (float | None): query scaling; None = K ** -0.5.
@@ -186,7 +189,7 @@ def context_parallel_chunk_gated_delta_rule(
 
     failure, result = None, None
     try:
-        result = _prefill_here(q, k, v, g, beta, context, scale, initial_state, state_indices, options)
+        result = _prefill_here(prefill, (q, k, v, g, beta), context, scale, initial_state, state_indices, options)
     except Exception as error:  # a rank's failure is every rank's: no rank commits, none hangs
         failure = f"{type(error).__name__}: {error}"
     carry = result[0] if result is not None else torch.zeros(value_heads, dk, dk + dv)
@@ -222,12 +225,13 @@ def _corrected(out: Any, readout: Any, entry: Any) -> Any:
     return out
 
 
-def _prefill_here(q, k, v, g, beta, context, scale, initial_state, state_indices, options) -> tuple:
+def _prefill_here(prefill, tensors, context, scale, initial_state, state_indices, options) -> tuple:
     """This rank's two passes: (carry [Hv, K, K + V], out, readout [len₀, Hv, K], M [Hv, K, K], states [n, Hv, K, V])."""
+    q, k, v, g, beta = tensors
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
     pieces = context.cu_seqlens_cpu
     entry = _initial_states(context, initial_state, state_indices, (value_heads, dk, dv))
-    out, states = chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state=entry, output_final_state=True,
+    out, states = prefill(q, k, v, g, beta, scale, initial_state=entry, output_final_state=True,
                                          cu_seqlens=pieces, **options)  # fmt: skip
     readout = transition = None
     if not context.is_first_rank:  # pass B over the first piece: zero values from the identity state
@@ -235,7 +239,7 @@ def _prefill_here(q, k, v, g, beta, context, scale, initial_state, state_indices
         first = [x[:, :length] for x in (q, k, g, beta)]
         zeros = torch.zeros(1, length, value_heads, dk, dtype=v.dtype)
         identity = torch.eye(dk).expand(1, value_heads, dk, dk).contiguous()
-        p, m = chunk_gated_delta_rule(first[0], first[1], zeros, first[2], first[3], scale, initial_state=identity,
+        p, m = prefill(first[0], first[1], zeros, first[2], first[3], scale, initial_state=identity,
                                       output_final_state=True, **options)  # fmt: skip
         readout, transition = p[0], m[0]
     # The carry: the map from the first piece's entry state to the state handed to the next rank. Only a rank

@@ -25,19 +25,43 @@ not near zero).
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from gdn_ref.contract import ContractError, names_entry_point
+
 from ..host.decode import decode_step
-from ..host.torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, import_torch, rejection, state_buffer
+from ..host.torch_io import (
+    SUPPORTED_DTYPES,
+    as_numpy,
+    as_torch,
+    check_tensor,
+    import_torch,
+    in_torch_terms,
+    rejection,
+    state_buffer,
+)
 
 INDEX_DTYPES = ("int32", "int64")
+# decode_step's argument names (its errors') -> the drop-ins' (FLA's and vLLM's); the pool and its rows per form.
+_CALLER_NAMES = {
+    "query": "q",
+    "key": "k",
+    "value": "v",
+    "g_log": "g",
+    "use_qk_l2norm": "use_qk_l2norm_in_kernel",
+    "state_pool": "initial_state",
+}
+_VLLM_NAMES = _CALLER_NAMES | {"state_indices": "ssm_state_indices"}
+_SIGMOID_NAMES = _CALLER_NAMES | {"state_pool": "initial_state_source", "state_indices": "initial_state_indices"}
 # A softplus threshold at or above this gives softplus(x) = x exactly in fp32 where the threshold applies
 # (log1p(exp(-20)) = 2e-9 is below half an ulp of 20): every threshold from here up is the exact softplus.
 MIN_SOFTPLUS_THRESHOLD = 20.0
 
 
+@names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
 def fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -51,6 +75,8 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Any = None,
+    *,
+    check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """FLA's ``fused_recurrent_gated_delta_rule`` on gdn-nki's decode kernel.
@@ -64,6 +90,8 @@ def fused_recurrent_gated_delta_rule(
         beta: [B, T, HV] (None: ones). scale: default K**-0.5.
         initial_state: [N, HV, K, V] (only read). output_final_state: return the final states.
         use_qk_l2norm_in_kernel: L2-normalize q and k in the kernel. cu_seqlens: [N + 1] packed boundaries.
+        check_values: scan the inputs and initial states first (finite; gates in their domains), as
+            ``gdn_nki.decode_step``'s; default on, pass False only when the caller guarantees its data.
         kwargs: ignored, as HF's ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer)
             ignores what the layer passes through (``use_cache``, attention kwargs).
 
@@ -72,10 +100,7 @@ def fused_recurrent_gated_delta_rule(
     """
     torch = import_torch()
     del kwargs  # see Args
-    for name, value in (("gk", gk), ("gv", gv)):
-        if value is not None:
-            raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
-                            f"pass {name}=None and a per-head g")  # fmt: skip
+    reject_per_key_decays(gk, gv)
     inputs = _token_tensors(q, k, v)
     gates = _gates(q, v, g, beta)
     spans = _spans(q, cu_seqlens, allow_mixed=True)
@@ -88,12 +113,14 @@ def fused_recurrent_gated_delta_rule(
                             f"initial_state must be [N, HV, K, V] = {pool.shape}", "pass one state per sequence")  # fmt: skip
         pool[...] = as_numpy(initial_state)
     out = np.empty((*v.shape[:3], dv), dtype=inputs["query"].dtype)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _CALLER_NAMES)
     for seqs in _by_length(spans).values():
-        _launch(inputs, gates, spans, seqs, pool, np.array(seqs, np.int32), None, out, scale, use_qk_l2norm_in_kernel)
+        _launch(inputs, gates, spans, seqs, pool, np.array(seqs, np.int32), None, out, step)
     final = torch.from_numpy(pool) if output_final_state else None
     return as_torch(out), final
 
 
+@names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -108,6 +135,8 @@ def vllm_fused_recurrent_gated_delta_rule(
     num_accepted_tokens: Any = None,
     retrieve_parent_token: Any = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    check_values: bool = True,
 ) -> tuple[Any, Any]:
     """vLLM's ``fused_recurrent_gated_delta_rule`` (continuous batching, speculative decoding) on ``gdn_step``.
 
@@ -120,6 +149,7 @@ def vllm_fused_recurrent_gated_delta_rule(
             read from [n, num_accepted_tokens[n] - 1], or [n, 0]); -1 marks a padding request.
         num_accepted_tokens: optional [N].
         retrieve_parent_token: must be None (Eagle trees are not supported).
+        check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
 
     Returns:
         tuple: ``o`` [B, T, HV, V] in q's dtype and ``initial_state`` itself, updated.
@@ -131,23 +161,20 @@ def vllm_fused_recurrent_gated_delta_rule(
         raise rejection("inplace_final_state", f"= {inplace_final_state!r}",
                         "only the in-place pool form is supported (the per-token state tensor is not)",
                         "pass inplace_final_state=True with ssm_state_indices [N, T] to keep every token's state")  # fmt: skip
-    if ssm_state_indices is None or initial_state is None:
-        raise rejection("ssm_state_indices", "None", "the in-place form addresses the pool initial_state by "
-                        "ssm_state_indices", "pass the pool as initial_state and its rows as ssm_state_indices")  # fmt: skip
+    reject_missing_pool(ssm_state_indices, initial_state)
     spans = _spans(q, cu_seqlens, allow_mixed=False)
-    tokens = spans[0][1] - spans[0][0]
+    tokens = spans[0][1] - spans[0][0] if spans else q.shape[1]  # no request: decode_step names the empty batch
     indices = _indices("ssm_state_indices", ssm_state_indices)
-    if indices.ndim == 1 and tokens > 1:
-        raise rejection("ssm_state_indices", f"shape {indices.shape} with T={tokens}",
-                        "with T > 1 tokens per request the indices are [N, T], one row per token's state",
-                        "pass ssm_state_indices of shape [N, T]")  # fmt: skip
+    check_rows_per_token(indices.shape, tokens)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
     pool, publish = state_buffer("initial_state", initial_state)
-    out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, scale, use_qk_l2norm_in_kernel)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _VLLM_NAMES)
+    out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, step)
     publish()
     return out, initial_state
 
 
+@names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Any,
     a: Any,
@@ -163,6 +190,8 @@ def fused_sigmoid_gating_delta_rule_update(
     scale: float | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Any = None,
+    *,
+    check_values: bool = True,
 ) -> Any:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update``: fused gating, state pool by index.
 
@@ -173,10 +202,42 @@ def fused_sigmoid_gating_delta_rule_update(
         initial_state_source: the pool [P, HV, K, V] fp32, updated IN PLACE at ``initial_state_indices`` [N]
             (the state after each request's last token); -1 marks a padding request.
         scale, use_qk_l2norm_in_kernel: as FLA's.
+        check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
 
     Returns:
         ``o`` [B, T, HV, V] in q's dtype.
     """
+    check_softplus(softplus_beta, softplus_threshold)
+    spans = _spans(q, cu_seqlens, allow_mixed=False)
+    shape = (*v.shape[:2], v.shape[2])
+    raw = {name: _per_token(name, x, shape) for name, x in (("a", a), ("b", b))}
+    heads = {name: _fp32(name, x) for name, x in (("A_log", A_log), ("dt_bias", dt_bias))}
+    indices = _indices("initial_state_indices", initial_state_indices)
+    pool, publish = state_buffer("initial_state_source", initial_state_source)
+    layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _SIGMOID_NAMES, layouts)
+    out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, None, step)
+    publish()
+    return out
+
+
+def reject_per_key_decays(gk: Any, gv: Any) -> None:
+    """FLA's per-key and per-value decays are not the kernel's (one g per token and value head)."""
+    for name, value in (("gk", gk), ("gv", gv)):
+        if value is not None:
+            raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
+                            f"pass {name}=None and a per-head g")  # fmt: skip
+
+
+def reject_missing_pool(ssm_state_indices: Any, initial_state: Any) -> None:
+    """vLLM's in-place form needs its pool and the pool's rows."""
+    if ssm_state_indices is None or initial_state is None:
+        raise rejection("ssm_state_indices", "None", "the in-place form addresses the pool initial_state by "
+                        "ssm_state_indices", "pass the pool as initial_state and its rows as ssm_state_indices")  # fmt: skip
+
+
+def check_softplus(softplus_beta: float, softplus_threshold: float) -> None:
+    """The kernel's gate is the exact softplus with beta 1."""
     if float(softplus_beta) != 1.0:
         raise rejection("softplus_beta", f"= {softplus_beta!r}", "the kernel's gate is softplus with beta 1 "
                         "(Qwen3-Next's)", "pass softplus_beta=1.0")  # fmt: skip
@@ -184,15 +245,6 @@ def fused_sigmoid_gating_delta_rule_update(
         raise rejection("softplus_threshold", f"= {softplus_threshold!r}",
                         f"the kernel computes the exact softplus, which a threshold >= {MIN_SOFTPLUS_THRESHOLD} "
                         "reproduces in fp32", "pass softplus_threshold=20.0 (the default)")  # fmt: skip
-    spans = _spans(q, cu_seqlens, allow_mixed=False)
-    shape = (*v.shape[:2], v.shape[2])
-    raw = {name: _per_token(name, x, shape) for name, x in (("a", a), ("b", b))}
-    heads = {name: _fp32(name, x) for name, x in (("A_log", A_log), ("dt_bias", dt_bias))}
-    indices = _indices("initial_state_indices", initial_state_indices)
-    pool, publish = state_buffer("initial_state_source", initial_state_source)
-    out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, None, scale, use_qk_l2norm_in_kernel)
-    publish()
-    return out
 
 
 # --- shared conversions --------------------------------------------------------------------------------------------
@@ -211,22 +263,42 @@ def _fp32(name: str, x: Any) -> np.ndarray:
 
 
 def _per_token(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """A per-token, per-value-head tensor as fp32 [B, T, HV] (the originals also take [B·T, HV])."""
-    array = _fp32(name, x)
-    if array.size != int(np.prod(shape)) or array.shape[-1] != shape[-1]:
-        raise rejection(name, f"shape {tuple(array.shape)}", f"{name} must be [B, T, HV] = {shape} (or [B·T, HV])",
-                        f"pass one {name} per token and value head")  # fmt: skip
-    return array.reshape(shape)
+    """A per-token, per-value-head tensor as fp32 [B, T, HV] from [B, T, HV] or the token-flattened [B·T, HV] the
+    originals also take."""
+    check_per_token(name, x, shape)
+    return _fp32(name, x).reshape(shape)
+
+
+def check_per_token(name: str, x: Any, shape: tuple[int, ...], any_device: bool = False) -> None:
+    """``_per_token``'s rules, which read only the dtype and the shape (the custom ops check them at trace time).
+    The shape is matched exactly: a time-major [T, B, HV] holds as many elements, and reshaping it would pair each
+    token with another token's gate."""
+    check_tensor(name, x, SUPPORTED_DTYPES, any_device=any_device)
+    forms = (tuple(shape), (shape[0] * shape[1], shape[2]))
+    if tuple(x.shape) not in forms:
+        raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must be [B, T, HV] = {forms[0]} or [B·T, HV] = "
+                        f"{forms[1]}: one value per token and value head, tokens in q's order",
+                        f"pass {name} laid out as q's tokens (a time-major [T, B, HV] tensor: {name}.transpose(0, 1))")  # fmt: skip
 
 
 def _gates(q: Any, v: Any, g: Any, beta: Any) -> dict[str, np.ndarray]:
+    check_gates(v, g, beta)
     shape = (*v.shape[:2], v.shape[2])
     log_decay = np.zeros(shape, np.float32) if g is None else _per_token("g", g, shape)
+    strength = np.ones(shape, np.float32) if beta is None else _per_token("beta", beta, shape)
+    return {"g_log": log_decay, "beta": strength}
+
+
+def check_gates(v: Any, g: Any, beta: Any, any_device: bool = False) -> None:
+    """The rules of ``g`` and ``beta`` that read only dtypes and shapes, in ``_gates``'s order."""
+    shape = (*v.shape[:2], v.shape[2])
+    if g is not None:
+        check_per_token("g", g, shape, any_device)
     if beta is not None and beta.ndim == v.ndim:
         raise rejection("beta", f"shape {tuple(beta.shape)}", "head-wise beta ([B, T, HV, V]) is not supported",
                         "pass one beta per token and value head, [B, T, HV]")  # fmt: skip
-    strength = np.ones(shape, np.float32) if beta is None else _per_token("beta", beta, shape)
-    return {"g_log": log_decay, "beta": strength}
+    if beta is not None:
+        check_per_token("beta", beta, shape, any_device)
 
 
 def _indices(name: str, x: Any) -> np.ndarray:
@@ -236,7 +308,7 @@ def _indices(name: str, x: Any) -> np.ndarray:
     if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
         raise rejection(name, f"values up to {int(array.max())}", "indices must fit in int32",
                         "pass pool rows below 2**31")  # fmt: skip
-    return np.ascontiguousarray(array, dtype=np.int32)
+    return np.array(array, dtype=np.int32, order="C")  # a copy; ascontiguousarray would make a 0-d tensor 1-D
 
 
 def _spans(q: Any, cu_seqlens: Any, allow_mixed: bool) -> list[tuple[int, int, int]]:
@@ -244,9 +316,7 @@ def _spans(q: Any, cu_seqlens: Any, allow_mixed: bool) -> list[tuple[int, int, i
     batch, length = q.shape[0], q.shape[1]
     if cu_seqlens is None:
         return [(0, length, n) for n in range(batch)]
-    if batch != 1:
-        raise rejection("cu_seqlens", f"with batch B={batch}", "with cu_seqlens the sequences are packed in one "
-                        "row, so B must be 1", "flatten the batch into [1, T_total, ...]")  # fmt: skip
+    check_packed_batch(batch)
     cu = [int(c) for c in _indices("cu_seqlens", cu_seqlens)]
     if len(cu) < 2 or cu[0] != 0 or cu[-1] != length or any(b <= a for a, b in itertools.pairwise(cu)):
         raise rejection("cu_seqlens", f"{cu}", f"cu_seqlens must rise strictly from 0 to T={length}",
@@ -259,6 +329,21 @@ def _spans(q: Any, cu_seqlens: Any, allow_mixed: bool) -> list[tuple[int, int, i
     return [(a, b, 0) for a, b in itertools.pairwise(cu)]
 
 
+def check_packed_batch(batch: int) -> None:
+    """With ``cu_seqlens`` the sequences are packed in one row: B = 1."""
+    if batch != 1:
+        raise rejection("cu_seqlens", f"with batch B={batch}", "with cu_seqlens the sequences are packed in one "
+                        "row, so B must be 1", "flatten the batch into [1, T_total, ...]")  # fmt: skip
+
+
+def check_rows_per_token(shape: tuple[int, ...], tokens: int) -> None:
+    """``ssm_state_indices`` is [N, T] when a request brings T > 1 tokens (one row per token's state)."""
+    if len(shape) == 1 and tokens > 1:
+        raise rejection("ssm_state_indices", f"shape {shape} with T={tokens}",
+                        "with T > 1 tokens per request the indices are [N, T], one row per token's state",
+                        "pass ssm_state_indices of shape [N, T]")  # fmt: skip
+
+
 def _by_length(spans: list[tuple[int, int, int]]) -> dict[int, list[int]]:
     groups: dict[int, list[int]] = {}
     for i, (start, end, _) in enumerate(spans):
@@ -267,23 +352,61 @@ def _by_length(spans: list[tuple[int, int, int]]) -> dict[int, list[int]]:
 
 
 def _gather(x: np.ndarray, spans: list[tuple[int, int, int]], seqs: list[int]) -> np.ndarray:
-    """The tokens of sequences ``seqs`` of a seq-first [B, T, ...] tensor as [len(seqs), length, ...]."""
+    """The tokens of sequences ``seqs`` of a seq-first [B, T, ...] tensor as [len(seqs), length, ...] (no sequence:
+    the empty [0, T, ...] of a batch of none, which decode_step refuses by its rules)."""
+    if not seqs:
+        return x[:0]
     return np.stack([x[spans[i][2], spans[i][0] : spans[i][1]] for i in seqs])
 
 
-def _launch(inputs, gates, spans, seqs, pool, indices, accepted, out, scale, l2norm) -> None:
-    """One ``decode_step`` for the sequences ``seqs`` (all of one length), outputs scattered into ``out``."""
-    step = {name: _gather(x, spans, seqs) for name, x in {**inputs, **gates}.items() if x.ndim > 1}
+@dataclass(frozen=True)
+class _Step:
+    """What every ``decode_step`` of one drop-in call shares: the options, and how its errors read to the caller.
+
+    Attributes:
+        scale, l2norm, check_values: ``decode_step``'s ``scale``, ``use_qk_l2norm`` and ``check_values``.
+        names: decode_step's argument names -> the drop-in's.
+        layouts: the caller's shape of a per-token tensor passed other than seq-first (the flattened [B·T, HV]),
+            so that an element's index is given in it.
+    """
+
+    scale: Any
+    l2norm: Any
+    check_values: bool
+    names: dict[str, str]
+    layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def _launch(inputs, gates, spans, seqs, pool, indices, accepted, out, step: _Step) -> None:
+    """One ``decode_step`` for the sequences ``seqs`` (all of one length), outputs scattered into ``out``; its
+    rejection restated in the caller's names and indices (``_Step``)."""
+    tensors = {**inputs, **gates}
+    per_token = {name: _gather(x, spans, seqs) for name, x in tensors.items() if x.ndim > 1}
     heads = {name: x for name, x in gates.items() if x.ndim == 1}
-    result, _ = decode_step(step.pop("query"), step.pop("key"), step.pop("value"), pool, indices, accepted,
-                            **step, **heads, scale=scale, use_qk_l2norm=bool(l2norm))  # fmt: skip
+    ranks = {name: x.ndim for name, x in per_token.items()}
+
+    def caller_index(name: str, at: list[int]) -> list[int]:
+        if len(at) != ranks.get(name):
+            return at  # the pool's rows are the caller's; heads' tensors are passed as they are
+        request, token, *rest = at
+        start, _, row = spans[seqs[request]]
+        seq_first = tensors[name].shape
+        flat = np.ravel_multi_index((row, start + token, *rest), seq_first)
+        return [int(i) for i in np.unravel_index(flat, step.layouts.get(name, seq_first))]
+
+    try:
+        result, _ = decode_step(per_token.pop("query"), per_token.pop("key"), per_token.pop("value"), pool, indices,
+                                accepted, **per_token, **heads, scale=step.scale, use_qk_l2norm=bool(step.l2norm),
+                                check_values=step.check_values)  # fmt: skip
+    except ContractError as error:
+        raise in_torch_terms(error, step.names, caller_index) from None
     for j, i in enumerate(seqs):
         start, end, row = spans[i]
         out[row, start:end] = result[j]
 
 
-def _run_pool(q, k, v, gates, spans, pool, indices, accepted, scale, l2norm) -> Any:
+def _run_pool(q, k, v, gates, spans, pool, indices, accepted, step: _Step) -> Any:
     inputs = _token_tensors(q, k, v)
     out = np.empty((*v.shape[:3], v.shape[3]), dtype=inputs["query"].dtype)
-    _launch(inputs, gates, spans, list(range(len(spans))), pool, indices, accepted, out, scale, l2norm)
+    _launch(inputs, gates, spans, list(range(len(spans))), pool, indices, accepted, out, step)
     return as_torch(out)

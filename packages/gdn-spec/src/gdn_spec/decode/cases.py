@@ -16,7 +16,9 @@ cast to the compute dtype first, and the oracle runs on exactly those rounded va
 | ``large_state`` | a state far above the tokens' scale | −U(0, 0.01) | U(0.05, 0.95) | 1e5·N(0,1) |
 
 Fused gating replaces the regime's gates by Qwen3-Next's (``MODEL_GATES``); q and k are L2-normalized by the
-case unless the call asks the kernel to (``l2norm``: then they are raw, of norms 0.5–3).
+case unless the call asks the kernel to (``l2norm``: then they are raw, of norms 0.5–3, or of the norms ``qk_norms``
+names — small ones make the eps under the root show). With ``num_accepted_tokens`` one live request accepts all T
+tokens (the draft fully accepted, the commonest verdict: it resumes from the row its last token's state goes to).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..regimes import EXTREME_GATE_NORMALIZER, LARGE_STATE_MAGNITUDE, NUMPY_DTYP
 
 PADDING = -1
 SPARE_ROWS = 2  # pool rows no request names: they must come back bit-identical (the last row among them)
+RAW_QK_NORMS = (0.5, 3.0)  # the norms of raw q and k when the kernel normalizes them (``l2norm``)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class Addressing:
 
     Attributes:
         per_token (bool): ``state_indices`` [N, T] (the state after every token kept), else [N].
-        accepted (bool): pass ``num_accepted_tokens`` (per_token only), drawn in [1, T] per request.
+        accepted (bool): pass ``num_accepted_tokens`` (per_token only), drawn in [1, T] per request, T for one
+            live request.
         padding (int): how many requests are padding (-1), placed at random among the N.
         last_row_live (bool): a live request reads (and writes) the pool's last row — the row a kernel that
             indexes the pool with -1 as a Python index would clobber; otherwise the last row is unnamed.
@@ -157,8 +161,10 @@ def make_decode_case(
     gating: str = "precomputed",
     l2norm: bool = False,
     scale: float | None = None,
+    qk_norms: tuple[float, float] = RAW_QK_NORMS,
 ) -> DecodeCase:
-    """A decode call from a seed (module docstring); ``scale`` defaults to Dk**-0.5."""
+    """A decode call from a seed (module docstring); ``scale`` defaults to Dk**-0.5; ``qk_norms``: the range of the
+    raw q and k norms (per token and head) when ``l2norm``."""
     if addressing.accepted and not addressing.per_token:
         raise ValueError("num_accepted_tokens needs per-token indices (Addressing(per_token=True, accepted=True))")
     if not 0 <= addressing.padding <= geometry.N - addressing.last_row_live:
@@ -170,8 +176,8 @@ def make_decode_case(
     q = rng.standard_normal((*token_shape, g_.Hk, g_.Dk))
     k = rng.standard_normal((*token_shape, g_.Hk, g_.Dk))
     if l2norm:  # raw keys of various norms: the kernel must normalize them itself
-        q = q * rng.uniform(0.5, 3.0, (*token_shape, g_.Hk, 1)) / np.sqrt(g_.Dk)
-        k = k * rng.uniform(0.5, 3.0, (*token_shape, g_.Hk, 1)) / np.sqrt(g_.Dk)
+        q = q * rng.uniform(*qk_norms, (*token_shape, g_.Hk, 1)) / np.sqrt(g_.Dk)
+        k = k * rng.uniform(*qk_norms, (*token_shape, g_.Hk, 1)) / np.sqrt(g_.Dk)
     else:
         q, k = l2_normalize(q), l2_normalize(k)
     v = rng.standard_normal((*token_shape, g_.Hv, g_.Dv))
@@ -194,9 +200,12 @@ def make_decode_case(
     padded = rng.permutation(g_.N)[: addressing.padding]
     named[padded] = PADDING
     accepted = rng.integers(1, g_.T + 1, g_.N) if addressing.accepted else None
+    live = np.flatnonzero(named[:, 0] >= 0)
+    if accepted is not None and live.size:  # a draft accepted whole: it reads the row its last token's state overwrites
+        accepted[rng.choice(live)] = g_.T
     read_column = np.zeros(g_.N, dtype=np.int64) if accepted is None else accepted - 1
     if addressing.last_row_live:
-        first_live = np.flatnonzero(named[:, 0] >= 0)[0]
+        first_live = live[0]
         named[first_live, read_column[first_live]] = pool_rows - 1
     call["state_pool"] = pool
     call["state_indices"] = named.astype(np.int32).reshape(g_.N, width) if addressing.per_token else (
@@ -250,6 +259,7 @@ def errors_vs_oracle(case: DecodeCase, out: np.ndarray, pool: np.ndarray) -> lis
 
 __all__ = [
     "PADDING",
+    "RAW_QK_NORMS",
     "REGIMES",
     "SPARE_ROWS",
     "Addressing",

@@ -7,6 +7,8 @@ last row unnamed (its bytes must not change) or give it to a live request (whose
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -37,11 +39,24 @@ PADDED = {
     "padding_per_token_last_row_live": (2, Addressing(per_token=True, padding=1, last_row_live=True)),
 }
 
+# A serving step's batch: more requests than a kernel may run in one fixed-size group (gdn-nki's compiled request
+# loop runs 16 an iteration: here a full iteration and a partial one), with padding requests among them.
+# Enough requests that a kernel issuing them as a compiled loop of fixed-size groups runs several iterations even
+# when it splits them over two programs (gdn-nki's groups of 16 at launch grid 2: a program takes 20 of 40).
+MANY_REQUESTS, MANY_PADDING = 40, 3
 
-def _pool_case(gdn_impl: Implementation, gdn_dtype: str, tokens: int, addressing: Addressing, seed: int):
+
+def _pool_case(
+    gdn_impl: Implementation,
+    gdn_dtype: str,
+    tokens: int,
+    addressing: Addressing,
+    seed: int,
+    requests: int | None = None,
+):
     caps = caps_of(gdn_impl)
     require(caps.lacks("state_in_place"), caps.lacks("gating", "precomputed"))
-    geometry = base_geometry(caps, tokens)
+    geometry = base_geometry(caps, tokens) if requests is None else base_geometry(caps, tokens, requests)
     require(unsupported_call(caps, geometry, addressing))
     return make_decode_case("random", geometry, gdn_dtype, seed, addressing=addressing)
 
@@ -67,6 +82,19 @@ def test_padding_reads_and_writes_nothing(gdn_impl: Implementation, gdn_dtype: s
     require(caps_of(gdn_impl).lacks("padding"))
     tokens, addressing = PADDED[form]
     _check_rows(gdn_impl, _pool_case(gdn_impl, gdn_dtype, tokens, addressing, seed=103))
+
+
+def test_a_batch_of_many_requests(gdn_impl: Implementation, gdn_dtype: str) -> None:
+    """``MANY_REQUESTS`` requests of two tokens in one call (at most the declared ``max_requests``), per-token rows
+    with ``num_accepted_tokens`` where declared and ``MANY_PADDING`` padding requests where declared: every live
+    request's rows against the oracle, every other row bit-identical, however the kernel groups the requests."""
+    caps = caps_of(gdn_impl)
+    per_token = caps.per_token_states
+    addressing = Addressing(per_token=per_token, accepted=per_token and caps.num_accepted_tokens)
+    if caps.padding:  # one live request kept under a declared max_requests
+        addressing = replace(addressing, padding=min(MANY_PADDING, (caps.max_requests or MANY_REQUESTS) - 1))
+    case = _pool_case(gdn_impl, gdn_dtype, 2, addressing, seed=109, requests=MANY_REQUESTS)
+    _check_rows(gdn_impl, case)
 
 
 def test_an_all_padding_call_changes_nothing(gdn_impl: Implementation) -> None:

@@ -288,6 +288,46 @@ def test_checkpoints_equal_the_oracle_and_the_truncated_prefill(
         )
 
 
+# Layouts whose last checkpoints fall at sequence ends where a bucketed kernel's tables treat them apart (lengths,
+# rows, checkpoint rows every chunk; bucket_of: 6 chunks, 4 slots): the bucket's last slot ending at its last
+# checkpoint before the bucket's last chunk (a kernel copying each slot's final state to that checkpoint once its
+# chain is done must copy the last slot's too); and a sequence after another ending exactly at the bucket's last
+# chunk at its last checkpoint, empty slots after it (a kernel storing that copy with the last chunk's store must
+# find the sequence wherever its slot is). Other checkpoints inside and past the sequences around them.
+LAST_CHECKPOINT_LAYOUTS = (
+    ("the last slot ends at its last checkpoint", (CHUNK_SCHUR, 40, CHUNK_SCHUR + 9, CHUNK_SCHUR), (0, 1, 2, 3),
+     ((4, -1), (-1, -1), (5, 6), (7, -1))),
+    ("a sequence ends at the bucket's last chunk, empty slots after it", (CHUNK_SCHUR + 5, 4 * CHUNK_SCHUR, 0, 0),
+     (0, 1, 2, 3), ((4, 5, -1, -1), (6, -1, 8, 9), (-1,) * 4, (-1,) * 4)),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
+@pytest.mark.parametrize("layout_index", range(len(LAST_CHECKPOINT_LAYOUTS)), ids=["last-slot", "last-chunk"])
+def test_last_checkpoints_at_sequence_ends_hold_the_final_state(
+    gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str, layout_index: int
+) -> None:
+    """``LAST_CHECKPOINT_LAYOUTS``: each sequence and stored checkpoint against the oracle, rows not written keeping
+    every bit, and a last checkpoint at its sequence's end holding that sequence's final state bit for bit (a
+    prefix-cache hit on it continues the sequence exactly). Without ``bucket`` the empty sequences are left out."""
+    caps, geometry = _serving(gdn_impl, ("checkpoints",))
+    label, lengths, rows, table = LAST_CHECKPOINT_LAYOUTS[layout_index]
+    keep = [i for i, n in enumerate(lengths) if n > 0 or caps.bucket]
+    layout = Layout(label, tuple(lengths[i] for i in keep), tuple(rows[i] for i in keep))
+    served = serving_call(caps, layout, geometry, gdn_dtype, gdn_algorithm, CHUNK_SCHUR,
+                          SERVING_SEED + 1500 + 10 * layout_index, call_args)  # fmt: skip
+    with_checkpoints(served, CHUNK_SCHUR, np.array([table[i] for i in keep]))
+    out = _serve(gdn_impl, served)
+    problems = _judge(served, out)
+    pool = served.call["recurrent_state"]
+    for i, k, tokens in served.stored_checkpoints():
+        row, end_row = int(served.checkpoint_rows[i, k]), served.row_of(i)
+        if tokens == layout.lengths[i] and end_row is not None and pool[row].tobytes() != pool[end_row].tobytes():
+            problems.append(f"checkpoint {k} of sequence {i} (row {row}) is at its end but differs from its final "
+                            f"state (row {end_row})")  # fmt: skip
+    _fail_on(problems, f"{label} (lengths {layout.lengths}, rows {layout.rows})")
+
+
 # Layouts of the read-rows check (lengths in chunks + tokens, write rows, read rows): two sequences resuming from one
 # prefix-cache row and a row-less one from another; then a sequence reading its own row, one starting from zero
 # though its row holds a state, and a row-less one from a row next to the pool's last (the -1 as a Python index);

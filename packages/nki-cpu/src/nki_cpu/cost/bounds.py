@@ -18,6 +18,10 @@ could still win, and a target above them is out of reach for the instructions as
   relaxation: the cells' total busy time cannot exceed the makespan); the DMA engine pool likewise counts each
   transfer's time times the share of the pool's engines it occupies, released after its fixed latency.
 
+Compiled loops' barriers hold in every order (the compiler moves instructions only within an iteration), so they
+enter both: an instruction after a barrier starts no earlier than every instruction before it could end, plus the
+barrier's cost (``scheduler.loop_barriers``). Tails leave them out (a shorter tail keeps a bound a bound).
+
 The floor is the largest of them (``makespan_floor``). Ignored, so the floor stays a bound: program order, the
 tensor engine's in-order starts, DMA queues, WAR / WAW conflicts, memory capacity.
 
@@ -38,7 +42,7 @@ from nki_cpu.cost.durations import dma_engines_used, dma_times, duration_ns
 from nki_cpu.cost.figures import Figures
 from nki_cpu.cost.record import Engine, InstructionRecord, Trace
 from nki_cpu.cost.reorder import predecessors
-from nki_cpu.cost.scheduler import pe_cells
+from nki_cpu.cost.scheduler import loop_barriers, pe_cells
 
 DEPENDENCIES = "dependencies"  # makespan_floor's name for the dependency bound
 
@@ -68,14 +72,20 @@ class _Paths:
     tail: list[float]
 
 
-def _paths(records: Sequence[InstructionRecord], figures: Figures) -> _Paths:
+def _paths(trace: Trace, figures: Figures) -> _Paths:
+    records = trace.records
     latency = {engine: figures.cycles_to_ns(c, engine) for engine, c in figures.dependency_latency_cycles.items()}
     before = [pred for pred, _ in predecessors(records, raw_only=True)]
     length = [duration_ns(record, figures) for record in records]
     link = [length[i] + latency.get(record.engine, 0.0) for i, record in enumerate(records)]
     head = [0.0] * len(records)
+    barriers = loop_barriers(trace)
+    fence = last_end = 0.0  # the latest barrier's end; the latest end so far
     for i, pred in enumerate(before):
-        head[i] = max((head[j] + link[j] for j in pred), default=0.0)
+        if i in barriers:
+            fence = max(fence, last_end) + barriers[i] * figures.loop_barrier_ns
+        head[i] = max(fence, max((head[j] + link[j] for j in pred), default=0.0))
+        last_end = max(last_end, head[i] + length[i])
     tail = [0.0] * len(records)
     for i in range(len(records) - 1, -1, -1):
         after_i = length[i] + tail[i]
@@ -94,7 +104,7 @@ def dependency_bound_ns(trace: Trace, figures: Figures) -> float:
     from the makespan is what ordering and placement could still win; its distance from zero is what only fewer
     dependent steps can.
     """
-    paths = _paths(trace.records, figures)
+    paths = _paths(trace, figures)
     return max((h + d for h, d in zip(paths.head, paths.length, strict=True)), default=0.0)
 
 
@@ -127,7 +137,7 @@ def jackson_bound(jobs: Sequence[tuple[float, float, float]]) -> float:
 def engine_bounds_ns(trace: Trace, figures: Figures) -> dict[str, float]:
     """Per engine that ran an instruction (``pe``, ``vector``, ``scalar``, ``gpsimd``, ``dma``): the least
     makespan any order allows, given that engine's work and the dependencies around it (module docstring)."""
-    return _engine_bounds(trace.records, _paths(trace.records, figures), figures)
+    return _engine_bounds(trace.records, _paths(trace, figures), figures)
 
 
 def _engine_bounds(records: Sequence[InstructionRecord], paths: _Paths, figures: Figures) -> dict[str, float]:
@@ -150,7 +160,7 @@ def _engine_bounds(records: Sequence[InstructionRecord], paths: _Paths, figures:
 
 def makespan_floor(trace: Trace, figures: Figures) -> Floor:
     """The largest of the dependency bound and every engine's bound: no issue order of ``trace`` ends sooner."""
-    paths = _paths(trace.records, figures)
+    paths = _paths(trace, figures)
     parts = {DEPENDENCIES: max((h + d for h, d in zip(paths.head, paths.length, strict=True)), default=0.0)}
     parts.update(_engine_bounds(trace.records, paths, figures))
     floor = max(parts.values())

@@ -3,9 +3,10 @@
 Walking back from the instruction that ends last, each step goes to what set the current instruction's start: the
 producer of its latest operand (it waited on *data*) or the instruction holding its track (it waited in the
 *queue*: the previous instruction of its engine or DMA queue, for the tensor engine the holder of the cells it
-needed or the previous PE instruction). Each step is charged the time from its predecessor's end to its own end, so
-the charges sum to the makespan: a data step carries the dependency latency and its own duration, a queue step
-its own duration.
+needed or the previous PE instruction) or a compiled loop's *barrier* (the instruction that ended last before it).
+Each step is charged the time from its predecessor's end to its own end, so the charges sum to the makespan: a
+data step carries the dependency latency and its own duration, a queue step its own duration, a barrier step the
+barrier's cost and its own duration.
 
 A path made mostly of queue steps on one engine says that engine's program order held the makespan; one made of
 data steps that the dependencies did (compare ``bounds.dependency_bound_ns``).
@@ -19,6 +20,7 @@ from nki_cpu.cost.scheduler import Schedule
 
 DATA = "data"
 QUEUE = "queue"
+BARRIER = "barrier"  # a compiled loop's drain and barrier: the step waited for every earlier instruction
 START = "start"  # the first step: nothing before it on the path
 
 
@@ -49,7 +51,7 @@ def critical_path(placed: Schedule) -> list[PathStep]:
     while i >= 0:
         producer, holder = placed.waited_on[i], placed.queued_behind[i]
         if producer >= 0:
-            backwards.append((i, DATA))
+            backwards.append((i, BARRIER if placed.after_barrier[i] else DATA))
             i = producer
         elif holder >= 0:
             backwards.append((i, QUEUE))

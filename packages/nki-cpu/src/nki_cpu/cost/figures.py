@@ -3,7 +3,8 @@
 Every constant cites its source tag from ``docs/nki-sources.md`` (§0 lists the tags): ARCH, TRN2, TRN3, HW, DMA,
 DMABW, DGE, PERF, SHARED, ISA, LEGACY. "KU n" refers to item n of the document's *Known unknowns* (§6); where a
 figure is one of them, the comment says which value was chosen and why. "INFER" marks a value derived from the
-documented ones rather than stated. No constant here was fitted to any kernel's published timing.
+documented ones rather than stated. One constant is fitted to a published timing: ``LOOP_BARRIER_NS``, to the
+one measurement AWS publishes of a compiled loop's barrier (``cost.loop_fit``); no other was fitted to anything.
 
 Dimensions:
     Clocks in GHz (= cycles per ns), bandwidths in bytes per ns, latencies in ns or in engine cycles as named,
@@ -36,6 +37,12 @@ DMA_EFFICIENCY_POINTS: tuple[tuple[int, float], ...] = (
 # engine (in-order within a queue)"; a transfer's descriptors sit in one queue on each engine it uses, so a
 # kernel has at most 16 independent in-order DMA streams (INFER; the compiler's real assignment is not documented).
 DMA_QUEUES = 16  # DMA §4.4 "16 queues per engine"
+# A compiled loop's drain and barrier (LOOPS §4.7: "ends every iteration ... with a drain and a barrier across all
+# engines"): its fixed cost beyond waiting for every engine to finish. Fitted (``cost.loop_fit``) to the page's one
+# measurement (trn1, NKI 0.6.0: 17.9 µs per fori_loop iteration, 10.2 µs per tile at four tiles an iteration):
+# 3.97 µs brings both within 0.1 % (each alone: 3.98 / 3.94 µs). Plausible range 0 – 10.4 µs (the drain alone;
+# the page's whole fori_loop − unrolled difference). KU 25: the same ns on every generation (no Trn2/Trn3 figure).
+LOOP_BARRIER_NS = 3970.0  # LOOPS §4.7, fitted (cost.loop_fit; KU 25)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,9 @@ class Figures:
     partitions: int = 128  # ARCH §4.1 PE array 128×128, 128 SBUF partitions
     # Smallest PE tile of nc_matmul's tiling mode (matmuls on disjoint tiles may overlap in time).
     pe_tile_quantum: int = 32  # ISA §3.3 "Tiling mode" v2.33.0: 4×32 row/column tiles from NeuronCore-v3
+    # Fixed cost of a compiled loop's drain and barrier across all engines, after the last instruction before it
+    # ended (scheduler, "Compiled loops"); LOOPS §4.7, fitted (LOOP_BARRIER_NS).
+    loop_barrier_ns: float = LOOP_BARRIER_NS
 
     def clock(self, engine: Engine) -> float:
         """Return the clock of ``engine`` in GHz (cycles per ns); DMA has none and returns 1.0."""

@@ -28,6 +28,17 @@ DMA (INFER from DMA §4.4, see COST_MODEL.md "DMA queues and engines"):
   Latencies of queued transfers overlap (descriptors are processed ahead; the 1.3 µs figure is
   "descriptor/semaphore-to-start"); bandwidth does not.
 
+Compiled loops (``nl.fori_loop`` / ``nl.while_loop``; "NKI Dynamic Loops" deep dive, SDK documentation sources,
+date-modified 03/31/2026, section "Iterations Do Not Overlap"): "The compiler ends every iteration of a dynamic
+loop ... with a drain and a barrier across all engines, and resets the semaphores before the next iteration
+starts". At every boundary the interpreter records (``Trace.boundaries``: each iteration's start and the loop's
+end) no later instruction starts before every earlier one has ended and ``figures.loop_barrier_ns`` has passed
+(:func:`loop_barriers`). The page states the barrier at each iteration's end, the last one included (the loop's
+exit); nki-cpu reads it at the loop's entry too, since the body is one copy whose semaphore waits cannot tell its
+first iteration from the others, so what it waits on from before the loop must be done when it starts: a loop of
+n iterations pays n + 1 barriers (a loop that runs zero times one). A barrier after the launch's last instruction
+adds nothing (the launch ends when its last instruction does).
+
 Notes:
     Conflicts are found per allocation (``storage_id``) in short lists of recent reader and writer boxes. A write
     drops every older box it fully covers (any later conflict with the old box also conflicts with the new write,
@@ -39,6 +50,7 @@ Notes:
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field
 
 from nki_cpu.cost.durations import compute_cycles, dma_engines_used, dma_times
@@ -61,7 +73,9 @@ class Schedule:
         ``waited_on`` is the instruction whose ready time set the start (-1 if the track's free time did);
         ``queued_behind`` the instruction that held the track when its free time set the start (-1 if the data did,
         or nothing held it): the previous instruction of the engine or DMA queue, for the tensor engine the one
-        whose PE cells were freed last, or the previous PE instruction when in-order issue held it.
+        whose PE cells were freed last, or the previous PE instruction when in-order issue held it. Where a
+        compiled loop's barrier set the start, ``after_barrier`` is true and ``waited_on`` names the instruction
+        that ended last before it.
     """
 
     start_ns: list[float] = field(default_factory=list)
@@ -70,6 +84,9 @@ class Schedule:
     track: list[str] = field(default_factory=list)
     waited_on: list[int] = field(default_factory=list)
     queued_behind: list[int] = field(default_factory=list)
+    # True where a compiled loop's barrier set the start (``waited_on`` is then the instruction that ended last
+    # before the barrier)
+    after_barrier: list[bool] = field(default_factory=list)
 
     @property
     def makespan_ns(self) -> float:
@@ -78,6 +95,14 @@ class Schedule:
 
 
 DMA_QUEUE_POLICIES = ("round_robin", "recorded")
+
+
+def loop_barriers(trace: Trace) -> dict[int, int]:
+    """Position -> how many compiled-loop barriers every instruction from that position on waits for (module
+    docstring): one per ``Trace.boundaries`` entry before an instruction (iteration starts and loop ends; nested
+    loops and back-to-back loops add theirs), none after the last instruction."""
+    count = len(trace.records)
+    return dict(Counter(b for b in trace.boundaries if 0 <= b < count))
 
 
 def track_name(record: InstructionRecord, queue: int | None = None) -> str:
@@ -277,10 +302,17 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
     dma_seen = 0
     out = Schedule()
     latency_ns = {e: figures.cycles_to_ns(c, e) for e, c in figures.dependency_latency_cycles.items()}
+    barriers = loop_barriers(trace)
+    fence, last_end, last_ended = 0.0, 0.0, -1  # the latest barrier's end; the latest end so far, and whose
     for position, record in enumerate(trace.records):
         if record.index != position:
             record.index = position
+        if position in barriers:  # a compiled loop's drain and barrier: everything before has ended
+            fence = max(fence, last_end) + barriers[position] * figures.loop_barrier_ns
         deps_ready, waited = conflicts.ready_time(record)
+        held = fence > deps_ready
+        if held:
+            deps_ready, waited = fence, last_ended
         if record.engine is Engine.DMA:
             queue = record.queue if dma_queues == "recorded" else dma_seen % queues
             dma_seen += 1
@@ -317,4 +349,7 @@ def schedule(trace: Trace, figures: Figures, *, dma_queues: str = "round_robin")
         out.track.append(track)
         out.waited_on.append(waited if deps_ready >= track_free else -1)
         out.queued_behind.append(holder if deps_ready < track_free else -1)
+        out.after_barrier.append(held and deps_ready >= track_free)
+        if end > last_end:
+            last_end, last_ended = end, position
     return out

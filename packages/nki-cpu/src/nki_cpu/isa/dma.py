@@ -272,7 +272,7 @@ def dma_compute(
         srcs: 1..16 HBM/SBUF views with dst's element count.
         reduce_op: ``nl.add`` only.
         scales: per-source factors (1.0 each when omitted).
-        unique_indices: scatter hint (no effect).
+        unique_indices: must be True (rule ``dma_compute_unique_indices``).
         oob_mode: indirect out-of-bounds behaviour.
         name: debug label.
 
@@ -289,6 +289,14 @@ def dma_compute(
     for i, s in enumerate(srcs):
         operands.in_bounds(instr, f"srcs[{i}]", s)
     operands.in_bounds(instr, "dst", dst)
+    _static_addresses(instr, dst, srcs)
+    if not unique_indices:
+        operands.rule(
+            "dma_compute_unique_indices",
+            f"{instr} unique_indices must be True, got False (ISA dma_compute, v2.29.0-v2.32.0: 'unique_indices must "
+            "be True (non-unique indices not yet supported)'). Fix: combine the rows that share an index before "
+            "the instruction and pass unique_indices=True",
+        )
     _unique_scatter(instr, dst)
     scales = list(scales) if scales is not None else [1.0] * len(srcs)
     acc = np.zeros(dst.size, dtype=np.float32)
@@ -297,6 +305,21 @@ def dma_compute(
         acc = acc + s._read_f32().reshape(-1) * np.float32(scale)
     dst.write(acc)
     return _emit_dma(instr, dst, srcs, False, "unknown")
+
+
+def _static_addresses(instr: str, dst: NkiTensor, srcs: Sequence[NkiTensor]) -> None:
+    """``dma_compute`` operands have compile-time addresses unless addressed through a vector offset (rule
+    ``dma_compute_static_address``): "Both srcs and dst tensors must have compile-time known addresses (unless
+    using vector_offset for indirect access)" (ISA ``dma_compute``, v2.29.0-v2.32.0), and its DGE mode without a
+    vector offset is None (static descriptors, which cannot hold a run-time address: ISA ``dma_copy``)."""
+    for name, t in (("dst", dst), *((f"srcs[{i}]", s) for i, s in enumerate(srcs))):
+        if t.runtime_start and t._row_offsets is None:
+            operands.rule(
+                "dma_compute_static_address",
+                f"{instr} {name} must have a compile-time known address, got a view addressed at run time (nl.ds with "
+                "a run-time start or a scalar_offset). Fix: dma_copy the window into a fixed tile first (dma_copy "
+                "takes run-time addresses), or address rows through a vector_offset",
+            )
 
 
 def _unique_scatter(instr: str, dst: NkiTensor) -> None:

@@ -1,0 +1,585 @@
+"""The torch drop-ins as ``torch.library`` custom ops (namespace ``gdn_nki``): one graph node per GDN call, under
+``torch.compile``, ``torch.export`` and fake tensors alike.
+
+Each drop-in (the public functions here, under the originals' names and signatures) is split in two:
+
+- its argument handling, in the drop-in itself: reads only types, shapes, dtypes and non-tensor values (no
+  ``.item()``, ``.tolist()``, ``.cpu()`` or numpy on a tensor), rejects by name what it cannot honour, picks the
+  bucket from shapes alone, and calls one op;
+- the op, with three implementations:
+
+  ==============  ================================================================================================
+  CPU             today's host path, unchanged (``chunk.py``, ``fused_recurrent.py``, ``host.decode``): every
+                  rule, the value checks, the all-or-nothing commits, the same ``ContractError``\\ s
+  fake (meta)     the trace-time rules (``rules.py``: every rule that reads only shapes and dtypes, the very
+                  ``ContractError`` the CPU raises) and empty outputs of the results' shapes
+  other devices   ``device.py``: the same trace-time rules, then the ``@nki.jit`` kernel launched on the device
+                  tensors; the value rules are trusted (``check_values`` runs them on demand)
+  ==============  ================================================================================================
+
+A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
+so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
+mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
+type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
+context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
+with an input requiring grad (the kernel is forward-only; the host path puts its results on the autograd graph so
+that backward raises, as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
+
+from ..host.decode import tkg_simulate
+from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor
+from . import chunk, device, fused_recurrent, rules
+
+torch = import_torch()
+Tensor = torch.Tensor
+
+
+# --- prefill: FLA's chunk_gated_delta_rule ------------------------------------------------------------------------
+
+
+@torch.library.custom_op("gdn_nki::chunk_gated_delta_rule", mutates_args=())
+def chunk_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None,
+    A_log: Tensor | None,
+    dt_bias: Tensor | None,
+    cu_seqlens: Tensor | None,
+    scale: float | None,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    use_gate: bool,
+    algorithm: str,
+    group_size: int,
+    bucket: list[int] | None,
+) -> tuple[Tensor, Tensor]:
+    """The prefill without a pool: (o [B, T, Hv, V], final states [N, Hv, K, V] fp32); ``initial_state`` is read."""
+    return device.chunk(**locals())
+
+
+@chunk_op.register_kernel("cpu")
+def _chunk_cpu(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
+               use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
+    with _drop_in_warned():
+        return chunk.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm, use_beta_sigmoid_in_kernel=use_beta_sigmoid,
+            cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
+            group_size=group_size, bucket=None if bucket is None else tuple(bucket),
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _drop_in_warned() -> Iterator[None]:
+    """The host path's head-first warning silenced: the drop-in, which called the op, has given it already."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=HEAD_FIRST_WARNING, category=UserWarning)
+        yield
+
+
+HEAD_FIRST_WARNING = "gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens"
+
+
+@chunk_op.register_fake
+def _chunk_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
+                use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
+    n_seqs = rules.prefill(q, k, v, g, beta, initial_state, None, A_log, dt_bias, cu_seqlens, use_gate, scale,
+                           algorithm, group_size, bucket)  # fmt: skip
+    return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
+
+
+@torch.library.custom_op("gdn_nki::chunk_gated_delta_rule_pool", mutates_args=("pool",))
+def chunk_pool_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    pool: Tensor,
+    state_indices: Tensor,
+    A_log: Tensor | None,
+    dt_bias: Tensor | None,
+    cu_seqlens: Tensor | None,
+    checkpoint_indices: Tensor | None,
+    read_indices: Tensor | None,
+    scale: float | None,
+    use_qk_l2norm: bool,
+    use_beta_sigmoid: bool,
+    use_gate: bool,
+    algorithm: str,
+    group_size: int,
+    bucket: list[int] | None,
+    checkpoint_every: int | None,
+) -> Tensor:
+    """The prefill on a state pool [P, Hv, K, V] fp32, updated in place at the named rows: o [B, T, Hv, V]."""
+    return device.chunk_pool(**locals())
+
+
+@chunk_pool_op.register_kernel("cpu")
+def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
+                    read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
+                    checkpoint_every) -> Tensor:  # fmt: skip
+    with _drop_in_warned():
+        o, _ = chunk.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
+            A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
+            bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
+            checkpoint_indices=checkpoint_indices, read_indices=read_indices,
+        )  # fmt: skip
+    return o
+
+
+@chunk_pool_op.register_fake
+def _chunk_pool_fake(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
+                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
+                     checkpoint_every) -> Tensor:  # fmt: skip
+    rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale, algorithm,
+                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
+    return _prefill_out(q, v)
+
+
+def _prefill_out(q: Tensor, v: Tensor) -> Tensor:
+    return q.new_empty((*v.shape[:3], v.shape[3]))
+
+
+def chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_cpu: Tensor | None = None,
+    chunk_indices: Tensor | None = None,
+    cp_context: Any = None,
+    *,
+    use_gate_in_kernel: bool = False,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    chunk_size: int = 64,
+    head_first: bool | None = None,
+    transpose_state_layout: bool | None = None,
+    state_indices: Tensor | None = None,
+    initial_state_indices: Tensor | None = None,
+    algorithm: str = DEFAULT_ALGORITHM,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    bucket: tuple[int, int] | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_indices: Tensor | None = None,
+    read_indices: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked gated delta rule with FLA's signature and semantics, as one ``gdn_nki`` op.
+
+    Dimensions, Args and Returns:
+        As ``gdn_nki.torch.chunk.chunk_gated_delta_rule`` (FLA's arguments, gdn-nki's pools, buckets, checkpoints
+        and read rows; every option honoured, accepted for a stated reason or rejected by name).
+
+    Notes:
+        One op per call: ``gdn_nki::chunk_gated_delta_rule_pool`` with ``state_indices`` (the pool declared
+        mutated, returned as the final state), else ``gdn_nki::chunk_gated_delta_rule``. Without ``bucket=`` and
+        with buckets configured (``gdn_nki.configure_buckets``) the bucket is the smallest holding the batch's
+        worst case, read from shapes alone (``rules.bucket_for``): T tokens of N sequences, each padded to its
+        chunk multiple. On the CPU the op runs the host path as before; on a device it launches
+        ``gdn_cte_bucket`` (module docstring).
+    """
+    flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
+    options = (head_first, state_v_first, transpose_state_layout, cp_context, allow_neg_eigval)
+    tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
+    carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every)
+    # The host path's non-tensor rules (unknown keywords, options set, FLA's chunk_size, aliases, packing keywords,
+    # rows without a pool) are the host path's to raise: a call breaking one runs it. Checked here only as far as
+    # telling a plainly valid call, which every compiled one is (those rules use numpy and difflib, which
+    # torch.compile does not trace).
+    pool = state_indices if initial_state_indices is None else initial_state_indices
+    plainly_valid = (
+        all(name in chunk.HF_PASS_THROUGH for name in kwargs)
+        and all(kwargs.get(name) is None for name in chunk._PACKING_KEYWORDS if cu_seqlens is None)
+        and all(value is None or (isinstance(value, (bool, int, float)) and not value) for value in options)
+        and type(chunk_size) is int
+        and chunk_size in chunk.FLA_CHUNKS
+        and (state_indices is None or initial_state_indices is None)
+        and (initial_state is not None or pool is None)
+        and (pool is not None or (checkpoint_indices is None and read_indices is None))
+    )
+    if not (carried and plainly_valid):
+        return chunk.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu, chunk_indices,
+            cp_context, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+            head_first=head_first, transpose_state_layout=transpose_state_layout, state_indices=state_indices,
+            initial_state_indices=initial_state_indices, algorithm=algorithm, group_size=group_size, bucket=bucket,
+            checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, read_indices=read_indices,
+            **kwargs,
+        )  # fmt: skip
+    if q.dim() == 4:
+        chunk.warn_if_head_first(q, cu_seqlens)
+    if bucket is None:
+        bucket = rules.bucket_for(q, cu_seqlens, algorithm)
+    common = dict(
+        scale=None if scale is None else float(scale), use_qk_l2norm=bool(use_qk_l2norm_in_kernel),
+        use_beta_sigmoid=bool(use_beta_sigmoid_in_kernel), use_gate=bool(use_gate_in_kernel), algorithm=algorithm,
+        group_size=int(group_size), bucket=None if bucket is None else [int(x) for x in bucket],
+    )  # fmt: skip
+    gate = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
+    if pool is not None:
+        o = chunk_pool_op(q, k, v, g, beta, initial_state, pool, *gate, cu_seqlens, checkpoint_indices, read_indices,
+                          **common, checkpoint_every=checkpoint_every)  # fmt: skip
+        return o, initial_state if output_final_state else None
+    o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
+    return o, final if output_final_state else None
+
+
+def _op_can_carry(
+    tensors: tuple[Any, ...],
+    indices: tuple[Any, ...],
+    flags: tuple[Any, ...],
+    scale: Any,
+    algorithm: Any,
+    group_size: Any,
+    bucket: Any,
+    checkpoint_every: Any,
+) -> bool:
+    """Whether the op schema carries this call as the host path reads it (module docstring): tensors where
+    tensors go (indices included), plain bools, a real scale, a str algorithm, int sizes, a bucket of two ints,
+    and no input on the autograd graph."""
+    if not _one_device(tensors, indices):
+        return False
+    if not all(isinstance(x, bool) for x in flags):
+        return False
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+        return False
+    scale_ok = scale is None or (isinstance(scale, numbers.Real) and not isinstance(scale, bool))
+    ints_ok = all(
+        isinstance(x, int) and not isinstance(x, bool)
+        for x in (group_size, *(() if checkpoint_every is None else (checkpoint_every,)))
+    )
+    bucket_ok = bucket is None or (
+        isinstance(bucket, (tuple, list))
+        and len(bucket) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in bucket)
+    )
+    return scale_ok and isinstance(algorithm, str) and ints_ok and bucket_ok
+
+
+# --- decode: FLA's fused_recurrent_gated_delta_rule ----------------------------------------------------------------
+
+
+@torch.library.custom_op("gdn_nki::fused_recurrent_gated_delta_rule", mutates_args=())
+def fused_recurrent_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+    scale: float | None,
+    use_qk_l2norm: bool,
+) -> tuple[Tensor, Tensor]:
+    """FLA's decode: (o [B, T, HV, V], final states [N, HV, K, V] fp32); ``initial_state`` is read."""
+    return device.fused_recurrent(**locals())
+
+
+@fused_recurrent_op.register_kernel("cpu")
+def _fused_recurrent_cpu(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm) -> tuple[Tensor, Tensor]:
+    return fused_recurrent.fused_recurrent_gated_delta_rule(
+        q, k, v, g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+
+
+@fused_recurrent_op.register_fake
+def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm) -> tuple[Tensor, Tensor]:
+    n_seqs, _ = rules.fla_decode(q, k, v, g, beta, initial_state, cu_seqlens)
+    return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
+
+
+def fused_recurrent_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    gk: Tensor | None = None,
+    gv: Tensor | None = None,
+    beta: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """FLA's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::fused_recurrent_gated_delta_rule``.
+
+    Dimensions, Args and Returns:
+        As ``gdn_nki.torch.fused_recurrent.fused_recurrent_gated_delta_rule``.
+
+    Notes:
+        On a device the packed sequences (``cu_seqlens``) must share one length (the CPU groups them by length,
+        reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
+    """
+    del kwargs  # ignored, as HF's torch_recurrent_gated_delta_rule ignores them
+    if not _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale):
+        return fused_recurrent.fused_recurrent_gated_delta_rule(
+            q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens
+        )  # fmt: skip
+    fused_recurrent.reject_per_key_decays(gk, gv)
+    o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
+                                  bool(use_qk_l2norm_in_kernel))  # fmt: skip
+    return o, final if output_final_state else None
+
+
+# --- decode on a pool: vLLM's variant and vLLM / SGLang's fused-gating update --------------------------------------
+
+
+@torch.library.custom_op("gdn_nki::vllm_fused_recurrent_gated_delta_rule", mutates_args=("pool",))
+def vllm_fused_recurrent_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None,
+    pool: Tensor,
+    ssm_state_indices: Tensor,
+    cu_seqlens: Tensor | None,
+    num_accepted_tokens: Tensor | None,
+    scale: float | None,
+    use_qk_l2norm: bool,
+) -> Tensor:
+    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    return device.vllm_fused_recurrent(**locals())
+
+
+@vllm_fused_recurrent_op.register_kernel("cpu")
+def _vllm_fused_recurrent_cpu(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
+                              use_qk_l2norm) -> Tensor:  # fmt: skip
+    o, _ = fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
+        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm
+    )  # fmt: skip
+    return o
+
+
+@vllm_fused_recurrent_op.register_fake
+def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
+                               use_qk_l2norm) -> Tensor:  # fmt: skip
+    rules.pool_decode(q, k, v, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
+                      {"g": g, "beta": beta})  # fmt: skip
+    return _prefill_out(q, v)
+
+
+def vllm_fused_recurrent_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    inplace_final_state: bool = True,
+    cu_seqlens: Tensor | None = None,
+    ssm_state_indices: Tensor | None = None,
+    num_accepted_tokens: Tensor | None = None,
+    retrieve_parent_token: Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """vLLM's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::vllm_fused_recurrent_gated_delta_rule``
+    (the pool declared mutated).
+
+    Dimensions, Args and Returns:
+        As ``gdn_nki.torch.fused_recurrent.vllm_fused_recurrent_gated_delta_rule``: ``o`` and ``initial_state``
+        itself, updated.
+
+    Notes:
+        On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
+        (``check_values``).
+    """
+    carried = _decode_op_can_carry(
+        (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
+    )
+    if not carried or retrieve_parent_token is not None or inplace_final_state is not True:
+        return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
+            num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel,
+        )  # fmt: skip
+    fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
+    o = vllm_fused_recurrent_op(q, k, v, g, beta, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
+                                _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
+    return o, initial_state
+
+
+@torch.library.custom_op("gdn_nki::fused_sigmoid_gating_delta_rule_update", mutates_args=("pool",))
+def fused_sigmoid_gating_op(
+    A_log: Tensor,
+    a: Tensor,
+    dt_bias: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    b: Tensor,
+    pool: Tensor,
+    initial_state_indices: Tensor,
+    cu_seqlens: Tensor | None,
+    softplus_beta: float,
+    softplus_threshold: float,
+    scale: float | None,
+    use_qk_l2norm: bool,
+) -> Tensor:
+    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    return device.fused_sigmoid_gating(**locals())
+
+
+@fused_sigmoid_gating_op.register_kernel("cpu")
+def _fused_sigmoid_gating_cpu(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
+                              softplus_threshold, scale, use_qk_l2norm) -> Tensor:  # fmt: skip
+    return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
+        A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, pool, initial_state_indices, scale,
+        use_qk_l2norm, cu_seqlens,
+    )  # fmt: skip
+
+
+@fused_sigmoid_gating_op.register_fake
+def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
+                               softplus_threshold, scale, use_qk_l2norm) -> Tensor:  # fmt: skip
+    rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, None, scale, use_qk_l2norm,
+                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices")  # fmt: skip
+    return _prefill_out(q, v)
+
+
+def fused_sigmoid_gating_delta_rule_update(
+    A_log: Tensor,
+    a: Tensor,
+    dt_bias: Tensor,
+    softplus_beta: float,
+    softplus_threshold: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    b: Tensor,
+    initial_state_source: Tensor,
+    initial_state_indices: Tensor,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> Tensor:
+    """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` as the op
+    ``gdn_nki::fused_sigmoid_gating_delta_rule_update`` (the pool declared mutated).
+
+    Dimensions, Args and Returns:
+        As ``gdn_nki.torch.fused_recurrent.fused_sigmoid_gating_delta_rule_update``: ``o``.
+    """
+    tensors = (A_log, a, dt_bias, q, k, v, b, initial_state_source)
+    if not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices), scale) or not all(
+        isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold)
+    ):
+        return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
+            A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
+            initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens,
+        )  # fmt: skip
+    fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
+    return fused_sigmoid_gating_op(A_log, a, dt_bias, q, k, v, b, initial_state_source, initial_state_indices,
+                                   cu_seqlens, float(softplus_beta), float(softplus_threshold), _scale(scale),
+                                   bool(use_qk_l2norm_in_kernel))  # fmt: skip
+
+
+def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any) -> bool:
+    """As ``_op_can_carry``, for the decode drop-ins (whose results the host path never put on a graph)."""
+    if not _one_device(tensors, indices):
+        return False
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+        return False
+    return scale is None or (isinstance(scale, numbers.Real) and not isinstance(scale, bool))
+
+
+def _one_device(tensors: tuple[Any, ...], indices: tuple[Any, ...]) -> bool:
+    """Every tensor argument a torch tensor (or None), all on one device: a call mixing devices (a CPU call with
+    one stray tensor, say) is the host path's to reject, naming the tensor."""
+    given = [x for x in (*tensors, *indices) if x is not None]
+    return all(is_torch_tensor(x) for x in given) and len({x.device.type for x in given}) <= 1
+
+
+def _scale(scale: Any) -> float | None:
+    return None if scale is None else float(scale)
+
+
+# --- AWS's gdn_tkg ----------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("gdn_nki::gdn_tkg", mutates_args=())
+def gdn_tkg_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    b: Tensor,
+    a: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    z: Tensor,
+    norm_weight: Tensor,
+    state_in: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """AWS's ``gdn_tkg`` (SDK 2.33, nkilib.experimental.gdn) on torch tensors, as the op ``gdn_nki::gdn_tkg``.
+
+    Dimensions:
+        BH: batch × value heads (row r: batch r // Hv, value head r % Hv). K, V: head dims. Hv: value heads.
+
+    Args:
+        q, k (Tensor): [BH, K], raw (the kernel L2-normalizes them), GQA-expanded; bfloat16 or float32.
+        v (Tensor): [BH, V]. b, a (Tensor): [BH] logits of β and the raw gate. A_log, dt_bias (Tensor): [Hv].
+        z (Tensor): [BH, V] the output gate. norm_weight (Tensor): [V]. state_in (Tensor): [BH, K, V] fp32, read.
+
+    Returns:
+        tuple: (out [BH, V] in q's dtype, state [BH, K, V] fp32, a new tensor).
+
+    Notes:
+        The rules are ``gdn_nki.gdn_tkg``'s (``gdn_ref.contract.validate_tkg``); the CPU also scans the values
+        (``gdn_nki.tkg_simulate``), a device trusts them.
+    """
+    return device.gdn_tkg(**locals())
+
+
+@gdn_tkg_op.register_kernel("cpu")
+def _gdn_tkg_cpu(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in) -> tuple[Tensor, Tensor]:
+    return gdn_tkg_host(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in)
+
+
+def gdn_tkg_host(*tensors: Tensor) -> tuple[Tensor, Tensor]:
+    """``gdn_tkg``'s CPU path: CPU tensors checked, viewed as numpy, run by ``gdn_nki.tkg_simulate`` (every rule,
+    the values included)."""
+    names = ("q", "k", "v", "b", "a", "A_log", "dt_bias", "z", "norm_weight", "state_in")
+    for name, x in zip(names, tensors, strict=True):
+        rules.check_tkg_tensor(name, x)
+    out, state = tkg_simulate(*(as_numpy(x.contiguous()) for x in tensors))
+    return as_torch(out), as_torch(state)
+
+
+@gdn_tkg_op.register_fake
+def _gdn_tkg_fake(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in) -> tuple[Tensor, Tensor]:
+    rules.tkg(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in)
+    return q.new_empty((q.shape[0], v.shape[1])), q.new_empty(tuple(state_in.shape), dtype=torch.float32)
+
+
+# The op itself is the drop-in: its arguments are all tensors, nothing to handle before it.
+gdn_tkg = gdn_tkg_op
