@@ -65,7 +65,7 @@ def conv_decode_step(
     if not found and not conv_pool.flags.writeable:
         found = [Violation("conv.pool_writable", "conv_pool", "a read-only array", "the conv-state pool is updated "
                            "IN PLACE, so it must be writable", "pass a writable array", CONV_STEP)]  # fmt: skip
-    reads, writes = ([], []) if found else _rows(state_indices, num_accepted_tokens)
+    _, reads, writes = ([], [], []) if found else _rows(state_indices, num_accepted_tokens)
     if not found and check_values:
         found = _finite("x", x) + _finite("weight", weight) + _finite("bias", bias)
         found = found or finite_rows_violations(conv_pool, reads)
