@@ -17,8 +17,8 @@ import gdn_nki
 
 SOURCE = Path(gdn_nki.__file__).parent
 # Rank of each layer folder ("" = the package root: the public modules); a module may import its own folder's
-# modules and those of a lower rank, never a higher or an equal one of another folder (cte and tkg share a rank).
-RANKS = {"": 4, "torch": 3, "host": 2, "cte": 1, "tkg": 1, "common": 0}
+# modules and those of a lower rank, never a higher or an equal one of another folder (the kernel families cte, tkg and conv share a rank).
+RANKS = {"": 4, "torch": 3, "host": 2, "cte": 1, "tkg": 1, "conv": 1, "common": 0}
 BACKEND = "gdn_nki.common.backend"
 
 

@@ -21,10 +21,12 @@ from gdn_ref.contract import ContractError
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
 from .common.backend import BACKEND_NAME
+from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
 from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
+from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
 from .host.prefill import prefill, prefill_varlen, simulate
 from .tkg.fused import gdn_tkg
@@ -46,7 +48,11 @@ __all__ = [
     "build_mask_pack",
     "configure_buckets",
     "configured_buckets",
+    "conv_decode_step",
+    "conv_prefill_bucket",
     "decode_step",
+    "gdn_conv1d_decode",
+    "gdn_conv1d_prefill",
     "gdn_cte",
     "gdn_cte_bucket",
     "gdn_cte_varlen",

@@ -1,0 +1,374 @@
+"""``gdn_conv_step``: the causal depthwise conv1d of a GatedDeltaNet layer's decode / verify step on a conv-state
+pool addressed on device (``gdn_ref.conv.causal_conv1d_decode_pool``).
+
+N requests × T new tokens each, C channels (q|k|v), kernel width W, a pool [P, C, L] of windows (the last L >= W − 1
+inputs of each request, channel-major, oldest first: vLLM's and HF's ``[.., dim, state_len]``) updated in place.
+Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, so one set of indices and one
+``num_accepted_tokens`` roll both states back:
+
+- ``state_indices`` [N]: request n reads row ``state_indices[n]`` and writes its window after the T tokens there;
+- [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
+  (``[n, 0]`` without it);
+- −1 is padding: every pool transfer it addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy",
+  SDK 2.33) and its outputs are zeros: act(0 · sum), the activation's per-partition scale set from a per-group
+  live mask (``_live_mask``), so every request's row of ``out`` is written without a row to look up. That holds
+  while the request's x is finite (0 · inf is NaN): the host scans x unless told not to.
+
+Layout: a request's data lives on ``PARTITIONS_PER_REQUEST`` (16) partitions, channel c = s·F + f on partition s of
+them (F = C / 16 consecutive channels per partition), so ``REQUESTS_PER_GROUP`` (8) requests fill the 128 partitions
+and every instruction works on 8 requests at once. Each partition's share of a pool row is one run of F·L elements
+(3 KiB for bf16 at C = 8192, L = 3) and of a token's inputs one run of F (1 KiB): DMA efficiency rises with
+contiguous bytes per descriptor (docs/nki-sources.md §4.4), and a layout with the 128 channels of a tile on
+partitions would move each request's elements in runs of L or 1 (6 or 2 bytes). Depthwise: each channel is
+independent, so any channel-to-partition map works as long as inputs, taps, windows and outputs share it.
+
+All arithmetic is fp32 (the DMA widens bf16 inputs and the activation narrows the output), as HF's fallback computes
+in the weight's dtype and vLLM's kernels accumulate in fp32. The groups run as a compiled loop (``nl.fori_loop``,
+SDK 2.33): the program does not grow with N; one compiled program per (N, T).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gdn_ref.conv_rules import conv_step_violations
+
+from ..common.backend import nisa, nki, nl
+from ..common.engines import GPSIMD, SCALAR
+from ..common.kernel_assert import assert_valid_call
+from ..common.request_rows import entry, request_rows
+from ..common.tiles import FP32, matmul, sbuf
+
+PARTITIONS_PER_REQUEST = 16  # runs of 1 KiB (x, out) and 3 KiB (windows) per partition at C = 8192, bf16
+REQUESTS_PER_GROUP = 128 // PARTITIONS_PER_REQUEST
+
+
+@nki.jit
+def gdn_conv_step(
+    x: Any,
+    conv_pool: Any,
+    weight: Any,
+    bias: Any,
+    state_indices: Any,
+    num_accepted_tokens: Any = None,
+    activation: str | None = "silu",
+) -> tuple[Any, Any]:
+    """Convolve T new tokens of N requests, each from its window in a conv-state pool, and store the windows.
+
+    Dimensions:
+        N: requests. T: new tokens each. C: channels, a multiple of 16. W: kernel width, 2..5. L >= W − 1: the
+        inputs a window holds. P: pool rows.
+
+    Args:
+        x (nl.NkiTensor): [N, T, C] @ HBM, float32 or bfloat16, token-major (as the projections give it).
+        conv_pool (nl.NkiTensor): [P, C, L] @ HBM, x's dtype (windows hold inputs: exact), MUTABLE: only rows named
+            by live requests are read or written.
+        weight (nl.NkiTensor): [C, W] @ HBM fp32 or bf16; tap W − 1 multiplies the current token.
+        bias (nl.NkiTensor): [C] @ HBM fp32 or bf16, or None.
+        state_indices (nl.NkiTensor): [N] or [N, T] int32 @ HBM: pool rows (module docstring); −1 = padding.
+        num_accepted_tokens (nl.NkiTensor): optional [N] int32 @ HBM, with [N, T] indices: the row to resume from.
+        activation (str | None): "silu" (Qwen3-Next) or None.
+
+    Returns:
+        tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests) and ``conv_pool`` (the same buffer).
+
+    Notes:
+        Trace-time rules (``gdn_ref.conv_rules.conv_step_violations``) stop the trace before anything is allocated;
+        the index values are device data: ``gdn_nki.conv_decode_step`` checks them on the host first.
+    """
+    assert_valid_call(conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation))
+    n_req, tokens, channels = x.shape
+    state_len, width = conv_pool.shape[2], weight.shape[1]
+    per_part = channels // PARTITIONS_PER_REQUEST
+    per_token = len(state_indices.shape) == 2
+    out = nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
+
+    groups = -(-n_req // REQUESTS_PER_GROUP)
+    sets = min(TILE_SETS, groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    trips = -(-groups // sets)
+    # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
+    # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
+    # and are outside x and out: their transfers are skipped.
+    total = trips * sets
+    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP, outputs=False)
+    taps, bias_column = _constants(weight, bias, per_part)
+    tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column) for _ in range(sets)]
+    live = _live_mask(state_indices, n_req, total)
+    shape = (tokens, state_len, width)
+    accepted = num_accepted_tokens is not None
+
+    def slots_of(g: Any) -> list[_Slot]:
+        return [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
+
+    # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
+    # before it in the same tile set is convolved, so the DMA moves one group while the engines convolve the others.
+    for s, tile_set in enumerate(tile_sets):
+        tile_set.load(x, conv_pool, slots_of(s))
+
+    def iteration(i: Any, ahead: bool = True) -> None:
+        for s, tile_set in enumerate(tile_sets):
+            g = i * sets + s
+            tile_set.convolve(taps, _column(live, g), shape, activation)
+            tile_set.store(out, conv_pool, slots_of(g))
+            if ahead:
+                tile_set.load(x, conv_pool, slots_of(g + sets))
+
+    # Every iteration but the last loads the next one's groups; the last, unrolled, loads nothing (its groups
+    # would be past the launch's, and the slot map would make them other groups' requests).
+    if trips > 2:
+        nl.fori_loop(0, trips - 1, iteration)
+    elif trips == 2:
+        iteration(0)
+    iteration(trips - 1, ahead=False)
+    return out, conv_pool
+
+
+BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)
+# SBUF bytes per partition the tile sets may take (of 212,984 usable: docs/nki-sources.md §2.9), the rest for the
+# constants; verification with every token's window kept at T = 4 fits two sets.
+SET_BUDGET = 160 * 1024
+TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+
+
+def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
+    """SBUF bytes per partition of one ``_TileSet``."""
+    io = 2 if x.dtype != FP32 else 4
+    kept = tokens if per_token else 1
+    return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
+
+
+class _Slot:
+    """One request slot of a group: its partitions and request index, and its rows (run-time scalars) loaded from
+    ``request_rows``' tiles only when asked: each ``scalar_load`` is a GpSimd instruction, and a slot's loads and
+    stores happen in different iterations of the pipeline."""
+
+    def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool):
+        self.part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
+        self.n = g + j * total  # request j·G + g (the kernel's map of slots)
+        self._rows, self._g, self._first = rows, g, j * total
+        self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+
+    def _load(self, tile: int, static: int, scale: int) -> Any:
+        return nisa.scalar_load(entry(self._rows[tile], static, self._g, scale))
+
+    def read_row(self) -> Any:
+        """The row the request's window is loaded from."""
+        if self._accepted:
+            return self._load(1, self._first, 1)
+        width = self._tokens if self._per_token else 1
+        return self._load(0, self._first * width, width)
+
+    def write_rows(self) -> tuple[Any, ...]:
+        """The rows its windows are stored to: one per token with per-token rows, else its read row."""
+        if not self._per_token:
+            return (self.read_row(),)
+        return tuple(self._load(0, self._first * self._tokens + t, self._tokens) for t in range(self._tokens))
+
+
+class _TileSet:
+    """The tiles one group of 8 requests is convolved in (allocated once: a compiled body touches the same tiles
+    every iteration): windows [128, F, L] and inputs [128, T, F] in x's dtype as loaded; the products of every tap
+    [128, F, T, W (+1: the bias)] and their sums [128, F, T] fp32; the outputs [128, T, F] and the windows to keep
+    [128, T or 1, F, L] in x's dtype, as stored."""
+
+    def __init__(
+        self,
+        dtype: Any,
+        per_part: int,
+        tokens: int,
+        state_len: int,
+        width: int,
+        per_token: bool | None,
+        bias_column: Any,
+        first_output: int = 0,
+    ):
+        """``per_token``: keep the window after every token (True), the last (False) or none (None);
+        ``first_output``: the first token whose output is computed (the tokens before it are a halo)."""
+        self.first_output = first_output
+        outputs = tokens - first_output
+        self.windows = sbuf((128, per_part, state_len), dtype)
+        self.inputs = sbuf((128, tokens, per_part), dtype)
+        # A padding slot's skipped loads leave defined values; set off the vector engine, which sums every group.
+        nisa.memset(dst=self.windows, value=0.0, engine=GPSIMD)
+        nisa.memset(dst=self.inputs, value=0.0, engine=GPSIMD)
+        terms = width + (bias_column is not None)
+        self.products = sbuf((128, per_part, outputs, terms), FP32)
+        if bias_column is not None:  # the bias as one more term of every sum, set once
+            for t in range(outputs):
+                nisa.activation(dst=self.products[:, :, t, width], op=nl.copy, data=bias_column, engine=SCALAR)
+        self.sums = sbuf((128, per_part, outputs), FP32)
+        self.result = sbuf((128, outputs, per_part), dtype)
+        self.kept = None
+        if per_token is not None:
+            self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+
+    def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
+        for slot in slots:
+            nisa.dma_copy(
+                dst=self.windows[slot.part], src=_pool_view(pool, slot.read_row()), oob_mode=nisa.oob_mode.skip
+            )
+            if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
+                nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
+
+    def convolve(self, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
+        """The group's conv over all 128 partitions (``_convolve``); ``live`` [128, 1] fp32 zeroes padding slots."""
+        _convolve(self, taps, live, shape, activation)
+
+    def store(self, out: Any, pool: Any, slots: list[_Slot]) -> None:
+        for slot in slots:
+            for t, row in enumerate(slot.write_rows()):
+                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+            if not isinstance(slot.n, int) or slot.n < out.shape[0]:  # every request's row, padding's zeros included
+                nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
+
+
+def _skip_if_scalar(n: Any) -> dict[str, Any]:
+    """A run-time request index past N (a loop's last group) is outside ``x``: its load is skipped."""
+    return {} if isinstance(n, int) else {"oob_mode": nisa.oob_mode.skip}
+
+
+def _pool_view(pool: Any, row: Any) -> Any:
+    """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
+    its L inputs (one contiguous run per partition)."""
+    _, channels, state_len = pool.shape
+    per_part = channels // PARTITIONS_PER_REQUEST
+    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
+    return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+
+
+def _input_view(tensor: Any, n: Any) -> Any:
+    """Request ``n``'s [T, C] rows of ``x`` or ``out`` as [16, T, F] (partition s: channels s·F .., per token);
+    ``n`` a trace-time int or a run-time scalar."""
+    _, tokens, channels = tensor.shape
+    per_part = channels // PARTITIONS_PER_REQUEST
+    pattern = [[per_part, PARTITIONS_PER_REQUEST], [channels, tokens], [1, per_part]]
+    if isinstance(n, int):
+        return tensor.ap(pattern=pattern, offset=n * tokens * channels)
+    return tensor.ap(pattern=pattern, offset=0, scalar_offset=n, indirect_dim=0)
+
+
+def _constants(weight: Any, bias: Any, per_part: int) -> tuple[Any, Any]:
+    """The taps [128, F, W] and the bias [128, F] (None without one), fp32, on every request slot's partitions.
+
+    Each is read from HBM once, onto one slot's 16 partitions, and copied to the other slots by the tensor engine
+    (a 0/1 selection as the stationary: partition p takes partition p mod 16, exact) — reading it once per slot
+    would move C·W elements 8 times.
+    """
+    replicate = _slot_replicator()
+    taps = _replicated(weight, (per_part, weight.shape[1]), replicate)
+    return taps, None if bias is None else _replicated(bias, (per_part,), replicate)
+
+
+def _in_dtype(select: Any, dtype: Any) -> Any:
+    """The 0/1 selection in ``dtype``: a matmul's operands share a precision (an fp32 operand pairs only with
+    fp32, ISA ``nc_matmul``), and 0/1 is exact in both."""
+    if dtype == FP32:
+        return select
+    narrow = sbuf(tuple(select.shape), dtype)
+    nisa.tensor_copy(dst=narrow, src=select)
+    return narrow
+
+
+def _slot_replicator() -> Any:
+    """[16, 128] fp32: 1 where partition p of the 128 is slot partition s (p ≡ s mod 16), else 0."""
+    offset = sbuf((PARTITIONS_PER_REQUEST, 128), FP32)  # p − s
+    nisa.iota(dst=offset, pattern=[[1, 128]], offset=0, channel_multiplier=-1)
+    select = sbuf((PARTITIONS_PER_REQUEST, 128), FP32)
+    nisa.memset(dst=select, value=0.0)
+    for j in range(REQUESTS_PER_GROUP):
+        block = select[:, j * PARTITIONS_PER_REQUEST : (j + 1) * PARTITIONS_PER_REQUEST]
+        nisa.tensor_scalar(dst=block, data=offset[:, 0:PARTITIONS_PER_REQUEST], op0=nl.equal, operand0=0.0)
+    return select
+
+
+def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
+    """A per-channel constant ([C] or [C, W] in HBM) as [128, F(, W)] fp32: loaded once onto 16 partitions
+    (partition s: channels s·F ..) and spread to the 8 slots by 0/1 matmuls in its own dtype (one PSUM bank of 512
+    fp32 columns each; a product with one nonzero term is exact), evacuated as fp32."""
+    size = 1
+    for n in inner:
+        size *= n
+    raw = sbuf((PARTITIONS_PER_REQUEST, size), tensor.dtype)
+    nisa.dma_copy(dst=raw, src=tensor.ap(pattern=[[size, PARTITIONS_PER_REQUEST], [1, size]], offset=0))
+    select = _in_dtype(select, tensor.dtype)
+    spread = sbuf((128, *inner), FP32)
+    flat = spread.reshape((128, size))
+    for start in range(0, size, BANK):
+        cols = slice(start, min(size, start + BANK))
+        product = matmul(select, raw[:, cols], stationary_onezero=True)
+        nisa.activation(dst=flat[:, cols], op=nl.copy, data=product, engine=SCALAR)
+    return spread
+
+
+def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
+    """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd),
+    their sums with the bias (one reduce, vector engine) — three engines, one instruction kind each, so a group's
+    work splits across them and each stream stays below the group's DMA time.
+
+    Token t's tap j reads input ``first + j + t`` of the series window ++ tokens (first = L − (W − 1)): the window
+    while that index is below L, the tokens after it; each part is one instruction per token.
+    """
+    tokens, state_len, width = shape
+    first = state_len - (width - 1)
+    inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
+    # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
+    # tiles are free for the next group's loads as soon as both have read them.
+    kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
+    for i, t in enumerate(kept_tokens):  # the window after token t: series inputs t + 1 .. t + L
+        kept = tiles.kept[:, i]
+        old = max(0, state_len - t - 1)  # entries still from the loaded window
+        if old:
+            nisa.activation(
+                dst=kept[:, :, 0:old], op=nl.copy, data=tiles.windows[:, :, t + 1 : t + 1 + old], engine=SCALAR
+            )
+        new = state_len - old
+        nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
+                        engine=SCALAR)  # fmt: skip
+    for t in range(tiles.first_output, tokens):
+        products = tiles.products[:, :, t - tiles.first_output]
+        from_window = min(width, max(0, state_len - first - t))
+        if from_window:
+            at = first + t
+            nisa.tensor_tensor(dst=products[:, :, 0:from_window], data1=tiles.windows[:, :, at : at + from_window],
+                               data2=taps[:, :, 0:from_window], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+        if from_window < width:
+            k0 = first + from_window + t - state_len
+            nisa.tensor_tensor(dst=products[:, :, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
+                               data2=taps[:, :, from_window:width], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+    nisa.tensor_reduce(dst=tiles.sums, op=nl.add, data=tiles.products, axis=3)
+    # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
+    # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
+    nisa.activation(dst=_token_last(tiles.result), op=nl.copy if activation is None else nl.silu, data=tiles.sums,
+                    scale=live, engine=SCALAR)  # fmt: skip
+
+
+def _live_mask(state_indices: Any, n_req: int, groups: int) -> Any:
+    """[128, groups] fp32: 1 on the partitions of slot j of group g when request j·G + g is live (its first index
+    is not −1), else 0 (padding, and requests past N): built once per launch from the index tensor, one contiguous
+    run of it per slot (``gdn_conv_step``'s slot map)."""
+    width = state_indices.size // n_req
+    first_rows = sbuf((128, groups * width), nl.int32)
+    nisa.memset(dst=first_rows, value=-1)
+    for j in range(REQUESTS_PER_GROUP):
+        count = min(groups, max(0, n_req - j * groups))
+        if count:
+            part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
+            src = state_indices.ap(pattern=[[0, PARTITIONS_PER_REQUEST], [1, count * width]], offset=j * groups * width)
+            nisa.dma_copy(dst=first_rows[part, 0 : count * width], src=src)
+    live = sbuf((128, groups), FP32)
+    firsts = first_rows.ap(pattern=[[groups * width, 128], [width, groups]], offset=0)
+    nisa.tensor_scalar(dst=live, data=firsts, op0=nl.greater_equal, operand0=0.0)
+    return live
+
+
+def _column(table: Any, g: Any) -> Any:
+    """Column ``g`` of an SBUF table as [P, 1]: a static slice, or a run-time ``nl.ds`` start on the free axis."""
+    return table[:, g : g + 1] if isinstance(g, int) else table[:, nl.ds(g, 1)]
+
+
+def _token_last(tile: Any) -> Any:
+    """A [P, T, F] tile seen as [P, F, T] (a strided view: the series is channel-major within a partition)."""
+    return tile.ap(
+        pattern=[[tile.shape[1] * tile.shape[2], tile.shape[0]], [1, tile.shape[2]], [tile.shape[2], tile.shape[1]]],
+        offset=0,
+    )

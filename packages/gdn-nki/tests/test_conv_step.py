@@ -1,0 +1,160 @@
+"""gdn_conv_step through ``gdn_nki.conv_decode_step`` against the fp64 conv oracle (``gdn_ref.conv``): outputs within
+gdn-spec's tolerance table, windows bit-exact, rows not named untouched, padding, rollback, one program per (N, T),
+and every rejection leaving the pool as it was."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gdn_nki
+from gdn_nki.common.backend import last_program_fingerprints
+from gdn_ref.contract import ContractError
+from gdn_ref.conv import causal_conv1d_decode_pool
+from gdn_spec.metrics import compare, describe
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _inputs(seed: int, dtype: str, N: int, T: int, C: int = 32, W: int = 4, L: int = 3, P: int = 40):
+    rng = np.random.default_rng(seed)
+    cd = DTYPES[dtype]
+    x = rng.standard_normal((N, T, C)).astype(cd)
+    pool = rng.standard_normal((P, C, L)).astype(cd)
+    weight = (0.5 * rng.standard_normal((C, W))).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(C)).astype(np.float32)
+    return rng, x, pool, weight, bias
+
+
+def _rows(rng: np.random.Generator, N: int, T: int, P: int, per_token: bool, padding: list[int]) -> np.ndarray:
+    rows = rng.permutation(P)[: N * T].reshape(N, T).astype(np.int32)
+    rows[padding] = -1
+    return rows if per_token else np.ascontiguousarray(rows[:, 0])
+
+
+def _check(x, pool, weight, bias, rows, accepted, activation, dtype) -> None:
+    before = pool.copy()
+    out, got = gdn_nki.conv_decode_step(x, pool, weight, bias, rows, accepted, activation=activation)
+    ref_out, ref_pool = causal_conv1d_decode_pool(x, weight, bias, before, rows, accepted, activation)
+    error = compare("out", out, ref_out, dtype)
+    assert error.ok, describe([error])
+    assert got is pool
+    # Windows hold inputs: every row (named or not) is the oracle's bit for bit, rows not named as they were.
+    np.testing.assert_array_equal(pool, ref_pool.astype(pool.dtype))
+    live = np.asarray(rows).reshape(len(rows), -1)[:, 0] >= 0
+    assert not np.asarray(out[~live], dtype=np.float64).any(), "a padding request's outputs are zeros"
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    N=st.integers(1, 11),
+    T=st.integers(1, 3),
+    W=st.integers(2, 5),
+    extra=st.integers(0, 1),
+    per_token=st.booleans(),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
+)
+def test_conv_step_matches_the_oracle(N, T, W, extra, per_token, dtype, seed, data) -> None:
+    rng, x, pool, weight, bias = _inputs(seed, dtype, N, T, W=W, L=W - 1 + extra)
+    padding = data.draw(st.lists(st.integers(0, N - 1), max_size=2, unique=True))
+    rows = _rows(rng, N, T, pool.shape[0], per_token, padding)
+    accepted = None
+    if per_token and data.draw(st.booleans()):
+        accepted = np.array([data.draw(st.integers(1, T)) for _ in range(N)], np.int32)
+    if data.draw(st.booleans()):  # the layer's own dtype: bf16 taps and bias (spread by bf16 0/1 matmuls, exact)
+        weight, bias = weight.astype(ml_dtypes.bfloat16), bias.astype(ml_dtypes.bfloat16)
+    _check(x, pool, weight, data.draw(st.sampled_from([bias, None])), rows, accepted,
+           data.draw(st.sampled_from(["silu", None])), dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("N", [19, 30, 50, 75])
+def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int) -> None:
+    """N = 19: three groups of 8 unrolled, 5 slots past N; 30: two iterations of three groups (the last unrolled);
+    50 and 75: a compiled loop of 2 and 3 iterations before it. Per-token rows, rollback, padding."""
+    rng, x, pool, weight, bias = _inputs(3, "bfloat16", N, 2, C=64, P=2 * N + 4)
+    rows = _rows(rng, N, 2, 2 * N + 4, True, [4, 17])
+    accepted = rng.integers(1, 3, N).astype(np.int32)
+    _check(x, pool, weight, bias, rows, accepted, "silu", "bfloat16")
+
+
+def test_hf_cache_layout_keeps_w_inputs_and_the_taps_read_the_last_w_minus_1() -> None:
+    """HF's cache keeps L = W inputs; the taps read its last W - 1 (not its first, as vLLM's non-speculative update
+    reads a longer row), and the window shifts by T."""
+    rng, x, pool, weight, bias = _inputs(13, "float32", 5, 2, W=4, L=4)
+    _check(x, pool, weight, bias, _rows(rng, 5, 2, pool.shape[0], False, [2]), None, "silu", "float32")
+
+
+def test_verify_then_resume_equals_decoding_the_accepted_tokens() -> None:
+    """Rollback as the recurrent state's: verify T = 3 on [N, T] rows, resume from [n, a - 1]; the windows and
+    outputs equal decoding the accepted tokens one at a time on [N] rows, bit for bit."""
+    rng, x, pool, weight, bias = _inputs(5, "float32", 3, 3)
+    rows = np.array([[0, 1, 2], [3, 4, 5], [6, 7, 8]], np.int32)
+    accepted = np.array([1, 3, 2], np.int32)
+    verify_pool = pool.copy()
+    gdn_nki.conv_decode_step(x, verify_pool, weight, bias, rows)
+    nxt = rng.standard_normal((3, 3, 32)).astype(np.float32)
+    out, _ = gdn_nki.conv_decode_step(nxt, verify_pool, weight, bias, rows, accepted)
+    for n in range(3):
+        one = pool.copy()
+        row = np.array([rows[n, 0]], np.int32)
+        for t in range(accepted[n]):
+            gdn_nki.conv_decode_step(x[n : n + 1, t : t + 1], one, weight, bias, row)
+        ref, _ = gdn_nki.conv_decode_step(nxt[n : n + 1, :1], one, weight, bias, row)
+        np.testing.assert_array_equal(out[n, 0], ref[0, 0])
+        np.testing.assert_array_equal(verify_pool[rows[n, 0]], one[rows[n, 0]])
+
+
+def test_one_program_whatever_the_rows() -> None:
+    rng, x, pool, weight, bias = _inputs(7, "float32", 10, 2)
+    prints = set()
+    for padding, per_token_acc in (([], [1] * 10), ([0, 9], [2] * 10), (list(range(10)), [1] * 10)):
+        rows = _rows(rng, 10, 2, pool.shape[0], True, padding)
+        gdn_nki.conv_decode_step(x, pool, weight, bias, rows, np.array(per_token_acc, np.int32))
+        prints.add(last_program_fingerprints())
+    assert len(prints) == 1
+
+
+REJECTIONS = {
+    "width": lambda c: c.update(weight=np.zeros((32, 6), np.float32)),
+    "window": lambda c: c.update(weight=np.zeros((32, 5), np.float32)),  # W - 1 = 4 > L = 3
+    "weight_channels": lambda c: c.update(weight=np.zeros((16, 4), np.float32)),
+    "pool_channels": lambda c: c.update(pool=np.zeros((40, 48, 3), np.float32)),
+    "bias": lambda c: c.update(bias=np.zeros(16, np.float32)),
+    "pool_dtype": lambda c: c.update(pool=np.zeros((40, 32, 3), ml_dtypes.bfloat16)),
+    "channels": lambda c: c.update(
+        x=np.zeros((2, 1, 24), np.float32),
+        weight=np.zeros((24, 4), np.float32),
+        pool=np.zeros((40, 24, 3), np.float32),
+        bias=None,
+    ),
+    "range": lambda c: c.update(rows=np.array([3, 40], np.int32)),
+    "distinct": lambda c: c.update(rows=np.array([5, 5], np.int32)),
+    "accepted": lambda c: c.update(
+        x=np.zeros((2, 2, 32), np.float32),
+        rows=np.array([[1, 2], [3, 4]], np.int32),
+        accepted=np.array([1, 3], np.int32),
+    ),
+    "activation": lambda c: c.update(activation="gelu"),
+    "pool_finite": lambda c: c["pool"].__setitem__((3, 0, 1), np.nan),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTIONS))
+def test_rejections_name_the_rule_and_leave_the_pool(case: str) -> None:
+    _, x, pool, weight, bias = _inputs(11, "float32", 2, 1)
+    call = dict(x=x[:, :1], pool=pool, weight=weight, bias=bias, rows=np.array([3, 7], np.int32), accepted=None,
+                activation="silu")  # fmt: skip
+    REJECTIONS[case](call)
+    before = call["pool"].copy()
+    with pytest.raises(ContractError) as raised:
+        gdn_nki.conv_decode_step(call["x"], call["pool"], call["weight"], call["bias"], call["rows"], call["accepted"],
+                                 activation=call["activation"])  # fmt: skip
+    rule = {"range": "state_indices.range", "distinct": "state_indices.distinct",
+            "accepted": "num_accepted_tokens.range"}.get(case, f"conv.{case}")  # fmt: skip
+    assert rule in {v.rule_id for v in raised.value.violations}, str(raised.value)
+    np.testing.assert_array_equal(call["pool"], before)

@@ -1,0 +1,176 @@
+"""The conv oracle against direct formulations: a per-channel numpy convolution, torch's ``F.conv1d`` (HF's prefill
+fallback) and HF's ``torch_causal_conv1d_update``; packed sequences, checkpoints, pools and rollback."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gdn_ref.conv import (
+    causal_conv1d_decode_pool,
+    causal_conv1d_prefill_pool,
+    causal_conv1d_varlen,
+    conv_from_window,
+)
+
+
+def _silu(y: np.ndarray) -> np.ndarray:
+    return y / (1.0 + np.exp(-y))
+
+
+def _direct(x: np.ndarray, window: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """y[t, c] = b[c] + Σ_j w[c, j] x̃[t + j] over the window's last W − 1 inputs then x, by np.convolve per channel
+    (a flipped kernel: np.convolve is a true convolution)."""
+    width = weight.shape[1]
+    out = np.empty(x.shape)
+    for c in range(x.shape[1]):
+        series = np.concatenate([window[c, window.shape[1] - (width - 1) :], x[:, c]])
+        out[:, c] = np.convolve(series, weight[c, ::-1], mode="valid") + bias[c]
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.integers(1, 9), channels=st.integers(1, 6), width=st.integers(2, 5), extra=st.integers(0, 2),
+       seed=st.integers(0, 2**31 - 1))  # fmt: skip
+def test_conv_from_window_is_the_direct_convolution(
+    tokens: int, channels: int, width: int, extra: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, channels))
+    window = rng.standard_normal((channels, width - 1 + extra))
+    weight, bias = rng.standard_normal((channels, width)), rng.standard_normal(channels)
+    out, windows = conv_from_window(x, window, weight, bias, "silu")
+    np.testing.assert_allclose(out, _silu(_direct(x, window, weight, bias)), rtol=1e-13, atol=1e-13)
+    series = np.concatenate([window, x.T], axis=1)
+    for t in range(tokens):  # the window after token t: the last L inputs up to it
+        np.testing.assert_array_equal(windows[t], series[:, t + 1 : t + 1 + window.shape[1]])
+
+
+def test_a_window_shorter_than_the_taps_is_refused() -> None:
+    with pytest.raises(ValueError, match="shorter"):
+        conv_from_window(np.zeros((2, 3)), np.zeros((3, 2)), np.zeros((3, 4)))
+
+
+def test_matches_torch_conv1d_prefill_and_hf_update() -> None:
+    torch = pytest.importorskip("torch")
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    rng = np.random.default_rng(3)
+    C, W, S, T = 6, 4, 11, 3
+    x = rng.standard_normal((S + T, C))
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    # HF's prefill fallback (``causal_conv1d_fn``: F.conv1d with W - 1 zeros of left padding, then SiLU); its
+    # cache keeps the last W inputs. Older transformers name the decode update ``torch_causal_conv1d_update``.
+    update = getattr(modeling, "causal_conv1d_update", None) or modeling.torch_causal_conv1d_update
+    xt = torch.from_numpy(x[:S].T[None].copy())
+    conv = torch.nn.functional.conv1d(
+        xt, torch.from_numpy(weight[:, None]), torch.from_numpy(bias), padding=W - 1, groups=C
+    )
+    ref = torch.nn.functional.silu(conv[..., :S])[0].T.numpy()
+    out, windows = conv_from_window(x[:S], np.zeros((C, W)), weight, bias, "silu")
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    if hasattr(modeling, "causal_conv1d_fn"):
+        hf_fn = modeling.causal_conv1d_fn(xt, torch.from_numpy(weight), torch.from_numpy(bias), activation="silu")
+        np.testing.assert_allclose(out, hf_fn[0].T.numpy(), rtol=1e-12, atol=1e-12)
+    # HF's decode update from that cache (L = W), T tokens at once; and from a cache of L = W - 1.
+    for length in (W, W - 1):
+        state = torch.from_numpy(windows[-1][:, W - length :][None].copy())
+        hf = update(torch.from_numpy(x[S:].T[None].copy()), state, torch.from_numpy(weight),
+                                                 torch.from_numpy(bias), activation="silu")  # fmt: skip
+        mine, after = conv_from_window(x[S:], windows[-1][:, W - length :], weight, bias, "silu")
+        np.testing.assert_allclose(mine, hf[0].T.numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(after[-1], state[0].numpy())
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=4), every=st.integers(1, 4), seed=st.integers(0, 2**31 - 1)
+)
+def test_packed_sequences_are_separate_runs_and_checkpoints_are_truncations(
+    lengths: list[int], every: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    C, W, L = 3, 4, 3
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    x = rng.standard_normal((int(cu[-1]), C))
+    windows = rng.standard_normal((len(lengths), C, L))
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    out, finals, checkpoints = causal_conv1d_varlen(x, weight, bias, cu, windows, "silu", every)
+    for i, (a, b) in enumerate(itertools.pairwise(cu)):
+        if a == b:
+            np.testing.assert_array_equal(finals[i], windows[i])
+            continue
+        alone, after = conv_from_window(x[a:b], windows[i], weight, bias, "silu")
+        np.testing.assert_array_equal(out[a:b], alone)
+        np.testing.assert_array_equal(finals[i], after[-1])
+        for k in range((b - a) // every):
+            cut = (k + 1) * every
+            _, truncated = conv_from_window(x[a : a + cut], windows[i], weight, bias, "silu")
+            np.testing.assert_array_equal(checkpoints[(i, k)], truncated[-1])
+    assert len(checkpoints) == sum(n // every for n in lengths)
+
+
+def test_prefill_pool_rows_minus_one_checkpoints_and_read_rows() -> None:
+    rng = np.random.default_rng(5)
+    C, W, L, P = 2, 4, 3, 8
+    lengths = [5, 0, 7, 2]
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    x = rng.standard_normal((int(cu[-1]), C))
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    pool = rng.standard_normal((P, C, L))
+    rows, reads = np.array([1, 2, -1, 3]), np.array([6, -1, -1, 3])
+    table = np.array([[4, -1], [5, -1], [0, 7], [-1, -1]])
+    _out, after = causal_conv1d_prefill_pool(x, weight, bias, cu, pool, rows, "silu", 3, table, reads)
+    _, ref_final, ref_ckpt = causal_conv1d_varlen(
+        x, weight, bias, cu, np.stack([pool[6], np.zeros((C, L)), np.zeros((C, L)), pool[3]]), "silu", 3
+    )
+    np.testing.assert_array_equal(after[1], ref_final[0])  # read row 6, ends in row 1
+    np.testing.assert_array_equal(after[3], ref_final[3])
+    np.testing.assert_array_equal(after[4], ref_ckpt[(0, 0)])
+    np.testing.assert_array_equal(after[0], ref_ckpt[(2, 0)])  # a -1 state row still stores its checkpoints
+    np.testing.assert_array_equal(after[7], ref_ckpt[(2, 1)])
+    for untouched in (2, 5, 6):  # an empty sequence's row, its checkpoint, a read-only row
+        np.testing.assert_array_equal(after[untouched], pool[untouched])
+
+
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(1, 4), seed=st.integers(0, 2**31 - 1), data=st.data())
+def test_verify_then_resume_equals_decoding_the_accepted_tokens(T: int, seed: int, data: st.DataObject) -> None:
+    rng = np.random.default_rng(seed)
+    N, C, W, L, P = 3, 4, 4, 3, 16
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    pool = rng.standard_normal((P, C, L))
+    rows = rng.permutation(P)[: N * T].reshape(N, T)
+    accepted = np.array([data.draw(st.integers(1, T)) for _ in range(N)])
+    x = rng.standard_normal((N, T, C))
+    start = rows[:, 0].copy()
+    out, after = causal_conv1d_decode_pool(x, weight, bias, pool, rows, None)  # verify from row [n, 0]
+    one = pool.copy()
+    for t in range(T):  # token by token on [N] rows
+        y, one = causal_conv1d_decode_pool(x[:, t : t + 1], weight, bias, one, start)
+        np.testing.assert_allclose(out[:, t], y[:, 0], rtol=1e-13, atol=1e-13)
+        if t + 1 in accepted:
+            for n in np.flatnonzero(accepted == t + 1):
+                np.testing.assert_array_equal(after[rows[n, t]], one[start[n]])
+    # The next step resumes from the accepted token's row: as if only the accepted tokens had been decoded.
+    nxt = rng.standard_normal((N, 1, C))
+    resumed, _ = causal_conv1d_decode_pool(np.repeat(nxt, T, axis=1), weight, bias, after, rows, accepted)
+    for n in range(N):
+        window = after[rows[n, accepted[n] - 1]]
+        ref, _ = conv_from_window(nxt[n], window, weight, bias, "silu")
+        np.testing.assert_allclose(resumed[n, 0], ref[0], rtol=1e-13)
+
+
+def test_decode_padding_reads_and_writes_nothing() -> None:
+    rng = np.random.default_rng(9)
+    C, W, P = 3, 4, 5
+    pool = rng.standard_normal((P, C, W - 1))
+    x = rng.standard_normal((3, 2, C))
+    out, after = causal_conv1d_decode_pool(x, rng.standard_normal((C, W)), None, pool, np.array([2, -1, 0]), None, None)
+    assert not out[1].any()
+    for row in (1, 3, 4):
+        np.testing.assert_array_equal(after[row], pool[row])
+    assert not np.array_equal(after[2], pool[2]) and not np.array_equal(after[0], pool[0])
