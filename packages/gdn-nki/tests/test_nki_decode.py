@@ -286,7 +286,7 @@ def test_a_padding_requests_rows_are_one_past_their_tensors_end() -> None:
     if gdn_nki.common.backend.USING_REAL_NKI:
         pytest.skip("calls the kernel's row computation through nki-cpu")
     import nki_cpu
-    from gdn_nki.tkg.step import _request_rows
+    from gdn_nki.common.request_rows import request_rows
     from nki_cpu import isa as nisa
     from nki_cpu import language as nl
 
@@ -295,7 +295,7 @@ def test_a_padding_requests_rows_are_one_past_their_tensors_end() -> None:
     @nki_cpu.jit
     def rows_of(indices):
         found = nl.ndarray((4, slots), dtype=nl.int32, buffer=nl.shared_hbm)
-        for k, tile in enumerate(_request_rows(indices, None, requests, 1, slots, pool_rows)):
+        for k, tile in enumerate(request_rows(indices, None, requests, 1, slots, pool_rows)):
             nisa.dma_copy(dst=found[k : k + 1, :], src=tile)
         return found
 

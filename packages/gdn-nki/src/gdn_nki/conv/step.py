@@ -90,7 +90,8 @@ def gdn_conv_step(
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
     # and are outside x and out: their transfers are skipped.
     total = trips * sets
-    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP, outputs=False)
+    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
+                        conv_pool.shape[0], outputs=False)  # fmt: skip
     taps, bias_column = _constants(weight, bias, per_part)
     tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column) for _ in range(sets)]
     live = _live_mask(state_indices, n_req, total)
@@ -149,7 +150,7 @@ class _Slot:
         self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
 
     def _load(self, tile: int, static: int, scale: int) -> Any:
-        return nisa.scalar_load(entry(self._rows[tile], static, self._g, scale))
+        return entry(self._rows[tile], static, self._g, scale)
 
     def read_row(self) -> Any:
         """The row the request's window is loaded from."""

@@ -27,11 +27,11 @@ from typing import Any
 
 from gdn_ref.contract import validate_step
 
-from ..common.backend import nisa, nki, nl
+from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call
-from ..common.tiles import FP32, load_scalar, sbuf
+from ..common.request_rows import entry, request_rows
 from .pipeline import Request, emit_requests
-from .recurrence import INT32, Constants, Gates, Shapes, allocate_out, zero_rows
+from .recurrence import Constants, Gates, Shapes, allocate_out, zero_rows
 
 # Requests one iteration of the compiled request loop runs (the program holds their instructions once, whatever
 # N): the software pipeline of ``decode_pipeline.emit_requests`` fills and drains within an iteration, so more requests
@@ -113,14 +113,7 @@ def gdn_step(
     # Every slot's row exists; those past N are past their tensor's end (skipped). A loop gets one spare slot, so that its program
     # (the tails' memsets included) is the same whatever N.
     slots = max(n_req, first + (trips * group - 1) * step + 1) + (trips > 1)
-    rows = _request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots, state_pool.shape[0])
-
-    def entry(tile: Any, static: int, base: Any, scale: int) -> Any:  # tile[0, base·scale + static], loaded
-        if isinstance(base, int):
-            at = base * scale + static
-            return nisa.scalar_load(tile[:, at : at + 1])
-        view = tile.ap(pattern=[[tile.shape[1], 1], [1, 1]], offset=static, scalar_offset=base * scale, indirect_dim=1)
-        return load_scalar(view, at_run_time=True)
+    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots, state_pool.shape[0])
 
     def requests(base: Any) -> Any:  # the group of requests base + first + j·step, j < group
         for j in range(group):
@@ -148,62 +141,3 @@ def gdn_step(
     else:
         nl.fori_loop(0, trips, iteration)
     return out, state_pool
-
-
-def _request_rows(
-    state_indices: Any, num_accepted_tokens: Any, n_req: int, tokens: int, slots: int, pool_rows: int
-) -> tuple[Any, ...]:
-    """Every request's rows, computed on device once per launch before any request's work (so no request's
-    loads wait on another's arithmetic), as int32 [1, ·] tiles: the pool rows of the indices ([1, slots·width]),
-    and per request n ([1, slots] each) the row it reads (``state_indices[n, num_accepted_tokens[n] - 1]`` with the
-    count clamped to [1, T], so a padding request's unchecked count still picks one of its -1s), the row of ``out``
-    it writes (n when live) and the row its zeros go to (n when padding). A padding index (-1), and every row a
-    request does not have (its ``out`` row when padding, its zeros' row when live; every row of the slots past N,
-    a compiled loop's last group) is the row one past its tensor's end (``pool_rows``, N): outside the tensor, so
-    the transfers it addresses are skipped (``oob_mode.skip``). Past the end, not -1: the pages say a runtime
-    out-of-bounds access is skipped, never how a negative offset is read (docs/nki-sources.md §6.26)."""
-    width = state_indices.size // n_req
-    tiles = [sbuf((1, slots * width), INT32), *(sbuf((1, slots), INT32) for _ in range(3))]
-    if slots > n_req:  # only the tails: the index load must not wait on a memset of its own tile
-        for tile, per_request, end in zip(tiles, (width, 1, 1, 1), (pool_rows, pool_rows, n_req, n_req), strict=True):
-            nisa.memset(dst=tile[:, n_req * per_request :], value=end)
-    given = sbuf((1, n_req * width), INT32)  # the indices as given (-1: padding)
-    nisa.dma_copy(dst=given, src=state_indices.ap(pattern=[[n_req * width, 1], [1, n_req * width]], offset=0))
-    _past_the_end(tiles[0][:, 0 : n_req * width], given, pool_rows)
-    as_float = sbuf((1, n_req, width), FP32)
-    nisa.tensor_copy(dst=as_float.reshape((1, n_req * width)), src=given)
-    read = sbuf((1, n_req), FP32)
-    if num_accepted_tokens is None:
-        nisa.tensor_copy(dst=read, src=as_float[:, :, 0])
-    else:
-        accepted = sbuf((1, n_req), INT32)
-        nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[n_req, 1], [1, n_req]], offset=0))
-        position = sbuf((1, n_req), FP32)  # clamp(count, 1, T) - 1
-        nisa.tensor_scalar(dst=position, data=accepted, op0=nl.maximum, operand0=1.0, op1=nl.minimum,
-                           operand1=float(tokens))  # fmt: skip
-        nisa.tensor_scalar(dst=position, data=position, op0=nl.subtract, operand0=1.0)
-        token = sbuf((1, n_req, width), FP32)
-        nisa.iota(dst=token, pattern=[[0, n_req], [1, width]], offset=0, channel_multiplier=0)
-        chosen = sbuf((1, n_req, width), FP32)
-        nisa.tensor_tensor(dst=chosen, data1=token, data2=position.expand_dim(2).broadcast(2, width), op=nl.equal)
-        nisa.tensor_tensor(dst=chosen, data1=chosen, data2=as_float, op=nl.multiply)
-        nisa.tensor_reduce(dst=read, op=nl.add, data=chosen, axis=2)
-    number = sbuf((1, n_req), FP32)  # n + 1
-    nisa.iota(dst=number, pattern=[[1, n_req]], offset=1, channel_multiplier=0)
-    live_number = sbuf((1, n_req), FP32)  # (read >= 0) · (n + 1)
-    nisa.scalar_tensor_tensor(dst=live_number, data=read, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply,
-                              operand1=number)  # fmt: skip
-    _past_the_end(tiles[1][:, 0:n_req], read, pool_rows)
-    padding_number = sbuf((1, n_req), FP32)  # (read < 0) · (n + 1)
-    nisa.tensor_tensor(dst=padding_number, data1=number, data2=live_number, op=nl.subtract)
-    # own − 1 is n where the row is the request's, else -1: moved past the end there, N
-    _past_the_end(tiles[2][:, 0:n_req], live_number, n_req, minus=1.0)
-    _past_the_end(tiles[3][:, 0:n_req], padding_number, n_req, minus=1.0)
-    return tuple(tiles)
-
-
-def _past_the_end(dst: Any, rows: Any, end: int, minus: float = 0.0) -> None:
-    """``dst`` = ``rows − minus`` (fp32, exact integers in [-1, end)) with -1 moved to ``end``, the row one past the
-    tensor's last: ``(rows − minus + end + 1) mod (end + 1)``, one instruction (the sum is never negative)."""
-    nisa.tensor_scalar(dst=dst, data=rows, op0=nl.add, operand0=float(end + 1) - minus, op1=nl.mod,
-                       operand1=float(end + 1))  # fmt: skip
