@@ -11,7 +11,7 @@ kept, the taps and the bias once, the indices — at one NeuronCore's share of T
 what the kernel moves beyond the necessary (nothing, today). The model's DMA floor is those bytes at 16 engines ×
 23 B/ns and each transfer's run efficiency.
 
-    python packages/gdn-nki/bench/bench_conv.py [--out FILE] [--quick]
+    python packages/gdn-nki/bench/bench_conv.py [--out DIR] [--quick] [--smoke]
 """
 
 from __future__ import annotations
@@ -107,21 +107,24 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Measure the cells, print the table, and write it to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown table here")
+    parser.add_argument("--out", type=Path, help="directory for bench_conv.md")
     parser.add_argument("--quick", action="store_true", help="N = 8 only")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="N = 8, T = 1 only (seconds; for CI)")
+    args = parser.parse_args(argv)
     rows = []
-    for requests in REQUESTS[:1] if args.quick else REQUESTS:
-        for tokens in (1, 4):
+    for requests in REQUESTS[:1] if args.quick or args.smoke else REQUESTS:
+        for tokens in (1,) if args.smoke else (1, 4):
             for keep in (False, True) if tokens > 1 else (False,):
                 rows.append(measure(requests, tokens, keep))
                 print(f"N={requests} T={tokens} {rows[-1].form}: {rows[-1].makespan_us:,.1f} us", flush=True)
     text = table(rows)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_conv.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ both alternating the two paths call by call:
 
 The figure is (host + added) / host, against issue 42's ≤ 1.05.
 
-    python packages/gdn-nki/bench/bench_torch_ops.py [--out DIR_OR_FILE] [--repeats N]
+    python packages/gdn-nki/bench/bench_torch_ops.py [--out DIR] [--repeats N] [--smoke]
 """
 
 from __future__ import annotations
@@ -152,21 +152,24 @@ def table(rows: list[tuple[str, float, float, float]], repeats: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Time the drop-ins both ways, print the table, and write it to ``--out`` (without torch: that it skipped)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown table here (a directory: torch_ops.md in it)")
+    parser.add_argument("--out", type=Path, help="directory for bench_torch_ops.md")
     parser.add_argument("--repeats", type=int, default=REPEATS)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="3 repeats (seconds; for CI: the script runs end to end)")
+    args = parser.parse_args(argv)
+    repeats = 3 if args.smoke else args.repeats
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("skipped: torch is not installed (pip install 'gdn-nki[torch]')")
-        return
-    text = table(measure(args.repeats), args.repeats)
+        text = "skipped: torch is not installed (pip install 'gdn-nki[torch]')"
+    else:
+        text = table(measure(repeats), repeats)
     print(text)
     if args.out:
-        path = args.out / "torch_ops.md" if args.out.is_dir() else args.out
-        path.write_text(text + "\n")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_torch_ops.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":
