@@ -20,8 +20,8 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from bench_context_parallel import measure as prefill_us  # gdn_cte's makespan at a shape (a sibling script)
 
-import gdn_nki
 import nki_cpu
 from gdn_nki.common.backend import nisa, nki, nl
 from nki_cpu.cost import estimate
@@ -64,23 +64,6 @@ def copy_us(tokens: int, key_heads: int, value_heads: int, head_dim: int) -> tup
         nki_cpu.simulate(kernel)(*args)
         times.append(max(estimate(trace).makespan_ns for trace in nki_cpu.last_traces()) / 1e3)
     return times[0], times[1]
-
-
-def prefill_us(tokens: int, key_heads: int, value_heads: int, head_dim: int) -> float:
-    """``gdn_cte``'s makespan (µs) at the same shape, nki-cpu's Trn2 model."""
-    rng = np.random.default_rng(1)
-    bf16 = ml_dtypes.bfloat16
-
-    def unit(shape: tuple[int, ...]) -> np.ndarray:
-        x = rng.standard_normal(shape)
-        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(bf16)
-
-    q, k = unit((1, key_heads, tokens, head_dim)), unit((1, key_heads, tokens, head_dim))
-    v = rng.standard_normal((1, value_heads, tokens, head_dim)).astype(bf16)
-    g = -rng.uniform(0.01, 0.1, (1, value_heads, tokens)).astype(np.float32)
-    beta = rng.uniform(0.1, 0.9, (1, value_heads, tokens)).astype(np.float32)
-    gdn_nki.simulate(q, k, v, g, beta, scale=head_dim**-0.5, mask_pack=gdn_nki.build_mask_pack(), check_values=False)
-    return max(estimate(trace).makespan_ns for trace in nki_cpu.last_traces()) / 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
