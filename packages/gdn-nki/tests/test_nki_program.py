@@ -40,7 +40,12 @@ def _counts(algorithm: str, lanes_: int, seq_len: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize(("algorithm", "chunk"), [("schur", 128), ("neumann", 64)])
 @pytest.mark.parametrize("lanes_", [1, 2])
-def test_the_program_does_not_grow_with_the_sequence(algorithm: str, chunk: int, lanes_: int) -> None:
+def test_the_program_does_not_grow_with_the_sequence(
+    monkeypatch: pytest.MonkeyPatch, algorithm: str, chunk: int, lanes_: int
+) -> None:
+    """At one unit group per iteration (a fixed body: ``lanes.LOOP_UNROLL`` = 1) the program is the same at S and
+    at S plus three iterations."""
+    monkeypatch.setattr(lanes, "LOOP_UNROLL", 1)
     unit = (GROUP if algorithm == "schur" else 8) * chunk  # neumann's units are 8 chunks whatever group_size says
     short = ONE_ITERATION * unit  # the loop runs once
     long = short + 3 * lanes.PIPELINE_DEPTH * unit  # four times, and as many periods left over (none)
@@ -89,6 +94,35 @@ def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.Mon
     assert trace.static_instructions == len(trace.records)
     for got, want in zip(looped, unrolled, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_long_run_loops_over_several_groups_per_iteration(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """Four iterations' worth of steady periods at one group each: ``lanes.loop_unroll`` puts two groups in each
+    iteration (two iterations, none left over), the program holds the two-group body once (it stops growing with
+    S), and the bits are those of one group per iteration."""
+    steady = 4 * lanes.PIPELINE_DEPTH  # periods
+    assert lanes.loop_unroll(steady, lanes.PIPELINE_DEPTH, lanes.LOOP_UNROLL) == 2, "re-size the test"
+    c = case(dtype, _geometry(1, (ONE_ITERATION + steady - lanes.PIPELINE_DEPTH) * GROUP * 128), seed=6,
+             regime="initial_state")  # fmt: skip
+    wide = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions < len(trace.records), "no compiled loop ran"
+    monkeypatch.setattr(lanes, "LOOP_UNROLL", 1)
+    narrow = run(c, "schur", group_size=GROUP)
+    assert nki_cpu.last_trace().static_instructions < trace.static_instructions, "the body did not widen"
+    for got, want in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_short_runs_keep_a_one_group_body() -> None:
+    """A run too short for two iterations of a wider body loops one group per iteration; a longer one takes the
+    widest body that still iterates twice."""
+    depth = lanes.PIPELINE_DEPTH
+    assert lanes.loop_unroll(2 * depth, depth, 3) == 1
+    assert lanes.loop_unroll(6 * depth - 1, depth, 3) == 2
+    assert lanes.loop_unroll(6 * depth, depth, 3) == 3
+    assert lanes.loop_unroll(100 * depth, depth, 3) == 3
 
 
 def _assert_same_bits_when_patched(

@@ -170,13 +170,16 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
 
 
 PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inverse, transition and chain
-# A compiled loop's iteration is this many times ``depth`` periods. The compiler ends every iteration with a drain
-# and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
+# A compiled loop's iteration is up to this many times ``depth`` periods. The compiler ends every iteration with a
+# drain and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
 # ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain: +13-16 % at
-# S = 8192 and 32768 at 1. At 3 that is +5.2 % at S = 32768, but the program grows 2.8x (static 5,291 -> 14,723) and
-# the shortest looped sequence triples, so the program tests' shapes no longer loop (PERFORMANCE.md, "Hardware
-# loops"): left at 1 until those tests are re-sized.
-LOOP_UNROLL = 1
+# S = 8192 and 32768 with one unit group per iteration. ``steady_states`` takes the largest unroll up to this that
+# still leaves the loop ``MIN_LOOP_ITERATIONS`` iterations, so long prefills pay the barrier a third as often while
+# short sequences (the program tests' shapes) keep a one-group body that really loops (PERFORMANCE.md,
+# "Hardware loops").
+LOOP_UNROLL = 3
+# Iterations a run must keep at an unroll above 1: with one iteration the body is the unrolled code again.
+MIN_LOOP_ITERATIONS = 2
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
@@ -427,13 +430,14 @@ class SteadyState:
     lane: Lane
     first_period: int
     last_period: int
+    unroll: int = 1
 
 
 def steady_states(
     units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, unroll: int = 1
 ) -> list[SteadyState]:
-    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth · unroll``
-    periods.
+    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth · u`` periods,
+    ``u`` the largest up to ``unroll`` that leaves the run ``MIN_LOOP_ITERATIONS`` iterations (else 1).
 
     Period p (the operands of unit p, the chain of unit p − depth + 1) qualifies when units p − depth + 1 .. p are all
     one full segment of the same lane and the oldest starts at a unit boundary of the lane (its state then starts
@@ -462,9 +466,10 @@ def steady_states(
         last = p
         while last + 1 < len(units) and steady(last + 1) is lane:
             last += 1
-        iterations = (last - p + 1) // (depth * unroll)
+        u = loop_unroll(last - p + 1, depth, unroll)
+        iterations = (last - p + 1) // (depth * u)
         if iterations:
-            found.append(SteadyState(lane, p, p + iterations * depth * unroll - 1))
+            found.append(SteadyState(lane, p, p + iterations * depth * u - 1, u))
         p = last + 1
     return found
 
@@ -545,6 +550,15 @@ def hand_over(units: list[Unit], index: int, state: State | None) -> None:
         units[index][0].entry = state
 
 
+def loop_unroll(periods: int, depth: int, unroll: int) -> int:
+    """Units of ``depth`` periods per iteration for a run of ``periods`` steady periods: the largest up to
+    ``unroll`` that keeps ``MIN_LOOP_ITERATIONS`` iterations, else 1 (a short run keeps a one-group body)."""
+    for u in range(unroll, 1, -1):
+        if periods // (depth * u) >= MIN_LOOP_ITERATIONS:
+            return u
+    return 1
+
+
 def bucket_group(lane: Lane, group_size: int) -> int:
     """The largest group up to ``group_size`` whose two tile sets with boundary tiles fit ``TWO_SETS_LIMIT`` (fp32
     at head dim 128: 13 where 16 is asked). The group is a schedule, not a numerical choice: each chunk's inverse
@@ -581,7 +595,7 @@ def _compiled_steady_state(pipe: Pipeline, run: SteadyState, units: list[Unit]) 
                             chunk_offset=offset * group)]  # fmt: skip
         return [Segment(lane, -1, group, False, False, entry=entry, start=index + offset * unit_tokens)]
 
-    span = depth * LOOP_UNROLL  # periods per iteration
+    span = depth * run.unroll  # periods per iteration
 
     def body(token: Any) -> None:
         if by_chunk:  # the chunks of the iteration's units, and each one's successor: their table columns
