@@ -238,13 +238,14 @@ def test_the_most_sequence_slots_a_bucket_has() -> None:
     _assert_exact(run, "N = 128")
 
 
-@pytest.mark.parametrize(("group_size", "n_chunks"), [(1, 6), (2, 7), (3, 16), (8, 41), (16, 35)])
+@pytest.mark.parametrize(("group_size", "n_chunks"), [(1, 6), (2, 7), (3, 16), (3, 60), (8, 41), (16, 35)])
 def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(group_size: int, n_chunks: int) -> None:
     """Sequences start exactly at unit boundaries (the previous unit's last link copies the entry into the next
     unit's entry tile) and one chunk after them (the entry read at its offset inside a unit), from a row, from zero
     and from a read row, with two column blocks; a group of 1 puts an empty sequence between them. With groups 3
     and 8 the bucket has five whole units, so those boundaries fall inside a compiled loop's iterations (chunk
-    indices at run time, the entry copied into the loop's state ring). Checkpoints every chunk, stored after each
+    indices at run time, the entry copied into the loop's state ring); at group 3 and 60 chunks the run is long enough
+for a body of several groups (``lanes.loop_unroll``). Checkpoints every chunk, stored after each
     sequence's first and last chunk and on either side of the unit boundaries; the last sequence ends at the
     bucket's last chunk."""
     g = group_size
