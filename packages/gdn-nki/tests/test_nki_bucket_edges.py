@@ -244,8 +244,8 @@ def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(group_size: i
     unit's entry tile) and one chunk after them (the entry read at its offset inside a unit), from a row, from zero
     and from a read row, with two column blocks; a group of 1 puts an empty sequence between them. With groups 3
     and 8 the bucket has five whole units, so those boundaries fall inside a compiled loop's iterations (chunk
-    indices at run time, the entry copied into the loop's state ring); at group 3 and 60 chunks the run is long enough
-for a body of several groups (``lanes.loop_unroll``). Checkpoints every chunk, stored after each
+    indices at run time, the entry copied into the loop's state ring); at group 3 and 60 chunks the run is long
+    enough for a body of several groups (``lanes.loop_unroll``). Checkpoints every chunk, stored after each
     sequence's first and last chunk and on either side of the unit boundaries; the last sequence ends at the
     bucket's last chunk."""
     g = group_size
