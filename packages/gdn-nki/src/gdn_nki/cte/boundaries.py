@@ -341,6 +341,14 @@ class InitialStates:
     the chain's path. A head is gathered when its lane's first chunks are loaded, before any of its states is
     stored (the stores before it write other heads), one DMA per slot: the first lane waits for its own [Dk, Dv]
     states only, and no copy of a later head's sits in the DMA queues ahead of the first chunks' loads.
+
+    Ordering this relies on and no page states (the end-checkpoint copy's question, issue 40 item 3): the chain's
+    load of slot ``i`` reads this tensor at a run-time slot what the gather's DMA wrote at a trace-time address
+    (read after write), and the gather reads pool row ``rows[i]`` at a run-time address before the chain's stores
+    write the pool at run-time rows (write after read). nki-cpu orders DMAs whose resolved bytes overlap
+    (COST_MODEL.md item 3), so both hold there; on hardware they hold if the compiler orders a run-time-addressed
+    access against every access to its tensor. Not made explicit yet: gathering into SBUF instead would take
+    N · Dv · 4 bytes per partition per head.
     """
 
     pool: Any
