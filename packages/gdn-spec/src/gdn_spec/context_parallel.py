@@ -60,7 +60,8 @@ class CpCase:
     gate_max: float = 0.4
     beta_min: float = 0.05
     beta_max: float = 1.0
-    fail_rank: int | None = None  # this rank passes a slice one token short: every rank must raise
+    fail_rank: int | None = None  # this rank passes a bad call: every rank must raise
+    fail: str = "short"  # what fail_rank gets wrong: "short" (its slice one token short) or "layout" (other cu_seqlens)
 
 
 # The standard cases: sequences spanning every rank and inside one, GQA, a pool with a −1 row, −inf resets on both
@@ -74,6 +75,7 @@ CASES = (
     CpCase("tp2-cp2", lengths=(200, 312), world=4, tp=2, key_heads=2, value_heads=4, rows=(0, 7), seed=4),
 )
 BAD_RANK = CpCase("bad-rank", lengths=(300, 212), world=2, rows=(5, 2), fail_rank=1)
+BAD_LAYOUT = CpCase("bad-layout", lengths=(300, 212), world=2, rows=(5, 2), fail_rank=1, fail="layout")
 
 
 def without_states(case: CpCase) -> CpCase:
@@ -139,13 +141,17 @@ def run_rank(rank: int, case: CpCase, port: int, out_dir: str, kernel_spec: str,
         tp_rank, cp_rank = rank % case.tp, rank // case.tp
         groups = [dist.new_group([t + case.tp * c for c in range(cp_size)]) for t in range(case.tp)]
         data = batch(case)
-        context = build_context(data["cu_seqlens"], groups[tp_rank])
+        cu_seqlens = data["cu_seqlens"]
+        if case.fail_rank == rank and case.fail == "layout":  # the same tokens per rank, a boundary moved by one
+            cu_seqlens = cu_seqlens.clone()
+            cu_seqlens[1] += 1
+        context = build_context(cu_seqlens, groups[tp_rank])
         part = sum(case.lengths) // cp_size
         tokens = slice(cp_rank * part, (cp_rank + 1) * part)
         key_heads, value_heads = heads_of(case, tp_rank)
         tensors = {n: data[n][:, tokens, key_heads] for n in ("q", "k")}
         tensors.update({n: data[n][:, tokens, value_heads] for n in ("v", "g", "beta")})
-        if case.fail_rank == rank:
+        if case.fail_rank == rank and case.fail == "short":
             tensors["q"] = tensors["q"][:, 1:]
         pool = data["pool"][:, value_heads].contiguous()
         rows = torch.tensor(case.rows) if case.rows else None
@@ -272,5 +278,5 @@ def _rel_rms(got: np.ndarray, want: np.ndarray) -> float:
 
 def check(kernel_spec: str, context_spec: str, states: bool = True, worlds: tuple[int, ...] = (2, 4)) -> dict:
     """Every standard case (states dropped for a kernel without them) and the bad-rank case: name → problems."""
-    cases = [c if states else without_states(c) for c in (*CASES, BAD_RANK) if c.world in worlds]
+    cases = [c if states else without_states(c) for c in (*CASES, BAD_RANK, BAD_LAYOUT) if c.world in worlds]
     return {case.name: judge(case, launch(case, kernel_spec, context_spec), kernel_spec) for case in cases}

@@ -54,6 +54,8 @@ class ContextParallel:
         post_num_ranks: how many later ranks this rank's last sequence continues onto.
         first_sequence: the global index of this rank's first piece's sequence.
         tokens_per_rank: the slice every rank holds.
+        layout: a fingerprint of the global ``cu_seqlens`` and the group's size this context was built from (every
+            rank's must agree: ranks built from different boundaries would compose each other's carries wrongly).
         sent_bytes: the bytes this rank sent in the collectives of its last call (the exchange is independent of
             the tokens; tests read it).
     """
@@ -67,6 +69,7 @@ class ContextParallel:
     post_num_ranks: int
     first_sequence: int
     tokens_per_rank: int
+    layout: int = 0
     sent_bytes: int = 0
 
     @property
@@ -121,6 +124,7 @@ def build_cp_context(
         post_num_ranks=last_rank - rank,
         first_sequence=first,
         tokens_per_rank=part,
+        layout=hash((world, *bounds)),  # ints hash alike in every process (no hash randomization)
     )
 
 
@@ -177,9 +181,16 @@ def context_parallel_prefill(
     context.sent_bytes = 0
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
     problem = _local_problem(q, v, context, initial_state, state_indices)
-    header = torch.tensor([q.shape[1], value_heads, dk, dv, 0 if problem is None else 1], dtype=torch.int64)
+    flag = 0 if problem is None else 1
+    header = torch.tensor([q.shape[1], value_heads, dk, dv, flag, context.layout], dtype=torch.int64)
     headers = _all_gather(context, header)
     _agree(context, headers, problem)
+    other = [r for r, h in enumerate(headers) if int(h[5]) != int(headers[0][5])]
+    if other:
+        ranks = ", ".join(f"rank {r}" for r in other)
+        raise _rejection("cu_seqlens", f"on {ranks} differs from rank 0's (or the group's size)", "every rank "
+                         "builds its context from the same global cu_seqlens on the same group", "pass every rank "
+                         "the whole batch's cu_seqlens; no rank ran or wrote anything")  # fmt: skip
     for name, column in (("tokens", 0), ("value heads", 1), ("K", 2), ("V", 3)):
         seen = sorted({int(h[column]) for h in headers})
         if len(seen) > 1:
