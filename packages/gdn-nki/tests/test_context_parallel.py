@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
 
-from gdn_spec.context_parallel import BAD_LAYOUT, BAD_RANK, CASES, CpCase, judge, launch
+from gdn_spec.context_parallel import ABSENT_RANK, BAD_LAYOUT, BAD_RANK, CASES, CpCase, judge, launch
 
 KERNEL = "gdn_nki.torch:chunk_gated_delta_rule"  # FLA's cp_context keyword
 CONTEXT = "gdn_nki.torch:build_cp_context"
 
 
-@pytest.mark.parametrize("case", [*CASES, BAD_RANK, BAD_LAYOUT], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [*CASES, BAD_RANK, BAD_LAYOUT, ABSENT_RANK], ids=lambda c: c.name)
 def test_context_parallel_equals_the_single_rank_prefill(case: CpCase) -> None:
     problems = judge(case, launch(case, KERNEL, CONTEXT), KERNEL)
     assert not problems, "\n".join(problems)

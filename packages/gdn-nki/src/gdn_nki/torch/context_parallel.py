@@ -14,7 +14,8 @@ and p are the segment run with zero values from the identity state. So every ran
    carries of the ranks its first sequence spans into its entry state S₀, and corrects: o += p S₀ on the first
    piece, its state M S₀ + L.
 
-Both passes are the kernel as it is (``chunk_gated_delta_rule``), so every gate it accepts — −inf resets, huge
+Both passes are the kernel as it is (``chunk_gated_delta_rule``): M comes from the kernel itself, as the final
+state of its identity-state run, not from a kernel entry point of its own; so every gate it accepts — −inf resets, huge
 gates — carries through exactly: a reset zeroes M and every later p. A sequence's final state comes back on the rank
 where it ends (a pool row is written there, and only there, once every rank has finished); initial states work on
 the rank where a sequence starts. Every collective runs under the group's timeout (``init_process_group(timeout=)``):
@@ -316,7 +317,11 @@ def _agree(context: ContextParallel, headers: list[Any], problem: str | None) ->
 def _all_gather(context: ContextParallel, tensor: Any) -> list[Any]:
     """``dist.all_gather`` of one tensor per rank, its bytes counted in ``context.sent_bytes``."""
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(context.group))]
-    dist.all_gather(gathered, tensor, group=context.group)
+    try:
+        dist.all_gather(gathered, tensor, group=context.group)
+    except RuntimeError as error:  # gloo's timeout or a peer gone: name what the caller can act on
+        raise RuntimeError(f"{CALLER}: a rank of the group did not reach the exchange within the group's timeout "
+                           f"(init_process_group(timeout=)); no rank wrote its pool rows ({error})") from error  # fmt: skip
     context.sent_bytes += tensor.numel() * tensor.element_size()
     return gathered
 
