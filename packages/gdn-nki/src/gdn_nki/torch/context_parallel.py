@@ -321,7 +321,7 @@ def _all_gather(context: ContextParallel, tensor: Any) -> list[Any]:
         dist.all_gather(gathered, tensor, group=context.group)
     except RuntimeError as error:  # gloo's timeout or a peer gone: name what the caller can act on
         raise RuntimeError(f"{CALLER}: a rank of the group did not reach the exchange within the group's timeout "
-                           f"(init_process_group(timeout=)); no rank wrote its pool rows ({error})") from error  # fmt: skip
+                           f"(init_process_group(timeout=)) or left the group; no rank wrote its pool rows ({error})") from error  # fmt: skip
     context.sent_bytes += tensor.numel() * tensor.element_size()
     return gathered
 
