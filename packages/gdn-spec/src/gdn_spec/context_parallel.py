@@ -25,6 +25,7 @@ import importlib
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ class CpCase:
     gate_max: float = 0.4
     beta_min: float = 0.05
     beta_max: float = 1.0
-    fail_rank: int | None = None  # this rank passes a slice one token short: every rank must raise
+    fail_rank: int | None = None  # this rank passes a bad call: every rank must raise
+    fail: str = "short"  # what fail_rank gets wrong: "short" (its slice one token short) or "layout" (other cu_seqlens), "absent"
 
 
 # The standard cases: sequences spanning every rank and inside one, GQA, a pool with a −1 row, −inf resets on both
@@ -74,6 +76,8 @@ CASES = (
     CpCase("tp2-cp2", lengths=(200, 312), world=4, tp=2, key_heads=2, value_heads=4, rows=(0, 7), seed=4),
 )
 BAD_RANK = CpCase("bad-rank", lengths=(300, 212), world=2, rows=(5, 2), fail_rank=1)
+ABSENT_RANK = CpCase("absent-rank", lengths=(300, 212), world=2, rows=(5, 2), fail_rank=1, fail="absent")
+BAD_LAYOUT = CpCase("bad-layout", lengths=(300, 212), world=2, rows=(5, 2), fail_rank=1, fail="layout")
 
 
 def without_states(case: CpCase) -> CpCase:
@@ -132,23 +136,32 @@ def run_rank(rank: int, case: CpCase, port: int, out_dir: str, kernel_spec: str,
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=case.world, timeout=datetime.timedelta(seconds=120))
+    timeout = datetime.timedelta(seconds=3 if case.fail == "absent" else 120)
+    dist.init_process_group("gloo", rank=rank, world_size=case.world, timeout=timeout)
     try:
         kernel, build_context = resolve(kernel_spec), resolve(context_spec)
         cp_size = case.world // case.tp
         tp_rank, cp_rank = rank % case.tp, rank // case.tp
         groups = [dist.new_group([t + case.tp * c for c in range(cp_size)]) for t in range(case.tp)]
         data = batch(case)
-        context = build_context(data["cu_seqlens"], groups[tp_rank])
+        cu_seqlens = data["cu_seqlens"]
+        if case.fail_rank == rank and case.fail == "layout":  # the same tokens per rank, a boundary moved by one
+            cu_seqlens = cu_seqlens.clone()
+            cu_seqlens[1] += 1
+        context = build_context(cu_seqlens, groups[tp_rank])
         part = sum(case.lengths) // cp_size
         tokens = slice(cp_rank * part, (cp_rank + 1) * part)
         key_heads, value_heads = heads_of(case, tp_rank)
         tensors = {n: data[n][:, tokens, key_heads] for n in ("q", "k")}
         tensors.update({n: data[n][:, tokens, value_heads] for n in ("v", "g", "beta")})
-        if case.fail_rank == rank:
+        if case.fail_rank == rank and case.fail == "short":
             tensors["q"] = tensors["q"][:, 1:]
         pool = data["pool"][:, value_heads].contiguous()
         rows = torch.tensor(case.rows) if case.rows else None
+        if case.fail_rank == rank and case.fail == "absent":  # never calls: the others must time out, not hang
+            time.sleep(6)
+            torch.save({"absent": True, "pool": pool}, Path(out_dir) / f"{rank}.pt")
+            return
         try:
             o = _call(kernel, tensors, context, pool, rows)[0]
             result = {"o": o, "pool": pool, "sent": getattr(context, "sent_bytes", None)}
@@ -249,10 +262,13 @@ def judge(case: CpCase, results: list[dict[str, Any]], kernel_spec: str) -> list
 
 
 def _judge_rejection(case: CpCase, results: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
-    """A malformed slice on one rank: every rank raises, naming that rank, and no rank's pool changed."""
-    problems = [f"rank {r} did not raise" for r, res in enumerate(results) if "error" not in res]
-    problems += [f"rank {r}'s error does not name rank {case.fail_rank}: {res['error'][:200]}"
-                 for r, res in enumerate(results) if "error" in res and f"rank {case.fail_rank}" not in res["error"]]  # fmt: skip
+    """A bad call on one rank (or a rank that never came): every rank raises, naming that rank (or, when it never
+    came, the timeout: no rank can know which), and no rank's pool changed."""
+    called = [(r, res) for r, res in enumerate(results) if "absent" not in res]
+    problems = [f"rank {r} did not raise" for r, res in called if "error" not in res]
+    named = "timeout" if case.fail == "absent" else f"rank {case.fail_rank}"
+    problems += [f"rank {r}'s error does not name {named}: {res['error'][:200]}" for r, res in called
+                 if named not in res.get("error", named)]  # fmt: skip
     _, heads = heads_of(case, 0)
     problems += [f"rank {r}'s pool changed" for r, res in enumerate(results)
                  if not np.array_equal(res["pool"].numpy(), data["pool"][:, heads].numpy())]  # fmt: skip
@@ -272,5 +288,5 @@ def _rel_rms(got: np.ndarray, want: np.ndarray) -> float:
 
 def check(kernel_spec: str, context_spec: str, states: bool = True, worlds: tuple[int, ...] = (2, 4)) -> dict:
     """Every standard case (states dropped for a kernel without them) and the bad-rank case: name → problems."""
-    cases = [c if states else without_states(c) for c in (*CASES, BAD_RANK) if c.world in worlds]
+    cases = [c if states else without_states(c) for c in (*CASES, BAD_RANK, BAD_LAYOUT) if c.world in worlds]
     return {case.name: judge(case, launch(case, kernel_spec, context_spec), kernel_spec) for case in cases}

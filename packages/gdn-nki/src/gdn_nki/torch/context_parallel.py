@@ -14,7 +14,8 @@ and p are the segment run with zero values from the identity state. So every ran
    carries of the ranks its first sequence spans into its entry state S₀, and corrects: o += p S₀ on the first
    piece, its state M S₀ + L.
 
-Both passes are the kernel as it is (``chunk_gated_delta_rule``), so every gate it accepts — −inf resets, huge
+Both passes are the kernel as it is (``chunk_gated_delta_rule``): M comes from the kernel itself, as the final
+state of its identity-state run, not from a kernel entry point of its own; so every gate it accepts — −inf resets, huge
 gates — carries through exactly: a reset zeroes M and every later p. A sequence's final state comes back on the rank
 where it ends (a pool row is written there, and only there, once every rank has finished); initial states work on
 the rank where a sequence starts. Every collective runs under the group's timeout (``init_process_group(timeout=)``):
@@ -54,6 +55,8 @@ class ContextParallel:
         post_num_ranks: how many later ranks this rank's last sequence continues onto.
         first_sequence: the global index of this rank's first piece's sequence.
         tokens_per_rank: the slice every rank holds.
+        layout: a fingerprint of the global ``cu_seqlens`` and the group's size this context was built from (every
+            rank's must agree: ranks built from different boundaries would compose each other's carries wrongly).
         sent_bytes: the bytes this rank sent in the collectives of its last call (the exchange is independent of
             the tokens; tests read it).
     """
@@ -67,6 +70,7 @@ class ContextParallel:
     post_num_ranks: int
     first_sequence: int
     tokens_per_rank: int
+    layout: int = 0
     sent_bytes: int = 0
 
     @property
@@ -121,6 +125,7 @@ def build_cp_context(
         post_num_ranks=last_rank - rank,
         first_sequence=first,
         tokens_per_rank=part,
+        layout=hash((world, *bounds)),  # ints hash alike in every process (no hash randomization)
     )
 
 
@@ -177,9 +182,16 @@ def context_parallel_prefill(
     context.sent_bytes = 0
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
     problem = _local_problem(q, v, context, initial_state, state_indices)
-    header = torch.tensor([q.shape[1], value_heads, dk, dv, 0 if problem is None else 1], dtype=torch.int64)
+    flag = 0 if problem is None else 1
+    header = torch.tensor([q.shape[1], value_heads, dk, dv, flag, context.layout], dtype=torch.int64)
     headers = _all_gather(context, header)
     _agree(context, headers, problem)
+    other = [r for r, h in enumerate(headers) if int(h[5]) != int(headers[0][5])]
+    if other:
+        ranks = ", ".join(f"rank {r}" for r in other)
+        raise _rejection("cu_seqlens", f"on {ranks} differs from rank 0's (or the group's size)", "every rank "
+                         "builds its context from the same global cu_seqlens on the same group", "pass every rank "
+                         "the whole batch's cu_seqlens; no rank ran or wrote anything")  # fmt: skip
     for name, column in (("tokens", 0), ("value heads", 1), ("K", 2), ("V", 3)):
         seen = sorted({int(h[column]) for h in headers})
         if len(seen) > 1:
@@ -305,7 +317,11 @@ def _agree(context: ContextParallel, headers: list[Any], problem: str | None) ->
 def _all_gather(context: ContextParallel, tensor: Any) -> list[Any]:
     """``dist.all_gather`` of one tensor per rank, its bytes counted in ``context.sent_bytes``."""
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(context.group))]
-    dist.all_gather(gathered, tensor, group=context.group)
+    try:
+        dist.all_gather(gathered, tensor, group=context.group)
+    except RuntimeError as error:  # gloo's timeout or a peer gone: name what the caller can act on
+        raise RuntimeError(f"{CALLER}: a rank of the group did not reach the exchange within the group's timeout "
+                           f"(init_process_group(timeout=)) or left the group; no rank wrote its pool rows ({error})") from error  # fmt: skip
     context.sent_bytes += tensor.numel() * tensor.element_size()
     return gathered
 
