@@ -335,7 +335,7 @@ def neuron(session: nox.Session) -> None:
     # compile, export, the device path's layouts) and the conformance suite through the drop-in on device tensors.
     # Never run yet (README, "Running on Trainium"): a failure here is the first news of the device path.
     session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_TORCH_PACKAGES)
-    session.run("pytest", "-q", *TORCH_OPS_TESTS, env=env)
+    session.run("pytest", "-q", *TORCH_OPS_TESTS, env={**env, "GDN_TORCH_DEVICE": NEURON_TORCH_DEVICE})
     session.run("gdn-spec", "check", "gdn_nki.torch:chunk_gated_delta_rule", "--adapter", "fla-torch:varlen=yes",
                 "--device", NEURON_TORCH_DEVICE, env=env)  # fmt: skip
 

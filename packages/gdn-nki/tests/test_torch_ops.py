@@ -21,6 +21,7 @@ import gdn_nki.torch_decode  # noqa: E402
 from gdn_nki.torch import ops  # noqa: E402
 from gdn_nki.traces import recording_launches  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
+from torch_device import DEVICE_VARIABLE, on_device, test_device  # noqa: E402
 
 # The originals' names: FLA's two, vLLM's pool variant (its own name here: vLLM reuses FLA's), vLLM / SGLang's
 # fused-gating update, AWS's gdn_tkg.
@@ -130,6 +131,36 @@ def _shapes(result: Any) -> list[Any]:
 
 def _fake(mode: FakeTensorMode, args: dict[str, Any]) -> dict[str, Any]:
     return {name: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for name, x in args.items()}
+
+
+def test_the_test_device_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GDN_TORCH_DEVICE picks the device the calls are built on (nox -s neuron sets it); unset means the CPU."""
+    monkeypatch.delenv(DEVICE_VARIABLE, raising=False)
+    assert test_device() == torch.device("cpu")
+    monkeypatch.setenv(DEVICE_VARIABLE, "meta")
+    assert test_device() == torch.device("meta")
+    moved = on_device(prefill_pool_call(), test_device())
+    assert all(x.device.type == "meta" for x in moved.values() if isinstance(x, torch.Tensor))
+    assert moved["bucket"] == (256, 4)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_each_drop_in_on_the_test_device_matches_the_cpu_path(name: str) -> None:
+    """On GDN_TORCH_DEVICE (the XLA device under nox -s neuron) each drop-in gives the CPU path's results, to the
+    fp32 kernel's rounding. Skipped on the CPU, where there is no second path to compare."""
+    device = test_device()
+    if device.type == "cpu":
+        pytest.skip("GDN_TORCH_DEVICE is the CPU: the device path is compared only on a device (nox -s neuron)")
+    drop_in, make = CALLS[name]
+    want = drop_in(**make())
+    got = drop_in(**on_device(make(), device))
+    want_items = want if isinstance(want, tuple) else (want,)
+    got_items = got if isinstance(got, tuple) else (got,)
+    for w, g in zip(want_items, got_items, strict=True):
+        assert (w is None) == (g is None)
+        if w is not None:
+            assert g.device.type == device.type
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", list(CALLS))
