@@ -24,6 +24,7 @@ from .contract import ContractError
 from .decode import decode_steps, fused_gates, gated_rms_norm, l2_normalize
 from .decode import gdn_tkg as gdn_tkg_reference
 from .inverse import neumann_inverse, schur_inverse, schur_inverse_blocked
+from .layer import LayerResult, gdn_layer_prefill
 from .masks import (
     N_MASKS,
     PLANE_EYE,
@@ -34,6 +35,7 @@ from .masks import (
     off_block_mask,
     off_neg_plane,
 )
+from .norm import gated_rms_norm_oracle
 from .recurrent import recurrent
 from .rounding import to_bf16_values
 
@@ -55,12 +57,15 @@ __all__ = [
     "PLANE_UPPER_NEG",
     "SUBBLOCK_NEUMANN",
     "ContractError",
+    "LayerResult",
     "build_mask_pack",
     "chunked",
     "decode_steps",
     "fused_gates",
     "gated_rms_norm",
+    "gated_rms_norm_oracle",
     "gdn_cte",
+    "gdn_layer_prefill",
     "gdn_tkg_reference",
     "l2_normalize",
     "neumann_inverse",
