@@ -1,0 +1,94 @@
+"""gdn_nki.torch's vLLM ``causal_conv1d_update`` drop-in: equal to gdn-ref's fp64 conv oracle, padding rows
+untouched, rejections by name with the pool unchanged, torch.compile without graph breaks, fake tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gdn_nki.torch.conv import causal_conv1d_update  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
+from gdn_ref.conv import conv_from_window  # noqa: E402
+
+N, C, W, T, P = 3, 32, 4, 2, 5
+
+
+def _inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, C, T, generator=g)
+    weight = torch.randn(C, W, generator=g) * 0.5
+    bias = torch.randn(C, generator=g)
+    pool = torch.randn(P, C, W - 1, generator=g)
+    return x, weight, bias, pool
+
+
+def _oracle(x, window, weight, bias):
+    out, windows = conv_from_window(x.T.numpy(), window.numpy(), weight.numpy(), bias.numpy(), "silu")
+    return out.T, windows[-1]
+
+
+def test_update_matches_oracle_and_leaves_padding_rows():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    rows = torch.tensor([3, -1, 0], dtype=torch.int32)
+    out = causal_conv1d_update(x, pool, weight, bias, "silu", rows)
+    for n, row in ((0, 3), (2, 0)):
+        want, window = _oracle(x[n], before[row], weight, bias)
+        np.testing.assert_allclose(out[n].numpy(), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(pool[row].numpy(), window, rtol=0, atol=1e-6)
+    assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])
+
+
+def test_single_token_and_custom_pad_slot_id():
+    x, weight, bias, pool = _inputs(1)
+    before = pool.clone()
+    rows = torch.tensor([4, 99, 1], dtype=torch.int32)
+    out = causal_conv1d_update(x[:, :, 0], pool, weight, bias, True, rows, pad_slot_id=99)
+    assert out.shape == (N, C)
+    want, window = _oracle(x[0, :, :1], before[4], weight, bias)
+    np.testing.assert_allclose(out[0].numpy(), want[:, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool[4].numpy(), window, rtol=0, atol=1e-6)
+    assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)), ("query_start_loc", torch.arange(N + 1)),
+     ("activation", "gelu")],
+)  # fmt: skip
+def test_rejections_name_the_argument_and_leave_the_pool(option, value):
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    with pytest.raises(ContractError, match=option):
+        causal_conv1d_update(x, pool, weight, bias, **{"activation": "silu", option: value})
+    assert torch.equal(pool, before)
+
+
+def test_out_of_range_row_rejected_pool_unchanged():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    with pytest.raises(ContractError):
+        causal_conv1d_update(x, pool, weight, bias, "silu", torch.tensor([0, P, 1], dtype=torch.int32))
+    assert torch.equal(pool, before)
+
+
+def test_compile_fullgraph_bit_equal_to_eager():
+    x, weight, bias, pool = _inputs(2)
+    rows = torch.tensor([2, -1, 4], dtype=torch.int32)
+    eager_pool = pool.clone()
+    eager = causal_conv1d_update(x, eager_pool, weight, bias, "silu", rows)
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv1d_update, fullgraph=True, backend="eager")
+    got = compiled(x, pool, weight, bias, "silu", rows)
+    assert torch.equal(got, eager) and torch.equal(pool, eager_pool)
+
+
+def test_fake_tensor_mode_gives_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, weight, bias, pool = _inputs()
+        out = causal_conv1d_update(x, pool, weight, bias, "silu", torch.zeros(N, dtype=torch.int32))
+    assert out.shape == (N, C, T)
