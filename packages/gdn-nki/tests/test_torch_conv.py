@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gdn_nki.torch.conv import causal_conv1d_update  # noqa: E402
+from gdn_nki.torch.conv import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_ref.conv import conv_from_window  # noqa: E402
 
@@ -92,3 +92,47 @@ def test_fake_tensor_mode_gives_shapes():
         x, weight, bias, pool = _inputs()
         out = causal_conv1d_update(x, pool, weight, bias, "silu", torch.zeros(N, dtype=torch.int32))
     assert out.shape == (N, C, T)
+
+
+def test_fn_matches_oracle_per_sequence_from_its_row():
+    g = torch.Generator().manual_seed(3)
+    lengths = [5, 0, 7, 3]
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    x = torch.randn(C, int(bounds[-1]), generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    pool = torch.randn(6, C, W - 1, generator=g)
+    before = pool.clone()
+    rows = torch.tensor([4, 2, -1, 1], dtype=torch.int32)
+    initial = torch.tensor([True, False, False, False])
+    out = causal_conv1d_fn(x, weight, bias, pool, bounds, rows, initial, "silu")
+    assert out.shape == x.shape
+    for i, row in enumerate(rows.tolist()):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        start = before[row] if bool(initial[i]) else torch.zeros(C, W - 1)
+        want, windows = conv_from_window(x[:, lo:hi].T.numpy(), start.numpy(), weight.numpy(), bias.numpy(), "silu")
+        np.testing.assert_allclose(out[:, lo:hi].T.numpy(), want, rtol=1e-5, atol=1e-5)
+        if row >= 0 and hi > lo:
+            np.testing.assert_allclose(pool[row].numpy(), windows[-1], rtol=0, atol=1e-6)
+    assert torch.equal(pool[[0, 2, 3, 5]], before[[0, 2, 3, 5]])  # 2: an empty sequence's row, not rewritten
+
+
+def test_fn_rejects_prefix_block_form_pool_unchanged():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    bounds = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ContractError, match="num_computed_tokens"):
+        causal_conv1d_fn(x[0], weight, bias, pool, bounds, num_computed_tokens=torch.zeros(1, dtype=torch.int32))
+    assert torch.equal(pool, before)
+
+
+def test_fn_compile_fullgraph_bit_equal_to_eager():
+    x, weight, bias, pool = _inputs(4)
+    packed = x.permute(1, 0, 2).reshape(C, N * T)
+    bounds = torch.arange(0, N * T + 1, T, dtype=torch.int32)
+    rows, initial = torch.tensor([1, 3, 0], dtype=torch.int32), torch.tensor([True, False, True])
+    eager_pool = pool.clone()
+    eager = causal_conv1d_fn(packed, weight, bias, eager_pool, bounds, rows, initial)
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv1d_fn, fullgraph=True, backend="eager")
+    got = compiled(packed, weight, bias, pool, bounds, rows, initial)
+    assert torch.equal(got, eager) and torch.equal(pool, eager_pool)

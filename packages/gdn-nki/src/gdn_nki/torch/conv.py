@@ -1,10 +1,12 @@
-"""vLLM's ``causal_conv1d_update`` on gdn-nki's conv decode kernel, as a ``torch.library`` custom op.
+"""vLLM's ``causal_conv1d_fn`` and ``causal_conv1d_update`` on gdn-nki's conv kernels, as ``torch.library`` custom
+ops.
 
-The drop-in reads only shapes, dtypes and non-tensor options, rejects by name what it cannot honour, maps vLLM's
+Each drop-in reads only shapes, dtypes and non-tensor options, rejects by name what it cannot honour, maps vLLM's
 layouts onto the host entry point's (x token-major [N, T, C]; the conv-state pool [P, C, L] is already vLLM's
-[num_cache_lines, dim, state_len]) and calls one op, ``gdn_nki::causal_conv1d_update``, whose CPU implementation is
-``gdn_nki.host.conv.conv_decode_step`` (every rule, the all-or-nothing pool commit) and whose fake implementation
-gives the output's shape.
+[num_cache_lines, dim, state_len]) and calls one op: ``gdn_nki::causal_conv1d_update``, whose CPU implementation is
+``gdn_nki.host.conv.conv_decode_step``, and ``gdn_nki::causal_conv1d_fn``, whose CPU implementation is
+``gdn_nki.host.conv.conv_prefill_bucket`` (every rule, the all-or-nothing pool commit); the fake implementations
+give the output's shape.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..host.conv import conv_decode_step
+from ..host.conv import conv_decode_step, conv_prefill_bucket
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
 
 torch = import_torch()
@@ -22,14 +24,20 @@ Tensor = torch.Tensor
 PAD_SLOT_ID = -1  # vLLM's padding row id (vllm.attention.backends.utils.PAD_SLOT_ID)
 
 
+def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's numpy view and the buffer the kernel updates: the view itself when contiguous, else a copy the op
+    writes back only once the call succeeded (a rejected call leaves the caller's pool as it was)."""
+    view = as_numpy(pool)
+    return view, view if view.flags.c_contiguous else np.ascontiguousarray(view)
+
+
 @torch.library.custom_op("gdn_nki::causal_conv1d_update", mutates_args=("conv_state",))
 def causal_conv1d_update_op(
     x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, rows: Tensor, activation: str | None
 ) -> Tensor:
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
     ``rows`` [N] (−1: padding, nothing read or written)."""
-    pool = as_numpy(conv_state)
-    staged = pool if pool.flags.c_contiguous else np.ascontiguousarray(pool)
+    pool, staged = _pool_buffer(conv_state)
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32), activation=activation,
@@ -95,11 +103,108 @@ def causal_conv1d_update(
     if conv_state_indices is None:
         rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     else:
-        rows = conv_state_indices.to(torch.int32)
-        if pad_slot_id != PAD_SLOT_ID:
-            rows = torch.where(rows == pad_slot_id, torch.full_like(rows, PAD_SLOT_ID), rows)
+        rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
     out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, act)
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
+
+
+@torch.library.custom_op("gdn_nki::causal_conv1d_fn", mutates_args=("conv_states",))
+def causal_conv1d_fn_op(
+    x: Tensor,
+    conv_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cu_seqlens: Tensor,
+    rows: Tensor,
+    read_rows: Tensor,
+    activation: str | None,
+) -> Tensor:
+    """The prefill of packed sequences: out [tokens, C] (x token-major); sequence i starts from pool row
+    ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored)."""
+    pool, staged = _pool_buffer(conv_states)
+    out, _ = conv_prefill_bucket(
+        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
+        read_indices=as_numpy(read_rows).astype(np.int32),
+    )  # fmt: skip
+    if staged is not pool:
+        pool[...] = staged  # published only once the call succeeded
+    return as_torch(np.ascontiguousarray(out)).clone()
+
+
+@causal_conv1d_fn_op.register_fake
+def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation) -> Tensor:
+    return torch.empty_like(x)
+
+
+def causal_conv1d_fn(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv_states: Tensor,
+    query_start_loc: Tensor,
+    cache_indices: Tensor | None = None,
+    has_initial_state: Tensor | None = None,
+    activation: str | None = "silu",
+    pad_slot_id: int = PAD_SLOT_ID,
+    block_idx_first_scheduled_token: Tensor | None = None,
+    block_idx_last_scheduled_token: Tensor | None = None,
+    initial_state_idx: Tensor | None = None,
+    num_computed_tokens: Tensor | None = None,
+    block_size_to_align: int = 0,
+    metadata: Any = None,
+    validate_data: bool = False,
+) -> Tensor:
+    """vLLM's ``causal_conv1d_fn``: the prefill conv of packed sequences, each from its conv-state pool row.
+
+    Dimensions:
+        tokens: packed tokens. n: sequences. C (dim): channels. W: width. L (state_len) >= W − 1. P: pool rows.
+
+    Args:
+        x (Tensor): [dim, tokens] (vLLM's channel-major packed layout), float32 or bfloat16.
+        weight (Tensor): [C, W]; bias (Tensor | None): [C].
+        conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
+        query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
+        cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored); None: row i.
+        has_initial_state (Tensor | None): [n] bool: start from the row's window (else an empty one); None: all
+            start empty.
+        activation (str | None): "silu" / "swish" or None.
+        block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, num_computed_tokens,
+            block_size_to_align: vLLM's prefix-caching block form — rejected by name (not supported yet).
+        metadata, validate_data: accepted (the host path validates every call).
+
+    Returns:
+        Tensor: out, x's shape and dtype.
+
+    Notes:
+        Bad input raises ``ContractError`` naming the argument; a rejected call leaves the pool as it was.
+    """
+    for name, value in (("block_idx_first_scheduled_token", block_idx_first_scheduled_token),
+                        ("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
+                        ("initial_state_idx", initial_state_idx), ("num_computed_tokens", num_computed_tokens),
+                        ("block_size_to_align", block_size_to_align or None)):  # fmt: skip
+        if value is not None:
+            raise rejection(name, repr(value) if not isinstance(value, Tensor) else "a tensor",
+                            f"gdn-nki's causal_conv1d_fn does not support {name} yet", f"leave {name} unset")  # fmt: skip
+    act = _activation(activation)
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [dim, tokens] (the sequences "
+                        "packed along tokens)", "pass x as vLLM's varlen layout, [dim, tokens]")  # fmt: skip
+    seqs = query_start_loc.shape[0] - 1
+    rows = (torch.arange(seqs, dtype=torch.int32, device=x.device) if cache_indices is None
+            else _pad_rows(cache_indices.to(torch.int32), pad_slot_id))  # fmt: skip
+    read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
+                 else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
+    out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32), rows,
+                              read_rows, act)  # fmt: skip
+    return out.t()
+
+
+def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
+    """vLLM's padding id mapped to the host path's −1."""
+    if pad_slot_id == PAD_SLOT_ID:
+        return rows
+    return torch.where(rows == pad_slot_id, torch.full_like(rows, PAD_SLOT_ID), rows)
 
 
 def _activation(activation: Any) -> str | None:
