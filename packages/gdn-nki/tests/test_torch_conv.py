@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gdn_nki.torch.conv import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+from gdn_nki.torch.conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_ref.conv import conv_from_window  # noqa: E402
 
@@ -136,3 +136,33 @@ def test_fn_compile_fullgraph_bit_equal_to_eager():
     compiled = torch.compile(causal_conv1d_fn, fullgraph=True, backend="eager")
     got = compiled(packed, weight, bias, pool, bounds, rows, initial)
     assert torch.equal(got, eager) and torch.equal(pool, eager_pool)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fla_causal_conv1d_matches_oracle_with_caches_and_residual(varlen):
+    g = torch.Generator().manual_seed(5)
+    lengths = [6, 2, 9] if varlen else [7, 7]
+    x = torch.randn(1 if varlen else 2, sum(lengths) if varlen else 7, C, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    residual = torch.randn(x.shape, generator=g)
+    initial = torch.randn(len(lengths), C, W, generator=g)
+    kept = initial.clone()
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32) if varlen else None
+    y, final = causal_conv1d(x, weight, bias, residual, initial, True, "silu", cu_seqlens=bounds)
+    assert torch.equal(initial, kept) and final.shape == initial.shape
+    flat, res = x.reshape(-1, C), residual.reshape(-1, C)
+    for i, n in enumerate(lengths):
+        lo = sum(lengths[:i])
+        want, windows = conv_from_window(
+            flat[lo : lo + n].numpy(), kept[i].numpy(), weight.numpy(), bias.numpy(), "silu"
+        )
+        np.testing.assert_allclose(
+            y.reshape(-1, C)[lo : lo + n].numpy(), want + res[lo : lo + n].numpy(), rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(final[i].numpy(), windows[-1], rtol=0, atol=1e-6)
+
+
+def test_fla_causal_conv1d_rejects_unknown_option():
+    x, weight, bias, _ = _inputs()
+    with pytest.raises(ContractError, match="seq_idx"):
+        causal_conv1d(x.transpose(1, 2), weight, bias, seq_idx=torch.zeros(1))

@@ -200,6 +200,75 @@ def causal_conv1d_fn(
     return out.t()
 
 
+def causal_conv1d(
+    x: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    residual: Tensor | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    activation: str | None = None,
+    backend: str | None = "triton",
+    cu_seqlens: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """FLA's ``causal_conv1d`` (``fla.modules.convolution``): the causal depthwise conv of a batch or of packed
+    sequences, forward only.
+
+    Dimensions:
+        B: batch (1 with ``cu_seqlens``). T: tokens. D: channels. W: width. N: sequences (B, or len(cu_seqlens) − 1).
+
+    Args:
+        x (Tensor): [B, T, D] float32 or bfloat16.
+        weight (Tensor): [D, W] (None, FLA's identity taps, is rejected); bias (Tensor | None): [D].
+        residual (Tensor | None): [B, T, D], added after the activation.
+        initial_state (Tensor | None): [N, D, W], FLA's cache layout (the last W inputs, oldest first; the taps read
+            its last W − 1); read only. None: empty windows.
+        output_final_state (bool): also return each sequence's final cache [N, D, W].
+        activation (str | None): "silu" / "swish" or None.
+        backend (str | None): FLA's implementation choice ("triton" / "cuda"); gdn-nki has one, so it is ignored.
+        cu_seqlens (Tensor | None): [N + 1] sequence bounds over the T tokens (B = 1).
+        **kwargs: FLA's precomputed index helpers (``cu_seqlens_cpu``, ``chunk_indices``) are accepted and unused;
+            any other name is rejected.
+
+    Returns:
+        tuple[Tensor, Tensor | None]: y [B, T, D] in x's dtype, and the final caches (or None).
+
+    Notes:
+        The conv runs as ``gdn_nki::causal_conv1d_fn`` on a pool of N rows holding the initial caches (the host
+        path's window of L = W inputs); nothing the caller passed is written.
+    """
+    unknown = sorted(set(kwargs) - {"cu_seqlens_cpu", "chunk_indices"})
+    if unknown:
+        raise rejection(unknown[0], repr(kwargs[unknown[0]]), f"gdn-nki's causal_conv1d has no option {unknown[0]}",
+                        f"drop {unknown[0]}")  # fmt: skip
+    if weight is None:
+        raise rejection("weight", "None", "gdn-nki's causal_conv1d needs the depthwise taps [D, W]",
+                        "pass the conv's weight")  # fmt: skip
+    act = _activation(activation)
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [B, T, D]", "pass x as [B, T, D]")
+    batch, tokens, dim = x.shape
+    if cu_seqlens is None:
+        bounds = torch.arange(0, (batch + 1) * tokens, max(tokens, 1), dtype=torch.int32, device=x.device)[: batch + 1]
+    elif batch != 1:
+        raise rejection("x", f"shape {tuple(x.shape)}", "with cu_seqlens the sequences are packed along T, so B is 1",
+                        "pass x.reshape(1, -1, D)")  # fmt: skip
+    else:
+        bounds = cu_seqlens.to(torch.int32)
+    seqs = bounds.shape[0] - 1
+    width = weight.shape[-1]
+    pool = (x.new_zeros((seqs, dim, width)) if initial_state is None
+            else initial_state.to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
+    rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
+    read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
+    out = causal_conv1d_fn_op(x.reshape(batch * tokens, dim).contiguous(), pool, weight, bias, bounds, rows,
+                              read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+    if residual is not None:
+        out = out + residual
+    return out, (pool if output_final_state else None)
+
+
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
     """vLLM's padding id mapped to the host path's −1."""
     if pad_slot_id == PAD_SLOT_ID:
