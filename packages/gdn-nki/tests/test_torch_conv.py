@@ -166,3 +166,32 @@ def test_fla_causal_conv1d_rejects_unknown_option():
     x, weight, bias, _ = _inputs()
     with pytest.raises(ContractError, match="seq_idx"):
         causal_conv1d(x.transpose(1, 2), weight, bias, seq_idx=torch.zeros(1))
+
+
+def _hf_fallbacks():
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    return modeling.causal_conv1d_update, modeling.causal_conv1d_fn
+
+
+def test_update_equals_hf_torch_fallback_on_gathered_rows():
+    hf_update, _ = _hf_fallbacks()
+    x, weight, bias, pool = _inputs(6)
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32)
+    hf_state = pool[rows.long()].clone()
+    want = hf_update(x, hf_state, weight, bias, activation="silu")
+    got = causal_conv1d_update(x, pool, weight, bias, "silu", rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool[rows.long()], hf_state, rtol=0, atol=0)
+
+
+def test_fn_equals_hf_torch_fallback_from_empty_windows():
+    _, hf_fn = _hf_fallbacks()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, C, 9, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    want = hf_fn(x, weight, bias, activation="silu")
+    pool = torch.zeros(2, C, W - 1)
+    bounds = torch.tensor([0, 9, 18], dtype=torch.int32)
+    got = causal_conv1d_fn(x.permute(1, 0, 2).reshape(C, 18), weight, bias, pool, bounds)
+    torch.testing.assert_close(got.reshape(C, 2, 9).permute(1, 0, 2), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool, x[:, :, -(W - 1) :], rtol=0, atol=0)
