@@ -195,3 +195,20 @@ def test_fn_equals_hf_torch_fallback_from_empty_windows():
     got = causal_conv1d_fn(x.permute(1, 0, 2).reshape(C, 18), weight, bias, pool, bounds)
     torch.testing.assert_close(got.reshape(C, 2, 9).permute(1, 0, 2), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pool, x[:, :, -(W - 1) :], rtol=0, atol=0)
+
+
+def test_gdn_spec_vllm_conv_adapter_matches_the_family_reference():
+    from gdn_spec.conv.adapters import reference, vllm_update
+
+    x, weight, bias, pool = (t.numpy() for t in _inputs(8))
+    tokens = np.ascontiguousarray(np.swapaxes(x, 1, 2))  # the family's [N, T, C]
+    rows = np.array([2, -1, 4], np.int32)
+    ours, theirs = pool.copy(), pool.copy()
+    out, _ = vllm_update(causal_conv1d_update)(tokens, ours, weight, bias, rows)
+    want, _ = reference()(tokens, theirs, weight, bias, rows)
+    np.testing.assert_allclose(out[[0, 2]], want[[0, 2]], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    kept = ours.copy()
+    with pytest.raises(ContractError):
+        vllm_update(causal_conv1d_update)(tokens, ours, weight[:, :2].copy(), bias, np.array([2, 2, 4], np.int32))
+    assert np.array_equal(ours, kept)
