@@ -212,3 +212,15 @@ def test_gdn_spec_vllm_conv_adapter_matches_the_family_reference():
     with pytest.raises(ContractError):
         vllm_update(causal_conv1d_update)(tokens, ours, weight[:, :2].copy(), bias, np.array([2, 2, 4], np.int32))
     assert np.array_equal(ours, kept)
+
+
+def test_fla_causal_conv1d_compile_fullgraph_bit_equal_to_eager():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 11, C, generator=g)
+    weight, initial = torch.randn(C, W, generator=g), torch.randn(2, C, W, generator=g)
+    bounds = torch.tensor([0, 4, 11], dtype=torch.int32)
+    eager = causal_conv1d(x, weight, None, None, initial, True, "silu", cu_seqlens=bounds)
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv1d, fullgraph=True, backend="eager")
+    got = compiled(x, weight, None, None, initial, True, "silu", cu_seqlens=bounds)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
