@@ -199,6 +199,17 @@ def thirdparty(session: nox.Session) -> None:
         f"{HF_QWEN3_NEXT}:torch_recurrent_gated_delta_rule",
         "hf-decode",
     )
+    # The conv family (``python -m gdn_spec.conv``, its verdicts printed; not yet rows of the table, which
+    # ``gdn-spec check`` summaries make): HF's torch fallbacks through their pool / cache glue, and gdn-nki's vLLM
+    # drop-in called in vLLM's pool form (−1 rows, rejections).
+    conv_checks = (
+        (f"{HF_QWEN3_NEXT}:causal_conv1d_update", "hf-conv", [0, 1]),
+        (f"{HF_QWEN3_NEXT}:causal_conv1d_fn", "hf-conv-fn", [0, 1]),
+        ("gdn_nki.torch:causal_conv1d_update", "vllm-conv", [0]),
+    )
+    for spec, adapter, codes in conv_checks:
+        session.run("python", "-m", "gdn_spec.conv", spec, "--adapter", adapter, env=SINGLE_THREAD_BLAS,
+                    success_codes=codes)  # fmt: skip
     session.install("flash-linear-attention>=0.4")
     # FLA's naive references: pure torch, one head count for q, k and v (the adapter repeats key heads).
     check("FLA naive_chunk_gated_delta_rule", f"{FLA_NAIVE}:naive_chunk_gated_delta_rule", "fla-torch:gqa=repeat")
@@ -253,6 +264,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_compile.py",
     "packages/gdn-nki/tests/test_torch_device.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
+    "packages/gdn-nki/tests/test_torch_conv.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.

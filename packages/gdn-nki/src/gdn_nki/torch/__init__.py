@@ -9,6 +9,8 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
   variant of it (same original name in vLLM, so exported under its own here); ``fused_sigmoid_gating_delta_rule_update``:
   vLLM's / SGLang's fused-gating update (host path: ``fused_recurrent.py``; also public as ``gdn_nki.torch_decode``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
+- ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
+  ``causal_conv1d``: FLA's conv (``conv.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
 - ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
   (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
@@ -16,6 +18,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 
 from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
+from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
 from .ops import (
     chunk_gated_delta_rule,
     fused_recurrent_gated_delta_rule,
@@ -28,6 +31,9 @@ from .values import check_values
 __all__ = [
     "ContextParallel",
     "build_cp_context",
+    "causal_conv1d",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
     "check_values",
     "chunk_gated_delta_rule",
     "context_parallel_chunk_gated_delta_rule",

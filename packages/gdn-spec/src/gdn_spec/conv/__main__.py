@@ -1,4 +1,4 @@
-"""``python -m gdn_spec.conv MODULE:CALLABLE [--adapter hf-conv|hf-conv-fn] [--seed N]``: the conv family on a
+"""``python -m gdn_spec.conv MODULE:CALLABLE [--adapter hf-conv|hf-conv-fn|vllm-conv] [--seed N]``: the conv family on a
 kernel (its prefill checks for a kernel declaring ``gdn_spec_conv_prefill_capabilities``), its verdicts as a
 table; exit status 1 when a check fails."""
 

@@ -7,6 +7,10 @@
   offered (``per_token_rows`` False), and it checks nothing (the math profile: ``rejections`` False).
 - ``hf_conv_fn(fn)``: HF's prefill conv ``causal_conv1d_fn`` through its layer's cache glue (a prefill-family
   kernel: ``prefill.py``).
+- ``vllm_update(fn)``: vLLM's ``causal_conv1d_update`` (x [N, C, T], the pool [P, C, L] updated in place at
+  ``conv_state_indices`` [N], −1: padding): the pool crosses as a tensor and comes back only when the call returns,
+  so a rejected call leaves it as it was; [N] rows (vLLM's ``num_accepted_tokens`` is a different rollback form),
+  rejections by ``ContractError`` (the api profile).
 - ``reference()``: the fp64 oracle as a kernel (in-place pool, the oracle's rejections by ``gdn_ref.conv_rules``),
   the family's own yardstick and the base of its power tests.
 """
@@ -52,6 +56,29 @@ def hf_update(fn: Callable[..., Any], device: str | None = None) -> Callable[...
 
     setattr(kernel, CAPABILITIES_ATTR, {"name": f"HF {getattr(fn, '__name__', 'conv update')} (pool glue)",
                                         "per_token_rows": False, "rejections": False})  # fmt: skip
+    return kernel
+
+
+def vllm_update(fn: Callable[..., Any], device: str | None = None) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
+    """vLLM's pool-native decode conv (module docstring)."""
+    io = TorchIO.create(device)
+
+    def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None = None, *,
+               activation: str | None = "silu") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        if np.ndim(state_indices) != 1 or num_accepted_tokens is not None:
+            raise ValueError("vLLM's update takes [N] rows here")
+        pool = io.to_kernel(np.ascontiguousarray(conv_pool))
+        hidden = io.to_kernel(np.ascontiguousarray(np.swapaxes(np.asarray(x), 1, 2)))
+        b = None if bias is None else io.to_kernel(np.ascontiguousarray(bias))
+        rows = io.to_kernel(np.ascontiguousarray(np.asarray(state_indices).astype(np.int32)))
+        result = fn(hidden, pool, io.to_kernel(np.ascontiguousarray(weight)), b, activation, rows)
+        conv_pool[...] = io.from_kernel(pool)
+        return np.swapaxes(io.from_kernel(result), 1, 2), conv_pool
+
+    setattr(kernel, CAPABILITIES_ATTR, {"name": f"vLLM-form {getattr(fn, '__module__', '')}."
+                                                f"{getattr(fn, '__name__', 'causal_conv1d_update')}",
+                                        "per_token_rows": False, "rejections": True})  # fmt: skip
     return kernel
 
 
@@ -131,6 +158,6 @@ def reference_prefill() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
     return kernel
 
 
-ADAPTERS = {"hf-conv": hf_update, "hf-conv-fn": hf_conv_fn}
+ADAPTERS = {"hf-conv": hf_update, "hf-conv-fn": hf_conv_fn, "vllm-conv": vllm_update}
 
-__all__ = ["ADAPTERS", "ConvCapabilities", "hf_conv_fn", "hf_update", "reference", "reference_prefill"]
+__all__ = ["ADAPTERS", "ConvCapabilities", "hf_conv_fn", "hf_update", "reference", "reference_prefill", "vllm_update"]

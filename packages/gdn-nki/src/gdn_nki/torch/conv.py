@@ -1,0 +1,286 @@
+"""vLLM's ``causal_conv1d_fn`` and ``causal_conv1d_update`` on gdn-nki's conv kernels, as ``torch.library`` custom
+ops.
+
+Each drop-in reads only shapes, dtypes and non-tensor options, rejects by name what it cannot honour, maps vLLM's
+layouts onto the host entry point's (x token-major [N, T, C]; the conv-state pool [P, C, L] is already vLLM's
+[num_cache_lines, dim, state_len]) and calls one op: ``gdn_nki::causal_conv1d_update``, whose CPU implementation is
+``gdn_nki.host.conv.conv_decode_step``, and ``gdn_nki::causal_conv1d_fn``, whose CPU implementation is
+``gdn_nki.host.conv.conv_prefill_bucket`` (every rule, the all-or-nothing pool commit); the fake implementations
+give the output's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..host.conv import conv_decode_step, conv_prefill_bucket
+from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
+
+torch = import_torch()
+Tensor = torch.Tensor
+
+PAD_SLOT_ID = -1  # vLLM's padding row id (vllm.attention.backends.utils.PAD_SLOT_ID)
+
+
+def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's numpy view and the buffer the kernel updates: the view itself when contiguous, else a copy the op
+    writes back only once the call succeeded (a rejected call leaves the caller's pool as it was)."""
+    view = as_numpy(pool)
+    return view, view if view.flags.c_contiguous else np.ascontiguousarray(view)
+
+
+@torch.library.custom_op("gdn_nki::causal_conv1d_update", mutates_args=("conv_state",))
+def causal_conv1d_update_op(
+    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, rows: Tensor, activation: str | None
+) -> Tensor:
+    """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
+    ``rows`` [N] (−1: padding, nothing read or written)."""
+    pool, staged = _pool_buffer(conv_state)
+    out, _ = conv_decode_step(
+        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        np.ascontiguousarray(as_numpy(rows)).astype(np.int32), activation=activation,
+    )  # fmt: skip
+    if staged is not pool:
+        pool[...] = staged  # published only once the call succeeded
+    return as_torch(np.ascontiguousarray(out)).clone()
+
+
+@causal_conv1d_update_op.register_fake
+def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, activation) -> Tensor:
+    return torch.empty_like(x)
+
+
+def causal_conv1d_update(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: bool | str | None = None,
+    conv_state_indices: Tensor | None = None,
+    num_accepted_tokens: Tensor | None = None,
+    query_start_loc: Tensor | None = None,
+    max_query_len: int = -1,
+    pad_slot_id: int = PAD_SLOT_ID,
+    block_idx_last_scheduled_token: Tensor | None = None,
+    initial_state_idx: Tensor | None = None,
+    validate_data: bool = False,
+) -> Tensor:
+    """vLLM's ``causal_conv1d_update``: the decode / verify conv of a batch on a conv-state pool.
+
+    Dimensions:
+        N: requests. T: tokens each. C (dim): channels. W: width. L (state_len) >= W − 1. P: pool rows.
+
+    Args:
+        x (Tensor): [N, C] (one token) or [N, C, T], float32 or bfloat16.
+        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named.
+        weight (Tensor): [C, W]; bias (Tensor | None): [C].
+        activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
+        conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
+            untouched); None: row n for request n.
+        num_accepted_tokens, query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported
+            yet — rejected by name (vLLM's speculative and varlen forms).
+        max_query_len, validate_data: accepted (the host path validates every call).
+
+    Returns:
+        Tensor: out, x's shape and dtype.
+
+    Notes:
+        Bad input raises ``ContractError`` naming the argument; a rejected call leaves the pool as it was.
+    """
+    for name, value in (("num_accepted_tokens", num_accepted_tokens), ("query_start_loc", query_start_loc),
+                        ("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
+                        ("initial_state_idx", initial_state_idx)):  # fmt: skip
+        if value is not None:
+            raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
+                            f"pass {name}=None")  # fmt: skip
+    act = _activation(activation)
+    if not isinstance(x, Tensor) or x.dim() not in (2, 3):
+        raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
+                        "[batch, dim, seqlen]", "pass the new tokens channel-major, as vLLM does")  # fmt: skip
+    tokens = x.unsqueeze(1) if x.dim() == 2 else x.transpose(1, 2)  # -> [N, T, C]
+    if conv_state_indices is None:
+        rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
+    else:
+        rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
+    out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, act)
+    return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
+
+
+@torch.library.custom_op("gdn_nki::causal_conv1d_fn", mutates_args=("conv_states",))
+def causal_conv1d_fn_op(
+    x: Tensor,
+    conv_states: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cu_seqlens: Tensor,
+    rows: Tensor,
+    read_rows: Tensor,
+    activation: str | None,
+) -> Tensor:
+    """The prefill of packed sequences: out [tokens, C] (x token-major); sequence i starts from pool row
+    ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored)."""
+    pool, staged = _pool_buffer(conv_states)
+    out, _ = conv_prefill_bucket(
+        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
+        read_indices=as_numpy(read_rows).astype(np.int32),
+    )  # fmt: skip
+    if staged is not pool:
+        pool[...] = staged  # published only once the call succeeded
+    return as_torch(np.ascontiguousarray(out)).clone()
+
+
+@causal_conv1d_fn_op.register_fake
+def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation) -> Tensor:
+    return torch.empty_like(x)
+
+
+def causal_conv1d_fn(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    conv_states: Tensor,
+    query_start_loc: Tensor,
+    cache_indices: Tensor | None = None,
+    has_initial_state: Tensor | None = None,
+    activation: str | None = "silu",
+    pad_slot_id: int = PAD_SLOT_ID,
+    block_idx_first_scheduled_token: Tensor | None = None,
+    block_idx_last_scheduled_token: Tensor | None = None,
+    initial_state_idx: Tensor | None = None,
+    num_computed_tokens: Tensor | None = None,
+    block_size_to_align: int = 0,
+    metadata: Any = None,
+    validate_data: bool = False,
+) -> Tensor:
+    """vLLM's ``causal_conv1d_fn``: the prefill conv of packed sequences, each from its conv-state pool row.
+
+    Dimensions:
+        tokens: packed tokens. n: sequences. C (dim): channels. W: width. L (state_len) >= W − 1. P: pool rows.
+
+    Args:
+        x (Tensor): [dim, tokens] (vLLM's channel-major packed layout), float32 or bfloat16.
+        weight (Tensor): [C, W]; bias (Tensor | None): [C].
+        conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
+        query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
+        cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored); None: row i.
+        has_initial_state (Tensor | None): [n] bool: start from the row's window (else an empty one); None: all
+            start empty.
+        activation (str | None): "silu" / "swish" or None.
+        block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, num_computed_tokens,
+            block_size_to_align: vLLM's prefix-caching block form — rejected by name (not supported yet).
+        metadata, validate_data: accepted (the host path validates every call).
+
+    Returns:
+        Tensor: out, x's shape and dtype.
+
+    Notes:
+        Bad input raises ``ContractError`` naming the argument; a rejected call leaves the pool as it was.
+    """
+    for name, value in (("block_idx_first_scheduled_token", block_idx_first_scheduled_token),
+                        ("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
+                        ("initial_state_idx", initial_state_idx), ("num_computed_tokens", num_computed_tokens),
+                        ("block_size_to_align", block_size_to_align or None)):  # fmt: skip
+        if value is not None:
+            raise rejection(name, repr(value) if not isinstance(value, Tensor) else "a tensor",
+                            f"gdn-nki's causal_conv1d_fn does not support {name} yet", f"leave {name} unset")  # fmt: skip
+    act = _activation(activation)
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [dim, tokens] (the sequences "
+                        "packed along tokens)", "pass x as vLLM's varlen layout, [dim, tokens]")  # fmt: skip
+    seqs = query_start_loc.shape[0] - 1
+    rows = (torch.arange(seqs, dtype=torch.int32, device=x.device) if cache_indices is None
+            else _pad_rows(cache_indices.to(torch.int32), pad_slot_id))  # fmt: skip
+    read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
+                 else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
+    out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32), rows,
+                              read_rows, act)  # fmt: skip
+    return out.t()
+
+
+def causal_conv1d(
+    x: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    residual: Tensor | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    activation: str | None = None,
+    backend: str | None = "triton",
+    cu_seqlens: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """FLA's ``causal_conv1d`` (``fla.modules.convolution``): the causal depthwise conv of a batch or of packed
+    sequences, forward only.
+
+    Dimensions:
+        B: batch (1 with ``cu_seqlens``). T: tokens. D: channels. W: width. N: sequences (B, or len(cu_seqlens) − 1).
+
+    Args:
+        x (Tensor): [B, T, D] float32 or bfloat16.
+        weight (Tensor): [D, W] (None, FLA's identity taps, is rejected); bias (Tensor | None): [D].
+        residual (Tensor | None): [B, T, D], added after the activation.
+        initial_state (Tensor | None): [N, D, W], FLA's cache layout (the last W inputs, oldest first; the taps read
+            its last W − 1); read only. None: empty windows.
+        output_final_state (bool): also return each sequence's final cache [N, D, W].
+        activation (str | None): "silu" / "swish" or None.
+        backend (str | None): FLA's implementation choice ("triton" / "cuda"); gdn-nki has one, so it is ignored.
+        cu_seqlens (Tensor | None): [N + 1] sequence bounds over the T tokens (B = 1).
+        **kwargs: FLA's precomputed index helpers (``cu_seqlens_cpu``, ``chunk_indices``) are accepted and unused;
+            any other name is rejected.
+
+    Returns:
+        tuple[Tensor, Tensor | None]: y [B, T, D] in x's dtype, and the final caches (or None).
+
+    Notes:
+        The conv runs as ``gdn_nki::causal_conv1d_fn`` on a pool of N rows holding the initial caches (the host
+        path's window of L = W inputs); nothing the caller passed is written.
+    """
+    unknown = sorted(set(kwargs) - {"cu_seqlens_cpu", "chunk_indices"})
+    if unknown:
+        raise rejection(unknown[0], repr(kwargs[unknown[0]]), f"gdn-nki's causal_conv1d has no option {unknown[0]}",
+                        f"drop {unknown[0]}")  # fmt: skip
+    if weight is None:
+        raise rejection("weight", "None", "gdn-nki's causal_conv1d needs the depthwise taps [D, W]",
+                        "pass the conv's weight")  # fmt: skip
+    act = _activation(activation)
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [B, T, D]", "pass x as [B, T, D]")
+    batch, tokens, dim = x.shape
+    if cu_seqlens is None:
+        bounds = torch.arange(0, (batch + 1) * tokens, max(tokens, 1), dtype=torch.int32, device=x.device)[: batch + 1]
+    elif batch != 1:
+        raise rejection("x", f"shape {tuple(x.shape)}", "with cu_seqlens the sequences are packed along T, so B is 1",
+                        "pass x.reshape(1, -1, D)")  # fmt: skip
+    else:
+        bounds = cu_seqlens.to(torch.int32)
+    seqs = bounds.shape[0] - 1
+    width = weight.shape[-1]
+    pool = (x.new_zeros((seqs, dim, width)) if initial_state is None
+            else initial_state.to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
+    rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
+    read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
+    out = causal_conv1d_fn_op(x.reshape(batch * tokens, dim).contiguous(), pool, weight, bias, bounds, rows,
+                              read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+    if residual is not None:
+        out = out + residual
+    return out, (pool if output_final_state else None)
+
+
+def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
+    """vLLM's padding id mapped to the host path's −1."""
+    if pad_slot_id == PAD_SLOT_ID:
+        return rows
+    return torch.where(rows == pad_slot_id, torch.full_like(rows, PAD_SLOT_ID), rows)
+
+
+def _activation(activation: Any) -> str | None:
+    """vLLM's activation option: True / "silu" / "swish" is SiLU, None / False none; anything else is rejected."""
+    if activation is None or activation is False:
+        return None
+    if activation is True or activation in ("silu", "swish"):
+        return "silu"
+    raise rejection("activation", repr(activation), "activation must be None, False, True, 'silu' or 'swish'",
+                    "pass activation='silu' (Qwen3-Next) or None")  # fmt: skip

@@ -1,0 +1,226 @@
+"""gdn_nki.torch's vLLM ``causal_conv1d_update`` drop-in: equal to gdn-ref's fp64 conv oracle, padding rows
+untouched, rejections by name with the pool unchanged, torch.compile without graph breaks, fake tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gdn_nki.torch.conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
+from gdn_ref.conv import conv_from_window  # noqa: E402
+
+N, C, W, T, P = 3, 32, 4, 2, 5
+
+
+def _inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, C, T, generator=g)
+    weight = torch.randn(C, W, generator=g) * 0.5
+    bias = torch.randn(C, generator=g)
+    pool = torch.randn(P, C, W - 1, generator=g)
+    return x, weight, bias, pool
+
+
+def _oracle(x, window, weight, bias):
+    out, windows = conv_from_window(x.T.numpy(), window.numpy(), weight.numpy(), bias.numpy(), "silu")
+    return out.T, windows[-1]
+
+
+def test_update_matches_oracle_and_leaves_padding_rows():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    rows = torch.tensor([3, -1, 0], dtype=torch.int32)
+    out = causal_conv1d_update(x, pool, weight, bias, "silu", rows)
+    for n, row in ((0, 3), (2, 0)):
+        want, window = _oracle(x[n], before[row], weight, bias)
+        np.testing.assert_allclose(out[n].numpy(), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(pool[row].numpy(), window, rtol=0, atol=1e-6)
+    assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])
+
+
+def test_single_token_and_custom_pad_slot_id():
+    x, weight, bias, pool = _inputs(1)
+    before = pool.clone()
+    rows = torch.tensor([4, 99, 1], dtype=torch.int32)
+    out = causal_conv1d_update(x[:, :, 0], pool, weight, bias, True, rows, pad_slot_id=99)
+    assert out.shape == (N, C)
+    want, window = _oracle(x[0, :, :1], before[4], weight, bias)
+    np.testing.assert_allclose(out[0].numpy(), want[:, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool[4].numpy(), window, rtol=0, atol=1e-6)
+    assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)), ("query_start_loc", torch.arange(N + 1)),
+     ("activation", "gelu")],
+)  # fmt: skip
+def test_rejections_name_the_argument_and_leave_the_pool(option, value):
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    with pytest.raises(ContractError, match=option):
+        causal_conv1d_update(x, pool, weight, bias, **{"activation": "silu", option: value})
+    assert torch.equal(pool, before)
+
+
+def test_out_of_range_row_rejected_pool_unchanged():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    with pytest.raises(ContractError):
+        causal_conv1d_update(x, pool, weight, bias, "silu", torch.tensor([0, P, 1], dtype=torch.int32))
+    assert torch.equal(pool, before)
+
+
+def test_compile_fullgraph_bit_equal_to_eager():
+    x, weight, bias, pool = _inputs(2)
+    rows = torch.tensor([2, -1, 4], dtype=torch.int32)
+    eager_pool = pool.clone()
+    eager = causal_conv1d_update(x, eager_pool, weight, bias, "silu", rows)
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv1d_update, fullgraph=True, backend="eager")
+    got = compiled(x, pool, weight, bias, "silu", rows)
+    assert torch.equal(got, eager) and torch.equal(pool, eager_pool)
+
+
+def test_fake_tensor_mode_gives_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, weight, bias, pool = _inputs()
+        out = causal_conv1d_update(x, pool, weight, bias, "silu", torch.zeros(N, dtype=torch.int32))
+    assert out.shape == (N, C, T)
+
+
+def test_fn_matches_oracle_per_sequence_from_its_row():
+    g = torch.Generator().manual_seed(3)
+    lengths = [5, 0, 7, 3]
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    x = torch.randn(C, int(bounds[-1]), generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    pool = torch.randn(6, C, W - 1, generator=g)
+    before = pool.clone()
+    rows = torch.tensor([4, 2, -1, 1], dtype=torch.int32)
+    initial = torch.tensor([True, False, False, False])
+    out = causal_conv1d_fn(x, weight, bias, pool, bounds, rows, initial, "silu")
+    assert out.shape == x.shape
+    for i, row in enumerate(rows.tolist()):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        start = before[row] if bool(initial[i]) else torch.zeros(C, W - 1)
+        want, windows = conv_from_window(x[:, lo:hi].T.numpy(), start.numpy(), weight.numpy(), bias.numpy(), "silu")
+        np.testing.assert_allclose(out[:, lo:hi].T.numpy(), want, rtol=1e-5, atol=1e-5)
+        if row >= 0 and hi > lo:
+            np.testing.assert_allclose(pool[row].numpy(), windows[-1], rtol=0, atol=1e-6)
+    assert torch.equal(pool[[0, 2, 3, 5]], before[[0, 2, 3, 5]])  # 2: an empty sequence's row, not rewritten
+
+
+def test_fn_rejects_prefix_block_form_pool_unchanged():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    bounds = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ContractError, match="num_computed_tokens"):
+        causal_conv1d_fn(x[0], weight, bias, pool, bounds, num_computed_tokens=torch.zeros(1, dtype=torch.int32))
+    assert torch.equal(pool, before)
+
+
+def test_fn_compile_fullgraph_bit_equal_to_eager():
+    x, weight, bias, pool = _inputs(4)
+    packed = x.permute(1, 0, 2).reshape(C, N * T)
+    bounds = torch.arange(0, N * T + 1, T, dtype=torch.int32)
+    rows, initial = torch.tensor([1, 3, 0], dtype=torch.int32), torch.tensor([True, False, True])
+    eager_pool = pool.clone()
+    eager = causal_conv1d_fn(packed, weight, bias, eager_pool, bounds, rows, initial)
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv1d_fn, fullgraph=True, backend="eager")
+    got = compiled(packed, weight, bias, pool, bounds, rows, initial)
+    assert torch.equal(got, eager) and torch.equal(pool, eager_pool)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fla_causal_conv1d_matches_oracle_with_caches_and_residual(varlen):
+    g = torch.Generator().manual_seed(5)
+    lengths = [6, 2, 9] if varlen else [7, 7]
+    x = torch.randn(1 if varlen else 2, sum(lengths) if varlen else 7, C, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    residual = torch.randn(x.shape, generator=g)
+    initial = torch.randn(len(lengths), C, W, generator=g)
+    kept = initial.clone()
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32) if varlen else None
+    y, final = causal_conv1d(x, weight, bias, residual, initial, True, "silu", cu_seqlens=bounds)
+    assert torch.equal(initial, kept) and final.shape == initial.shape
+    flat, res = x.reshape(-1, C), residual.reshape(-1, C)
+    for i, n in enumerate(lengths):
+        lo = sum(lengths[:i])
+        want, windows = conv_from_window(
+            flat[lo : lo + n].numpy(), kept[i].numpy(), weight.numpy(), bias.numpy(), "silu"
+        )
+        np.testing.assert_allclose(
+            y.reshape(-1, C)[lo : lo + n].numpy(), want + res[lo : lo + n].numpy(), rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(final[i].numpy(), windows[-1], rtol=0, atol=1e-6)
+
+
+def test_fla_causal_conv1d_rejects_unknown_option():
+    x, weight, bias, _ = _inputs()
+    with pytest.raises(ContractError, match="seq_idx"):
+        causal_conv1d(x.transpose(1, 2), weight, bias, seq_idx=torch.zeros(1))
+
+
+def _hf_fallbacks():
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    return modeling.causal_conv1d_update, modeling.causal_conv1d_fn
+
+
+def test_update_equals_hf_torch_fallback_on_gathered_rows():
+    hf_update, _ = _hf_fallbacks()
+    x, weight, bias, pool = _inputs(6)
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32)
+    hf_state = pool[rows.long()].clone()
+    want = hf_update(x, hf_state, weight, bias, activation="silu")
+    got = causal_conv1d_update(x, pool, weight, bias, "silu", rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool[rows.long()], hf_state, rtol=0, atol=0)
+
+
+def test_fn_equals_hf_torch_fallback_from_empty_windows():
+    _, hf_fn = _hf_fallbacks()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, C, 9, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    want = hf_fn(x, weight, bias, activation="silu")
+    pool = torch.zeros(2, C, W - 1)
+    bounds = torch.tensor([0, 9, 18], dtype=torch.int32)
+    got = causal_conv1d_fn(x.permute(1, 0, 2).reshape(C, 18), weight, bias, pool, bounds)
+    torch.testing.assert_close(got.reshape(C, 2, 9).permute(1, 0, 2), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool, x[:, :, -(W - 1) :], rtol=0, atol=0)
+
+
+def test_gdn_spec_vllm_conv_adapter_matches_the_family_reference():
+    from gdn_spec.conv.adapters import reference, vllm_update
+
+    x, weight, bias, pool = (t.numpy() for t in _inputs(8))
+    tokens = np.ascontiguousarray(np.swapaxes(x, 1, 2))  # the family's [N, T, C]
+    rows = np.array([2, -1, 4], np.int32)
+    ours, theirs = pool.copy(), pool.copy()
+    out, _ = vllm_update(causal_conv1d_update)(tokens, ours, weight, bias, rows)
+    want, _ = reference()(tokens, theirs, weight, bias, rows)
+    np.testing.assert_allclose(out[[0, 2]], want[[0, 2]], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    kept = ours.copy()
+    with pytest.raises(ContractError):
+        vllm_update(causal_conv1d_update)(tokens, ours, weight[:, :2].copy(), bias, np.array([2, 2, 4], np.int32))
+    assert np.array_equal(ours, kept)
+
+
+def test_fla_causal_conv1d_compile_fullgraph_bit_equal_to_eager():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 11, C, generator=g)
+    weight, initial = torch.randn(C, W, generator=g), torch.randn(2, C, W, generator=g)
+    bounds = torch.tensor([0, 4, 11], dtype=torch.int32)
+    eager = causal_conv1d(x, weight, None, None, initial, True, "silu", cu_seqlens=bounds)
+    torch._dynamo.reset()
+    compiled = torch.compile(causal_conv1d, fullgraph=True, backend="eager")
+    got = compiled(x, weight, None, None, initial, True, "silu", cu_seqlens=bounds)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
