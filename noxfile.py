@@ -270,6 +270,7 @@ INTEGRATION_TESTS = (
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
 TORCH_GATED_TESTS = {
     "nki-cpu": ("packages/nki-cpu/tests/test_nki_torch.py",),
+    "gdn-ref": ("packages/gdn-ref/tests/test_block.py",),  # the decode block oracle against a torch layer
     "gdn-nki": ("packages/gdn-nki/tests/test_nki_bucket.py",),  # the torch drop-in's bucket= and its trace count
     "gdn-spec": ("packages/gdn-spec/tests/test_adapters.py", "packages/gdn-spec/tests/test_power_adapters.py"),
 }

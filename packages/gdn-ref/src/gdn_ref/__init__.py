@@ -6,6 +6,7 @@ float64 decode oracle (:func:`decode_steps`, :func:`gdn_tkg_reference`).
 """
 
 from .api import gdn_cte
+from .block import gdn_block_decode_pool
 from .chunked import chunked
 from .constants import (
     ALGORITHM_NEUMANN,
@@ -64,6 +65,7 @@ __all__ = [
     "fused_gates",
     "gated_rms_norm",
     "gated_rms_norm_oracle",
+    "gdn_block_decode_pool",
     "gdn_cte",
     "gdn_layer_prefill",
     "gdn_tkg_reference",
