@@ -35,8 +35,13 @@ from ..common.tiles import FP32, matmul, psum, sbuf
 from .rules import norm_violations
 
 RUN_BYTES = 4096  # contiguous bytes per partition per DMA: where descriptor efficiency saturates (§4.4)
-TILE_SETS = 3  # tiles in flight: one loading, one computing, one storing
+# A launch of few rows is cut into at least this many tiles (shorter runs), so the pipeline overlaps them.
+MIN_TILES = 4
+TILE_SETS = 4  # tiles in flight: the pipeline's four stages (gdn_gated_rms_norm)
 BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)
+# 1 / the share of act(z) · weight GpSimd takes from the vector engine: per 16 rows, vector 2·16·D cycles at
+# 0.96 GHz against GpSimd's 2·16·D + 4·D at 1.2 GHz (module docstring) — 12 against 12.1 ns per D at 1/4.
+GPSIMD_SHARE = 4
 GATES = {"silu": nl.silu, "swish": nl.silu, "sigmoid": nl.sigmoid}
 
 
@@ -69,18 +74,39 @@ def gdn_gated_rms_norm(x: Any, z: Any, weight: Any, eps: float = 1e-6, activatio
     per_part = rows_per_partition(rows, dim, 2 if x.dtype != FP32 else 4)
     constants = _Constants(weight, dim, per_part, eps)
     sets = [_TileSet(x.dtype, per_part, dim, z is not None) for _ in range(TILE_SETS)]
-    for i, (start, parts, run) in enumerate(tile_plan(rows, per_part)):
-        tiles = sets[i % TILE_SETS]
-        tiles.load(x, z, start, parts, run)
-        tiles.normalize(constants, parts, run, None if z is None else GATES[activation])
-        tiles.store(out, start, parts, run)
+    plan = tile_plan(rows, per_part)
+    gate_op = None if z is None else GATES[activation]
+
+    def tile(k: int) -> tuple[_TileSet, tuple[int, int, int]] | None:
+        return (sets[k % TILE_SETS], plan[k]) if 0 <= k < len(plan) else None
+
+    # A software pipeline in program order: step s loads tile s, starts tile s − 1 (act(z) · weight and x²), takes
+    # tile s − 2's row statistics and finishes tile s − 3 (x̂, y, store). Each engine runs its instructions in
+    # issue order, so an instruction is issued after the ones it waits on have been issued on other engines in an
+    # earlier step or earlier in this one: no engine's queue stalls on a chain within a tile.
+    for step in range(len(plan) + 3):
+        if (new := tile(step)) is not None:
+            new[0].load(x, z, *new[1])
+        started, measured, finished = tile(step - 1), tile(step - 2), tile(step - 3)
+        if started is not None:
+            started[0].activate_gate(gate_op, *started[1][1:])
+            started[0].square(*started[1][1:])
+        if measured is not None:
+            measured[0].sum_squares(*measured[1][1:])
+        if started is not None:
+            started[0].weigh_gate(constants, *started[1][1:])
+        if finished is not None:
+            finished[0].output(constants, *finished[1][1:])
+            finished[0].store(out, *finished[1])
+        if measured is not None:
+            measured[0].inverse_rms_of(constants, *measured[1][1:])
     return out
 
 
 def rows_per_partition(rows: int, dim: int, itemsize: int) -> int:
-    """R: rows per partition of a full tile — a ``RUN_BYTES`` run, fewer when the launch has too few rows to fill
-    the 128 partitions with it (decode: N·Hv rows), never below 1."""
-    return max(1, min(RUN_BYTES // (dim * itemsize), rows // 128))
+    """R: rows per partition of a full tile — a ``RUN_BYTES`` run, fewer when the launch has too few rows to make
+    ``MIN_TILES`` tiles of 128 partitions with it (decode: N·Hv rows), never below 1."""
+    return max(1, min(RUN_BYTES // (dim * itemsize), rows // (128 * MIN_TILES)))
 
 
 def tile_plan(rows: int, per_part: int) -> list[tuple[int, int, int]]:
@@ -109,7 +135,7 @@ class _Constants:
         self.dim, self.per_part = dim, per_part
         self.eps = sbuf((128, 1), FP32)
         nisa.memset(dst=self.eps, value=float(eps))
-        self.weight = None
+        self.weight = self.weight_sbuf = None
         if weight is not None:
             raw = sbuf((1, dim), weight.dtype)
             nisa.dma_copy(dst=raw, src=weight.ap(pattern=[[dim, 1], [1, dim]], offset=0))
@@ -119,10 +145,14 @@ class _Constants:
             for first in range(0, dim, BANK):
                 cols = slice(first, min(dim, first + BANK))
                 matmul(ones, raw[:, cols], dst=self.weight[:, cols], stationary_onezero=True)
+            self.weight_sbuf = sbuf((128, dim), FP32)
+            nisa.activation(dst=self.weight_sbuf, op=nl.copy, data=self.weight, engine=SCALAR)
 
-    def weight_rows(self, parts: int, run: int) -> Any:
-        """The weight as [parts, run, D]: each partition's row repeated ``run`` times (stride 0)."""
-        return self.weight.ap(pattern=[[self.dim, parts], [0, run], [1, self.dim]], offset=0)
+    def weight_rows(self, parts: int, run: int, in_psum: bool = True) -> Any:
+        """The weight as [parts, run, D] from its PSUM copy (or its SBUF copy, for GpSimd, which does not read
+        PSUM): each partition's row repeated ``run`` times (stride 0)."""
+        tile = self.weight if in_psum else self.weight_sbuf
+        return tile.ap(pattern=[[self.dim, parts], [0, run], [1, self.dim]], offset=0)
 
 
 class _TileSet:
@@ -145,32 +175,51 @@ class _TileSet:
         if z is not None:
             nisa.dma_copy(dst=self.z[:parts, :run], src=_rows(z, start, parts, run))
 
-    def normalize(self, constants: _Constants, parts: int, run: int, gate_op: Any) -> None:
-        """y = x · rsqrt(mean(x²) + eps) · weight · act(z) on the tile's first ``parts`` partitions, ``run`` rows
-        each (module docstring: which engine does what, and why)."""
-        dim = constants.dim
-        x, work, y = self.x[:parts, :run], self.work[:parts, :run], self.y[:parts, :run]
-        sums, inverse_rms = self.sums[:parts, :run], self.inverse_rms[:parts, :run]
-        if gate_op is not None:  # first: the gate needs only z, so the scalar engine starts while x² streams
-            gate = self.gate[:parts, :run]
-            nisa.activation(dst=gate, op=gate_op, data=self.z[:parts, :run], engine=SCALAR)
-            if constants.weight is not None:
-                nisa.tensor_tensor(dst=gate, data1=gate, data2=constants.weight_rows(parts, run), op=nl.multiply,
-                                   engine=VECTOR)  # fmt: skip
-        nisa.tensor_tensor(dst=work, data1=x, data2=x, op=nl.multiply, engine=GPSIMD)
-        nisa.tensor_reduce(dst=sums, op=nl.add, data=work, axis=2)
-        nisa.activation(dst=inverse_rms, op=nl.rsqrt, data=sums, scale=1.0 / dim, bias=constants.eps[:parts],
-                        engine=SCALAR)  # fmt: skip
-        for j in range(run):
-            nisa.activation(dst=work[:, j], op=nl.copy, data=x[:, j], scale=inverse_rms[:, j : j + 1],
-                            engine=SCALAR)  # fmt: skip
+    def activate_gate(self, gate_op: Any, parts: int, run: int) -> None:
+        """act(z) (scalar engine); nothing without a gate."""
         if gate_op is not None:
-            nisa.tensor_tensor(dst=y, data1=work, data2=self.gate[:parts, :run], op=nl.multiply, engine=GPSIMD)
+            nisa.activation(dst=self.gate[:parts, :run], op=gate_op, data=self.z[:parts, :run], engine=SCALAR)
+
+    def weigh_gate(self, constants: _Constants, parts: int, run: int) -> None:
+        """act(z) · weight in place, nothing without both: the first ``run // GPSIMD_SHARE`` rows of each
+        partition on GpSimd (the weight's SBUF copy), the rest on the vector engine (its PSUM copy)."""
+        if self.gate is None or constants.weight is None:
+            return
+        split = run // GPSIMD_SHARE
+        for engine, rows in ((GPSIMD, slice(0, split)), (VECTOR, slice(split, run))):
+            if rows.stop > rows.start:
+                gate = self.gate[:parts, rows]
+                weight = constants.weight_rows(parts, rows.stop - rows.start, in_psum=engine == VECTOR)
+                nisa.tensor_tensor(dst=gate, data1=gate, data2=weight, op=nl.multiply, engine=engine)
+
+    def square(self, parts: int, run: int) -> None:
+        """x² in fp32 (GpSimd)."""
+        x = self.x[:parts, :run]
+        nisa.tensor_tensor(dst=self.work[:parts, :run], data1=x, data2=x, op=nl.multiply, engine=GPSIMD)
+
+    def sum_squares(self, parts: int, run: int) -> None:
+        """Each row's sum of x² (vector engine)."""
+        nisa.tensor_reduce(dst=self.sums[:parts, :run], op=nl.add, data=self.work[:parts, :run], axis=2)
+
+    def inverse_rms_of(self, constants: _Constants, parts: int, run: int) -> None:
+        """Each row's rsqrt(sum / D + eps) (scalar engine: one instruction for the tile's rows)."""
+        nisa.activation(dst=self.inverse_rms[:parts, :run], op=nl.rsqrt, data=self.sums[:parts, :run],
+                        scale=1.0 / constants.dim, bias=constants.eps[:parts], engine=SCALAR)  # fmt: skip
+
+    def output(self, constants: _Constants, parts: int, run: int) -> None:
+        """The second half: x̂ = x · rsqrt(mean + eps) per row, then y = x̂ · (weight · act(z))."""
+        x, normed, y = self.x[:parts, :run], self.work[:parts, :run], self.y[:parts, :run]
+        inverse_rms = self.inverse_rms[:parts, :run]
+        for j in range(run):
+            nisa.activation(dst=normed[:, j], op=nl.copy, data=x[:, j], scale=inverse_rms[:, j : j + 1],
+                            engine=SCALAR)  # fmt: skip
+        if self.gate is not None:
+            nisa.tensor_tensor(dst=y, data1=normed, data2=self.gate[:parts, :run], op=nl.multiply, engine=GPSIMD)
         elif constants.weight is not None:
-            nisa.tensor_tensor(dst=y, data1=work, data2=constants.weight_rows(parts, run), op=nl.multiply,
+            nisa.tensor_tensor(dst=y, data1=normed, data2=constants.weight_rows(parts, run), op=nl.multiply,
                                engine=VECTOR)  # fmt: skip
         else:
-            nisa.tensor_copy(dst=y, src=work, engine=GPSIMD)
+            nisa.tensor_copy(dst=y, src=normed, engine=GPSIMD)
 
     def store(self, out: Any, start: int, parts: int, run: int) -> None:
         nisa.dma_copy(dst=_rows(out, start, parts, run), src=self.y[:parts, :run])
