@@ -9,19 +9,26 @@ in runs of R consecutive rows, so each partition's share of a tile is one contig
 (docs/nki-sources.md §4.4) — and every instruction works on 128·R rows at once. x, z and y move once each.
 
 Arithmetic is fp32 (FLA's kernel: the row statistics, the scale, the weight and the gate in fp32, y rounded once
-to x's dtype). Per tile [P, R, D], each of three engines takes two streaming passes (Trn2 rates,
-docs/nki-sources.md §3.6, §3.10, §3.16, §4.1):
+to x's dtype). Per tile [P, R, D], three engines share the streaming passes (Trn2 rates, docs/nki-sources.md §3.6,
+§3.10, §3.16, §4.1):
 
-- GpSimd: x² (``tensor_tensor``); y = x̂ · (weight · act(z)) (``tensor_tensor``);
-- vector: the row sums of x² (``tensor_reduce``); weight · act(z), the weight read from PSUM, where a
-  ``tensor_tensor`` with one PSUM input streams at one element per cycle instead of two (§3.6);
+- GpSimd: x² (``tensor_tensor``); y = x̂ · (weight · act(z)) (``tensor_tensor``); weight · act(z) for a
+  quarter of the rows (``GPSIMD_SHARE``);
+- vector: the row sums of x² (``tensor_reduce``); weight · act(z) for the other rows, the weight read from PSUM,
+  where a ``tensor_tensor`` with one PSUM input streams at one element per cycle instead of two (§3.6);
 - scalar: act(z) (``activation``); x̂ = x · rsqrt(mean + eps), one ``activation`` per row with the row's
   reciprocal RMS as its [P, 1] ``scale`` (§3.10); and the R reciprocal RMS values themselves (``rsqrt``).
 
+Per D elements of 16 rows on each of the 128 partitions that is 36 GpSimd, 28 vector and 32 scalar cycles, 30.0 /
+29.2 / 26.7 ns at their clocks, against 33.9 ns for the DMA to move x, z and y (3 · 16 · 2 · 128 bytes at 362.5
+B/ns, bf16): the DMA binds, narrowly (bench/bench_norm.py: 1.11–1.12× the HBM floor at 8192 and 32768 tokens × 32
+heads; fp32, twice the bytes, 0.99×).
+
 The weight reaches every partition once per launch: one HBM row, spread by a 0/1 matmul into PSUM (exact: one
-nonzero term per product). Tiles rotate through ``TILE_SETS`` sets, so one tile's loads run beside another's
-compute and a third's store. The tiles of a launch are unrolled (a compiled loop drains every engine at each
-iteration's end, docs/nki-sources.md §4.7): the program grows with the rows, one program per shape.
+nonzero term per product), and copied once to SBUF for GpSimd (which does not read PSUM). The tiles go through a
+four-stage software pipeline in program order over ``TILE_SETS`` tile sets (``gdn_gated_rms_norm``). The tiles of a
+launch are unrolled (a compiled loop drains every engine at each iteration's end, docs/nki-sources.md §4.7): the
+program grows with the rows (13k instructions at 32768 tokens × 32 heads), one program per shape.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ RUN_BYTES = 4096  # contiguous bytes per partition per DMA: where descriptor eff
 MIN_TILES = 4
 TILE_SETS = 4  # tiles in flight: the pipeline's four stages (gdn_gated_rms_norm)
 BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)
-# 1 / the share of act(z) · weight GpSimd takes from the vector engine: per 16 rows, vector 2·16·D cycles at
-# 0.96 GHz against GpSimd's 2·16·D + 4·D at 1.2 GHz (module docstring) — 12 against 12.1 ns per D at 1/4.
+# 1 / the share of act(z) · weight GpSimd takes from the vector engine, which would otherwise carry 32 of the 96
+# cycles per D of 16 rows at the slowest clock (module docstring): at 1/4, 29.2 ns per D against GpSimd's 30.0.
 GPSIMD_SHARE = 4
 GATES = {"silu": nl.silu, "swish": nl.silu, "sigmoid": nl.sigmoid}
 
