@@ -195,3 +195,35 @@ def test_opcheck() -> None:
     x, g, weight = _inputs(seed=9)
     torch.library.opcheck(rms_norm_gated_op, (x, g, weight, 1e-6, "silu"))
     torch.library.opcheck(rms_norm_gated_op, (x.to(torch.bfloat16), None, None, 1e-5, "sigmoid"))
+
+
+def test_hf_qwen3_next_layer_with_the_drop_in_as_its_norm() -> None:
+    """HF's Qwen3-Next GatedDeltaNet layer (``examples/qwen3_next_layer.py``'s tiny model) with its
+    ``Qwen3NextRMSNormGated`` replaced by ``FusedRMSNormGated`` (its weight and eps): the layer's output equals HF's
+    own within gdn-spec's fp32 bound, alone and with gdn-nki's chunk_gated_delta_rule swapped in too."""
+    pytest.importorskip("transformers")
+    from gdn_nki.torch import chunk_gated_delta_rule
+    from test_qwen3_next import _example
+
+    example = _example()
+    layer, model, ids = example._layer_and_model(torch.float32)
+    hidden = model.layers[0].input_layernorm(model.embed_tokens(ids[:, :40]))
+    theirs_norm = layer.norm
+    ours_norm = FusedRMSNormGated(theirs_norm.weight.shape[0], eps=theirs_norm.variance_epsilon, activation="silu")
+    with torch.no_grad():
+        ours_norm.weight.copy_(theirs_norm.weight)
+        theirs = layer(hidden)
+        layer.norm = ours_norm
+        try:
+            with_norm = layer(hidden)
+            example.hf.torch_chunk_gated_delta_rule = chunk_gated_delta_rule
+            try:
+                with_both = layer(hidden)
+            finally:
+                example.hf.torch_chunk_gated_delta_rule = example.HF_CORE
+        finally:
+            layer.norm = theirs_norm
+    assert not torch.equal(with_norm, theirs), "the layer ran our norm"
+    for ours in (with_norm, with_both):
+        error = compare("out", ours.numpy(), theirs.numpy(), "float32")
+        assert error.ok, str(error)
