@@ -45,6 +45,7 @@ def _check(y: np.ndarray, x, z, weight, dtype: str, **options) -> None:
         (8, 32, 128),  # decode: N = 8 requests
         (1, 32, 128),  # decode: one request
         (64, 16, 64),  # another head dim
+        (3, 2, MAX_DIM),  # the widest row the kernel takes: its tiles fit SBUF and PSUM in fp32
     ],
 )
 def test_matches_the_oracle(dtype: str, shape: tuple[int, ...]) -> None:
