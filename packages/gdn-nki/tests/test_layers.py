@@ -2,7 +2,7 @@
 
 The folders are the layers, and an import points down only: the public modules at the package root (``gdn_nki``,
 ``gdn_nki.conformance``, ``gdn_nki.traces``, ``gdn_nki.torch_decode``) → ``torch/`` → ``host/`` → the kernel
-families ``cte/`` and ``tkg/`` (which never import each other) → ``common/``. ``common/backend.py`` is the one
+families ``cte/``, ``tkg/``, ``conv/`` and ``norm/`` (which never import each other) → ``common/``. ``common/backend.py`` is the one
 module that knows nki-cpu exists; every other module writes plain NKI through it.
 """
 
@@ -17,8 +17,9 @@ import gdn_nki
 
 SOURCE = Path(gdn_nki.__file__).parent
 # Rank of each layer folder ("" = the package root: the public modules); a module may import its own folder's
-# modules and those of a lower rank, never a higher or an equal one of another folder (the kernel families cte, tkg and conv share a rank).
-RANKS = {"": 4, "torch": 3, "host": 2, "cte": 1, "tkg": 1, "conv": 1, "common": 0}
+# modules and those of a lower rank, never a higher or an equal one of another folder (the kernel families cte, tkg,
+# conv and norm share a rank).
+RANKS = {"": 4, "torch": 3, "host": 2, "cte": 1, "tkg": 1, "conv": 1, "norm": 1, "common": 0}
 BACKEND = "gdn_nki.common.backend"
 
 

@@ -4,6 +4,8 @@
 the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` accepts any sequence length.
 Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
 pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
+The layer's other kernels: the causal conv1d (``conv_decode_step``, ``conv_prefill_bucket``) and the gated RMSNorm
+(``gdn_gated_rms_norm``, run by ``gated_rms_norm``).
 """
 
 from gdn_ref.constants import (
@@ -28,7 +30,9 @@ from .cte.varlen import gdn_cte_varlen
 from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
+from .host.norm import gated_rms_norm
 from .host.prefill import prefill, prefill_varlen, simulate
+from .norm.kernel import gdn_gated_rms_norm
 from .tkg.fused import gdn_tkg
 from .tkg.step import gdn_step
 
@@ -51,11 +55,13 @@ __all__ = [
     "conv_decode_step",
     "conv_prefill_bucket",
     "decode_step",
+    "gated_rms_norm",
     "gdn_conv1d_decode",
     "gdn_conv1d_prefill",
     "gdn_cte",
     "gdn_cte_bucket",
     "gdn_cte_varlen",
+    "gdn_gated_rms_norm",
     "gdn_step",
     "gdn_tkg",
     "padded_tokens",

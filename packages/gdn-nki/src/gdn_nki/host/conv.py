@@ -207,15 +207,17 @@ def _padded_layout(x: np.ndarray, bounds: np.ndarray, state_indices: np.ndarray,
             "checkpoint_indices": ckpt, "read_indices": rows(read_indices)}  # fmt: skip
 
 
-def _finite(name: str, array: np.ndarray | None) -> list[Violation]:
+def _finite(name: str, array: np.ndarray | None, api: str = CONV_STEP, rule_id: str = "conv.finite") -> list[Violation]:
+    """The first non-finite element of ``array`` as a violation of ``api``'s rule ``rule_id`` (none when every
+    element is finite or the array is None); the gated norm's entry point (``host.norm``) shares it."""
     if array is None:
         return []
     bad = np.argwhere(~np.isfinite(np.asarray(array, dtype=np.float64)))
     if not bad.size:
         return []
     at = [int(i) for i in bad[0]]
-    return [Violation("conv.finite", name, f"value {float(np.asarray(array)[tuple(at)])} at {at}",
-                      f"{name} must hold finite numbers", f"find where {name} overflowed", CONV_STEP)]  # fmt: skip
+    return [Violation(rule_id, name, f"value {float(np.asarray(array)[tuple(at)])} at {at}",
+                      f"{name} must hold finite numbers", f"find where {name} overflowed", api)]  # fmt: skip
 
 
 conv_prefill_bucket.gdn_spec_conv_prefill_capabilities = {  # read by gdn-spec's conv family (gdn_spec.conv.prefill)

@@ -11,6 +11,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);
+- ``rms_norm_gated``, ``FusedRMSNormGated``: FLA's gated RMSNorm, the layer's output stage (``norm.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
 - ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
   (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
@@ -19,6 +20,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
 from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
+from .norm import FusedRMSNormGated, rms_norm_gated
 from .ops import (
     chunk_gated_delta_rule,
     fused_recurrent_gated_delta_rule,
@@ -30,6 +32,7 @@ from .values import check_values
 
 __all__ = [
     "ContextParallel",
+    "FusedRMSNormGated",
     "build_cp_context",
     "causal_conv1d",
     "causal_conv1d_fn",
@@ -40,5 +43,6 @@ __all__ = [
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",
+    "rms_norm_gated",
     "vllm_fused_recurrent_gated_delta_rule",
 ]
