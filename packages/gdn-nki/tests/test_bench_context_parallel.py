@@ -3,8 +3,6 @@ M S₀ + L, and its smoke run measures both ways to finish and writes both table
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,19 +10,14 @@ import numpy as np
 import pytest
 
 import nki_cpu
+from example_scripts import load_bench
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_context_parallel.py"
 pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_context_parallel", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_context_parallel")
 
 
 @pytest.mark.parametrize("tokens", [384, 4096], ids=["one-token-per-partition", "sixteen"])

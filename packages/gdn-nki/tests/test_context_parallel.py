@@ -42,7 +42,7 @@ def test_sent_bytes_do_not_grow_with_the_tokens() -> None:
     sent = [r["sent"] for r in short]
     assert sent == [r["sent"] for r in long]
     hv, dk, dv = 2, 32, 16
-    assert 0 < sent[0] <= hv * dk * (dk + dv) * 4 + 64  # one carry, a header and a status
+    assert 0 < sent[0] <= hv * dk * (dk + dv) * 4 + 64  # one carry, a header (48 B) and two votes (8 B each)
 
 
 def test_a_kernel_without_states_runs_as_fla_would_call_it() -> None:

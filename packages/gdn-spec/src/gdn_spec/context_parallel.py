@@ -322,12 +322,8 @@ def judge(case: CpCase, results: list[dict[str, Any]], kernel_spec: str) -> list
                 if r != end_rank and not np.array_equal(got, data["pool"][row, heads].numpy()):
                     problems.append(f"sequence {i}: pool row {row} written on rank {r}, not where it ends ({end_rank})")
                 elif r == end_rank:
-                    problems += _errors(f"state of sequence {i} (row {row})", got[None], ref_finals[i][None][:, heads],
-                                        case.dtype, output="state")  # fmt: skip
-                    if case.dtype == "float32":
-                        own = _rel_rms(got, want_final[i, heads].numpy())
-                        if own > SINGLE_RANK_BOUND:
-                            problems.append(f"state of sequence {i}: rel-RMS {own:.2e} against the single-rank call")
+                    problems += _state_errors(f"state of sequence {i} (row {row})", got, ref_finals[i][heads],
+                                              want_final[i, heads].numpy(), case.dtype)  # fmt: skip
     return problems
 
 
@@ -349,12 +345,18 @@ def _dense_errors(case: CpCase, results: list[dict[str, Any]], ranks: list[int],
     for i in range(len(cu) - 1):
         c = (cu[i + 1] - 1) // part
         got = results[ranks[c]]["final"][i - first[c]].numpy()
-        problems += _errors(f"final state of sequence {i} (rank {ranks[c]})", got[None], ref_finals[i][None][:, heads],
-                            case.dtype, output="state")  # fmt: skip
-        if case.dtype == "float32":
-            own = _rel_rms(got, want_final[i, heads].numpy())
-            if own > SINGLE_RANK_BOUND:
-                problems.append(f"final state of sequence {i}: rel-RMS {own:.2e} against the single-rank call")
+        problems += _state_errors(f"final state of sequence {i} (rank {ranks[c]})", got, ref_finals[i][heads],
+                                  want_final[i, heads].numpy(), case.dtype)  # fmt: skip
+    return problems
+
+
+def _state_errors(label: str, got: np.ndarray, ref: np.ndarray, single_rank: np.ndarray, dtype: str) -> list[str]:
+    """A sequence's final state against the oracle (the tolerance table) and, in fp32, the single-rank call."""
+    problems = _errors(label, got[None], ref[None], dtype, output="state")
+    if dtype == "float32":
+        own = _rel_rms(got, single_rank)
+        if own > SINGLE_RANK_BOUND:
+            problems.append(f"{label}: rel-RMS {own:.2e} against the single-rank call")
     return problems
 
 
