@@ -20,7 +20,8 @@ the ranks' outputs and holds them to the float64 oracle (``gdn_ref.recurrent``, 
 state) under the suite's tolerance table, and to the kernel's own single-rank call on the whole batch: fp32 within
 1e-5 relative RMS. A pool row must be written on the rank where its sequence ends and on no other. A case with a
 malformed call must raise on every rank — a ``ContractError`` naming the rank at fault for bad input (a short
-slice, other ``cu_seqlens``, a value only that rank's kernel sees, tokens split for another group size), an error
+slice, a context from other ``cu_seqlens``, the global ``cu_seqlens`` passed as one rank's own, a value only that
+rank's kernel sees, tokens split for another group size, pool rows outside the pool), an error
 naming the rank for a failure injected part-way (``fail="injected"``: the kernel spec itself fails), and the group's
 timeout for a rank that never calls — and leave every rank's pool as it was.
 
@@ -78,6 +79,7 @@ class CpCase:
     # > 0 in its slice: a contract violation only its kernel sees), "split" (every rank holds a slice for twice the
     # group's ranks), "group" (every context built on the whole world, the tokens split over TP's CP groups),
     # "rows" (a pool row outside the pool, on every rank: sequence 2's, read and written on the last rank),
+    # "cu_seqlens" (fail_rank passes the global cu_seqlens as its rank-local ones),
     # "absent" (fail_rank never calls), "injected" (the kernel spec fails part-way on fail_rank by itself)
     fail: str = "short"
 
@@ -116,9 +118,19 @@ BAD_VALUE = CpCase("bad-value", lengths=(50, 300, 162), world=2, rows=(5, 2, 3),
 WRONG_SPLIT = CpCase("wrong-split", lengths=(50, 300, 162), world=2, rows=(5, 2, 3), fail_rank=0, fail="split")
 WRONG_GROUP = CpCase("wrong-group", lengths=(200, 312), world=4, tp=2, key_heads=2, value_heads=4, rows=(0, 7),
                      fail_rank=0, fail="group")  # fmt: skip
+BAD_CU_SEQLENS = CpCase("bad-cu-seqlens", lengths=(50, 300, 162), world=2, rows=(5, 2, 3), fail_rank=1,
+                        fail="cu_seqlens")  # fmt: skip
 BAD_ROWS = CpCase("bad-rows", lengths=(50, 300, 162), world=2, rows=(5, 2, POOL_ROWS), fail_rank=0, fail="rows")
-REJECTIONS = (BAD_RANK, BAD_LAYOUT, BAD_VALUE, WRONG_SPLIT, WRONG_GROUP, BAD_ROWS)  # a ContractError on every rank
-CONTRACT_FAILS = frozenset({"short", "layout", "value", "split", "group", "rows"})
+REJECTIONS = (
+    BAD_RANK,
+    BAD_LAYOUT,
+    BAD_VALUE,
+    WRONG_SPLIT,
+    WRONG_GROUP,
+    BAD_CU_SEQLENS,
+    BAD_ROWS,
+)  # a ContractError on every rank
+CONTRACT_FAILS = frozenset({"short", "layout", "value", "split", "group", "cu_seqlens", "rows"})
 
 
 def without_states(case: CpCase) -> CpCase:
@@ -177,7 +189,7 @@ def dense_states(pool: Any, rows: tuple[int, ...]) -> Any:
 
 
 def _call(kernel: Callable[..., Any], tensors: dict[str, Any], context: Any, pool: Any, rows: Any,
-          dense: bool) -> tuple:  # fmt: skip
+          dense: bool, cu_seqlens: Any) -> tuple:  # fmt: skip
     """One call in FLA's context-parallel convention (states through a pool when the case has rows, or one row per
     sequence when ``dense``)."""
     if rows is None:
@@ -186,8 +198,8 @@ def _call(kernel: Callable[..., Any], tensors: dict[str, Any], context: Any, poo
         states = {"initial_state": dense_states(pool, tuple(rows.tolist())), "output_final_state": True}
     else:
         states = {"initial_state": pool, "initial_state_indices": rows, "output_final_state": True}
-    return kernel(*(tensors[n] for n in ("q", "k", "v", "g", "beta")), cu_seqlens=context.cu_seqlens,
-                  cp_context=context, **states)  # fmt: skip
+    return kernel(*(tensors[n] for n in ("q", "k", "v", "g", "beta")), cu_seqlens=cu_seqlens, cp_context=context,
+                  **states)  # fmt: skip
 
 
 def run_rank(rank: int, case: CpCase, port: int, out_dir: str, kernel_spec: str, context_spec: str) -> None:
@@ -228,7 +240,9 @@ def run_rank(rank: int, case: CpCase, port: int, out_dir: str, kernel_spec: str,
             torch.save({"absent": True, "pool": pool}, Path(out_dir) / f"{rank}.pt")
             return
         try:
-            o, final = _call(kernel, tensors, context, pool, rows, case.dense)
+            # "cu_seqlens": the global boundaries where the rank-local ones belong, on fail_rank alone
+            local = data["cu_seqlens"] if case.fail_rank == rank and case.fail == "cu_seqlens" else context.cu_seqlens
+            o, final = _call(kernel, tensors, context, pool, rows, case.dense, local)
             result = {"o": o, "pool": pool, "sent": getattr(context, "sent_bytes", None)}
             if case.dense:
                 result["final"] = final

@@ -155,6 +155,7 @@ def context_parallel_prefill(
     initial_state: Any = None,
     output_final_state: bool = False,
     state_indices: Any = None,
+    caller_problem: Violation | None = None,
     **options: Any,
 ) -> tuple[Any, Any]:
     """This rank's share of a context-parallel prefill; every rank of ``cp_context.group`` calls it at once
@@ -175,6 +176,9 @@ def context_parallel_prefill(
         output_final_state (bool): return the states after this rank's pieces.
         state_indices (torch.Tensor | None): [N] pool rows of the batch's sequences (−1: start from zero, store
             nothing).
+        caller_problem (Violation | None): what the caller found wrong with this rank's own arguments: raised on
+            every rank after the header exchange, not on this rank alone (which would leave the others waiting out
+            the group's timeout).
         options: ``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``use_gate_in_kernel``, ``A_log``,
             ``dt_bias``, ``algorithm``, ``group_size``, as ``chunk_gated_delta_rule``.
 
@@ -192,13 +196,13 @@ def context_parallel_prefill(
         (``cp_context.sent_bytes``).
     """
     unknown = sorted(set(options) - set(FORWARDED))
-    if unknown:
-        raise _rejection(unknown[0], "given", f"context parallelism forwards only {', '.join(FORWARDED)}",
-                         "run bucketed, checkpointed or pool-reading calls without cp_context")  # fmt: skip
+    if unknown and caller_problem is None:
+        caller_problem = _violation(unknown[0], "given", f"context parallelism forwards only {', '.join(FORWARDED)}",
+                                    "run bucketed, checkpointed or pool-reading calls without cp_context")  # fmt: skip
     context = cp_context
     context.sent_bytes = 0
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
-    problem = _local_problem(q, v, context, initial_state, state_indices, (value_heads, dk, dv))
+    problem = caller_problem or _local_problem(q, v, context, initial_state, state_indices, (value_heads, dk, dv))
     flag = 0 if problem is None else 1
     header = torch.tensor([q.shape[1], value_heads, dk, dv, flag, context.layout], dtype=torch.int64)
     headers = _all_gather(context, header)
