@@ -339,6 +339,7 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--context", required=True, help="module:callable building the context (FLA's build_cp_context)")
     cp.add_argument("--no-states", action="store_true", help="the kernel takes no initial or final states under CP")
     cp.add_argument("--world", type=int, action="append", choices=(2, 4), help="group sizes to run (default: 2 and 4)")
+    cp.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable; default: all)")
     return parser
 
 
@@ -361,7 +362,8 @@ def _title(impl: Implementation | None, spec: str) -> str:
 def check_cp(args: argparse.Namespace) -> int:
     """``gdn-spec check-cp``: each context-parallel case's verdict, then the exit code (1: a case failed)."""
     worlds = tuple(args.world or (2, 4))
-    verdicts = context_parallel.check(args.impl, args.context, states=not args.no_states, worlds=worlds)
+    verdicts = context_parallel.check(args.impl, args.context, states=not args.no_states, worlds=worlds,
+                                      names=args.case)  # fmt: skip
     for name, problems in verdicts.items():
         print(f"{'PASS' if not problems else 'FAIL'} {name}" + "".join(f"\n    {p}" for p in problems))
     failed = sum(1 for problems in verdicts.values() if problems)

@@ -174,10 +174,9 @@ def chunk_gated_delta_rule(
         (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
     if _truthy(cp_context):  # FLA's context parallelism (its truthiness test): this rank's slice of a split batch
-        _reject_unknown_keywords(kwargs)
         return _context_parallel(
             (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
-            _state_indices(state_indices, initial_state_indices),
+            (state_indices, initial_state_indices, kwargs),
             dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
                  group_size=group_size),
@@ -267,27 +266,37 @@ def _context_parallel(
     initial_state: Any,
     output_final_state: Any,
     cu_seqlens: Any,
-    state_indices: Any,
+    rows_and_keywords: tuple[Any, Any, dict[str, Any]],
     options: dict[str, Any],
     refused: dict[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``cp_context`` call: checked against the context, then ``context_parallel_prefill``."""
-    if not isinstance(context, ContextParallel):
+    """The ``cp_context`` call: checked against the context, then ``context_parallel_prefill``. What is wrong with
+    this rank's own arguments is handed on, not raised here, so that every rank raises it (a rank raising alone
+    would leave the others waiting out the group's timeout)."""
+    if not isinstance(context, ContextParallel):  # no group to tell: every rank passing it raises alone
         raise rejection("cp_context", f"of type {type(context).__name__}", "cp_context must be built by "
                         "gdn_nki.torch.build_cp_context (FLA's build_cp_context arguments)",
                         "build it with gdn_nki.torch.build_cp_context(cu_seqlens, group)")  # fmt: skip
-    given = [name for name, value in refused.items() if _truthy(value) and value is not None]
-    if given:
-        raise rejection(given[0], "given with cp_context", "context parallelism runs the trace-time form only (no "
-                        "bucket, checkpoints, read rows or transposed layouts)", f"drop {given[0]}")  # fmt: skip
-    if cu_seqlens is not None and not torch.equal(cu_seqlens.detach().cpu().long(), context.cu_seqlens_cpu):
-        raise rejection("cu_seqlens", "unlike cp_context.cu_seqlens", "with cp_context, cu_seqlens is this rank's "
-                        "(FLA's rank-local boundaries)", "pass cu_seqlens=cp_context.cu_seqlens, or omit it")  # fmt: skip
+    state_indices, initial_state_indices, kwargs = rows_and_keywords
+    problem = None
+    try:
+        _reject_unknown_keywords(kwargs)
+        state_indices = _state_indices(state_indices, initial_state_indices)
+        given = [name for name, value in refused.items() if _truthy(value) and value is not None]
+        if given:
+            raise rejection(given[0], "given with cp_context", "context parallelism runs the trace-time form only "
+                            "(no bucket, checkpoints, read rows or transposed layouts)", f"drop {given[0]}")  # fmt: skip
+        if cu_seqlens is not None and not torch.equal(cu_seqlens.detach().cpu().long(), context.cu_seqlens_cpu):
+            raise rejection("cu_seqlens", "unlike cp_context.cu_seqlens", "with cp_context, cu_seqlens is this "
+                            "rank's (FLA's rank-local boundaries)", "pass cu_seqlens=cp_context.cu_seqlens, or omit "
+                            "it")  # fmt: skip
+    except ContractError as error:
+        problem, state_indices = error.violations[0], None
     forwarded = {name: value for name, value in options.items() if value is not None and value is not False}
     forwarded.update(algorithm=options["algorithm"], group_size=options["group_size"])
     return context_parallel_prefill(
         chunk_gated_delta_rule, *tensors, context, scale=scale, initial_state=initial_state, output_final_state=_truthy(output_final_state),
-        state_indices=state_indices, **forwarded,
+        state_indices=state_indices, caller_problem=problem, **forwarded,
     )  # fmt: skip
 
 

@@ -12,7 +12,12 @@ and p are the segment run with zero values from the identity state. So every ran
 3. exchanges one carry — the affine map from its first piece's entry state to the state it hands the next rank —
    with every rank of the group (``all_gather``: Hv·Dk·(Dk + Dv) fp32 per rank, whatever the tokens), composes the
    carries of the ranks its first sequence spans into its entry state S₀, and corrects: o += p S₀ on the first
-   piece, its state M S₀ + L.
+   piece, its state M S₀ + L. Correcting, not prefilling the piece again from S₀: in nki-cpu's model the
+   correction as an NKI kernel costs 28–34 % of a pass (bench/bench_context_parallel.py, PERFORMANCE.md).
+
+Bad input is found on every rank before any collective (each rank's slice, its states and rows, its context's
+group) and exchanged in a header, and the ranks vote after their kernels and again after their corrections, so a
+failure anywhere raises on every rank before any pool row is written.
 
 Both passes are the kernel as it is (``chunk_gated_delta_rule``): M comes from the kernel itself, as the final
 state of its identity-state run, not from a kernel entry point of its own; so every gate it accepts — −inf resets, huge
@@ -30,7 +35,7 @@ from typing import Any
 
 from gdn_ref.contract import ContractError, Violation, names_entry_point
 
-from ..host.torch_io import import_torch
+from ..host.torch_io import import_torch, is_torch_tensor
 
 torch = import_torch()
 dist = torch.distributed
@@ -57,6 +62,9 @@ class ContextParallel:
         tokens_per_rank: the slice every rank holds.
         layout: a fingerprint of the global ``cu_seqlens`` and the group's size this context was built from (every
             rank's must agree: ranks built from different boundaries would compose each other's carries wrongly).
+        world: the group's size when the context was built (a call on a group of another size is refused).
+        rank: this rank's place in that group.
+        sequences: N, the batch's sequences (the length ``state_indices`` and a per-sequence ``initial_state`` have).
         sent_bytes: the bytes this rank sent in the collectives of its last call (the exchange is independent of
             the tokens; tests read it).
     """
@@ -71,6 +79,9 @@ class ContextParallel:
     first_sequence: int
     tokens_per_rank: int
     layout: int = 0
+    world: int = 0
+    rank: int = -1
+    sequences: int = 0
     sent_bytes: int = 0
 
     @property
@@ -126,6 +137,9 @@ def build_cp_context(
         first_sequence=first,
         tokens_per_rank=part,
         layout=hash((world, *bounds)),  # ints hash alike in every process (no hash randomization)
+        world=world,
+        rank=rank,
+        sequences=len(bounds) - 1,
     )
 
 
@@ -141,6 +155,7 @@ def context_parallel_prefill(
     initial_state: Any = None,
     output_final_state: bool = False,
     state_indices: Any = None,
+    caller_problem: Violation | None = None,
     **options: Any,
 ) -> tuple[Any, Any]:
     """This rank's share of a context-parallel prefill; every rank of ``cp_context.group`` calls it at once
@@ -161,6 +176,9 @@ def context_parallel_prefill(
         output_final_state (bool): return the states after this rank's pieces.
         state_indices (torch.Tensor | None): [N] pool rows of the batch's sequences (−1: start from zero, store
             nothing).
+        caller_problem (Violation | None): what the caller found wrong with this rank's own arguments: raised on
+            every rank after the header exchange, not on this rank alone (which would leave the others waiting out
+            the group's timeout).
         options: ``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``use_gate_in_kernel``, ``A_log``,
             ``dt_bias``, ``algorithm``, ``group_size``, as ``chunk_gated_delta_rule``.
 
@@ -170,18 +188,21 @@ def context_parallel_prefill(
         state on the rank where it ends; with a pool, the pool itself, updated), else None.
 
     Notes:
-        A call completes on every rank or raises on every rank (``ContractError`` for bad input anywhere, naming
-        the rank; ``RuntimeError`` when a rank's kernel failed), with no pool row written on any rank. The bytes
-        sent do not grow with L: a header, one carry and a status (``cp_context.sent_bytes``).
+        A call completes on every rank or raises on every rank (``ContractError`` for bad input anywhere — a
+        rank's slice, pool rows or states, a group of another size than the context's, or a value only one rank's
+        kernel sees — naming the rank; ``RuntimeError`` when a rank failed otherwise, in its kernel or while
+        correcting), with no pool row written on any rank: the ranks vote after their kernels and again before
+        any row is written. The bytes sent do not grow with L: a header, one carry and two statuses
+        (``cp_context.sent_bytes``).
     """
     unknown = sorted(set(options) - set(FORWARDED))
-    if unknown:
-        raise _rejection(unknown[0], "given", f"context parallelism forwards only {', '.join(FORWARDED)}",
-                         "run bucketed, checkpointed or pool-reading calls without cp_context")  # fmt: skip
+    if unknown and caller_problem is None:
+        caller_problem = _violation(unknown[0], "given", f"context parallelism forwards only {', '.join(FORWARDED)}",
+                                    "run bucketed, checkpointed or pool-reading calls without cp_context")  # fmt: skip
     context = cp_context
     context.sent_bytes = 0
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
-    problem = _local_problem(q, v, context, initial_state, state_indices)
+    problem = caller_problem or _local_problem(q, v, context, initial_state, state_indices, (value_heads, dk, dv))
     flag = 0 if problem is None else 1
     header = torch.tensor([q.shape[1], value_heads, dk, dv, flag, context.layout], dtype=torch.int64)
     headers = _all_gather(context, header)
@@ -203,19 +224,15 @@ def context_parallel_prefill(
     try:
         result = _prefill_here(prefill, (q, k, v, g, beta), context, scale, initial_state, state_indices, options)
     except Exception as error:  # a rank's failure is every rank's: no rank commits, none hangs
-        failure = f"{type(error).__name__}: {error}"
+        failure = _failure(context, error)
     carry = result[0] if result is not None else torch.zeros(value_heads, dk, dk + dv)
     carries = _all_gather(context, carry.float().contiguous())
-    status = _all_gather(context, torch.tensor([0 if failure is None else 1], dtype=torch.int64))
-    if any(int(s) for s in status):
-        messages = _all_gather_objects(context, failure)
-        named = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m)
-        raise RuntimeError(f"{CALLER}: the prefill failed on a rank, so no rank wrote its pool rows ({named})")
-    _, out, readout, transition, states = result
-    if not context.is_first_rank:
-        entry = _entry_state(context, carries, dk)
-        out = _corrected(out, readout, entry)
-        states[0] = transition @ entry + states[0]
+    _settle(context, failure, "its prefill")
+    try:
+        out, states = _finished(context, result, carries, dk)
+    except Exception as error:  # the same vote before any row is written
+        failure = _failure(context, error)
+    _settle(context, failure, "its correction")
     if not output_final_state:
         return out, None
     if state_indices is None:
@@ -226,6 +243,43 @@ def context_parallel_prefill(
     if keep:
         initial_state[torch.tensor([rows[i] for i in keep])] = states[keep]
     return out, initial_state
+
+
+def _finished(context: ContextParallel, result: tuple, carries: list[Any], dk: int) -> tuple[Any, Any]:
+    """This rank's outputs and piece states from the true entry state of its first piece (unchanged when its first
+    piece starts its sequence)."""
+    _, out, readout, transition, states = result
+    if not context.is_first_rank:
+        entry = _entry_state(context, carries, dk)
+        out = _corrected(out, readout, entry)
+        states[0] = transition @ entry + states[0]
+    return out, states
+
+
+def _failure(context: ContextParallel, error: Exception) -> tuple[str, Any]:
+    """What this rank tells the others of its failure: a ContractError's violations (their sequences as the
+    batch's indices, each marked with the rank), or any other error's text."""
+    rank = dist.get_rank(context.group)
+    if isinstance(error, ContractError):
+        return "contract", [dataclasses.replace(
+            v, value=f"{v.value} (on rank {rank})",
+            sequence=None if v.sequence is None else context.first_sequence + v.sequence,
+        ) for v in error.violations]  # fmt: skip
+    return "error", f"{type(error).__name__}: {error}"
+
+
+def _settle(context: ContextParallel, failure: tuple[str, Any] | None, stage: str) -> None:
+    """Every rank's vote on ``stage``: raise on every rank when any rank failed it — a ContractError carrying the
+    violations when every failure was one, else a RuntimeError naming each failed rank — before any row is written."""
+    status = _all_gather(context, torch.tensor([0 if failure is None else 1], dtype=torch.int64))
+    if not any(int(s) for s in status):
+        return
+    failures = {r: f for r, f in enumerate(_all_gather_objects(context, failure)) if f is not None}
+    if all(kind == "contract" for kind, _ in failures.values()):
+        raise ContractError([v for _, violations in failures.values() for v in violations], CALLER)
+    named = "; ".join(f"rank {r}: {detail if kind == 'error' else ContractError(detail)}"
+                      for r, (kind, detail) in failures.items())  # fmt: skip
+    raise RuntimeError(f"{CALLER}: a rank failed in {stage}, so no rank wrote its pool rows ({named})")
 
 
 def _corrected(out: Any, readout: Any, entry: Any) -> Any:
@@ -294,24 +348,67 @@ def _local_rows(context: ContextParallel, state_indices: Any) -> list[int]:
     return rows[context.first_sequence : context.first_sequence + context.num_seqs]
 
 
-def _local_problem(q: Any, v: Any, context: ContextParallel, initial_state: Any, state_indices: Any) -> str | None:
+def _local_problem(
+    q: Any, v: Any, context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple[int, int, int]
+) -> Violation | None:
     """What is wrong with this rank's part of the call, found before any collective (None: nothing)."""
+    world, rank = dist.get_world_size(context.group), dist.get_rank(context.group)
+    if context.world and (world, rank) != (context.world, context.rank):
+        return _violation("cp_context", f"built as rank {context.rank} of a group of {context.world}, called as rank "
+                          f"{rank} of {world}", "the call runs on the group its context was built on",
+                          "build the context with build_cp_context(cu_seqlens, group) on the call's group")  # fmt: skip
     if q.shape[0] != 1 or q.shape[1] != context.tokens_per_rank:
-        return (f"q has shape {tuple(q.shape)}; this rank holds [1, {context.tokens_per_rank}, ...] "
-                "(build_cp_context's slice)")  # fmt: skip
+        total = context.tokens_per_rank * world
+        split = (f", a slice of the batch's {total} tokens for {total // q.shape[1]} ranks on a group of {world}"
+                 if q.shape[0] == 1 and 0 < q.shape[1] and total % q.shape[1] == 0 else "")  # fmt: skip
+        return _violation("q", f"of shape {tuple(q.shape)}{split}", f"each rank holds [1, {context.tokens_per_rank}, "
+                          f"...]: build_cp_context's slice of the batch over the group's {world} ranks",
+                          "build the context on the group the tokens are split over and pass each rank its slice")  # fmt: skip
     if state_indices is not None and initial_state is None:
-        return "state_indices given without a pool (initial_state)"
+        return _violation("state_indices", "given without a pool", "state_indices name rows of the pool passed as "
+                          "initial_state", "pass the pool as initial_state, or no state_indices")  # fmt: skip
+    return None if initial_state is None else _state_problem(context, initial_state, state_indices, tail)
+
+
+def _state_problem(context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple) -> Violation | None:
+    """What is wrong with the states (one per sequence, or a pool and its rows), checked on every rank before any
+    collective: a row is written on the rank where its sequence ends, which may not be where it was read. The
+    single-rank call's rules of types and shapes, then the rows: the whole batch's, each −1 or a distinct row."""
+    from .chunk import check_states  # chunk.py imports this module
+
+    try:
+        check_states(initial_state, state_indices, context.sequences, tail)
+    except ContractError as error:
+        return error.violations[0]
+    if state_indices is None:
+        return None
+    n = context.sequences
+    if not is_torch_tensor(state_indices) or tuple(state_indices.shape) != (n,):
+        found = f"{type(state_indices).__name__} of shape {tuple(getattr(state_indices, 'shape', ()))}"
+        return _violation("state_indices", found, f"an integer [{n}] tensor: one pool row per sequence of the batch",
+                          "pass the whole batch's rows (-1: none) on every rank")  # fmt: skip
+    rows = state_indices.detach().to("cpu").tolist()
+    pool = initial_state.shape[0]
+    bad = [(i, row) for i, row in enumerate(rows) if not -1 <= row < pool]
+    if bad:
+        return _violation("state_indices", f"[{bad[0][0]}] = {bad[0][1]} ({len(bad)} outside)", f"each row is -1 "
+                          f"or one of the pool's {pool} rows", f"use rows in [0, {pool}) or -1")  # fmt: skip
+    live = [row for row in rows if row >= 0]
+    repeated = sorted({row for row in live if live.count(row) > 1})
+    if repeated:
+        return _violation("state_indices", f"naming rows {repeated} twice", "each sequence writes its final state "
+                          "to its own row: the rows must be distinct", "give every sequence its own row, or -1")  # fmt: skip
     return None
 
 
-def _agree(context: ContextParallel, headers: list[Any], problem: str | None) -> None:
-    """Raise on every rank when any rank found its part of the call wrong, naming the ranks and what."""
+def _agree(context: ContextParallel, headers: list[Any], problem: Violation | None) -> None:
+    """Raise on every rank when any rank found its part of the call wrong: one ContractError with every rank's
+    violation, each marked with its rank."""
     if not any(int(h[4]) for h in headers):
         return
-    messages = _all_gather_objects(context, problem)
-    named = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m)
-    raise _rejection("cp_context", f"on {sum(1 for m in messages if m)} rank(s)", named, "fix the named ranks' "
-                     "inputs; no rank ran or wrote anything")  # fmt: skip
+    problems = _all_gather_objects(context, problem)
+    raise ContractError([dataclasses.replace(v, value=f"{v.value} (on rank {r}; no rank ran or wrote anything)")
+                         for r, v in enumerate(problems) if v is not None], CALLER)  # fmt: skip
 
 
 def _all_gather(context: ContextParallel, tensor: Any) -> list[Any]:
@@ -333,5 +430,9 @@ def _all_gather_objects(context: ContextParallel, value: Any) -> list[Any]:
     return gathered
 
 
+def _violation(argument: str, value: str, rule: str, fix: str) -> Violation:
+    return Violation(f"context_parallel.{argument}", argument, value, rule, fix, api=CALLER)
+
+
 def _rejection(argument: str, value: str, rule: str, fix: str) -> ContractError:
-    return ContractError([Violation(f"context_parallel.{argument}", argument, value, rule, fix, api=CALLER)])
+    return ContractError([_violation(argument, value, rule, fix)])
