@@ -40,6 +40,30 @@ def test_tkg_matches_the_oracle(dtype: str) -> None:
     assert np.array_equal(x["state_in"], state_in)  # state_in is only read
 
 
+@pytest.mark.parametrize("batch", [3, 1])
+def test_tkg_on_a_launch_grid_of_two_splits_its_rows_and_changes_no_bit(batch: int) -> None:
+    """``gdn_tkg[2]``: each program runs its share of the batch rows (rows p, p + 2, …; none for program 1 at B = 1)
+    and writes only them: out and state bit-identical to one program, and the two programs together move the
+    launch's bytes once (each request's state read and written by one program only)."""
+    import nki_cpu
+    from nki_cpu.cost import estimate
+
+    x = _tkg_inputs(11, "bfloat16", B=batch, Hv=4, K=32, V=32)
+    one = gdn_nki.tkg_simulate(**x)
+    whole = estimate(nki_cpu.last_trace()).dma_bytes
+    two = gdn_nki.tkg_simulate(**x, grid=2)
+    shares = [estimate(trace).dma_bytes for trace in nki_cpu.last_traces()]
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])
+    ref_out, ref_state = gdn_tkg_reference(**x)
+    assert_within("out", two[0], ref_out, "bfloat16")
+    assert_within("state", two[1], ref_state, "bfloat16")
+    state_row = 4 * 32 * 32 * 4  # one request's state, read or written
+    assert len(shares) == 2 and sum(shares) < whole + state_row  # every request by one program
+    assert shares[0] > 2 * state_row * (batch - batch // 2 - 0.5)  # program 0 ran rows 0, 2, …
+    with pytest.raises(ContractError, match=r"gdn_nki.tkg_simulate rejected[\s\S]*\[launch.grid\]"):
+        gdn_nki.tkg_simulate(**x, grid=3)
+
+
 def test_tkg_rejects_before_launch() -> None:
     x = _tkg_inputs(2, "float32")
     x["v"] = x["v"].astype(np.float64)

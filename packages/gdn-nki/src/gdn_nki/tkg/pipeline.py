@@ -37,6 +37,10 @@ from .state_tiles import Steps, block_operands, tile_products, tile_update
 # dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
 # heads, T = 1), and a request's state tiles are in SBUF from its loads to its stores (3 requests at a time).
 PREPARED_AHEAD = 2
+# The step of the next request after which a request's gated RMSNorm is issued: its outputs reach the norm's rows
+# by an SBUF-to-SBUF DMA (a fixed latency of ~1.3 µs), which two tile steps cover, so the in-order vector engine
+# does not wait on it.
+NORM_AFTER_STEP = 2
 _DONE = object()
 
 
@@ -63,18 +67,20 @@ class Request:
 @dataclass
 class Loaded:
     """A request's transfers in flight: per token the q/k rows, gate tiles and each block's value rows; the state
-    tiles in order."""
+    tiles in order; with an output norm, per token its z rows [Hv, Dv] fp32."""
 
     request: Request
     keys: list[Any]
     gates: list[tuple[Any, Any]]
     values: list[list[Any]]
     states: list[Any]
+    z_rows: list[Any] | None = None
 
 
 def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gates, consts: Constants,
-                 request: Request) -> Loaded:  # fmt: skip
-    """Issue every load of one request: its tokens' inputs first (small, needed first), then its state tiles."""
+                 request: Request, norm: OutputNorm | None = None) -> Loaded:  # fmt: skip
+    """Issue every load of one request: its tokens' inputs first (small, needed first), then its state tiles, then
+    (with ``norm``) its tokens' z rows, needed only once its outputs are made."""
     query, key, value, _ = tensors
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     tokens = range(shapes.tokens)
@@ -95,7 +101,14 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
         state = sbuf((layout.partitions, layout.free), FP32)
         copy_rows(state, row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
         states.append(state)
-    return Loaded(request=request, keys=keys, gates=gate_tiles, values=values, states=states)
+    z_rows = None
+    if norm is not None:
+        z_rows = []
+        for t in tokens:
+            rows = sbuf((hv, dv), FP32)
+            copy_rows(rows, row_view(norm.z, n, [[dv, hv], [1, dv]], t * hv * dv))
+            z_rows.append(rows)
+    return Loaded(request=request, keys=keys, gates=gate_tiles, values=values, states=states, z_rows=z_rows)
 
 
 @dataclass
@@ -138,7 +151,8 @@ def lockstep(steps: list[Steps]) -> Steps:
 def finish_request(
     shapes: Shapes, tensors: tuple[Any, Any, Any, Any], consts: Constants, prepared: Prepared,
     norm: OutputNorm | None = None, between: Callable[[], None] | None = None,
-) -> None:  # fmt: skip
+    earlier: list[Callable[[], None]] | None = None,
+) -> list[Callable[[], None]]:  # fmt: skip
     """Advance every tile of a prepared request through its tokens (token by token, tile by tile), store the
     outputs, and store each tile after its last token (or after every token, with ``token_rows``).
 
@@ -146,6 +160,11 @@ def finish_request(
     tile, so the tensor engine does not wait on this step's PSUM evacuation (it issues in program order);
     ``between`` is called after every step (``emit_requests`` advances the next requests' preparations one
     dependency level), so the in-order engines interleave them with this request's steps.
+
+    With ``norm`` every tile's outputs are gathered into one [Hv, Dv] tile per token, and the gated RMSNorm of
+    all Hv rows and their store are returned as closures, for the caller to issue later (``earlier``: a previous
+    request's, issued after this request's ``NORM_AFTER_STEP``-th step): one norm per token instead of one per tile
+    (the vector engine's time goes by the free size, whatever the partitions), and no engine waits on the gather.
     """
     out = tensors[3]
     dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
@@ -154,21 +173,20 @@ def finish_request(
     per_block = layout.tiles_per_block
     tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
     rows_pattern = [[dv, h], [1, dv]]
+    gathered = [sbuf((hv, dv), FP32) for _ in range(shapes.tokens)] if norm is not None else None
+    steps_done = 0
 
     def finish(step: tuple[int, int], mixed: Any) -> None:
+        nonlocal steps_done
         t, tile = step
         state = states[tile]
         ops = prepared.operands[tile // per_block][t]
         outputs = tile_update(layout, consts.tiles, ops, tile % per_block, state, mixed)[h : 2 * h, :]
         within = (t * hv + tile * h) * dv
-        if norm is not None:
-            normed = sbuf((h, dv), FP32)  # the norm's row arithmetic from partition 0
-            nisa.dma_copy(dst=normed, src=outputs)
-            z_rows = sbuf((h, dv), FP32)
-            copy_rows(z_rows, row_view(norm.z, request.n, rows_pattern, within))
-            gated_rms_norm(shapes, normed, z_rows, consts)
-            outputs = normed
-        copy_rows(row_view(out, out_row, rows_pattern, within), outputs)
+        if gathered is not None:  # the norm's rows from partition 0, every tile's heads in one tile
+            nisa.dma_copy(dst=gathered[t][tile * h : (tile + 1) * h, :], src=outputs)
+        else:
+            copy_rows(row_view(out, out_row, rows_pattern, within), outputs)
         within_row = tile * layout.partitions * layout.free
         if request.token_rows is not None:
             copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
@@ -176,6 +194,11 @@ def finish_request(
             copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), state)
         if between is not None:
             between()
+        steps_done += 1
+        if earlier and steps_done == NORM_AFTER_STEP:
+            for tail in earlier:
+                tail()
+            earlier.clear()
 
     pending = None
     for step in [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]:
@@ -189,9 +212,24 @@ def finish_request(
             finish(*pending)
         pending = (step, mixed)
     finish(*pending)
+    if earlier:  # a request of fewer steps than NORM_AFTER_STEP
+        for tail in earlier:
+            tail()
+        earlier.clear()
     if request.zeros is not None:  # last: its row is computed while the steps run
         row, zeros = request.zeros
         copy_rows(row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
+    if gathered is None:
+        return []
+
+    def normed(t: int) -> Callable[[], None]:
+        def tail() -> None:
+            gated_rms_norm(shapes, gathered[t], prepared.loaded.z_rows[t], consts)
+            copy_rows(row_view(out, out_row, [[dv, hv], [1, dv]], t * hv * dv), gathered[t])
+
+        return tail
+
+    return [normed(t) for t in range(shapes.tokens)]
 
 
 def emit_requests(
@@ -219,7 +257,7 @@ def emit_requests(
     def start() -> None:  # the next request's loads, and its preparation queued
         request = next(waiting, None)
         if request is not None:
-            loaded = load_request(shapes, tensors, gates, consts, request)
+            loaded = load_request(shapes, tensors, gates, consts, request, norm)
             preparing.append(prepare_request(shapes, gates, consts, loaded, scale, l2norm, prepared))
 
     def advance() -> None:  # one level of every preparation under way
@@ -229,8 +267,11 @@ def emit_requests(
 
     for _ in range(PREPARED_AHEAD):
         start()
+    tails: list[Callable[[], None]] = []  # the previous request's output norms
     while preparing or prepared:
         while not prepared:
             advance()
         start()
-        finish_request(shapes, tensors, consts, prepared.popleft(), norm, between=advance)
+        tails = finish_request(shapes, tensors, consts, prepared.popleft(), norm, advance, tails)
+    for tail in tails:
+        tail()
