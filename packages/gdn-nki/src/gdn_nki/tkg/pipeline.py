@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..common.backend import nisa
+from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.tiles import FP32, sbuf
 from .recurrence import (
@@ -31,7 +31,7 @@ from .recurrence import (
     token_gates,
     token_keys,
 )
-from .state_tiles import Steps, block_operands, tile_products, tile_update
+from .state_tiles import Steps, block_operands, column_outputs, tile_columns, tile_update_from_columns
 
 # Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
 # dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
@@ -172,8 +172,7 @@ def finish_request(
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
     tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
-    rows_pattern = [[dv, h], [1, dv]]
-    gathered = [sbuf((hv, dv), FP32) for _ in range(shapes.tokens)] if norm is not None else None
+    columns = [sbuf((dv, layout.tiles, 2, h), FP32) for _ in range(shapes.tokens)]  # each token's [u; o] columns
     steps_done = 0
 
     def finish(step: tuple[int, int], mixed: Any) -> None:
@@ -181,12 +180,7 @@ def finish_request(
         t, tile = step
         state = states[tile]
         ops = prepared.operands[tile // per_block][t]
-        outputs = tile_update(layout, consts.tiles, ops, tile % per_block, state, mixed)[h : 2 * h, :]
-        within = (t * hv + tile * h) * dv
-        if gathered is not None:  # the norm's rows from partition 0, every tile's heads in one tile
-            nisa.dma_copy(dst=gathered[t][tile * h : (tile + 1) * h, :], src=outputs)
-        else:
-            copy_rows(row_view(out, out_row, rows_pattern, within), outputs)
+        tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, state, mixed, columns[t][:, tile])
         within_row = tile * layout.partitions * layout.free
         if request.token_rows is not None:
             copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
@@ -207,7 +201,7 @@ def finish_request(
             pending = None
         t, tile = step
         ops = prepared.operands[tile // per_block][t]
-        mixed = tile_products(layout, ops, tile % per_block, states[tile])
+        mixed = tile_columns(layout, ops, tile % per_block, states[tile])
         if pending is not None:
             finish(*pending)
         pending = (step, mixed)
@@ -219,17 +213,18 @@ def finish_request(
     if request.zeros is not None:  # last: its row is computed while the steps run
         row, zeros = request.zeros
         copy_rows(row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
-    if gathered is None:
-        return []
 
-    def normed(t: int) -> Callable[[], None]:
+    def outputs(t: int) -> Callable[[], None]:
         def tail() -> None:
-            gated_rms_norm(shapes, gathered[t], prepared.loaded.z_rows[t], consts)
-            copy_rows(row_view(out, out_row, [[dv, hv], [1, dv]], t * hv * dv), gathered[t])
+            rows = sbuf((hv, dv), FP32)
+            nisa.activation(dst=rows, op=nl.copy, data=column_outputs(layout, consts.tiles, columns[t]))
+            if norm is not None:
+                gated_rms_norm(shapes, rows, prepared.loaded.z_rows[t], consts)
+            copy_rows(row_view(out, out_row, [[dv, hv], [1, dv]], t * hv * dv), rows)
 
         return tail
 
-    return [normed(t) for t in range(shapes.tokens)]
+    return [outputs(t) for t in range(shapes.tokens)]
 
 
 def emit_requests(

@@ -44,6 +44,9 @@ PMAX = 128
 RUN_BYTES = 2048
 # An fp32 PSUM bank per partition (2 KiB): the widest matmul output (a block's selection products).
 PSUM_BANK_FP32 = 512
+# Dk rows a partition whose rank-1 writes run on GpSimd rather than the vector engine (``tile_update_from_columns``):
+# half of Qwen3-Next's 4, which balances the two engines with the scalar engine's copy of u (PERFORMANCE.md).
+GPSIMD_ROWS = 2
 # Planes of the per-token columns the selection matmul moves: recall, read, key.
 PLANES = 3
 # Work issued one dependency level at a time: a generator that yields between levels and returns its result, so
@@ -120,7 +123,7 @@ class LayoutConstants:
     - ``signed_mask`` [P, 3, H]: [p in head h's block] with sign −, −, + for the recall, read and key planes;
     - ``spread`` [H, P]: spread[h, p] = [p in head h's block] (a head's row to its partitions);
     - ``pick`` [block, tiles_per_block, H]: pick[h, t, h'] = [h = t·H + h'] (a block's value row to its tile row);
-    - ``identity`` [block, block].
+    - ``identity`` [block, block], ``value_identity`` [Dv, Dv].
     """
 
     def __init__(self, layout: TileLayout):
@@ -151,6 +154,11 @@ class LayoutConstants:
         nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
         self.identity = sbuf((block, block), FP32)
         nisa.tensor_scalar(dst=self.identity, data=diagonal, op0=nl.equal, operand0=0.0)
+        dv = layout.dv
+        value_diagonal = sbuf((dv, dv), FP32)
+        nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
+        self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
+        nisa.tensor_scalar(dst=self.value_identity, data=value_diagonal, op0=nl.equal, operand0=0.0)
 
 
 @dataclass(frozen=True)
@@ -267,4 +275,70 @@ def tile_update(layout: TileLayout, consts: LayoutConstants, ops: BlockOperands,
         piece = state[:, lo * dv : (lo + 1) * dv]
         nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=ops.keys[:, lo, t : t + 1],
                                   op1=nl.add, operand1=piece)  # fmt: skip
+    return rows
+
+
+def tile_columns(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> Any:
+    """``tile_products`` with the state as the stationary: one token's [u; o] of tile ``t`` as columns.
+
+    Returns:
+        [Dv, 2, H] fp32 in PSUM: [:, 0, h] the delta u of the tile's head h, [:, 1, h] its output.
+
+    Notes:
+        The same sums as ``tile_products``, each matmul with the [P, Dv] state slice stationary and the [P, 2H]
+        columns moving: the tensor engine's time goes by the moving free size (``nc_matmul``'s cost, nki-cpu's
+        COST_MODEL.md item 1), 2H = 8 against Dv = 128, so each costs half (the stationary's load, 64 columns'
+        worth, then binds).
+    """
+    parts, dv, h = layout.partitions, layout.dv, layout.heads
+    mixed = psum((dv, 2, h))
+    matmul(ops.values, ops.value_pick[:, t].reshape((layout.block_heads, 2 * h)), dst=mixed)
+    for lo in range(layout.rows):
+        moving = ops.stationaries[:, lo, t, 0:2, :].reshape((parts, 2 * h))
+        matmul(state[:, lo * dv : (lo + 1) * dv], moving, dst=mixed, accumulate=True)
+    return mixed
+
+
+def tile_update_from_columns(
+    layout: TileLayout, consts: LayoutConstants, ops: BlockOperands, t: int, state: Any, mixed: Any, columns: Any
+) -> None:
+    """``tile_update`` from ``tile_columns``' [u; o] columns: S ← α S + k uᵀ on tile ``t`` of a block.
+
+    Args:
+        columns: [Dv, 2, H] fp32 SBUF that receives ``mixed`` (the outputs are read from [:, 1, :] later).
+
+    Notes:
+        u reaches its heads' partitions in one 0/1 matmul: the stationary is u's columns broadcast over each
+        head's G partitions ([Dv, H, G], stride 0: a stationary may be a broadcast view, ``nki.isa.nc_matmul``,
+        SDK 2.33), the moving the [Dv, Dv] identity, so the product is u of partition p's head, [P, Dv], the
+        transpose and the spread at once.
+    """
+    dv, g = layout.dv, layout.parts_per_head
+    nisa.activation(dst=columns, op=nl.copy, data=mixed)
+    spread = psum((layout.partitions, dv))
+    heads = columns[:, 0, :].expand_dim(2).broadcast(2, g)
+    matmul(heads, consts.value_identity, dst=spread, moving_onezero=True)
+    # The rank-1 write of the last GPSIMD_ROWS Dk rows a partition runs on GpSimd (it reaches SBUF only, so the
+    # scalar engine makes k·u there, and GpSimd decays and adds), the rest as the vector engine's scaled adds after
+    # the scalar engine's decay: the vector engine alone bound the step at T > 1. The same roundings either way.
+    alpha = ops.alpha[:, t : t + 1]
+    on_vector = layout.rows - min(GPSIMD_ROWS, layout.rows - 1)
+    nisa.activation(dst=state[:, 0 : on_vector * dv], op=nl.copy, data=state[:, 0 : on_vector * dv], scale=alpha)
+    for lo in range(layout.rows):
+        piece, key = state[:, lo * dv : (lo + 1) * dv], ops.keys[:, lo, t : t + 1]
+        if lo < on_vector:
+            nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=key, op1=nl.add,
+                                      operand1=piece)  # fmt: skip
+            continue
+        written = sbuf((layout.partitions, dv), FP32)
+        nisa.activation(dst=written, op=nl.copy, data=spread, scale=key)
+        nisa.tensor_tensor(dst=piece, data1=piece, data2=alpha.broadcast(1, dv), op=nl.multiply, engine=GPSIMD)
+        nisa.tensor_tensor(dst=piece, data1=written, data2=piece, op=nl.add, engine=GPSIMD)
+
+
+def column_outputs(layout: TileLayout, consts: LayoutConstants, columns: Any) -> Any:
+    """Every tile's outputs of one token, [Dv, tiles, 2, H] columns (``tile_update_from_columns``), as rows
+    [Hv, Dv] fp32 in PSUM (row = value head) by one 0/1 matmul against the identity."""
+    rows = psum((layout.value_heads, layout.dv))
+    matmul(columns[:, :, 1, :], consts.value_identity, dst=rows, moving_onezero=True)
     return rows
