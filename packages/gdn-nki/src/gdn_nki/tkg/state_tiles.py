@@ -323,17 +323,23 @@ def tile_update_from_columns(
     # the scalar engine's decay: the vector engine alone bound the step at T > 1. The same roundings either way.
     alpha = ops.alpha[:, t : t + 1]
     on_vector = layout.rows - min(GPSIMD_ROWS, layout.rows - 1)
-    nisa.activation(dst=state[:, 0 : on_vector * dv], op=nl.copy, data=state[:, 0 : on_vector * dv], scale=alpha)
+    by_vector, by_gpsimd = state[:, 0 : on_vector * dv], state[:, on_vector * dv :]
+    if on_vector < layout.rows:  # first: it waits only for this token's products of the tile
+        nisa.tensor_tensor(dst=by_gpsimd, data1=by_gpsimd, data2=alpha.broadcast(1, by_gpsimd.shape[1]),
+                           op=nl.multiply, engine=GPSIMD)  # fmt: skip
+    nisa.activation(dst=by_vector, op=nl.copy, data=by_vector, scale=alpha)
+    written = []
+    for lo in range(on_vector, layout.rows):
+        product = sbuf((layout.partitions, dv), FP32)
+        nisa.activation(dst=product, op=nl.copy, data=spread, scale=ops.keys[:, lo, t : t + 1])
+        written.append(product)
     for lo in range(layout.rows):
-        piece, key = state[:, lo * dv : (lo + 1) * dv], ops.keys[:, lo, t : t + 1]
+        piece = state[:, lo * dv : (lo + 1) * dv]
         if lo < on_vector:
-            nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=key, op1=nl.add,
-                                      operand1=piece)  # fmt: skip
-            continue
-        written = sbuf((layout.partitions, dv), FP32)
-        nisa.activation(dst=written, op=nl.copy, data=spread, scale=key)
-        nisa.tensor_tensor(dst=piece, data1=piece, data2=alpha.broadcast(1, dv), op=nl.multiply, engine=GPSIMD)
-        nisa.tensor_tensor(dst=piece, data1=written, data2=piece, op=nl.add, engine=GPSIMD)
+            nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=ops.keys[:, lo, t : t + 1],
+                                      op1=nl.add, operand1=piece)  # fmt: skip
+        else:
+            nisa.tensor_tensor(dst=piece, data1=written[lo - on_vector], data2=piece, op=nl.add, engine=GPSIMD)
 
 
 def column_outputs(layout: TileLayout, consts: LayoutConstants, columns: Any) -> Any:
