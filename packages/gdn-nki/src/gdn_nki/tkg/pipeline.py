@@ -17,6 +17,7 @@ from typing import Any
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.tiles import FP32, sbuf
+from .chunk import ChunkOperands, chunk_columns, chunk_update, prepare_chunk
 from .recurrence import (
     Constants,
     Gates,
@@ -31,7 +32,7 @@ from .recurrence import (
     token_gates,
     token_keys,
 )
-from .state_tiles import Steps, block_operands, column_outputs, tile_columns, tile_update_from_columns
+from .state_tiles import Steps, block_operands, chunk_form_fits, column_outputs, tile_columns, tile_update_from_columns
 
 # Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
 # dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
@@ -137,9 +138,19 @@ def prepare_request(
                   for b, h0 in enumerate(firsts)]  # fmt: skip
         return (yield from lockstep(blocks))
 
+    if uses_chunk_form(shapes, consts, loaded.request):
+        blocks = yield from prepare_chunk(shapes, gates, consts, loaded, scale, l2norm)
+        into.append(Prepared(loaded=loaded, operands=blocks))
+        return
     per_token = yield from lockstep([token(t) for t in range(shapes.tokens)])
     operands = [[per_token[t][b] for t in range(shapes.tokens)] for b in range(len(firsts))]
     into.append(Prepared(loaded=loaded, operands=operands))
+
+
+def uses_chunk_form(shapes: Shapes, consts: Constants, request: Request) -> bool:
+    """A request verifies its T tokens in chunk form (``chunk``) when only its final state is kept and the shapes
+    fit; else token by token."""
+    return request.token_rows is None and chunk_form_fits(shapes.tokens, consts.layout)
 
 
 def lockstep(steps: list[Steps]) -> Steps:
@@ -172,15 +183,35 @@ def finish_request(
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
     tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
-    columns = [sbuf((dv, layout.tiles, 2, h), FP32) for _ in range(shapes.tokens)]  # each token's [u; o] columns
+    chunked = isinstance(prepared.operands[0], ChunkOperands)
+    # each token's [u; o] columns of every tile: [Dv, tiles, 2, H] a token, or [Dv, tiles, 2, T, H] in chunk form
+    if chunked:
+        collected = sbuf((dv, layout.tiles, 2, shapes.tokens, h), FP32)
+        outputs_of = [collected[:, :, 1, t, :] for t in range(shapes.tokens)]
+        steps = [(shapes.tokens - 1, tile) for tile in range(layout.tiles)]
+    else:
+        columns = [sbuf((dv, layout.tiles, 2, h), FP32) for _ in range(shapes.tokens)]
+        outputs_of = [columns[t][:, :, 1, :] for t in range(shapes.tokens)]
+        steps = [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]
     steps_done = 0
+
+    def products(step: tuple[int, int]) -> Any:
+        t, tile = step
+        if chunked:
+            ops = prepared.operands[tile // per_block]
+            return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens)
+        return tile_columns(layout, prepared.operands[tile // per_block][t], tile % per_block, states[tile])
 
     def finish(step: tuple[int, int], mixed: Any) -> None:
         nonlocal steps_done
         t, tile = step
         state = states[tile]
-        ops = prepared.operands[tile // per_block][t]
-        tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, state, mixed, columns[t][:, tile])
+        if chunked:
+            chunk_update(layout, consts.tiles, prepared.operands[tile // per_block], tile % per_block, tile, state,
+                         mixed, collected[:, tile, 1], shapes.tokens)  # fmt: skip
+        else:
+            ops = prepared.operands[tile // per_block][t]
+            tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, state, mixed, columns[t][:, tile])
         within_row = tile * layout.partitions * layout.free
         if request.token_rows is not None:
             copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
@@ -195,13 +226,11 @@ def finish_request(
             earlier.clear()
 
     pending = None
-    for step in [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]:
+    for step in steps:
         if pending is not None and pending[0][1] == step[1]:
             finish(*pending)  # the same tile: its update must land before these products read it
             pending = None
-        t, tile = step
-        ops = prepared.operands[tile // per_block][t]
-        mixed = tile_columns(layout, ops, tile % per_block, states[tile])
+        mixed = products(step)
         if pending is not None:
             finish(*pending)
         pending = (step, mixed)
@@ -217,7 +246,7 @@ def finish_request(
     def outputs(t: int) -> Callable[[], None]:
         def tail() -> None:
             rows = sbuf((hv, dv), FP32)
-            nisa.activation(dst=rows, op=nl.copy, data=column_outputs(layout, consts.tiles, columns[t]))
+            nisa.activation(dst=rows, op=nl.copy, data=column_outputs(layout, consts.tiles, outputs_of[t]))
             if norm is not None:
                 gated_rms_norm(shapes, rows, prepared.loaded.z_rows[t], consts)
             copy_rows(row_view(out, out_row, [[dv, hv], [1, dv]], t * hv * dv), rows)

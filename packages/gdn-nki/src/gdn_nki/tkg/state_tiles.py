@@ -107,6 +107,18 @@ def tile_layout(dk: int, dv: int, value_heads: int) -> TileLayout:
     return TileLayout(dk=dk, dv=dv, value_heads=value_heads, rows=rows, heads=heads, tiles_per_block=per_block)
 
 
+def chunk_form_fits(tokens: int, layout: TileLayout) -> bool:
+    """Whether T tokens can verify in chunk form (``chunk``): T > 1, a block's planes of all T tokens within one
+    PSUM bank, the per-head gate tiles spanning the value columns' partitions, and T·Hv (token, head) rows within
+    the partitions (the rank-T write contracts over them)."""
+    return (
+        tokens > 1
+        and PLANES * tokens * layout.block_heads <= PSUM_BANK_FP32
+        and layout.dv <= layout.lanes
+        and tokens * layout.value_heads <= PMAX
+    )
+
+
 def _zero_one(dst: Any, values: Any, low: int, high: int) -> None:
     """``dst = 1.0 where low <= values < high else 0.0`` (two compares and a product)."""
     above = sbuf(tuple(dst.shape), FP32)
@@ -123,10 +135,11 @@ class LayoutConstants:
     - ``signed_mask`` [P, 3, H]: [p in head h's block] with sign −, −, + for the recall, read and key planes;
     - ``spread`` [H, P]: spread[h, p] = [p in head h's block] (a head's row to its partitions);
     - ``pick`` [block, tiles_per_block, H]: pick[h, t, h'] = [h = t·H + h'] (a block's value row to its tile row);
-    - ``identity`` [block, block], ``value_identity`` [Dv, Dv].
+    - ``identity`` [block, block], ``value_identity`` [Dv, Dv];
+    - ``write_mask`` [T·Hv, P] (chunk form only, ``chunk``): [p in head h's block] for row (token, tile, h).
     """
 
-    def __init__(self, layout: TileLayout):
+    def __init__(self, layout: TileLayout, tokens: int = 1):
         dk, rows, g, h, parts = layout.dk, layout.rows, layout.parts_per_head, layout.heads, layout.partitions
         heads_per_tile = parts // g
         offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
@@ -159,6 +172,17 @@ class LayoutConstants:
         nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
         self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
         nisa.tensor_scalar(dst=self.value_identity, data=value_diagonal, op0=nl.equal, operand0=0.0)
+        partition_diagonal = sbuf((parts, parts), FP32)
+        nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
+        self.write_mask = None
+        if chunk_form_fits(tokens, layout):  # [T·Hv, P]: row (t, tile, h) × partition p: [p in head h's block]
+            rows_heads = sbuf((h, tokens * layout.value_heads), FP32)  # h' − h of row (t, tile, h')
+            nisa.iota(dst=rows_heads, pattern=[[0, tokens * layout.tiles], [1, h]], offset=0, channel_multiplier=-1)
+            pick_rows = sbuf((h, tokens * layout.value_heads), FP32)
+            nisa.tensor_scalar(dst=pick_rows, data=rows_heads, op0=nl.equal, operand0=0.0)
+            self.write_mask = sbuf((tokens * layout.value_heads, parts), FP32)
+            nisa.activation(dst=self.write_mask, op=nl.copy,
+                            data=matmul(pick_rows, self.spread, stationary_onezero=True, moving_onezero=True))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -342,9 +366,9 @@ def tile_update_from_columns(
             nisa.tensor_tensor(dst=piece, data1=written[lo - on_vector], data2=piece, op=nl.add, engine=GPSIMD)
 
 
-def column_outputs(layout: TileLayout, consts: LayoutConstants, columns: Any) -> Any:
-    """Every tile's outputs of one token, [Dv, tiles, 2, H] columns (``tile_update_from_columns``), as rows
-    [Hv, Dv] fp32 in PSUM (row = value head) by one 0/1 matmul against the identity."""
+def column_outputs(layout: TileLayout, consts: LayoutConstants, outputs: Any) -> Any:
+    """Every tile's outputs of one token, columns [Dv, tiles, H], as rows [Hv, Dv] fp32 in PSUM (row = value
+    head) by one 0/1 matmul against the identity."""
     rows = psum((layout.value_heads, layout.dv))
-    matmul(columns[:, :, 1, :], consts.value_identity, dst=rows, moving_onezero=True)
+    matmul(outputs, consts.value_identity, dst=rows, moving_onezero=True)
     return rows
