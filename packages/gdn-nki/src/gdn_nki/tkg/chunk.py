@@ -218,16 +218,14 @@ def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperand
     return mixed
 
 
-def chunk_update(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperands, t: int, tile: int, state: Any,
-                 mixed: Any, outputs: Any, tokens: int) -> None:  # fmt: skip
-    """S ← γ_{T−1} S + Σ_t w_t k_t u_tᵀ on tile ``t`` of a block (``tile``: its index in the request) from
-    ``chunk_columns``' result; its outputs go to ``outputs`` [Dv, T, H].
+def chunk_deltas(layout: TileLayout, consts: LayoutConstants, tile: int, mixed: Any, outputs: Any,
+                 tokens: int) -> Any:  # fmt: skip
+    """A tile's deltas u of all T tokens as rows for the rank-T write (``chunk_write``), from ``chunk_columns``'
+    result (``tile``: its index in the request); its outputs go to ``outputs`` [Dv, T, H].
 
-    Notes:
-        The rank-T write is one matmul per Dk row of a partition, contracting over the request's T·Hv (token,
-        tile, head) rows: ``writes`` against the deltas as rows, this tile's u and zeros for every other tile's
-        (u's columns evacuated into a zeroed [Dv, T, tiles, H] tile, turned by a 0/1 matmul against the
-        identity); the vector engine then decays and adds in one instruction per row.
+    Returns:
+        [T·Hv, Dv] fp32 SBUF: row (token, tile', head) holds that u for this tile, zero for every other tile (u's
+        columns evacuated into a zeroed [Dv, T, tiles, H] tile, turned by a 0/1 matmul against the identity).
     """
     dv, h = layout.dv, layout.heads
     nisa.activation(dst=outputs, op=nl.copy, data=mixed[:, 1])
@@ -238,6 +236,14 @@ def chunk_update(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperands
     matmul(padded, consts.value_identity, dst=turned, moving_onezero=True)
     deltas = sbuf((tokens * layout.value_heads, dv), FP32)
     nisa.activation(dst=deltas, op=nl.copy, data=turned)
+    return deltas
+
+
+def chunk_write(layout: TileLayout, ops: ChunkOperands, t: int, state: Any, deltas: Any) -> None:
+    """S ← γ_{T−1} S + Σ_t w_t k_t u_tᵀ on tile ``t`` of a block: one matmul per Dk row of a partition,
+    contracting over the request's T·Hv (token, tile, head) rows (``writes`` against ``chunk_deltas``' rows, which
+    are zero for every other tile), then the vector engine's decay and add in one instruction per row."""
+    dv = layout.dv
     decay = ops.decay[:, t : t + 1]
     for lo in range(layout.rows):
         written = psum((layout.partitions, dv))

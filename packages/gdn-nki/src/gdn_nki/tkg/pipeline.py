@@ -17,7 +17,7 @@ from typing import Any
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.tiles import FP32, sbuf
-from .chunk import ChunkOperands, chunk_columns, chunk_update, prepare_chunk
+from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
     Constants,
     Gates,
@@ -202,21 +202,14 @@ def finish_request(
             return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens)
         return tile_columns(layout, prepared.operands[tile // per_block][t], tile % per_block, states[tile])
 
-    def finish(step: tuple[int, int], mixed: Any) -> None:
+    def stored(step: tuple[int, int]) -> None:  # the tile's state out, then the caller's work between steps
         nonlocal steps_done
         t, tile = step
-        state = states[tile]
-        if chunked:
-            chunk_update(layout, consts.tiles, prepared.operands[tile // per_block], tile % per_block, tile, state,
-                         mixed, collected[:, tile, 1], shapes.tokens)  # fmt: skip
-        else:
-            ops = prepared.operands[tile // per_block][t]
-            tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, state, mixed, columns[t][:, tile])
         within_row = tile * layout.partitions * layout.free
         if request.token_rows is not None:
-            copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
+            copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), states[tile])
         elif t == shapes.tokens - 1:
-            copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), state)
+            copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), states[tile])
         if between is not None:
             between()
         steps_done += 1
@@ -225,16 +218,40 @@ def finish_request(
                 tail()
             earlier.clear()
 
-    pending = None
-    for step in steps:
-        if pending is not None and pending[0][1] == step[1]:
-            finish(*pending)  # the same tile: its update must land before these products read it
-            pending = None
-        mixed = products(step)
-        if pending is not None:
-            finish(*pending)
-        pending = (step, mixed)
-    finish(*pending)
+    def finish(step: tuple[int, int], mixed: Any) -> None:
+        t, tile = step
+        ops = prepared.operands[tile // per_block][t]
+        tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, states[tile], mixed, columns[t][:, tile])
+        stored(step)
+
+    if chunked:
+        # Three stages a tile, one tile apart on the in-order tensor engine: products of tile k, the deltas of
+        # tile k − 1 (their evacuation had tile k's products to land), the write of tile k − 2 (its deltas' had a
+        # step too). Each tile is stepped once, so no stage waits on another tile's state.
+        turning, writing = None, None
+        for step in [*steps, None, None]:
+            mixed = None if step is None else products(step)
+            if writing is not None:
+                (_, tile), deltas = writing
+                chunk_write(layout, prepared.operands[tile // per_block], tile % per_block, states[tile], deltas)
+                stored(writing[0])
+            writing = None
+            if turning is not None:
+                (_, tile), turned = turning
+                writing = (turning[0], chunk_deltas(layout, consts.tiles, tile, turned, collected[:, tile, 1],
+                                                    shapes.tokens))  # fmt: skip
+            turning = None if step is None else (step, mixed)
+    else:
+        pending = None
+        for step in steps:
+            if pending is not None and pending[0][1] == step[1]:
+                finish(*pending)  # the same tile: its update must land before these products read it
+                pending = None
+            mixed = products(step)
+            if pending is not None:
+                finish(*pending)
+            pending = (step, mixed)
+        finish(*pending)
     if earlier:  # a request of fewer steps than NORM_AFTER_STEP
         for tail in earlier:
             tail()
