@@ -114,12 +114,21 @@ def gdn_conv_step(
             if ahead:
                 tile_set.load(x, conv_pool, slots_of(g + sets))
 
-    # Every iteration but the last loads the next one's groups; the last, unrolled, loads nothing (its groups
-    # would be past the launch's, and the slot map would make them other groups' requests).
-    if trips > 2:
-        nl.fori_loop(0, trips - 1, iteration)
-    elif trips == 2:
-        iteration(0)
+    # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
+    # past the launch's, and the slot map would make them other groups' requests). The others run
+    # TRIPS_PER_ITERATION to a compiled-loop iteration: every iteration boundary drains the engines and costs a
+    # barrier (nki-cpu COST_MODEL.md item 6; "NKI Dynamic Loops"), which the pipeline's groups would otherwise
+    # overlap; the rest, fewer than a body, unrolled.
+    looped = (trips - 1) // TRIPS_PER_ITERATION if trips - 1 > TRIPS_PER_ITERATION else 0
+
+    def body(i: Any) -> None:
+        for k in range(TRIPS_PER_ITERATION):
+            iteration(i * TRIPS_PER_ITERATION + k)
+
+    if looped:
+        nl.fori_loop(0, looped, body)
+    for k in range(looped * TRIPS_PER_ITERATION, trips - 1):
+        iteration(k)
     iteration(trips - 1, ahead=False)
     return out, conv_pool
 
@@ -129,6 +138,9 @@ BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 # constants; verification with every token's window kept at T = 4 fits two sets.
 SET_BUDGET = 160 * 1024
 TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+# Trips of the pipeline (TILE_SETS groups each) a compiled-loop iteration runs; a launch of at most this many
+# trips before its last runs unrolled (PERFORMANCE.md, "Decode speed": the loop's barriers against program size).
+TRIPS_PER_ITERATION = 16
 
 
 def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
