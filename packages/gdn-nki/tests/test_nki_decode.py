@@ -95,6 +95,40 @@ def test_step_final_state_form_updates_named_rows_only(dtype: str, fused: bool) 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verification_in_chunk_form_matches_the_oracle_at_qwen3_next_heads(dtype: str, monkeypatch) -> None:
+    """[N] rows with T = 4 at Qwen3-Next's heads (16 / 32, D 128) verify in chunk form (``tkg.chunk``: every
+    product against the state before the 4 tokens, the state written once): outputs and final states within the
+    tolerance table of the fp64 oracle, a padding request's outputs zero, rows not named bit-identical; and as
+    close to the token-by-token step as its own errors allow."""
+    import gdn_nki.tkg.pipeline as pipeline
+
+    prepared = []
+    chunked = pipeline.prepare_chunk
+    monkeypatch.setattr(pipeline, "prepare_chunk", lambda *a: prepared.append(1) or chunked(*a))
+    x = step_inputs(21, dtype, N=3, T=4, Hk=16, Hv=32, Dk=128, Dv=128, P=5)
+    x.pool *= 0.3
+    indices = np.array([3, -1, 0], np.int32)
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, True, [3, 0, 0], True, 128**-0.5)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, **x.gates(True), use_qk_l2norm=True)
+    assert len(prepared) == 3  # every request, the padding one too, in chunk form
+    for n, row in ((0, 3), (2, 0)):
+        assert_within("out", out[n], ref_out[n], dtype)
+        assert_within("state", pool[row], ref_states[n, -1], dtype)
+    assert not out[1].any()
+    assert np.array_equal(pool[[1, 2, 4]], before[[1, 2, 4]])
+    monkeypatch.setattr(pipeline, "uses_chunk_form", lambda *a: False)
+    token_pool = before.copy()
+    token_out, _ = gdn_nki.decode_step(x.query, x.key, x.value, token_pool, indices, **x.gates(True),
+                                       use_qk_l2norm=True)  # fmt: skip
+    assert len(prepared) == 3  # the token-by-token step prepared no chunk
+    bound = 1e-5 if dtype == "float32" else 2e-2  # fp32 rounding; bf16: one rounding of the output
+    for got, want in ((pool[[0, 3]], token_pool[[0, 3]]), (out[[0, 2]], token_out[[0, 2]])):
+        got, want = got.astype(np.float64), want.astype(np.float64)
+        assert np.abs(got - want).max() <= bound * np.abs(want).max()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_step_keeps_every_token_state_and_resumes_from_the_accepted_one(dtype: str) -> None:
     x = step_inputs(4, dtype, T=3, P=12)
     indices = np.array([[4, 1, 9], [-1, -1, -1], [0, 6, 7]], np.int32)
