@@ -15,16 +15,17 @@ single run of rows·Dv·4 bytes (2 KiB at Dv = 128, rows = 4).
 A head's Dk rows are split over G partitions and ``rows`` free slices, so the per-token products contract over
 (partition, dk_lo) pairs (``nki.isa.nc_matmul`` contracts over the partition dim and accumulates in PSUM, SDK 2.33):
 
-    [u; o] = [β v; c β v] − Σ_{dk_lo} St[dk_lo]ᵀ X[:, dk_lo, :]    rows·1 matmuls into one PSUM accumulation group
-    S_new  = α S + k uᵀ:  X ← α_p X (ScalarE), then per dk_lo  X[:, dk_lo] += k_p[dk_lo] · (E ᵀ u)[p]   (VectorE)
+    [u; o] = [β v; c β v] − Σ_{dk_lo} X[:, dk_lo, :]ᵀ St[dk_lo]    rows·1 matmuls into one PSUM group, as columns
+    S_new  = α S + k uᵀ:  X ← α_p X, then per dk_lo  X[:, dk_lo] += k_p[dk_lo] · u[head(p)]   (scalar, vector, GpSimd)
 
 St[dk_lo] is [P, 2H] block-diagonal: column (i, h) holds the recall (i = 0: −αβk) or read (i = 1: −(cαβk − αq))
-vector of head h on head h's G partitions, zero elsewhere, so one matmul serves the tile's H heads. Its values come
+vector of head h on head h's G partitions, zero elsewhere, so one matmul serves the tile's H heads; the state slice
+X[:, dk_lo, :] is the stationary and St the moving operand (``tile_columns``). Its values come
 from the [Dk, ·] columns of ``decode.gate_operands`` by a 0/1 selection matmul per dk_lo (``Sel[dk_lo][dk, p] =
-[dk = dk_hi(p)·rows + dk_lo]``) and one multiply by the head-block mask. E [H, P] (E[h, p] = [p in head h's
-block]) copies each head's u to its G partitions; the [β v; cβ v] term enters the same accumulation group as a
-matmul of the values against a gate-weighted 0/1 pick. Every compute operand starts at partition 0; rows at other
-partitions are only read by DMA.
+[dk = dk_hi(p)·rows + dk_lo]``) and one multiply by the head-block mask. u reaches its heads' G partitions by a 0/1
+matmul of its columns, broadcast over each head's G partitions, against the identity; the [β v; cβ v] term enters
+the same accumulation group first, as a matmul of the values against a gate-weighted 0/1 pick. Every compute
+operand starts at partition 0; rows at other partitions are only read by DMA.
 """
 
 from __future__ import annotations
@@ -262,57 +263,17 @@ def block_operands(
     return BlockOperands(stationaries=masked, keys=keys, alpha=alpha_p, value_pick=value_pick, values=values)
 
 
-def tile_products(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> Any:
-    """One token's [u; o] for tile ``t`` of a block from its state before the token ([P, rows·Dv] fp32).
-
-    Returns:
-        [2H, Dv] fp32 in PSUM: rows 0..H−1 the deltas u of the tile's heads, rows H..2H−1 their outputs.
-
-    Notes:
-        One matmul for [β v; c β v] and ``rows`` against the state, one PSUM accumulation group.
-    """
-    parts, dv, h = layout.partitions, layout.dv, layout.heads
-    mixed = psum((2 * h, dv))
-    matmul(ops.value_pick[:, t].reshape((layout.block_heads, 2 * h)), ops.values, dst=mixed)
-    for lo in range(layout.rows):
-        stationary = ops.stationaries[:, lo, t, 0:2, :].reshape((parts, 2 * h))
-        matmul(stationary, state[:, lo * dv : (lo + 1) * dv], dst=mixed, accumulate=True)
-    return mixed
-
-
-def tile_update(layout: TileLayout, consts: LayoutConstants, ops: BlockOperands, t: int, state: Any, mixed: Any) -> Any:
-    """S ← α S + k uᵀ on tile ``t`` of a block (``state`` updated in place) from ``tile_products``' ``mixed``.
-
-    Returns:
-        ``mixed`` evacuated to SBUF, [2H, Dv] fp32 (rows H..2H−1: the outputs).
-
-    Notes:
-        The scalar engine evacuates [u; o] and decays the tile in one instruction each; the tensor engine spreads u
-        to its heads' partitions; the vector engine adds the rank-1 write in ``rows`` scaled adds.
-    """
-    dv, h = layout.dv, layout.heads
-    rows = sbuf((2 * h, dv), FP32)
-    nisa.activation(dst=rows, op=nl.copy, data=mixed)
-    spread = matmul(consts.spread, rows[0:h, :], stationary_onezero=True)  # u of each partition's head, [P, Dv]
-    nisa.activation(dst=state, op=nl.copy, data=state, scale=ops.alpha[:, t : t + 1])
-    for lo in range(layout.rows):
-        piece = state[:, lo * dv : (lo + 1) * dv]
-        nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=ops.keys[:, lo, t : t + 1],
-                                  op1=nl.add, operand1=piece)  # fmt: skip
-    return rows
-
-
 def tile_columns(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> Any:
-    """``tile_products`` with the state as the stationary: one token's [u; o] of tile ``t`` as columns.
+    """One token's [u; o] of tile ``t`` of a block from its state before the token ([P, rows·Dv] fp32), as columns.
 
     Returns:
         [Dv, 2, H] fp32 in PSUM: [:, 0, h] the delta u of the tile's head h, [:, 1, h] its output.
 
     Notes:
-        The same sums as ``tile_products``, each matmul with the [P, Dv] state slice stationary and the [P, 2H]
-        columns moving: the tensor engine's time goes by the moving free size (``nc_matmul``'s cost, nki-cpu's
-        COST_MODEL.md item 1), 2H = 8 against Dv = 128, so each costs half (the stationary's load, 64 columns'
-        worth, then binds).
+        One matmul for [β v; c β v] and ``rows`` against the state, one PSUM accumulation group, each with the
+        [P, Dv] state slice as the stationary and the [P, 2H] columns moving: the tensor engine's time goes by the
+        moving free size (``nc_matmul``'s cost, nki-cpu's COST_MODEL.md item 1), 2H = 8 against Dv = 128, so each
+        costs half of the other way round (the stationary's load, 64 columns' worth, then binds).
     """
     parts, dv, h = layout.partitions, layout.dv, layout.heads
     mixed = psum((dv, 2, h))
@@ -326,7 +287,7 @@ def tile_columns(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> 
 def tile_update_from_columns(
     layout: TileLayout, consts: LayoutConstants, ops: BlockOperands, t: int, state: Any, mixed: Any, columns: Any
 ) -> None:
-    """``tile_update`` from ``tile_columns``' [u; o] columns: S ← α S + k uᵀ on tile ``t`` of a block.
+    """S ← α S + k uᵀ on tile ``t`` of a block (``state`` updated in place) from ``tile_columns``' [u; o].
 
     Args:
         columns: [Dv, 2, H] fp32 SBUF that receives ``mixed`` (the outputs are read from [:, 1, :] later).
