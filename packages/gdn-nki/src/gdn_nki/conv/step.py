@@ -121,9 +121,15 @@ def gdn_conv_step(
     # overlap; the rest, fewer than a body, unrolled.
     looped = (trips - 1) // TRIPS_PER_ITERATION if trips - 1 > TRIPS_PER_ITERATION else 0
 
-    def body(i: Any) -> None:
+    def body(i: Any) -> None:  # TRIPS_PER_ITERATION trips, their slots' rows from one window (``_RowWindow``)
+        base = i * (TRIPS_PER_ITERATION * sets)
+        window = _RowWindow(rows, base, total, (TRIPS_PER_ITERATION + 1) * sets, tokens, per_token, accepted)
         for k in range(TRIPS_PER_ITERATION):
-            iteration(i * TRIPS_PER_ITERATION + k)
+            for s, tile_set in enumerate(tile_sets):
+                local = k * sets + s
+                tile_set.convolve(taps, _column(live, base + local), shape, activation)
+                tile_set.store(out, conv_pool, window.slots(local))
+                tile_set.load(x, conv_pool, window.slots(local + sets))
 
     if looped:
         nl.fori_loop(0, looped, body)
@@ -155,9 +161,12 @@ class _Slot:
     ``request_rows``' tiles only when asked: each ``scalar_load`` is a GpSimd instruction, and a slot's loads and
     stores happen in different iterations of the pipeline."""
 
-    def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool):
+    def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool,
+                 n: Any = None):  # fmt: skip
+        """``rows`` hold group g's slot j at entry j·total + g (per request); ``n`` the request when that is not
+        g + j·total (a ``_RowWindow``'s rows)."""
         self.part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
-        self.n = g + j * total  # request j·G + g (the kernel's map of slots)
+        self.n = g + j * total if n is None else n  # request j·G + g (the kernel's map of slots)
         self._rows, self._g, self._first = rows, g, j * total
         self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
 
@@ -176,6 +185,36 @@ class _Slot:
         if not self._per_token:
             return (self.read_row(),)
         return tuple(self._load(0, self._first * self._tokens + t, self._tokens) for t in range(self._tokens))
+
+
+class _RowWindow:
+    """The rows of ``span`` consecutive groups from group ``base`` (a compiled loop's run-time value) on, copied into
+    fixed tiles once per loop iteration: one GpSimd copy per slot and table (each slot's requests are consecutive
+    entries), after which every slot's rows are ``scalar_load``s at static offsets. Loaded one entry at a time
+    (``request_rows.entry``: a copy, then the load, each waiting on the one before) the slots' rows held GpSimd
+    for most of a loop iteration."""
+
+    def __init__(self, rows: tuple[Any, ...], base: Any, total: int, span: int, tokens: int, per_token: bool,
+                 accepted: bool):  # fmt: skip
+        self._base, self._total, self._span = base, total, span
+        self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+        self._tiles = []
+        for table in rows:
+            width = table.shape[1] // (total * REQUESTS_PER_GROUP)  # entries a request
+            window = sbuf((1, REQUESTS_PER_GROUP * span * width), table.dtype)
+            for j in range(REQUESTS_PER_GROUP):
+                run = table.ap(pattern=[[table.shape[1], 1], [1, span * width]], offset=j * total * width,
+                               scalar_offset=base * width, indirect_dim=1)  # fmt: skip
+                nisa.tensor_copy(dst=window[:, j * span * width : (j + 1) * span * width], src=run, engine=GPSIMD)
+            self._tiles.append(window)
+
+    def slots(self, local: int) -> list[_Slot]:
+        """Group ``base + local``'s slots (``local`` < span), their rows from the window."""
+        tiles, base, total = tuple(self._tiles), self._base, self._total
+        flags = (self._tokens, self._per_token, self._accepted)
+        return [
+            _Slot(tiles, local, j, self._span, *flags, n=base + local + j * total) for j in range(REQUESTS_PER_GROUP)
+        ]
 
 
 class _TileSet:
