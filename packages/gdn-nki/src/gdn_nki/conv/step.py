@@ -23,8 +23,9 @@ partitions would move each request's elements in runs of L or 1 (6 or 2 bytes). 
 independent, so any channel-to-partition map works as long as inputs, taps, windows and outputs share it.
 
 All arithmetic is fp32 (the DMA widens bf16 inputs and the activation narrows the output), as HF's fallback computes
-in the weight's dtype and vLLM's kernels accumulate in fp32. The groups run as a compiled loop (``nl.fori_loop``,
-SDK 2.33): the program does not grow with N; one compiled program per (N, T).
+in the weight's dtype and vLLM's kernels accumulate in fp32. Up to ``TRIPS_PER_ITERATION`` trips of the group
+pipeline run unrolled; past that, as a compiled loop of such bodies (``nl.fori_loop``, SDK 2.33), so the program
+stops growing with N; one compiled program per (N, T).
 """
 
 from __future__ import annotations
