@@ -72,10 +72,15 @@ def test_conv_step_matches_the_oracle(N, T, W, extra, per_token, dtype, seed, da
            data.draw(st.sampled_from(["silu", None])), dtype)  # fmt: skip
 
 
-@pytest.mark.parametrize("N", [19, 30, 50, 75])
-def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int) -> None:
-    """N = 19: three groups of 8 unrolled, 5 slots past N; 30: two iterations of three groups (the last unrolled);
-    50 and 75: a compiled loop of 2 and 3 iterations before it. Per-token rows, rollback, padding."""
+@pytest.mark.parametrize(("N", "trips_per_iteration"), [(19, 16), (30, 16), (50, 16), (50, 1), (75, 1), (75, 2)])
+def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int, trips_per_iteration: int, monkeypatch) -> None:
+    """Trips of three groups of 8: N = 19, one trip, 5 slots past N; 30, two trips (the last unrolled, as always);
+    50, three trips, unrolled under the default body; with one trip a compiled-loop iteration (the body set small to
+    keep the test small), 50 and 75 run a compiled loop of 2 and 3 iterations before the last; 75 with two a loop of
+    one iteration, one trip unrolled after it, then the last. Per-token rows, rollback, padding."""
+    import gdn_nki.conv.step
+
+    monkeypatch.setattr(gdn_nki.conv.step, "TRIPS_PER_ITERATION", trips_per_iteration)
     rng, x, pool, weight, bias = _inputs(3, "bfloat16", N, 2, C=64, P=2 * N + 4)
     rows = _rows(rng, N, 2, 2 * N + 4, True, [4, 17])
     accepted = rng.integers(1, 3, N).astype(np.int32)

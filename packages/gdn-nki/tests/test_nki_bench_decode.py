@@ -35,3 +35,13 @@ def test_keeping_every_token_writes_every_token(bench) -> None:
     row_bytes = bench.VALUE_HEADS * bench.HEAD_DIM**2 * 4
     # one more state row written, and one more int32 index read
     assert kept.bytes_moved - plain.bytes_moved == row_bytes + 4
+
+
+def test_the_launch_grid_rows_split_gdn_tkg_over_two_programs(bench) -> None:
+    one, two = bench.measure_grid("gdn_tkg", 2, 1), bench.measure_grid("gdn_tkg", 2, 2)
+    state_bytes = 2 * bench.VALUE_HEADS * bench.HEAD_DIM**2 * 4  # one batch row's state read and written
+    # both programs together move the launch's bytes once (each its own row), and the slowest one is faster
+    assert 2 * state_bytes <= two.bytes_moved < one.bytes_moved + state_bytes / 8
+    assert two.makespan_us < 0.75 * one.makespan_us
+    assert two.hbm_floor_us == pytest.approx(two.bytes_moved / (2 * 2.9e12 / 8) * 1e6)
+    assert "| gdn_tkg | 2 | 2 |" in bench.grid_table([two])

@@ -40,6 +40,30 @@ def test_tkg_matches_the_oracle(dtype: str) -> None:
     assert np.array_equal(x["state_in"], state_in)  # state_in is only read
 
 
+@pytest.mark.parametrize("batch", [3, 1])
+def test_tkg_on_a_launch_grid_of_two_splits_its_rows_and_changes_no_bit(batch: int) -> None:
+    """``gdn_tkg[2]``: each program runs its share of the batch rows (rows p, p + 2, …; none for program 1 at B = 1)
+    and writes only them: out and state bit-identical to one program, and the two programs together move the
+    launch's bytes once (each request's state read and written by one program only)."""
+    import nki_cpu
+    from nki_cpu.cost import estimate
+
+    x = _tkg_inputs(11, "bfloat16", B=batch, Hv=4, K=32, V=32)
+    one = gdn_nki.tkg_simulate(**x)
+    whole = estimate(nki_cpu.last_trace()).dma_bytes
+    two = gdn_nki.tkg_simulate(**x, grid=2)
+    shares = [estimate(trace).dma_bytes for trace in nki_cpu.last_traces()]
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])
+    ref_out, ref_state = gdn_tkg_reference(**x)
+    assert_within("out", two[0], ref_out, "bfloat16")
+    assert_within("state", two[1], ref_state, "bfloat16")
+    state_row = 4 * 32 * 32 * 4  # one request's state, read or written
+    assert len(shares) == 2 and sum(shares) < whole + state_row  # every request by one program
+    assert shares[0] > 2 * state_row * (batch - batch // 2 - 0.5)  # program 0 ran rows 0, 2, …
+    with pytest.raises(ContractError, match=r"gdn_nki.tkg_simulate rejected[\s\S]*\[launch.grid\]"):
+        gdn_nki.tkg_simulate(**x, grid=3)
+
+
 def test_tkg_rejects_before_launch() -> None:
     x = _tkg_inputs(2, "float32")
     x["v"] = x["v"].astype(np.float64)
@@ -68,6 +92,40 @@ def test_step_final_state_form_updates_named_rows_only(dtype: str, fused: bool) 
     assert not out[1].any()  # padding: zeros
     untouched = [r for r in range(8) if r not in (5, 2)]
     assert np.array_equal(pool[untouched], before[untouched])  # bit-identical
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verification_in_chunk_form_matches_the_oracle_at_qwen3_next_heads(dtype: str, monkeypatch) -> None:
+    """[N] rows with T = 4 at Qwen3-Next's heads (16 / 32, D 128) verify in chunk form (``tkg.chunk``: every
+    product against the state before the 4 tokens, the state written once): outputs and final states within the
+    tolerance table of the fp64 oracle, a padding request's outputs zero, rows not named bit-identical; and as
+    close to the token-by-token step as its own errors allow."""
+    import gdn_nki.tkg.pipeline as pipeline
+
+    prepared = []
+    chunked = pipeline.prepare_chunk
+    monkeypatch.setattr(pipeline, "prepare_chunk", lambda *a: prepared.append(1) or chunked(*a))
+    x = step_inputs(21, dtype, N=3, T=4, Hk=16, Hv=32, Dk=128, Dv=128, P=5)
+    x.pool *= 0.3
+    indices = np.array([3, -1, 0], np.int32)
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, True, [3, 0, 0], True, 128**-0.5)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, **x.gates(True), use_qk_l2norm=True)
+    assert len(prepared) == 3  # every request, the padding one too, in chunk form
+    for n, row in ((0, 3), (2, 0)):
+        assert_within("out", out[n], ref_out[n], dtype)
+        assert_within("state", pool[row], ref_states[n, -1], dtype)
+    assert not out[1].any()
+    assert np.array_equal(pool[[1, 2, 4]], before[[1, 2, 4]])
+    monkeypatch.setattr(pipeline, "uses_chunk_form", lambda *a: False)
+    token_pool = before.copy()
+    token_out, _ = gdn_nki.decode_step(x.query, x.key, x.value, token_pool, indices, **x.gates(True),
+                                       use_qk_l2norm=True)  # fmt: skip
+    assert len(prepared) == 3  # the token-by-token step prepared no chunk
+    bound = 1e-5 if dtype == "float32" else 2e-2  # fp32 rounding; bf16: one rounding of the output
+    for got, want in ((pool[[0, 3]], token_pool[[0, 3]]), (out[[0, 2]], token_out[[0, 2]])):
+        got, want = got.astype(np.float64), want.astype(np.float64)
+        assert np.abs(got - want).max() <= bound * np.abs(want).max()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

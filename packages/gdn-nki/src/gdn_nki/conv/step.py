@@ -23,8 +23,9 @@ partitions would move each request's elements in runs of L or 1 (6 or 2 bytes). 
 independent, so any channel-to-partition map works as long as inputs, taps, windows and outputs share it.
 
 All arithmetic is fp32 (the DMA widens bf16 inputs and the activation narrows the output), as HF's fallback computes
-in the weight's dtype and vLLM's kernels accumulate in fp32. The groups run as a compiled loop (``nl.fori_loop``,
-SDK 2.33): the program does not grow with N; one compiled program per (N, T).
+in the weight's dtype and vLLM's kernels accumulate in fp32. Up to ``TRIPS_PER_ITERATION`` trips of the group
+pipeline run unrolled; past that, as a compiled loop of such bodies (``nl.fori_loop``, SDK 2.33), so the program
+stops growing with N; one compiled program per (N, T).
 """
 
 from __future__ import annotations
@@ -114,12 +115,27 @@ def gdn_conv_step(
             if ahead:
                 tile_set.load(x, conv_pool, slots_of(g + sets))
 
-    # Every iteration but the last loads the next one's groups; the last, unrolled, loads nothing (its groups
-    # would be past the launch's, and the slot map would make them other groups' requests).
-    if trips > 2:
-        nl.fori_loop(0, trips - 1, iteration)
-    elif trips == 2:
-        iteration(0)
+    # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
+    # past the launch's, and the slot map would make them other groups' requests). The others run
+    # TRIPS_PER_ITERATION to a compiled-loop iteration: every iteration boundary drains the engines and costs a
+    # barrier (nki-cpu COST_MODEL.md item 6; "NKI Dynamic Loops"), which the pipeline's groups would otherwise
+    # overlap; the rest, fewer than a body, unrolled.
+    looped = (trips - 1) // TRIPS_PER_ITERATION if trips - 1 > TRIPS_PER_ITERATION else 0
+
+    def body(i: Any) -> None:  # TRIPS_PER_ITERATION trips, their slots' rows from one window (``_RowWindow``)
+        base = i * (TRIPS_PER_ITERATION * sets)
+        window = _RowWindow(rows, base, total, (TRIPS_PER_ITERATION + 1) * sets, tokens, per_token, accepted)
+        for k in range(TRIPS_PER_ITERATION):
+            for s, tile_set in enumerate(tile_sets):
+                local = k * sets + s
+                tile_set.convolve(taps, _column(live, base + local), shape, activation)
+                tile_set.store(out, conv_pool, window.slots(local))
+                tile_set.load(x, conv_pool, window.slots(local + sets))
+
+    if looped:
+        nl.fori_loop(0, looped, body)
+    for k in range(looped * TRIPS_PER_ITERATION, trips - 1):
+        iteration(k)
     iteration(trips - 1, ahead=False)
     return out, conv_pool
 
@@ -129,6 +145,9 @@ BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 # constants; verification with every token's window kept at T = 4 fits two sets.
 SET_BUDGET = 160 * 1024
 TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+# Trips of the pipeline (TILE_SETS groups each) a compiled-loop iteration runs; a launch of at most this many
+# trips before its last runs unrolled (PERFORMANCE.md, "Decode speed": the loop's barriers against program size).
+TRIPS_PER_ITERATION = 16
 
 
 def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
@@ -143,9 +162,12 @@ class _Slot:
     ``request_rows``' tiles only when asked: each ``scalar_load`` is a GpSimd instruction, and a slot's loads and
     stores happen in different iterations of the pipeline."""
 
-    def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool):
+    def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool,
+                 n: Any = None):  # fmt: skip
+        """``rows`` hold group g's slot j at entry j·total + g (per request); ``n`` the request when that is not
+        g + j·total (a ``_RowWindow``'s rows)."""
         self.part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
-        self.n = g + j * total  # request j·G + g (the kernel's map of slots)
+        self.n = g + j * total if n is None else n  # request j·G + g (the kernel's map of slots)
         self._rows, self._g, self._first = rows, g, j * total
         self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
 
@@ -164,6 +186,36 @@ class _Slot:
         if not self._per_token:
             return (self.read_row(),)
         return tuple(self._load(0, self._first * self._tokens + t, self._tokens) for t in range(self._tokens))
+
+
+class _RowWindow:
+    """The rows of ``span`` consecutive groups from group ``base`` (a compiled loop's run-time value) on, copied into
+    fixed tiles once per loop iteration: one GpSimd copy per slot and table (each slot's requests are consecutive
+    entries), after which every slot's rows are ``scalar_load``s at static offsets. Loaded one entry at a time
+    (``request_rows.entry``: a copy, then the load, each waiting on the one before) the slots' rows held GpSimd
+    for most of a loop iteration."""
+
+    def __init__(self, rows: tuple[Any, ...], base: Any, total: int, span: int, tokens: int, per_token: bool,
+                 accepted: bool):  # fmt: skip
+        self._base, self._total, self._span = base, total, span
+        self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+        self._tiles = []
+        for table in rows:
+            width = table.shape[1] // (total * REQUESTS_PER_GROUP)  # entries a request
+            window = sbuf((1, REQUESTS_PER_GROUP * span * width), table.dtype)
+            for j in range(REQUESTS_PER_GROUP):
+                run = table.ap(pattern=[[table.shape[1], 1], [1, span * width]], offset=j * total * width,
+                               scalar_offset=base * width, indirect_dim=1)  # fmt: skip
+                nisa.tensor_copy(dst=window[:, j * span * width : (j + 1) * span * width], src=run, engine=GPSIMD)
+            self._tiles.append(window)
+
+    def slots(self, local: int) -> list[_Slot]:
+        """Group ``base + local``'s slots (``local`` < span), their rows from the window."""
+        tiles, base, total = tuple(self._tiles), self._base, self._total
+        flags = (self._tokens, self._per_token, self._accepted)
+        return [
+            _Slot(tiles, local, j, self._span, *flags, n=base + local + j * total) for j in range(REQUESTS_PER_GROUP)
+        ]
 
 
 class _TileSet:

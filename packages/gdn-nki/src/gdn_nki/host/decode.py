@@ -21,24 +21,28 @@ from gdn_ref.packed import pool_row_violations
 from ..common import backend
 from ..tkg.fused import gdn_tkg
 from ..tkg.step import gdn_step, step_tensors
-from .launch_grid import LNC_DEGREES
+from .launch_grid import LNC_DEGREES, check_grid
 
 
 @names_entry_point("gdn_nki.tkg_simulate")
-def tkg_simulate(*args: Any, check_values: bool = True, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+def tkg_simulate(
+    *args: Any, check_values: bool = True, grid: int | None = None, **kwargs: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_tkg`` on the CPU with numpy arrays after checking the whole contract.
 
     Args:
         args, kwargs: ``gdn_tkg``'s (q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in).
         check_values (bool): also scan the values (finite inputs, fused g <= 0 and not NaN); default on.
+        grid (int): launches ``gdn_tkg[grid]`` (its batch rows split over the programs); None: one program.
 
     Returns:
         tuple: (out [BH, V] in q's dtype, state [BH, K, V] fp32, a new array: ``state_in`` is only read).
     """
+    grid = check_grid(grid)
     violations = validate_tkg(*args, host=check_values, **kwargs)
     if violations:
         raise ContractError(violations)
-    return backend.simulate(gdn_tkg)(*args, **kwargs)
+    return backend.simulate(gdn_tkg if grid is None else gdn_tkg[grid])(*args, **kwargs)
 
 
 @names_entry_point("gdn_nki.decode_step")

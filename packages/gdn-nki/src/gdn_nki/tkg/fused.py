@@ -19,6 +19,7 @@ from ..common.kernel_assert import assert_valid_call
 from ..common.tiles import FP32
 from .pipeline import Request, emit_requests
 from .recurrence import Constants, Gates, OutputNorm, Shapes, allocate_out
+from .request_loop import program_share
 
 
 @nki.jit
@@ -57,8 +58,9 @@ def gdn_tkg(
 
     Notes:
         Every rule a trace can see (``gdn_ref.contract.validate_tkg``) is checked before anything is allocated;
-        ``gdn_nki.tkg_simulate`` also scans the values. Each batch row b is one request of ``decode_pipeline.emit_requests``
-        with Hk = Hv (the inputs are already expanded).
+        ``gdn_nki.tkg_simulate`` also scans the values. Each batch row b is one request of ``pipeline.emit_requests``
+        with Hk = Hv (the inputs are already expanded); the rows are split over the launch grid (``gdn_tkg[2]``:
+        program p runs rows p, p + 2, …), its gated RMSNorm one per request over every head's outputs.
     """
     assert_valid_call(validate_tkg(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in, host=False))
     bh, dk = q.shape
@@ -70,8 +72,20 @@ def gdn_tkg(
     norm = OutputNorm(z=z.reshape((batch, 1, hv, dv)), norm_weight=norm_weight)
     out = allocate_out(shapes, q.dtype)
     state_out = nl.ndarray((bh, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+    # The batch rows split over the launch grid as gdn_step's requests (``request_loop``): program p runs rows p,
+    # p + grid, … (none when B < grid), each writing only its rows of the shared out and state_out. All in one group
+    # (no compiled loop): a run-time row would address views of AWS's flat [BH, ·] tensors, which nki-cpu refuses
+    # (the pages disagree on how ``.ap`` counts a view's offsets), so the rows stay trace-time ints.
+    share = program_share(batch, per_iteration=batch)
+    if share is None:
+        return out.reshape((bh, dv)), state_out
     consts = Constants(shapes, gates, norm)
     source, target = (s.reshape((batch, hv, dk, dv)) for s in (state_in, state_out))
-    requests = (Request(n=n, source=source, target=target, read_row=n, final_row=n) for n in range(shapes.requests))
-    emit_requests(shapes, (q, k, v, out), gates, consts, requests, scale=dk**-0.5, l2norm=True, norm=norm)
+
+    def iteration(g: Any) -> None:
+        requests = (Request(n=n, source=source, target=target, read_row=n, final_row=n)
+                    for _, n in share.members(share.base(g)))  # fmt: skip
+        emit_requests(shapes, (q, k, v, out), gates, consts, requests, scale=dk**-0.5, l2norm=True, norm=norm)
+
+    share.run(iteration)
     return out.reshape((bh, dv)), state_out

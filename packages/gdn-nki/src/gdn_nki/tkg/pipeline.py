@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..common.backend import nisa
+from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.tiles import FP32, sbuf
+from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
     Constants,
     Gates,
@@ -31,12 +32,16 @@ from .recurrence import (
     token_gates,
     token_keys,
 )
-from .state_tiles import Steps, block_operands, tile_products, tile_update
+from .state_tiles import Steps, block_operands, chunk_form_fits, column_outputs, tile_columns, tile_update_from_columns
 
 # Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
 # dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
 # heads, T = 1), and a request's state tiles are in SBUF from its loads to its stores (3 requests at a time).
 PREPARED_AHEAD = 2
+# The step of the next request after which a request's gated RMSNorm is issued: its outputs reach the norm's rows
+# by an SBUF-to-SBUF DMA (a fixed latency of ~1.3 µs), which two tile steps cover, so the in-order vector engine
+# does not wait on it.
+NORM_AFTER_STEP = 2
 _DONE = object()
 
 
@@ -63,18 +68,20 @@ class Request:
 @dataclass
 class Loaded:
     """A request's transfers in flight: per token the q/k rows, gate tiles and each block's value rows; the state
-    tiles in order."""
+    tiles in order; with an output norm, per token its z rows [Hv, Dv] fp32."""
 
     request: Request
     keys: list[Any]
     gates: list[tuple[Any, Any]]
     values: list[list[Any]]
     states: list[Any]
+    z_rows: list[Any] | None = None
 
 
 def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gates, consts: Constants,
-                 request: Request) -> Loaded:  # fmt: skip
-    """Issue every load of one request: its tokens' inputs first (small, needed first), then its state tiles."""
+                 request: Request, norm: OutputNorm | None = None) -> Loaded:  # fmt: skip
+    """Issue every load of one request: its tokens' inputs first (small, needed first), then its state tiles, then
+    (with ``norm``) its tokens' z rows, needed only once its outputs are made."""
     query, key, value, _ = tensors
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     tokens = range(shapes.tokens)
@@ -95,7 +102,14 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
         state = sbuf((layout.partitions, layout.free), FP32)
         copy_rows(state, row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
         states.append(state)
-    return Loaded(request=request, keys=keys, gates=gate_tiles, values=values, states=states)
+    z_rows = None
+    if norm is not None:
+        z_rows = []
+        for t in tokens:
+            rows = sbuf((hv, dv), FP32)
+            copy_rows(rows, row_view(norm.z, n, [[dv, hv], [1, dv]], t * hv * dv))
+            z_rows.append(rows)
+    return Loaded(request=request, keys=keys, gates=gate_tiles, values=values, states=states, z_rows=z_rows)
 
 
 @dataclass
@@ -124,9 +138,19 @@ def prepare_request(
                   for b, h0 in enumerate(firsts)]  # fmt: skip
         return (yield from lockstep(blocks))
 
+    if uses_chunk_form(shapes, consts, loaded.request):
+        blocks = yield from prepare_chunk(shapes, gates, consts, loaded, scale, l2norm)
+        into.append(Prepared(loaded=loaded, operands=blocks))
+        return
     per_token = yield from lockstep([token(t) for t in range(shapes.tokens)])
     operands = [[per_token[t][b] for t in range(shapes.tokens)] for b in range(len(firsts))]
     into.append(Prepared(loaded=loaded, operands=operands))
+
+
+def uses_chunk_form(shapes: Shapes, consts: Constants, request: Request) -> bool:
+    """A request verifies its T tokens in chunk form (``chunk``) when only its final state is kept and the shapes
+    fit; else token by token."""
+    return request.token_rows is None and chunk_form_fits(shapes.tokens, consts.layout)
 
 
 def lockstep(steps: list[Steps]) -> Steps:
@@ -138,7 +162,8 @@ def lockstep(steps: list[Steps]) -> Steps:
 def finish_request(
     shapes: Shapes, tensors: tuple[Any, Any, Any, Any], consts: Constants, prepared: Prepared,
     norm: OutputNorm | None = None, between: Callable[[], None] | None = None,
-) -> None:  # fmt: skip
+    earlier: list[Callable[[], None]] | None = None,
+) -> list[Callable[[], None]]:  # fmt: skip
     """Advance every tile of a prepared request through its tokens (token by token, tile by tile), store the
     outputs, and store each tile after its last token (or after every token, with ``token_rows``).
 
@@ -146,6 +171,11 @@ def finish_request(
     tile, so the tensor engine does not wait on this step's PSUM evacuation (it issues in program order);
     ``between`` is called after every step (``emit_requests`` advances the next requests' preparations one
     dependency level), so the in-order engines interleave them with this request's steps.
+
+    With ``norm`` every tile's outputs are gathered into one [Hv, Dv] tile per token, and the gated RMSNorm of
+    all Hv rows and their store are returned as closures, for the caller to issue later (``earlier``: a previous
+    request's, issued after this request's ``NORM_AFTER_STEP``-th step): one norm per token instead of one per tile
+    (the vector engine's time goes by the free size, whatever the partitions), and no engine waits on the gather.
     """
     out = tensors[3]
     dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
@@ -153,45 +183,94 @@ def finish_request(
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
     tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
-    rows_pattern = [[dv, h], [1, dv]]
+    chunked = isinstance(prepared.operands[0], ChunkOperands)
+    # each token's [u; o] columns of every tile: [Dv, tiles, 2, H] a token, or [Dv, tiles, 2, T, H] in chunk form
+    if chunked:
+        collected = sbuf((dv, layout.tiles, 2, shapes.tokens, h), FP32)
+        outputs_of = [collected[:, :, 1, t, :] for t in range(shapes.tokens)]
+        steps = [(shapes.tokens - 1, tile) for tile in range(layout.tiles)]
+    else:
+        columns = [sbuf((dv, layout.tiles, 2, h), FP32) for _ in range(shapes.tokens)]
+        outputs_of = [columns[t][:, :, 1, :] for t in range(shapes.tokens)]
+        steps = [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]
+    steps_done = 0
+
+    def products(step: tuple[int, int]) -> Any:
+        t, tile = step
+        if chunked:
+            ops = prepared.operands[tile // per_block]
+            return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens)
+        return tile_columns(layout, prepared.operands[tile // per_block][t], tile % per_block, states[tile])
+
+    def stored(step: tuple[int, int]) -> None:  # the tile's state out, then the caller's work between steps
+        nonlocal steps_done
+        t, tile = step
+        within_row = tile * layout.partitions * layout.free
+        if request.token_rows is not None:
+            copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), states[tile])
+        elif t == shapes.tokens - 1:
+            copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), states[tile])
+        if between is not None:
+            between()
+        steps_done += 1
+        if earlier and steps_done == NORM_AFTER_STEP:
+            for tail in earlier:
+                tail()
+            earlier.clear()
 
     def finish(step: tuple[int, int], mixed: Any) -> None:
         t, tile = step
-        state = states[tile]
         ops = prepared.operands[tile // per_block][t]
-        outputs = tile_update(layout, consts.tiles, ops, tile % per_block, state, mixed)[h : 2 * h, :]
-        within = (t * hv + tile * h) * dv
-        if norm is not None:
-            normed = sbuf((h, dv), FP32)  # the norm's row arithmetic from partition 0
-            nisa.dma_copy(dst=normed, src=outputs)
-            z_rows = sbuf((h, dv), FP32)
-            copy_rows(z_rows, row_view(norm.z, request.n, rows_pattern, within))
-            gated_rms_norm(shapes, normed, z_rows, consts)
-            outputs = normed
-        copy_rows(row_view(out, out_row, rows_pattern, within), outputs)
-        within_row = tile * layout.partitions * layout.free
-        if request.token_rows is not None:
-            copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), state)
-        elif t == shapes.tokens - 1:
-            copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), state)
-        if between is not None:
-            between()
+        tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, states[tile], mixed, columns[t][:, tile])
+        stored(step)
 
-    pending = None
-    for step in [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]:
-        if pending is not None and pending[0][1] == step[1]:
-            finish(*pending)  # the same tile: its update must land before these products read it
-            pending = None
-        t, tile = step
-        ops = prepared.operands[tile // per_block][t]
-        mixed = tile_products(layout, ops, tile % per_block, states[tile])
-        if pending is not None:
-            finish(*pending)
-        pending = (step, mixed)
-    finish(*pending)
+    if chunked:
+        # Three stages a tile, one tile apart on the in-order tensor engine: products of tile k, the deltas of
+        # tile k − 1 (their evacuation had tile k's products to land), the write of tile k − 2 (its deltas' had a
+        # step too). Each tile is stepped once, so no stage waits on another tile's state.
+        turning, writing = None, None
+        for step in [*steps, None, None]:
+            mixed = None if step is None else products(step)
+            if writing is not None:
+                (_, tile), deltas = writing
+                chunk_write(layout, prepared.operands[tile // per_block], tile % per_block, states[tile], deltas)
+                stored(writing[0])
+            writing = None
+            if turning is not None:
+                (_, tile), turned = turning
+                writing = (turning[0], chunk_deltas(layout, consts.tiles, tile, turned, collected[:, tile, 1],
+                                                    shapes.tokens))  # fmt: skip
+            turning = None if step is None else (step, mixed)
+    else:
+        pending = None
+        for step in steps:
+            if pending is not None and pending[0][1] == step[1]:
+                finish(*pending)  # the same tile: its update must land before these products read it
+                pending = None
+            mixed = products(step)
+            if pending is not None:
+                finish(*pending)
+            pending = (step, mixed)
+        finish(*pending)
+    if earlier:  # a request of fewer steps than NORM_AFTER_STEP
+        for tail in earlier:
+            tail()
+        earlier.clear()
     if request.zeros is not None:  # last: its row is computed while the steps run
         row, zeros = request.zeros
         copy_rows(row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
+
+    def outputs(t: int) -> Callable[[], None]:
+        def tail() -> None:
+            rows = sbuf((hv, dv), FP32)
+            nisa.activation(dst=rows, op=nl.copy, data=column_outputs(layout, consts.tiles, outputs_of[t]))
+            if norm is not None:
+                gated_rms_norm(shapes, rows, prepared.loaded.z_rows[t], consts)
+            copy_rows(row_view(out, out_row, [[dv, hv], [1, dv]], t * hv * dv), rows)
+
+        return tail
+
+    return [outputs(t) for t in range(shapes.tokens)]
 
 
 def emit_requests(
@@ -219,7 +298,7 @@ def emit_requests(
     def start() -> None:  # the next request's loads, and its preparation queued
         request = next(waiting, None)
         if request is not None:
-            loaded = load_request(shapes, tensors, gates, consts, request)
+            loaded = load_request(shapes, tensors, gates, consts, request, norm)
             preparing.append(prepare_request(shapes, gates, consts, loaded, scale, l2norm, prepared))
 
     def advance() -> None:  # one level of every preparation under way
@@ -229,8 +308,11 @@ def emit_requests(
 
     for _ in range(PREPARED_AHEAD):
         start()
+    tails: list[Callable[[], None]] = []  # the previous request's output norms
     while preparing or prepared:
         while not prepared:
             advance()
         start()
-        finish_request(shapes, tensors, consts, prepared.popleft(), norm, between=advance)
+        tails = finish_request(shapes, tensors, consts, prepared.popleft(), norm, advance, tails)
+    for tail in tails:
+        tail()

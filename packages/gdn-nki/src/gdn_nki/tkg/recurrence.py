@@ -87,7 +87,7 @@ class Constants:
     def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None):
         dk, hv = shapes.dk, shapes.value_heads
         self.layout = tile_layout(dk, shapes.dv, hv)
-        self.tiles = LayoutConstants(self.layout)
+        self.tiles = LayoutConstants(self.layout, shapes.tokens)
         lanes = self.layout.lanes
         self.ones = sbuf((dk, lanes), FP32)
         nisa.memset(dst=self.ones, value=1.0)

@@ -15,16 +15,17 @@ single run of rows·Dv·4 bytes (2 KiB at Dv = 128, rows = 4).
 A head's Dk rows are split over G partitions and ``rows`` free slices, so the per-token products contract over
 (partition, dk_lo) pairs (``nki.isa.nc_matmul`` contracts over the partition dim and accumulates in PSUM, SDK 2.33):
 
-    [u; o] = [β v; c β v] − Σ_{dk_lo} St[dk_lo]ᵀ X[:, dk_lo, :]    rows·1 matmuls into one PSUM accumulation group
-    S_new  = α S + k uᵀ:  X ← α_p X (ScalarE), then per dk_lo  X[:, dk_lo] += k_p[dk_lo] · (E ᵀ u)[p]   (VectorE)
+    [u; o] = [β v; c β v] − Σ_{dk_lo} X[:, dk_lo, :]ᵀ St[dk_lo]    rows·1 matmuls into one PSUM group, as columns
+    S_new  = α S + k uᵀ:  X ← α_p X, then per dk_lo  X[:, dk_lo] += k_p[dk_lo] · u[head(p)]   (scalar, vector, GpSimd)
 
 St[dk_lo] is [P, 2H] block-diagonal: column (i, h) holds the recall (i = 0: −αβk) or read (i = 1: −(cαβk − αq))
-vector of head h on head h's G partitions, zero elsewhere, so one matmul serves the tile's H heads. Its values come
+vector of head h on head h's G partitions, zero elsewhere, so one matmul serves the tile's H heads; the state slice
+X[:, dk_lo, :] is the stationary and St the moving operand (``tile_columns``). Its values come
 from the [Dk, ·] columns of ``decode.gate_operands`` by a 0/1 selection matmul per dk_lo (``Sel[dk_lo][dk, p] =
-[dk = dk_hi(p)·rows + dk_lo]``) and one multiply by the head-block mask. E [H, P] (E[h, p] = [p in head h's
-block]) copies each head's u to its G partitions; the [β v; cβ v] term enters the same accumulation group as a
-matmul of the values against a gate-weighted 0/1 pick. Every compute operand starts at partition 0; rows at other
-partitions are only read by DMA.
+[dk = dk_hi(p)·rows + dk_lo]``) and one multiply by the head-block mask. u reaches its heads' G partitions by a 0/1
+matmul of its columns, broadcast over each head's G partitions, against the identity; the [β v; cβ v] term enters
+the same accumulation group first, as a matmul of the values against a gate-weighted 0/1 pick. Every compute
+operand starts at partition 0; rows at other partitions are only read by DMA.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ PMAX = 128
 RUN_BYTES = 2048
 # An fp32 PSUM bank per partition (2 KiB): the widest matmul output (a block's selection products).
 PSUM_BANK_FP32 = 512
+# Dk rows a partition whose rank-1 writes run on GpSimd rather than the vector engine (``tile_update_from_columns``):
+# half of Qwen3-Next's 4, which balances the two engines with the scalar engine's copy of u (PERFORMANCE.md).
+GPSIMD_ROWS = 2
 # Planes of the per-token columns the selection matmul moves: recall, read, key.
 PLANES = 3
 # Work issued one dependency level at a time: a generator that yields between levels and returns its result, so
@@ -104,6 +108,18 @@ def tile_layout(dk: int, dv: int, value_heads: int) -> TileLayout:
     return TileLayout(dk=dk, dv=dv, value_heads=value_heads, rows=rows, heads=heads, tiles_per_block=per_block)
 
 
+def chunk_form_fits(tokens: int, layout: TileLayout) -> bool:
+    """Whether T tokens can verify in chunk form (``chunk``): T > 1, a block's planes of all T tokens within one
+    PSUM bank, the per-head gate tiles spanning the value columns' partitions, and T·Hv (token, head) rows within
+    the partitions (the rank-T write contracts over them)."""
+    return (
+        tokens > 1
+        and PLANES * tokens * layout.block_heads <= PSUM_BANK_FP32
+        and layout.dv <= layout.lanes
+        and tokens * layout.value_heads <= PMAX
+    )
+
+
 def _zero_one(dst: Any, values: Any, low: int, high: int) -> None:
     """``dst = 1.0 where low <= values < high else 0.0`` (two compares and a product)."""
     above = sbuf(tuple(dst.shape), FP32)
@@ -120,10 +136,11 @@ class LayoutConstants:
     - ``signed_mask`` [P, 3, H]: [p in head h's block] with sign −, −, + for the recall, read and key planes;
     - ``spread`` [H, P]: spread[h, p] = [p in head h's block] (a head's row to its partitions);
     - ``pick`` [block, tiles_per_block, H]: pick[h, t, h'] = [h = t·H + h'] (a block's value row to its tile row);
-    - ``identity`` [block, block].
+    - ``identity`` [block, block], ``value_identity`` [Dv, Dv];
+    - ``write_mask`` [T·Hv, P] (chunk form only, ``chunk``): [p in head h's block] for row (token, tile, h).
     """
 
-    def __init__(self, layout: TileLayout):
+    def __init__(self, layout: TileLayout, tokens: int = 1):
         dk, rows, g, h, parts = layout.dk, layout.rows, layout.parts_per_head, layout.heads, layout.partitions
         heads_per_tile = parts // g
         offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
@@ -151,6 +168,22 @@ class LayoutConstants:
         nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
         self.identity = sbuf((block, block), FP32)
         nisa.tensor_scalar(dst=self.identity, data=diagonal, op0=nl.equal, operand0=0.0)
+        dv = layout.dv
+        value_diagonal = sbuf((dv, dv), FP32)
+        nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
+        self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
+        nisa.tensor_scalar(dst=self.value_identity, data=value_diagonal, op0=nl.equal, operand0=0.0)
+        partition_diagonal = sbuf((parts, parts), FP32)
+        nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
+        self.write_mask = None
+        if chunk_form_fits(tokens, layout):  # [T·Hv, P]: row (t, tile, h) × partition p: [p in head h's block]
+            rows_heads = sbuf((h, tokens * layout.value_heads), FP32)  # h' − h of row (t, tile, h')
+            nisa.iota(dst=rows_heads, pattern=[[0, tokens * layout.tiles], [1, h]], offset=0, channel_multiplier=-1)
+            pick_rows = sbuf((h, tokens * layout.value_heads), FP32)
+            nisa.tensor_scalar(dst=pick_rows, data=rows_heads, op0=nl.equal, operand0=0.0)
+            self.write_mask = sbuf((tokens * layout.value_heads, parts), FP32)
+            nisa.activation(dst=self.write_mask, op=nl.copy,
+                            data=matmul(pick_rows, self.spread, stationary_onezero=True, moving_onezero=True))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -230,41 +263,73 @@ def block_operands(
     return BlockOperands(stationaries=masked, keys=keys, alpha=alpha_p, value_pick=value_pick, values=values)
 
 
-def tile_products(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> Any:
-    """One token's [u; o] for tile ``t`` of a block from its state before the token ([P, rows·Dv] fp32).
+def tile_columns(layout: TileLayout, ops: BlockOperands, t: int, state: Any) -> Any:
+    """One token's [u; o] of tile ``t`` of a block from its state before the token ([P, rows·Dv] fp32), as columns.
 
     Returns:
-        [2H, Dv] fp32 in PSUM: rows 0..H−1 the deltas u of the tile's heads, rows H..2H−1 their outputs.
+        [Dv, 2, H] fp32 in PSUM: [:, 0, h] the delta u of the tile's head h, [:, 1, h] its output.
 
     Notes:
-        One matmul for [β v; c β v] and ``rows`` against the state, one PSUM accumulation group.
+        One matmul for [β v; c β v] and ``rows`` against the state, one PSUM accumulation group, each with the
+        [P, Dv] state slice as the stationary and the [P, 2H] columns moving: the tensor engine's time goes by the
+        moving free size (``nc_matmul``'s cost, nki-cpu's COST_MODEL.md item 1), 2H = 8 against Dv = 128, so each
+        costs half of the other way round (the stationary's load, 64 columns' worth, then binds).
     """
     parts, dv, h = layout.partitions, layout.dv, layout.heads
-    mixed = psum((2 * h, dv))
-    matmul(ops.value_pick[:, t].reshape((layout.block_heads, 2 * h)), ops.values, dst=mixed)
+    mixed = psum((dv, 2, h))
+    matmul(ops.values, ops.value_pick[:, t].reshape((layout.block_heads, 2 * h)), dst=mixed)
     for lo in range(layout.rows):
-        stationary = ops.stationaries[:, lo, t, 0:2, :].reshape((parts, 2 * h))
-        matmul(stationary, state[:, lo * dv : (lo + 1) * dv], dst=mixed, accumulate=True)
+        moving = ops.stationaries[:, lo, t, 0:2, :].reshape((parts, 2 * h))
+        matmul(state[:, lo * dv : (lo + 1) * dv], moving, dst=mixed, accumulate=True)
     return mixed
 
 
-def tile_update(layout: TileLayout, consts: LayoutConstants, ops: BlockOperands, t: int, state: Any, mixed: Any) -> Any:
-    """S ← α S + k uᵀ on tile ``t`` of a block (``state`` updated in place) from ``tile_products``' ``mixed``.
+def tile_update_from_columns(
+    layout: TileLayout, consts: LayoutConstants, ops: BlockOperands, t: int, state: Any, mixed: Any, columns: Any
+) -> None:
+    """S ← α S + k uᵀ on tile ``t`` of a block (``state`` updated in place) from ``tile_columns``' [u; o].
 
-    Returns:
-        ``mixed`` evacuated to SBUF, [2H, Dv] fp32 (rows H..2H−1: the outputs).
+    Args:
+        columns: [Dv, 2, H] fp32 SBUF that receives ``mixed`` (the outputs are read from [:, 1, :] later).
 
     Notes:
-        The scalar engine evacuates [u; o] and decays the tile in one instruction each; the tensor engine spreads u
-        to its heads' partitions; the vector engine adds the rank-1 write in ``rows`` scaled adds.
+        u reaches its heads' partitions in one 0/1 matmul: the stationary is u's columns broadcast over each
+        head's G partitions ([Dv, H, G], stride 0: a stationary may be a broadcast view, ``nki.isa.nc_matmul``,
+        SDK 2.33), the moving the [Dv, Dv] identity, so the product is u of partition p's head, [P, Dv], the
+        transpose and the spread at once.
     """
-    dv, h = layout.dv, layout.heads
-    rows = sbuf((2 * h, dv), FP32)
-    nisa.activation(dst=rows, op=nl.copy, data=mixed)
-    spread = matmul(consts.spread, rows[0:h, :], stationary_onezero=True)  # u of each partition's head, [P, Dv]
-    nisa.activation(dst=state, op=nl.copy, data=state, scale=ops.alpha[:, t : t + 1])
+    dv, g = layout.dv, layout.parts_per_head
+    nisa.activation(dst=columns, op=nl.copy, data=mixed)
+    spread = psum((layout.partitions, dv))
+    heads = columns[:, 0, :].expand_dim(2).broadcast(2, g)
+    matmul(heads, consts.value_identity, dst=spread, moving_onezero=True)
+    # The rank-1 write of the last GPSIMD_ROWS Dk rows a partition runs on GpSimd (it reaches SBUF only, so the
+    # scalar engine makes k·u there, and GpSimd decays and adds), the rest as the vector engine's scaled adds after
+    # the scalar engine's decay: the vector engine alone bound the step at T > 1. The same roundings either way.
+    alpha = ops.alpha[:, t : t + 1]
+    on_vector = layout.rows - min(GPSIMD_ROWS, layout.rows - 1)
+    by_vector, by_gpsimd = state[:, 0 : on_vector * dv], state[:, on_vector * dv :]
+    if on_vector < layout.rows:  # first: it waits only for this token's products of the tile
+        nisa.tensor_tensor(dst=by_gpsimd, data1=by_gpsimd, data2=alpha.broadcast(1, by_gpsimd.shape[1]),
+                           op=nl.multiply, engine=GPSIMD)  # fmt: skip
+    nisa.activation(dst=by_vector, op=nl.copy, data=by_vector, scale=alpha)
+    written = []
+    for lo in range(on_vector, layout.rows):
+        product = sbuf((layout.partitions, dv), FP32)
+        nisa.activation(dst=product, op=nl.copy, data=spread, scale=ops.keys[:, lo, t : t + 1])
+        written.append(product)
     for lo in range(layout.rows):
         piece = state[:, lo * dv : (lo + 1) * dv]
-        nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=ops.keys[:, lo, t : t + 1],
-                                  op1=nl.add, operand1=piece)  # fmt: skip
+        if lo < on_vector:
+            nisa.scalar_tensor_tensor(dst=piece, data=spread, op0=nl.multiply, operand0=ops.keys[:, lo, t : t + 1],
+                                      op1=nl.add, operand1=piece)  # fmt: skip
+        else:
+            nisa.tensor_tensor(dst=piece, data1=written[lo - on_vector], data2=piece, op=nl.add, engine=GPSIMD)
+
+
+def column_outputs(layout: TileLayout, consts: LayoutConstants, outputs: Any) -> Any:
+    """Every tile's outputs of one token, columns [Dv, tiles, H], as rows [Hv, Dv] fp32 in PSUM (row = value
+    head) by one 0/1 matmul against the identity."""
+    rows = psum((layout.value_heads, layout.dv))
+    matmul(outputs, consts.value_identity, dst=rows, moving_onezero=True)
     return rows

@@ -27,11 +27,12 @@ from typing import Any
 
 from gdn_ref.contract import validate_step
 
-from ..common.backend import nki, nl
+from ..common.backend import nki
 from ..common.kernel_assert import assert_valid_call
 from ..common.request_rows import entry, request_rows
 from .pipeline import Request, emit_requests
 from .recurrence import Constants, Gates, Shapes, allocate_out, zero_rows
+from .request_loop import program_share
 
 # Requests one iteration of the compiled request loop runs (the program holds their instructions once, whatever
 # N): the software pipeline of ``decode_pipeline.emit_requests`` fills and drains within an iteration, so more requests
@@ -104,21 +105,13 @@ def gdn_step(
     width = tokens if per_token else 1
     zeros = zero_rows(shapes, out.dtype)
 
-    first, step = nl.program_id(0), nl.num_programs(0)
-    count = len(range(first, n_req, step))  # this program's requests: first, first + step, ...
-    if count == 0:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
+    share = program_share(n_req, REQUESTS_PER_ITERATION)
+    if share is None:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
         return out, state_pool
-    group = min(REQUESTS_PER_ITERATION, count)
-    trips = -(-count // group)
-    # Every slot's row exists; those past N are past their tensor's end (skipped). A loop gets one spare slot, so that its program
-    # (the tails' memsets included) is the same whatever N.
-    slots = max(n_req, first + (trips * group - 1) * step + 1) + (trips > 1)
-    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, slots, state_pool.shape[0])
+    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, state_pool.shape[0])
 
-    def requests(base: Any) -> Any:  # the group of requests base + first + j·step, j < group
-        for j in range(group):
-            static = first + j * step
-            n = static if isinstance(base, int) else base + static
+    def requests(base: Any) -> Any:  # the iteration's requests
+        for static, n in share.members(base):
             # The row the loads need first; with num_accepted_tokens it is computed, else it is the index itself.
             if num_accepted_tokens is None:
                 read_row = entry(rows[0], static * width, base, width)
@@ -133,11 +126,8 @@ def gdn_step(
                           zeros=(pad_row, zeros))  # fmt: skip
 
     def iteration(g: Any) -> None:
-        base = g * (group * step)
-        emit_requests(shapes, (query, key, value, out), gates, consts, requests(base), float(scale), use_qk_l2norm)
+        emit_requests(shapes, (query, key, value, out), gates, consts, requests(share.base(g)), float(scale),
+                      use_qk_l2norm)  # fmt: skip
 
-    if trips == 1:
-        iteration(0)
-    else:
-        nl.fori_loop(0, trips, iteration)
+    share.run(iteration)
     return out, state_pool
