@@ -265,6 +265,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_device.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
+    "packages/gdn-nki/tests/test_torch_traced_rejections.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
@@ -357,7 +358,13 @@ def neuron(session: nox.Session) -> None:
 NEURON_TORCH_PACKAGES = ["torch-neuronx>=2.14", "transformers>=5.24"]
 NEURON_TORCH_DEVICE = "xla"
 TORCH_OPS_TESTS = tuple(
-    f"packages/gdn-nki/tests/{name}" for name in ("test_torch_ops.py", "test_torch_compile.py", "test_torch_device.py")
+    f"packages/gdn-nki/tests/{name}"
+    for name in (
+        "test_torch_ops.py",
+        "test_torch_compile.py",
+        "test_torch_device.py",
+        "test_torch_traced_rejections.py",
+    )
 )
 NEURON_PLAN = (
     "gdn-nki's tests and gdn-spec check gdn_nki:simulate on the real nki; bench/neuron_kernel.py (compile, and "

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..host.conv import conv_decode_step, conv_prefill_bucket
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
+from . import rules
+from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -49,9 +51,11 @@ def causal_conv1d_update_op(
 
 @causal_conv1d_update_op.register_fake
 def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, activation) -> Tensor:
+    rules.conv_step(x, conv_state, weight, bias, rows, activation)
     return torch.empty_like(x)
 
 
+@rejects_at_trace_time(lambda rejected, argument: rejected(argument("x")))
 def causal_conv1d_update(
     x: Tensor,
     conv_state: Tensor,
@@ -134,9 +138,11 @@ def causal_conv1d_fn_op(
 
 @causal_conv1d_fn_op.register_fake
 def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation) -> Tensor:
+    rules.conv_prefill(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation)
     return torch.empty_like(x)
 
 
+@rejects_at_trace_time(lambda rejected, argument: rejected(argument("x")))
 def causal_conv1d_fn(
     x: Tensor,
     weight: Tensor,
@@ -200,6 +206,12 @@ def causal_conv1d_fn(
     return out.t()
 
 
+@rejects_at_trace_time(
+    lambda rejected, argument: (
+        rejected(argument("x")),
+        argument("initial_state") if argument("output_final_state") else None,
+    )
+)
 def causal_conv1d(
     x: Tensor,
     weight: Tensor | None = None,

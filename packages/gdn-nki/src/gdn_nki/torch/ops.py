@@ -17,6 +17,9 @@ Each drop-in (the public functions here, under the originals' names and signatur
                   tensors; the value rules are trusted (``check_values`` runs them on demand)
   ==============  ================================================================================================
 
+Under ``torch.compile`` a call its rules reject compiles to ``gdn_nki::rejected_call``, which raises the very
+``ContractError`` eager raises (dynamo would rewrap one raised while it traces: ``traced_rejection.py``).
+
 A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
 so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
@@ -31,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
@@ -40,6 +43,7 @@ from gdn_ref.contract import names_entry_point
 from ..host.decode import tkg_simulate
 from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor
 from . import chunk, device, fused_recurrent, rules
+from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -157,6 +161,29 @@ def _prefill_out(q: Tensor, v: Tensor) -> Tensor:
     return q.new_empty((*v.shape[:3], v.shape[3]))
 
 
+def _output_and_state(
+    rejected: Callable[[Tensor], Tensor],
+    argument: Callable[[str], Any],
+    like: str = "v",
+    state: str = "initial_state",
+    returned: str | None = "output_final_state",
+) -> Any:
+    """A rejected call's stand-in result (``traced_rejection``): (the rejection's node shaped like ``like`` — the
+    output's shape, as far as the arguments say it — and the ``state`` argument when the call returns a state)."""
+    shaped = argument(like)
+    out = rejected(shaped if isinstance(shaped, Tensor) else _first_tensor(argument))
+    return out, (argument(state) if returned is None or argument(returned) else None)
+
+
+def _first_tensor(argument: Callable[[str], Any]) -> Tensor:
+    """A tensor of the call for the rejection's node to be shaped like, when the output's model is not one."""
+    for name in ("q", "k", "x"):
+        if isinstance(argument(name), Tensor):
+            return argument(name)
+    return torch.empty(0)
+
+
+@rejects_at_trace_time(_output_and_state)
 @names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q: Tensor,
@@ -321,6 +348,7 @@ def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, us
     return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
 
 
+@rejects_at_trace_time(_output_and_state)
 @names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
@@ -398,6 +426,7 @@ def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seq
     return _prefill_out(q, v)
 
 
+@rejects_at_trace_time(lambda rejected, argument: _output_and_state(rejected, argument, returned=None))
 @names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Tensor,
@@ -479,6 +508,7 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
     return _prefill_out(q, v)
 
 
+@rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
 @names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Tensor,
@@ -598,5 +628,11 @@ def _gdn_tkg_fake(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in) -> tu
     return q.new_empty((q.shape[0], v.shape[1])), q.new_empty(tuple(state_in.shape), dtype=torch.float32)
 
 
-# The op itself is the drop-in: its arguments are all tensors, nothing to handle before it.
-gdn_tkg = gdn_tkg_op
+@rejects_at_trace_time(
+    lambda rejected, argument: _output_and_state(rejected, argument, state="state_in", returned=None)
+)
+def gdn_tkg(q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, A_log: Tensor, dt_bias: Tensor, z: Tensor,
+            norm_weight: Tensor, state_in: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """AWS's ``gdn_tkg`` on torch tensors: the op ``gdn_nki::gdn_tkg`` (its docstring: dimensions, arguments,
+    results), whose shape and dtype rejections a compiled graph raises as eager does (``traced_rejection``)."""
+    return gdn_tkg_op(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..common import backend
 from ..host.torch_io import import_torch, is_torch_tensor
-from . import chunk, fused_recurrent, ops
+from . import chunk, fused_recurrent
 from .ops import gdn_tkg_host
 
 torch = import_torch()
@@ -59,8 +59,8 @@ TKG_ARGUMENTS = ("q", "k", "v", "b", "a", "A_log", "dt_bias", "z", "norm_weight"
 
 
 def _name(drop_in: Callable[..., Any]) -> str:
-    """A drop-in's name (``gdn_tkg`` is its op, which has no ``__name__``)."""
-    return "gdn_tkg" if drop_in is ops.gdn_tkg else drop_in.__name__
+    """A drop-in's name."""
+    return drop_in.__name__
 
 
 def check_values(drop_in: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> None:
