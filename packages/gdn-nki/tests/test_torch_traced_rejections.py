@@ -1,9 +1,8 @@
 """Bad shapes and dtypes under ``torch.compile(fullgraph=True)``: every drop-in (the GDN prefill with varlen,
 bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins)
 raises gdn-ref's ``ContractError`` with eager's message, leaves the caller's pool as it was, and a valid call of each
-still compiles with no graph break. Runs on ``GDN_TORCH_DEVICE`` (``nox -s neuron``: the XLA device; its backend
-stays ``aot_eager`` here, what the device's ``neuron`` backend does with the rejection node is untested). Skipped
-without torch."""
+still compiles with no graph break. Runs on ``GDN_TORCH_DEVICE`` with ``GDN_TORCH_COMPILE_BACKEND`` (``nox -s
+neuron``: the XLA device and torch-neuronx's ``neuron`` backend; never run there yet). Skipped without torch."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from gdn_nki.torch import causal_conv1d, causal_conv1d_fn, causal_conv1d_update 
 from gdn_nki.torch.traced_rejection import REJECTIONS  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from test_torch_ops import BAD_SHAPES, CALLS, _randn, _set  # noqa: E402
-from torch_device import on_device, test_device  # noqa: E402
+from torch_device import compile_backend, on_device, test_device  # noqa: E402
 
 CONV_C, CONV_W, CONV_P = 32, 4, 5
 
@@ -73,7 +72,7 @@ BAD_CALLS = {
 
 def _compiled(drop_in: Callable[..., Any]) -> Callable[..., Any]:
     torch._dynamo.reset()
-    return torch.compile(lambda **kwargs: drop_in(**kwargs), fullgraph=True, backend="aot_eager")
+    return torch.compile(lambda **kwargs: drop_in(**kwargs), fullgraph=True, backend=compile_backend())
 
 
 def _tensors(args: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -120,7 +119,7 @@ def test_the_compiled_rejection_is_one_node_raising_at_run_time_and_a_fixed_call
         "gdn_nki.rejected_call.default"
     ]
     discarded = torch.compile(lambda **kwargs: (drop_in(**kwargs), kwargs["q"] + 1)[1], fullgraph=True,
-                              backend="aot_eager")  # fmt: skip
+                              backend=compile_backend())  # fmt: skip
     with pytest.raises(ContractError, match="initial_state"):  # a rejection nothing reads is no dead code
         discarded(**bad)
     good = make()
@@ -141,3 +140,25 @@ def test_a_valid_call_of_each_drop_in_compiles_without_a_graph_break(name: str) 
         str(node.target) for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
     ]
     assert len(nodes) == 1 and "rejected_call" not in nodes[0], nodes
+
+
+class _Called(torch.nn.Module):
+    def __init__(self, drop_in: Callable[..., Any]) -> None:
+        super().__init__()
+        self.drop_in = drop_in
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.drop_in(**kwargs)
+
+
+@pytest.mark.parametrize("case", ["verify: bf16 pool", "conv prefill: width 7", "gdn_tkg: state of the wrong shape"])
+def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
+    """``torch.export`` (non-strict, its default: no dynamo) meets the op's fake implementation, which raises the
+    ContractError itself: no program is made."""
+    call, change = BAD_CALLS[case]
+    drop_in, make = ALL_CALLS[call]
+    with pytest.raises(ContractError) as eager:
+        drop_in(**change(make()))
+    with pytest.raises(ContractError) as exported:
+        torch.export.export(_Called(drop_in), (), kwargs=on_device(change(make()), test_device()), strict=False)
+    assert str(exported.value) == str(eager.value)
