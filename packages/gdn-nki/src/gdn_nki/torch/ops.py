@@ -41,7 +41,7 @@ from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import names_entry_point
 
 from ..host.decode import tkg_simulate
-from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor
+from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, rejection
 from . import chunk, device, fused_recurrent, rules
 from .traced_rejection import rejects_at_trace_time
 
@@ -362,20 +362,60 @@ def fused_recurrent_gated_delta_rule(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: Tensor | None = None,
+    *,
     check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
-    """FLA's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::fused_recurrent_gated_delta_rule``.
+    """FLA's ``fused_recurrent_gated_delta_rule`` (its signature and positional order since FLA's fused gate,
+    2026-04) as the op ``gdn_nki::fused_recurrent_gated_delta_rule``; called with vLLM's pool keywords, vLLM's
+    function of the same name.
 
-    Dimensions, Args and Returns:
+    Dimensions:
         As ``gdn_nki.torch.fused_recurrent.fused_recurrent_gated_delta_rule``.
+
+    Args:
+        q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens:
+            as ``gdn_nki.torch.fused_recurrent.fused_recurrent_gated_delta_rule``.
+        use_gate_in_kernel (bool): ``g`` is the raw gate: g = −exp(A_log)·softplus(g + dt_bias), in fp32 torch
+            ops before the op (as FLA's kernel and HF's layer compute it). A_log, dt_bias (Tensor | None): [HV].
+        use_beta_sigmoid_in_kernel (bool): ``beta`` holds logits: β = sigmoid(beta), in fp32 before the op.
+        allow_neg_eigval, state_v_first (bool), and FLA's older ``transpose_state_layout=``: rejected when set
+            (β would reach 2; states are [N, HV, K, V] only), as by ``chunk_gated_delta_rule``.
+        check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
+        kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
+            ``retrieve_parent_token`` make the call vLLM's (``vllm_fused_recurrent_gated_delta_rule``: the pool
+            ``initial_state`` updated in place, returned as the state); anything else is ignored, as HF's
+            ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer) ignores the
+            attention keywords the layer passes through.
+
+    Returns:
+        tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked); in
+        vLLM's form vLLM's (``o``, the pool).
 
     Notes:
         On a device the packed sequences (``cu_seqlens``) must share one length (the CPU groups them by length,
         reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
     """
-    del kwargs  # ignored, as HF's torch_recurrent_gated_delta_rule ignores them
+    vllm_form = {name: kwargs.pop(name) for name in VLLM_KEYWORDS if name in kwargs}
+    fla_only = dict(gk=gk, gv=gv, output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
+    if vllm_form:
+        _reject_mixed_forms(next(iter(vllm_form)), fla_only)
+        return vllm_fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, scale, initial_state, cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, check_values=check_values, **vllm_form,
+        )  # fmt: skip
+    chunk._reject_tensor_flags({name: value for name, value in fla_only.items() if name not in ("gk", "gv")})
+    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                                           transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale)
     if not carried or (check_values is not True and q.device.type == "cpu"):
         return fused_recurrent.fused_recurrent_gated_delta_rule(
@@ -386,6 +426,38 @@ def fused_recurrent_gated_delta_rule(
     o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
                                   bool(use_qk_l2norm_in_kernel))  # fmt: skip
     return o, final if output_final_state else None
+
+
+# vLLM's keywords of its ``fused_recurrent_gated_delta_rule`` (the pool form) that FLA's function of the same name
+# does not have: one of them makes a call vLLM's.
+VLLM_KEYWORDS = ("inplace_final_state", "ssm_state_indices", "num_accepted_tokens", "retrieve_parent_token")
+
+
+def _reject_mixed_forms(vllm_keyword: str, fla_only: dict[str, Any]) -> None:
+    """A call with one of vLLM's pool keywords is vLLM's; FLA's own options set beside it make it neither."""
+    for name, value in fla_only.items():
+        if value is not None and value is not False:
+            raise rejection(name, f"given with vLLM's {vllm_keyword}=", f"{vllm_keyword} makes the call vLLM's "
+                            f"fused_recurrent_gated_delta_rule, which has no {name}", f"drop {name} (vLLM's form "
+                            "updates the pool in place and returns it) or drop vLLM's keywords",
+                            rule_id="keyword.mixed_forms")  # fmt: skip
+
+
+def _fla_gates(v: Tensor, g: Tensor | None, beta: Tensor | None, use_gate_in_kernel: Any, A_log: Tensor | None,
+               dt_bias: Tensor | None, use_beta_sigmoid_in_kernel: Any) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+    """FLA's fused activations as the op's inputs: the log-decay from the raw gate and β from its logits, by the
+    device path's torch ops (``device.fused_gates``); the gates as given when neither option is set."""
+    use_gate, use_sigmoid = chunk._truthy(use_gate_in_kernel), chunk._truthy(use_beta_sigmoid_in_kernel)
+    for name, value, flag in (("g", g, use_gate), ("beta", beta, use_sigmoid)):
+        if flag and not isinstance(value, Tensor):
+            option = "use_gate_in_kernel" if name == "g" else "use_beta_sigmoid_in_kernel"
+            raise rejection(name, f"= {value!r} with {option}=True", f"{option} computes the gate from the raw "
+                            f"{name} the layer projects", f"pass the raw {name} or {option}=False")  # fmt: skip
+    if use_gate:
+        chunk.check_gate_parameters(A_log, dt_bias, v.shape[2], any_device=True)
+    if not (use_gate or use_sigmoid):
+        return g, beta
+    return device.fused_gates(g, beta, A_log, dt_bias, use_sigmoid, use_gate)
 
 
 # --- decode on a pool: vLLM's variant and vLLM / SGLang's fused-gating update --------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..common import backend
 from ..host.torch_io import import_torch, is_torch_tensor
-from . import chunk, fused_recurrent
+from . import chunk, fused_recurrent, ops
 from .ops import gdn_tkg_host
 
 torch = import_torch()
@@ -48,7 +48,9 @@ def _no_launch() -> Iterator[None]:
 # Each drop-in's CPU path, by the drop-in's name.
 HOST_PATHS: dict[str, Callable[..., Any]] = {
     "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
-    "fused_recurrent_gated_delta_rule": fused_recurrent.fused_recurrent_gated_delta_rule,
+    "fused_recurrent_gated_delta_rule": lambda *args, **kwargs: ops.fused_recurrent_gated_delta_rule(
+        *args, **{**kwargs, "check_values": True}
+    ),  # the drop-in's own argument handling first: FLA's fused gates, vLLM's keywords
     "vllm_fused_recurrent_gated_delta_rule": fused_recurrent.vllm_fused_recurrent_gated_delta_rule,
     "fused_sigmoid_gating_delta_rule_update": fused_recurrent.fused_sigmoid_gating_delta_rule_update,
     "gdn_tkg": gdn_tkg_host,
