@@ -126,3 +126,12 @@ def test_both_forms_compile_without_a_graph_break(form: str) -> None:
         "fused_recurrent_gated_delta_rule" if form == "FLA's fused gates" else "vllm_fused_recurrent_gated_delta_rule"
     )
     assert ops == [f"gdn_nki.{want}.default"]
+
+
+def test_vllms_positional_beta_in_flas_gk_slot_is_refused_saying_to_pass_it_by_keyword() -> None:
+    args = verify_call()
+    q, k, v, g, beta = (args.pop(name) for name in ("q", "k", "v", "g", "beta"))
+    before = args["initial_state"].clone()
+    with pytest.raises(ContractError, match=r"`gk`.*beta=") as error:
+        gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **args)  # vLLM's order, by position
+    assert "keyword.mixed_forms" in str(error.value) and torch.equal(args["initial_state"], before)

@@ -437,9 +437,11 @@ def _reject_mixed_forms(vllm_keyword: str, fla_only: dict[str, Any]) -> None:
     """A call with one of vLLM's pool keywords is vLLM's; FLA's own options set beside it make it neither."""
     for name, value in fla_only.items():
         if value is not None and value is not False:
+            # FLA's gk is the fifth positional parameter, where vLLM's order has beta
+            fix = ("pass vLLM's beta (and what follows g) by keyword: beta=..." if name in ("gk", "gv") else
+                   f"drop {name} (vLLM's form updates the pool in place and returns it) or drop vLLM's keywords")  # fmt: skip
             raise rejection(name, f"given with vLLM's {vllm_keyword}=", f"{vllm_keyword} makes the call vLLM's "
-                            f"fused_recurrent_gated_delta_rule, which has no {name}", f"drop {name} (vLLM's form "
-                            "updates the pool in place and returns it) or drop vLLM's keywords",
+                            f"fused_recurrent_gated_delta_rule, which has no {name}", fix,
                             rule_id="keyword.mixed_forms")  # fmt: skip
 
 
