@@ -162,3 +162,20 @@ def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
     with pytest.raises(ContractError) as exported:
         torch.export.export(_Called(drop_in), (), kwargs=on_device(change(make()), test_device()), strict=False)
     assert str(exported.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("case", [case for case in BAD_CALLS if case.startswith(("conv", "FLA conv"))])
+def test_conv_rejections_under_fake_tensors_are_eagers(case: str) -> None:
+    """The conv ops' fake implementations run the host path's shape and dtype rules: under ``FakeTensorMode`` (no
+    data, no dynamo) the conv drop-ins raise eager's ContractError."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    call, change = BAD_CALLS[case]
+    drop_in, make = ALL_CALLS[call]
+    with pytest.raises(ContractError) as eager:
+        drop_in(**change(make()))
+    mode = FakeTensorMode()
+    args = {name: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for name, x in change(make()).items()}
+    with mode, pytest.raises(ContractError) as faked:
+        drop_in(**args)
+    assert str(faked.value) == str(eager.value)
