@@ -173,6 +173,12 @@ def test_compiled_model_generates_hfs_fp32_greedy_tokens_and_no_gdn_call_breaks_
             eager = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
             torch._dynamo.reset()
             explained = torch._dynamo.explain(model.forward)(ids, use_cache=False)
+            # a decode step on the prompt's cache: the GDN layers' FLA decode calls
+            prompt = model(ids, use_cache=True)
+            step = prompt.logits[:, -1:].argmax(-1)
+            torch._dynamo.reset()
+            explained_step = torch._dynamo.explain(model.forward)(step, past_key_values=prompt.past_key_values,
+                                                                  use_cache=True)  # fmt: skip
             forward = model.forward
             model.forward = torch.compile(forward, backend=compile_backend())
             try:
@@ -182,10 +188,12 @@ def test_compiled_model_generates_hfs_fp32_greedy_tokens_and_no_gdn_call_breaks_
         finally:
             hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule = saved
     assert torch.equal(eager.cpu(), theirs) and torch.equal(compiled.cpu(), theirs)
-    in_gdn_nki = [reason for reason in explained.break_reasons
-                  if any("gdn_nki" in frame.filename for frame in reason.user_stack)]  # fmt: skip
-    assert in_gdn_nki == [], in_gdn_nki
-    captured = [
-        node.target for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
-    ]
-    assert captured == [torch.ops.gdn_nki.chunk_gated_delta_rule.default], "the prefill's GDN call is one graph node"
+    for explanation, op in ((explained, torch.ops.gdn_nki.chunk_gated_delta_rule.default),
+                            (explained_step, torch.ops.gdn_nki.fused_recurrent_gated_delta_rule.default)):  # fmt: skip
+        in_gdn_nki = [reason for reason in explanation.break_reasons
+                      if any("gdn_nki" in frame.filename for frame in reason.user_stack)]  # fmt: skip
+        assert in_gdn_nki == [], in_gdn_nki
+        captured = [
+            node.target for graph in explanation.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
+        ]
+        assert captured == [op], "each GDN call (the tiny model has one GDN layer) is one graph node"
