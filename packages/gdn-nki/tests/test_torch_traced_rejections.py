@@ -17,7 +17,7 @@ from gdn_nki.torch import causal_conv1d, causal_conv1d_fn, causal_conv1d_update 
 from gdn_nki.torch.traced_rejection import REJECTIONS  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from test_torch_ops import BAD_SHAPES, CALLS, _randn, _set  # noqa: E402
-from torch_device import compile_backend, on_device, test_device  # noqa: E402
+from torch_device import compile_backend, on_device, skip_on_device, test_device  # noqa: E402
 
 CONV_C, CONV_W, CONV_P = 32, 4, 5
 
@@ -46,6 +46,8 @@ def fla_conv_call() -> dict[str, Any]:
                 cu_seqlens=torch.tensor([0, 12, 30], dtype=torch.int32))  # fmt: skip
 
 
+CONV_CALLS = ("vLLM conv update", "vLLM conv prefill", "FLA conv")
+CONV_HOST_ONLY = "the conv ops have no device implementation yet (every device runs their host path, numpy)"
 ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
     **CALLS,
     "vLLM conv update": (causal_conv1d_update, conv_update_call),
@@ -82,6 +84,8 @@ def _tensors(args: dict[str, Any]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_compiled_rejection_is_eagers_contract_error_and_writes_nothing(case: str) -> None:
     call, change = BAD_CALLS[case]
+    if call in CONV_CALLS:
+        skip_on_device(CONV_HOST_ONLY)
     drop_in, make = ALL_CALLS[call]
     device = test_device()
     with pytest.raises(ContractError) as eager:
@@ -131,6 +135,8 @@ def test_the_compiled_rejection_is_one_node_raising_at_run_time_and_a_fixed_call
 
 @pytest.mark.parametrize("name", list(ALL_CALLS))
 def test_a_valid_call_of_each_drop_in_compiles_without_a_graph_break(name: str) -> None:
+    if name in CONV_CALLS:
+        skip_on_device(CONV_HOST_ONLY)
     drop_in, make = ALL_CALLS[name]
     args = on_device(make(), test_device())
     torch._dynamo.reset()
@@ -179,3 +185,23 @@ def test_conv_rejections_under_fake_tensors_are_eagers(case: str) -> None:
     with mode, pytest.raises(ContractError) as faked:
         drop_in(**args)
     assert str(faked.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("op_name", ["causal_conv1d_update_op", "causal_conv1d_fn_op"])
+def test_the_conv_ops_refuse_device_tensors_by_name(op_name: str) -> None:
+    """The conv ops' one implementation is the host path: on a device's tensors (meta here, handed to that
+    implementation itself) it raises a ContractError naming x, not nki-cpu's TypeError."""
+    from gdn_nki.torch import conv
+
+    op = getattr(conv, op_name)
+    if op_name == "causal_conv1d_update_op":
+        args = conv_update_call()
+        operands = (args["x"].transpose(1, 2), args["conv_state"], args["weight"], args["bias"],
+                    args["conv_state_indices"], "silu")  # fmt: skip
+    else:
+        args = conv_fn_call()
+        rows = args["cache_indices"]
+        operands = (args["x"].t(), args["conv_states"], args["weight"], args["bias"], args["query_start_loc"], rows,
+                    rows, "silu")  # fmt: skip
+    with pytest.raises(ContractError, match=r"`x` on device meta violates \[conv.device\]"):
+        op._init_fn(*(x.to("meta") if isinstance(x, torch.Tensor) else x for x in operands))
