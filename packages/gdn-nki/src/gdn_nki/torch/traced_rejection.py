@@ -8,7 +8,7 @@ by dynamo would only change which of the two the caller gets, and unwrapping nee
 (the caller's compiled function). What does reach the caller unchanged is an exception raised while the compiled
 graph runs. So, under dynamo only:
 
-1. ``judge`` runs the drop-in itself on fake tensors of the arguments' shapes, strides, dtypes and devices
+1. ``_judge`` runs the drop-in itself on fake tensors of the arguments' shapes, strides, dtypes and devices
    (``torch.compiler.assume_constant_result``: dynamo calls it while tracing and keeps its result, an int, as a
    constant; it never traces into it). No value is read: a fake tensor has none. The rejection it finds is kept in
    ``REJECTIONS``;
@@ -42,7 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # The rejections judged while tracing, by key (``gdn_nki::rejected_call``'s argument): one per distinct rejection,
 # kept for the process's life (a compiled graph holding the key may run any time).
 REJECTIONS: list[ContractError] = []
-TENSOR = "gdn_nki.tensor"  # marks a tensor's description among the constants ``judge`` receives
+TENSOR = "gdn_nki.tensor"  # marks a tensor's description among the constants ``_judge`` receives
 CONSTANT_TYPES = (bool, int, float, str, type(None), torch.dtype)
 
 
@@ -51,7 +51,7 @@ def rejected_call(rejection: int, like: Tensor) -> Tensor:
     """A drop-in call rejected at trace time: raises its ``ContractError`` (``REJECTIONS[rejection]``).
 
     Args:
-        rejection (int): the key ``judge`` returned.
+        rejection (int): the key ``_judge`` returned.
         like (Tensor): the tensor whose shape and dtype the output takes while tracing.
 
     Returns:
@@ -71,7 +71,7 @@ torch.fx.node.has_side_effect(torch.ops.gdn_nki.rejected_call.default)
 
 
 def _described(x: Any) -> Any:
-    """``x`` as constants dynamo hands to ``judge``: a tensor as (TENSOR, shape, stride, dtype, device, index),
+    """``x`` as constants dynamo hands to ``_judge``: a tensor as (TENSOR, shape, stride, dtype, device, index),
     tuples and lists element by element, anything else as itself (None when dynamo could not pass it on)."""
     if isinstance(x, Tensor):
         return (TENSOR, tuple(int(s) for s in x.shape), tuple(int(s) for s in x.stride()), x.dtype, x.device.type,
@@ -123,6 +123,13 @@ def rejects_at_trace_time(stand_in: Callable[..., Any]) -> Callable[[F], F]:
         stand_in (Callable): ``stand_in(rejected, arguments)`` returns what the drop-in returns, built from
             ``rejected(like)`` (the rejection's node, an empty tensor like ``like`` while tracing) and
             ``arguments(name)`` (the argument passed by that name or position, else its default).
+
+    Returns:
+        Callable: the decorator; the drop-in it returns has the drop-in's name, docstring and signature.
+
+    Notes:
+        Judging costs one run of the drop-in on fake tensors per trace (none per call of the compiled graph); an
+        eager call pays two flag reads (``is_dynamo_compiling``, ``is_exporting``).
     """
 
     def decorate(drop_in: F) -> F:
