@@ -128,10 +128,12 @@ def test_both_forms_compile_without_a_graph_break(form: str) -> None:
     assert ops == [f"gdn_nki.{want}.default"]
 
 
-def test_vllms_positional_beta_in_flas_gk_slot_is_refused_saying_to_pass_it_by_keyword() -> None:
+def test_vllms_positional_call_of_the_shared_name_is_vllms_too() -> None:
+    """gdn-spec's vLLM adapter (as vLLM's signature allows) passes beta, scale and the pool by position, where FLA's
+    order has gk, gv and beta: with vLLM's keywords the call is bound in vLLM's order."""
+    want_args = verify_call()
+    want_o, want_pool = gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule(**want_args)
     args = verify_call()
-    q, k, v, g, beta = (args.pop(name) for name in ("q", "k", "v", "g", "beta"))
-    before = args["initial_state"].clone()
-    with pytest.raises(ContractError, match=r"`gk`.*beta=") as error:
-        gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **args)  # vLLM's order, by position
-    assert "keyword.mixed_forms" in str(error.value) and torch.equal(args["initial_state"], before)
+    q, k, v, g, beta, pool = (args.pop(name) for name in ("q", "k", "v", "g", "beta", "initial_state"))
+    o, got = gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, beta, None, pool, True, **args)
+    assert got is pool and torch.equal(o, want_o) and torch.equal(pool, want_pool)

@@ -32,6 +32,7 @@ that backward raises, as before).
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 import warnings
 from collections.abc import Callable, Iterator
@@ -348,8 +349,24 @@ def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, us
     return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
 
 
+def _or_vllms_form(fla: Callable[..., Any]) -> Callable[..., Any]:
+    """FLA's decode drop-in that is vLLM's when called with one of vLLM's keywords (``VLLM_KEYWORDS``): that call,
+    positional arguments in vLLM's order included, goes to ``vllm_fused_recurrent_gated_delta_rule`` as made."""
+
+    @functools.wraps(fla)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        vllm_keywords = [name for name in VLLM_KEYWORDS if name in kwargs]
+        if not vllm_keywords:
+            return fla(*args, **kwargs)
+        _reject_mixed_forms(vllm_keywords[0], kwargs)
+        return vllm_fused_recurrent_gated_delta_rule(*args, **kwargs)
+
+    return dispatch
+
+
 @rejects_at_trace_time(_output_and_state)
 @names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
+@_or_vllms_form
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -390,8 +407,9 @@ def fused_recurrent_gated_delta_rule(
             (β would reach 2; states are [N, HV, K, V] only), as by ``chunk_gated_delta_rule``.
         check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
         kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
-            ``retrieve_parent_token`` make the call vLLM's (``vllm_fused_recurrent_gated_delta_rule``: the pool
-            ``initial_state`` updated in place, returned as the state); anything else is ignored, as HF's
+            ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
+            (``vllm_fused_recurrent_gated_delta_rule``: the pool ``initial_state`` updated in place, returned as
+            the state; FLA's own keywords beside them rejected by name); anything else is ignored, as HF's
             ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer) ignores the
             attention keywords the layer passes through.
 
@@ -403,16 +421,9 @@ def fused_recurrent_gated_delta_rule(
         On a device the packed sequences (``cu_seqlens``) must share one length (the CPU groups them by length,
         reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
     """
-    vllm_form = {name: kwargs.pop(name) for name in VLLM_KEYWORDS if name in kwargs}
-    fla_only = dict(gk=gk, gv=gv, output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
+    fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
-    if vllm_form:
-        _reject_mixed_forms(next(iter(vllm_form)), fla_only)
-        return vllm_fused_recurrent_gated_delta_rule(
-            q, k, v, g, beta, scale, initial_state, cu_seqlens=cu_seqlens,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, check_values=check_values, **vllm_form,
-        )  # fmt: skip
-    chunk._reject_tensor_flags({name: value for name, value in fla_only.items() if name not in ("gk", "gv")})
+    chunk._reject_tensor_flags(fla_only)
     chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
                                            transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
     g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
@@ -433,16 +444,19 @@ def fused_recurrent_gated_delta_rule(
 VLLM_KEYWORDS = ("inplace_final_state", "ssm_state_indices", "num_accepted_tokens", "retrieve_parent_token")
 
 
-def _reject_mixed_forms(vllm_keyword: str, fla_only: dict[str, Any]) -> None:
-    """A call with one of vLLM's pool keywords is vLLM's; FLA's own options set beside it make it neither."""
-    for name, value in fla_only.items():
-        if value is not None and value is not False:
-            # FLA's gk is the fifth positional parameter, where vLLM's order has beta
-            fix = ("pass vLLM's beta (and what follows g) by keyword: beta=..." if name in ("gk", "gv") else
-                   f"drop {name} (vLLM's form updates the pool in place and returns it) or drop vLLM's keywords")  # fmt: skip
+def _reject_mixed_forms(vllm_keyword: str, kwargs: dict[str, Any]) -> None:
+    """A call with one of vLLM's pool keywords is vLLM's; FLA's own keywords beside it make it neither."""
+    for name in FLA_ONLY_KEYWORDS:
+        if name in kwargs:
             raise rejection(name, f"given with vLLM's {vllm_keyword}=", f"{vllm_keyword} makes the call vLLM's "
-                            f"fused_recurrent_gated_delta_rule, which has no {name}", fix,
+                            f"fused_recurrent_gated_delta_rule, which has no {name}", f"drop {name} (vLLM's form "
+                            "updates the pool in place and returns it) or drop vLLM's keywords",
                             rule_id="keyword.mixed_forms")  # fmt: skip
+
+
+# FLA's keywords that vLLM's function of the same name does not take.
+FLA_ONLY_KEYWORDS = ("gk", "gv", "output_final_state", "use_gate_in_kernel", "A_log", "dt_bias",
+                     "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first")  # fmt: skip
 
 
 def _fla_gates(v: Tensor, g: Tensor | None, beta: Tensor | None, use_gate_in_kernel: Any, A_log: Tensor | None,
