@@ -266,6 +266,8 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_context_parallel.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
     "packages/gdn-nki/tests/test_torch_norm.py",
+    "packages/gdn-nki/tests/test_torch_traced_rejections.py",
+    "packages/gdn-nki/tests/test_torch_drop_in_signatures.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
@@ -349,7 +351,8 @@ def neuron(session: nox.Session) -> None:
     # compile, export, the device path's layouts) and the conformance suite through the drop-in on device tensors.
     # Never run yet (README, "Running on Trainium"): a failure here is the first news of the device path.
     session.install("--extra-index-url", os.environ.get("GDN_NEURON_INDEX", NEURON_INDEX), *NEURON_TORCH_PACKAGES)
-    session.run("pytest", "-q", *TORCH_OPS_TESTS, env={**env, "GDN_TORCH_DEVICE": NEURON_TORCH_DEVICE})
+    session.run("pytest", "-q", *TORCH_OPS_TESTS, env={**env, "GDN_TORCH_DEVICE": NEURON_TORCH_DEVICE,
+                                                     "GDN_TORCH_COMPILE_BACKEND": NEURON_COMPILE_BACKEND})  # fmt: skip
     session.run("gdn-spec", "check", "gdn_nki.torch:chunk_gated_delta_rule", "--adapter", "fla-torch:varlen=yes",
                 "--device", NEURON_TORCH_DEVICE, env=env)  # fmt: skip
 
@@ -357,12 +360,20 @@ def neuron(session: nox.Session) -> None:
 # torch-neuronx (its torch and the XLA device), from AWS's index like the SDK; the ops' tests and their device.
 NEURON_TORCH_PACKAGES = ["torch-neuronx>=2.14", "transformers>=5.24"]
 NEURON_TORCH_DEVICE = "xla"
+NEURON_COMPILE_BACKEND = "neuron"  # torch-neuronx's torch.compile backend (the issue's recipe)
 TORCH_OPS_TESTS = tuple(
-    f"packages/gdn-nki/tests/{name}" for name in ("test_torch_ops.py", "test_torch_compile.py", "test_torch_device.py")
+    f"packages/gdn-nki/tests/{name}"
+    for name in (
+        "test_torch_ops.py",
+        "test_torch_compile.py",
+        "test_torch_device.py",
+        "test_torch_traced_rejections.py",
+    )
 )
 NEURON_PLAN = (
     "gdn-nki's tests and gdn-spec check gdn_nki:simulate on the real nki; bench/neuron_kernel.py (compile, and "
-    "nki.benchmark with a device); torch-neuronx's ops: pytest " + " ".join(TORCH_OPS_TESTS) + "; gdn-spec check "
+    "nki.benchmark with a device); torch-neuronx's ops: pytest " + " ".join(TORCH_OPS_TESTS) + f" on "
+    f"GDN_TORCH_DEVICE={NEURON_TORCH_DEVICE}, GDN_TORCH_COMPILE_BACKEND={NEURON_COMPILE_BACKEND}; gdn-spec check "
     f"gdn_nki.torch:chunk_gated_delta_rule --adapter fla-torch:varlen=yes --device {NEURON_TORCH_DEVICE}"
 )
 

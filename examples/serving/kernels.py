@@ -10,7 +10,8 @@ compiling backend traces each bucket once for the whole run:
   prefix-cache row it resumes from, or -1 for a zero state) and its prefix-cache checkpoint rows
   (``checkpoint_every`` = the cache's block, ``checkpoint_indices`` [N, T / block], -1 = none). The kernel reads
   and writes every one of those rows on device — no pool row is copied on the host anywhere on the serving path.
-- ``decode``: vLLM's ``fused_recurrent_gated_delta_rule`` form (``gdn_nki.torch_decode``): every request the
+- ``decode``: vLLM's ``fused_recurrent_gated_delta_rule`` call (from ``gdn_nki.torch``, the one import: vLLM's
+  keywords make it vLLM's pool form): every request the
   same T tokens, rows [N] (T = 1) or [N, T] (the state after token t to row [n, t], read from
   [n, num_accepted_tokens[n] - 1]) — speculative verification and its rollback without copying a state. N is
   padded to the smallest configured decode bucket with -1 rows (vLLM's padding slots: zero work, nothing stored).
@@ -32,8 +33,7 @@ import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 import gdn_nki
-from gdn_nki.torch import chunk_gated_delta_rule
-from gdn_nki.torch_decode import vllm_fused_recurrent_gated_delta_rule
+from gdn_nki.torch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # FLA's and vLLM's names
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM
 
 # What HF's Qwen3-Next would call for a GatedDeltaNet core; none may run while the engine serves.
@@ -114,8 +114,8 @@ class GdnKernels:
         q, k, v, g, beta = (torch.cat([x, x.new_zeros((1, pad, *x.shape[2:]))], dim=1) for x in (q, k, v, g, beta))
         index = torch.full((slots, tokens), -1, dtype=torch.int32)
         index[:n] = torch.tensor(rows, dtype=torch.int32).reshape(n, -1)[:, :tokens]
-        o, _ = vllm_fused_recurrent_gated_delta_rule(
-            q, k, v, g, beta, initial_state=self.pool, use_qk_l2norm_in_kernel=True,
+        o, _ = fused_recurrent_gated_delta_rule(
+            q, k, v, g=g, beta=beta, initial_state=self.pool, inplace_final_state=True, use_qk_l2norm_in_kernel=True,
             cu_seqlens=torch.arange(0, slots * tokens + 1, tokens, dtype=torch.int32),
             ssm_state_indices=index if tokens > 1 else index.reshape(slots),
             num_accepted_tokens=torch.tensor([*accepted, *[1] * (slots - n)], dtype=torch.int32)

@@ -15,15 +15,27 @@ torch = pytest.importorskip("torch", reason="torch is not installed (nox -s inte
 pytest.importorskip("transformers", reason="transformers is not installed (nox -s integration installs it)")
 
 
-def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
+def test_served_stream_equals_hf_one_request_at_a_time_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     example = load_example("serve_qwen3_next")
     from serving.engine import Config
     from serving.kernels import Buckets
 
+    from gdn_nki.torch import ops
+
+    # Every GDN call of the engine goes through one gdn_nki custom op (the prefill's pool op, vLLM's pool decode):
+    # the ops counted as the drop-ins call them, none bypassed by a host path.
+    through_ops: list[str] = []
+    for name in ("chunk_pool_op", "vllm_fused_recurrent_op"):
+        op = getattr(ops, name)
+        monkeypatch.setattr(
+            ops, name, lambda *a, _op=op, _name=name, **kw: (through_ops.append(_name), _op(*a, **kw))[1]
+        )
     # Small buckets keep the run short: a 296-token prompt takes two prefill steps, 1-token prompts share a bucket.
     config = Config(buckets=Buckets(prefill=((128, 2), (256, 4)), decode=(2, 4, 8)))
     requests = example.workload(count=6, max_prompt=300, max_new=10, seed=27, block=config.block)
     engine, programs = example.serve("float32", requests, config, log=lambda line: None)
+    phases = {"prefill": "chunk_pool_op", "decode": "vllm_fused_recurrent_op"}
+    assert through_ops == [phases[phase] for phase, _ in engine.model.kernels.calls]
     verdicts = example.judge(example.build_model(torch.float32), requests)
 
     assert verdicts and all(v.first_divergence is None for v in verdicts), verdicts

@@ -2,8 +2,11 @@
 ``torch.export``: a packed prefill in a bucket on a pool (a −1 row, a prefix-cache read row, a checkpoint), and a
 speculative verification step ([N, T] rows, a padding request, ``num_accepted_tokens``). Compiled with
 ``fullgraph=True`` there is no graph break (``torch._dynamo.explain`` agrees) and the output and the pool are eager's
-bits; exported, each GDN call is one ``gdn_nki`` op node and the pool's update is declared as a mutation. Skipped,
-with the reason, without torch and transformers (``nox -s integration`` installs both)."""
+bits; exported, each GDN call is one ``gdn_nki`` op node and the pool's update is declared as a mutation. On
+``GDN_TORCH_DEVICE`` with ``GDN_TORCH_COMPILE_BACKEND`` (``nox -s neuron``: the XLA device, torch-neuronx's
+``neuron`` backend) the layer, its pool and the model run on that device (``torch_device.py``; HF's reference
+tokens stay the CPU's). Skipped, with the reason, without torch and transformers (``nox -s integration`` installs
+both)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from torch.export.graph_signature import OutputKind  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E402
 
 from gdn_nki.torch import chunk_gated_delta_rule, vllm_fused_recurrent_gated_delta_rule  # noqa: E402
+from torch_device import compile_backend, test_device  # noqa: E402
 
 POOL_ROWS = 12
 
@@ -46,9 +50,10 @@ class Served(torch.nn.Module):
 def prefill_core(served: Served) -> Callable[..., Any]:
     """Two packed prompts in the bucket (256, 4): the first resumes from row 2 (a prefix-cache hit), ends in row 5
     and checkpoints its state after 128 tokens to row 6 (past its length: not stored); the second is a −1 row."""
-    cu = torch.tensor([0, 37, 160], dtype=torch.int32)
-    rows, reads = torch.tensor([5, -1], dtype=torch.int32), torch.tensor([2, -1], dtype=torch.int32)
-    checkpoints = torch.tensor([[6], [-1]], dtype=torch.int32)
+    on = dict(dtype=torch.int32, device=served.pool.device)
+    cu = torch.tensor([0, 37, 160], **on)
+    rows, reads = torch.tensor([5, -1], **on), torch.tensor([2, -1], **on)
+    checkpoints = torch.tensor([[6], [-1]], **on)
 
     def core(q, k, v, g, beta, **kwargs):  # HF's torch_chunk_gated_delta_rule's call
         return chunk_gated_delta_rule(
@@ -62,9 +67,10 @@ def prefill_core(served: Served) -> Callable[..., Any]:
 
 def verify_core(served: Served) -> Callable[..., Any]:
     """Three requests of T = 2 tokens: rows [N, T], the second a padding request, the first accepting both."""
-    cu = torch.arange(0, 7, 2, dtype=torch.int32)
-    rows = torch.tensor([[4, 1], [-1, -1], [0, 6]], dtype=torch.int32)
-    accepted = torch.tensor([2, 1, 1], dtype=torch.int32)
+    on = dict(dtype=torch.int32, device=served.pool.device)
+    cu = torch.arange(0, 7, 2, **on)
+    rows = torch.tensor([[4, 1], [-1, -1], [0, 6]], **on)
+    accepted = torch.tensor([2, 1, 1], **on)
 
     def core(q, k, v, g, beta, **kwargs):
         o, _ = vllm_fused_recurrent_gated_delta_rule(
@@ -92,9 +98,10 @@ def swapped(core: Callable[..., Any]) -> Iterator[None]:
 
 def _step(name: str) -> tuple[Served, torch.Tensor, Callable[..., Any]]:
     make, tokens = STEPS[name]
-    served = Served()
+    device = test_device()
+    served = Served().to(device)
     torch.manual_seed(1)
-    return served, torch.randn(1, tokens, served.layer.hidden_size), make(served)
+    return served, torch.randn(1, tokens, served.layer.hidden_size).to(device), make(served)
 
 
 @pytest.mark.parametrize("name", list(STEPS))
@@ -110,7 +117,7 @@ def test_compiled_layer_has_no_graph_break_and_gives_eagers_bits(name: str) -> N
         assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
         served.pool.copy_(before)
         torch._dynamo.reset()
-        compiled = torch.compile(served, fullgraph=True, backend="aot_eager")(hidden)
+        compiled = torch.compile(served, fullgraph=True, backend=compile_backend())(hidden)
     assert torch.equal(compiled, eager)
     assert torch.equal(served.pool, eager_pool)
 
@@ -156,7 +163,9 @@ def test_compiled_model_generates_hfs_fp32_greedy_tokens_and_no_gdn_call_breaks_
     model = Qwen3NextForCausalLM(example.tiny_config()).eval()
     ids = torch.randint(0, 256, (2, PROMPT))
     with torch.no_grad():
-        theirs = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+        theirs = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)  # HF on the CPU: the reference
+    model, ids = model.to(test_device()), ids.to(test_device())
+    with torch.no_grad():
         saved = hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule
         hf.torch_chunk_gated_delta_rule = chunk_gated_delta_rule
         hf.torch_recurrent_gated_delta_rule = fused_recurrent_gated_delta_rule
@@ -164,19 +173,27 @@ def test_compiled_model_generates_hfs_fp32_greedy_tokens_and_no_gdn_call_breaks_
             eager = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
             torch._dynamo.reset()
             explained = torch._dynamo.explain(model.forward)(ids, use_cache=False)
+            # a decode step on the prompt's cache: the GDN layers' FLA decode calls
+            prompt = model(ids, use_cache=True)
+            step = prompt.logits[:, -1:].argmax(-1)
+            torch._dynamo.reset()
+            explained_step = torch._dynamo.explain(model.forward)(step, past_key_values=prompt.past_key_values,
+                                                                  use_cache=True)  # fmt: skip
             forward = model.forward
-            model.forward = torch.compile(forward, backend="aot_eager")
+            model.forward = torch.compile(forward, backend=compile_backend())
             try:
                 compiled = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
             finally:
                 model.forward = forward
         finally:
             hf.torch_chunk_gated_delta_rule, hf.torch_recurrent_gated_delta_rule = saved
-    assert torch.equal(eager, theirs) and torch.equal(compiled, theirs)
-    in_gdn_nki = [reason for reason in explained.break_reasons
-                  if any("gdn_nki" in frame.filename for frame in reason.user_stack)]  # fmt: skip
-    assert in_gdn_nki == [], in_gdn_nki
-    captured = [
-        node.target for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
-    ]
-    assert captured == [torch.ops.gdn_nki.chunk_gated_delta_rule.default], "the prefill's GDN call is one graph node"
+    assert torch.equal(eager.cpu(), theirs) and torch.equal(compiled.cpu(), theirs)
+    for explanation, op in ((explained, torch.ops.gdn_nki.chunk_gated_delta_rule.default),
+                            (explained_step, torch.ops.gdn_nki.fused_recurrent_gated_delta_rule.default)):  # fmt: skip
+        in_gdn_nki = [reason for reason in explanation.break_reasons
+                      if any("gdn_nki" in frame.filename for frame in reason.user_stack)]  # fmt: skip
+        assert in_gdn_nki == [], in_gdn_nki
+        captured = [
+            node.target for graph in explanation.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
+        ]
+        assert captured == [op], "each GDN call (the tiny model has one GDN layer) is one graph node"

@@ -21,7 +21,14 @@ import gdn_nki.torch_decode  # noqa: E402
 from gdn_nki.torch import ops  # noqa: E402
 from gdn_nki.traces import recording_launches  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
-from torch_device import DEVICE_VARIABLE, on_device, test_device  # noqa: E402
+from torch_device import (  # noqa: E402
+    BACKEND_VARIABLE,
+    DEVICE_VARIABLE,
+    compile_backend,
+    on_device,
+    skip_on_device,
+    test_device,
+)
 
 # The originals' names: FLA's two, vLLM's pool variant (its own name here: vLLM reuses FLA's), vLLM / SGLang's
 # fused-gating update, AWS's gdn_tkg.
@@ -142,6 +149,14 @@ def test_the_test_device_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
     moved = on_device(prefill_pool_call(), test_device())
     assert all(x.device.type == "meta" for x in moved.values() if isinstance(x, torch.Tensor))
     assert moved["bucket"] == (256, 4)
+    with pytest.raises(pytest.skip.Exception, match="GDN_TORCH_DEVICE=meta: why"):
+        skip_on_device("why")
+    monkeypatch.delenv(DEVICE_VARIABLE)
+    skip_on_device("the CPU runs everything")
+    monkeypatch.delenv(BACKEND_VARIABLE, raising=False)
+    assert compile_backend() == "aot_eager"
+    monkeypatch.setenv(BACKEND_VARIABLE, "neuron")
+    assert compile_backend() == "neuron"
 
 
 @pytest.mark.parametrize("name", list(CALLS))

@@ -5,9 +5,10 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
     from gdn_nki.torch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule   # was: fla.ops...
 
 - ``chunk_gated_delta_rule``: FLA's prefill (host path: ``chunk.py``);
-- ``fused_recurrent_gated_delta_rule``: FLA's decode; ``vllm_fused_recurrent_gated_delta_rule``: vLLM's pool
-  variant of it (same original name in vLLM, so exported under its own here); ``fused_sigmoid_gating_delta_rule_update``:
-  vLLM's / SGLang's fused-gating update (host path: ``fused_recurrent.py``; also public as ``gdn_nki.torch_decode``);
+- ``fused_recurrent_gated_delta_rule``: FLA's decode, and vLLM's pool variant when called with vLLM's keywords;
+  ``vllm_fused_recurrent_gated_delta_rule``: that variant under its own name (vLLM reuses FLA's);
+  ``fused_sigmoid_gating_delta_rule_update``: SGLang's fused-gating update (host path: ``fused_recurrent.py``; also
+  public as ``gdn_nki.torch_decode``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);

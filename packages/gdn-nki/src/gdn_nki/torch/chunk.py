@@ -397,7 +397,10 @@ _UNSUPPORTED_OPTIONS = {
 def _reject_unsupported_options(options: dict[str, Any]) -> None:
     """Reject an FLA option this entry point does not implement when it is set (not None or a false scalar)."""
     for name, value in options.items():
-        if value is None or (np.ndim(value) == 0 and not _truthy(value)):
+        # plain Python values first: the compiled drop-ins trace this, and dynamo breaks the graph at np.ndim
+        if value is None or (type(value) in (bool, int, float) and not value):
+            continue
+        if np.ndim(value) == 0 and not _truthy(value):
             continue
         rule, fix = _UNSUPPORTED_OPTIONS[name]
         raise rejection(name, f"= {_describe(value)}", rule, fix, rule_id="option.unsupported")

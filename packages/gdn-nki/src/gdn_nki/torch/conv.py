@@ -17,6 +17,8 @@ import numpy as np
 
 from ..host.conv import conv_decode_step, conv_prefill_bucket
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
+from . import rules
+from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -37,6 +39,7 @@ def causal_conv1d_update_op(
 ) -> Tensor:
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
     ``rows`` [N] (−1: padding, nothing read or written)."""
+    _reject_device(x)
     pool, staged = _pool_buffer(conv_state)
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
@@ -49,9 +52,11 @@ def causal_conv1d_update_op(
 
 @causal_conv1d_update_op.register_fake
 def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, activation) -> Tensor:
+    rules.conv_step(x, conv_state, weight, bias, rows, activation)
     return torch.empty_like(x)
 
 
+@rejects_at_trace_time(lambda rejected, argument: rejected(argument("x")))
 def causal_conv1d_update(
     x: Tensor,
     conv_state: Tensor,
@@ -121,6 +126,7 @@ def causal_conv1d_fn_op(
 ) -> Tensor:
     """The prefill of packed sequences: out [tokens, C] (x token-major); sequence i starts from pool row
     ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored)."""
+    _reject_device(x)
     pool, staged = _pool_buffer(conv_states)
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
@@ -134,9 +140,11 @@ def causal_conv1d_fn_op(
 
 @causal_conv1d_fn_op.register_fake
 def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation) -> Tensor:
+    rules.conv_prefill(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation)
     return torch.empty_like(x)
 
 
+@rejects_at_trace_time(lambda rejected, argument: rejected(argument("x")))
 def causal_conv1d_fn(
     x: Tensor,
     weight: Tensor,
@@ -200,6 +208,12 @@ def causal_conv1d_fn(
     return out.t()
 
 
+@rejects_at_trace_time(
+    lambda rejected, argument: (
+        rejected(argument("x")),
+        argument("initial_state") if argument("output_final_state") else None,
+    )
+)
 def causal_conv1d(
     x: Tensor,
     weight: Tensor | None = None,
@@ -267,6 +281,16 @@ def causal_conv1d(
     if residual is not None:
         out = out + residual
     return out, (pool if output_final_state else None)
+
+
+def _reject_device(x: Tensor) -> None:
+    """The conv ops run their host path (nki-cpu) on every device: device tensors are refused by name before
+    anything is read or written (a device path, as ``device.py`` has for the recurrence, is not built)."""
+    if x.device.type != "cpu":
+        raise rejection("x", f"on device {x.device}", "gdn-nki's conv ops have no device implementation yet: they "
+                        "run the host path on CPU tensors", "pass CPU tensors, or run the layer's conv with its own "
+                        "torch code on the device (HF's causal_conv1d_fn / causal_conv1d_update fallbacks)",
+                        rule_id="conv.device")  # fmt: skip
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:

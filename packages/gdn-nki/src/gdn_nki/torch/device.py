@@ -59,7 +59,7 @@ def chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_stat
     else:
         pool, reads = initial_state.to(torch.float32, copy=True), None
     rows = torch.arange(n_seqs, dtype=torch.int32, device=q.device)
-    gates = _gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
+    gates = fused_gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
     o = _bucketed(q, k, v, *gates, pool, rows, reads, cu_seqlens, None, None, n_seqs, scale, use_qk_l2norm,
                   algorithm, group_size, bucket)  # fmt: skip
     return o, pool
@@ -73,19 +73,21 @@ def chunk_pool(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: T
     """``gdn_nki::chunk_gated_delta_rule_pool`` on a device: the bucket kernel on the pool itself."""
     n_seqs = rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale,
                            algorithm, group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
-    gates = _gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
+    gates = fused_gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
     return _bucketed(q, k, v, *gates, pool, state_indices, read_indices, cu_seqlens, checkpoint_every,
                      checkpoint_indices, n_seqs, scale, use_qk_l2norm, algorithm, group_size, bucket)  # fmt: skip
 
 
-def _gates(g: Tensor, beta: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, use_beta_sigmoid: bool,
-           use_gate: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
+def fused_gates(g: Tensor | None, beta: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None,
+                use_beta_sigmoid: bool, use_gate: bool) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
     """The log-decay and β in fp32, the fused activations done by torch ops in the graph (fp32, as FLA's kernels
-    do them; the CPU path evaluates them in fp64 rounded once, so these may differ by an fp32 ulp)."""
-    g, beta = g.to(torch.float32), beta.to(torch.float32)
-    if use_beta_sigmoid:
+    do them; the CPU path evaluates them in fp64 rounded once, so these may differ by an fp32 ulp). None stays
+    None."""
+    g = None if g is None else g.to(torch.float32)
+    beta = None if beta is None else beta.to(torch.float32)
+    if use_beta_sigmoid and beta is not None:
         beta = torch.sigmoid(beta)
-    if use_gate and A_log is not None:
+    if use_gate and A_log is not None and g is not None:
         bias = 0.0 if dt_bias is None else dt_bias.to(torch.float32).reshape(-1)
         g = -A_log.to(torch.float32).reshape(-1).exp() * torch.nn.functional.softplus(g + bias)
     return g, beta

@@ -17,6 +17,9 @@ Each drop-in (the public functions here, under the originals' names and signatur
                   tensors; the value rules are trusted (``check_values`` runs them on demand)
   ==============  ================================================================================================
 
+Under ``torch.compile`` a call its rules reject compiles to ``gdn_nki::rejected_call``, which raises the very
+``ContractError`` eager raises (dynamo would rewrap one raised while it traces: ``traced_rejection.py``).
+
 A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
 so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
@@ -29,17 +32,19 @@ that backward raises, as before).
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import names_entry_point
 
 from ..host.decode import tkg_simulate
-from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor
+from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, rejection
 from . import chunk, device, fused_recurrent, rules
+from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -157,6 +162,29 @@ def _prefill_out(q: Tensor, v: Tensor) -> Tensor:
     return q.new_empty((*v.shape[:3], v.shape[3]))
 
 
+def _output_and_state(
+    rejected: Callable[[Tensor], Tensor],
+    argument: Callable[[str], Any],
+    like: str = "v",
+    state: str = "initial_state",
+    returned: str | None = "output_final_state",
+) -> Any:
+    """A rejected call's stand-in result (``traced_rejection``): (the rejection's node shaped like ``like`` — the
+    output's shape, as far as the arguments say it — and the ``state`` argument when the call returns a state)."""
+    shaped = argument(like)
+    out = rejected(shaped if isinstance(shaped, Tensor) else _first_tensor(argument))
+    return out, (argument(state) if returned is None or argument(returned) else None)
+
+
+def _first_tensor(argument: Callable[[str], Any]) -> Tensor:
+    """A tensor of the call for the rejection's node to be shaped like, when the output's model is not one."""
+    for name in ("q", "k", "x"):
+        if isinstance(argument(name), Tensor):
+            return argument(name)
+    return torch.empty(0)
+
+
+@rejects_at_trace_time(_output_and_state)
 @names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q: Tensor,
@@ -321,7 +349,24 @@ def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, us
     return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
 
 
+def _or_vllms_form(fla: Callable[..., Any]) -> Callable[..., Any]:
+    """FLA's decode drop-in that is vLLM's when called with one of vLLM's keywords (``VLLM_KEYWORDS``): that call,
+    positional arguments in vLLM's order included, goes to ``vllm_fused_recurrent_gated_delta_rule`` as made."""
+
+    @functools.wraps(fla)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        vllm_keywords = [name for name in VLLM_KEYWORDS if name in kwargs]
+        if not vllm_keywords:
+            return fla(*args, **kwargs)
+        _reject_mixed_forms(vllm_keywords[0], kwargs)
+        return vllm_fused_recurrent_gated_delta_rule(*args, **kwargs)
+
+    return dispatch
+
+
+@rejects_at_trace_time(_output_and_state)
 @names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
+@_or_vllms_form
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -334,20 +379,54 @@ def fused_recurrent_gated_delta_rule(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: Tensor | None = None,
+    *,
     check_values: bool = True,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
-    """FLA's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::fused_recurrent_gated_delta_rule``.
+    """FLA's ``fused_recurrent_gated_delta_rule`` (its signature and positional order since FLA's fused gate,
+    2026-04) as the op ``gdn_nki::fused_recurrent_gated_delta_rule``; called with vLLM's pool keywords, vLLM's
+    function of the same name.
 
-    Dimensions, Args and Returns:
+    Dimensions:
         As ``gdn_nki.torch.fused_recurrent.fused_recurrent_gated_delta_rule``.
+
+    Args:
+        q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens:
+            as ``gdn_nki.torch.fused_recurrent.fused_recurrent_gated_delta_rule``.
+        use_gate_in_kernel (bool): ``g`` is the raw gate: g = −exp(A_log)·softplus(g + dt_bias), in fp32 torch
+            ops before the op (as FLA's kernel and HF's layer compute it). A_log, dt_bias (Tensor | None): [HV].
+        use_beta_sigmoid_in_kernel (bool): ``beta`` holds logits: β = sigmoid(beta), in fp32 before the op.
+        allow_neg_eigval, state_v_first (bool), and FLA's older ``transpose_state_layout=``: rejected when set
+            (β would reach 2; states are [N, HV, K, V] only), as by ``chunk_gated_delta_rule``.
+        check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
+        kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
+            ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
+            (``vllm_fused_recurrent_gated_delta_rule``: the pool ``initial_state`` updated in place, returned as
+            the state; FLA's own keywords beside them rejected by name); anything else is ignored, as HF's
+            ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer) ignores the
+            attention keywords the layer passes through.
+
+    Returns:
+        tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked); in
+        vLLM's form vLLM's (``o``, the pool).
 
     Notes:
         On a device the packed sequences (``cu_seqlens``) must share one length (the CPU groups them by length,
         reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
     """
-    del kwargs  # ignored, as HF's torch_recurrent_gated_delta_rule ignores them
+    fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
+    chunk._reject_tensor_flags(fla_only)
+    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                                           transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale)
     if not carried or (check_values is not True and q.device.type == "cpu"):
         return fused_recurrent.fused_recurrent_gated_delta_rule(
@@ -358,6 +437,43 @@ def fused_recurrent_gated_delta_rule(
     o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
                                   bool(use_qk_l2norm_in_kernel))  # fmt: skip
     return o, final if output_final_state else None
+
+
+# vLLM's keywords of its ``fused_recurrent_gated_delta_rule`` (the pool form) that FLA's function of the same name
+# does not have: one of them makes a call vLLM's.
+VLLM_KEYWORDS = ("inplace_final_state", "ssm_state_indices", "num_accepted_tokens", "retrieve_parent_token")
+
+
+def _reject_mixed_forms(vllm_keyword: str, kwargs: dict[str, Any]) -> None:
+    """A call with one of vLLM's pool keywords is vLLM's; FLA's own keywords beside it make it neither."""
+    for name in FLA_ONLY_KEYWORDS:
+        if name in kwargs:
+            raise rejection(name, f"given with vLLM's {vllm_keyword}=", f"{vllm_keyword} makes the call vLLM's "
+                            f"fused_recurrent_gated_delta_rule, which has no {name}", f"drop {name} (vLLM's form "
+                            "updates the pool in place and returns it) or drop vLLM's keywords",
+                            rule_id="keyword.mixed_forms")  # fmt: skip
+
+
+# FLA's keywords that vLLM's function of the same name does not take.
+FLA_ONLY_KEYWORDS = ("gk", "gv", "output_final_state", "use_gate_in_kernel", "A_log", "dt_bias",
+                     "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first")  # fmt: skip
+
+
+def _fla_gates(v: Tensor, g: Tensor | None, beta: Tensor | None, use_gate_in_kernel: Any, A_log: Tensor | None,
+               dt_bias: Tensor | None, use_beta_sigmoid_in_kernel: Any) -> tuple[Tensor | None, Tensor | None]:  # fmt: skip
+    """FLA's fused activations as the op's inputs: the log-decay from the raw gate and β from its logits, by the
+    device path's torch ops (``device.fused_gates``); the gates as given when neither option is set."""
+    use_gate, use_sigmoid = chunk._truthy(use_gate_in_kernel), chunk._truthy(use_beta_sigmoid_in_kernel)
+    for name, value, flag in (("g", g, use_gate), ("beta", beta, use_sigmoid)):
+        if flag and not isinstance(value, Tensor):
+            option = "use_gate_in_kernel" if name == "g" else "use_beta_sigmoid_in_kernel"
+            raise rejection(name, f"= {value!r} with {option}=True", f"{option} computes the gate from the raw "
+                            f"{name} the layer projects", f"pass the raw {name} or {option}=False")  # fmt: skip
+    if use_gate:
+        chunk.check_gate_parameters(A_log, dt_bias, v.shape[2], any_device=True)
+    if not (use_gate or use_sigmoid):
+        return g, beta
+    return device.fused_gates(g, beta, A_log, dt_bias, use_sigmoid, use_gate)
 
 
 # --- decode on a pool: vLLM's variant and vLLM / SGLang's fused-gating update --------------------------------------
@@ -398,6 +514,7 @@ def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seq
     return _prefill_out(q, v)
 
 
+@rejects_at_trace_time(lambda rejected, argument: _output_and_state(rejected, argument, returned=None))
 @names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Tensor,
@@ -479,6 +596,7 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
     return _prefill_out(q, v)
 
 
+@rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
 @names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Tensor,
@@ -598,5 +716,11 @@ def _gdn_tkg_fake(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in) -> tu
     return q.new_empty((q.shape[0], v.shape[1])), q.new_empty(tuple(state_in.shape), dtype=torch.float32)
 
 
-# The op itself is the drop-in: its arguments are all tensors, nothing to handle before it.
-gdn_tkg = gdn_tkg_op
+@rejects_at_trace_time(
+    lambda rejected, argument: _output_and_state(rejected, argument, state="state_in", returned=None)
+)
+def gdn_tkg(q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, A_log: Tensor, dt_bias: Tensor, z: Tensor,
+            norm_weight: Tensor, state_in: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """AWS's ``gdn_tkg`` on torch tensors: the op ``gdn_nki::gdn_tkg`` (its docstring: dimensions, arguments,
+    results), whose shape and dtype rejections a compiled graph raises as eager does (``traced_rejection``)."""
+    return gdn_tkg_op(q, k, v, b, a, A_log, dt_bias, z, norm_weight, state_in)

@@ -10,6 +10,7 @@ shapes alone.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import ml_dtypes
@@ -17,7 +18,8 @@ import numpy as np
 
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
-from gdn_ref.contract import Arguments, ContractError, validate_step, validate_tkg
+from gdn_ref.contract import Arguments, ContractError, Violation, validate_step, validate_tkg
+from gdn_ref.conv_rules import BUCKET_QUANTUM, CONV_PREFILL, IO_DTYPES, conv_prefill_violations, conv_step_violations
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
@@ -301,5 +303,42 @@ def tkg(*tensors: Any) -> None:
     for name, x in zip(names, tensors, strict=True):
         check_tkg_tensor(name, x, any_device=True)
     found = validate_tkg(*(like(x) for x in tensors), host=False)
+    if found:
+        raise ContractError(found)
+
+
+def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activation: str | None) -> None:
+    """``gdn_nki::causal_conv1d_update``'s trace-time rules: ``conv_decode_step``'s shape and dtype rules on
+    stand-ins of the op's operands (x [N, T, C], rows [N] int32; the row values are trusted)."""
+    found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), None, activation)
+    if found:
+        raise ContractError(found)
+
+
+def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: Any, rows: Any, read_rows: Any,
+                 activation: str | None) -> None:  # fmt: skip
+    """``gdn_nki::causal_conv1d_fn``'s trace-time rules, in ``conv_prefill_bucket``'s order: x [tokens, C], the
+    bucket layout's shape rules, then the launch's rules on stand-ins of the padded bucket (its smallest: the
+    tokens rounded up to 128, one slot per sequence)."""
+    if x.dim() != 2 or str(x.dtype).removeprefix("torch.") not in IO_DTYPES:
+        found = [Violation("conv.x", "x", f"shape {tuple(x.shape)} dtype {str(x.dtype).removeprefix('torch.')}",
+                           "x must be [tokens, C] float32 or bfloat16", "pass the packed q|k|v projections as "
+                           "[tokens, C]", CONV_PREFILL)]  # fmt: skip
+        raise ContractError(found)
+    tokens, channels = int(x.shape[0]), int(x.shape[1])
+    seqs = max(1, int(cu_seqlens.shape[0]) - 1) if cu_seqlens.dim() == 1 else 1
+    pool_rows = int(conv_states.shape[0]) if conv_states.dim() == 3 else 0
+    bounds = np.zeros(tuple(cu_seqlens.shape), np.int64)
+    if bounds.ndim == 1 and bounds.size:
+        bounds[-1] = tokens
+    layout = bucket_violations(bounds, tokens, CHUNK_BY_ALGORITHM["schur"], None, pool_rows,
+                               np.full(tuple(rows.shape), -1), None, None, np.full(tuple(read_rows.shape), -1))  # fmt: skip
+    found = [replace(v, api=CONV_PREFILL) for v in layout if v.rule_id in BUCKET_SHAPE_RULES]
+    if found:
+        raise ContractError(found)
+    padded = max(BUCKET_QUANTUM, -(-tokens // BUCKET_QUANTUM) * BUCKET_QUANTUM)
+    found = conv_prefill_violations(stand_in((padded, channels), x.dtype), like(conv_states), like(weight), like(bias),
+                                    stand_in((seqs + 1,), "int32"), stand_in((seqs,), "int32"), activation, 0, None,
+                                    stand_in((seqs,), "int32"))  # fmt: skip
     if found:
         raise ContractError(found)

@@ -48,7 +48,9 @@ def _no_launch() -> Iterator[None]:
 # Each drop-in's CPU path, by the drop-in's name.
 HOST_PATHS: dict[str, Callable[..., Any]] = {
     "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
-    "fused_recurrent_gated_delta_rule": fused_recurrent.fused_recurrent_gated_delta_rule,
+    "fused_recurrent_gated_delta_rule": lambda *args, **kwargs: ops.fused_recurrent_gated_delta_rule(
+        *args, **{**kwargs, "check_values": True}
+    ),  # the drop-in's own argument handling first: FLA's fused gates, vLLM's keywords
     "vllm_fused_recurrent_gated_delta_rule": fused_recurrent.vllm_fused_recurrent_gated_delta_rule,
     "fused_sigmoid_gating_delta_rule_update": fused_recurrent.fused_sigmoid_gating_delta_rule_update,
     "gdn_tkg": gdn_tkg_host,
@@ -59,8 +61,8 @@ TKG_ARGUMENTS = ("q", "k", "v", "b", "a", "A_log", "dt_bias", "z", "norm_weight"
 
 
 def _name(drop_in: Callable[..., Any]) -> str:
-    """A drop-in's name (``gdn_tkg`` is its op, which has no ``__name__``)."""
-    return "gdn_tkg" if drop_in is ops.gdn_tkg else drop_in.__name__
+    """A drop-in's name."""
+    return drop_in.__name__
 
 
 def check_values(drop_in: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> None:

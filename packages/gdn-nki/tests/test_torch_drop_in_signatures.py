@@ -1,0 +1,139 @@
+"""The drop-ins as a model developer calls them, after changing one import: each under its original's parameter
+names, order and defaults (FLA's two, vLLM's pool decode, SGLang's fused-gating update, read from their sources),
+FLA's decode options honoured or rejected by name (never ignored), and vLLM's keyword call of
+``fused_recurrent_gated_delta_rule`` — the name vLLM shares with FLA — run as vLLM's pool decode from the same
+import. Skipped without torch."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
+
+import gdn_nki.torch  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
+from test_torch_ops import HV, fla_decode_call, verify_call  # noqa: E402
+
+_ = object()  # a parameter without a default
+# The originals' leading parameters, in order, with defaults, as their sources declare them:
+# FLA (fla-org/flash-linear-attention bc3b101, 2026-08-22): fla/ops/gated_delta_rule/chunk.py and
+# fused_recurrent.py; vLLM (vllm/model_executor/layers/fla/ops/fused_recurrent.py, 03c6dad); SGLang
+# (python/sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py, 06a2775; vLLM-ascend's is the same).
+ORIGINALS: dict[str, list[tuple[str, Any]]] = {
+    "chunk_gated_delta_rule": [
+        ("q", _), ("k", _), ("v", _), ("g", _), ("beta", _), ("scale", None), ("initial_state", None),
+        ("output_final_state", False), ("use_qk_l2norm_in_kernel", False), ("use_beta_sigmoid_in_kernel", False),
+        ("allow_neg_eigval", False), ("state_v_first", False), ("cu_seqlens", None), ("cu_seqlens_cpu", None),
+        ("chunk_indices", None), ("cp_context", None),
+    ],
+    "fused_recurrent_gated_delta_rule": [
+        ("q", _), ("k", _), ("v", _), ("g", None), ("gk", None), ("gv", None), ("beta", None), ("scale", None),
+        ("initial_state", None), ("output_final_state", False), ("use_qk_l2norm_in_kernel", False),
+        ("use_gate_in_kernel", False), ("A_log", None), ("dt_bias", None), ("use_beta_sigmoid_in_kernel", False),
+        ("allow_neg_eigval", False), ("state_v_first", False), ("cu_seqlens", None),
+    ],
+    "vllm_fused_recurrent_gated_delta_rule": [
+        ("q", _), ("k", _), ("v", _), ("g", _), ("beta", None), ("scale", None), ("initial_state", None),
+        ("inplace_final_state", True), ("cu_seqlens", None), ("ssm_state_indices", None),
+        ("num_accepted_tokens", None), ("retrieve_parent_token", None), ("use_qk_l2norm_in_kernel", False),
+    ],
+    "fused_sigmoid_gating_delta_rule_update": [
+        ("A_log", _), ("a", _), ("dt_bias", _), ("softplus_beta", _), ("softplus_threshold", _), ("q", _), ("k", _),
+        ("v", _), ("b", _), ("initial_state_source", _), ("initial_state_indices", _), ("scale", None),
+        ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(ORIGINALS))
+def test_each_drop_in_leads_with_its_originals_parameters_in_order_with_their_defaults(name: str) -> None:
+    parameters = list(inspect.signature(getattr(gdn_nki.torch, name)).parameters.values())
+    ours = [(p.name, _ if p.default is p.empty else p.default) for p in parameters[: len(ORIGINALS[name])]]
+    assert ours == ORIGINALS[name]
+
+
+def _raw_gates(args: dict[str, Any]) -> dict[str, Any]:
+    """The call with FLA's fused activations: the raw gate, the β logits and the layer's parameters."""
+    torch.manual_seed(11)
+    shape = args["g"].shape
+    return {**args, "g": torch.randn(shape), "beta": torch.randn(shape), "A_log": torch.rand(HV).log(),
+            "dt_bias": torch.randn(HV), "use_gate_in_kernel": True, "use_beta_sigmoid_in_kernel": True}  # fmt: skip
+
+
+def test_fla_decode_computes_the_fused_gates_as_hfs_layer_does() -> None:
+    """use_gate_in_kernel / use_beta_sigmoid_in_kernel give the bits of the call with HF's Qwen3-Next formulas
+    applied first (g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b), fp32), on the op and the host path."""
+    fused = _raw_gates(fla_decode_call())
+    fused_only = ("A_log", "dt_bias", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel")
+    precomputed = {name: x for name, x in fused.items() if name not in fused_only}
+    precomputed["g"] = -fused["A_log"].float().exp() * torch.nn.functional.softplus(fused["g"] + fused["dt_bias"])
+    precomputed["beta"] = fused["beta"].sigmoid()
+    want = gdn_nki.torch.fused_recurrent_gated_delta_rule(**precomputed)
+    for check_values in (True, False):  # the op, and the host path (check_values=False on the CPU)
+        got = gdn_nki.torch.fused_recurrent_gated_delta_rule(**fused, check_values=check_values)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert gdn_nki.torch.check_values(gdn_nki.torch.fused_recurrent_gated_delta_rule, **fused) is None
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("A_log", None)],
+)
+def test_fla_decode_rejects_by_name_the_options_it_does_not_honour(option: str, value: Any) -> None:
+    args = fla_decode_call()
+    if option == "A_log":  # use_gate_in_kernel without its parameter
+        args.update(use_gate_in_kernel=True, A_log=None)
+    else:
+        args[option] = value
+    with pytest.raises(ContractError, match=f"`{option}`"):
+        gdn_nki.torch.fused_recurrent_gated_delta_rule(**args)
+
+
+def test_vllms_keyword_call_of_the_shared_name_is_vllms_pool_decode() -> None:
+    """vLLM imports ``fused_recurrent_gated_delta_rule`` and calls it with its pool keywords: from gdn_nki.torch
+    that call is vLLM's (the pool written in place at the rows, returned), bit for bit the pool variant's."""
+    want_args = verify_call()
+    want_o, want_pool = gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule(**want_args)
+    args = verify_call()
+    o, pool = gdn_nki.torch.fused_recurrent_gated_delta_rule(**args)
+    assert pool is args["initial_state"]
+    assert torch.equal(o, want_o) and torch.equal(pool, want_pool)
+
+
+def test_vllms_keyword_beside_flas_own_option_is_rejected_and_writes_nothing() -> None:
+    args = {**verify_call(), "output_final_state": True}
+    before = args["initial_state"].clone()
+    with pytest.raises(ContractError, match="`output_final_state`") as error:
+        gdn_nki.torch.fused_recurrent_gated_delta_rule(**args)
+    assert "gdn_nki.torch_decode.fused_recurrent_gated_delta_rule" in str(error.value)
+    assert torch.equal(args["initial_state"], before)
+
+
+@pytest.mark.parametrize("form", ["FLA's fused gates", "vLLM's keywords"])
+def test_both_forms_compile_without_a_graph_break(form: str) -> None:
+    args = _raw_gates(fla_decode_call()) if form == "FLA's fused gates" else verify_call()
+    drop_in = gdn_nki.torch.fused_recurrent_gated_delta_rule
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda **kwargs: drop_in(**kwargs))(**args)
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+    ops = [
+        str(node.target) for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
+    ]
+    want = (
+        "fused_recurrent_gated_delta_rule" if form == "FLA's fused gates" else "vllm_fused_recurrent_gated_delta_rule"
+    )
+    assert ops == [f"gdn_nki.{want}.default"]
+
+
+def test_vllms_positional_call_of_the_shared_name_is_vllms_too() -> None:
+    """gdn-spec's vLLM adapter (as vLLM's signature allows) passes beta, scale and the pool by position, where FLA's
+    order has gk, gv and beta: with vLLM's keywords the call is bound in vLLM's order."""
+    want_args = verify_call()
+    want_o, want_pool = gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule(**want_args)
+    args = verify_call()
+    q, k, v, g, beta, pool = (args.pop(name) for name in ("q", "k", "v", "g", "beta", "initial_state"))
+    o, got = gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, beta, None, pool, True, **args)
+    assert got is pool and torch.equal(o, want_o) and torch.equal(pool, want_pool)

@@ -1,0 +1,207 @@
+"""Bad shapes and dtypes under ``torch.compile(fullgraph=True)``: every drop-in (the GDN prefill with varlen,
+bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins)
+raises gdn-ref's ``ContractError`` with eager's message, leaves the caller's pool as it was, and a valid call of each
+still compiles with no graph break. Runs on ``GDN_TORCH_DEVICE`` with ``GDN_TORCH_COMPILE_BACKEND`` (``nox -s
+neuron``: the XLA device and torch-neuronx's ``neuron`` backend; never run there yet). Skipped without torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
+
+from gdn_nki.torch import causal_conv1d, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+from gdn_nki.torch.traced_rejection import REJECTIONS  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
+from test_torch_ops import BAD_SHAPES, CALLS, _randn, _set  # noqa: E402
+from torch_device import compile_backend, on_device, skip_on_device, test_device  # noqa: E402
+
+CONV_C, CONV_W, CONV_P = 32, 4, 5
+
+
+def conv_update_call() -> dict[str, Any]:
+    """vLLM's conv decode of 3 requests × 2 tokens on a pool, a −1 row."""
+    torch.manual_seed(7)
+    return dict(x=_randn(3, CONV_C, 2), conv_state=_randn(CONV_P, CONV_C, CONV_W - 1), weight=_randn(CONV_C, CONV_W),
+                bias=_randn(CONV_C), activation="silu", conv_state_indices=torch.tensor([2, -1, 4], dtype=torch.int32))  # fmt: skip
+
+
+def conv_fn_call() -> dict[str, Any]:
+    """vLLM's packed conv prefill: two sequences, the first from its row's window."""
+    torch.manual_seed(8)
+    return dict(x=_randn(CONV_C, 50), weight=_randn(CONV_C, CONV_W), bias=_randn(CONV_C),
+                conv_states=_randn(CONV_P, CONV_C, CONV_W - 1), query_start_loc=torch.tensor([0, 20, 50], dtype=torch.int32),
+                cache_indices=torch.tensor([1, 3], dtype=torch.int32),
+                has_initial_state=torch.tensor([True, False]), activation="silu")  # fmt: skip
+
+
+def fla_conv_call() -> dict[str, Any]:
+    """FLA's conv of two packed sequences from caches, final caches returned."""
+    torch.manual_seed(9)
+    return dict(x=_randn(1, 30, CONV_C), weight=_randn(CONV_C, CONV_W), bias=_randn(CONV_C),
+                initial_state=_randn(2, CONV_C, CONV_W), output_final_state=True, activation="silu",
+                cu_seqlens=torch.tensor([0, 12, 30], dtype=torch.int32))  # fmt: skip
+
+
+CONV_CALLS = ("vLLM conv update", "vLLM conv prefill", "FLA conv")
+CONV_HOST_ONLY = "the conv ops have no device implementation yet (every device runs their host path, numpy)"
+ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
+    **CALLS,
+    "vLLM conv update": (causal_conv1d_update, conv_update_call),
+    "vLLM conv prefill": (causal_conv1d_fn, conv_fn_call),
+    "FLA conv": (causal_conv1d, fla_conv_call),
+}
+BAD_CALLS = {
+    **BAD_SHAPES,
+    "prefill: unknown keyword": ("prefill on a pool, bucket, checkpoints", _set(chunk_indicez=lambda a: None)),
+    "FLA decode: bf16 state": ("FLA decode", _set(initial_state=lambda a: a["initial_state"].bfloat16())),
+    "fused gating: indices of two rows per request": (
+        "fused gating update", _set(initial_state_indices=lambda a: torch.zeros(3, 2, dtype=torch.int32))),
+    "conv update: weight of other channels": ("vLLM conv update", _set(weight=lambda a: _randn(CONV_C + 16, CONV_W))),
+    "conv update: bf16 pool": ("vLLM conv update", _set(conv_state=lambda a: a["conv_state"].bfloat16())),
+    "conv update: query_start_loc": ("vLLM conv update", _set(query_start_loc=lambda a: torch.arange(4))),
+    "conv prefill: width 7": ("vLLM conv prefill", _set(weight=lambda a: _randn(CONV_C, 7))),
+    "conv prefill: pool window too short": (
+        "vLLM conv prefill", _set(conv_states=lambda a: _randn(CONV_P, CONV_C, CONV_W - 2))),
+    "conv prefill: 3-D x": ("vLLM conv prefill", _set(x=lambda a: a["x"][None])),
+    "FLA conv: bias of other channels": ("FLA conv", _set(bias=lambda a: _randn(CONV_C - 1))),
+    "FLA conv: unknown option": ("FLA conv", _set(head_first=lambda a: True)),
+}  # fmt: skip
+
+
+def _compiled(drop_in: Callable[..., Any]) -> Callable[..., Any]:
+    torch._dynamo.reset()
+    return torch.compile(lambda **kwargs: drop_in(**kwargs), fullgraph=True, backend=compile_backend())
+
+
+def _tensors(args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: x.detach().cpu().clone() for name, x in args.items() if isinstance(x, torch.Tensor)}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_compiled_rejection_is_eagers_contract_error_and_writes_nothing(case: str) -> None:
+    call, change = BAD_CALLS[case]
+    if call in CONV_CALLS:
+        skip_on_device(CONV_HOST_ONLY)
+    drop_in, make = ALL_CALLS[call]
+    device = test_device()
+    with pytest.raises(ContractError) as eager:
+        drop_in(**on_device(change(make()), device))
+    args = on_device(change(make()), device)
+    before = _tensors(args)
+    with pytest.raises(ContractError) as compiled:
+        _compiled(drop_in)(**args)
+    assert type(compiled.value) is type(eager.value)
+    assert str(compiled.value) == str(eager.value)
+    # judged while tracing (the rejection node raised it), not met by the CPU kernel when the graph ran
+    assert any(str(entry.path).endswith("traced_rejection.py") for entry in compiled.traceback)
+    after = _tensors(args)
+    assert all(torch.equal(after[name], x) for name, x in before.items()), "a rejected call wrote a caller tensor"
+
+
+def test_the_compiled_rejection_is_one_node_raising_at_run_time_and_a_fixed_call_recompiles() -> None:
+    """The rejection is judged while tracing (one ``gdn_nki::rejected_call`` node, no graph break) and raised each
+    time the graph runs; the same function called validly recompiles (the shapes differ) and runs."""
+    drop_in, make = ALL_CALLS["vLLM verify"]
+    bad = BAD_CALLS["verify: bf16 pool"][1](make())
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(graph: torch.fx.GraphModule, inputs: Any) -> Callable[..., Any]:
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda **kwargs: drop_in(**kwargs), fullgraph=True, backend=recording)
+    for _ in range(2):
+        with pytest.raises(ContractError, match="initial_state"):
+            compiled(**bad)
+    [graph] = graphs
+    assert [str(node.target) for node in graph.graph.nodes if "gdn_nki" in str(node.target)] == [
+        "gdn_nki.rejected_call.default"
+    ]
+    discarded = torch.compile(lambda **kwargs: (drop_in(**kwargs), kwargs["q"] + 1)[1], fullgraph=True,
+                              backend=compile_backend())  # fmt: skip
+    with pytest.raises(ContractError, match="initial_state"):  # a rejection nothing reads is no dead code
+        discarded(**bad)
+    good = make()
+    want = drop_in(**make())
+    got = compiled(**good)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(REJECTIONS) >= 1
+
+
+@pytest.mark.parametrize("name", list(ALL_CALLS))
+def test_a_valid_call_of_each_drop_in_compiles_without_a_graph_break(name: str) -> None:
+    if name in CONV_CALLS:
+        skip_on_device(CONV_HOST_ONLY)
+    drop_in, make = ALL_CALLS[name]
+    args = on_device(make(), test_device())
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda **kwargs: drop_in(**kwargs))(**args)
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+    nodes = [
+        str(node.target) for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
+    ]
+    assert len(nodes) == 1 and "rejected_call" not in nodes[0], nodes
+
+
+class _Called(torch.nn.Module):
+    def __init__(self, drop_in: Callable[..., Any]) -> None:
+        super().__init__()
+        self.drop_in = drop_in
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.drop_in(**kwargs)
+
+
+@pytest.mark.parametrize("case", ["verify: bf16 pool", "conv prefill: width 7", "gdn_tkg: state of the wrong shape"])
+def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
+    """``torch.export`` (non-strict, its default: no dynamo) meets the op's fake implementation, which raises the
+    ContractError itself: no program is made."""
+    call, change = BAD_CALLS[case]
+    drop_in, make = ALL_CALLS[call]
+    with pytest.raises(ContractError) as eager:
+        drop_in(**change(make()))
+    with pytest.raises(ContractError) as exported:
+        torch.export.export(_Called(drop_in), (), kwargs=on_device(change(make()), test_device()), strict=False)
+    assert str(exported.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("case", [case for case in BAD_CALLS if case.startswith(("conv", "FLA conv"))])
+def test_conv_rejections_under_fake_tensors_are_eagers(case: str) -> None:
+    """The conv ops' fake implementations run the host path's shape and dtype rules: under ``FakeTensorMode`` (no
+    data, no dynamo) the conv drop-ins raise eager's ContractError."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    call, change = BAD_CALLS[case]
+    drop_in, make = ALL_CALLS[call]
+    with pytest.raises(ContractError) as eager:
+        drop_in(**change(make()))
+    mode = FakeTensorMode()
+    args = {name: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for name, x in change(make()).items()}
+    with mode, pytest.raises(ContractError) as faked:
+        drop_in(**args)
+    assert str(faked.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("op_name", ["causal_conv1d_update_op", "causal_conv1d_fn_op"])
+def test_the_conv_ops_refuse_device_tensors_by_name(op_name: str) -> None:
+    """The conv ops' one implementation is the host path: on a device's tensors (meta here, handed to that
+    implementation itself) it raises a ContractError naming x, not nki-cpu's TypeError."""
+    from gdn_nki.torch import conv
+
+    op = getattr(conv, op_name)
+    if op_name == "causal_conv1d_update_op":
+        args = conv_update_call()
+        operands = (args["x"].transpose(1, 2), args["conv_state"], args["weight"], args["bias"],
+                    args["conv_state_indices"], "silu")  # fmt: skip
+    else:
+        args = conv_fn_call()
+        rows = args["cache_indices"]
+        operands = (args["x"].t(), args["conv_states"], args["weight"], args["bias"], args["query_start_loc"], rows,
+                    rows, "silu")  # fmt: skip
+    with pytest.raises(ContractError, match=r"`x` on device meta violates \[conv.device\]"):
+        op._init_fn(*(x.to("meta") if isinstance(x, torch.Tensor) else x for x in operands))
