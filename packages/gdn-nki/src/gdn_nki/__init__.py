@@ -20,11 +20,13 @@ from gdn_ref.constants import (
 from gdn_ref.contract import ContractError
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
+from .block.step import gdn_block_step
 from .common.backend import BACKEND_NAME
 from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
+from .host.block import block_decode_step
 from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
@@ -45,12 +47,14 @@ __all__ = [
     "MAX_HEAD_DIM",
     "N_MASKS",
     "ContractError",
+    "block_decode_step",
     "build_mask_pack",
     "configure_buckets",
     "configured_buckets",
     "conv_decode_step",
     "conv_prefill_bucket",
     "decode_step",
+    "gdn_block_step",
     "gdn_conv1d_decode",
     "gdn_conv1d_prefill",
     "gdn_cte",
