@@ -21,6 +21,7 @@ from ..common.engines import SCALAR, VECTOR
 from ..common.tiles import matmul, psum, sbuf
 
 PARTITIONS = 128
+DMA_QUEUES = 16  # a NeuronCore's DMA queues / engines (docs/nki-sources.md §4.4)
 BANK_COLUMNS = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 BANK_LIMIT_PER_BLOCK = 4  # two column blocks in flight: 8 PSUM banks, PSUM's accumulation groups
 
@@ -36,7 +37,7 @@ class HiddenTiles:
         for m0 in range(0, tokens, PARTITIONS):
             count = min(PARTITIONS, tokens - m0)
             rows = sbuf((count, size), hidden.dtype)
-            nisa.dma_copy(dst=rows, src=hidden[m0 : m0 + count, :])
+            copy_by_rows(rows, hidden[m0 : m0 + count, :])
             tile = sbuf((PARTITIONS, self.steps, count), hidden.dtype)
             for k in range(self.steps):
                 turned = psum((PARTITIONS, count), hidden.dtype)  # a PE transpose keeps its dtype
@@ -58,8 +59,11 @@ class Projection:
         self.starts = list(range(0, weight.shape[1], self.block))
 
     def apply(self) -> None:
-        """Every block's weight loads and products, evacuated and stored."""
+        """Every block's weight loads and products, evacuated into one SBUF tile per token tile (``store`` writes
+        them out: a store waits on its products, and a DMA queue issues in order, so a store issued between weight
+        loads would hold the loads queued behind it)."""
         tiles = self.hidden.token_tiles
+        self.results = results = [sbuf((count, self.weight.shape[1]), self.out.dtype) for _, count, _ in tiles]
         for c0 in self.starts:
             per_step = self._load_block(c0)
             width = self._width(c0)
@@ -70,19 +74,29 @@ class Projection:
                     for (b0, span), acc in zip(spans, per_tile, strict=True):
                         matmul(tile[:, k, :], part[:, b0 : b0 + span], dst=acc, accumulate=k > 0)
             del per_step  # the block's weight tiles are free
-            for (m0, count, _), per_tile in zip(tiles, sums, strict=True):
-                rows = sbuf((count, width), self.out.dtype)
+            for result, per_tile in zip(results, sums, strict=True):
                 for i, ((b0, span), acc) in enumerate(zip(spans, per_tile, strict=True)):
-                    _evacuate(rows[:, b0 : b0 + span], acc, i)
-                nisa.dma_copy(dst=self.out[m0 : m0 + count, c0 : c0 + width], src=rows)
+                    _evacuate(result[:, c0 + b0 : c0 + b0 + span], acc, i)
             del sums  # the banks are free for the next block
+
+    def store(self) -> None:
+        """The products into ``out``."""
+        for (m0, count, _), result in zip(self.hidden.token_tiles, self.results, strict=True):
+            copy_by_rows(self.out[m0 : m0 + count, :], result)
 
     def _width(self, c0: int) -> int:
         return min(self.block, self.weight.shape[1] - c0)
 
     def _load_block(self, c0: int) -> list[Any]:
-        """One tile per contraction step k: rows p·KT + k of the block's columns, one run per partition."""
+        """One tile per contraction step k: rows p·KT + k of the block's columns, one run per partition. A block
+        that is the whole weight (b's and a's: Hv columns) loads every step in one DMA, whose run per partition is
+        its KT consecutive rows (1 KiB at Qwen3-Next's 32 heads, where a step's row alone is 64 bytes)."""
         steps, columns, width = self.hidden.steps, self.weight.shape[1], self._width(c0)
+        if width == columns:
+            whole = sbuf((PARTITIONS, steps, width), self.weight.dtype)
+            nisa.dma_copy(dst=whole, src=self.weight.ap(pattern=[[steps * columns, PARTITIONS], [1, steps * width]],
+                                                        offset=0).reshape((PARTITIONS, steps, width)))  # fmt: skip
+            return [whole[:, k, :] for k in range(steps)]
         per_step = []
         for k in range(steps):
             part = sbuf((PARTITIONS, width), self.weight.dtype)
@@ -92,9 +106,26 @@ class Projection:
         return per_step
 
 
-def project(hidden: HiddenTiles, weight: Any, out: Any) -> None:
-    """``out = hidden @ weight``, loads and products issued together (``Projection``)."""
-    Projection(hidden, weight, out).apply()
+def project_all(hidden: HiddenTiles, pairs: list[tuple[Any, Any]]) -> None:
+    """``out = hidden @ weight`` for each (weight, out) pair, every weight's loads and products first, then every
+    store, the last pair's first (the one the next stage waits on)."""
+    projections = [Projection(hidden, weight, out) for weight, out in pairs]
+    for projection in projections:
+        projection.apply()
+    for projection in reversed(projections):
+        projection.store()
+
+
+def copy_by_rows(dst: Any, src: Any) -> None:
+    """A copy between HBM rows and a tile of few partitions (the tokens), as up to ``DMA_QUEUES`` DMAs of
+    consecutive rows: a transfer is served by one DMA engine per 8 partitions (docs/nki-sources.md §4.4), so a
+    single DMA of 8 token rows would take one engine; pieces of whole rows, each on its own queue, take one each,
+    and (unlike column pieces) their HBM extents are disjoint, so no piece is ordered after another."""
+    rows = dst.shape[0]
+    per_piece = -(-rows // DMA_QUEUES)
+    for r0 in range(0, rows, per_piece):
+        r1 = min(rows, r0 + per_piece)
+        nisa.dma_copy(dst=dst[r0:r1, :], src=src[r0:r1, :])
 
 
 def _evacuate(dst: Any, src: Any, i: int) -> None:

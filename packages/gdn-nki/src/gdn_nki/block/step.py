@@ -31,10 +31,9 @@ from ..common.kernel_assert import assert_valid_call
 from ..common.tiles import FP32
 from ..conv.step import gdn_conv_step
 from ..tkg.step import gdn_step
-from .in_proj import HiddenTiles, project, scratch
+from .in_proj import HiddenTiles, copy_by_rows, project_all, scratch
 from .output_norm import gated_norm
 
-HBM_ROWS = 128  # rows of one HBM-to-HBM copy of the q/k/v split
 
 
 @nki.jit
@@ -94,8 +93,7 @@ def gdn_block_step(
     z = scratch((n_req, tokens, hv * dv), dtype)
     a, b = scratch((n_req, tokens, hv), FP32), scratch((n_req, tokens, hv), FP32)
     tiles = HiddenTiles(hidden.reshape((rows, size)))
-    for weight, target in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed)):
-        project(tiles, weight, target.reshape((rows, weight.shape[1])))
+    project_all(tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed))])
 
     conv_out, _ = gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
     q, k = scratch((n_req, tokens, hk, dk), dtype), scratch((n_req, tokens, hk, dk), dtype)
@@ -114,9 +112,6 @@ def gdn_block_step(
 
 
 def _copy_columns(src: Any, first: int, dst: Any) -> None:
-    """``dst [M, w] = src[:, first : first + w]``, HBM to HBM (each row one run of w elements)."""
-    total, width = src.shape[1], dst.shape[1]
-    for r0 in range(0, src.shape[0], HBM_ROWS):
-        count = min(HBM_ROWS, src.shape[0] - r0)
-        nisa.dma_copy(dst=dst[r0 : r0 + count, :],
-                      src=src.ap(pattern=[[total, count], [1, width]], offset=r0 * total + first))  # fmt: skip
+    """``dst [M, w] = src[:, first : first + w]``, HBM to HBM: each row one run of w elements, in pieces of whole
+    rows (``in_proj.copy_by_rows``)."""
+    copy_by_rows(dst, src.ap(pattern=[[src.shape[1], src.shape[0]], [1, dst.shape[1]]], offset=first))
