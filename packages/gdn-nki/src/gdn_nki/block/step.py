@@ -26,14 +26,13 @@ from typing import Any
 
 from gdn_ref.block_rules import block_violations
 
-from ..common.backend import nisa, nki, nl
+from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call
 from ..common.tiles import FP32
 from ..conv.step import gdn_conv_step
 from ..tkg.step import gdn_step
 from .in_proj import HiddenTiles, copy_by_rows, project_all, scratch
 from .output_norm import gated_norm
-
 
 
 @nki.jit
@@ -93,7 +92,9 @@ def gdn_block_step(
     z = scratch((n_req, tokens, hv * dv), dtype)
     a, b = scratch((n_req, tokens, hv), FP32), scratch((n_req, tokens, hv), FP32)
     tiles = HiddenTiles(hidden.reshape((rows, size)))
-    project_all(tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed))])
+    project_all(
+        tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed))]
+    )
 
     conv_out, _ = gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
     q, k = scratch((n_req, tokens, hk, dk), dtype), scratch((n_req, tokens, hk, dk), dtype)
