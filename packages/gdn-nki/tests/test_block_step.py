@@ -169,3 +169,32 @@ def test_a_launch_failing_part_way_puts_both_pools_back(monkeypatch):
     with pytest.raises(RuntimeError, match="device lost"):
         _run(np.ones((2, 1, E), np.float32), layer, conv_pool, state_pool, np.array([3, 4], np.int32), None)
     assert conv_pool.tobytes() == before[0].tobytes() and state_pool.tobytes() == before[1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_gdn_block_tkg_is_the_documented_functional_block(dtype):
+    """AWS's signature: hidden [B, 1, H], W_in_a before W_in_b, fp32 taps, no bias, a K-input conv state; the
+    inputs only read, the new states returned."""
+    layer = _layer(8, dtype, bias=False)
+    taps = layer["conv_weight"].astype(np.float32)
+    rng = np.random.default_rng(8)
+    batch = 3
+    hidden = rng.standard_normal((batch, 1, E)).astype(dtype)
+    conv_state = rng.standard_normal((batch, C, W)).astype(dtype)  # K inputs, HF's layout
+    recurrent_state = (rng.standard_normal((batch, HV, DK, DV)) * 0.2).astype(np.float32)
+    given = conv_state.copy(), recurrent_state.copy()
+    core_out, new_conv, new_state = gdn_nki.gdn_block_tkg(
+        hidden, layer["w_qkv"], layer["w_z"], layer["w_a"], layer["w_b"], taps, conv_state, layer["A_log"],
+        layer["dt_bias"], layer["norm_weight"], recurrent_state,
+    )  # fmt: skip
+    ref_out, ref_conv, ref_state = gdn_block_decode_pool(
+        hidden, layer["w_qkv"], layer["w_z"], layer["w_b"], layer["w_a"], taps, None, layer["A_log"],
+        layer["dt_bias"], layer["norm_weight"], conv_state, recurrent_state, np.arange(batch, dtype=np.int32), HK,
+    )  # fmt: skip
+    name = np.dtype(dtype).name
+    assert core_out.shape == (batch, 1, HV * DV) and new_conv.shape == conv_state.shape
+    assert compare("out", core_out, ref_out, name).ok
+    assert compare("state", new_conv, ref_conv, name).ok and compare("state", new_state, ref_state, name).ok
+    # the window slid by one, ending in the token's raw q|k|v: its first K − 1 inputs are the old last K − 1, exactly
+    assert new_conv[:, :, : W - 1].tobytes() == conv_state[:, :, 1:].tobytes()
+    assert conv_state.tobytes() == given[0].tobytes() and recurrent_state.tobytes() == given[1].tobytes()

@@ -3,7 +3,9 @@
 ``gdn_cte`` is the documented ``@nki.jit`` kernel (algorithms "schur" and "neumann"); ``simulate`` runs it on
 the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` accepts any sequence length.
 Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
-pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
+pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``. The whole layer's decode
+step but out_proj in one launch: ``gdn_block_tkg`` (AWS's documented fused block) and ``gdn_block_step`` (on the
+conv-state and recurrent-state pools, run by ``block_decode_step``).
 """
 
 from gdn_ref.constants import (
@@ -20,6 +22,7 @@ from gdn_ref.constants import (
 from gdn_ref.contract import ContractError
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
+from .block.aws import gdn_block_tkg
 from .block.step import gdn_block_step
 from .common.backend import BACKEND_NAME
 from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
@@ -55,6 +58,7 @@ __all__ = [
     "conv_prefill_bucket",
     "decode_step",
     "gdn_block_step",
+    "gdn_block_tkg",
     "gdn_conv1d_decode",
     "gdn_conv1d_prefill",
     "gdn_cte",
