@@ -22,3 +22,11 @@ def padding_written(x, conv_pool, weight, bias, state_indices, num_accepted_toke
 
 
 setattr(padding_written, CAPABILITIES_ATTR, getattr(oracle_decode, CAPABILITIES_ATTR))
+
+
+def numbers_only(x, conv_pool, weight, bias, state_indices, num_accepted_tokens=None, *, activation="silu"):
+    """The oracle declaring neither [N, T] rows nor rejections (as HF's update through its glue): two checks skip."""
+    return oracle_decode(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation=activation)
+
+
+setattr(numbers_only, CAPABILITIES_ATTR, {"name": "oracle, numbers only"})

@@ -257,6 +257,9 @@ def test_the_conv_family_writes_the_suites_summary(tmp_path: Path) -> None:
     prefill = check("conv_kernels:oracle_prefill", (), "", tmp_path)
     assert prefill["code"] == 0 and set(prefill["summary"]["areas"]) == {"conv_prefill"}, prefill["output"]
     assert not prefill["summary"]["areas"]["conv_prefill"].get("failed"), prefill["output"]
+    partial = check("conv_kernels:numbers_only", (), "", tmp_path)  # a skipped check is never counted as passed
+    assert partial["code"] == 0 and partial["summary"]["areas"] == {"conv_decode": {"passed": 4, "skipped": 2}}
+    assert len(partial["summary"]["skip_reasons"]) == 2, partial["output"]
     bad = check("conv_kernels:padding_written", (), "", tmp_path, extra=["--family", "conv"])
     assert bad["code"] == 1 and bad["summary"]["areas"]["conv_decode"].get("failed"), bad["output"]
     assert any("padding" in nodeid for nodeid in bad["summary"]["failures"]), bad["summary"]["failures"]
