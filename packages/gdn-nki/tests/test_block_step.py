@@ -119,6 +119,16 @@ def _bad_calls() -> list:
             id="hidden-size",
         ),
         pytest.param({"A_log": np.zeros(HV, np.float64)}, "A_log", id="A_log-dtype"),
+        pytest.param({"accepted": np.array([1, 1], np.int32)}, "num_accepted_tokens", id="accepted-with-N-rows"),
+        pytest.param({"rows": np.array([3.0, 4.0], np.float32)}, "state_indices", id="float-rows"),
+        pytest.param(
+            {"hidden": np.zeros((0, 1, E), np.float32), "rows": np.zeros(0, np.int32)}, "hidden", id="no-requests"
+        ),
+        pytest.param(
+            {"hidden": np.zeros((257, 4, E), np.float32), "rows": np.arange(257, dtype=np.int32)},
+            "hidden",
+            id="too-many-tokens",
+        ),
     ]
 
 
@@ -126,7 +136,12 @@ def _bad_calls() -> list:
 def test_bad_call_names_the_argument_and_changes_no_row(change, argument):
     layer = _layer(5, np.float32)
     conv_pool, state_pool = _pools(5, np.float32)
-    call = {"hidden": np.ones((2, 1, E), np.float32), "rows": np.array([3, 4], np.int32), "conv_pool": conv_pool}
+    call = {
+        "hidden": np.ones((2, 1, E), np.float32),
+        "rows": np.array([3, 4], np.int32),
+        "conv_pool": conv_pool,
+        "accepted": None,
+    }
     for key, value in change.items():
         if key in call:
             call[key] = value
@@ -134,7 +149,7 @@ def test_bad_call_names_the_argument_and_changes_no_row(change, argument):
             layer = {**layer, key: value}
     pools = (call["conv_pool"].copy(), state_pool.copy())
     with pytest.raises(ContractError) as caught:
-        _run(call["hidden"], layer, call["conv_pool"], state_pool, call["rows"], None)
+        _run(call["hidden"], layer, call["conv_pool"], state_pool, call["rows"], call["accepted"])
     assert any(v.argument == argument for v in caught.value.violations), caught.value
     assert "gdn_nki.block_decode_step" in str(caught.value)
     assert call["conv_pool"].tobytes() == pools[0].tobytes() and state_pool.tobytes() == pools[1].tobytes()

@@ -101,10 +101,6 @@ def block_violations(
     if pool_rows is not None and pool_rows != sizes["P"]:
         bad("pool_rows", "conv_pool", f"P={pool_rows}", f"one index names a row of both pools: the conv pool needs "
             f"the state pool's P={sizes['P']} rows", "allocate both pools with the same rows")  # fmt: skip
-    if num_accepted_tokens is not None and len(np.shape(state_indices)) != 2:
-        bad("num_accepted_tokens", "num_accepted_tokens", "given with [N] state_indices", "num_accepted_tokens "
-            "picks the row a request resumes from among its [N, T] state_indices", "pass [N, T] state_indices, or "
-            "no num_accepted_tokens")  # fmt: skip
     if host and not found:
         found += [replace(v, api=BLOCK) for v in index_violations(state_indices, num_accepted_tokens, sizes["P"], t)]
     return found
