@@ -213,3 +213,14 @@ def test_gdn_block_tkg_is_the_documented_functional_block(dtype):
     # the window slid by one, ending in the token's raw q|k|v: its first K − 1 inputs are the old last K − 1, exactly
     assert new_conv[:, :, : W - 1].tobytes() == conv_state[:, :, 1:].tobytes()
     assert conv_state.tobytes() == given[0].tobytes() and recurrent_state.tobytes() == given[1].tobytes()
+
+
+def test_nan_in_an_input_is_named():
+    layer = _layer(6, np.float32)
+    conv_pool, state_pool = _pools(6, np.float32)
+    hidden = np.ones((2, 1, E), np.float32)
+    hidden[1, 0, 5] = np.inf
+    with pytest.raises(ContractError) as caught:
+        _run(hidden, layer, conv_pool, state_pool, np.array([3, 4], np.int32), None)
+    v = caught.value.violations[0]
+    assert (v.argument, v.rule_id, v.api) == ("hidden", "block.finite", "gdn_block_step") and "[1, 0, 5]" in v.value

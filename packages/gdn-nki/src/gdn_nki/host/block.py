@@ -3,7 +3,7 @@ failure."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from gdn_ref.conv_rules import finite_rows_violations
 
 from ..block.step import gdn_block_step
 from ..common import backend
+from .conv import _finite as _conv_finite
 from .decode import _rows
 
 # The arguments scanned for NaN / ±Inf with check_values (the pools' rows read are scanned too).
@@ -73,9 +74,10 @@ def block_decode_step(
                                "it must be writable", "pass a writable array", BLOCK)]  # fmt: skip
     _, reads, writes = ([], [], []) if found else _rows(state_indices, num_accepted_tokens)
     if not found and check_values:
-        found = [v for name, x in zip(_FINITE, args, strict=False) for v in _finite(name, x)][:1]
+        found = [replace(v, rule_id="block.finite", api=BLOCK) for name, x in zip(_FINITE, args, strict=False)
+                 for v in _conv_finite(name, x)][:1]  # fmt: skip
         for name, pool in (("conv_pool", conv_pool), ("state_pool", state_pool)):
-            found = found or [_named(v, name) for v in finite_rows_violations(pool, reads)]
+            found = found or [replace(v, argument=name, api=BLOCK) for v in finite_rows_violations(pool, reads)]
     if found:
         raise ContractError(found)
     saved = [np.array(pool[writes], copy=True) for pool in (conv_pool, state_pool)]
@@ -86,18 +88,3 @@ def block_decode_step(
             pool[writes] = rows  # a launch that failed part-way: both pools as they were
         raise
     return out, conv_pool, state_pool
-
-
-def _finite(name: str, array: Any) -> list[Violation]:
-    if array is None:
-        return []
-    bad = np.argwhere(~np.isfinite(np.asarray(array, dtype=np.float64)))
-    if not bad.size:
-        return []
-    at = [int(i) for i in bad[0]]
-    return [Violation("block.finite", name, f"value {float(np.asarray(array)[tuple(at)])} at {at}",
-                      f"{name} must hold finite numbers", f"find where {name} overflowed", BLOCK)]  # fmt: skip
-
-
-def _named(v: Violation, pool: str) -> Violation:
-    return Violation(v.rule_id, pool, v.value, v.rule, v.fix, BLOCK)
