@@ -98,10 +98,10 @@ def test_block_without_conv_bias():
 def _bad_calls() -> list:
     """(what to change, the argument the error must name)."""
     return [
-        pytest.param({"conv_weight": np.zeros((C, 7), np.float32)}, "weight", id="conv-width"),
+        pytest.param({"conv_weight": np.zeros((C, 7), np.float32)}, "conv_weight", id="conv-width"),
         pytest.param({"conv_pool": np.zeros((P, C, 2), np.float32)}, "conv_pool", id="window-longer-than-state"),
         pytest.param({"conv_pool": np.zeros((P, C + 16, L), np.float32)}, "conv_pool", id="pool-channels"),
-        pytest.param({"conv_weight": np.zeros((C + 16, W), np.float32)}, "weight", id="weight-channels"),
+        pytest.param({"conv_weight": np.zeros((C + 16, W), np.float32)}, "conv_weight", id="weight-channels"),
         pytest.param({"w_qkv": np.zeros((E, C + 16), np.float32)}, "w_qkv", id="qkv-channels"),
         pytest.param({"w_z": np.zeros((E, HV * DV + 8), np.float32)}, "w_z", id="z-width"),
         pytest.param({"rows": np.array([3, P], np.int32)}, "state_indices", id="row-out-of-range"),

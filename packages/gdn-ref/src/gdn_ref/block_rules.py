@@ -22,6 +22,7 @@ BLOCK = "gdn_block_step"
 HIDDEN_QUANTUM = 128  # the in_proj contracts the hidden size over the 128 partitions
 # Tokens of a call (N·T): the in_proj keeps up to 8 PSUM accumulators of 128 tokens open at once.
 MAX_BLOCK_TOKENS = 1024
+CONV_ARGUMENTS = {"weight": "conv_weight", "bias": "conv_bias"}  # the conv step's argument -> the block's
 
 BLOCK_SPECS = {
     "hidden": _spec("N T E", "compute", "the layer's input after its input norm, token-major"),
@@ -96,7 +97,8 @@ def block_violations(
     stand_in = np.broadcast_to(np.zeros((), np.asarray(hidden).dtype if host else _numpy_dtype(hidden)), (n, t, c))
     conv = conv_step_violations(stand_in, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens,
                                 "silu", api=BLOCK)  # fmt: skip
-    found += [v for v in conv if v.argument != "x"]
+    # The conv's rules name the conv's arguments; the block's own names for them (its x is the in_proj's output).
+    found += [replace(v, argument=CONV_ARGUMENTS.get(v.argument, v.argument)) for v in conv if v.argument != "x"]
     pool_rows = np.shape(conv_pool)[0] if len(np.shape(conv_pool)) == 3 else None
     if pool_rows is not None and pool_rows != sizes["P"]:
         bad("pool_rows", "conv_pool", f"P={pool_rows}", f"one index names a row of both pools: the conv pool needs "
