@@ -224,3 +224,14 @@ def test_nan_in_an_input_is_named():
         _run(hidden, layer, conv_pool, state_pool, np.array([3, 4], np.int32), None)
     v = caught.value.violations[0]
     assert (v.argument, v.rule_id, v.api) == ("hidden", "block.finite", "gdn_block_step") and "[1, 0, 5]" in v.value
+
+
+def test_a_launch_grid_is_refused_before_anything_is_written():
+    layer = _layer(9, np.float32)
+    conv_pool, state_pool = _pools(9, np.float32)
+    before = conv_pool.copy(), state_pool.copy()
+    hidden = np.ones((2, 1, E), np.float32)
+    with pytest.raises(AssertionError, match="one program"):
+        backend.simulate(gdn_nki.gdn_block_step[2])(hidden, *(layer[n] for n in NAMES), conv_pool, state_pool,
+                                                    np.array([3, 4], np.int32))  # fmt: skip
+    assert conv_pool.tobytes() == before[0].tobytes() and state_pool.tobytes() == before[1].tobytes()

@@ -27,7 +27,7 @@ from typing import Any
 from gdn_ref.block_rules import block_violations
 
 from ..common.backend import nki, nl
-from ..common.kernel_assert import assert_valid_call
+from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.tiles import FP32
 from ..conv.step import gdn_conv_step
 from ..tkg.step import gdn_step
@@ -81,6 +81,9 @@ def gdn_block_step(
     assert_valid_call(block_violations(hidden, w_qkv, w_z, w_b, w_a, conv_weight, conv_bias, A_log, dt_bias,
                                        norm_weight, conv_pool, state_pool, state_indices, num_accepted_tokens,
                                        host=False))  # fmt: skip
+    # One program: every stage would run on each program of a larger grid, writing the same rows twice.
+    kernel_assert(nl.num_programs(0) == 1, f"gdn_block_step runs on one program, got a launch grid of "
+                  f"{nl.num_programs(0)}. Fix: launch gdn_block_step itself, not gdn_block_step[n]")  # fmt: skip
     n_req, tokens, size = hidden.shape
     hv, dk, dv = state_pool.shape[1:]
     channels = w_qkv.shape[1]
