@@ -7,9 +7,13 @@ at which the DMA reaches its full rate (docs/nki-sources.md §4.4). hidden's tra
 token-major load and a PE transpose per step (a column load would move one element per descriptor).
 
 Each matmul takes the [128, M-tile] hidden tile as the stationary operand and 512 weight columns as the moving one
-(``nki.isa.nc_matmul``, ISA v2.33.0: the moving free size is at most 512), accumulating over the KT steps into
-one PSUM bank per 512 columns and token tile; a column block keeps at most ``BANK_LIMIT_PER_BLOCK`` banks open, so two
-blocks in flight stay within the 8 accumulation groups PSUM holds.
+(``nki.isa.nc_matmul``; 512 fp32 columns, one PSUM bank, are a matmul's largest moving free size:
+docs/nki-sources.md §2.9), accumulating over the KT steps into one PSUM bank per 512 columns and token tile; a
+column block keeps at most ``BANK_LIMIT_PER_BLOCK`` banks open, so two blocks in flight stay within the 8
+accumulation groups PSUM holds (one per bank: docs/nki-sources.md §4.2).
+
+Every projection's products stay in SBUF until every weight's loads are issued (``project_all``): a store waits on
+its products and a DMA queue issues in order, so a store between weight loads would hold the loads behind it.
 """
 
 from __future__ import annotations

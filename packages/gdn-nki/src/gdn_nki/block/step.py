@@ -6,8 +6,8 @@ the causal conv1d over q|k|v with SiLU (window from its conv-pool row), the spli
 gating, the gated delta rule with q and k L2-normalized (state from its state-pool row), and the gated RMSNorm with
 z. The stages are the existing kernels composed inside the launch — ``block.in_proj``, ``conv.step.gdn_conv_step``,
 ``tkg.step.gdn_step`` (called as nested kernels, the form AWS's ``gdn_block_tkg`` reuses ``gdn_conv1d_decode``
-and ``gdn_tkg`` in) and ``block.output_norm`` — handing each other token-major HBM scratch, so the block's
-arithmetic is the separate kernels' bit for bit.
+and ``gdn_tkg`` in) and ``block.output_norm`` — handing each other token-major HBM scratch, so the conv and the
+recurrence are the separate kernels' instructions, and given the same projections give their bits.
 
 Rows: one index per request ([N]) or per token ([N, T]) names the same row of both pools, as the separate kernels
 address them: −1 is padding (nothing of either pool read or written, zeros out), and with [N, T] rows and
@@ -17,7 +17,8 @@ states (speculative rollback of both states with one set of indices).
 Stage order: every projection first (a and b, z, then q|k|v, whose end the conv waits on), then the conv, the q/k/v
 split, the recurrence and the norm. Measured against z's projection after the conv (its weights loaded ahead, its
 products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in flight):
-293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8 (PERFORMANCE.md, "Fused decode block").
+293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved (PERFORMANCE.md, "Fused
+decode block").
 """
 
 from __future__ import annotations
