@@ -180,8 +180,9 @@ def thirdparty(session: nox.Session) -> None:
         # only these contract areas (the table shows — for the others).
         summary = str(VALIDATED_OUT / f"{len(summaries) + 1:02d}.json")
         only = [argument for area in areas for argument in ("--area", area)]
+        via = ["--adapter", adapter] if adapter else []
         session.run(
-            "gdn-spec", "check", spec, "--adapter", adapter, "--label", label, "--json", summary, *only,
+            "gdn-spec", "check", spec, *via, "--label", label, "--json", summary, *only,
             "-n", _xdist_workers(), env=SINGLE_THREAD_BLAS, success_codes=[0, 1] if third_party else [0],
         )  # fmt: skip
         summaries.append(summary)
@@ -199,17 +200,15 @@ def thirdparty(session: nox.Session) -> None:
         f"{HF_QWEN3_NEXT}:torch_recurrent_gated_delta_rule",
         "hf-decode",
     )
-    # The conv family (``python -m gdn_spec.conv``, its verdicts printed; not yet rows of the table, which
-    # ``gdn-spec check`` summaries make): HF's torch fallbacks through their pool / cache glue, and gdn-nki's vLLM
-    # drop-in called in vLLM's pool form (−1 rows, rejections).
-    conv_checks = (
-        (f"{HF_QWEN3_NEXT}:causal_conv1d_update", "hf-conv", [0, 1]),
-        (f"{HF_QWEN3_NEXT}:causal_conv1d_fn", "hf-conv-fn", [0, 1]),
-        ("gdn_nki.torch:causal_conv1d_update", "vllm-conv", [0]),
-    )
-    for spec, adapter, codes in conv_checks:
-        session.run("python", "-m", "gdn_spec.conv", spec, "--adapter", adapter, env=SINGLE_THREAD_BLAS,
-                    success_codes=codes)  # fmt: skip
+    # The conv family (``gdn-spec check --family conv``, found by the adapter or the kernel's declared capabilities):
+    # HF's torch fallbacks through their pool / cache glue, gdn-nki's vLLM drop-in called in vLLM's pool form (−1
+    # rows, rejections), and gdn-nki's own conv entry points; rows conv_decode / conv_prefill of the table.
+    check("HF transformers causal_conv1d_update (conv decode)", f"{HF_QWEN3_NEXT}:causal_conv1d_update", "hf-conv")
+    check("HF transformers causal_conv1d_fn (conv prefill)", f"{HF_QWEN3_NEXT}:causal_conv1d_fn", "hf-conv-fn")
+    check("gdn-nki vLLM-compatible causal_conv1d_update drop-in", "gdn_nki.torch:causal_conv1d_update", "vllm-conv",
+          third_party=False)  # fmt: skip
+    check("gdn-nki conv_decode_step", "gdn_nki:conv_decode_step", "", third_party=False)
+    check("gdn-nki conv_prefill_bucket", "gdn_nki:conv_prefill_bucket", "", third_party=False)
     session.install("flash-linear-attention>=0.4")
     # FLA's naive references: pure torch, one head count for q, k and v (the adapter repeats key heads).
     check("FLA naive_chunk_gated_delta_rule", f"{FLA_NAIVE}:naive_chunk_gated_delta_rule", "fla-torch:gqa=repeat")

@@ -1,9 +1,14 @@
 """A stream of requests served by a small continuous-batching engine over HF transformers' Qwen3-Next, whose
-GatedDeltaNet cores run on gdn-nki alone, judged token for token against HF's own model run one request at a time.
+GatedDeltaNet cores and causal convs run on gdn-nki alone, judged token for token against HF's own model run one
+request at a time.
 
 The tiny config of ``qwen3_next_layer.py`` (random weights, nothing downloaded). The engine (``serving/``) keeps
-one fp32 state pool for every request and GDN layer: per request and layer T rows (T = the speculative width),
-allocated on arrival, freed (poisoned with NaN) on completion or abort, and reused. Each step packs waiting
+one pool for every request and GDN layer, each row holding a conv window (the model's dtype) and an fp32 recurrent
+state: per request and layer T rows (T = the speculative width), allocated on arrival, freed (poisoned with NaN) on
+completion or abort, and reused. The conv runs on gdn-nki's vLLM drop-ins on the pool's windows
+(``causal_conv1d_fn`` in the prefill bucket with the recurrent checkpoints' rows, ``causal_conv1d_update`` with
+[N, T] rows and ``num_accepted_tokens``), so a prefix-cache hit restores both states and a rejected draft rolls
+both back; the gated RMSNorm and the projections stay HF's modules. Each step packs waiting
 prompts and chunks of long ones into ONE prefill launch per GDN layer, in the smallest of a few configured prefill
 buckets (T tokens, N sequences) that holds them (``chunk_gated_delta_rule(..., bucket=(T, N))``: the layout and
 the pool rows are device data, so each bucket is one compiled program), and every running request into ONE decode
@@ -12,8 +17,8 @@ N padded to a decode bucket with -1 rows): T tokens verified at a time from an n
 accepted prefix by reading the accepted token's row next step. Prefix cache: the prefill kernel writes the state
 at every block boundary inside a prompt into rows the cache owns (``checkpoint_every``, ``checkpoint_indices``),
 and a prompt that shares a block-aligned prefix with an earlier one starts from that row (``read_indices``: read
-on device, the request's own row written) — no pool row is copied on the host. HF's GDN functions are replaced by
-ones that raise while the engine runs.
+on device, the request's own row written) — no pool row is copied on the host. HF's GDN functions and causal convs
+are replaced by ones that raise while the engine runs.
 
 Judged: fp32, every request's greedy tokens equal HF's ``generate`` and every logit within 1e-4; bf16, the
 agreement is reported (first divergence, token match rate). Programs: every launch of a bucket had the same trace
@@ -48,7 +53,8 @@ from serving.model import PackedQwen3Next
 from serving.pool import StatePool, check
 
 LOGIT_TOLERANCE = 1e-4  # fp32
-KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step"}
+KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step", "conv_prefill": "gdn_conv_bucket",
+                   "conv_decode": "gdn_conv_step"}  # fmt: skip
 
 
 def build_model(dtype: torch.dtype, seed: int = 0, layer_types: tuple[str, ...] | None = None) -> Qwen3NextForCausalLM:
@@ -123,10 +129,8 @@ def serve(
     """Run ``requests`` through the engine on a fresh model (``build_model``'s ``layer_types``); returns the engine
     and its programs: per phase and bucket, how many launches ran each program (``programs``)."""
     model = build_model(getattr(torch, dtype), layer_types=layer_types)
-    heads = model.config.linear_num_value_heads
-    dims = model.config.linear_key_head_dim, model.config.linear_value_head_dim
     gdn = sum(t == "linear_attention" for t in model.config.layer_types)
-    pool = StatePool(config.max_running * gdn * config.spec_tokens + config.cache_entries * gdn, heads, *dims)
+    pool = make_pool(model, config.max_running * gdn * config.spec_tokens + config.cache_entries * gdn)
     engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log)
     for r in requests:
         engine.submit(r)
@@ -135,6 +139,15 @@ def serve(
             engine.step()
     check(pool.in_use == sum(len(e.rows) for e in engine.prefix.values()), "rows outlived their requests")
     return engine, programs(engine.model.kernels.calls, launches)
+
+
+def make_pool(model: Qwen3NextForCausalLM, rows: int) -> StatePool:
+    """A pool of ``rows`` rows for the model's GDN layers: fp32 states [Hv, Dk, Dv] and conv windows [C, W − 1] in
+    the model's dtype (C = the q|k|v channels the conv runs over)."""
+    c = model.config
+    channels = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+    return StatePool(rows, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                     windows=(channels, c.linear_conv_kernel_dim - 1, model.dtype))  # fmt: skip
 
 
 def programs(calls: list[tuple[str, tuple[int, int]]], launches: list[Launch]) -> dict:

@@ -2,9 +2,11 @@
 
 Every projection, norm, convolution weight, rotary embedding, attention function and MLP is the HF module's own;
 what this module adds is the bookkeeping HF's single-batch ``Cache`` cannot do for a continuous batch: per request
-a causal-conv1d state and a KV cache (host tensors), and GDN states in rows of the shared pool, reached only
-through ``GdnKernels``. A forward leaves the caches untouched until ``commit`` says how many of a segment's tokens
-were accepted (speculative decoding rolls back the rest).
+a KV cache (host tensors), and per GDN layer its conv windows and recurrent states in rows of the shared pool,
+reached only through ``GdnKernels`` (gdn-nki runs the conv, the gating's recurrence and the rollback of both; the
+gated RMSNorm is still HF's module). A forward leaves the KV caches untouched until ``commit`` says how many of a
+segment's tokens were accepted (speculative decoding rolls back the rest; the pool rows roll back by the rows the
+next step reads).
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from .pool import StatePool, check
 
 @dataclass
 class RequestCache:
-    """One request's caches: conv states and KV per layer, and per GDN layer ``width`` pool rows (row 0 holds the
-    state during prefill; a decode of T tokens writes the state after token t to row t)."""
+    """One request's caches: KV per attention layer, and per GDN layer ``width`` pool rows, each holding a conv
+    window and a recurrent state (row 0 holds them during prefill; a decode of T tokens writes them after token t to
+    row t)."""
 
     rid: int
     rows: dict[int, list[int]]
-    conv: dict[int, torch.Tensor] = field(default_factory=dict)
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     accepted: int = 1  # the current state is in rows[layer][accepted - 1]
     length: int = 0  # tokens in the caches
@@ -52,7 +54,7 @@ class PackedQwen3Next:
 
     def __init__(self, model: hf.Qwen3NextForCausalLM, pool: StatePool, buckets: Buckets) -> None:
         self.model, self.pool = model, pool
-        self.kernels = GdnKernels(pool.states, buckets)
+        self.kernels = GdnKernels(pool.states, pool.windows, buckets)
         self.layers = list(model.model.layers)
         self.gdn_layers = [i for i, layer in enumerate(self.layers) if layer.block_type == "linear_attention"]
 
@@ -80,20 +82,31 @@ class PackedQwen3Next:
     def _gdn(self, i, la, x, segments, bounds, decode) -> torch.Tensor:
         q, k, v, z, b, a = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
         mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
-        width = la.conv_kernel_size - 1
-        convolved = []
-        for s, start, end in zip(segments, bounds, bounds[1:], strict=False):
-            state = s.cache.conv.get(i, torch.zeros(mixed.shape[1], width, dtype=mixed.dtype))
-            joined = torch.cat([state, mixed[start:end].T], dim=1)
-            out = hf.causal_conv1d_fn(joined[None], la.conv1d.weight.squeeze(1), la.conv1d.bias, la.activation)
-            convolved.append(out[0, :, width:].T)
-            s.pending[("conv", i)] = joined  # committed as joined[:, accepted : accepted + width]
-        mixed = torch.cat(convolved)[None]
+        self._assert_rows(i, segments)
+        taps = la.conv1d.weight.squeeze(1)
+        if decode:
+            rows = [s.cache.rows[i][: len(segments[0].tokens)] for s in segments]
+            accepted = [s.cache.accepted for s in segments]
+            mixed = self.kernels.conv_decode(mixed, taps, la.conv1d.bias, la.activation, rows, accepted)[None]
+        else:
+            rows, reads, checkpoints = self._prefill_rows(i, segments)
+            mixed = self.kernels.conv_prefill(mixed, taps, la.conv1d.bias, la.activation, bounds, rows, reads,
+                                              checkpoints)[None]  # fmt: skip
         q, k, v = torch.split(mixed, [la.key_dim, la.key_dim, la.value_dim], dim=-1)
         q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
         v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
         beta = b.sigmoid()
         g = -la.A_log.float().exp() * torch.nn.functional.softplus(a.float() + la.dt_bias)
+        if decode:
+            o = self.kernels.decode(q, k, v, g, beta, rows, accepted)
+        else:
+            o = self.kernels.prefill(q, k, v, g, beta, bounds, rows, reads, checkpoints)
+        check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
+        o = la.norm(o.reshape(-1, la.head_v_dim), z.reshape(-1, la.head_v_dim))
+        return la.out_proj(o.reshape(1, o.shape[0] // la.num_v_heads, -1))
+
+    def _assert_rows(self, i: int, segments: list[Segment]) -> None:
+        """Every pool row layer ``i``'s kernels will read or write belongs to who reads or writes it."""
         block = self.kernels.buckets.block
         for s in segments:
             self.pool.assert_owned(s.cache.rows[i], s.cache.rid)
@@ -103,18 +116,14 @@ class PackedQwen3Next:
                 if rows:
                     at = s.cache.length + (column + 1) * block
                     self.pool.assert_owned([rows[i]], ("cache", s.cache.rid, at))
-        if decode:
-            rows = [s.cache.rows[i] for s in segments]
-            o = self.kernels.decode(q, k, v, g, beta, [r[: len(segments[0].tokens)] for r in rows],
-                                    [s.cache.accepted for s in segments])  # fmt: skip
-        else:
-            reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
-            checkpoints = [[rows[i] if rows else -1 for rows in s.checkpoints] for s in segments]
-            o = self.kernels.prefill(q, k, v, g, beta, bounds, [s.cache.rows[i][0] for s in segments], reads,
-                                     checkpoints)  # fmt: skip
-        check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
-        o = la.norm(o.reshape(-1, la.head_v_dim), z.reshape(-1, la.head_v_dim))
-        return la.out_proj(o.reshape(1, o.shape[0] // la.num_v_heads, -1))
+
+    def _prefill_rows(self, i: int, segments: list[Segment]) -> tuple[list[int], list[int], list[list[int]]]:
+        """Layer ``i``'s prefill rows, the same for the conv and the recurrence: each segment's own row, the row it
+        starts from (a prefix-cache row, its own row, or -1 at its first token) and its checkpoint rows."""
+        rows = [s.cache.rows[i][0] for s in segments]
+        reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
+        checkpoints = [[rows[i] if rows else -1 for rows in s.checkpoints] for s in segments]
+        return rows, reads, checkpoints
 
     def _attention(self, i, at, x, rotary, segments, bounds) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, at.head_dim)
@@ -137,23 +146,19 @@ class PackedQwen3Next:
         return at.o_proj(out * torch.sigmoid(gate.reshape(*x.shape[:-1], -1)))
 
     def commit(self, segment: Segment, accepted: int) -> None:
-        """Keep the caches' effect of the segment's first ``accepted`` tokens (its GDN state is in row
-        ``accepted - 1`` after a decode, row 0 after a prefill)."""
+        """Keep the caches' effect of the segment's first ``accepted`` tokens (its conv window and GDN state are in
+        row ``accepted - 1`` after a decode, row 0 after a prefill)."""
         cache = segment.cache
-        cache.conv, cache.kv = self.host_caches_after(segment, accepted, clone=False)
+        cache.kv = self.kv_after(segment, accepted, clone=False)
         cache.length += accepted
         segment.pending.clear()
 
-    def host_caches_after(self, segment: Segment, tokens: int, clone: bool = True) -> tuple[dict, dict]:
-        """The request's conv states and KV cache after the segment's first ``tokens`` tokens (before ``commit``):
-        what a prefix-cache checkpoint inside the segment keeps beside its pool rows."""
-        conv, kv = dict(segment.cache.conv), dict(segment.cache.kv)
-        for (kind, i), value in segment.pending.items():
-            if kind == "conv":
-                width = value.shape[1] - len(segment.tokens)
-                conv[i] = value[:, tokens : tokens + width].clone()
-            else:
-                keep = segment.cache.length + tokens
-                kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
-                kv[i] = tuple(x.clone() for x in kv[i]) if clone else kv[i]
-        return conv, kv
+    def kv_after(self, segment: Segment, tokens: int, clone: bool = True) -> dict:
+        """The request's KV cache after the segment's first ``tokens`` tokens (before ``commit``): what a
+        prefix-cache checkpoint inside the segment keeps beside its pool rows (which hold both GDN states)."""
+        kv = dict(segment.cache.kv)
+        keep = segment.cache.length + tokens
+        for (_, i), value in segment.pending.items():
+            kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
+            kv[i] = tuple(x.clone() for x in kv[i]) if clone else kv[i]
+        return kv

@@ -53,7 +53,7 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32(monkeypatch: pytest.
     # compiling backend compiles on: shapes, dtypes, non-tensor values) and ran the same static program (nki-cpu's
     # fingerprint), distinct buckets ran distinct programs, and each phase used more than one bucket (so "one
     # program" is not one bucket by accident).
-    for phase in ("prefill", "decode"):
+    for phase in ("prefill", "decode", "conv_prefill", "conv_decode"):
         buckets = programs[phase]
         assert len(buckets) >= 2, (phase, buckets)
         if not backend.USING_REAL_NKI:
@@ -66,12 +66,11 @@ def test_a_row_not_owned_is_refused_and_poison_is_loud() -> None:
     from serving.engine import Config, Engine, Request
     from serving.kernels import Buckets
     from serving.model import PackedQwen3Next, RequestCache, Segment
-    from serving.pool import StatePool
 
     from gdn_ref.contract import ContractError
 
     model = example.build_model(torch.float32)
-    pool = StatePool(8, 4, 32, 64)
+    pool = example.make_pool(model, 8)
     config = Config(spec_tokens=1, max_running=2, buckets=Buckets(prefill=((128, 2),), decode=(2,)))
     engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log=lambda line: None)
     engine.submit(Request(0, [1, 2, 3], 5, 0))

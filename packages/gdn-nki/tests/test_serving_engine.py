@@ -54,14 +54,14 @@ def test_a_full_cache_evicts_a_leaf_but_never_one_this_step_reads() -> None:
     from serving.pool import StatePool
 
     config = Config(max_running=2, spec_tokens=1, cache_entries=1)
-    pool = StatePool(6, 1, 2, 2)
+    pool = StatePool(6, 1, 2, 2, windows=(16, 3, torch.float32))
     engine = Engine(SimpleNamespace(gdn_layers=[0, 2]), pool, config, log=lambda line: None)
     block = config.block
     reader, other = Request(0, list(range(3 * block)), 1, 0), Request(1, list(range(1, 3 * block + 1)), 1, 0)
     key = tuple(reader.prompt[:block])
     rows = engine._checkpoint_rows(reader, block, pinned=set())
     assert rows is not None and list(engine.prefix) == [key]
-    engine.prefix[key].conv = {0: torch.zeros(1)}  # complete: its launch has run
+    engine.prefix[key].complete = True  # its launch has run
 
     assert engine._checkpoint_rows(reader, 2 * block, pinned={key}) is None
     assert list(engine.prefix) == [key] and [pool.owner[r] for r in rows.values()] == [("cache", 0, block)] * 2

@@ -55,7 +55,8 @@ def test_single_token_and_custom_pad_slot_id():
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)), ("query_start_loc", torch.arange(N + 1)),
+    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # with [N] rows: vLLM's longer-window form
+     ("query_start_loc", torch.arange(N + 1)),
      ("activation", "gelu")],
 )  # fmt: skip
 def test_rejections_name_the_argument_and_leave_the_pool(option, value):
@@ -224,3 +225,44 @@ def test_fla_causal_conv1d_compile_fullgraph_bit_equal_to_eager():
     compiled = torch.compile(causal_conv1d, fullgraph=True, backend="eager")
     got = compiled(x, weight, None, None, initial, True, "silu", cu_seqlens=bounds)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+def test_update_per_token_rows_roll_back_as_the_recurrent_pool():
+    """gdn-nki's speculative form: [N, T] rows (the window after token t to row [n, t]) and num_accepted_tokens
+    (resume from row [n, a − 1]), against gdn-ref's fp64 pool oracle; padding and unnamed rows untouched."""
+    from gdn_ref.conv import causal_conv1d_decode_pool
+
+    x, weight, bias, pool = _inputs(4)
+    pool = torch.cat([pool, torch.randn(3, C, W - 1)])  # 8 rows
+    before = pool.clone()
+    rows = torch.tensor([[0, 1], [-1, -1], [5, 6]], dtype=torch.int32)
+    accepted = torch.tensor([2, 1, 1], dtype=torch.int32)
+    out = causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=accepted)
+    want, after = causal_conv1d_decode_pool(x.transpose(1, 2).numpy(), weight.numpy(), bias.numpy(), before.numpy(),
+                                            rows.numpy(), accepted.numpy(), "silu")  # fmt: skip
+    np.testing.assert_allclose(out.transpose(1, 2).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool.numpy(), after, rtol=0, atol=1e-6)
+    assert torch.equal(pool[[2, 3, 4, 7]], before[[2, 3, 4, 7]])
+
+
+def test_fn_reads_other_rows_and_writes_checkpoints():
+    """gdn-nki's serving keywords: a sequence resuming from a row it does not end in (read_indices) and the window
+    after every 128 tokens to its checkpoint row, in a bucket; against gdn-ref's fp64 pool oracle."""
+    from gdn_ref.conv import causal_conv1d_prefill_pool
+
+    g = torch.Generator().manual_seed(6)
+    lengths = [300, 7]
+    bounds = torch.tensor([0, 300, 307], dtype=torch.int32)
+    x = torch.randn(C, 307, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    pool = torch.randn(9, C, W - 1, generator=g)
+    before = pool.clone()
+    rows, reads = torch.tensor([1, 2], dtype=torch.int32), torch.tensor([7, -1], dtype=torch.int32)
+    table = torch.tensor([[4, 5], [-1, -1]], dtype=torch.int32)
+    out = causal_conv1d_fn(x, weight, bias, pool, bounds, rows, activation="silu", read_indices=reads,
+                           checkpoint_every=128, checkpoint_indices=table, bucket=(512, 4))  # fmt: skip
+    want, after = causal_conv1d_prefill_pool(x.T.numpy(), weight.numpy(), bias.numpy(), bounds.numpy(),
+                                             before.numpy(), rows.numpy(), "silu", 128, table.numpy(), reads.numpy())  # fmt: skip
+    np.testing.assert_allclose(out.T.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool.numpy(), after, rtol=0, atol=1e-6)
+    assert sum(lengths) == out.shape[1] and torch.equal(pool[[0, 3, 6, 7, 8]], before[[0, 3, 6, 7, 8]])

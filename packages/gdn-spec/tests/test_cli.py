@@ -239,3 +239,33 @@ def test_a_wrong_arity_return_is_reported_with_its_length(
     failures = result["summary"]["failures"]
     assert result["code"] == 1 and failures, result["output"]
     assert all(expected in message for message in failures.values()), failures
+
+
+def test_the_conv_family_writes_the_suites_summary(tmp_path: Path) -> None:
+    """``gdn-spec check`` on a conv kernel (found by its declared capabilities) runs the conv family and writes the
+    summary the validated table is made from: one area per form, each check a test; a planted bug fails its run."""
+    decode = check("conv_kernels:oracle_decode", (), "", tmp_path, extra=["--label", "oracle conv"])
+    assert decode["code"] == 0, decode["output"]
+    summary = decode["summary"]
+    assert summary["areas"] == {"conv_decode": {"passed": 6}} and summary["totals"] == {"passed": 6}
+    assert (summary["run"]["family"], summary["run"]["profile"], summary["run"]["label"]) == (
+        "conv",
+        "conv",
+        "oracle conv",
+    )
+    assert summary["run"]["exit_code"] == 0 and "conv_decode" in decode["output"]
+    prefill = check("conv_kernels:oracle_prefill", (), "", tmp_path)
+    assert prefill["code"] == 0 and set(prefill["summary"]["areas"]) == {"conv_prefill"}, prefill["output"]
+    assert not prefill["summary"]["areas"]["conv_prefill"].get("failed"), prefill["output"]
+    partial = check("conv_kernels:numbers_only", (), "", tmp_path)  # a skipped check is never counted as passed
+    assert partial["code"] == 0 and partial["summary"]["areas"] == {"conv_decode": {"passed": 4, "skipped": 2}}
+    assert len(partial["summary"]["skip_reasons"]) == 2, partial["output"]
+    bad = check("conv_kernels:padding_written", (), "", tmp_path, extra=["--family", "conv"])
+    assert bad["code"] == 1 and bad["summary"]["areas"]["conv_decode"].get("failed"), bad["output"]
+    assert any("padding" in nodeid for nodeid in bad["summary"]["failures"]), bad["summary"]["failures"]
+    assert bad["summary"]["run"]["exit_code"] == 1
+
+
+def test_a_conv_run_refuses_a_prefill_adapter(tmp_path: Path) -> None:
+    result = check("conv_kernels:oracle_decode", (), "", tmp_path, extra=["--family", "conv", "--adapter", "hf-torch"])
+    assert result["code"] == 2 and "not a conv adapter" in result["output"], result["output"]

@@ -33,6 +33,17 @@ def test_render_verdicts_and_worst_error() -> None:
     assert "0.25 (bfloat16 out, collinear_keys" in table and "hf-torch adapter" in table and "12 s" in table
 
 
+def test_conv_rows_in_the_table() -> None:
+    """A conv-family run (``gdn-spec check --family conv``) adds its areas as rows; other kernels show — there."""
+    conv = _summary({"conv_decode": {"passed": 4, "skipped": 2}}, "HF causal_conv1d_update")
+    conv["run"]["profile"], conv["worst"] = "conv", {}
+    table = render([_summary({"numerics": {"passed": 3}}, "prefill kernel"), conv])
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert rows["conv_decode"].split("|")[2:4] == [" — ", " passed 4 (+2 skipped) "]
+    assert rows["numerics"].split("|")[2:4] == [" passed 3 ", " — "]
+    assert "| 2 | HF causal_conv1d_update (`m:f`) | hf-torch adapter | conv | 4 | 0 | 2 | — |" in table
+
+
 def test_render_says_what_produced_each_run() -> None:
     """A run recorded with versions names them; one from before versions were recorded shows no line."""
     recorded = _summary({"numerics": {"passed": 1}}, "new")

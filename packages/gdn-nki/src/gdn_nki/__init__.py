@@ -5,7 +5,9 @@ the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` a
 Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
 pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
 The layer's other kernels: the causal conv1d (``conv_decode_step``, ``conv_prefill_bucket``) and the gated RMSNorm
-(``gdn_gated_rms_norm``, run by ``gated_rms_norm``).
+(``gdn_gated_rms_norm``, run by ``gated_rms_norm``). The whole layer's decode step but out_proj in one launch:
+``gdn_block_tkg`` (AWS's documented fused block) and ``gdn_block_step`` (on the conv-state and recurrent-state
+pools, run by ``block_decode_step``).
 """
 
 from gdn_ref.constants import (
@@ -22,11 +24,14 @@ from gdn_ref.constants import (
 from gdn_ref.contract import ContractError
 from gdn_ref.masks import N_MASKS, build_mask_pack
 
+from .block.aws import gdn_block_tkg
+from .block.step import gdn_block_step
 from .common.backend import BACKEND_NAME
 from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
 from .cte.varlen import gdn_cte_varlen
+from .host.block import block_decode_step
 from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
@@ -49,6 +54,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "N_MASKS",
     "ContractError",
+    "block_decode_step",
     "build_mask_pack",
     "configure_buckets",
     "configured_buckets",
@@ -56,6 +62,8 @@ __all__ = [
     "conv_prefill_bucket",
     "decode_step",
     "gated_rms_norm",
+    "gdn_block_step",
+    "gdn_block_tkg",
     "gdn_conv1d_decode",
     "gdn_conv1d_prefill",
     "gdn_cte",

@@ -27,6 +27,8 @@ from gdn_ref.constants import ALGORITHMS
 
 from . import context_parallel
 from .adapters import ADAPTERS
+from .conv.adapters import ADAPTERS as CONV_ADAPTERS
+from .conv.runner import declares_conv, load_kernel, run_kernel
 from .decode.adapters import DECODE_ADAPTERS
 from .decode.impl import FAMILIES, is_decode, resolve_family
 from .failures import failure_message
@@ -162,9 +164,10 @@ def format_summary(summary: Summary, title: str) -> str:
         if "kernel" in run:
             lines.append(f"  kernel:  {describe_kernel(run['kernel'])}")
         adapter = f" (--adapter {run['adapter']})" if run.get("adapter") else ""
-        signature = "decode_step" if run.get("family") == "decode" else "gdn_cte"
+        family = run.get("family")
+        signature = {"decode": "decode_step", "conv": "conv_decode_step / conv_prefill_bucket"}.get(family, "gdn_cte")
         lines.append(f"  via:     {run.get('via') or f'called directly ({signature} signature, numpy)'}{adapter}")
-        docs = DECODE_PROFILE_DOCS if run.get("family") == "decode" else PROFILE_DOCS
+        docs = {"decode": DECODE_PROFILE_DOCS, "conv": CONV_PROFILE_DOCS}.get(family, PROFILE_DOCS)
         lines.append(f"  profile: {run['profile']} ({docs[run['profile']]})")
         if "hypothesis" in run:
             lines.append(
@@ -206,6 +209,13 @@ def format_summary(summary: Summary, title: str) -> str:
         lines += ["", "FAILED:"]
         lines += [f"  {nodeid.split('::', 1)[-1]}: {msg}" for nodeid, msg in sorted(summary.failures.items())]
     return "\n".join(lines)
+
+
+# The conv family's one profile: the checks a kernel declares (gdn_spec.conv).
+CONV_PROFILE_DOCS = {
+    "conv": "gdn-spec's conv family: numerics against the fp64 conv oracle, pool rows, -1 padding, rollback, "
+    "rejections with the pool untouched and batch invariance, each as far as the kernel declares"
+}
 
 
 def nothing_verified(summary: Summary) -> str | None:
@@ -314,9 +324,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--family",
         default="auto",
-        choices=FAMILIES,
-        help="prefill (gdn_cte's signature) or decode (decode_step's: the decode_* areas); default auto: decode when "
-        "the callable declares gdn_spec_decode_capabilities or --adapter is a decode adapter",
+        choices=(*FAMILIES, "conv"),
+        help="prefill (gdn_cte's signature), decode (decode_step's: the decode_* areas) or conv (the conv family: "
+        "conv_decode_step's or conv_prefill_bucket's signature, areas conv_decode / conv_prefill); default auto: "
+        "decode when the callable declares gdn_spec_decode_capabilities or --adapter is a decode adapter, conv when "
+        "it declares the conv family's capabilities or --adapter is a conv adapter",
     )
     check.add_argument("--profile", choices=tuple(PROFILES), help="contract profile (default: the adapter's; api)")
     check.add_argument("--algorithm", default="all", choices=(*ALGORITHMS, "all"))
@@ -376,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "check-cp":
         return check_cp(args)
+    if _is_conv(args):
+        return check_conv(args)
     try:
         impl = resolve_family(args.impl, adapter=args.adapter, device=args.device, family=args.family)
     except ImplementationError as exc:
@@ -411,6 +425,72 @@ def main(argv: list[str] | None = None) -> int:
     if unverified:
         print(f"gdn-spec: {unverified}; exit code 5", file=sys.stderr)
         code = 5  # pytest's "no tests collected": a run that checked nothing must not read as a pass
+    summary.run["exit_code"] = code
+    summary.run["nothing_verified"] = unverified or ""
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary.as_dict(), indent=2))
+    return code
+
+
+def _is_conv(args: argparse.Namespace) -> bool:
+    """``--family conv``, or auto with a conv adapter or a callable declaring the conv family's capabilities."""
+    if args.family == "conv":
+        return True
+    if args.family != "auto":
+        return False
+    if args.adapter:
+        return args.adapter.split(":", 1)[0] in CONV_ADAPTERS
+    try:
+        return declares_conv(load_kernel(args.impl))
+    except Exception:  # not importable here: the prefill / decode resolver reports it properly
+        return False
+
+
+def check_conv(args: argparse.Namespace) -> int:
+    """``gdn-spec check --family conv``: the conv family's checks on the kernel (``gdn_spec.conv.runner``), each a
+    test of the area ``conv_decode`` or ``conv_prefill``, printed and written (``--json``) as the suite's summary is,
+    so the README's validated table shows conv rows."""
+    adapter = args.adapter.split(":", 1)[0] if args.adapter else None
+    if adapter is not None and adapter not in CONV_ADAPTERS:
+        print(f"gdn-spec: --adapter {args.adapter} is not a conv adapter ({', '.join(sorted(CONV_ADAPTERS))})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    started = time.perf_counter()
+    try:
+        kernel = load_kernel(args.impl, adapter, args.device)
+    except (ImportError, AttributeError, ValueError) as exc:
+        print(f"gdn-spec: cannot load {args.impl}: {exc}", file=sys.stderr)
+        return 2
+    area, report = run_kernel(kernel)
+    summary = Summary()
+    summary.run = {
+        "implementation": f"{report.kernel} ({args.impl})",
+        "spec": args.impl,
+        "kernel": kernel_provenance(args.impl),
+        "adapter": args.adapter or "",
+        "via": f"gdn_spec.conv.adapters {adapter}" if adapter else "",
+        "family": "conv",
+        "profile": "conv",
+        "label": args.label or "",
+    }
+    for name, verdict in report.verdicts.items():
+        nodeid = f"test_{area}.py::{name}"
+        outcome = "passed" if verdict == "passed" else "skipped" if verdict.startswith("skipped") else "failed"
+        summary.outcomes[nodeid] = outcome
+        if outcome == "skipped":
+            summary.skip_reasons[verdict.removeprefix("skipped: ")] += 1
+        elif outcome == "failed":
+            summary.failures[nodeid] = verdict.removeprefix("FAILED: ")
+    summary.collected = len(summary.outcomes)
+    summary.run["seconds"] = round(time.perf_counter() - started, 1)
+    summary.run["versions"] = runtime_versions()
+    print("\n" + format_summary(summary, args.label or summary.run["implementation"]))
+    print(f"({summary.run['seconds']:.1f} s)")
+    code = 1 if summary.failures else 0
+    unverified = nothing_verified(summary)
+    if unverified:
+        print(f"gdn-spec: {unverified}; exit code 5", file=sys.stderr)
+        code = 5
     summary.run["exit_code"] = code
     summary.run["nothing_verified"] = unverified or ""
     if args.json:

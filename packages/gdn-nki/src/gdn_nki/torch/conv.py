@@ -35,15 +35,23 @@ def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 @torch.library.custom_op("gdn_nki::causal_conv1d_update", mutates_args=("conv_state",))
 def causal_conv1d_update_op(
-    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None, rows: Tensor, activation: str | None
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    rows: Tensor,
+    accepted: Tensor | None,
+    activation: str | None,
 ) -> Tensor:
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
-    ``rows`` [N] (−1: padding, nothing read or written)."""
+    ``rows`` [N] or [N, T] (−1: padding, nothing read or written), each request resuming from its row
+    ``[n, accepted[n] − 1]`` with ``accepted`` [N]."""
     _reject_device(x)
     pool, staged = _pool_buffer(conv_state)
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
-        np.ascontiguousarray(as_numpy(rows)).astype(np.int32), activation=activation,
+        np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
+        None if accepted is None else np.ascontiguousarray(as_numpy(accepted)).astype(np.int32), activation=activation,
     )  # fmt: skip
     if staged is not pool:
         pool[...] = staged  # published only once the call succeeded
@@ -51,8 +59,8 @@ def causal_conv1d_update_op(
 
 
 @causal_conv1d_update_op.register_fake
-def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, activation) -> Tensor:
-    rules.conv_step(x, conv_state, weight, bias, rows, activation)
+def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, accepted, activation) -> Tensor:
+    rules.conv_step(x, conv_state, weight, bias, rows, activation, accepted)
     return torch.empty_like(x)
 
 
@@ -83,9 +91,13 @@ def causal_conv1d_update(
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
-            untouched); None: row n for request n.
-        num_accepted_tokens, query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported
-            yet — rejected by name (vLLM's speculative and varlen forms).
+            untouched); None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
+            recurrent ``ssm_state_indices`` [N, T]): the window after token t goes to row [n, t].
+        num_accepted_tokens (Tensor | None): [N] int32, with [N, T] rows only: request n resumes from row
+            [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). vLLM's own form — [N] rows
+            with a window longer by T − 1 — is rejected by name.
+        query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name
+            (vLLM's varlen and prefix-caching forms).
         max_query_len, validate_data: accepted (the host path validates every call).
 
     Returns:
@@ -94,12 +106,18 @@ def causal_conv1d_update(
     Notes:
         Bad input raises ``ContractError`` naming the argument; a rejected call leaves the pool as it was.
     """
-    for name, value in (("num_accepted_tokens", num_accepted_tokens), ("query_start_loc", query_start_loc),
+    for name, value in (("query_start_loc", query_start_loc),
                         ("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
                         ("initial_state_idx", initial_state_idx)):  # fmt: skip
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
+    per_token = conv_state_indices is not None and conv_state_indices.dim() == 2
+    if num_accepted_tokens is not None and not per_token:
+        raise rejection("num_accepted_tokens", "a tensor with [N] conv_state_indices", "gdn-nki's "
+                        "causal_conv1d_update takes num_accepted_tokens with [N, T] conv_state_indices (a row per "
+                        "token), not vLLM's [N] rows over a longer window", "pass conv_state_indices as [N, T] rows, "
+                        "or num_accepted_tokens=None")  # fmt: skip
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
@@ -109,7 +127,8 @@ def causal_conv1d_update(
         rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     else:
         rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
-    out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, act)
+    accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
+    out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, accepted, act)
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
 
@@ -123,15 +142,22 @@ def causal_conv1d_fn_op(
     rows: Tensor,
     read_rows: Tensor,
     activation: str | None,
+    checkpoint_every: int = 0,
+    checkpoint_indices: Tensor | None = None,
+    bucket: list[int] | None = None,
 ) -> Tensor:
     """The prefill of packed sequences: out [tokens, C] (x token-major); sequence i starts from pool row
-    ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored)."""
+    ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored), and
+    with ``checkpoint_every`` the window after every that many of its tokens to ``checkpoint_indices[i, k]``;
+    ``bucket`` [T, N]: the compiled program's shape (None: the call's own)."""
     _reject_device(x)
     pool, staged = _pool_buffer(conv_states)
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
-        read_indices=as_numpy(read_rows).astype(np.int32),
+        read_indices=as_numpy(read_rows).astype(np.int32), checkpoint_every=checkpoint_every or None,
+        checkpoint_indices=None if checkpoint_indices is None else as_numpy(checkpoint_indices).astype(np.int32),
+        bucket=tuple(bucket) if bucket else None,
     )  # fmt: skip
     if staged is not pool:
         pool[...] = staged  # published only once the call succeeded
@@ -139,8 +165,10 @@ def causal_conv1d_fn_op(
 
 
 @causal_conv1d_fn_op.register_fake
-def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation) -> Tensor:
-    rules.conv_prefill(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation)
+def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
+                           checkpoint_every=0, checkpoint_indices=None, bucket=None) -> Tensor:  # fmt: skip
+    rules.conv_prefill(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation, checkpoint_every,
+                       checkpoint_indices, bucket)  # fmt: skip
     return torch.empty_like(x)
 
 
@@ -162,6 +190,11 @@ def causal_conv1d_fn(
     block_size_to_align: int = 0,
     metadata: Any = None,
     validate_data: bool = False,
+    *,
+    read_indices: Tensor | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_indices: Tensor | None = None,
+    bucket: tuple[int, int] | None = None,
 ) -> Tensor:
     """vLLM's ``causal_conv1d_fn``: the prefill conv of packed sequences, each from its conv-state pool row.
 
@@ -180,6 +213,13 @@ def causal_conv1d_fn(
         block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, num_computed_tokens,
             block_size_to_align: vLLM's prefix-caching block form — rejected by name (not supported yet).
         metadata, validate_data: accepted (the host path validates every call).
+        read_indices (Tensor | None): gdn-nki's serving keywords, as ``gdn_nki.torch.chunk_gated_delta_rule``'s: [n]
+            the row sequence i starts from when it is not its ``cache_indices`` row (a prefix-cache hit; −1: an
+            empty window; overrides ``has_initial_state``).
+        checkpoint_every (int | None), checkpoint_indices (Tensor | None): the window after every
+            ``checkpoint_every`` tokens of sequence i (a multiple of 128) to row ``checkpoint_indices[i, k]`` (−1:
+            none): the recurrent checkpoints' positions and rows, so one prefix-cache hit restores both states.
+        bucket (tuple[int, int] | None): (T, N) of the compiled program (``gdn_nki.conv_prefill_bucket``).
 
     Returns:
         Tensor: out, x's shape and dtype.
@@ -203,8 +243,12 @@ def causal_conv1d_fn(
             else _pad_rows(cache_indices.to(torch.int32), pad_slot_id))  # fmt: skip
     read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
                  else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
+    if read_indices is not None:
+        read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
+    table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
     out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32), rows,
-                              read_rows, act)  # fmt: skip
+                              read_rows, act, int(checkpoint_every or 0), table,
+                              list(bucket) if bucket is not None else None)  # fmt: skip
     return out.t()
 
 

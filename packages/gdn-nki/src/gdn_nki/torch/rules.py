@@ -307,19 +307,23 @@ def tkg(*tensors: Any) -> None:
         raise ContractError(found)
 
 
-def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activation: str | None) -> None:
+def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activation: str | None,
+              accepted: Any = None) -> None:  # fmt: skip
     """``gdn_nki::causal_conv1d_update``'s trace-time rules: ``conv_decode_step``'s shape and dtype rules on
-    stand-ins of the op's operands (x [N, T, C], rows [N] int32; the row values are trusted)."""
-    found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), None, activation)
+    stand-ins of the op's operands (x [N, T, C], rows [N] or [N, T] int32, accepted None or [N]; the row and
+    accepted-count values are trusted)."""
+    found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), like(accepted),
+                                 activation)  # fmt: skip
     if found:
         raise ContractError(found)
 
 
 def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: Any, rows: Any, read_rows: Any,
-                 activation: str | None) -> None:  # fmt: skip
+                 activation: str | None, checkpoint_every: int = 0, checkpoint_indices: Any = None,
+                 bucket: Any = None) -> None:  # fmt: skip
     """``gdn_nki::causal_conv1d_fn``'s trace-time rules, in ``conv_prefill_bucket``'s order: x [tokens, C], the
-    bucket layout's shape rules, then the launch's rules on stand-ins of the padded bucket (its smallest: the
-    tokens rounded up to 128, one slot per sequence)."""
+    bucket layout's shape rules, then the launch's rules on stand-ins of the padded bucket (``bucket``'s tokens,
+    else its smallest: the tokens rounded up to 128), one slot per sequence, with the checkpoint options."""
     if x.dim() != 2 or str(x.dtype).removeprefix("torch.") not in IO_DTYPES:
         found = [Violation("conv.x", "x", f"shape {tuple(x.shape)} dtype {str(x.dtype).removeprefix('torch.')}",
                            "x must be [tokens, C] float32 or bfloat16", "pass the packed q|k|v projections as "
@@ -336,9 +340,9 @@ def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: A
     found = [replace(v, api=CONV_PREFILL) for v in layout if v.rule_id in BUCKET_SHAPE_RULES]
     if found:
         raise ContractError(found)
-    padded = max(BUCKET_QUANTUM, -(-tokens // BUCKET_QUANTUM) * BUCKET_QUANTUM)
+    padded = max(BUCKET_QUANTUM, -(-tokens // BUCKET_QUANTUM) * BUCKET_QUANTUM) if bucket is None else int(bucket[0])
     found = conv_prefill_violations(stand_in((padded, channels), x.dtype), like(conv_states), like(weight), like(bias),
-                                    stand_in((seqs + 1,), "int32"), stand_in((seqs,), "int32"), activation, 0, None,
-                                    stand_in((seqs,), "int32"))  # fmt: skip
+                                    stand_in((seqs + 1,), "int32"), stand_in((seqs,), "int32"), activation,
+                                    checkpoint_every or 0, like(checkpoint_indices), stand_in((seqs,), "int32"))  # fmt: skip
     if found:
         raise ContractError(found)

@@ -1,16 +1,15 @@
 """``python -m gdn_spec.conv MODULE:CALLABLE [--adapter hf-conv|hf-conv-fn|vllm-conv] [--seed N]``: the conv family on a
 kernel (its prefill checks for a kernel declaring ``gdn_spec_conv_prefill_capabilities``), its verdicts as a
-table; exit status 1 when a check fails."""
+table; exit status 1 when a check fails. ``gdn-spec check --family conv`` runs the same checks and writes the
+summary the README's validated table is made from."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from .adapters import ADAPTERS
-from .checks import run
-from .prefill import PREFILL_CAPABILITIES_ATTR, run_prefill
+from .runner import load_kernel, run_kernel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,12 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="torch device for the torch adapters")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    module, _, name = args.kernel.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    kernel = ADAPTERS[args.adapter](fn, args.device) if args.adapter else fn
-    # A kernel declaring prefill capabilities (or adapted as one) gets the prefill checks, else the decode checks.
-    prefill = getattr(kernel, PREFILL_CAPABILITIES_ATTR, None) is not None
-    report = run_prefill(kernel, seed=args.seed) if prefill else run(kernel, seed=args.seed)
+    _, report = run_kernel(load_kernel(args.kernel, args.adapter, args.device), seed=args.seed)
     print(report.table())
     return 1 if report.failed else 0
 

@@ -1,0 +1,122 @@
+"""``gdn_block_step``: one decode / verify step of a GatedDeltaNet layer in one launch, on the conv-state and
+recurrent-state pools (``gdn_ref.block.gdn_block_decode_pool``).
+
+Everything between the layer's input (after its input norm) and its out_proj: in_proj (hidden → q|k|v, z, b, a),
+the causal conv1d over q|k|v with SiLU (window from its conv-pool row), the split into heads with GQA, the fused
+gating, the gated delta rule with q and k L2-normalized (state from its state-pool row), and the gated RMSNorm with
+z. The stages are the existing kernels composed inside the launch — ``block.in_proj``, ``conv.step.gdn_conv_step``,
+``tkg.step.gdn_step`` (called as nested kernels, the form AWS's ``gdn_block_tkg`` reuses ``gdn_conv1d_decode``
+and ``gdn_tkg`` in) and ``block.output_norm`` — handing each other token-major HBM scratch, so the conv and the
+recurrence are the separate kernels' instructions, and given the same projections give their bits.
+
+Rows: one index per request ([N]) or per token ([N, T]) names the same row of both pools, as the separate kernels
+address them: −1 is padding (nothing of either pool read or written, zeros out), and with [N, T] rows and
+``num_accepted_tokens`` a request resumes from row ``[n, num_accepted_tokens[n] − 1]`` and keeps every token's
+states (speculative rollback of both states with one set of indices).
+
+Stage order: every projection first (a and b, z, then q|k|v, whose end the conv waits on), then the conv, the q/k/v
+split, the recurrence and the norm. Measured against z's projection after the conv (its weights loaded ahead, its
+products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in flight):
+293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved (PERFORMANCE.md, "Fused
+decode block").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gdn_ref.block_rules import block_violations
+
+from ..common.backend import nki, nl
+from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.tiles import FP32
+from ..conv.step import gdn_conv_step
+from ..tkg.step import gdn_step
+from .in_proj import HiddenTiles, copy_by_rows, project_all, scratch
+from .output_norm import gated_norm
+
+
+@nki.jit
+def gdn_block_step(
+    hidden: Any,
+    w_qkv: Any,
+    w_z: Any,
+    w_b: Any,
+    w_a: Any,
+    conv_weight: Any,
+    conv_bias: Any,
+    A_log: Any,
+    dt_bias: Any,
+    norm_weight: Any,
+    conv_pool: Any,
+    state_pool: Any,
+    state_indices: Any,
+    num_accepted_tokens: Any = None,
+) -> tuple[Any, Any, Any]:
+    """One fused decode / verify step of a GatedDeltaNet layer on its two state pools.
+
+    Dimensions:
+        N: requests. T: tokens each (N·T <= 1024). E: hidden size, a multiple of 128. Hk, Hv: key and value heads
+        (Hk derived: C = 2·Hk·Dk + Hv·Dv). Dk, Dv <= 128. C: q|k|v channels, a multiple of 16. W: conv width 2..5.
+        L >= W − 1: the conv window. P: rows of both pools.
+
+    Args:
+        hidden (nl.NkiTensor): [N, T, E] @ HBM float32 or bfloat16 (the compute dtype).
+        w_qkv (nl.NkiTensor): [E, C]; w_z (nl.NkiTensor): [E, Hv·Dv]; w_b, w_a (nl.NkiTensor): [E, Hv] — hidden's
+            dtype (``nn.Linear.weight.T``).
+        conv_weight (nl.NkiTensor): [C, W] float32 or bfloat16; conv_bias (nl.NkiTensor): [C] or None.
+        A_log, dt_bias (nl.NkiTensor): [Hv] fp32. norm_weight (nl.NkiTensor): [Dv] fp32.
+        conv_pool (nl.NkiTensor): [P, C, L] hidden's dtype, MUTABLE at the rows live requests name.
+        state_pool (nl.NkiTensor): [P, Hv, Dk, Dv] fp32, MUTABLE likewise.
+        state_indices (nl.NkiTensor): [N] or [N, T] int32 rows of both pools; −1 = padding.
+        num_accepted_tokens (nl.NkiTensor): optional [N] int32 with [N, T] rows.
+
+    Returns:
+        tuple: ``out`` [N, T, Hv·Dv] in hidden's dtype (out_proj's input; zeros for padding requests), and the two
+        pools (the same buffers, updated).
+
+    Notes:
+        Trace-time rules (``gdn_ref.block_rules.block_violations``) stop the trace before anything is allocated;
+        index values are device data: ``gdn_nki.block_decode_step`` checks them on the host first.
+    """
+    assert_valid_call(block_violations(hidden, w_qkv, w_z, w_b, w_a, conv_weight, conv_bias, A_log, dt_bias,
+                                       norm_weight, conv_pool, state_pool, state_indices, num_accepted_tokens,
+                                       host=False))  # fmt: skip
+    # One program: every stage would run on each program of a larger grid, writing the same rows twice.
+    kernel_assert(nl.num_programs(0) == 1, f"gdn_block_step runs on one program, got a launch grid of "
+                  f"{nl.num_programs(0)}. Fix: launch gdn_block_step itself, not gdn_block_step[n]")  # fmt: skip
+    n_req, tokens, size = hidden.shape
+    hv, dk, dv = state_pool.shape[1:]
+    channels = w_qkv.shape[1]
+    hk = (channels - hv * dv) // (2 * dk)
+    rows = n_req * tokens
+    dtype = hidden.dtype
+
+    mixed = scratch((n_req, tokens, channels), dtype)
+    z = scratch((n_req, tokens, hv * dv), dtype)
+    a, b = scratch((n_req, tokens, hv), FP32), scratch((n_req, tokens, hv), FP32)
+    tiles = HiddenTiles(hidden.reshape((rows, size)))
+    project_all(
+        tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed))]
+    )
+
+    conv_out, _ = gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
+    q, k = scratch((n_req, tokens, hk, dk), dtype), scratch((n_req, tokens, hk, dk), dtype)
+    v = scratch((n_req, tokens, hv, dv), dtype)
+    first = 0
+    for part in (q, k, v):
+        width = part.shape[2] * part.shape[3]
+        _copy_columns(conv_out.reshape((rows, channels)), first, part.reshape((rows, width)))
+        first += width
+
+    o, _ = gdn_step(q, k, v, state_pool, state_indices, num_accepted_tokens, a=a, b=b, A_log=A_log,
+                    dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm=True)  # fmt: skip
+    out = nl.ndarray((n_req, tokens, hv * dv), dtype=dtype, buffer=nl.shared_hbm)
+    gated_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, out.reshape((rows * hv, dv)))
+    return out, conv_pool, state_pool
+
+
+def _copy_columns(src: Any, first: int, dst: Any) -> None:
+    """``dst [M, w] = src[:, first : first + w]``, HBM to HBM: each row one run of w elements, in pieces of whole
+    rows (``in_proj.copy_by_rows``)."""
+    copy_by_rows(dst, src.ap(pattern=[[src.shape[1], src.shape[0]], [1, dst.shape[1]]], offset=first))
