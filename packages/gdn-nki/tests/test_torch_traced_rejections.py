@@ -197,7 +197,7 @@ def test_the_conv_ops_refuse_device_tensors_by_name(op_name: str) -> None:
     if op_name == "causal_conv1d_update_op":
         args = conv_update_call()
         operands = (args["x"].transpose(1, 2), args["conv_state"], args["weight"], args["bias"],
-                    args["conv_state_indices"], "silu")  # fmt: skip
+                    args["conv_state_indices"], None, "silu")  # fmt: skip
     else:
         args = conv_fn_call()
         rows = args["cache_indices"]
