@@ -31,11 +31,11 @@ class Request:
 
 @dataclass
 class CacheEntry:
-    rows: dict[int, int]  # GDN layer -> pool row holding the state after the prefix (written by the prefill kernel)
-    conv: dict
+    rows: dict[int, int]  # GDN layer -> pool row holding both states after the prefix (written by the prefill kernels)
     kv: dict
     owner: tuple
     hits: int = 0
+    complete: bool = False  # its launch has run: its rows hold the states
 
 
 @dataclass
@@ -90,11 +90,11 @@ class Engine:
         return True
 
     def _resume(self, r: Request, hit: tuple[int, ...]) -> tuple[object, dict[int, int]]:
-        """Start ``r`` after the cached prefix ``hit``: its host caches copied from the entry; its GDN state is read
-        from the entry's rows by the prefill kernel itself (``Segment.read``), which writes ``r``'s own rows."""
+        """Start ``r`` after the cached prefix ``hit``: its KV cache copied from the entry; its GDN states (conv
+        window and recurrent state) are read from the entry's rows by the prefill kernels themselves
+        (``Segment.read``), which write ``r``'s own rows."""
         entry = self.prefix[hit]
         self.prefix.move_to_end(hit)
-        r.cache.conv = {i: c.clone() for i, c in entry.conv.items()}
         r.cache.kv = dict(entry.kv.items())
         r.cache.length = r.prefilled = r.cached_tokens = len(hit)
         entry.hits += 1
@@ -107,7 +107,7 @@ class Engine:
         complete entries (not one a launch of this step is about to write)."""
         for end in range(((len(prompt) - 1) // self.config.block) * self.config.block, 0, -self.config.block):
             entry = self.prefix.get(tuple(prompt[:end]))
-            if entry is not None and entry.conv:
+            if entry is not None and entry.complete:
                 return tuple(prompt[:end])
         return None
 
@@ -120,7 +120,7 @@ class Engine:
         if len(self.prefix) >= self.config.cache_entries:
             # Leaves first (as a radix cache): a prefix others extend is worth more than its longest extension.
             # Least recently used among complete leaves (not one being written or read this step).
-            leaves = [k for k, e in self.prefix.items() if e.conv and k not in pinned and not any(
+            leaves = [k for k, e in self.prefix.items() if e.complete and k not in pinned and not any(
                 len(other) > len(k) and other[: len(k)] == k for other in self.prefix)]  # fmt: skip
             if not leaves:
                 return None
@@ -130,7 +130,7 @@ class Engine:
             rows = self.pool.allocate(owner, len(self.model.gdn_layers))
         except PoolExhaustedError:
             return None
-        self.prefix[key] = CacheEntry(dict(zip(self.model.gdn_layers, rows, strict=True)), {}, {}, owner)
+        self.prefix[key] = CacheEntry(dict(zip(self.model.gdn_layers, rows, strict=True)), {}, owner)
         return self.prefix[key].rows
 
     def _evict(self, key: tuple[int, ...]) -> None:
@@ -144,7 +144,7 @@ class Engine:
     def abort(self, r: Request) -> None:
         """Free the request's rows and drop the checkpoints it wrote; no other row may change."""
         untouched = [row for row, o in enumerate(self.pool.owner) if not _belongs(o, r.rid)]
-        before = self.pool.states[untouched].clone()
+        before = self.pool.states[untouched].clone(), self.pool.conv[untouched].clone()
         for key in [k for k, e in self.prefix.items() if e.owner[1] == r.rid]:
             self._evict(key)
         if r.cache is not None:
@@ -152,8 +152,9 @@ class Engine:
         r.state = "aborted"
         self.stats["aborted"] += 1
         check(not [o for o in self.pool.owner if _belongs(o, r.rid)], f"aborted request {r.rid} still owns rows")
-        after = self.pool.states[untouched]
-        check(torch.equal(after.nan_to_num(7.0), before.nan_to_num(7.0)), f"aborting {r.rid} changed others' rows")
+        after = self.pool.states[untouched], self.pool.conv[untouched]
+        check(all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in zip(after, before, strict=True)),
+              f"aborting {r.rid} changed others' rows")  # fmt: skip
 
     # --- one scheduler step ---------------------------------------------------------------------------------------
 
@@ -213,7 +214,7 @@ class Engine:
             for k, rows in enumerate(s.checkpoints):
                 if rows:
                     entry = self.prefix[tuple(r.prompt[: r.prefilled + (k + 1) * block])]
-                    entry.conv, entry.kv = self.model.host_caches_after(s, (k + 1) * block)
+                    entry.kv, entry.complete = self.model.kv_after(s, (k + 1) * block), True
             self.model.commit(s, len(s.tokens))
             at += len(s.tokens)
             r.prefilled += len(s.tokens)

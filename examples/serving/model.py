@@ -1,10 +1,12 @@
 """HF's Qwen3-Next layers run over a packed batch of request segments, each with its own caches.
 
-Every projection, norm, convolution weight, rotary embedding, attention function and MLP is the HF module's own;
-what this module adds is the bookkeeping HF's single-batch ``Cache`` cannot do for a continuous batch: per request
-a causal-conv1d state and a KV cache (host tensors), and GDN states in rows of the shared pool, reached only
-through ``GdnKernels``. A forward leaves the caches untouched until ``commit`` says how many of a segment's tokens
-were accepted (speculative decoding rolls back the rest).
+Every projection, layer norm, rotary embedding, attention function and MLP is the HF module's own (and so are the
+GatedDeltaNet layer's weights); a GatedDeltaNet layer's conv, gating, recurrence and gated norm run on gdn-nki's
+drop-ins, reached only through ``GdnKernels``. What this module adds is the bookkeeping HF's single-batch ``Cache``
+cannot do for a continuous batch: per request a KV cache (host tensors) and, per GDN layer, rows of the shared pools
+(the conv windows and the recurrent states, one row number for both). A forward leaves the KV caches untouched until
+``commit`` says how many of a segment's tokens were accepted (speculative decoding rolls back the rest; the pools
+roll back by the row decode reads next, ``RequestCache.accepted``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ from .pool import StatePool, check
 
 @dataclass
 class RequestCache:
-    """One request's caches: conv states and KV per layer, and per GDN layer ``width`` pool rows (row 0 holds the
-    state during prefill; a decode of T tokens writes the state after token t to row t)."""
+    """One request's caches: KV per attention layer, and per GDN layer ``width`` pool rows, each a conv window and
+    a recurrent state (row 0 holds both during prefill; a decode of T tokens writes both after token t to row t)."""
 
     rid: int
     rows: dict[int, list[int]]
-    conv: dict[int, torch.Tensor] = field(default_factory=dict)
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     accepted: int = 1  # the current state is in rows[layer][accepted - 1]
     length: int = 0  # tokens in the caches
@@ -52,7 +53,7 @@ class PackedQwen3Next:
 
     def __init__(self, model: hf.Qwen3NextForCausalLM, pool: StatePool, buckets: Buckets) -> None:
         self.model, self.pool = model, pool
-        self.kernels = GdnKernels(pool.states, buckets)
+        self.kernels = GdnKernels(pool.states, pool.conv, buckets)
         self.layers = list(model.model.layers)
         self.gdn_layers = [i for i, layer in enumerate(self.layers) if layer.block_type == "linear_attention"]
 
@@ -80,20 +81,6 @@ class PackedQwen3Next:
     def _gdn(self, i, la, x, segments, bounds, decode) -> torch.Tensor:
         q, k, v, z, b, a = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
         mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
-        width = la.conv_kernel_size - 1
-        convolved = []
-        for s, start, end in zip(segments, bounds, bounds[1:], strict=False):
-            state = s.cache.conv.get(i, torch.zeros(mixed.shape[1], width, dtype=mixed.dtype))
-            joined = torch.cat([state, mixed[start:end].T], dim=1)
-            out = hf.causal_conv1d_fn(joined[None], la.conv1d.weight.squeeze(1), la.conv1d.bias, la.activation)
-            convolved.append(out[0, :, width:].T)
-            s.pending[("conv", i)] = joined  # committed as joined[:, accepted : accepted + width]
-        mixed = torch.cat(convolved)[None]
-        q, k, v = torch.split(mixed, [la.key_dim, la.key_dim, la.value_dim], dim=-1)
-        q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
-        v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
-        beta = b.sigmoid()
-        g = -la.A_log.float().exp() * torch.nn.functional.softplus(a.float() + la.dt_bias)
         block = self.kernels.buckets.block
         for s in segments:
             self.pool.assert_owned(s.cache.rows[i], s.cache.rid)
@@ -103,18 +90,29 @@ class PackedQwen3Next:
                 if rows:
                     at = s.cache.length + (column + 1) * block
                     self.pool.assert_owned([rows[i]], ("cache", s.cache.rid, at))
+        gate = (la.A_log, la.dt_bias)
         if decode:
-            rows = [s.cache.rows[i] for s in segments]
-            o = self.kernels.decode(q, k, v, g, beta, [r[: len(segments[0].tokens)] for r in rows],
-                                    [s.cache.accepted for s in segments])  # fmt: skip
+            rows = [s.cache.rows[i][: len(segments[0].tokens)] for s in segments]
+            accepted = [s.cache.accepted for s in segments]
+            mixed = self.kernels.conv_decode(mixed, la.conv1d, la.activation, rows, accepted)
         else:
+            # A prefix-cache hit reads both states from the entry's row, a continued prompt from its own row 0.
             reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
             checkpoints = [[rows[i] if rows else -1 for rows in s.checkpoints] for s in segments]
-            o = self.kernels.prefill(q, k, v, g, beta, bounds, [s.cache.rows[i][0] for s in segments], reads,
-                                     checkpoints)  # fmt: skip
+            own = [s.cache.rows[i][0] for s in segments]
+            mixed = self.kernels.conv_prefill(mixed, la.conv1d, la.activation, bounds, own, reads, checkpoints)
+        q, k, v = torch.split(mixed[None], [la.key_dim, la.key_dim, la.value_dim], dim=-1)
+        q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
+        v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
+        if decode:
+            o = self.kernels.decode(q, k, v, a, b, gate, rows, accepted)
+            phase, bucket = "norm decode", self.kernels.calls[-1][1]
+        else:
+            o = self.kernels.prefill(q, k, v, a, b, gate, bounds, own, reads, checkpoints)
+            phase, bucket = "norm prefill", self.kernels.calls[-1][1]
         check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
-        o = la.norm(o.reshape(-1, la.head_v_dim), z.reshape(-1, la.head_v_dim))
-        return la.out_proj(o.reshape(1, o.shape[0] // la.num_v_heads, -1))
+        o = self.kernels.norm(phase, bucket, o[0], z[0], la.norm)
+        return la.out_proj(o.reshape(1, o.shape[0], -1))
 
     def _attention(self, i, at, x, rotary, segments, bounds) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, at.head_dim)
@@ -137,23 +135,20 @@ class PackedQwen3Next:
         return at.o_proj(out * torch.sigmoid(gate.reshape(*x.shape[:-1], -1)))
 
     def commit(self, segment: Segment, accepted: int) -> None:
-        """Keep the caches' effect of the segment's first ``accepted`` tokens (its GDN state is in row
-        ``accepted - 1`` after a decode, row 0 after a prefill)."""
+        """Keep the caches' effect of the segment's first ``accepted`` tokens (its GDN states, conv window and
+        recurrent state, are in row ``accepted - 1`` after a decode, row 0 after a prefill)."""
         cache = segment.cache
-        cache.conv, cache.kv = self.host_caches_after(segment, accepted, clone=False)
+        cache.kv = self.kv_after(segment, accepted, clone=False)
         cache.length += accepted
         segment.pending.clear()
 
-    def host_caches_after(self, segment: Segment, tokens: int, clone: bool = True) -> tuple[dict, dict]:
-        """The request's conv states and KV cache after the segment's first ``tokens`` tokens (before ``commit``):
-        what a prefix-cache checkpoint inside the segment keeps beside its pool rows."""
-        conv, kv = dict(segment.cache.conv), dict(segment.cache.kv)
+    def kv_after(self, segment: Segment, tokens: int, clone: bool = True) -> dict:
+        """The request's KV cache after the segment's first ``tokens`` tokens (before ``commit``): what a
+        prefix-cache checkpoint inside the segment keeps beside its pool rows (which hold both GDN states)."""
+        kv = dict(segment.cache.kv)
         for (kind, i), value in segment.pending.items():
-            if kind == "conv":
-                width = value.shape[1] - len(segment.tokens)
-                conv[i] = value[:, tokens : tokens + width].clone()
-            else:
+            if kind == "kv":
                 keep = segment.cache.length + tokens
                 kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
                 kv[i] = tuple(x.clone() for x in kv[i]) if clone else kv[i]
-        return conv, kv
+        return kv

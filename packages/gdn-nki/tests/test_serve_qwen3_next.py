@@ -1,10 +1,16 @@
-"""The serving loop of ``examples/serve_qwen3_next.py`` on a short stream: continuous batching on one state pool,
-chunked prefill in prefill buckets, decode buckets, speculative verification with rollback, prefix-cache hits from
-checkpoints the prefill kernel wrote, aborts — every request's greedy tokens HF's own fp32 ones, logits within 1e-4,
-one static program per bucket, and the pool's bookkeeping loud when broken. Skipped, with the reason,
-without torch and transformers (``nox -s integration`` installs both)."""
+"""The serving loop of ``examples/serve_qwen3_next.py`` on a short stream: continuous batching on one pool of
+recurrent states and conv windows, chunked prefill in prefill buckets, decode buckets, speculative verification
+with the rollback of both states, prefix-cache hits from checkpoints the prefill kernels wrote, aborts — every
+GatedDeltaNet computation between HF's projections on gdn-nki (conv, gating, recurrence, gated norm; HF's
+fallback warning never printed), every request's greedy tokens HF's own fp32 ones, logits within 1e-4, one static
+program per kernel and bucket, and the pool's bookkeeping loud when broken. Skipped, with the reason, without torch
+and transformers (``nox -s integration`` installs both)."""
 
 from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,15 +21,44 @@ torch = pytest.importorskip("torch", reason="torch is not installed (nox -s inte
 pytest.importorskip("transformers", reason="transformers is not installed (nox -s integration installs it)")
 
 
+@contextlib.contextmanager
+def transformers_warnings() -> Iterator[list[str]]:
+    """Every warning transformers logs while open, ``warning_once``'s memory cleared first (a warning an earlier
+    test already printed would otherwise be silent here)."""
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger, handler = logging.getLogger("transformers"), Keep(logging.WARNING)
+    logging.Logger.warning_once.cache_clear()
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
     example = load_example("serve_qwen3_next")
     from serving.engine import Config
-    from serving.kernels import Buckets
+    from serving.kernels import KERNEL_OF_PHASE, Buckets
 
     # Small buckets keep the run short: a 296-token prompt takes two prefill steps, 1-token prompts share a bucket.
     config = Config(buckets=Buckets(prefill=((128, 2), (256, 4)), decode=(2, 4, 8)))
     requests = example.workload(count=6, max_prompt=300, max_new=10, seed=27, block=config.block)
-    engine, programs = example.serve("float32", requests, config, log=lambda line: None)
+    with transformers_warnings() as warned:
+        engine, programs = example.serve("float32", requests, config, log=lambda line: None)
+    # HF's conv and recurrence fallbacks announce themselves; serving called none of them.
+    assert not [m for m in warned if "falling back" in m], warned
+    # Every GDN layer's forward ran all of its computations on gdn-nki: in each phase as many conv and gated-norm
+    # launches, of gdn-nki's kernels (``programs`` checks each launch's kernel), as recurrence launches, per bucket.
+    assert set(programs) == set(KERNEL_OF_PHASE), sorted(programs)
+    for phase in ("prefill", "decode"):
+        launches = {part: {bucket: sum(runs.values()) for bucket, runs in programs[f"{part}{phase}"].items()}
+                    for part in ("conv ", "", "norm ")}  # fmt: skip
+        assert launches["conv "] == launches[""] == launches["norm "], (phase, launches)
     verdicts = example.judge(example.build_model(torch.float32), requests)
 
     assert verdicts and all(v.first_divergence is None for v in verdicts), verdicts
@@ -41,7 +76,7 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
     # compiling backend compiles on: shapes, dtypes, non-tensor values) and ran the same static program (nki-cpu's
     # fingerprint), distinct buckets ran distinct programs, and each phase used more than one bucket (so "one
     # program" is not one bucket by accident).
-    for phase in ("prefill", "decode"):
+    for phase in KERNEL_OF_PHASE:
         buckets = programs[phase]
         assert len(buckets) >= 2, (phase, buckets)
         if not backend.USING_REAL_NKI:
@@ -59,7 +94,8 @@ def test_a_row_not_owned_is_refused_and_poison_is_loud() -> None:
     from gdn_ref.contract import ContractError
 
     model = example.build_model(torch.float32)
-    pool = StatePool(8, 4, 32, 64)
+    layer = model.model.layers[0].linear_attn
+    pool = StatePool(8, 4, 32, 64, conv=(layer.conv_dim, layer.conv_kernel_size - 1, torch.float32))
     config = Config(spec_tokens=1, max_running=2, buckets=Buckets(prefill=((128, 2),), decode=(2,)))
     engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log=lambda line: None)
     engine.submit(Request(0, [1, 2, 3], 5, 0))

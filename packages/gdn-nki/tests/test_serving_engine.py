@@ -61,7 +61,7 @@ def test_a_full_cache_evicts_a_leaf_but_never_one_this_step_reads() -> None:
     key = tuple(reader.prompt[:block])
     rows = engine._checkpoint_rows(reader, block, pinned=set())
     assert rows is not None and list(engine.prefix) == [key]
-    engine.prefix[key].conv = {0: torch.zeros(1)}  # complete: its launch has run
+    engine.prefix[key].complete = True  # its launch has run
 
     assert engine._checkpoint_rows(reader, 2 * block, pinned={key}) is None
     assert list(engine.prefix) == [key] and [pool.owner[r] for r in rows.values()] == [("cache", 0, block)] * 2
