@@ -224,3 +224,64 @@ def test_fla_causal_conv1d_compile_fullgraph_bit_equal_to_eager():
     compiled = torch.compile(causal_conv1d, fullgraph=True, backend="eager")
     got = compiled(x, weight, None, None, initial, True, "silu", cu_seqlens=bounds)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+def test_update_per_token_rows_roll_back_with_num_accepted_tokens():
+    """[N, T] rows: request n resumes from row [n, a − 1] (a = num_accepted_tokens[n]) and writes the window after
+    token t to row [n, t] — the recurrent drop-in's speculative rollback; −1 rows (padding) untouched."""
+    g = torch.Generator().manual_seed(7)
+    tokens, rows_total = 3, 12
+    x = torch.randn(N, C, tokens, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    pool = torch.randn(rows_total, C, W - 1, generator=g)
+    before = pool.clone()
+    rows = torch.tensor([[0, 5, 7], [-1, -1, -1], [9, 2, 11]], dtype=torch.int32)
+    accepted = torch.tensor([3, 1, 2], dtype=torch.int32)
+    out = causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=accepted)
+    written = set()
+    for n in (0, 2):
+        start = before[int(rows[n, int(accepted[n]) - 1])]
+        want, windows = conv_from_window(x[n].T.numpy(), start.numpy(), weight.numpy(), bias.numpy(), "silu")
+        np.testing.assert_allclose(out[n].T.numpy(), want, rtol=1e-5, atol=1e-5)
+        for t in range(tokens):
+            np.testing.assert_allclose(pool[int(rows[n, t])].numpy(), windows[t], rtol=0, atol=1e-6)
+            written.add(int(rows[n, t]))
+    untouched = [r for r in range(rows_total) if r not in written]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_update_num_accepted_tokens_with_one_row_per_request_rejected_pool_unchanged():
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    rows = torch.tensor([0, 1, 2], dtype=torch.int32)
+    with pytest.raises(ContractError, match="num_accepted_tokens"):
+        causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=torch.ones(N, dtype=torch.int32))
+    assert torch.equal(pool, before)
+
+
+def test_fn_reads_other_rows_and_checkpoints_in_a_bucket():
+    """gdn-nki's prefix-cache form: sequence i starts from ``read_indices[i]`` (not its own row), ends in its
+    ``cache_indices`` row, and stores the window after every 128 of its tokens to its checkpoint row; the launch
+    padded to the bucket gives the same outputs as the call's own shape."""
+    g = torch.Generator().manual_seed(11)
+    lengths = [300, 130]
+    bounds = torch.tensor([0, 300, 430], dtype=torch.int32)
+    x = torch.randn(C, 430, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    pool = torch.randn(9, C, W - 1, generator=g)
+    before = pool.clone()
+    rows, reads = torch.tensor([1, 3], dtype=torch.int32), torch.tensor([6, -1], dtype=torch.int32)
+    table = torch.tensor([[4, 5, -1, -1], [8, -1, -1, -1]], dtype=torch.int32)
+    out = causal_conv1d_fn(x, weight, bias, pool, bounds, rows, activation="silu", read_indices=reads,
+                           checkpoint_every=128, checkpoint_indices=table, bucket=(512, 4))  # fmt: skip
+    for i, n in enumerate(lengths):
+        lo = int(bounds[i])
+        start = before[int(reads[i])] if reads[i] >= 0 else torch.zeros(C, W - 1)
+        want, windows = conv_from_window(x[:, lo : lo + n].T.numpy(), start.numpy(), weight.numpy(), bias.numpy(),
+                                         "silu")  # fmt: skip
+        np.testing.assert_allclose(out[:, lo : lo + n].T.numpy(), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(pool[int(rows[i])].numpy(), windows[-1], rtol=0, atol=1e-6)
+        for k, row in enumerate(table[i].tolist()):
+            if row >= 0:
+                np.testing.assert_allclose(pool[row].numpy(), windows[(k + 1) * 128 - 1], rtol=0, atol=1e-6)
+    assert torch.equal(pool[[0, 2, 6, 7]], before[[0, 2, 6, 7]])  # 6: read, not written
