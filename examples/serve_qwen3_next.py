@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import random
 import sys
 from collections import Counter
@@ -101,8 +102,29 @@ class Verdict:
     max_logit_error: float
 
 
+class _HfReferenceFallbacks(logging.Filter):
+    """Drops HF's "falling back to its reference PyTorch implementation" notices while ``judge`` runs HF's own
+    model: the reference is HF's torch path by design (the engine never calls it; its test checks no such warning
+    is logged while serving)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "falling back to its reference PyTorch implementation" not in record.getMessage()
+
+
 def judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]:
     """Each request's served tokens against HF's own greedy ``generate`` (its own GDN path) of as many tokens."""
+    # On transformers' handlers: a logger's own filters do not see its child loggers' records (hub_kernels').
+    handlers, quiet = logging.getLogger("transformers").handlers, _HfReferenceFallbacks()
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        return _judge(model, requests)
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
+def _judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]:
     verdicts = []
     for r in requests:
         if not r.output:

@@ -285,3 +285,45 @@ def test_fn_reads_other_rows_and_checkpoints_in_a_bucket():
             if row >= 0:
                 np.testing.assert_allclose(pool[row].numpy(), windows[(k + 1) * 128 - 1], rtol=0, atol=1e-6)
     assert torch.equal(pool[[0, 2, 6, 7]], before[[0, 2, 6, 7]])  # 6: read, not written
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [({"checkpoint_every": 128.0, "checkpoint_indices": torch.zeros(1, 1, dtype=torch.int32)}, "checkpoint_every"),
+     ({"checkpoint_every": 128}, "checkpoint_indices"),
+     ({"bucket": (128,)}, "bucket"),
+     ({"read_indices": [0]}, "read_indices"),
+     ({"checkpoint_every": 100, "checkpoint_indices": torch.zeros(1, 1, dtype=torch.int32)}, "checkpoint_every"),
+     ({"read_indices": torch.tensor([9], dtype=torch.int32)}, "read_indices")],
+)  # fmt: skip
+def test_fn_serving_options_rejected_by_name_pool_unchanged(options, named):
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    bounds = torch.tensor([0, T], dtype=torch.int32)
+    with pytest.raises(ContractError, match=named):
+        causal_conv1d_fn(x[0], weight, bias, pool, bounds, torch.tensor([1], dtype=torch.int32), **options)
+    assert torch.equal(pool, before)
+
+
+def test_compile_fullgraph_serving_forms_bit_equal_to_eager():
+    """The serving example's calls (per-token rows with num_accepted_tokens; read rows, checkpoints and a bucket)
+    compile without a graph break to eager's bits."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(2, C, 3, generator=g)
+    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
+    pool = torch.randn(8, C, W - 1, generator=g)
+    rows, accepted = torch.tensor([[0, 1, 2], [5, 6, 7]], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
+    packed = torch.randn(C, 140, generator=g)
+    bounds = torch.tensor([0, 139, 140], dtype=torch.int32)
+    prefill = dict(read_indices=torch.tensor([4, -1], dtype=torch.int32), checkpoint_every=128,
+                   checkpoint_indices=torch.tensor([[3], [-1]], dtype=torch.int32), bucket=(256, 2))  # fmt: skip
+
+    def serve(pool):
+        out = causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=accepted)
+        return out, causal_conv1d_fn(packed, weight, bias, pool, bounds, rows[:, 0], activation="silu", **prefill)
+
+    eager_pool = pool.clone()
+    eager = serve(eager_pool)
+    torch._dynamo.reset()
+    got = torch.compile(serve, fullgraph=True, backend="eager")(pool)
+    assert all(torch.equal(a, b) for a, b in zip(got, eager, strict=True)) and torch.equal(pool, eager_pool)

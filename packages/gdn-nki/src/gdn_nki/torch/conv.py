@@ -227,6 +227,7 @@ def causal_conv1d_fn(
         if value is not None:
             raise rejection(name, repr(value) if not isinstance(value, Tensor) else "a tensor",
                             f"gdn-nki's causal_conv1d_fn does not support {name} yet", f"leave {name} unset")  # fmt: skip
+    _check_serving_options(read_indices, checkpoint_every, checkpoint_indices, bucket)
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [dim, tokens] (the sequences "
@@ -317,6 +318,27 @@ def causal_conv1d(
     if residual is not None:
         out = out + residual
     return out, (pool if output_final_state else None)
+
+
+def _check_serving_options(read_indices: Any, every: Any, table: Any, bucket: Any) -> None:
+    """gdn-nki's keyword-only prefill options as the op carries them: index tensors, an int spacing, a bucket of
+    two ints (their values are the host rules', ``gdn_ref.bucketed``)."""
+    for name, value in (("read_indices", read_indices), ("checkpoint_indices", table)):
+        if value is not None and not isinstance(value, Tensor):
+            raise rejection(name, type(value).__name__, f"{name} is an int32 tensor of pool rows",
+                            f"pass {name} as a torch tensor")  # fmt: skip
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int)):
+        raise rejection("checkpoint_every", repr(every), "checkpoint_every is an int (a multiple of 128) or None",
+                        "pass checkpoint_every=128 · k, or None")  # fmt: skip
+    if (every is None) != (table is None):
+        raise rejection("checkpoint_indices" if every is not None else "checkpoint_every",
+                        "None" if every is not None else repr(every),
+                        "checkpoint_every and checkpoint_indices come together",
+                        "pass both (the checkpoint spacing and its [n, K] rows) or neither")  # fmt: skip
+    if bucket is not None and not (isinstance(bucket, (tuple, list)) and len(bucket) == 2
+                                   and all(isinstance(b, int) and not isinstance(b, bool) for b in bucket)):  # fmt: skip
+        raise rejection("bucket", repr(bucket), "bucket is (T tokens, N sequences), two ints, or None",
+                        "pass bucket=(T, N) of a compiled program, or None")  # fmt: skip
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
