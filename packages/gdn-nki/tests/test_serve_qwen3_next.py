@@ -59,6 +59,13 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
         launches = {part: {bucket: sum(runs.values()) for bucket, runs in programs[f"{part}{phase}"].items()}
                     for part in ("conv ", "", "norm ")}  # fmt: skip
         assert launches["conv "] == launches[""] == launches["norm "], (phase, launches)
+    # A prefix-cache row holds both states: its conv window is the conv's inputs at the prefix's last W - 1 tokens
+    # (the GDN layer is the model's first, so its inputs at a position depend on that token alone).
+    assert engine.prefix
+    for prefix, entry in engine.prefix.items():
+        window = engine.pool.conv[entry.rows[0]]
+        want = _conv_inputs(engine.model.model, list(prefix))[-window.shape[1] :].T
+        torch.testing.assert_close(window, want, rtol=1e-5, atol=1e-6)
     verdicts = example.judge(example.build_model(torch.float32), requests)
 
     assert verdicts and all(v.first_divergence is None for v in verdicts), verdicts
@@ -82,6 +89,16 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
         if not backend.USING_REAL_NKI:
             assert all(len(runs) == 1 for runs in buckets.values()), (phase, buckets)
             assert len({program for runs in buckets.values() for program in runs}) == len(buckets), (phase, buckets)
+
+
+def _conv_inputs(model, tokens: list[int]) -> torch.Tensor:
+    """The first layer's (a GatedDeltaNet's) conv inputs, q|k|v projected, [tokens, C], from HF's own modules."""
+    layer = model.model.layers[0]
+    la = layer.linear_attn
+    with torch.no_grad():
+        x = layer.input_layernorm(model.model.embed_tokens(torch.tensor([tokens])))
+        q, k, v, *_ = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
+        return torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
 
 
 def test_a_row_not_owned_is_refused_and_poison_is_loud() -> None:
