@@ -186,7 +186,8 @@ def summary(engine: Engine, programs: dict, verdicts: list[Verdict], dtype: str)
     lines = [
         f"{dtype}: {len(engine.requests)} requests ({done} done, {s['aborted']} aborted) in {engine.step_no} steps; "
         f"pool high water {engine.pool.high_water}/{len(engine.pool.owner)} rows",
-        f"  prefix cache (checkpoints written by the prefill kernel every {engine.config.block} tokens): "
+        f"  prefix cache (conv-window and state checkpoints written by the prefill kernels every {engine.config.block} "
+        "tokens): "
         f"{s['cache_hits']} hits, {s['cached_tokens']} prompt tokens not recomputed "
         f"({s['cached_tokens'] / max(1, computed + s['cached_tokens']):.0%} of {computed + s['cached_tokens']})",
         f"  speculative decoding: {s['decode_steps']} decode steps, {s['accepted_drafts']}/{s['drafted']} drafted "

@@ -79,40 +79,46 @@ class PackedQwen3Next:
         return self.model.lm_head(self.model.model.norm(h))[0]
 
     def _gdn(self, i, la, x, segments, bounds, decode) -> torch.Tensor:
+        """HF's in projections, gdn-nki's conv, gated delta rule (gating fused) and gated norm on the two pools at
+        the segments' rows, HF's out projection."""
         q, k, v, z, b, a = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
         mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
+        self._check_rows(i, segments)
+        gate, kernels = (la.A_log, la.dt_bias), self.kernels
+        if decode:
+            rows = [s.cache.rows[i][: len(segments[0].tokens)] for s in segments]
+            accepted = [s.cache.accepted for s in segments]
+            bucket = (kernels.buckets.decode_bucket(len(segments)), len(segments[0].tokens))
+            mixed = kernels.conv_decode(mixed, la.conv1d, la.activation, rows, accepted)
+        else:
+            # A prefix-cache hit reads both states from the entry's row, a continued prompt from its own row 0.
+            reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
+            checkpoints = [[entry[i] if entry else -1 for entry in s.checkpoints] for s in segments]
+            own = [s.cache.rows[i][0] for s in segments]
+            bucket = kernels.prefill_bucket(bounds)
+            mixed = kernels.conv_prefill(mixed, la.conv1d, la.activation, bounds, own, reads, checkpoints)
+        q, k, v = torch.split(mixed[None], [la.key_dim, la.key_dim, la.value_dim], dim=-1)
+        q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
+        v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
+        if decode:
+            o = kernels.decode(q, k, v, a, b, gate, rows, accepted)
+        else:
+            o = kernels.prefill(q, k, v, a, b, gate, bounds, own, reads, checkpoints)
+        check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
+        o = kernels.norm("norm decode" if decode else "norm prefill", bucket, o[0], z[0], la.norm)
+        return la.out_proj(o.reshape(1, o.shape[0], -1))
+
+    def _check_rows(self, i: int, segments: list[Segment]) -> None:
+        """Every row GDN layer ``i``'s launches will touch belongs to whom the segment says (before any launch)."""
         block = self.kernels.buckets.block
         for s in segments:
             self.pool.assert_owned(s.cache.rows[i], s.cache.rid)
             if s.read:
                 self.pool.assert_owned([s.read[1][i]], s.read[0])
-            for column, rows in enumerate(s.checkpoints):
-                if rows:
+            for column, entry in enumerate(s.checkpoints):
+                if entry:
                     at = s.cache.length + (column + 1) * block
-                    self.pool.assert_owned([rows[i]], ("cache", s.cache.rid, at))
-        gate = (la.A_log, la.dt_bias)
-        if decode:
-            rows = [s.cache.rows[i][: len(segments[0].tokens)] for s in segments]
-            accepted = [s.cache.accepted for s in segments]
-            mixed = self.kernels.conv_decode(mixed, la.conv1d, la.activation, rows, accepted)
-        else:
-            # A prefix-cache hit reads both states from the entry's row, a continued prompt from its own row 0.
-            reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
-            checkpoints = [[rows[i] if rows else -1 for rows in s.checkpoints] for s in segments]
-            own = [s.cache.rows[i][0] for s in segments]
-            mixed = self.kernels.conv_prefill(mixed, la.conv1d, la.activation, bounds, own, reads, checkpoints)
-        q, k, v = torch.split(mixed[None], [la.key_dim, la.key_dim, la.value_dim], dim=-1)
-        q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
-        v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
-        if decode:
-            o = self.kernels.decode(q, k, v, a, b, gate, rows, accepted)
-            phase, bucket = "norm decode", self.kernels.calls[-1][1]
-        else:
-            o = self.kernels.prefill(q, k, v, a, b, gate, bounds, own, reads, checkpoints)
-            phase, bucket = "norm prefill", self.kernels.calls[-1][1]
-        check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
-        o = self.kernels.norm(phase, bucket, o[0], z[0], la.norm)
-        return la.out_proj(o.reshape(1, o.shape[0], -1))
+                    self.pool.assert_owned([entry[i]], ("cache", s.cache.rid, at))
 
     def _attention(self, i, at, x, rotary, segments, bounds) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, at.head_dim)
