@@ -55,7 +55,8 @@ def test_single_token_and_custom_pad_slot_id():
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)), ("query_start_loc", torch.arange(N + 1)),
+    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # with [N] rows: vLLM's longer-window form
+     ("query_start_loc", torch.arange(N + 1)),
      ("activation", "gelu")],
 )  # fmt: skip
 def test_rejections_name_the_argument_and_leave_the_pool(option, value):
@@ -226,104 +227,42 @@ def test_fla_causal_conv1d_compile_fullgraph_bit_equal_to_eager():
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
-def test_update_per_token_rows_roll_back_with_num_accepted_tokens():
-    """[N, T] rows: request n resumes from row [n, a − 1] (a = num_accepted_tokens[n]) and writes the window after
-    token t to row [n, t] — the recurrent drop-in's speculative rollback; −1 rows (padding) untouched."""
-    g = torch.Generator().manual_seed(7)
-    tokens, rows_total = 3, 12
-    x = torch.randn(N, C, tokens, generator=g)
-    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
-    pool = torch.randn(rows_total, C, W - 1, generator=g)
+def test_update_per_token_rows_roll_back_as_the_recurrent_pool():
+    """gdn-nki's speculative form: [N, T] rows (the window after token t to row [n, t]) and num_accepted_tokens
+    (resume from row [n, a − 1]), against gdn-ref's fp64 pool oracle; padding and unnamed rows untouched."""
+    from gdn_ref.conv import causal_conv1d_decode_pool
+
+    x, weight, bias, pool = _inputs(4)
+    pool = torch.cat([pool, torch.randn(3, C, W - 1)])  # 8 rows
     before = pool.clone()
-    rows = torch.tensor([[0, 5, 7], [-1, -1, -1], [9, 2, 11]], dtype=torch.int32)
-    accepted = torch.tensor([3, 1, 2], dtype=torch.int32)
+    rows = torch.tensor([[0, 1], [-1, -1], [5, 6]], dtype=torch.int32)
+    accepted = torch.tensor([2, 1, 1], dtype=torch.int32)
     out = causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=accepted)
-    written = set()
-    for n in (0, 2):
-        start = before[int(rows[n, int(accepted[n]) - 1])]
-        want, windows = conv_from_window(x[n].T.numpy(), start.numpy(), weight.numpy(), bias.numpy(), "silu")
-        np.testing.assert_allclose(out[n].T.numpy(), want, rtol=1e-5, atol=1e-5)
-        for t in range(tokens):
-            np.testing.assert_allclose(pool[int(rows[n, t])].numpy(), windows[t], rtol=0, atol=1e-6)
-            written.add(int(rows[n, t]))
-    untouched = [r for r in range(rows_total) if r not in written]
-    assert torch.equal(pool[untouched], before[untouched])
+    want, after = causal_conv1d_decode_pool(x.transpose(1, 2).numpy(), weight.numpy(), bias.numpy(), before.numpy(),
+                                            rows.numpy(), accepted.numpy(), "silu")  # fmt: skip
+    np.testing.assert_allclose(out.transpose(1, 2).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool.numpy(), after, rtol=0, atol=1e-6)
+    assert torch.equal(pool[[2, 3, 4, 7]], before[[2, 3, 4, 7]])
 
 
-def test_update_num_accepted_tokens_with_one_row_per_request_rejected_pool_unchanged():
-    x, weight, bias, pool = _inputs()
-    before = pool.clone()
-    rows = torch.tensor([0, 1, 2], dtype=torch.int32)
-    with pytest.raises(ContractError, match="num_accepted_tokens"):
-        causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=torch.ones(N, dtype=torch.int32))
-    assert torch.equal(pool, before)
+def test_fn_reads_other_rows_and_writes_checkpoints():
+    """gdn-nki's serving keywords: a sequence resuming from a row it does not end in (read_indices) and the window
+    after every 128 tokens to its checkpoint row, in a bucket; against gdn-ref's fp64 pool oracle."""
+    from gdn_ref.conv import causal_conv1d_prefill_pool
 
-
-def test_fn_reads_other_rows_and_checkpoints_in_a_bucket():
-    """gdn-nki's prefix-cache form: sequence i starts from ``read_indices[i]`` (not its own row), ends in its
-    ``cache_indices`` row, and stores the window after every 128 of its tokens to its checkpoint row; the launch
-    padded to the bucket gives the same outputs as the call's own shape."""
-    g = torch.Generator().manual_seed(11)
-    lengths = [300, 130]
-    bounds = torch.tensor([0, 300, 430], dtype=torch.int32)
-    x = torch.randn(C, 430, generator=g)
+    g = torch.Generator().manual_seed(6)
+    lengths = [300, 7]
+    bounds = torch.tensor([0, 300, 307], dtype=torch.int32)
+    x = torch.randn(C, 307, generator=g)
     weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
     pool = torch.randn(9, C, W - 1, generator=g)
     before = pool.clone()
-    rows, reads = torch.tensor([1, 3], dtype=torch.int32), torch.tensor([6, -1], dtype=torch.int32)
-    table = torch.tensor([[4, 5, -1, -1], [8, -1, -1, -1]], dtype=torch.int32)
+    rows, reads = torch.tensor([1, 2], dtype=torch.int32), torch.tensor([7, -1], dtype=torch.int32)
+    table = torch.tensor([[4, 5], [-1, -1]], dtype=torch.int32)
     out = causal_conv1d_fn(x, weight, bias, pool, bounds, rows, activation="silu", read_indices=reads,
                            checkpoint_every=128, checkpoint_indices=table, bucket=(512, 4))  # fmt: skip
-    for i, n in enumerate(lengths):
-        lo = int(bounds[i])
-        start = before[int(reads[i])] if reads[i] >= 0 else torch.zeros(C, W - 1)
-        want, windows = conv_from_window(x[:, lo : lo + n].T.numpy(), start.numpy(), weight.numpy(), bias.numpy(),
-                                         "silu")  # fmt: skip
-        np.testing.assert_allclose(out[:, lo : lo + n].T.numpy(), want, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(pool[int(rows[i])].numpy(), windows[-1], rtol=0, atol=1e-6)
-        for k, row in enumerate(table[i].tolist()):
-            if row >= 0:
-                np.testing.assert_allclose(pool[row].numpy(), windows[(k + 1) * 128 - 1], rtol=0, atol=1e-6)
-    assert torch.equal(pool[[0, 2, 6, 7]], before[[0, 2, 6, 7]])  # 6: read, not written
-
-
-@pytest.mark.parametrize(
-    ("options", "named"),
-    [({"checkpoint_every": 128.0, "checkpoint_indices": torch.zeros(1, 1, dtype=torch.int32)}, "checkpoint_every"),
-     ({"checkpoint_every": 128}, "checkpoint_indices"),
-     ({"bucket": (128,)}, "bucket"),
-     ({"read_indices": [0]}, "read_indices"),
-     ({"checkpoint_every": 100, "checkpoint_indices": torch.zeros(1, 1, dtype=torch.int32)}, "checkpoint_every"),
-     ({"read_indices": torch.tensor([9], dtype=torch.int32)}, "read_indices")],
-)  # fmt: skip
-def test_fn_serving_options_rejected_by_name_pool_unchanged(options, named):
-    x, weight, bias, pool = _inputs()
-    before = pool.clone()
-    bounds = torch.tensor([0, T], dtype=torch.int32)
-    with pytest.raises(ContractError, match=named):
-        causal_conv1d_fn(x[0], weight, bias, pool, bounds, torch.tensor([1], dtype=torch.int32), **options)
-    assert torch.equal(pool, before)
-
-
-def test_compile_fullgraph_serving_forms_bit_equal_to_eager():
-    """The serving example's calls (per-token rows with num_accepted_tokens; read rows, checkpoints and a bucket)
-    compile without a graph break to eager's bits."""
-    g = torch.Generator().manual_seed(13)
-    x = torch.randn(2, C, 3, generator=g)
-    weight, bias = torch.randn(C, W, generator=g) * 0.5, torch.randn(C, generator=g)
-    pool = torch.randn(8, C, W - 1, generator=g)
-    rows, accepted = torch.tensor([[0, 1, 2], [5, 6, 7]], dtype=torch.int32), torch.tensor([2, 3], dtype=torch.int32)
-    packed = torch.randn(C, 140, generator=g)
-    bounds = torch.tensor([0, 139, 140], dtype=torch.int32)
-    prefill = dict(read_indices=torch.tensor([4, -1], dtype=torch.int32), checkpoint_every=128,
-                   checkpoint_indices=torch.tensor([[3], [-1]], dtype=torch.int32), bucket=(256, 2))  # fmt: skip
-
-    def serve(pool):
-        out = causal_conv1d_update(x, pool, weight, bias, "silu", rows, num_accepted_tokens=accepted)
-        return out, causal_conv1d_fn(packed, weight, bias, pool, bounds, rows[:, 0], activation="silu", **prefill)
-
-    eager_pool = pool.clone()
-    eager = serve(eager_pool)
-    torch._dynamo.reset()
-    got = torch.compile(serve, fullgraph=True, backend="eager")(pool)
-    assert all(torch.equal(a, b) for a, b in zip(got, eager, strict=True)) and torch.equal(pool, eager_pool)
+    want, after = causal_conv1d_prefill_pool(x.T.numpy(), weight.numpy(), bias.numpy(), bounds.numpy(),
+                                             before.numpy(), rows.numpy(), "silu", 128, table.numpy(), reads.numpy())  # fmt: skip
+    np.testing.assert_allclose(out.T.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool.numpy(), after, rtol=0, atol=1e-6)
+    assert sum(lengths) == out.shape[1] and torch.equal(pool[[0, 3, 6, 7, 8]], before[[0, 3, 6, 7, 8]])

@@ -38,18 +38,17 @@ def causal_conv1d_update_op(
     weight: Tensor,
     bias: Tensor | None,
     rows: Tensor,
+    accepted: Tensor | None,
     activation: str | None,
-    accepted: Tensor | None = None,
 ) -> Tensor:
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
-    ``rows`` [N] or [N, T] (−1: padding, nothing read or written); with [N, T] rows request n resumes from row
-    [n, accepted[n] − 1] (``accepted`` None: row [n, 0])."""
+    ``rows`` [N] or [N, T] (−1: padding, nothing read or written), each request resuming from its row
+    ``[n, accepted[n] − 1]`` with ``accepted`` [N]."""
     pool, staged = _pool_buffer(conv_state)
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
-        None if accepted is None else np.ascontiguousarray(as_numpy(accepted)).astype(np.int32),
-        activation=activation,
+        None if accepted is None else np.ascontiguousarray(as_numpy(accepted)).astype(np.int32), activation=activation,
     )  # fmt: skip
     if staged is not pool:
         pool[...] = staged  # published only once the call succeeded
@@ -57,7 +56,7 @@ def causal_conv1d_update_op(
 
 
 @causal_conv1d_update_op.register_fake
-def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, activation, accepted=None) -> Tensor:
+def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, accepted, activation) -> Tensor:
     return torch.empty_like(x)
 
 
@@ -87,11 +86,11 @@ def causal_conv1d_update(
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
-            untouched); None: row n for request n. Or [N, T] (T > 1 tokens, gdn-nki's speculative form, the
-            recurrent drop-in's ``ssm_state_indices``): the window after token t goes to row [n, t].
-        num_accepted_tokens (Tensor | None): [N] int32 in [1, T], with [N, T] ``conv_state_indices`` only:
-            request n resumes from row [n, a − 1] (the rollback of the recurrent drop-in); None: from row [n, 0].
-            With [N] indices (vLLM's in-row offset form, a state of W − 1 + T − 1 columns) it is rejected by name.
+            untouched); None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
+            recurrent ``ssm_state_indices`` [N, T]): the window after token t goes to row [n, t].
+        num_accepted_tokens (Tensor | None): [N] int32, with [N, T] rows only: request n resumes from row
+            [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). vLLM's own form — [N] rows
+            with a window longer by T − 1 — is rejected by name.
         query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name
             (vLLM's varlen and prefix-caching forms).
         max_query_len, validate_data: accepted (the host path validates every call).
@@ -102,17 +101,18 @@ def causal_conv1d_update(
     Notes:
         Bad input raises ``ContractError`` naming the argument; a rejected call leaves the pool as it was.
     """
-    per_token = isinstance(conv_state_indices, Tensor) and conv_state_indices.dim() == 2
-    if num_accepted_tokens is not None and not per_token:
-        raise rejection("num_accepted_tokens", "a tensor", "gdn-nki's causal_conv1d_update rolls back through [N, T] "
-                        "conv_state_indices (one row per token's window), not vLLM's in-row offsets",
-                        "pass conv_state_indices as [N, T] rows, or num_accepted_tokens=None")  # fmt: skip
     for name, value in (("query_start_loc", query_start_loc),
                         ("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
                         ("initial_state_idx", initial_state_idx)):  # fmt: skip
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
+    per_token = conv_state_indices is not None and conv_state_indices.dim() == 2
+    if num_accepted_tokens is not None and not per_token:
+        raise rejection("num_accepted_tokens", "a tensor with [N] conv_state_indices", "gdn-nki's "
+                        "causal_conv1d_update takes num_accepted_tokens with [N, T] conv_state_indices (a row per "
+                        "token), not vLLM's [N] rows over a longer window", "pass conv_state_indices as [N, T] rows, "
+                        "or num_accepted_tokens=None")  # fmt: skip
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
@@ -123,7 +123,7 @@ def causal_conv1d_update(
     else:
         rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, act, accepted)
+    out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, accepted, act)
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
 
@@ -137,21 +137,21 @@ def causal_conv1d_fn_op(
     rows: Tensor,
     read_rows: Tensor,
     activation: str | None,
-    checkpoint_every: int | None = None,
+    checkpoint_every: int = 0,
     checkpoint_indices: Tensor | None = None,
     bucket: list[int] | None = None,
 ) -> Tensor:
     """The prefill of packed sequences: out [tokens, C] (x token-major); sequence i starts from pool row
     ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored), and
-    the window after every ``checkpoint_every`` of its tokens to ``checkpoint_indices[i, k]``; ``bucket`` (T, N):
-    the compiled program's shape (None: the call's own)."""
+    with ``checkpoint_every`` the window after every that many of its tokens to ``checkpoint_indices[i, k]``;
+    ``bucket`` [T, N]: the compiled program's shape (None: the call's own)."""
     pool, staged = _pool_buffer(conv_states)
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
-        read_indices=as_numpy(read_rows).astype(np.int32), checkpoint_every=checkpoint_every,
+        read_indices=as_numpy(read_rows).astype(np.int32), checkpoint_every=checkpoint_every or None,
         checkpoint_indices=None if checkpoint_indices is None else as_numpy(checkpoint_indices).astype(np.int32),
-        bucket=None if bucket is None else (int(bucket[0]), int(bucket[1])),
+        bucket=tuple(bucket) if bucket else None,
     )  # fmt: skip
     if staged is not pool:
         pool[...] = staged  # published only once the call succeeded
@@ -160,7 +160,7 @@ def causal_conv1d_fn_op(
 
 @causal_conv1d_fn_op.register_fake
 def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
-                           checkpoint_every=None, checkpoint_indices=None, bucket=None) -> Tensor:  # fmt: skip
+                           checkpoint_every=0, checkpoint_indices=None, bucket=None) -> Tensor:  # fmt: skip
     return torch.empty_like(x)
 
 
@@ -204,15 +204,13 @@ def causal_conv1d_fn(
         block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, num_computed_tokens,
             block_size_to_align: vLLM's prefix-caching block form — rejected by name (not supported yet).
         metadata, validate_data: accepted (the host path validates every call).
-        read_indices (Tensor | None): gdn-nki's prefix-cache form (keyword only, as ``chunk_gated_delta_rule``'s):
-            [n] the row sequence i starts from when not its own (a prefix-cache hit's checkpoint row); −1: an
-            empty window. With ``has_initial_state`` a sequence without one still starts empty.
-        checkpoint_every (int | None), checkpoint_indices (Tensor | None): gdn-nki's checkpoints, keyword only:
-            the window after every ``checkpoint_every`` (a multiple of 128) tokens of sequence i goes to row
-            ``checkpoint_indices[i, k]`` (−1: none) — the rows and positions ``chunk_gated_delta_rule`` stores
-            its recurrent checkpoints at, so one prefix-cache hit restores both states.
-        bucket (tuple[int, int] | None): gdn-nki's bucket (T tokens, N sequences), keyword only: the launch is
-            padded to it, one compiled program per bucket; None: the call's own shape.
+        read_indices (Tensor | None): gdn-nki's serving keywords, as ``gdn_nki.torch.chunk_gated_delta_rule``'s: [n]
+            the row sequence i starts from when it is not its ``cache_indices`` row (a prefix-cache hit; −1: an
+            empty window; overrides ``has_initial_state``).
+        checkpoint_every (int | None), checkpoint_indices (Tensor | None): the window after every
+            ``checkpoint_every`` tokens of sequence i (a multiple of 128) to row ``checkpoint_indices[i, k]`` (−1:
+            none): the recurrent checkpoints' positions and rows, so one prefix-cache hit restores both states.
+        bucket (tuple[int, int] | None): (T, N) of the compiled program (``gdn_nki.conv_prefill_bucket``).
 
     Returns:
         Tensor: out, x's shape and dtype.
@@ -227,7 +225,6 @@ def causal_conv1d_fn(
         if value is not None:
             raise rejection(name, repr(value) if not isinstance(value, Tensor) else "a tensor",
                             f"gdn-nki's causal_conv1d_fn does not support {name} yet", f"leave {name} unset")  # fmt: skip
-    _check_serving_options(read_indices, checkpoint_every, checkpoint_indices, bucket)
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [dim, tokens] (the sequences "
@@ -235,19 +232,14 @@ def causal_conv1d_fn(
     seqs = query_start_loc.shape[0] - 1
     rows = (torch.arange(seqs, dtype=torch.int32, device=x.device) if cache_indices is None
             else _pad_rows(cache_indices.to(torch.int32), pad_slot_id))  # fmt: skip
-    if read_indices is None:
-        read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
-                     else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
-    else:
+    read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
+                 else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
+    if read_indices is not None:
         read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
-        if has_initial_state is not None:
-            read_rows = torch.where(has_initial_state.to(torch.bool), read_rows, torch.full_like(rows, PAD_SLOT_ID))
-    table = None if checkpoint_indices is None else _pad_rows(checkpoint_indices.to(torch.int32), pad_slot_id)
-    out = causal_conv1d_fn_op(
-        x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32), rows, read_rows, act,
-        None if checkpoint_every is None else int(checkpoint_every), table,
-        None if bucket is None else [int(b) for b in bucket],
-    )  # fmt: skip
+    table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
+    out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32), rows,
+                              read_rows, act, int(checkpoint_every or 0), table,
+                              list(bucket) if bucket is not None else None)  # fmt: skip
     return out.t()
 
 
@@ -318,27 +310,6 @@ def causal_conv1d(
     if residual is not None:
         out = out + residual
     return out, (pool if output_final_state else None)
-
-
-def _check_serving_options(read_indices: Any, every: Any, table: Any, bucket: Any) -> None:
-    """gdn-nki's keyword-only prefill options as the op carries them: index tensors, an int spacing, a bucket of
-    two ints (their values are the host rules', ``gdn_ref.bucketed``)."""
-    for name, value in (("read_indices", read_indices), ("checkpoint_indices", table)):
-        if value is not None and not isinstance(value, Tensor):
-            raise rejection(name, type(value).__name__, f"{name} is an int32 tensor of pool rows",
-                            f"pass {name} as a torch tensor")  # fmt: skip
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int)):
-        raise rejection("checkpoint_every", repr(every), "checkpoint_every is an int (a multiple of 128) or None",
-                        "pass checkpoint_every=128 · k, or None")  # fmt: skip
-    if (every is None) != (table is None):
-        raise rejection("checkpoint_indices" if every is not None else "checkpoint_every",
-                        "None" if every is not None else repr(every),
-                        "checkpoint_every and checkpoint_indices come together",
-                        "pass both (the checkpoint spacing and its [n, K] rows) or neither")  # fmt: skip
-    if bucket is not None and not (isinstance(bucket, (tuple, list)) and len(bucket) == 2
-                                   and all(isinstance(b, int) and not isinstance(b, bool) for b in bucket)):  # fmt: skip
-        raise rejection("bucket", repr(bucket), "bucket is (T tokens, N sequences), two ints, or None",
-                        "pass bucket=(T, N) of a compiled program, or None")  # fmt: skip
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
