@@ -3,27 +3,27 @@ GatedDeltaNet layers run on gdn-nki between HF's in and out projections — the 
 delta rule and the gated RMSNorm — judged token for token against HF's own model run one request at a time.
 
 The tiny config of ``qwen3_next_layer.py`` (random weights, nothing downloaded). The engine (``serving/``) keeps
-one pool for every request and GDN layer, a row number naming both a recurrent state (fp32) and a conv window (the
-conv's last W − 1 inputs, in the model's dtype): per request and layer T rows (T = the speculative width),
-allocated on arrival, freed (poisoned with NaN) on completion or abort, and reused. Each step packs waiting prompts
-and chunks of long ones into ONE prefill per GDN layer, in the smallest of a few configured prefill buckets (T
-tokens, N sequences) that holds them: vLLM's ``causal_conv1d_fn`` on the conv pool, FLA's ``chunk_gated_delta_rule``
-(``bucket=(T, N)``, the gating fused) on the state pool, FLA's ``rms_norm_gated`` — the layout and the pool rows
-are device data, so each bucket is one compiled program per kernel. Every running request goes into ONE decode per
-GDN layer: vLLM's ``causal_conv1d_update`` and ``fused_sigmoid_gating_delta_rule_update`` with [N, T] rows and
-``num_accepted_tokens``, N padded to a decode bucket with -1 rows: T tokens verified at a time from an n-gram
-draft, both states rolled back to the accepted prefix by reading the accepted token's row next step. Prefix cache:
-the prefill kernels write the conv window and the state at every block boundary inside a prompt into the same rows
-the cache owns (``checkpoint_every``, ``checkpoint_indices``), and a prompt that shares a block-aligned prefix with
-an earlier one starts from that row (``read_indices``: read on device, the request's own row written) — no pool
-row is copied on the host. HF's GatedDeltaNet functions (its conv, whose fallback prints "falling back to its
-reference PyTorch implementation", its recurrences, its gated norm) are replaced by ones that raise while the
-engine runs.
+one pool for every request and GDN layer, each row holding a conv window (the model's dtype) and an fp32 recurrent
+state: per request and layer T rows (T = the speculative width), allocated on arrival, freed (poisoned with NaN) on
+completion or abort, and reused. Each step packs waiting prompts and chunks of long ones into ONE prefill per GDN
+layer, in the smallest of a few configured prefill buckets (T tokens, N sequences) that holds them: vLLM's
+``causal_conv1d_fn`` on the pool's windows, FLA's ``chunk_gated_delta_rule(..., bucket=(T, N))`` with the gating in
+the kernel, FLA's ``rms_norm_gated`` — the layout and the pool rows are device data, so each bucket is one compiled
+program per kernel. Every running request goes into ONE decode per GDN layer: vLLM's ``causal_conv1d_update`` and
+``fused_sigmoid_gating_delta_rule_update`` with [N, T] rows and ``num_accepted_tokens`` (N padded to a decode
+bucket with -1 rows), then ``rms_norm_gated``: T tokens verified at a time from an n-gram draft, both states rolled
+back to the accepted prefix by reading the accepted token's row next step. Prefix cache: the prefill kernels write
+the conv window and the state at every block boundary inside a prompt into the same rows the cache owns
+(``checkpoint_every``, ``checkpoint_indices``), and a prompt that shares a block-aligned prefix with an earlier one
+starts both from that row (``read_indices``: read on device, the request's own row written) — no pool row is
+copied on the host. HF's GDN functions (its recurrences, its causal conv, whose fallback prints "falling back to
+its reference PyTorch implementation", and its gated norm) are replaced by ones that raise while the engine runs.
 
 Judged: fp32, every request's greedy tokens equal HF's ``generate`` and every logit within 1e-4; bf16, the
-agreement is reported (first divergence, token match rate). Programs: every launch of a bucket had the same trace
-key (kernel, shapes, dtypes, non-tensor values: what a compiling backend compiles on) and ran the same static
-program (nki-cpu's ``Trace.fingerprint()``), one per kernel and bucket used (``gdn_nki.traces.recording_launches``).
+agreement is reported (first divergence, token match rate). Programs: every launch of a kernel and bucket had the
+same trace key (kernel, shapes, dtypes, non-tensor values: what a compiling backend compiles on) and ran the same
+static program (nki-cpu's ``Trace.fingerprint()``), one per kernel and bucket used
+(``gdn_nki.traces.recording_launches``).
 
     python examples/serve_qwen3_next.py [--requests 12] [--max-prompt 600] [--dtype float32 bfloat16]
 """
@@ -49,11 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qwen3_next_layer import tiny_config
 from serving.engine import Config, Engine, Request
-from serving.kernels import KERNEL_OF_PHASE, hf_gdn_forbidden
+from serving.kernels import hf_gdn_forbidden
 from serving.model import PackedQwen3Next
 from serving.pool import StatePool, check
 
 LOGIT_TOLERANCE = 1e-4  # fp32
+KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step", "conv_prefill": "gdn_conv_bucket",
+                   "conv_decode": "gdn_conv_step", "norm_prefill": "gdn_gated_rms_norm",
+                   "norm_decode": "gdn_gated_rms_norm"}  # fmt: skip
 
 
 def build_model(dtype: torch.dtype, seed: int = 0, layer_types: tuple[str, ...] | None = None) -> Qwen3NextForCausalLM:
@@ -104,8 +107,8 @@ class Verdict:
 
 class _HfReferenceFallbacks(logging.Filter):
     """Drops HF's "falling back to its reference PyTorch implementation" notices while ``judge`` runs HF's own
-    model: the reference is HF's torch path by design (the engine never calls it; its test checks no such warning
-    is logged while serving)."""
+    model: the reference is HF's torch path by design (the engine never calls it; its test checks that no such
+    warning is logged while serving)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "falling back to its reference PyTorch implementation" not in record.getMessage()
@@ -149,13 +152,8 @@ def serve(
     """Run ``requests`` through the engine on a fresh model (``build_model``'s ``layer_types``); returns the engine
     and its programs: per phase and bucket, how many launches ran each program (``programs``)."""
     model = build_model(getattr(torch, dtype), layer_types=layer_types)
-    heads = model.config.linear_num_value_heads
-    dims = model.config.linear_key_head_dim, model.config.linear_value_head_dim
     gdn = sum(t == "linear_attention" for t in model.config.layer_types)
-    layer = next(m for m in model.modules() if isinstance(m, hf.Qwen3NextGatedDeltaNet))
-    conv = (layer.conv_dim, layer.conv_kernel_size - 1, getattr(torch, dtype))  # a conv window: the last W - 1 inputs
-    rows = config.max_running * gdn * config.spec_tokens + config.cache_entries * gdn
-    pool = StatePool(rows, heads, *dims, conv=conv)
+    pool = make_pool(model, config.max_running * gdn * config.spec_tokens + config.cache_entries * gdn)
     engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log)
     for r in requests:
         engine.submit(r)
@@ -164,6 +162,15 @@ def serve(
             engine.step()
     check(pool.in_use == sum(len(e.rows) for e in engine.prefix.values()), "rows outlived their requests")
     return engine, programs(engine.model.kernels.calls, launches)
+
+
+def make_pool(model: Qwen3NextForCausalLM, rows: int) -> StatePool:
+    """A pool of ``rows`` rows for the model's GDN layers: fp32 states [Hv, Dk, Dv] and conv windows [C, W − 1] in
+    the model's dtype (C = the q|k|v channels the conv runs over)."""
+    c = model.config
+    channels = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+    return StatePool(rows, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                     windows=(channels, c.linear_conv_kernel_dim - 1, model.dtype))  # fmt: skip
 
 
 def programs(calls: list[tuple[str, tuple[int, int]]], launches: list[Launch]) -> dict:

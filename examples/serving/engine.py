@@ -31,11 +31,11 @@ class Request:
 
 @dataclass
 class CacheEntry:
-    rows: dict[int, int]  # GDN layer -> pool row holding both states after the prefix (written by the prefill kernels)
+    rows: dict[int, int]  # GDN layer -> pool row holding both GDN states after the prefix (written by the prefill)
     kv: dict
     owner: tuple
     hits: int = 0
-    complete: bool = False  # its launch has run: its rows hold the states
+    complete: bool = False  # its prefill launch has run (its rows hold the states)
 
 
 @dataclass
@@ -90,9 +90,9 @@ class Engine:
         return True
 
     def _resume(self, r: Request, hit: tuple[int, ...]) -> tuple[object, dict[int, int]]:
-        """Start ``r`` after the cached prefix ``hit``: its KV cache copied from the entry; its GDN states (conv
-        window and recurrent state) are read from the entry's rows by the prefill kernels themselves
-        (``Segment.read``), which write ``r``'s own rows."""
+        """Start ``r`` after the cached prefix ``hit``: its KV cache copied from the entry; its conv windows and GDN
+        states are read from the entry's rows by the prefill kernels themselves (``Segment.read``), which write
+        ``r``'s own rows."""
         entry = self.prefix[hit]
         self.prefix.move_to_end(hit)
         r.cache.kv = dict(entry.kv.items())
@@ -144,7 +144,7 @@ class Engine:
     def abort(self, r: Request) -> None:
         """Free the request's rows and drop the checkpoints it wrote; no other row may change."""
         untouched = [row for row, o in enumerate(self.pool.owner) if not _belongs(o, r.rid)]
-        before = self.pool.states[untouched].clone(), self.pool.conv[untouched].clone()
+        before = self.pool.snapshot(untouched)
         for key in [k for k, e in self.prefix.items() if e.owner[1] == r.rid]:
             self._evict(key)
         if r.cache is not None:
@@ -152,9 +152,9 @@ class Engine:
         r.state = "aborted"
         self.stats["aborted"] += 1
         check(not [o for o in self.pool.owner if _belongs(o, r.rid)], f"aborted request {r.rid} still owns rows")
-        after = self.pool.states[untouched], self.pool.conv[untouched]
-        check(all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in zip(after, before, strict=True)),
-              f"aborting {r.rid} changed others' rows")  # fmt: skip
+        after = self.pool.snapshot(untouched)
+        same = all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+        check(same, f"aborting {r.rid} changed others' rows")
 
     # --- one scheduler step ---------------------------------------------------------------------------------------
 

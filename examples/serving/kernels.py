@@ -1,27 +1,33 @@
-"""The engine's ONE seam to gdn-nki, the programs it ran, and the guard that keeps HF's own GatedDeltaNet code off
-the serving path.
+"""The engine's ONE seam to the GatedDeltaNet kernels, the programs they ran, and the guard that keeps HF's own
+GDN functions (its recurrences, its causal conv and its gated RMSNorm) off the serving path.
 
-``GdnKernels`` is the only place that calls gdn-nki. A GatedDeltaNet layer's computations between HF's in and out
-projections are gdn-nki's drop-ins (``gdn_nki.torch``), three launches per layer per phase, every one at a
-configured bucket, so a compiling backend traces each bucket once for the whole run:
+``GdnKernels`` is the only place that calls gdn-nki, and every call runs one of a few configured buckets, so a
+compiling backend traces each bucket once for the whole run:
 
-- prefill: vLLM's ``causal_conv1d_fn`` (the depthwise conv and SiLU over q|k|v; the conv-state pool, ``cache_indices``
-  the rows the sequences end in, gdn-nki's ``read_indices`` the rows they start from, its ``checkpoint_every`` /
-  ``checkpoint_indices`` the block-boundary windows), then FLA's ``chunk_gated_delta_rule`` in its bucketed form
-  with the gating fused (``use_gate_in_kernel``: −exp(A_log)·softplus(a + dt_bias); ``use_beta_sigmoid_in_kernel``:
-  β = sigmoid(b)) on the recurrent-state pool with the same rows, reads and checkpoint table, then FLA's
-  ``rms_norm_gated`` (HF's gated RMSNorm: rmsnorm(o) · weight · silu(z)). The conv and the recurrence store their
-  checkpoints at the same positions into the same row numbers of their two pools, so a prefix-cache hit restores
-  both states from one row number, read on device.
-- decode: vLLM's ``causal_conv1d_update`` and ``fused_sigmoid_gating_delta_rule_update`` with the same [N, T] rows
-  (the window / state after token t to row [n, t]) and ``num_accepted_tokens`` (resume from row [n, a − 1]):
-  speculative verification and the rollback of both states without copying either; N padded to the smallest
-  configured decode bucket with −1 rows (vLLM's padding slots: zero work, nothing stored); then ``rms_norm_gated``.
+- ``conv_prefill`` / ``conv_decode``: the layer's causal conv on the pool's conv windows, through gdn-nki's vLLM
+  drop-ins (``gdn_nki.torch.causal_conv1d_fn`` with its serving keywords: the prefill bucket, read rows and the
+  recurrent checkpoints' rows; ``causal_conv1d_update`` with [N, T] rows and ``num_accepted_tokens``) — the same
+  rows as the recurrence's, so a prefix-cache hit restores both states and a rejected draft rolls both back;
 
-The norm's rows are padded to the phase's bucket (its tokens × value heads), so it too runs one program per bucket.
+- ``prefill``: ``gdn_nki.torch.chunk_gated_delta_rule`` in its bucketed form (``bucket=(T, N)``), the gating in
+  the kernel (``use_gate_in_kernel``: −exp(A_log)·softplus(a + dt_bias) from the raw a; ``use_beta_sigmoid_in_kernel``:
+  β = sigmoid(b)): the packed
+  sequences padded to the smallest configured prefill bucket that holds them, the pool as ``initial_state``, and
+  per sequence the row it ends in (``state_indices``), the row it starts from (``read_indices``: its own row, a
+  prefix-cache row it resumes from, or -1 for a zero state) and its prefix-cache checkpoint rows
+  (``checkpoint_every`` = the cache's block, ``checkpoint_indices`` [N, T / block], -1 = none). The kernel reads
+  and writes every one of those rows on device — no pool row is copied on the host anywhere on the serving path.
+- ``decode``: vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` (the gating fused, as the prefill's):
+  every request the same T tokens, rows [N] (T = 1) or [N, T] (the state after token t to row [n, t], read from
+  [n, num_accepted_tokens[n] - 1]) — speculative verification and its rollback without copying a state. N is
+  padded to the smallest configured decode bucket with -1 rows (vLLM's padding slots: zero work, nothing stored).
+- ``norm_prefill`` / ``norm_decode``: FLA's ``rms_norm_gated`` (HF's ``Qwen3NextRMSNormGated``: its weight and eps,
+  rmsnorm(o) · weight · silu(z)), its rows padded to the phase's bucket (tokens × value heads) so that it too runs
+  one program per bucket.
+
 ``gdn_nki.traces.recording_launches`` records each launch's kernel and static program (nki-cpu's
-``Trace.fingerprint()``); with ``GdnKernels.calls`` (phase and bucket per launch) it shows every launch of a bucket
-ran one program.
+``Trace.fingerprint()``); with ``GdnKernels.calls`` (phase and bucket per call) it shows every launch of a bucket ran
+one program.
 """
 
 from __future__ import annotations
@@ -45,23 +51,15 @@ from gdn_nki.torch import (
 )
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM
 
-# What HF's Qwen3-Next would call for a GatedDeltaNet layer's conv, core and gated norm; none may run while the
-# engine serves (HF's conv functions are the ones that print "falling back to its reference PyTorch implementation").
+# What HF's Qwen3-Next would call for a GatedDeltaNet core and its causal conv (whose fallbacks print "falling back
+# to its reference PyTorch implementation"); none may run while the engine serves, nor HF's gated norm.
 HF_GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                     "causal_conv1d_update", "causal_conv1d_forward")  # fmt: skip
-# The launches of one phase of a GDN layer, in order, and the kernel each runs.
-KERNEL_OF_PHASE = {
-    "conv prefill": "gdn_conv_bucket",
-    "prefill": "gdn_cte_bucket",
-    "norm prefill": "gdn_gated_rms_norm",
-    "conv decode": "gdn_conv_step",
-    "decode": "gdn_step",
-    "norm decode": "gdn_gated_rms_norm",
-}
-# The prefill kernel's chunk: a sequence takes its length rounded up to it of a bucket, checkpoints sit on it.
-CHUNK = CHUNK_BY_ALGORITHM[DEFAULT_ALGORITHM]
+HF_GDN_MODULES = (hf.Qwen3NextGatedDeltaNet, hf.Qwen3NextRMSNormGated)  # their forwards raise while serving
 # HF's softplus (torch.nn.functional.softplus's defaults), which the fused gating reproduces.
 SOFTPLUS_BETA, SOFTPLUS_THRESHOLD = 1.0, 20.0
+# The prefill kernel's chunk: a sequence takes its length rounded up to it of a bucket, checkpoints sit on it.
+CHUNK = CHUNK_BY_ALGORITHM[DEFAULT_ALGORITHM]
 
 
 @dataclass(frozen=True)
@@ -97,116 +95,116 @@ class Buckets:
 
 
 class GdnKernels:
-    """A GatedDeltaNet layer's conv, gated delta rule and gated norm on two pools: recurrent states [P, Hv, K, V]
-    fp32 and conv windows [P, C, W − 1] in the model's dtype (torch tensors, updated in place, row r of one and of
-    the other belonging to the same owner).
+    """Prefill and decode of the GDN core on one state pool [P, Hv, K, V] fp32 and of its causal conv on the conv
+    windows [P, C, W − 1] (torch tensors, updated in place; one row number names both), and the gated RMSNorm.
 
-    Tensors are packed, token-major: ``mixed`` (q|k|v before the conv) [tokens, C]; a, b [1, tokens, Hv] (the raw
-    gate and β's logit); q and k are L2-normalized in the kernel (Qwen3-Next's ``use_qk_l2norm_in_kernel``).
-    ``calls`` lists (phase, bucket) per launch, in order (phases: ``KERNEL_OF_PHASE``)."""
+    Tensors are seq-first and packed: q, k [1, T, Hk, K], v [1, T, Hv, V], the raw gate a and β's logit b
+    [1, T, Hv], the conv's input [T, C]; q and k are L2-normalized in the kernel (Qwen3-Next's
+    ``use_qk_l2norm_in_kernel``). ``calls`` lists (phase, bucket) per call, in order."""
 
-    def __init__(self, pool: torch.Tensor, conv_pool: torch.Tensor, buckets: Buckets) -> None:
-        self.pool, self.conv_pool, self.buckets = pool, conv_pool, buckets
+    def __init__(self, pool: torch.Tensor, windows: torch.Tensor, buckets: Buckets) -> None:
+        self.pool, self.windows, self.buckets = pool, windows, buckets
         self.calls: list[tuple[str, tuple[int, int]]] = []
 
-    def prefill_bucket(self, cu_seqlens: list[int]) -> tuple[int, int]:
-        """The prefill bucket of a packed batch."""
+    def prefill_bucket_of(self, cu_seqlens: list[int]) -> tuple[int, int]:
+        """The prefill bucket a packed batch runs in (every kernel of the phase)."""
         return self.buckets.prefill_bucket([b - a for a, b in itertools.pairwise(cu_seqlens)])
 
-    def checkpoint_table(self, bucket: tuple[int, int], checkpoints: list[list[int]]) -> torch.Tensor:
-        """[n, T / block] rows of the checkpoints (−1: none): a fixed width per bucket, a fixed program shape."""
+    def conv_prefill(self, mixed, weight, bias, activation, cu_seqlens: list[int], rows: list[int], reads: list[int],
+                     checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
+        """The conv of the packed sequences ``mixed`` [tokens, C] in the prefill bucket the recurrence runs in:
+        sequence i starts from window row ``reads[i]`` (-1: an empty window), ends in ``rows[i]`` and stores its
+        window after each ``block`` of its tokens to ``checkpoints[i][j]`` — the recurrent state's rows."""
+        lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+        bucket = self.buckets.prefill_bucket(lengths)
+        self.calls.append(("conv_prefill", bucket))
+        out = causal_conv1d_fn(
+            mixed.T, weight, bias, self.windows, torch.tensor(cu_seqlens, dtype=torch.int32),
+            torch.tensor(rows, dtype=torch.int32), activation=activation,
+            read_indices=torch.tensor(reads, dtype=torch.int32), checkpoint_every=self.buckets.block,
+            checkpoint_indices=self._checkpoint_table(bucket, checkpoints), bucket=bucket,
+        )  # fmt: skip
+        return out.T
+
+    def conv_decode(self, mixed, weight, bias, activation, rows: list[list[int]], accepted: list[int]) -> torch.Tensor:
+        """The conv of N requests × T tokens (``mixed`` [N·T, C]) on the windows, rows and rollback as ``decode``'s:
+        the window after token t to row [n, t], read from [n, accepted[n] - 1]; padded to the decode bucket."""
+        n, tokens = len(rows), mixed.shape[0] // len(rows)
+        slots, index, count = self._decode_rows(rows, accepted, tokens)
+        self.calls.append(("conv_decode", (slots, tokens)))
+        x = torch.cat([mixed.reshape(n, tokens, -1), mixed.new_zeros((slots - n, tokens, mixed.shape[1]))])
+        out = causal_conv1d_update(x.transpose(1, 2), self.windows, weight, bias, activation,
+                                   index if tokens > 1 else index.reshape(slots),
+                                   num_accepted_tokens=count)  # fmt: skip
+        return out.transpose(1, 2)[:n].reshape(n * tokens, -1)
+
+    def _checkpoint_table(self, bucket: tuple[int, int], checkpoints: list[list[int]]) -> torch.Tensor:
+        """[sequences, T / block] checkpoint rows, -1 where none: a fixed width per bucket (the program's shape)."""
         table = torch.full((len(checkpoints), bucket[0] // self.buckets.block), -1, dtype=torch.int32)
         for i, wanted in enumerate(checkpoints):
             table[i, : len(wanted)] = torch.tensor(wanted, dtype=torch.int32)
         return table
 
-    def conv_prefill(self, mixed: torch.Tensor, conv: torch.nn.Conv1d, activation: str, cu_seqlens: list[int],
-                     rows: list[int], reads: list[int], checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
-        """Sequence i's windows: read from conv row ``reads[i]`` (−1: empty), its last written to ``rows[i]``, the
-        one after each ``block`` of its tokens to ``checkpoints[i][j]``. Returns silu(conv(mixed)) [tokens, C]."""
-        bucket = self.prefill_bucket(cu_seqlens)
-        self.calls.append(("conv prefill", bucket))
-        out = causal_conv1d_fn(
-            mixed.t(), conv.weight.squeeze(1), conv.bias, self.conv_pool, torch.tensor(cu_seqlens, dtype=torch.int32),
-            cache_indices=torch.tensor(rows, dtype=torch.int32), activation=activation,
-            read_indices=torch.tensor(reads, dtype=torch.int32), checkpoint_every=self.buckets.block,
-            checkpoint_indices=self.checkpoint_table(bucket, checkpoints), bucket=bucket,
-        )  # fmt: skip
-        return out.t()
+    def _decode_rows(self, rows: list[list[int]], accepted: list[int], tokens: int):
+        """The decode bucket's slots, the [slots, T] rows (-1: padding slots) and the accepted counts (None at
+        T = 1)."""
+        n = len(rows)
+        slots = self.buckets.decode_bucket(n)
+        index = torch.full((slots, tokens), -1, dtype=torch.int32)
+        index[:n] = torch.tensor(rows, dtype=torch.int32).reshape(n, -1)[:, :tokens]
+        count = torch.tensor([*accepted, *[1] * (slots - n)], dtype=torch.int32) if tokens > 1 else None
+        return slots, index, count
 
-    def prefill(self, q, k, v, a, b, gate: tuple[torch.Tensor, torch.Tensor], cu_seqlens: list[int],
-                rows: list[int], reads: list[int], checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
+    def prefill(self, q, k, v, a, b, gate: tuple[torch.Tensor, torch.Tensor], cu_seqlens: list[int], rows: list[int],
+                reads: list[int], checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
         """Sequence i starts from pool row ``reads[i]`` (-1: zero), ends in ``rows[i]``, and stores the state after
         each ``block`` of its tokens to ``checkpoints[i][j]`` (-1: none; at most T / block per sequence); the
-        gating from the raw a, b and ``gate`` = (A_log, dt_bias) in the kernel."""
-        bucket = self.prefill_bucket(cu_seqlens)
+        gating from the raw ``a``, ``b`` and ``gate`` = (A_log, dt_bias) in the kernel."""
+        lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+        bucket = self.buckets.prefill_bucket(lengths)
+        table = self._checkpoint_table(bucket, checkpoints)
         self.calls.append(("prefill", bucket))
         o, _ = chunk_gated_delta_rule(
             q, k, v, a, b, initial_state=self.pool, output_final_state=True, use_qk_l2norm_in_kernel=True,
             use_gate_in_kernel=True, A_log=gate[0], dt_bias=gate[1], use_beta_sigmoid_in_kernel=True,
             cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), state_indices=torch.tensor(rows, dtype=torch.int32),
             read_indices=torch.tensor(reads, dtype=torch.int32), bucket=bucket,
-            checkpoint_every=self.buckets.block, checkpoint_indices=self.checkpoint_table(bucket, checkpoints),
+            checkpoint_every=self.buckets.block, checkpoint_indices=table,
         )  # fmt: skip
         return o
 
-    def conv_decode(self, mixed: torch.Tensor, conv: torch.nn.Conv1d, activation: str, rows: list[list[int]],
-                    accepted: list[int]) -> torch.Tensor:  # fmt: skip
-        """N requests of T tokens each: ``rows`` [N, T] (or [N] with T = 1), ``accepted`` [N] in [1, T]: the
-        window after token t to row [n, t], read from [n, accepted − 1]. Returns silu(conv(mixed)) [N·T, C]."""
-        slots, index, accepted_t = self._decode_layout(rows, accepted)
-        tokens = mixed.shape[0] // len(rows)
-        self.calls.append(("conv decode", (slots, tokens)))
-        x = torch.zeros((slots, tokens, mixed.shape[1]), dtype=mixed.dtype)
-        x[: len(rows)] = mixed.reshape(len(rows), tokens, -1)
-        out = causal_conv1d_update(
-            x.transpose(1, 2), self.conv_pool, conv.weight.squeeze(1), conv.bias, activation=activation,
-            conv_state_indices=index, num_accepted_tokens=accepted_t,
-        )  # fmt: skip
-        return out.transpose(1, 2)[: len(rows)].reshape(-1, mixed.shape[1])
-
     def decode(self, q, k, v, a, b, gate: tuple[torch.Tensor, torch.Tensor], rows: list[list[int]],
                accepted: list[int]) -> torch.Tensor:  # fmt: skip
-        """N requests of T tokens each, rows and ``accepted`` as ``conv_decode``'s; the gating fused (vLLM's /
-        SGLang's ``fused_sigmoid_gating_delta_rule_update``), the outputs of padding slots dropped."""
-        n = len(rows)
-        slots, index, accepted_t = self._decode_layout(rows, accepted)
-        tokens = q.shape[1] // n
+        """N requests of T tokens each: ``rows`` [N, T] (or [N] with T = 1), ``accepted`` [N] in [1, T]; padded
+        to the decode bucket with -1 rows (their outputs dropped); the gating fused, as the prefill's."""
+        n, tokens = len(rows), q.shape[1] // len(rows)
+        slots, index, count = self._decode_rows(rows, accepted, tokens)
         self.calls.append(("decode", (slots, tokens)))
         pad = (slots - n) * tokens
         q, k, v, a, b = (torch.cat([x, x.new_zeros((1, pad, *x.shape[2:]))], dim=1) for x in (q, k, v, a, b))
         o = fused_sigmoid_gating_delta_rule_update(
-            gate[0], a, gate[1], SOFTPLUS_BETA, SOFTPLUS_THRESHOLD, q, k, v, b, self.pool, index,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=torch.arange(0, slots * tokens + 1, tokens, dtype=torch.int32),
-            num_accepted_tokens=accepted_t,
+            gate[0], a, gate[1], SOFTPLUS_BETA, SOFTPLUS_THRESHOLD, q, k, v, b, self.pool,
+            index if tokens > 1 else index.reshape(slots), use_qk_l2norm_in_kernel=True,
+            cu_seqlens=torch.arange(0, slots * tokens + 1, tokens, dtype=torch.int32), num_accepted_tokens=count,
         )  # fmt: skip
         return o[:, : n * tokens]
 
-    def _decode_layout(self, rows: list[list[int]], accepted: list[int]) -> tuple[int, torch.Tensor, Any]:
-        """(slots, indices [slots, T] or [slots] with −1 padding, num_accepted_tokens [slots] or None at T = 1)."""
-        n, tokens = len(rows), len(rows[0])
-        slots = self.buckets.decode_bucket(n)
-        index = torch.full((slots, tokens), -1, dtype=torch.int32)
-        index[:n] = torch.tensor(rows, dtype=torch.int32)
-        if tokens == 1:
-            return slots, index.reshape(slots), None
-        return slots, index, torch.tensor([*accepted, *[1] * (slots - n)], dtype=torch.int32)
-
     def norm(self, phase: str, bucket: tuple[int, int], o: torch.Tensor, z: torch.Tensor, norm: Any) -> torch.Tensor:
-        """HF's gated RMSNorm (``Qwen3NextRMSNormGated``: its weight and eps, silu(z)) of o [tokens, Hv, V], its
-        rows padded with zeros to ``bucket``'s tokens (the phase's program shape)."""
+        """HF's gated RMSNorm (``Qwen3NextRMSNormGated``: its weight and eps, silu(z)) of o [tokens, Hv, V] on
+        gdn-nki, its rows padded with zeros to ``bucket``'s tokens (the phase's program shape)."""
         heads, dim = o.shape[-2:]
-        padded = bucket[0] if phase == "norm prefill" else bucket[0] * bucket[1]
+        tokens = bucket[0] if phase == "norm_prefill" else bucket[0] * bucket[1]
         self.calls.append((phase, bucket))
-        x, gate = (torch.zeros((padded * heads, dim), dtype=t.dtype) for t in (o, z))
-        x[: o.numel() // dim], gate[: o.numel() // dim] = o.reshape(-1, dim), z.reshape(-1, dim)
+        x, gate = (torch.zeros((tokens * heads, dim), dtype=t.dtype) for t in (o, z))
+        used = o.numel() // dim
+        x[:used], gate[:used] = o.reshape(-1, dim), z.reshape(-1, dim)
         y = rms_norm_gated(x, gate, norm.weight, None, activation=norm.activation, eps=norm.variance_epsilon)
-        return y[: o.numel() // dim].reshape(o.shape)
+        return y[:used].reshape(o.shape)
 
 
 @contextlib.contextmanager
 def hf_gdn_forbidden() -> Iterator[None]:
-    """HF's GDN core, conv and gated-norm functions and its GatedDeltaNet forward replaced by ones that raise."""
+    """HF's GDN core and conv functions and its GatedDeltaNet and gated-norm forwards replaced by ones that raise."""
 
     def forbidden(name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -214,17 +212,16 @@ def hf_gdn_forbidden() -> Iterator[None]:
 
         return call
 
-    saved = {name: getattr(hf, name) for name in HF_GDN_FUNCTIONS}
-    classes = (hf.Qwen3NextGatedDeltaNet, hf.Qwen3NextRMSNormGated)
-    saved_forwards = {cls: cls.forward for cls in classes}
-    for name in HF_GDN_FUNCTIONS:
+    saved = {name: getattr(hf, name) for name in HF_GDN_FUNCTIONS if hasattr(hf, name)}
+    saved_forwards = {module: module.forward for module in HF_GDN_MODULES}
+    for name in saved:
         setattr(hf, name, forbidden(name))
-    for cls in classes:
-        cls.forward = forbidden(f"{cls.__name__}.forward")
+    for module in HF_GDN_MODULES:
+        module.forward = forbidden(f"{module.__name__}.forward")
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(hf, name, fn)
-        for cls, forward in saved_forwards.items():
-            cls.forward = forward
+        for module, forward in saved_forwards.items():
+            module.forward = forward

@@ -1,12 +1,12 @@
 """HF's Qwen3-Next layers run over a packed batch of request segments, each with its own caches.
 
-Every projection, layer norm, rotary embedding, attention function and MLP is the HF module's own (and so are the
-GatedDeltaNet layer's weights); a GatedDeltaNet layer's conv, gating, recurrence and gated norm run on gdn-nki's
-drop-ins, reached only through ``GdnKernels``. What this module adds is the bookkeeping HF's single-batch ``Cache``
-cannot do for a continuous batch: per request a KV cache (host tensors) and, per GDN layer, rows of the shared pools
-(the conv windows and the recurrent states, one row number for both). A forward leaves the KV caches untouched until
-``commit`` says how many of a segment's tokens were accepted (speculative decoding rolls back the rest; the pools
-roll back by the row decode reads next, ``RequestCache.accepted``).
+Every projection, layer norm, weight, rotary embedding, attention function and MLP is the HF module's own; a
+GatedDeltaNet layer's conv, gating, recurrence and gated RMSNorm run on gdn-nki, reached only through ``GdnKernels``.
+What this module adds is the bookkeeping HF's single-batch ``Cache`` cannot do for a continuous batch: per request
+a KV cache (host tensors), and per GDN layer its conv windows and recurrent states in rows of the shared pool (one
+row number names both). A forward leaves the KV caches untouched until ``commit`` says how many of a segment's
+tokens were accepted (speculative decoding rolls back the rest; the pool rows roll back by the rows the next step
+reads).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from .pool import StatePool, check
 
 @dataclass
 class RequestCache:
-    """One request's caches: KV per attention layer, and per GDN layer ``width`` pool rows, each a conv window and
-    a recurrent state (row 0 holds both during prefill; a decode of T tokens writes both after token t to row t)."""
+    """One request's caches: KV per attention layer, and per GDN layer ``width`` pool rows, each holding a conv
+    window and a recurrent state (row 0 holds them during prefill; a decode of T tokens writes them after token t to
+    row t)."""
 
     rid: int
     rows: dict[int, list[int]]
@@ -53,7 +54,7 @@ class PackedQwen3Next:
 
     def __init__(self, model: hf.Qwen3NextForCausalLM, pool: StatePool, buckets: Buckets) -> None:
         self.model, self.pool = model, pool
-        self.kernels = GdnKernels(pool.states, pool.conv, buckets)
+        self.kernels = GdnKernels(pool.states, pool.windows, buckets)
         self.layers = list(model.model.layers)
         self.gdn_layers = [i for i, layer in enumerate(self.layers) if layer.block_type == "linear_attention"]
 
@@ -79,46 +80,51 @@ class PackedQwen3Next:
         return self.model.lm_head(self.model.model.norm(h))[0]
 
     def _gdn(self, i, la, x, segments, bounds, decode) -> torch.Tensor:
-        """HF's in projections, gdn-nki's conv, gated delta rule (gating fused) and gated norm on the two pools at
-        the segments' rows, HF's out projection."""
         q, k, v, z, b, a = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
         mixed = torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
-        self._check_rows(i, segments)
-        gate, kernels = (la.A_log, la.dt_bias), self.kernels
+        self._assert_rows(i, segments)
+        taps = la.conv1d.weight.squeeze(1)
         if decode:
             rows = [s.cache.rows[i][: len(segments[0].tokens)] for s in segments]
             accepted = [s.cache.accepted for s in segments]
-            bucket = (kernels.buckets.decode_bucket(len(segments)), len(segments[0].tokens))
-            mixed = kernels.conv_decode(mixed, la.conv1d, la.activation, rows, accepted)
+            mixed = self.kernels.conv_decode(mixed, taps, la.conv1d.bias, la.activation, rows, accepted)[None]
         else:
-            # A prefix-cache hit reads both states from the entry's row, a continued prompt from its own row 0.
-            reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
-            checkpoints = [[entry[i] if entry else -1 for entry in s.checkpoints] for s in segments]
-            own = [s.cache.rows[i][0] for s in segments]
-            bucket = kernels.prefill_bucket(bounds)
-            mixed = kernels.conv_prefill(mixed, la.conv1d, la.activation, bounds, own, reads, checkpoints)
-        q, k, v = torch.split(mixed[None], [la.key_dim, la.key_dim, la.value_dim], dim=-1)
+            rows, reads, checkpoints = self._prefill_rows(i, segments)
+            mixed = self.kernels.conv_prefill(mixed, taps, la.conv1d.bias, la.activation, bounds, rows, reads,
+                                              checkpoints)[None]  # fmt: skip
+        q, k, v = torch.split(mixed, [la.key_dim, la.key_dim, la.value_dim], dim=-1)
         q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
         v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
+        gate = (la.A_log, la.dt_bias)  # the gating runs in the kernel, from the raw a and b
         if decode:
-            o = kernels.decode(q, k, v, a, b, gate, rows, accepted)
+            o = self.kernels.decode(q, k, v, a, b, gate, rows, accepted)
+            phase, bucket = "norm_decode", (self.kernels.buckets.decode_bucket(len(segments)), len(segments[0].tokens))
         else:
-            o = kernels.prefill(q, k, v, a, b, gate, bounds, own, reads, checkpoints)
+            o = self.kernels.prefill(q, k, v, a, b, gate, bounds, rows, reads, checkpoints)
+            phase, bucket = "norm_prefill", self.kernels.prefill_bucket_of(bounds)
         check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
-        o = kernels.norm("norm decode" if decode else "norm prefill", bucket, o[0], z[0], la.norm)
+        o = self.kernels.norm(phase, bucket, o[0], z[0], la.norm)
         return la.out_proj(o.reshape(1, o.shape[0], -1))
 
-    def _check_rows(self, i: int, segments: list[Segment]) -> None:
-        """Every row GDN layer ``i``'s launches will touch belongs to whom the segment says (before any launch)."""
+    def _assert_rows(self, i: int, segments: list[Segment]) -> None:
+        """Every pool row layer ``i``'s kernels will read or write belongs to who reads or writes it."""
         block = self.kernels.buckets.block
         for s in segments:
             self.pool.assert_owned(s.cache.rows[i], s.cache.rid)
             if s.read:
                 self.pool.assert_owned([s.read[1][i]], s.read[0])
-            for column, entry in enumerate(s.checkpoints):
-                if entry:
+            for column, rows in enumerate(s.checkpoints):
+                if rows:
                     at = s.cache.length + (column + 1) * block
-                    self.pool.assert_owned([entry[i]], ("cache", s.cache.rid, at))
+                    self.pool.assert_owned([rows[i]], ("cache", s.cache.rid, at))
+
+    def _prefill_rows(self, i: int, segments: list[Segment]) -> tuple[list[int], list[int], list[list[int]]]:
+        """Layer ``i``'s prefill rows, the same for the conv and the recurrence: each segment's own row, the row it
+        starts from (a prefix-cache row, its own row, or -1 at its first token) and its checkpoint rows."""
+        rows = [s.cache.rows[i][0] for s in segments]
+        reads = [s.read[1][i] if s.read else s.cache.rows[i][0] if s.cache.length else -1 for s in segments]
+        checkpoints = [[rows[i] if rows else -1 for rows in s.checkpoints] for s in segments]
+        return rows, reads, checkpoints
 
     def _attention(self, i, at, x, rotary, segments, bounds) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, at.head_dim)
@@ -141,8 +147,8 @@ class PackedQwen3Next:
         return at.o_proj(out * torch.sigmoid(gate.reshape(*x.shape[:-1], -1)))
 
     def commit(self, segment: Segment, accepted: int) -> None:
-        """Keep the caches' effect of the segment's first ``accepted`` tokens (its GDN states, conv window and
-        recurrent state, are in row ``accepted - 1`` after a decode, row 0 after a prefill)."""
+        """Keep the caches' effect of the segment's first ``accepted`` tokens (its conv window and GDN state are in
+        row ``accepted - 1`` after a decode, row 0 after a prefill)."""
         cache = segment.cache
         cache.kv = self.kv_after(segment, accepted, clone=False)
         cache.length += accepted
@@ -152,9 +158,8 @@ class PackedQwen3Next:
         """The request's KV cache after the segment's first ``tokens`` tokens (before ``commit``): what a
         prefix-cache checkpoint inside the segment keeps beside its pool rows (which hold both GDN states)."""
         kv = dict(segment.cache.kv)
-        for (kind, i), value in segment.pending.items():
-            if kind == "kv":
-                keep = segment.cache.length + tokens
-                kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
-                kv[i] = tuple(x.clone() for x in kv[i]) if clone else kv[i]
+        keep = segment.cache.length + tokens
+        for (_, i), value in segment.pending.items():
+            kv[i] = (value[0][:, :, :keep], value[1][:, :, :keep])
+            kv[i] = tuple(x.clone() for x in kv[i]) if clone else kv[i]
         return kv

@@ -1,12 +1,11 @@
 """One state pool shared by every request and layer: rows with owners, NaN poison on every free row.
 
-A row number names two buffers, a GDN layer's recurrent state and its conv window (the last W − 1 inputs of its
-causal conv1d), owned together: the kernels read and write both at the same row numbers, so allocation, prefix-cache
-checkpoints, rollback, release and poison cover both at once.
-
-A row is owned by one request (or by a prefix-cache entry) from allocation to release; released rows are filled
-with NaN, so a kernel that read one would either refuse it (gdn-nki scans the rows it reads and rejects NaN) or
-carry NaN into an output, which the engine checks after every call.
+A row holds two states of one GDN layer: the recurrent state (``states``, fp32) and the causal conv's window
+(``windows``, the last W − 1 inputs of q|k|v, in the model's dtype); one row number names both, so the kernels
+address, checkpoint and roll back both with the same indices. A row is owned by one request (or by a prefix-cache
+entry) from allocation to release; released rows are filled with NaN, so a kernel that read one would either refuse
+it (gdn-nki scans the rows it reads and rejects NaN) or carry NaN into an output, which the engine checks after
+every call.
 """
 
 from __future__ import annotations
@@ -31,14 +30,13 @@ def check(condition: object, message: str) -> None:
 
 
 class StatePool:
-    """``rows`` fp32 states [rows, Hv, K, V] and conv windows [rows, C, W − 1] (``conv``: (C, W − 1, dtype), the
-    model's; (0, 0, ...) without), each row free (NaN) or owned by one hashable owner."""
+    """``rows`` fp32 states [rows, Hv, K, V] and conv windows [rows, C, L] (``windows``: (C, L, dtype)), each row
+    free (NaN) or owned by one hashable owner."""
 
-    def __init__(
-        self, rows: int, heads: int, dk: int, dv: int, conv: tuple[int, int, torch.dtype] = (0, 0, torch.float32)
-    ) -> None:
+    def __init__(self, rows: int, heads: int, dk: int, dv: int, windows: tuple[int, int, torch.dtype]) -> None:
         self.states = torch.full((rows, heads, dk, dv), float("nan"), dtype=torch.float32)
-        self.conv = torch.full((rows, conv[0], conv[1]), float("nan"), dtype=conv[2])
+        channels, length, dtype = windows
+        self.windows = torch.full((rows, channels, length), float("nan"), dtype=dtype)
         self.owner: list[Hashable | None] = [None] * rows
         self.high_water = 0
         self.allocations: list[tuple[int, Hashable]] = []  # (row, owner), in order: a row listed twice was reused
@@ -55,7 +53,7 @@ class StatePool:
         for r in free:
             self.owner[r] = owner
             self.states[r] = 0.0
-            self.conv[r] = 0.0
+            self.windows[r] = 0.0
             self.allocations.append((r, owner))
         self.high_water = max(self.high_water, self.in_use)
         return free
@@ -66,7 +64,7 @@ class StatePool:
         for r in rows:
             self.owner[r] = None
             self.states[r] = float("nan")
-            self.conv[r] = float("nan")
+            self.windows[r] = float("nan")
 
     def assert_owned(self, rows: list[int], owner: Hashable) -> None:
         """Fail loudly when a request would touch a row that is not its own."""
@@ -77,11 +75,14 @@ class StatePool:
         return [r for r, o in enumerate(self.owner) if o == owner]
 
     def audit(self) -> None:
-        """Every free row still all NaN (nothing wrote it) and every owned row finite (no poison reached it), in
-        both buffers."""
+        """Every free row still all NaN (nothing wrote it) and every owned row finite (no poison reached it)."""
         for r, o in enumerate(self.owner):
-            for what, row in (("state", self.states[r]), ("conv window", self.conv[r])):
+            for kind, row in (("state", self.states[r]), ("conv window", self.windows[r])):
                 if o is None:
-                    check(torch.isnan(row).all(), f"free pool row {r}'s {what} was written")
+                    check(torch.isnan(row).all(), f"free pool row {r} ({kind}) was written")
                 else:
-                    check(torch.isfinite(row).all(), f"pool row {r}'s {what} of {o!r} holds NaN/Inf")
+                    check(torch.isfinite(row).all(), f"pool row {r} ({kind}) of {o!r} holds NaN/Inf")
+
+    def snapshot(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both states of ``rows``, copied (NaN kept comparable)."""
+        return self.states[rows].nan_to_num(7.0), self.windows[rows].float().nan_to_num(7.0)

@@ -1,8 +1,8 @@
 """The serving loop of ``examples/serve_qwen3_next.py`` on a short stream: continuous batching on one pool of
 recurrent states and conv windows, chunked prefill in prefill buckets, decode buckets, speculative verification
-with the rollback of both states, prefix-cache hits from checkpoints the prefill kernels wrote, aborts — every
-GatedDeltaNet computation between HF's projections on gdn-nki (conv, gating, recurrence, gated norm; HF's
-fallback warning never printed), every request's greedy tokens HF's own fp32 ones, logits within 1e-4, one static
+with the rollback of both states, prefix-cache hits from checkpoints of both the prefill kernels wrote, aborts —
+every GatedDeltaNet computation between HF's projections on gdn-nki (conv, gating, recurrence, gated norm; HF's
+fallback warning never logged), every request's greedy tokens HF's own fp32 ones, logits within 1e-4, one static
 program per kernel and bucket, and the pool's bookkeeping loud when broken. Skipped, with the reason, without torch
 and transformers (``nox -s integration`` installs both)."""
 
@@ -40,10 +40,20 @@ def transformers_warnings() -> Iterator[list[str]]:
         logger.removeHandler(handler)
 
 
+def _conv_inputs(model, tokens: list[int]) -> torch.Tensor:
+    """The first layer's (a GatedDeltaNet's) conv inputs, q|k|v projected, [tokens, C], from HF's own modules."""
+    layer = model.model.layers[0]
+    la = layer.linear_attn
+    with torch.no_grad():
+        x = layer.input_layernorm(model.model.embed_tokens(torch.tensor([tokens])))
+        q, k, v, *_ = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
+        return torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
+
+
 def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
     example = load_example("serve_qwen3_next")
     from serving.engine import Config
-    from serving.kernels import KERNEL_OF_PHASE, Buckets
+    from serving.kernels import Buckets
 
     # Small buckets keep the run short: a 296-token prompt takes two prefill steps, 1-token prompts share a bucket.
     config = Config(buckets=Buckets(prefill=((128, 2), (256, 4)), decode=(2, 4, 8)))
@@ -54,16 +64,16 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
     assert not [m for m in warned if "falling back" in m], warned
     # Every GDN layer's forward ran all of its computations on gdn-nki: in each phase as many conv and gated-norm
     # launches, of gdn-nki's kernels (``programs`` checks each launch's kernel), as recurrence launches, per bucket.
-    assert set(programs) == set(KERNEL_OF_PHASE), sorted(programs)
+    assert set(programs) == set(example.KERNEL_OF_PHASE), sorted(programs)
     for phase in ("prefill", "decode"):
         launches = {part: {bucket: sum(runs.values()) for bucket, runs in programs[f"{part}{phase}"].items()}
-                    for part in ("conv ", "", "norm ")}  # fmt: skip
-        assert launches["conv "] == launches[""] == launches["norm "], (phase, launches)
+                    for part in ("conv_", "", "norm_")}  # fmt: skip
+        assert launches["conv_"] == launches[""] == launches["norm_"], (phase, launches)
     # A prefix-cache row holds both states: its conv window is the conv's inputs at the prefix's last W - 1 tokens
     # (the GDN layer is the model's first, so its inputs at a position depend on that token alone).
     assert engine.prefix
     for prefix, entry in engine.prefix.items():
-        window = engine.pool.conv[entry.rows[0]]
+        window = engine.pool.windows[entry.rows[0]]
         want = _conv_inputs(engine.model.model, list(prefix))[-window.shape[1] :].T
         torch.testing.assert_close(window, want, rtol=1e-5, atol=1e-6)
     verdicts = example.judge(example.build_model(torch.float32), requests)
@@ -83,7 +93,7 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
     # compiling backend compiles on: shapes, dtypes, non-tensor values) and ran the same static program (nki-cpu's
     # fingerprint), distinct buckets ran distinct programs, and each phase used more than one bucket (so "one
     # program" is not one bucket by accident).
-    for phase in KERNEL_OF_PHASE:
+    for phase in example.KERNEL_OF_PHASE:
         buckets = programs[phase]
         assert len(buckets) >= 2, (phase, buckets)
         if not backend.USING_REAL_NKI:
@@ -91,28 +101,16 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
             assert len({program for runs in buckets.values() for program in runs}) == len(buckets), (phase, buckets)
 
 
-def _conv_inputs(model, tokens: list[int]) -> torch.Tensor:
-    """The first layer's (a GatedDeltaNet's) conv inputs, q|k|v projected, [tokens, C], from HF's own modules."""
-    layer = model.model.layers[0]
-    la = layer.linear_attn
-    with torch.no_grad():
-        x = layer.input_layernorm(model.model.embed_tokens(torch.tensor([tokens])))
-        q, k, v, *_ = la.fix_query_key_value_ordering(la.in_proj_qkvz(x), la.in_proj_ba(x))
-        return torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
-
-
 def test_a_row_not_owned_is_refused_and_poison_is_loud() -> None:
     example = load_example("serve_qwen3_next")
     from serving.engine import Config, Engine, Request
     from serving.kernels import Buckets
     from serving.model import PackedQwen3Next, RequestCache, Segment
-    from serving.pool import StatePool
 
     from gdn_ref.contract import ContractError
 
     model = example.build_model(torch.float32)
-    layer = model.model.layers[0].linear_attn
-    pool = StatePool(8, 4, 32, 64, conv=(layer.conv_dim, layer.conv_kernel_size - 1, torch.float32))
+    pool = example.make_pool(model, 8)
     config = Config(spec_tokens=1, max_running=2, buckets=Buckets(prefill=((128, 2),), decode=(2,)))
     engine = Engine(PackedQwen3Next(model, pool, config.buckets), pool, config, log=lambda line: None)
     engine.submit(Request(0, [1, 2, 3], 5, 0))

@@ -54,7 +54,7 @@ def test_a_full_cache_evicts_a_leaf_but_never_one_this_step_reads() -> None:
     from serving.pool import StatePool
 
     config = Config(max_running=2, spec_tokens=1, cache_entries=1)
-    pool = StatePool(6, 1, 2, 2)
+    pool = StatePool(6, 1, 2, 2, windows=(16, 3, torch.float32))
     engine = Engine(SimpleNamespace(gdn_layers=[0, 2]), pool, config, log=lambda line: None)
     block = config.block
     reader, other = Request(0, list(range(3 * block)), 1, 0), Request(1, list(range(1, 3 * block + 1)), 1, 0)
