@@ -50,10 +50,33 @@ def _conv_inputs(model, tokens: list[int]) -> torch.Tensor:
         return torch.cat([t.reshape(1, t.shape[1], -1) for t in (q, k, v)], dim=-1)[0]
 
 
-def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
+# The gdn_nki custom op each phase's drop-in calls (module, op name).
+OP_OF_PHASE = {
+    "conv_prefill": ("conv", "causal_conv1d_fn_op"),
+    "prefill": ("ops", "chunk_pool_op"),
+    "norm_prefill": ("norm", "rms_norm_gated_op"),
+    "conv_decode": ("conv", "causal_conv1d_update_op"),
+    "decode": ("ops", "fused_sigmoid_gating_op"),
+    "norm_decode": ("norm", "rms_norm_gated_op"),
+}
+
+
+def test_served_stream_equals_hf_one_request_at_a_time_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     example = load_example("serve_qwen3_next")
     from serving.engine import Config
     from serving.kernels import Buckets
+
+    import gdn_nki.torch
+
+    # Every GDN computation of the engine goes through one gdn_nki custom op (the conv's, the recurrence's with its
+    # gating, the gated norm's): the ops counted as the drop-ins call them, none bypassed by a host path.
+    through_ops: list[str] = []
+    for module, name in set(OP_OF_PHASE.values()):
+        owner = getattr(gdn_nki.torch, module)
+        op = getattr(owner, name)
+        monkeypatch.setattr(
+            owner, name, lambda *a, _op=op, _name=name, **kw: (through_ops.append(_name), _op(*a, **kw))[1]
+        )
 
     # Small buckets keep the run short: a 296-token prompt takes two prefill steps, 1-token prompts share a bucket.
     config = Config(buckets=Buckets(prefill=((128, 2), (256, 4)), decode=(2, 4, 8)))
@@ -62,6 +85,7 @@ def test_served_stream_equals_hf_one_request_at_a_time_fp32() -> None:
         engine, programs = example.serve("float32", requests, config, log=lambda line: None)
     # HF's conv and recurrence fallbacks announce themselves; serving called none of them.
     assert not [m for m in warned if "falling back" in m], warned
+    assert through_ops == [OP_OF_PHASE[phase][1] for phase, _ in engine.model.kernels.calls], through_ops
     # Every GDN layer's forward ran all of its computations on gdn-nki: in each phase as many conv and gated-norm
     # launches, of gdn-nki's kernels (``programs`` checks each launch's kernel), as recurrence launches, per bucket.
     assert set(programs) == set(example.KERNEL_OF_PHASE), sorted(programs)
