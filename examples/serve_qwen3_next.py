@@ -1,29 +1,29 @@
 """A stream of requests served by a small continuous-batching engine over HF transformers' Qwen3-Next, whose
-GatedDeltaNet cores and causal convs run on gdn-nki alone, judged token for token against HF's own model run one
-request at a time.
+GatedDeltaNet layers run on gdn-nki between HF's in and out projections — the causal conv1d, the gating, the gated
+delta rule and the gated RMSNorm — judged token for token against HF's own model run one request at a time.
 
 The tiny config of ``qwen3_next_layer.py`` (random weights, nothing downloaded). The engine (``serving/``) keeps
 one pool for every request and GDN layer, each row holding a conv window (the model's dtype) and an fp32 recurrent
 state: per request and layer T rows (T = the speculative width), allocated on arrival, freed (poisoned with NaN) on
-completion or abort, and reused. The conv runs on gdn-nki's vLLM drop-ins on the pool's windows
-(``causal_conv1d_fn`` in the prefill bucket with the recurrent checkpoints' rows, ``causal_conv1d_update`` with
-[N, T] rows and ``num_accepted_tokens``), so a prefix-cache hit restores both states and a rejected draft rolls
-both back; the gated RMSNorm and the projections stay HF's modules. Each step packs waiting
-prompts and chunks of long ones into ONE prefill launch per GDN layer, in the smallest of a few configured prefill
-buckets (T tokens, N sequences) that holds them (``chunk_gated_delta_rule(..., bucket=(T, N))``: the layout and
-the pool rows are device data, so each bucket is one compiled program), and every running request into ONE decode
-launch per GDN layer (vLLM's ``fused_recurrent_gated_delta_rule`` with [N, T] rows and ``num_accepted_tokens``,
-N padded to a decode bucket with -1 rows): T tokens verified at a time from an n-gram draft, rolled back to the
-accepted prefix by reading the accepted token's row next step. Prefix cache: the prefill kernel writes the state
-at every block boundary inside a prompt into rows the cache owns (``checkpoint_every``, ``checkpoint_indices``),
-and a prompt that shares a block-aligned prefix with an earlier one starts from that row (``read_indices``: read
-on device, the request's own row written) — no pool row is copied on the host. HF's GDN functions and causal convs
-are replaced by ones that raise while the engine runs.
+completion or abort, and reused. Each step packs waiting prompts and chunks of long ones into ONE prefill per GDN
+layer, in the smallest of a few configured prefill buckets (T tokens, N sequences) that holds them: vLLM's
+``causal_conv1d_fn`` on the pool's windows, FLA's ``chunk_gated_delta_rule(..., bucket=(T, N))`` with the gating in
+the kernel, FLA's ``rms_norm_gated`` — the layout and the pool rows are device data, so each bucket is one compiled
+program per kernel. Every running request goes into ONE decode per GDN layer: vLLM's ``causal_conv1d_update`` and
+``fused_sigmoid_gating_delta_rule_update`` with [N, T] rows and ``num_accepted_tokens`` (N padded to a decode
+bucket with -1 rows), then ``rms_norm_gated``: T tokens verified at a time from an n-gram draft, both states rolled
+back to the accepted prefix by reading the accepted token's row next step. Prefix cache: the prefill kernels write
+the conv window and the state at every block boundary inside a prompt into the same rows the cache owns
+(``checkpoint_every``, ``checkpoint_indices``), and a prompt that shares a block-aligned prefix with an earlier one
+starts both from that row (``read_indices``: read on device, the request's own row written) — no pool row is
+copied on the host. HF's GDN functions (its recurrences, its causal conv, whose fallback prints "falling back to
+its reference PyTorch implementation", and its gated norm) are replaced by ones that raise while the engine runs.
 
 Judged: fp32, every request's greedy tokens equal HF's ``generate`` and every logit within 1e-4; bf16, the
-agreement is reported (first divergence, token match rate). Programs: every launch of a bucket had the same trace
-key (kernel, shapes, dtypes, non-tensor values: what a compiling backend compiles on) and ran the same static
-program (nki-cpu's ``Trace.fingerprint()``), one per bucket used (``gdn_nki.traces.recording_launches``).
+agreement is reported (first divergence, token match rate). Programs: every launch of a kernel and bucket had the
+same trace key (kernel, shapes, dtypes, non-tensor values: what a compiling backend compiles on) and ran the same
+static program (nki-cpu's ``Trace.fingerprint()``), one per kernel and bucket used
+(``gdn_nki.traces.recording_launches``).
 
     python examples/serve_qwen3_next.py [--requests 12] [--max-prompt 600] [--dtype float32 bfloat16]
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import random
 import sys
 from collections import Counter
@@ -54,7 +55,8 @@ from serving.pool import StatePool, check
 
 LOGIT_TOLERANCE = 1e-4  # fp32
 KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step", "conv_prefill": "gdn_conv_bucket",
-                   "conv_decode": "gdn_conv_step"}  # fmt: skip
+                   "conv_decode": "gdn_conv_step", "norm_prefill": "gdn_gated_rms_norm",
+                   "norm_decode": "gdn_gated_rms_norm"}  # fmt: skip
 
 
 def build_model(dtype: torch.dtype, seed: int = 0, layer_types: tuple[str, ...] | None = None) -> Qwen3NextForCausalLM:
@@ -103,8 +105,29 @@ class Verdict:
     max_logit_error: float
 
 
+class _HfReferenceFallbacks(logging.Filter):
+    """Drops HF's "falling back to its reference PyTorch implementation" notices while ``judge`` runs HF's own
+    model: the reference is HF's torch path by design (the engine never calls it; its test checks that no such
+    warning is logged while serving)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "falling back to its reference PyTorch implementation" not in record.getMessage()
+
+
 def judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]:
     """Each request's served tokens against HF's own greedy ``generate`` (its own GDN path) of as many tokens."""
+    # On transformers' handlers: a logger's own filters do not see its child loggers' records (hub_kernels').
+    handlers, quiet = logging.getLogger("transformers").handlers, _HfReferenceFallbacks()
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        return _judge(model, requests)
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
+def _judge(model: Qwen3NextForCausalLM, requests: list[Request]) -> list[Verdict]:
     verdicts = []
     for r in requests:
         if not r.output:
@@ -170,7 +193,8 @@ def summary(engine: Engine, programs: dict, verdicts: list[Verdict], dtype: str)
     lines = [
         f"{dtype}: {len(engine.requests)} requests ({done} done, {s['aborted']} aborted) in {engine.step_no} steps; "
         f"pool high water {engine.pool.high_water}/{len(engine.pool.owner)} rows",
-        f"  prefix cache (checkpoints written by the prefill kernel every {engine.config.block} tokens): "
+        f"  prefix cache (conv-window and state checkpoints written by the prefill kernels every {engine.config.block} "
+        "tokens): "
         f"{s['cache_hits']} hits, {s['cached_tokens']} prompt tokens not recomputed "
         f"({s['cached_tokens'] / max(1, computed + s['cached_tokens']):.0%} of {computed + s['cached_tokens']})",
         f"  speculative decoding: {s['decode_steps']} decode steps, {s['accepted_drafts']}/{s['drafted']} drafted "

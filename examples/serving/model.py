@@ -1,12 +1,12 @@
 """HF's Qwen3-Next layers run over a packed batch of request segments, each with its own caches.
 
-Every projection, norm, convolution weight, rotary embedding, attention function and MLP is the HF module's own;
-what this module adds is the bookkeeping HF's single-batch ``Cache`` cannot do for a continuous batch: per request
-a KV cache (host tensors), and per GDN layer its conv windows and recurrent states in rows of the shared pool,
-reached only through ``GdnKernels`` (gdn-nki runs the conv, the gating's recurrence and the rollback of both; the
-gated RMSNorm is still HF's module). A forward leaves the KV caches untouched until ``commit`` says how many of a
-segment's tokens were accepted (speculative decoding rolls back the rest; the pool rows roll back by the rows the
-next step reads).
+Every projection, layer norm, weight, rotary embedding, attention function and MLP is the HF module's own; a
+GatedDeltaNet layer's conv, gating, recurrence and gated RMSNorm run on gdn-nki, reached only through ``GdnKernels``.
+What this module adds is the bookkeeping HF's single-batch ``Cache`` cannot do for a continuous batch: per request
+a KV cache (host tensors), and per GDN layer its conv windows and recurrent states in rows of the shared pool (one
+row number names both). A forward leaves the KV caches untouched until ``commit`` says how many of a segment's
+tokens were accepted (speculative decoding rolls back the rest; the pool rows roll back by the rows the next step
+reads).
 """
 
 from __future__ import annotations
@@ -95,15 +95,16 @@ class PackedQwen3Next:
         q, k, v = torch.split(mixed, [la.key_dim, la.key_dim, la.value_dim], dim=-1)
         q, k = (t.reshape(1, t.shape[1], -1, la.head_k_dim) for t in (q, k))
         v = v.reshape(1, v.shape[1], -1, la.head_v_dim)
-        beta = b.sigmoid()
-        g = -la.A_log.float().exp() * torch.nn.functional.softplus(a.float() + la.dt_bias)
+        gate = (la.A_log, la.dt_bias)  # the gating runs in the kernel, from the raw a and b
         if decode:
-            o = self.kernels.decode(q, k, v, g, beta, rows, accepted)
+            o = self.kernels.decode(q, k, v, a, b, gate, rows, accepted)
+            phase, bucket = "norm_decode", (self.kernels.buckets.decode_bucket(len(segments)), len(segments[0].tokens))
         else:
-            o = self.kernels.prefill(q, k, v, g, beta, bounds, rows, reads, checkpoints)
+            o = self.kernels.prefill(q, k, v, a, b, gate, bounds, rows, reads, checkpoints)
+            phase, bucket = "norm_prefill", self.kernels.prefill_bucket_of(bounds)
         check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
-        o = la.norm(o.reshape(-1, la.head_v_dim), z.reshape(-1, la.head_v_dim))
-        return la.out_proj(o.reshape(1, o.shape[0] // la.num_v_heads, -1))
+        o = self.kernels.norm(phase, bucket, o[0], z[0], la.norm)
+        return la.out_proj(o.reshape(1, o.shape[0], -1))
 
     def _assert_rows(self, i: int, segments: list[Segment]) -> None:
         """Every pool row layer ``i``'s kernels will read or write belongs to who reads or writes it."""

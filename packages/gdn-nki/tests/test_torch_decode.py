@@ -120,6 +120,32 @@ def test_sigmoid_gating_update_matches_the_fused_oracle() -> None:
         fused_sigmoid_gating_delta_rule_update(_t(x.A_log), a2d, _t(x.dt_bias), 2.0, 20.0, *flat, b2d, pool, _t(rows))
 
 
+def test_sigmoid_gating_update_per_token_rows_roll_back_with_num_accepted_tokens() -> None:
+    """[N, T] rows and num_accepted_tokens (the serving example's speculative decode): request n resumes from row
+    [n, a − 1], the state after token t goes to row [n, t]; a padding request's rows and every other row untouched."""
+    x = step_inputs(36, "float32", N=3, T=2, P=10)
+    rows = np.array([[0, 1], [-1, -1], [4, 7]], np.int32)
+    accepted = np.array([2, 1, 1], np.int32)
+    before = x.pool.copy()
+    pool = torch.from_numpy(x.pool)
+    flat = [_t(a.reshape(1, 6, *a.shape[2:])) for a in (x.query, x.key, x.value)]
+    a3d, b3d = (_t(a.reshape(1, 6, -1)) for a in (x.a, x.b))
+    o = fused_sigmoid_gating_delta_rule_update(_t(x.A_log), a3d, _t(x.dt_bias), 1.0, 20.0, *flat, b3d, pool,
+                                               _t(rows), use_qk_l2norm_in_kernel=True,
+                                               cu_seqlens=torch.tensor([0, 2, 4, 6], dtype=torch.int32),
+                                               num_accepted_tokens=_t(accepted))  # fmt: skip
+    g, beta = fused_gates(x.a, x.b, x.A_log, x.dt_bias)
+    starts = before[[1, 0, 4]]  # request 0 accepted both tokens of its last step: its state is in row [0, 1]
+    ref_out, ref_states = decode_steps(x.query, x.key, x.value, g, beta, 32**-0.5, starts, l2norm=True)
+    got = o.numpy().reshape(3, 2, *o.shape[2:])
+    for n in (0, 2):
+        assert_within("out", got[n], ref_out[n], "float32")
+        for t in range(2):
+            assert_within("state", x.pool[rows[n, t]], ref_states[n, t], "float32")
+    untouched = [r for r in range(10) if r not in rows[[0, 2]].reshape(-1)]
+    assert np.array_equal(x.pool[untouched], before[untouched])
+
+
 @pytest.mark.parametrize("default", ["g", "beta"])
 def test_fla_form_batch_rows_and_default_gates_match_the_oracle(default: str) -> None:
     """B = 2 rows of T = 3 tokens without cu_seqlens (every other test packs B = 1, where a gate read time-major,

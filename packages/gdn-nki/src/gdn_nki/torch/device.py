@@ -236,15 +236,17 @@ def vllm_fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
 
 def fused_sigmoid_gating(A_log: Tensor, a: Tensor, dt_bias: Tensor, q: Tensor, k: Tensor, v: Tensor, b: Tensor,
                          pool: Tensor, initial_state_indices: Tensor, cu_seqlens: Tensor | None, softplus_beta: float,
-                         softplus_threshold: float, scale: float | None, use_qk_l2norm: bool) -> Tensor:  # fmt: skip
+                         softplus_threshold: float, scale: float | None, use_qk_l2norm: bool,
+                         num_accepted_tokens: Tensor | None = None) -> Tensor:  # fmt: skip
     """``gdn_nki::fused_sigmoid_gating_delta_rule_update`` on a device: ``gdn_step``'s fused gating on the pool."""
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}
-    n_seqs, tokens = rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, None, scale, use_qk_l2norm,
-                                       gates, name="initial_state_indices")  # fmt: skip
+    n_seqs, tokens = rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale,
+                                       use_qk_l2norm, gates, name="initial_state_indices")  # fmt: skip
     per_token = (n_seqs, tokens, v.shape[2])
     fused = dict(a=a.to(torch.float32).reshape(per_token), b=b.to(torch.float32).reshape(per_token),
                  A_log=A_log.to(torch.float32), dt_bias=dt_bias.to(torch.float32))  # fmt: skip
-    return _step(q, k, v, pool, initial_state_indices, None, fused, n_seqs, tokens, scale, use_qk_l2norm)
+    accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
+    return _step(q, k, v, pool, initial_state_indices, accepted, fused, n_seqs, tokens, scale, use_qk_l2norm)
 
 
 def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted: Tensor | None,

@@ -191,6 +191,7 @@ def fused_sigmoid_gating_delta_rule_update(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Any = None,
     *,
+    num_accepted_tokens: Any = None,
     check_values: bool = True,
 ) -> Any:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update``: fused gating, state pool by index.
@@ -200,7 +201,10 @@ def fused_sigmoid_gating_delta_rule_update(
         softplus_beta: must be 1.0. softplus_threshold: at least 20 (the exact softplus in fp32).
         q, k: [B, T, H, K]; v: [B, T, HV, V]. cu_seqlens: [N + 1] (B = 1), equal lengths.
         initial_state_source: the pool [P, HV, K, V] fp32, updated IN PLACE at ``initial_state_indices`` [N]
-            (the state after each request's last token); -1 marks a padding request.
+            (the state after each request's last token) or [N, T] (the state after token t to row [n, t], as
+            ``vllm_fused_recurrent_gated_delta_rule``'s ``ssm_state_indices``); -1 marks a padding request.
+        num_accepted_tokens: [N] int32 with [N, T] indices: request n resumes from row [n, a − 1] (speculative
+            rollback, as ``vllm_fused_recurrent_gated_delta_rule``'s); None: from row [n, 0].
         scale, use_qk_l2norm_in_kernel: as FLA's.
         check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
 
@@ -213,10 +217,11 @@ def fused_sigmoid_gating_delta_rule_update(
     raw = {name: _per_token(name, x, shape) for name, x in (("a", a), ("b", b))}
     heads = {name: _fp32(name, x) for name, x in (("A_log", A_log), ("dt_bias", dt_bias))}
     indices = _indices("initial_state_indices", initial_state_indices)
+    accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
     pool, publish = state_buffer("initial_state_source", initial_state_source)
     layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts)
-    out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, None, step)
+    out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, accepted, step)
     publish()
     return out
 

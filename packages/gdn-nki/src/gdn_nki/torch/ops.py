@@ -574,6 +574,7 @@ def fused_sigmoid_gating_op(
     softplus_threshold: float,
     scale: float | None,
     use_qk_l2norm: bool,
+    num_accepted_tokens: Tensor | None = None,
 ) -> Tensor:
     """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
     return device.fused_sigmoid_gating(**locals())
@@ -581,17 +582,17 @@ def fused_sigmoid_gating_op(
 
 @fused_sigmoid_gating_op.register_kernel("cpu")
 def _fused_sigmoid_gating_cpu(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                              softplus_threshold, scale, use_qk_l2norm) -> Tensor:  # fmt: skip
+                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
     return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
         A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, pool, initial_state_indices, scale,
-        use_qk_l2norm, cu_seqlens,
+        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens,
     )  # fmt: skip
 
 
 @fused_sigmoid_gating_op.register_fake
 def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                               softplus_threshold, scale, use_qk_l2norm) -> Tensor:  # fmt: skip
-    rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, None, scale, use_qk_l2norm,
+                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+    rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
                       {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices")  # fmt: skip
     return _prefill_out(q, v)
 
@@ -614,28 +615,32 @@ def fused_sigmoid_gating_delta_rule_update(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: Tensor | None = None,
     check_values: bool = True,
+    num_accepted_tokens: Tensor | None = None,
 ) -> Tensor:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` as the op
     ``gdn_nki::fused_sigmoid_gating_delta_rule_update`` (the pool declared mutated).
 
     Dimensions, Args and Returns:
-        As ``gdn_nki.torch.fused_recurrent.fused_sigmoid_gating_delta_rule_update``: ``o``.
+        As ``gdn_nki.torch.fused_recurrent.fused_sigmoid_gating_delta_rule_update``: ``o``. With [N, T]
+        ``initial_state_indices``, ``num_accepted_tokens`` [N] rolls a speculative step back as
+        ``vllm_fused_recurrent_gated_delta_rule``'s does.
     """
     tensors = (A_log, a, dt_bias, q, k, v, b, initial_state_source)
     host = check_values is not True and q.device.type == "cpu"
     if (
         host
-        or not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices), scale)
+        or not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale)
         or not all(isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold))
     ):
         return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
             initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens, check_values=check_values,
+            num_accepted_tokens=num_accepted_tokens,
         )  # fmt: skip
     fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
     return fused_sigmoid_gating_op(A_log, a, dt_bias, q, k, v, b, initial_state_source, initial_state_indices,
                                    cu_seqlens, float(softplus_beta), float(softplus_threshold), _scale(scale),
-                                   bool(use_qk_l2norm_in_kernel))  # fmt: skip
+                                   bool(use_qk_l2norm_in_kernel), num_accepted_tokens)  # fmt: skip
 
 
 def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any) -> bool:
