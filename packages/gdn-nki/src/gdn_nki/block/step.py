@@ -26,14 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from gdn_ref.block_rules import block_violations
+from gdn_ref.decode import RMS_NORM_EPS
 
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.tiles import FP32
 from ..conv.step import gdn_conv_step
+from ..norm.kernel import gdn_gated_rms_norm
 from ..tkg.step import gdn_step
 from .in_proj import HiddenTiles, copy_by_rows, project_all, scratch
-from .output_norm import gated_norm
 
 
 @nki.jit
@@ -111,9 +112,8 @@ def gdn_block_step(
 
     o, _ = gdn_step(q, k, v, state_pool, state_indices, num_accepted_tokens, a=a, b=b, A_log=A_log,
                     dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm=True)  # fmt: skip
-    out = nl.ndarray((n_req, tokens, hv * dv), dtype=dtype, buffer=nl.shared_hbm)
-    gated_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, out.reshape((rows * hv, dv)))
-    return out, conv_pool, state_pool
+    out = gdn_gated_rms_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, RMS_NORM_EPS)
+    return out.reshape((n_req, tokens, hv * dv)), conv_pool, state_pool
 
 
 def _copy_columns(src: Any, first: int, dst: Any) -> None:
