@@ -78,9 +78,13 @@ class Projection:
                     for (b0, span), acc in zip(spans, per_tile, strict=True):
                         matmul(tile[:, k, :], part[:, b0 : b0 + span], dst=acc, accumulate=k > 0)
             del per_step  # the block's weight tiles are free
+            # The last block's evacuations end on the scalar engine: the vector engine, whose in-order queue holds
+            # the next stage's setup (the conv's row tables and masks) behind them, is free one evacuation sooner
+            # (N = 8: 265.5 -> 265.2 µs; PERFORMANCE.md, "Fused decode block").
+            last = c0 == self.starts[-1]
             for result, per_tile in zip(results, sums, strict=True):
                 for i, ((b0, span), acc) in enumerate(zip(spans, per_tile, strict=True)):
-                    _evacuate(result[:, c0 + b0 : c0 + b0 + span], acc, i)
+                    _evacuate(result[:, c0 + b0 : c0 + b0 + span], acc, i + last)
             del sums  # the banks are free for the next block
 
     def store(self) -> None:
