@@ -3,23 +3,16 @@ in nki-cpu's Trn2 cost model (issue 43 items 3 and 8)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_block.py"
+from example_scripts import load_bench
+
 pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_block", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_block"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_block")
 
 
 @pytest.fixture(scope="module")
