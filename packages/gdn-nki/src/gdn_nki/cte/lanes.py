@@ -170,16 +170,15 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
 
 
 PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inverse, transition and chain
-# A compiled loop's iteration is up to this many times ``depth`` periods. The compiler ends every iteration with a
-# drain and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
-# ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain: +13-16 % at
-# S = 8192 and 32768 with one unit group per iteration. ``steady_states`` takes the largest unroll up to this that
-# still leaves the loop ``MIN_LOOP_ITERATIONS`` iterations, so long prefills pay the barrier a third as often while
-# short sequences (the program tests' shapes) keep a one-group body that really loops (PERFORMANCE.md,
-# "Hardware loops").
-LOOP_UNROLL = 3
-# Iterations a run must keep at an unroll above 1: with one iteration the body is the unrolled code again.
-MIN_LOOP_ITERATIONS = 2
+# The compiler ends every compiled-loop iteration with a drain and a barrier across all engines, and the loop's entry
+# and exit with one too ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's ``loop_barrier_ns``,
+# 3.97 µs): a loop of n iterations pays n + 1, each also draining the pipeline. The page's remedy is fewer, longer
+# iterations, or no loop. A lane's program holds at most this many unit groups of its steady periods (``depth``
+# periods a group): a run that fits is unrolled whole (no barrier: one lane S = 8192, 121.4 -> 107.3 µs), a longer
+# one loops over the body that leaves the fewest iterations with the body and the periods left over after whole
+# iterations still within it (S = 32768: two iterations of five groups). Six groups is what the earlier rule (a body
+# of up to three groups, up to a body's worth left over) already reached (PERFORMANCE.md, "Hardware loops").
+STEADY_GROUPS = 6
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
@@ -434,15 +433,15 @@ class SteadyState:
 
 
 def steady_states(
-    units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, unroll: int = 1
+    units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, steady_groups: int = 1
 ) -> list[SteadyState]:
-    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth · u`` periods,
-    ``u`` the largest up to ``unroll`` that leaves the run ``MIN_LOOP_ITERATIONS`` iterations (else 1).
+    """The runs of periods that are one compiled loop each, as whole loop iterations of ``depth · u`` periods
+    (``loop_plan``: a run the program can hold whole within ``steady_groups`` unit groups is not a loop).
 
     Period p (the operands of unit p, the chain of unit p − depth + 1) qualifies when units p − depth + 1 .. p are all
     one full segment of the same lane and the oldest starts at a unit boundary of the lane (its state then starts
     in tile 0 of the lane's ring, and so does every unit's chain: ``state_ring_order``). Lane starts and ends, units
-    shared by lanes, and the periods left over after whole iterations stay unrolled.
+    shared by lanes, the periods left over after whole iterations and the runs left unrolled stay unrolled.
     """
     if state_ring_order(group_size) is None:
         return []
@@ -466,12 +465,42 @@ def steady_states(
         last = p
         while last + 1 < len(units) and steady(last + 1) is lane:
             last += 1
-        u = loop_unroll(last - p + 1, depth, unroll)
-        iterations = (last - p + 1) // (depth * u)
-        if iterations:
+        u = loop_plan(last - p + 1, depth, steady_groups)
+        if u:
+            iterations = (last - p + 1) // (depth * u)
             found.append(SteadyState(lane, p, p + iterations * depth * u - 1, u))
         p = last + 1
     return found
+
+
+def loop_plan(periods: int, depth: int, steady_groups: int) -> int:
+    """Unit groups per iteration of the compiled loop over a run of ``periods`` steady periods, or 0: no loop.
+
+    Dimensions:
+        A unit group is ``depth`` periods; the program may hold ``depth · steady_groups − 1`` steady periods.
+
+    Args:
+        periods: the run's steady periods.
+        depth: periods from a unit's operands to its chain (``pipeline_depth``).
+        steady_groups: ``STEADY_GROUPS``, the program's room for the run.
+
+    Returns:
+        0 when the run fits the room (it is unrolled: no loop, no barrier); else the body that leaves the fewest
+        iterations (barriers: iterations + 1) with the body plus the periods left over within the room, the
+        smaller program among equals; 1 (the smallest program) when no body fits.
+
+    Notes:
+        The loop's bits are the unrolled periods' whatever the plan (``test_nki_program.py``).
+    """
+    room = depth * steady_groups - 1
+    if periods <= room:
+        return 0
+
+    def held(u: int) -> int:  # steady periods the program holds: the body and the periods left over
+        return depth * u + periods % (depth * u)
+
+    fitting = [u for u in range(1, periods // depth + 1) if held(u) <= room]
+    return min(fitting, key=lambda u: (periods // (depth * u), held(u))) if fitting else 1
 
 
 STATE_RING = 4  # state tiles per lane in a compiled loop
@@ -524,7 +553,7 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     depth = pipeline_depth(lanes[0], group_size, bucketed)
     tile_sets = allocate_tile_sets(group_size, lanes[0], depth, initial=bucketed)
     pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
-    loops = {run.first_period: run for run in steady_states(units, group_size, depth, LOOP_UNROLL)}
+    loops = {run.first_period: run for run in steady_states(units, group_size, depth, STEADY_GROUPS)}
     if loops:
         pipe.ring_order = state_ring_order(group_size) or []
         rings = [[state_tile(lanes[0], reused=True) for _ in range(STATE_RING)] for _ in range(2)]
@@ -548,15 +577,6 @@ def hand_over(units: list[Unit], index: int, state: State | None) -> None:
     its first segment starts a lane; no unit: the launch's chain is done."""
     if state is not None and 0 <= index < len(units):
         units[index][0].entry = state
-
-
-def loop_unroll(periods: int, depth: int, unroll: int) -> int:
-    """Units of ``depth`` periods per iteration for a run of ``periods`` steady periods: the largest up to
-    ``unroll`` that keeps ``MIN_LOOP_ITERATIONS`` iterations, else 1 (a short run keeps a one-group body)."""
-    for u in range(unroll, 1, -1):
-        if periods // (depth * u) >= MIN_LOOP_ITERATIONS:
-            return u
-    return 1
 
 
 def bucket_group(lane: Lane, group_size: int) -> int:
