@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 def loop_every_steady_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every steady run of a lane a compiled loop of one unit group per iteration (``lanes.STEADY_GROUPS`` = 1),
     as launches long enough to loop at the default do: the loop's machinery checked at shapes that run in seconds,
-    which the default unrolls whole (``lanes.loop_plan``)."""
+    which the default unrolls whole (``common.loop_plan``)."""
     from gdn_nki.cte import lanes
 
     monkeypatch.setattr(lanes, "STEADY_GROUPS", 1)

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gdn_nki
+import nki_cpu
 from gdn_nki.common.backend import last_program_fingerprints
+from gdn_nki.conv import step as conv_step
 from gdn_ref.contract import ContractError
 from gdn_ref.conv import causal_conv1d_decode_pool
 from gdn_spec.metrics import compare, describe
@@ -72,14 +74,26 @@ def test_conv_step_matches_the_oracle(N, T, W, extra, per_token, dtype, seed, da
            data.draw(st.sampled_from(["silu", None])), dtype)  # fmt: skip
 
 
-@pytest.mark.parametrize("N", [19, 30, 50, 75])
-def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int) -> None:
-    """N = 19: three groups of 8 unrolled, 5 slots past N; 30: two iterations of three groups (the last unrolled);
-    50 and 75: a compiled loop of 2 and 3 iterations before it. Per-token rows, rollback, padding."""
+@pytest.mark.parametrize(
+    ("N", "held", "iterations"), [(19, 36, 0), (75, 36, 0), (30, 3, 0), (50, 3, 2), (75, 3, 3), (150, 12, 2)]
+)
+def test_qwen3_next_width_and_a_compiled_loop_of_groups(
+    monkeypatch: pytest.MonkeyPatch, N: int, held: int, iterations: int
+) -> None:
+    """Rounds of three groups of 8, the last unrolled; the rounds before it unrolled while the program holds them
+    (``step.GROUPS_HELD`` groups), else a compiled loop (``common.loop_plan``). N = 19: one round, 5 slots past N; 75
+    at the default: four rounds unrolled; at one round held, 30: two rounds unrolled; 50 and 75: a loop of 2 and 3
+    iterations of one round; 150 at four rounds held: 2 iterations of three rounds. Per-token rows, rollback,
+    padding."""
+    monkeypatch.setattr(conv_step, "GROUPS_HELD", held)
     rng, x, pool, weight, bias = _inputs(3, "bfloat16", N, 2, C=64, P=2 * N + 4)
     rows = _rows(rng, N, 2, 2 * N + 4, True, [4, 17])
     accepted = rng.integers(1, 3, N).astype(np.int32)
     _check(x, pool, weight, bias, rows, accepted, "silu", "bfloat16")
+    if not gdn_nki.common.backend.USING_REAL_NKI:
+        trace = nki_cpu.last_trace()
+        assert len(trace.boundaries) == (iterations + 1 if iterations else 0), "not the loop planned"
+        assert (trace.static_instructions < len(trace.records)) == bool(iterations)
 
 
 def test_hf_cache_layout_keeps_w_inputs_and_the_taps_read_the_last_w_minus_1() -> None:

@@ -249,7 +249,7 @@ def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(
     and 8 the bucket has five whole units, so those boundaries fall inside a compiled loop's iterations (chunk
     indices at run time, the entry copied into the loop's state ring: one group per iteration, as the default would
     unroll so short a run whole); at group 3 and 60 chunks the run is long enough for the default's body of several
-    groups (``lanes.loop_plan``). Checkpoints every chunk, stored after each
+    groups (``common.loop_plan``). Checkpoints every chunk, stored after each
     sequence's first and last chunk and on either side of the unit boundaries; the last sequence ends at the
     bucket's last chunk."""
     g = group_size

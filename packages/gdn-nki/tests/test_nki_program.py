@@ -4,7 +4,7 @@ does not grow with S, and the loop computes exactly what the unrolled periods co
 nki-cpu counts a compiled loop's body once (``Trace.static_instructions``) and checks that running it per
 iteration is what the traced-once body computes (nki-cpu README, "compiled loop bodies"). Small head dims and
 groups of 4 chunks keep the launches to a few seconds; production shapes are in ``nox -s bench``. At such shapes
-the default unrolls a lane's steady periods whole (``lanes.loop_plan``), so the module's tests loop one unit group
+the default unrolls a lane's steady periods whole (``loop_plan``), so the module's tests loop one unit group
 per iteration (the ``loop_every_steady_run`` fixture) unless they say otherwise.
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import nki_cpu
+from gdn_nki.common.loop_plan import loop_plan
 from gdn_nki.cte import lanes, schur
 from gdn_spec.regimes import Geometry
 from nki_inputs import assert_matches_oracle, case, run
@@ -99,10 +100,10 @@ def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_long_run_loops_over_several_groups_per_iteration(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     """Four iterations' worth of steady periods at one group each, in a program with room for three groups
-    (``lanes.STEADY_GROUPS`` = 3): ``lanes.loop_plan`` puts two groups in each iteration (two iterations, none left
+    (``lanes.STEADY_GROUPS`` = 3): ``loop_plan`` puts two groups in each iteration (two iterations, none left
     over), the program holds the two-group body once, and the bits are those of one group per iteration."""
     steady = 4 * lanes.PIPELINE_DEPTH  # periods
-    assert lanes.loop_plan(steady, lanes.PIPELINE_DEPTH, 3) == 2, "re-size the test"
+    assert loop_plan(steady, lanes.PIPELINE_DEPTH, 3 * lanes.PIPELINE_DEPTH - 1) == 2, "re-size the test"
     c = case(dtype, _geometry(1, (ONE_ITERATION + steady - lanes.PIPELINE_DEPTH) * GROUP * 128), seed=6,
              regime="initial_state")  # fmt: skip
     narrow = run(c, "schur", group_size=GROUP)
@@ -136,19 +137,19 @@ def test_the_loop_plan_pays_the_fewest_barriers_the_program_has_room_for() -> No
     """Runs the room holds are unrolled; longer ones take the body leaving the fewest iterations whose body and
     leftover fit the room, the smaller program among equals (one lane bf16 at group 8: S = 8192 six steady
     periods, S = 32768 thirty); without room for any body, one group per iteration."""
-    depth, groups = lanes.PIPELINE_DEPTH, DEFAULT_STEADY_GROUPS
-    room = depth * groups - 1
-    assert lanes.loop_plan(6, depth, groups) == 0  # S = 8192: unrolled
-    assert lanes.loop_plan(room, depth, groups) == 0
-    assert lanes.loop_plan(30, depth, groups) == 5  # S = 32768: two iterations of five groups
-    assert lanes.loop_plan(room + 1, depth, groups) == 3  # two iterations of three groups, none left over
-    assert lanes.loop_plan(26, depth, groups) == 4  # two iterations either way: 12 + 2 periods held, not 9 + 8
-    assert lanes.loop_plan(2, depth, 1) == 0
-    assert all(lanes.loop_plan(n, depth, 1) == 1 for n in range(depth, 40))
-    for d in (2, 3):
-        room = d * groups - 1
+    depth = lanes.PIPELINE_DEPTH
+    room = depth * DEFAULT_STEADY_GROUPS - 1
+    assert loop_plan(6, depth, room) == 0  # S = 8192: unrolled
+    assert loop_plan(room, depth, room) == 0
+    assert loop_plan(30, depth, room) == 5  # S = 32768: two iterations of five groups
+    assert loop_plan(room + 1, depth, room) == 3  # two iterations of three groups, none left over
+    assert loop_plan(26, depth, room) == 4  # two iterations either way: 12 + 2 periods held, not 9 + 8
+    assert loop_plan(2, depth, depth - 1) == 0
+    assert all(loop_plan(n, depth, depth - 1) == 1 for n in range(depth, 40))
+    for d in (1, 2, 3):
+        room = d * DEFAULT_STEADY_GROUPS - 1
         for n in range(room + 1, 200):
-            u = lanes.loop_plan(n, d, groups)
+            u = loop_plan(n, d, room)
             body, iterations = d * u, n // (d * u)
             assert body + n % body <= room and iterations >= 2, (d, n, u)
             better = [v for v in range(1, n // d + 1) if d * v + n % (d * v) <= room

@@ -23,8 +23,9 @@ partitions would move each request's elements in runs of L or 1 (6 or 2 bytes). 
 independent, so any channel-to-partition map works as long as inputs, taps, windows and outputs share it.
 
 All arithmetic is fp32 (the DMA widens bf16 inputs and the activation narrows the output), as HF's fallback computes
-in the weight's dtype and vLLM's kernels accumulate in fp32. The groups run as a compiled loop (``nl.fori_loop``,
-SDK 2.33): the program does not grow with N; one compiled program per (N, T).
+in the weight's dtype and vLLM's kernels accumulate in fp32. Past ``GROUPS_HELD`` groups the rounds run
+as a compiled loop (``nl.fori_loop``, SDK 2.33) of several rounds an iteration, so the program stops growing with
+N; one compiled program per (N, T).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gdn_ref.conv_rules import conv_step_violations
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR
 from ..common.kernel_assert import assert_valid_call
+from ..common.loop_plan import loop_plan
 from ..common.request_rows import entry, request_rows
 from ..common.tiles import FP32, matmul, sbuf
 
@@ -85,11 +87,11 @@ def gdn_conv_step(
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
     sets = min(TILE_SETS, groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
-    trips = -(-groups // sets)
+    rounds = -(-groups // sets)  # a round convolves one group in each tile set
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
     # and are outside x and out: their transfers are skipped.
-    total = trips * sets
+    total = rounds * sets
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
                         conv_pool.shape[0], outputs=False)  # fmt: skip
     taps, bias_column = _constants(weight, bias, per_part)
@@ -106,21 +108,30 @@ def gdn_conv_step(
     for s, tile_set in enumerate(tile_sets):
         tile_set.load(x, conv_pool, slots_of(s))
 
-    def iteration(i: Any, ahead: bool = True) -> None:
+    def run_round(r: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
-            g = i * sets + s
+            g = r * sets + s
             tile_set.convolve(taps, _column(live, g), shape, activation)
             tile_set.store(out, conv_pool, slots_of(g))
             if ahead:
                 tile_set.load(x, conv_pool, slots_of(g + sets))
 
-    # Every iteration but the last loads the next one's groups; the last, unrolled, loads nothing (its groups
-    # would be past the launch's, and the slot map would make them other groups' requests).
-    if trips > 2:
-        nl.fori_loop(0, trips - 1, iteration)
-    elif trips == 2:
-        iteration(0)
-    iteration(trips - 1, ahead=False)
+    # Every round but the last loads the next one's groups; the last loads nothing (its groups would be past the
+    # launch's, and the slot map would make them other groups' requests). The rounds before it are a compiled loop
+    # of ``per_iteration`` rounds an iteration when the program cannot hold them all (``GROUPS_HELD``), else
+    # unrolled: each iteration pays a barrier and drains the groups in flight (``common.loop_plan``).
+    per_iteration = loop_plan(rounds - 1, 1, GROUPS_HELD // sets)
+    looped = (rounds - 1) // per_iteration * per_iteration if per_iteration else 0
+
+    def iteration(i: Any) -> None:
+        for q in range(per_iteration):
+            run_round(i * per_iteration + q)
+
+    if looped:
+        nl.fori_loop(0, looped // per_iteration, iteration)
+    for r in range(looped, rounds - 1):
+        run_round(r)
+    run_round(rounds - 1, ahead=False)
     return out, conv_pool
 
 
@@ -129,6 +140,11 @@ BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 # constants; verification with every token's window kept at T = 4 fits two sets.
 SET_BUDGET = 160 * 1024
 TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+# Groups the program holds before the last round (unrolled, or a loop body and the rounds left over): 57 instructions
+# a group at T = 1, 148 at T = 4 with every token kept, so up to ~5,300. Up to N = 296 (37 groups) a launch is
+# unrolled whole: a loop of one round an iteration drained the groups in flight and paid the barrier every round
+# (N = 256, T = 1: 284.4 µs against 117.5 unrolled; PERFORMANCE.md, "Conv1d").
+GROUPS_HELD = 36
 
 
 def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:

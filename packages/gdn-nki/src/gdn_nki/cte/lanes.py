@@ -58,6 +58,7 @@ from typing import Any
 from ..common import engines
 from ..common.backend import nl
 from ..common.lockstep import lockstep
+from ..common.loop_plan import loop_plan
 from . import chain, hbm, operands, output, transition
 from .chunks import Chunk, ChunkTiles, Lane, allocate_tile_sets, chunk_tiles_bytes
 from .constant_tiles import Constants
@@ -436,7 +437,8 @@ def steady_states(
     units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, steady_groups: int = 1
 ) -> list[SteadyState]:
     """The runs of periods that are one compiled loop each, as whole loop iterations of ``depth · u`` periods
-    (``loop_plan``: a run the program can hold whole within ``steady_groups`` unit groups is not a loop).
+    (``loop_plan``, the program holding at most ``depth · steady_groups − 1`` steady periods: a run that fits is
+    not a loop).
 
     Period p (the operands of unit p, the chain of unit p − depth + 1) qualifies when units p − depth + 1 .. p are all
     one full segment of the same lane and the oldest starts at a unit boundary of the lane (its state then starts
@@ -465,42 +467,12 @@ def steady_states(
         last = p
         while last + 1 < len(units) and steady(last + 1) is lane:
             last += 1
-        u = loop_plan(last - p + 1, depth, steady_groups)
+        u = loop_plan(last - p + 1, depth, depth * steady_groups - 1)
         if u:
             iterations = (last - p + 1) // (depth * u)
             found.append(SteadyState(lane, p, p + iterations * depth * u - 1, u))
         p = last + 1
     return found
-
-
-def loop_plan(periods: int, depth: int, steady_groups: int) -> int:
-    """Unit groups per iteration of the compiled loop over a run of ``periods`` steady periods, or 0: no loop.
-
-    Dimensions:
-        A unit group is ``depth`` periods; the program may hold ``depth · steady_groups − 1`` steady periods.
-
-    Args:
-        periods: the run's steady periods.
-        depth: periods from a unit's operands to its chain (``pipeline_depth``).
-        steady_groups: ``STEADY_GROUPS``, the program's room for the run.
-
-    Returns:
-        0 when the run fits the room (it is unrolled: no loop, no barrier); else the body that leaves the fewest
-        iterations (barriers: iterations + 1) with the body plus the periods left over within the room, the
-        smaller program among equals; 1 (the smallest program) when no body fits.
-
-    Notes:
-        The loop's bits are the unrolled periods' whatever the plan (``test_nki_program.py``).
-    """
-    room = depth * steady_groups - 1
-    if periods <= room:
-        return 0
-
-    def held(u: int) -> int:  # steady periods the program holds: the body and the periods left over
-        return depth * u + periods % (depth * u)
-
-    fitting = [u for u in range(1, periods // depth + 1) if held(u) <= room]
-    return min(fitting, key=lambda u: (periods // (depth * u), held(u))) if fitting else 1
 
 
 STATE_RING = 4  # state tiles per lane in a compiled loop
