@@ -4,11 +4,11 @@ nki-cpu ends every compiled-loop iteration, and enters and leaves every loop, wi
 engines; the barrier's fixed cost ``Figures.loop_barrier_ns`` is fitted to the "NKI Dynamic Loops" page's example
 (3.97 µs, ``nki_cpu.cost.loop_fit``), within what the page's figures allow (``loop_fit.PLAUSIBLE_NS``: nothing
 beyond the drain, up to 10.4 µs). Each published launch (one lane, Qwen3-Next's heads, the bucketed prefill,
-decode) runs once through the interpreter; its trace is scheduled (Trn2 figures, the kernel's program order) at a
-barrier of 0, the range's low end, the fitted value and the range's high end. The overhead is the fitted makespan's
-excess over the same program at a barrier of 0; a row above ``OVERHEAD_TARGET`` is marked. The loop-boundary count
-(barriers the slowest program pays), static and dynamic instruction counts and a digest of the launch's outputs
-(their raw bytes: a re-tune must leave it unchanged) come with each row.
+decode, conv decode) runs once through the interpreter; its trace is scheduled (Trn2 figures, the kernel's program
+order) at a barrier of 0, the range's low end, the fitted value and the range's high end. The overhead is the
+fitted makespan's excess over the same program at a barrier of 0; a row above ``OVERHEAD_TARGET`` is marked. The
+loop-boundary count (barriers the slowest program pays), static and dynamic instruction counts and a digest of the
+launch's outputs (their raw bytes: a re-tune must leave it unchanged) come with each row.
 
     python packages/gdn-nki/bench/bench_barrier.py [--out DIR] [--smoke] [--rows NAME ...]
 
@@ -110,6 +110,21 @@ def decode(requests: int, tokens: int = 1, key_heads: int = 16, value_heads: int
     return [out, pool]
 
 
+def conv_decode(requests: int, tokens: int = 1, keep_every_token: bool = False) -> Arrays:
+    """``conv_decode_step`` of ``requests`` requests at Qwen3-Next's conv (8192 channels, width 4, bias, SiLU), bf16
+    x and pool, ``tokens`` new tokens, [N] rows or [N, T] rows keeping every token's window."""
+    rng = np.random.default_rng(requests * 10 + tokens)
+    channels, width, state_len, bf16 = 8192, 4, 3, ml_dtypes.bfloat16
+    x = rng.standard_normal((requests, tokens, channels)).astype(bf16)
+    kept = tokens if keep_every_token else 1
+    pool = rng.standard_normal((requests * kept + 1, channels, state_len)).astype(bf16)
+    weight, bias = rng.standard_normal((channels, width)).astype(bf16), rng.standard_normal(channels).astype(bf16)
+    rows = np.arange(requests * kept, dtype=np.int32).reshape((requests, kept) if keep_every_token else -1)
+    accepted = np.ones(requests, np.int32) if keep_every_token else None
+    out, _ = gdn_nki.conv_decode_step(x, pool, weight, bias, rows, accepted, check_values=False)
+    return [out, pool]
+
+
 def _lanes(seq_len: int, key_heads: int = 1, value_heads: int = 1) -> Geometry:
     return Geometry(B=1, Hk=key_heads, Hv=value_heads, S=seq_len, Dk=HEAD_DIM, Dv=HEAD_DIM)
 
@@ -137,6 +152,10 @@ ROWS: dict[str, Callable[[], Arrays]] = {
     "decode N=8 T=1": lambda: decode(8),
     "decode N=64 T=1": lambda: decode(64),
     "decode N=256 T=1": lambda: decode(256),
+    "conv decode N=64 T=1": lambda: conv_decode(64),
+    "conv decode N=256 T=1": lambda: conv_decode(256),
+    "conv decode N=256 T=4": lambda: conv_decode(256, 4),
+    "conv decode N=256 T=4, every token kept": lambda: conv_decode(256, 4, keep_every_token=True),
 }
 # ``--smoke``: short launches, one a compiled loop (decode's requests loop past 16), each a second or so.
 SMOKE_ROWS: dict[str, Callable[[], Arrays]] = {
