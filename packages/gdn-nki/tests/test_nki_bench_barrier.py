@@ -3,25 +3,19 @@ more than the target."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from bench_scripts import load_bench
 from nki_cpu.cost.figures import LOOP_BARRIER_NS
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_barrier.py"
 pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_barrier", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_barrier"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench() -> ModuleType:
+    return load_bench("bench_barrier")
 
 
 def test_a_looping_launch_pays_each_boundary_at_most_once(bench) -> None:
