@@ -13,8 +13,8 @@ launch's outputs (their raw bytes: a re-tune must leave it unchanged) come with 
     python packages/gdn-nki/bench/bench_barrier.py [--out DIR] [--smoke] [--rows NAME ...]
 
 ``--smoke`` (CI's check that the script runs end to end) runs ``SMOKE_ROWS``: short launches, a second or so each,
-one of them a compiled loop. Without it every row of ``ROWS`` runs (about 15 minutes on the 2-core dev VM, most of
-it Qwen3-Next's heads at S = 32768). ``--out`` gets ``bench_barrier.md`` and ``bench_barrier.json``.
+one of them a compiled loop. Without it every row of ``ROWS`` runs (about an hour on the 2-core dev VM, most of it
+Qwen3-Next's heads at S = 32768: 15-20 minutes each dtype). ``--out`` gets ``bench_barrier.md`` and ``bench_barrier.json``.
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ ROWS: dict[str, Callable[[], Arrays]] = {
     "Qwen3-Next heads 16/32 bf16 S=2048": lambda: prefill(_lanes(2048, 16, 32)),
     "Qwen3-Next heads 16/32 bf16 S=8192": lambda: prefill(_lanes(8192, 16, 32)),
     "Qwen3-Next heads 16/32 bf16 S=32768": lambda: prefill(_lanes(32768, 16, 32)),
+    "Qwen3-Next heads 16/32 fp32 S=8192": lambda: prefill(_lanes(8192, 16, 32), "float32"),
+    "Qwen3-Next heads 16/32 fp32 S=32768": lambda: prefill(_lanes(32768, 16, 32), "float32"),
     "bucket, vLLM-like batch, 2/4": lambda: bucket_batch(VARLEN_LENGTHS, 2, 4),
     "bucket, vLLM-like batch, 16/32": lambda: bucket_batch(VARLEN_LENGTHS, 16, 32),
     "S=8192 2/4 gdn_cte": lambda: one_sequence(CHECKPOINT_SEQ_LEN, 2, 4, "cte"),
