@@ -503,18 +503,19 @@ def state_ring_order(group_size: int) -> list[int] | None:
 
 
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: engines.Balancer) -> None:
-    """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state as one
-    ``nl.fori_loop`` whose body is ``depth`` periods.
+    """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state unrolled when
+    the program can hold it (``STEADY_GROUPS``), else as one ``nl.fori_loop`` whose body is a whole number of
+    ``depth``-period groups (``steady_states``).
 
     At most ``depth`` units are between their loads and their chain, each in its own tile set, so on-chip memory
     does not depend on the launch's length (``pipeline_depth``). The chain takes units strictly in order, so each
     lane's state passes from unit to unit as in a plain loop.
 
-    The loop's iteration value is the token offset of the unit its first period loads (step: ``depth`` units of
+    The loop's iteration value is the token offset of the unit its first period loads (step: the body's units of
     tokens), so its HBM accesses need no other arithmetic; what crosses periods lives in tiles allocated before
     the loop (the tile sets and the lane's state ring); ``balancer`` (the launch's, the one the tile helpers
-    consult) decides once for the body. The program therefore holds each lane's steady state once, whatever its
-    length.
+    consult) decides once for the body. The program therefore holds at most ``STEADY_GROUPS`` groups of each
+    lane's steady state, whatever its length.
     """
     bucketed = inputs.boundaries is not None
     if bucketed and lanes:
