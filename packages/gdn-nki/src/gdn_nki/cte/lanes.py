@@ -174,8 +174,8 @@ PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inv
 # The compiler ends every compiled-loop iteration with a drain and a barrier across all engines, and the loop's entry
 # and exit with one too ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's ``loop_barrier_ns``,
 # 3.97 µs): a loop of n iterations pays n + 1, each also draining the pipeline. The page's remedy is fewer, longer
-# iterations, or no loop. A lane's program holds at most this many unit groups of its steady periods (``depth``
-# periods a group): a run that fits is unrolled whole (no barrier: one lane S = 8192, 121.4 -> 107.3 µs), a longer
+# iterations, or no loop. A lane's program holds this many unit groups less a period of its steady periods (``depth``
+# periods a group): a run that fits is unrolled whole (no barrier: one lane S = 8192, 121.4 -> 109.5 µs), a longer
 # one loops over the body that leaves the fewest iterations with the body and the periods left over after whole
 # iterations still within it (S = 32768: two iterations of five groups). Six groups is what the earlier rule (a body
 # of up to three groups, up to a body's worth left over) already reached (PERFORMANCE.md, "Hardware loops").
