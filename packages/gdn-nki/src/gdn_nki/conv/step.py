@@ -141,9 +141,9 @@ BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 SET_BUDGET = 160 * 1024
 TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
 # Groups the program holds before the last round (unrolled, or a loop body and the rounds left over): 57 instructions
-# a group at T = 1, 148 at T = 4 with every token kept, so up to ~5,300. Up to N = 296 (37 groups) a launch is
-# unrolled whole: a loop of one round an iteration drained the groups in flight and paid the barrier every round
-# (N = 256, T = 1: 284.4 µs against 117.5 unrolled; PERFORMANCE.md, "Conv1d").
+# a group at T = 1, 148 at T = 4 with every token kept, so up to ~5,300. Up to N = 312 (13 rounds of 24 requests)
+# a launch is unrolled whole: a loop of one round an iteration drained the groups in flight and paid the barrier
+# every round (N = 256, T = 1: 284.4 µs against 117.5 unrolled; PERFORMANCE.md, "Hardware loops").
 GROUPS_HELD = 36
 
 
