@@ -25,9 +25,9 @@ from gdn_nki.common import backend  # noqa: E402
 from gdn_nki.conv.prefill import gdn_conv_bucket  # noqa: E402
 from gdn_nki.conv.step import gdn_conv_step  # noqa: E402
 from gdn_nki.norm.kernel import gdn_gated_rms_norm  # noqa: E402
-from gdn_nki.torch import conv, conv_device, device, norm, norm_device  # noqa: E402
+from gdn_nki.torch import conv, conv_device, norm, norm_device  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
-from torch_device import skip_on_device, test_device  # noqa: E402
+from torch_device import launch_replaced, skip_on_device, test_device  # noqa: E402
 
 RECORDED_ON = torch.device("meta") if test_device().type == "cpu" else test_device()
 DEVICE = RECORDED_ON.type
@@ -76,12 +76,8 @@ def recorded() -> Iterator[list[tuple[Any, tuple[Any, ...], dict[str, Any]]]]:
             return torch.empty_like(args[0])
         return torch.empty_like(args[0]), args[1]  # conv: out like x, the pool
 
-    saved = device.launch
-    device.launch = launch
-    try:
+    with launch_replaced(launch):
         yield calls
-    finally:
-        device.launch = saved
 
 
 @contextlib.contextmanager
@@ -94,12 +90,8 @@ def interpreted() -> Iterator[list[tuple[Any, tuple[Any, ...], dict[str, Any]]]]
         calls.append((kernel, args, kwargs))
         return backend.simulate(kernel)(*args, **kwargs)
 
-    saved = device.launch
-    device.launch = launch
-    try:
+    with launch_replaced(launch):
         yield calls
-    finally:
-        device.launch = saved
 
 
 def _layout(x: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, str]:
