@@ -271,3 +271,55 @@ def test_check_values_of_the_gated_norm_finds_a_nan_gate() -> None:
     args["g"][0, 1, 2] = float("nan")
     with pytest.raises(ContractError, match="`g`"):
         check_values("rms_norm_gated", **args)
+
+
+# --- the drop-ins whole: under fake tensors here, on GDN_TORCH_DEVICE against the CPU path under nox -s neuron -------
+
+DROP_IN_CALLS = ("vLLM conv update", "vLLM conv prefill", "FLA conv", "FLA gated norm")
+POOLS = {"vLLM conv update": "conv_state", "vLLM conv prefill": "conv_states"}  # the pool each call updates in place
+
+
+def _drop_in(name: str) -> tuple[Any, Any]:
+    from test_torch_traced_rejections import ALL_CALLS
+
+    return ALL_CALLS[name]
+
+
+def _items(result: Any) -> tuple[Any, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("name", DROP_IN_CALLS)
+def test_the_whole_conv_or_norm_drop_in_runs_under_fake_tensors_without_touching_data(name: str) -> None:
+    """A fake tensor has no data (any read of a value raises): the drop-in's argument handling, layout and op give
+    the CPU run's shapes and dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    drop_in, make = _drop_in(name)
+    want = [None if x is None else (tuple(x.shape), x.dtype) for x in _items(drop_in(**make()))]
+    mode = FakeTensorMode()
+    args = {key: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for key, x in make().items()}
+    with mode:
+        got = _items(drop_in(**args))
+    assert [None if x is None else (tuple(x.shape), x.dtype) for x in got] == want
+    assert all(x is None or isinstance(x, FakeTensor) for x in got)
+
+
+@pytest.mark.parametrize("name", DROP_IN_CALLS)
+def test_each_conv_or_norm_drop_in_on_the_test_device_matches_the_cpu_path(name: str) -> None:
+    """On GDN_TORCH_DEVICE (the XLA device under nox -s neuron) each drop-in gives the CPU path's results and pool
+    rows, to the fp32 kernel's rounding. Skipped on the CPU, where there is no second path to compare."""
+    where = test_device()
+    if where.type == "cpu":
+        pytest.skip("GDN_TORCH_DEVICE is the CPU: the device path is compared only on a device (nox -s neuron)")
+    drop_in, make = _drop_in(name)
+    want_args, args = make(), _on(make(), where)
+    want, got = _items(drop_in(**want_args)), _items(drop_in(**args))
+    pairs = list(zip(want, got, strict=True))
+    if name in POOLS:
+        pairs.append((want_args[POOLS[name]], args[POOLS[name]]))
+    for w, g in pairs:
+        assert (w is None) == (g is None)
+        if w is not None:
+            assert g.device.type == where.type
+            torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4)
