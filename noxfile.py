@@ -262,6 +262,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_ops.py",
     "packages/gdn-nki/tests/test_torch_compile.py",
     "packages/gdn-nki/tests/test_torch_device.py",
+    "packages/gdn-nki/tests/test_torch_conv_device.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
     "packages/gdn-nki/tests/test_torch_norm.py",
@@ -367,6 +368,7 @@ TORCH_OPS_TESTS = tuple(
         "test_torch_ops.py",
         "test_torch_compile.py",
         "test_torch_device.py",
+        "test_torch_conv_device.py",
         "test_torch_traced_rejections.py",
     )
 )

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from bench_scripts import load_bench
 from gdn_spec.metrics import TOLERANCES
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_kernel.py"
 # The modules that issue a stage's instructions (the bench looks through the helpers to the line that called them)
 KERNEL_STAGE_FILES = frozenset(
     {"lanes.py", "constant_tiles.py", "chunks.py", "hbm.py", "operands.py", "schur.py", "neumann.py", "transition.py",
@@ -21,18 +20,9 @@ KERNEL_STAGE_FILES = frozenset(
 pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_kernel", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return _load_bench()
+    return load_bench("bench_kernel")
 
 
 def test_bench_writes_table_json_and_traces(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_decode.py"
+from bench_scripts import load_bench
+
 pytestmark = pytest.mark.nki_cpu_only  # the bench reads nki-cpu's traces into its cost model
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_decode"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench() -> ModuleType:
+    return load_bench("bench_decode")
 
 
 def test_one_cell_at_qwen3_next_heads(bench) -> None:

@@ -121,6 +121,7 @@ def test_the_program_depends_on_the_bucket() -> None:
     assert len(found) == 3
 
 
+@pytest.mark.usefixtures("loop_every_steady_run")  # 24 chunks at group 3: unrolled at the default
 def test_a_compiled_loop_over_sequences_is_one_program() -> None:
     """With group 3, a bucket of 24 chunks runs each head's steady state as a compiled loop whose iterations cross
     sequence boundaries: one program for every layout, and each sequence equal to a separate prefill of it."""
@@ -514,6 +515,7 @@ def test_a_pool_of_2_to_the_24_rows_is_refused_before_anything_is_read() -> None
     assert not row.any(), "a refused call wrote the pool"
 
 
+@pytest.mark.usefixtures("loop_every_steady_run")  # 24 chunks at group 3: unrolled at the default
 def test_a_compiled_loop_reads_its_tables_from_fixed_tiles_and_no_dma_copies_pool_to_pool() -> None:
     """Documented forms only (issue 40): every ``scalar_load`` reads a [1, 1] tile at a trace-time address (no page
     says a view at a run-time offset is "a 1x1 tensor"), and no DMA copies one pool row to another — a last

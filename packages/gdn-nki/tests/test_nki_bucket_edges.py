@@ -13,6 +13,7 @@ import pytest
 
 import gdn_nki
 import nki_cpu
+from gdn_nki.cte import lanes
 from gdn_ref.contract import ContractError
 from gdn_ref.recurrent import recurrent
 from gdn_spec.metrics import compare, describe
@@ -239,16 +240,21 @@ def test_the_most_sequence_slots_a_bucket_has() -> None:
 
 
 @pytest.mark.parametrize(("group_size", "n_chunks"), [(1, 6), (2, 7), (3, 16), (3, 60), (8, 41), (16, 35)])
-def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(group_size: int, n_chunks: int) -> None:
+def test_sequences_starting_at_unit_boundaries_and_one_chunk_after(
+    monkeypatch: pytest.MonkeyPatch, group_size: int, n_chunks: int
+) -> None:
     """Sequences start exactly at unit boundaries (the previous unit's last link copies the entry into the next
     unit's entry tile) and one chunk after them (the entry read at its offset inside a unit), from a row, from zero
     and from a read row, with two column blocks; a group of 1 puts an empty sequence between them. With groups 3
     and 8 the bucket has five whole units, so those boundaries fall inside a compiled loop's iterations (chunk
-    indices at run time, the entry copied into the loop's state ring); at group 3 and 60 chunks the run is long
-    enough for a body of several groups (``lanes.loop_unroll``). Checkpoints every chunk, stored after each
+    indices at run time, the entry copied into the loop's state ring: one group per iteration, as the default would
+    unroll so short a run whole); at group 3 and 60 chunks the run is long enough for the default's body of several
+    groups (``common.loop_plan``). Checkpoints every chunk, stored after each
     sequence's first and last chunk and on either side of the unit boundaries; the last sequence ends at the
     bucket's last chunk."""
     g = group_size
+    if n_chunks < 60:
+        monkeypatch.setattr(lanes, "STEADY_GROUPS", 1)
     chunks = [g, 1, g - 1, 1, n_chunks - 2 * g - 1]  # starts at chunks g, g + 1, 2g, 2g + 1
     lengths = [k * C - (7 if i % 2 else 0) if k else 0 for i, k in enumerate(chunks)]
     rows, read = [0, -1, 1, 2, 3], [0, -1, 1, 4, -1]

@@ -52,6 +52,7 @@ def test_schur_high_water_is_the_same_for_1_or_8_lanes_and_for_a_2x_longer_seque
     assert_same_high_water(high_water("schur", dtype, 8, base_len // 4, group_size), base, "8 lanes x S/4 vs 1 x S")
 
 
+@pytest.mark.usefixtures("loop_every_steady_run")  # each lane loops, as long lanes do at the default
 def test_neumann_high_water_is_the_same_for_1_or_4_lanes():
     # neumann's units are 8 chunks of 64 tokens whatever group_size says: 4 × 5 or 20 units, and each lane has
     # enough for an iteration of the compiled loop (whose state rings are allocated once per launch)

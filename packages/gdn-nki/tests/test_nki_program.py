@@ -3,7 +3,9 @@ does not grow with S, and the loop computes exactly what the unrolled periods co
 
 nki-cpu counts a compiled loop's body once (``Trace.static_instructions``) and checks that running it per
 iteration is what the traced-once body computes (nki-cpu README, "compiled loop bodies"). Small head dims and
-groups of 4 chunks keep the launches to a few seconds; production shapes are in ``nox -s bench``.
+groups of 4 chunks keep the launches to a few seconds; production shapes are in ``nox -s bench``. At such shapes
+the default unrolls a lane's steady periods whole (``loop_plan``), so the module's tests loop one unit group
+per iteration (the ``loop_every_steady_run`` fixture) unless they say otherwise.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import numpy as np
 import pytest
 
 import nki_cpu
+from gdn_nki.common.loop_plan import loop_plan
 from gdn_nki.cte import lanes, schur
 from gdn_spec.regimes import Geometry
 from nki_inputs import assert_matches_oracle, case, run
 
-pytestmark = pytest.mark.nki_cpu_only  # reads nki-cpu's trace
+pytestmark = [pytest.mark.nki_cpu_only, pytest.mark.usefixtures("loop_every_steady_run")]  # reads nki-cpu's trace
 
 GROUP = 4  # chunks per unit
+DEFAULT_STEADY_GROUPS = lanes.STEADY_GROUPS  # read before the fixture sets it to 1
 # Units per lane for a loop of one iteration: the first depth - 1 periods fill the pipeline, then one iteration of
 # depth periods (lanes.steady_states)
 ONE_ITERATION = 2 * lanes.PIPELINE_DEPTH - 1
@@ -40,12 +44,9 @@ def _counts(algorithm: str, lanes_: int, seq_len: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize(("algorithm", "chunk"), [("schur", 128), ("neumann", 64)])
 @pytest.mark.parametrize("lanes_", [1, 2])
-def test_the_program_does_not_grow_with_the_sequence(
-    monkeypatch: pytest.MonkeyPatch, algorithm: str, chunk: int, lanes_: int
-) -> None:
-    """At one unit group per iteration (a fixed body: ``lanes.LOOP_UNROLL`` = 1) the program is the same at S and
+def test_the_program_does_not_grow_with_the_sequence(algorithm: str, chunk: int, lanes_: int) -> None:
+    """At one unit group per iteration (a fixed body: ``lanes.STEADY_GROUPS`` = 1) the program is the same at S and
     at S plus three iterations."""
-    monkeypatch.setattr(lanes, "LOOP_UNROLL", 1)
     unit = (GROUP if algorithm == "schur" else 8) * chunk  # neumann's units are 8 chunks whatever group_size says
     short = ONE_ITERATION * unit  # the loop runs once
     long = short + 3 * lanes.PIPELINE_DEPTH * unit  # four times, and as many periods left over (none)
@@ -98,31 +99,62 @@ def test_the_loop_gives_the_bits_of_the_unrolled_periods(monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_long_run_loops_over_several_groups_per_iteration(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
-    """Four iterations' worth of steady periods at one group each: ``lanes.loop_unroll`` puts two groups in each
-    iteration (two iterations, none left over), the program holds the two-group body once (it stops growing with
-    S), and the bits are those of one group per iteration."""
+    """Four iterations' worth of steady periods at one group each, in a program with room for three groups
+    (``lanes.STEADY_GROUPS`` = 3): ``loop_plan`` puts two groups in each iteration (two iterations, none left
+    over), the program holds the two-group body once, and the bits are those of one group per iteration."""
     steady = 4 * lanes.PIPELINE_DEPTH  # periods
-    assert lanes.loop_unroll(steady, lanes.PIPELINE_DEPTH, lanes.LOOP_UNROLL) == 2, "re-size the test"
+    assert loop_plan(steady, lanes.PIPELINE_DEPTH, 3 * lanes.PIPELINE_DEPTH - 1) == 2, "re-size the test"
     c = case(dtype, _geometry(1, (ONE_ITERATION + steady - lanes.PIPELINE_DEPTH) * GROUP * 128), seed=6,
              regime="initial_state")  # fmt: skip
+    narrow = run(c, "schur", group_size=GROUP)
+    narrow_static = nki_cpu.last_trace().static_instructions
+    monkeypatch.setattr(lanes, "STEADY_GROUPS", 3)
     wide = run(c, "schur", group_size=GROUP)
     trace = nki_cpu.last_trace()
     assert trace.static_instructions < len(trace.records), "no compiled loop ran"
-    monkeypatch.setattr(lanes, "LOOP_UNROLL", 1)
-    narrow = run(c, "schur", group_size=GROUP)
-    assert nki_cpu.last_trace().static_instructions < trace.static_instructions, "the body did not widen"
+    assert narrow_static < trace.static_instructions, "the body did not widen"
     for got, want in zip(wide, narrow, strict=True):
         np.testing.assert_array_equal(got, want)
 
 
-def test_short_runs_keep_a_one_group_body() -> None:
-    """A run too short for two iterations of a wider body loops one group per iteration; a longer one takes the
-    widest body that still iterates twice."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_run_the_program_can_hold_is_unrolled_whole(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """Two iterations' worth of steady periods (one lane S = 8192's six at group 8) at the default room: no
+    compiled loop at all (no barrier to pay), and the bits of the loop."""
+    c = case(dtype, _geometry(1, TWO_ITERATIONS * GROUP * 128), seed=8, regime="initial_state")
+    looped = run(c, "schur", group_size=GROUP)
+    assert nki_cpu.last_trace().static_instructions < len(nki_cpu.last_trace().records), "no compiled loop ran"
+    monkeypatch.setattr(lanes, "STEADY_GROUPS", DEFAULT_STEADY_GROUPS)
+    whole = run(c, "schur", group_size=GROUP)
+    trace = nki_cpu.last_trace()
+    assert trace.static_instructions == len(trace.records), "the run still loops"
+    assert not trace.boundaries, "a loop boundary in an unrolled launch"
+    for got, want in zip(whole, looped, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_loop_plan_pays_the_fewest_barriers_the_program_has_room_for() -> None:
+    """Runs the room holds are unrolled; longer ones take the body leaving the fewest iterations whose body and
+    leftover fit the room, the smaller program among equals (one lane bf16 at group 8: S = 8192 six steady
+    periods, S = 32768 thirty); without room for any body, one group per iteration."""
     depth = lanes.PIPELINE_DEPTH
-    assert lanes.loop_unroll(2 * depth, depth, 3) == 1
-    assert lanes.loop_unroll(6 * depth - 1, depth, 3) == 2
-    assert lanes.loop_unroll(6 * depth, depth, 3) == 3
-    assert lanes.loop_unroll(100 * depth, depth, 3) == 3
+    room = depth * DEFAULT_STEADY_GROUPS - 1
+    assert loop_plan(6, depth, room) == 0  # S = 8192: unrolled
+    assert loop_plan(room, depth, room) == 0
+    assert loop_plan(30, depth, room) == 5  # S = 32768: two iterations of five groups
+    assert loop_plan(room + 1, depth, room) == 3  # two iterations of three groups, none left over
+    assert loop_plan(26, depth, room) == 4  # two iterations either way: 12 + 2 periods held, not 9 + 8
+    assert loop_plan(2, depth, depth - 1) == 0
+    assert all(loop_plan(n, depth, depth - 1) == 1 for n in range(depth, 40))
+    for d in (1, 2, 3):
+        room = d * DEFAULT_STEADY_GROUPS - 1
+        for n in range(room + 1, 200):
+            u = loop_plan(n, d, room)
+            body, iterations = d * u, n // (d * u)
+            assert body + n % body <= room and iterations >= 2, (d, n, u)
+            better = [v for v in range(1, n // d + 1) if d * v + n % (d * v) <= room
+                      and (n // (d * v), d * v + n % (d * v)) < (iterations, body + n % body)]  # fmt: skip
+            assert not better, (d, n, u, better)
 
 
 def _assert_same_bits_when_patched(

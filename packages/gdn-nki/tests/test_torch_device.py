@@ -30,7 +30,7 @@ from gdn_nki.torch import device  # noqa: E402
 from gdn_nki.traces import recording_launches  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from test_torch_ops import HK, HV, K, V, fla_decode_call, prefill_call, prefill_pool_call, tkg_call, verify_call  # noqa: E402
-from torch_device import on_device, skip_on_device, test_device  # noqa: E402
+from torch_device import launch_replaced, on_device, skip_on_device, test_device  # noqa: E402
 
 # Where the recorded launches get their tensors: meta tensors on the CPU (no data at all), else the test device's.
 RECORDED_ON = torch.device("meta") if test_device().type == "cpu" else test_device()
@@ -52,12 +52,8 @@ def recorded() -> Iterator[list[tuple[Any, tuple[Any, ...], dict[str, Any]]]]:
             return query.new_empty((*value.shape[:3], value.shape[3])), args[3]
         return query.new_empty((query.shape[0], value.shape[1])), args[9].new_empty(args[9].shape)
 
-    saved = device.launch
-    device.launch = launch
-    try:
+    with launch_replaced(launch):
         yield calls
-    finally:
-        device.launch = saved
 
 
 def _recorded(args: dict[str, Any]) -> dict[str, Any]:
@@ -155,12 +151,8 @@ def _interpreted(kernel: Any, *args: Any, **kwargs: Any) -> Any:
 
 @contextlib.contextmanager
 def interpreted() -> Iterator[None]:
-    saved = device.launch
-    device.launch = _interpreted
-    try:
+    with launch_replaced(_interpreted):
         yield
-    finally:
-        device.launch = saved
 
 
 def test_device_prefill_on_a_pool_gives_the_cpu_paths_bits() -> None:

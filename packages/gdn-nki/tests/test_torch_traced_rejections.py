@@ -1,5 +1,6 @@
 """Bad shapes and dtypes under ``torch.compile(fullgraph=True)``: every drop-in (the GDN prefill with varlen,
-bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins)
+bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins, FLA's
+gated norm and its module)
 raises gdn-ref's ``ContractError`` with eager's message, leaves the caller's pool as it was, and a valid call of each
 still compiles with no graph break. Runs on ``GDN_TORCH_DEVICE`` with ``GDN_TORCH_COMPILE_BACKEND`` (``nox -s
 neuron``: the XLA device and torch-neuronx's ``neuron`` backend; never run there yet). Skipped without torch."""
@@ -13,11 +14,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
 
-from gdn_nki.torch import causal_conv1d, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+from gdn_nki.torch import (  # noqa: E402
+    FusedRMSNormGated,
+    causal_conv1d,
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    rms_norm_gated,
+)
 from gdn_nki.torch.traced_rejection import REJECTIONS  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from test_torch_ops import BAD_SHAPES, CALLS, _randn, _set  # noqa: E402
-from torch_device import compile_backend, on_device, skip_on_device, test_device  # noqa: E402
+from torch_device import compile_backend, on_device, test_device  # noqa: E402
 
 CONV_C, CONV_W, CONV_P = 32, 4, 5
 
@@ -46,13 +53,27 @@ def fla_conv_call() -> dict[str, Any]:
                 cu_seqlens=torch.tensor([0, 12, 30], dtype=torch.int32))  # fmt: skip
 
 
-CONV_CALLS = ("vLLM conv update", "vLLM conv prefill", "FLA conv")
-CONV_HOST_ONLY = "the conv ops have no device implementation yet (every device runs their host path, numpy)"
+def norm_call() -> dict[str, Any]:
+    """FLA's gated RMSNorm of a [tokens, heads, D] output with its gate, as Qwen3-Next's layer calls it."""
+    torch.manual_seed(10)
+    return dict(x=_randn(6, 4, CONV_C), g=_randn(6, 4, CONV_C), weight=_randn(CONV_C), bias=None, activation="silu",
+                eps=1e-6)  # fmt: skip
+
+
+def norm_module_call() -> dict[str, Any]:
+    """FLA's ``FusedRMSNormGated`` module's forward, prenorm with a residual."""
+    torch.manual_seed(11)
+    return dict(x=_randn(6, 4, CONV_C), g=_randn(6, 4, CONV_C), residual=_randn(6, 4, CONV_C), prenorm=True)
+
+
+NORM_MODULE = FusedRMSNormGated(CONV_C, eps=1e-6, activation="silu").to(test_device())
 ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
     **CALLS,
     "vLLM conv update": (causal_conv1d_update, conv_update_call),
     "vLLM conv prefill": (causal_conv1d_fn, conv_fn_call),
     "FLA conv": (causal_conv1d, fla_conv_call),
+    "FLA gated norm": (rms_norm_gated, norm_call),
+    "FLA FusedRMSNormGated": (NORM_MODULE, norm_module_call),
 }
 BAD_CALLS = {
     **BAD_SHAPES,
@@ -69,6 +90,14 @@ BAD_CALLS = {
     "conv prefill: 3-D x": ("vLLM conv prefill", _set(x=lambda a: a["x"][None])),
     "FLA conv: bias of other channels": ("FLA conv", _set(bias=lambda a: _randn(CONV_C - 1))),
     "FLA conv: unknown option": ("FLA conv", _set(head_first=lambda a: True)),
+    "norm: g of another shape": ("FLA gated norm", _set(g=lambda a: _randn(6, 4, CONV_C + 1))),
+    "norm: weight of another width": ("FLA gated norm", _set(weight=lambda a: _randn(CONV_C - 2))),
+    "norm: float64 x": ("FLA gated norm", _set(x=lambda a: a["x"].double())),
+    "norm: a bias": ("FLA gated norm", _set(bias=lambda a: _randn(CONV_C))),
+    "norm: group_size": ("FLA gated norm", _set(group_size=lambda a: 8)),
+    "norm module: g of another shape": ("FLA FusedRMSNormGated", _set(g=lambda a: _randn(6, 2, CONV_C))),
+    "norm module: residual of another shape": (
+        "FLA FusedRMSNormGated", _set(residual=lambda a: _randn(6, 4, CONV_C - 16))),
 }  # fmt: skip
 
 
@@ -84,8 +113,6 @@ def _tensors(args: dict[str, Any]) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("case", list(BAD_CALLS))
 def test_compiled_rejection_is_eagers_contract_error_and_writes_nothing(case: str) -> None:
     call, change = BAD_CALLS[case]
-    if call in CONV_CALLS:
-        skip_on_device(CONV_HOST_ONLY)
     drop_in, make = ALL_CALLS[call]
     device = test_device()
     with pytest.raises(ContractError) as eager:
@@ -135,8 +162,6 @@ def test_the_compiled_rejection_is_one_node_raising_at_run_time_and_a_fixed_call
 
 @pytest.mark.parametrize("name", list(ALL_CALLS))
 def test_a_valid_call_of_each_drop_in_compiles_without_a_graph_break(name: str) -> None:
-    if name in CONV_CALLS:
-        skip_on_device(CONV_HOST_ONLY)
     drop_in, make = ALL_CALLS[name]
     args = on_device(make(), test_device())
     torch._dynamo.reset()
@@ -157,7 +182,9 @@ class _Called(torch.nn.Module):
         return self.drop_in(**kwargs)
 
 
-@pytest.mark.parametrize("case", ["verify: bf16 pool", "conv prefill: width 7", "gdn_tkg: state of the wrong shape"])
+@pytest.mark.parametrize(
+    "case", ["verify: bf16 pool", "conv prefill: width 7", "gdn_tkg: state of the wrong shape", "norm: float64 x"]
+)
 def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
     """``torch.export`` (non-strict, its default: no dynamo) meets the op's fake implementation, which raises the
     ContractError itself: no program is made."""
@@ -170,10 +197,10 @@ def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
     assert str(exported.value) == str(eager.value)
 
 
-@pytest.mark.parametrize("case", [case for case in BAD_CALLS if case.startswith(("conv", "FLA conv"))])
-def test_conv_rejections_under_fake_tensors_are_eagers(case: str) -> None:
-    """The conv ops' fake implementations run the host path's shape and dtype rules: under ``FakeTensorMode`` (no
-    data, no dynamo) the conv drop-ins raise eager's ContractError."""
+@pytest.mark.parametrize("case", [case for case in BAD_CALLS if case.startswith(("conv", "FLA conv", "norm:"))])
+def test_conv_and_norm_rejections_under_fake_tensors_are_eagers(case: str) -> None:
+    """The conv and norm ops' fake implementations run the host path's shape and dtype rules: under
+    ``FakeTensorMode`` (no data, no dynamo) the conv and norm drop-ins raise eager's ContractError."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     call, change = BAD_CALLS[case]
@@ -185,23 +212,3 @@ def test_conv_rejections_under_fake_tensors_are_eagers(case: str) -> None:
     with mode, pytest.raises(ContractError) as faked:
         drop_in(**args)
     assert str(faked.value) == str(eager.value)
-
-
-@pytest.mark.parametrize("op_name", ["causal_conv1d_update_op", "causal_conv1d_fn_op"])
-def test_the_conv_ops_refuse_device_tensors_by_name(op_name: str) -> None:
-    """The conv ops' one implementation is the host path: on a device's tensors (meta here, handed to that
-    implementation itself) it raises a ContractError naming x, not nki-cpu's TypeError."""
-    from gdn_nki.torch import conv
-
-    op = getattr(conv, op_name)
-    if op_name == "causal_conv1d_update_op":
-        args = conv_update_call()
-        operands = (args["x"].transpose(1, 2), args["conv_state"], args["weight"], args["bias"],
-                    args["conv_state_indices"], None, "silu")  # fmt: skip
-    else:
-        args = conv_fn_call()
-        rows = args["cache_indices"]
-        operands = (args["x"].t(), args["conv_states"], args["weight"], args["bias"], args["query_start_loc"], rows,
-                    rows, "silu")  # fmt: skip
-    with pytest.raises(ContractError, match=r"`x` on device meta violates \[conv.device\]"):
-        op._init_fn(*(x.to("meta") if isinstance(x, torch.Tensor) else x for x in operands))

@@ -9,7 +9,9 @@ skipped there with ``skip_on_device``, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -42,3 +44,17 @@ def skip_on_device(reason: str) -> None:
     """Skip the calling test when ``GDN_TORCH_DEVICE`` is not the CPU, saying why it cannot run on a device."""
     if test_device().type != "cpu":
         pytest.skip(f"not on GDN_TORCH_DEVICE={test_device()}: {reason}")
+
+
+@contextlib.contextmanager
+def launch_replaced(launch: Callable[..., Any]) -> Iterator[None]:
+    """``gdn_nki.torch.device.launch`` — the one kernel launch of every op's device path — replaced by ``launch``
+    for the context's duration (a recorder, or nki-cpu's interpreter)."""
+    from gdn_nki.torch import device
+
+    saved = device.launch
+    device.launch = launch
+    try:
+        yield
+    finally:
+        device.launch = saved

@@ -58,6 +58,7 @@ from typing import Any
 from ..common import engines
 from ..common.backend import nl
 from ..common.lockstep import lockstep
+from ..common.loop_plan import loop_plan
 from . import chain, hbm, operands, output, transition
 from .chunks import Chunk, ChunkTiles, Lane, allocate_tile_sets, chunk_tiles_bytes
 from .constant_tiles import Constants
@@ -170,16 +171,15 @@ def lane_units(lanes: list[Lane], group_size: int) -> list[Unit]:
 
 
 PIPELINE_DEPTH = 3  # periods from a unit's operands to its chain: operands, inverse, transition and chain
-# A compiled loop's iteration is up to this many times ``depth`` periods. The compiler ends every iteration with a
-# drain and a barrier across all engines ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's
-# ``loop_barrier_ns``, 3.97 µs), so each iteration pays the barrier and the pipeline's fill and drain: +13-16 % at
-# S = 8192 and 32768 with one unit group per iteration. ``steady_states`` takes the largest unroll up to this that
-# still leaves the loop ``MIN_LOOP_ITERATIONS`` iterations, so long prefills pay the barrier a third as often while
-# short sequences (the program tests' shapes) keep a one-group body that really loops (PERFORMANCE.md,
-# "Hardware loops").
-LOOP_UNROLL = 3
-# Iterations a run must keep at an unroll above 1: with one iteration the body is the unrolled code again.
-MIN_LOOP_ITERATIONS = 2
+# The compiler ends every compiled-loop iteration with a drain and a barrier across all engines, and the loop's entry
+# and exit with one too ("NKI Dynamic Loops", SDK documentation sources, 03/31/2026; nki-cpu's ``loop_barrier_ns``,
+# 3.97 µs): a loop of n iterations pays n + 1, each also draining the pipeline. The page's remedy is fewer, longer
+# iterations, or no loop. A lane's program holds this many unit groups less a period of its steady periods (``depth``
+# periods a group): a run that fits is unrolled whole (no barrier: one lane S = 8192, 121.4 -> 109.5 µs), a longer
+# one loops over the body that leaves the fewest iterations with the body and the periods left over after whole
+# iterations still within it (S = 32768: two iterations of five groups). Six groups is what the earlier rule (a body
+# of up to three groups, up to a body's worth left over) already reached (PERFORMANCE.md, "Hardware loops").
+STEADY_GROUPS = 6
 # Per-partition SBUF bytes the tile sets may take (of 212,984): the rest holds the shared transition outputs, the
 # loads and every stage's working tiles, which take at most ~70 KB at head dim 128 and group 16 in fp32.
 TILE_SETS_BUDGET = 120 * 1024
@@ -434,15 +434,16 @@ class SteadyState:
 
 
 def steady_states(
-    units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, unroll: int = 1
+    units: list[Unit], group_size: int, depth: int = PIPELINE_DEPTH, steady_groups: int = 1
 ) -> list[SteadyState]:
-    """The runs of periods that can be one compiled loop each, as whole loop iterations of ``depth · u`` periods,
-    ``u`` the largest up to ``unroll`` that leaves the run ``MIN_LOOP_ITERATIONS`` iterations (else 1).
+    """The runs of periods that are one compiled loop each, as whole loop iterations of ``depth · u`` periods
+    (``loop_plan``, the program holding at most ``depth · steady_groups − 1`` steady periods: a run that fits is
+    not a loop).
 
     Period p (the operands of unit p, the chain of unit p − depth + 1) qualifies when units p − depth + 1 .. p are all
     one full segment of the same lane and the oldest starts at a unit boundary of the lane (its state then starts
     in tile 0 of the lane's ring, and so does every unit's chain: ``state_ring_order``). Lane starts and ends, units
-    shared by lanes, and the periods left over after whole iterations stay unrolled.
+    shared by lanes, the periods left over after whole iterations and the runs left unrolled stay unrolled.
     """
     if state_ring_order(group_size) is None:
         return []
@@ -466,9 +467,9 @@ def steady_states(
         last = p
         while last + 1 < len(units) and steady(last + 1) is lane:
             last += 1
-        u = loop_unroll(last - p + 1, depth, unroll)
-        iterations = (last - p + 1) // (depth * u)
-        if iterations:
+        u = loop_plan(last - p + 1, depth, depth * steady_groups - 1)
+        if u:
+            iterations = (last - p + 1) // (depth * u)
             found.append(SteadyState(lane, p, p + iterations * depth * u - 1, u))
         p = last + 1
     return found
@@ -502,18 +503,19 @@ def state_ring_order(group_size: int) -> list[int] | None:
 
 
 def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: engines.Balancer) -> None:
-    """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state as one
-    ``nl.fori_loop`` whose body is ``depth`` periods.
+    """Issue all units as a software pipeline of periods (``run_period``), each lane's steady state unrolled when
+    the program can hold it (``STEADY_GROUPS``), else as one ``nl.fori_loop`` whose body is a whole number of
+    ``depth``-period groups (``steady_states``).
 
     At most ``depth`` units are between their loads and their chain, each in its own tile set, so on-chip memory
     does not depend on the launch's length (``pipeline_depth``). The chain takes units strictly in order, so each
     lane's state passes from unit to unit as in a plain loop.
 
-    The loop's iteration value is the token offset of the unit its first period loads (step: ``depth`` units of
+    The loop's iteration value is the token offset of the unit its first period loads (step: the body's units of
     tokens), so its HBM accesses need no other arithmetic; what crosses periods lives in tiles allocated before
     the loop (the tile sets and the lane's state ring); ``balancer`` (the launch's, the one the tile helpers
-    consult) decides once for the body. The program therefore holds each lane's steady state once, whatever its
-    length.
+    consult) decides once for the body. The program therefore holds at most ``STEADY_GROUPS`` groups of each
+    lane's steady state, whatever its length.
     """
     bucketed = inputs.boundaries is not None
     if bucketed and lanes:
@@ -524,7 +526,7 @@ def run_lanes(lanes: list[Lane], group_size: int, inputs: LaneInputs, balancer: 
     depth = pipeline_depth(lanes[0], group_size, bucketed)
     tile_sets = allocate_tile_sets(group_size, lanes[0], depth, initial=bucketed)
     pipe = Pipeline(inputs, balancer, group_size, tile_sets, deferred=inputs.deferred_loads)
-    loops = {run.first_period: run for run in steady_states(units, group_size, depth, LOOP_UNROLL)}
+    loops = {run.first_period: run for run in steady_states(units, group_size, depth, STEADY_GROUPS)}
     if loops:
         pipe.ring_order = state_ring_order(group_size) or []
         rings = [[state_tile(lanes[0], reused=True) for _ in range(STATE_RING)] for _ in range(2)]
@@ -548,15 +550,6 @@ def hand_over(units: list[Unit], index: int, state: State | None) -> None:
     its first segment starts a lane; no unit: the launch's chain is done."""
     if state is not None and 0 <= index < len(units):
         units[index][0].entry = state
-
-
-def loop_unroll(periods: int, depth: int, unroll: int) -> int:
-    """Units of ``depth`` periods per iteration for a run of ``periods`` steady periods: the largest up to
-    ``unroll`` that keeps ``MIN_LOOP_ITERATIONS`` iterations, else 1 (a short run keeps a one-group body)."""
-    for u in range(unroll, 1, -1):
-        if periods // (depth * u) >= MIN_LOOP_ITERATIONS:
-            return u
-    return 1
 
 
 def bucket_group(lane: Lane, group_size: int) -> int:

@@ -29,16 +29,15 @@ from gdn_ref.packed import cu_seqlens_violations
 from ..host.prefill import prefill_varlen
 from ..host.torch_io import (
     INTEGER_DTYPES,
-    SUPPORTED_DTYPES,
     as_numpy,
     as_torch,
+    check_states,
     check_tensor,
     forward_only,
     import_torch,
     in_place_recorder,
     in_torch_terms,
     is_torch_tensor,
-    reject_unwritable_state,
     rejection,
 )
 from .context_parallel import ContextParallel, context_parallel_prefill
@@ -566,39 +565,6 @@ def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int
     if isinstance(state_indices, torch.Tensor):
         state_indices = as_numpy(state_indices)
     return as_numpy(initial_state), np.asarray(state_indices)
-
-
-def check_states(
-    initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int], any_device: bool = False
-) -> None:
-    """The rules of ``initial_state`` and ``state_indices`` that read only types, shapes, dtypes and strides (the
-    custom ops check them at trace time)."""
-    if initial_state is None:
-        if state_indices is not None:
-            raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
-                            "passed as initial_state", "pass the pool as initial_state")  # fmt: skip
-        return None, None
-    if not isinstance(initial_state, torch.Tensor):
-        raise rejection("initial_state", f"of type {type(initial_state).__name__}", "initial_state must be a torch "
-                        "tensor", "pass torch.from_numpy(initial_state)")  # fmt: skip
-    # A state read once may be bf16 (FLA's own example passes one; it widens exactly); a pool written in place
-    # holds the fp32 final states, so it must be fp32.
-    dtypes = ("float32",) if state_indices is not None else SUPPORTED_DTYPES
-    check_tensor("initial_state", initial_state, dtypes, any_device=any_device)
-    rows = n_seqs if state_indices is None else None
-    shape = tuple(initial_state.shape)
-    if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
-        want = f"[{'P' if rows is None else rows}, {', '.join(map(str, tail))}]"
-        raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
-                        "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
-    if state_indices is None:
-        return
-    reject_unwritable_state("initial_state", initial_state)
-    if not initial_state.is_contiguous():
-        raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
-                        "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
-    if isinstance(state_indices, torch.Tensor):
-        check_tensor("state_indices", state_indices, INTEGER_DTYPES, any_device=any_device)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from typing import Any
 
 from gdn_ref.contract import ContractError, Violation, names_entry_point
 
-from ..host.torch_io import import_torch, is_torch_tensor
+from ..host.torch_io import check_states, import_torch, is_torch_tensor
 
 torch = import_torch()
 dist = torch.distributed
@@ -374,8 +374,6 @@ def _state_problem(context: ContextParallel, initial_state: Any, state_indices: 
     """What is wrong with the states (one per sequence, or a pool and its rows), checked on every rank before any
     collective: a row is written on the rank where its sequence ends, which may not be where it was read. The
     single-rank call's rules of types and shapes, then the rows: the whole batch's, each −1 or a distinct row."""
-    from .chunk import check_states  # chunk.py imports this module
-
     try:
         check_states(initial_state, state_indices, context.sequences, tail)
     except ContractError as error:

@@ -6,7 +6,7 @@ layouts onto the host entry point's (x token-major [N, T, C]; the conv-state poo
 [num_cache_lines, dim, state_len]) and calls one op: ``gdn_nki::causal_conv1d_update``, whose CPU implementation is
 ``gdn_nki.host.conv.conv_decode_step``, and ``gdn_nki::causal_conv1d_fn``, whose CPU implementation is
 ``gdn_nki.host.conv.conv_prefill_bucket`` (every rule, the all-or-nothing pool commit); the fake implementations
-give the output's shape.
+give the output's shape; on a device the ops launch the conv kernels on the device tensors (``conv_device.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..host.conv import conv_decode_step, conv_prefill_bucket
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
-from . import rules
+from . import conv_device, rules
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -46,7 +46,8 @@ def causal_conv1d_update_op(
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
     ``rows`` [N] or [N, T] (−1: padding, nothing read or written), each request resuming from its row
     ``[n, accepted[n] − 1]`` with ``accepted`` [N]."""
-    _reject_device(x)
+    if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
+        return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
     pool, staged = _pool_buffer(conv_state)
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
@@ -150,7 +151,9 @@ def causal_conv1d_fn_op(
     ``read_rows[i]`` (−1: an empty window) and writes its final window to ``rows[i]`` (−1: nothing stored), and
     with ``checkpoint_every`` the window after every that many of its tokens to ``checkpoint_indices[i, k]``;
     ``bucket`` [T, N]: the compiled program's shape (None: the call's own)."""
-    _reject_device(x)
+    if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
+        return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
+                                            checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
     pool, staged = _pool_buffer(conv_states)
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
@@ -325,16 +328,6 @@ def causal_conv1d(
     if residual is not None:
         out = out + residual
     return out, (pool if output_final_state else None)
-
-
-def _reject_device(x: Tensor) -> None:
-    """The conv ops run their host path (nki-cpu) on every device: device tensors are refused by name before
-    anything is read or written (a device path, as ``device.py`` has for the recurrence, is not built)."""
-    if x.device.type != "cpu":
-        raise rejection("x", f"on device {x.device}", "gdn-nki's conv ops have no device implementation yet: they "
-                        "run the host path on CPU tensors", "pass CPU tensors, or run the layer's conv with its own "
-                        "torch code on the device (HF's causal_conv1d_fn / causal_conv1d_update fallbacks)",
-                        rule_id="conv.device")  # fmt: skip
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:

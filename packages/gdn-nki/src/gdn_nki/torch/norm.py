@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from gdn_ref.contract import ContractError
 from gdn_ref.norm import check_norm_options
 
 from ..host.norm import gated_rms_norm
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
-from ..norm.kernel import gdn_gated_rms_norm
-from ..norm.rules import IO_DTYPES, norm_violations
-from . import device
+from ..norm.rules import IO_DTYPES
+from . import norm_device
+from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -35,18 +34,10 @@ nn = torch.nn
 ACTIVATIONS = ("swish", "silu", "sigmoid")  # FLA's FusedRMSNormGated accepts these three
 
 
-def _rules(x: Tensor, g: Tensor | None, weight: Tensor | None, eps: float, activation: str) -> None:
-    """The kernel's shape and dtype rules on (fake or real) tensors: the CPU path's ``ContractError``."""
-    found = norm_violations(x, g, weight, eps, activation)
-    if found:
-        raise ContractError(found)
-
-
 @torch.library.custom_op("gdn_nki::rms_norm_gated", mutates_args=())
 def rms_norm_gated_op(x: Tensor, g: Tensor | None, weight: Tensor | None, eps: float, activation: str) -> Tensor:
     """y = x · rsqrt(mean(x²) + eps) · weight · act(g) over the last axis, in x's dtype (a device: the kernel)."""
-    _rules(x, g, weight, eps, activation)
-    return device.launch(gdn_gated_rms_norm, x, g, weight, eps, activation)
+    return norm_device.rms_norm_gated(x, g, weight, eps, activation)
 
 
 @rms_norm_gated_op.register_kernel("cpu")
@@ -58,10 +49,15 @@ def _rms_norm_gated_cpu(x: Tensor, g: Tensor | None, weight: Tensor | None, eps:
 
 @rms_norm_gated_op.register_fake
 def _rms_norm_gated_fake(x: Tensor, g: Tensor | None, weight: Tensor | None, eps: float, activation: str) -> Tensor:
-    _rules(x, g, weight, eps, activation)
+    norm_device.check_shapes(x, g, weight, eps, activation)
     return torch.empty_like(x)
 
 
+@rejects_at_trace_time(
+    lambda rejected, argument: (
+        (rejected(argument("x")), argument("x")) if argument("prenorm") else rejected(argument("x"))
+    )
+)
 def rms_norm_gated(
     x: Tensor,
     g: Tensor | None,

@@ -26,6 +26,7 @@ from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tens
 from ..host.buckets import _pool_violations, configured_buckets
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
+    check_states,
     check_tensor,
     in_torch_terms,
     reject_broadcast_state,
@@ -131,7 +132,7 @@ def prefill(
         cu_found = [f for f in cu_seqlens_violations(cu, 1, tokens) if f.rule_id == "cu_seqlens.form"]
         n_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() else 0
     pooled = state_indices is not None
-    chunk.check_states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), any_device=True)
+    check_states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), any_device=True)
     if use_gate:
         chunk.check_gate_parameters(A_log, dt_bias, value_heads, any_device=True)
     state = None if initial_state is None else stand_in(tuple(initial_state.shape), "float32")

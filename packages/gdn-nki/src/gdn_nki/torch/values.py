@@ -1,9 +1,9 @@
 """``check_values``: the value rules a device path trusts, run on demand (a server's debug mode).
 
-On a device the ops read no value on the host (``device.py``): NaN / Inf, g ≤ 0, β in [0, 1], the index values
-(range, −1 padding, distinct live rows, ``num_accepted_tokens`` in [1, T]), the packed layout (``cu_seqlens``
-rising, equal decode lengths, a bucket holding the padded lengths) and the pool rows a call reads are trusted, as
-vLLM's and FlashInfer's kernels trust them. ``check_values(drop_in, *args, **kwargs)`` copies the call's tensors to
+On a device the ops read no value on the host (``device.py``, ``conv_device.py``, ``norm_device.py``): NaN / Inf,
+g ≤ 0, β in [0, 1], the index values (range, −1 padding, distinct live rows, ``num_accepted_tokens`` in [1, T]),
+the packed layout (``cu_seqlens`` rising, equal decode lengths, a bucket holding the padded lengths) and the pool
+rows a call reads are trusted, as vLLM's and FlashInfer's kernels trust them. ``check_values(drop_in, *args, **kwargs)`` copies the call's tensors to
 the host — one explicit sync, the cost a debug mode accepts — and runs the drop-in's CPU path on the copies up to its
 launch: every rule the CPU checks before launching, with the CPU's ``ContractError``, and no kernel run, no write.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..common import backend
 from ..host.torch_io import import_torch, is_torch_tensor
-from . import chunk, fused_recurrent, ops
+from . import chunk, conv, fused_recurrent, norm, ops
 from .ops import gdn_tkg_host
 
 torch = import_torch()
@@ -54,6 +54,11 @@ HOST_PATHS: dict[str, Callable[..., Any]] = {
     "vllm_fused_recurrent_gated_delta_rule": fused_recurrent.vllm_fused_recurrent_gated_delta_rule,
     "fused_sigmoid_gating_delta_rule_update": fused_recurrent.fused_sigmoid_gating_delta_rule_update,
     "gdn_tkg": gdn_tkg_host,
+    # the conv and norm drop-ins on host copies: their ops' CPU paths scan the values and the index rows
+    "causal_conv1d_update": conv.causal_conv1d_update,
+    "causal_conv1d_fn": conv.causal_conv1d_fn,
+    "causal_conv1d": conv.causal_conv1d,
+    "rms_norm_gated": norm.rms_norm_gated,
 }
 
 
