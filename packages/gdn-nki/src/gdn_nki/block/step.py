@@ -4,10 +4,12 @@ recurrent-state pools (``gdn_ref.block.gdn_block_decode_pool``).
 Everything between the layer's input (after its input norm) and its out_proj: in_proj (hidden → q|k|v, z, b, a),
 the causal conv1d over q|k|v with SiLU (window from its conv-pool row), the split into heads with GQA, the fused
 gating, the gated delta rule with q and k L2-normalized (state from its state-pool row), and the gated RMSNorm with
-z. The stages are the existing kernels composed inside the launch — ``block.in_proj``, ``conv.step.gdn_conv_step``,
-``tkg.step.gdn_step`` (called as nested kernels, the form AWS's ``gdn_block_tkg`` reuses ``gdn_conv1d_decode``
-and ``gdn_tkg`` in) and ``block.output_norm`` — handing each other token-major HBM scratch, so the conv and the
-recurrence are the separate kernels' instructions, and given the same projections give their bits.
+z. The stages are the existing kernels composed inside the launch — ``block.in_proj``, ``conv.step.gdn_conv_step``
+and ``tkg.step.gdn_step`` with the gated RMSNorm folded into its output stage (``tkg.recurrence.OutputNorm``, as
+``gdn_tkg`` folds it), called as nested kernels (the form AWS's ``gdn_block_tkg`` reuses ``gdn_conv1d_decode`` and
+``gdn_tkg`` in) — handing each other token-major HBM scratch, so the conv and the recurrence are the separate
+kernels' instructions, and given the same projections give their bits (the norm reads the recurrence's fp32
+outputs, where the separate ``gated_rms_norm`` reads them rounded to the I/O dtype).
 
 Rows: one index per request ([N]) or per token ([N, T]) names the same row of both pools, as the separate kernels
 address them: −1 is padding (nothing of either pool read or written, zeros out), and with [N, T] rows and
@@ -15,7 +17,7 @@ address them: −1 is padding (nothing of either pool read or written, zeros out
 states (speculative rollback of both states with one set of indices).
 
 Stage order: every projection first (a and b, z, then q|k|v, whose end the conv waits on), then the conv, the q/k/v
-split, the recurrence and the norm. Measured against z's projection after the conv (its weights loaded ahead, its
+split, and the recurrence with the norm. Measured against z's projection after the conv (its weights loaded ahead, its
 products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in flight):
 293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved (PERFORMANCE.md, "Fused
 decode block").
@@ -26,14 +28,16 @@ from __future__ import annotations
 from typing import Any
 
 from gdn_ref.block_rules import block_violations
+from gdn_ref.decode import RMS_NORM_EPS
 
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.tiles import FP32
 from ..conv.step import gdn_conv_step
+from ..norm.kernel import gdn_gated_rms_norm
+from ..tkg.recurrence import OutputNorm
 from ..tkg.step import gdn_step
 from .in_proj import HiddenTiles, copy_by_rows, project_all, scratch
-from .output_norm import gated_norm
 
 
 @nki.jit
@@ -93,7 +97,7 @@ def gdn_block_step(
     dtype = hidden.dtype
 
     mixed = scratch((n_req, tokens, channels), dtype)
-    z = scratch((n_req, tokens, hv * dv), dtype)
+    z = scratch((n_req, tokens, hv, dv), dtype)
     a, b = scratch((n_req, tokens, hv), FP32), scratch((n_req, tokens, hv), FP32)
     tiles = HiddenTiles(hidden.reshape((rows, size)))
     project_all(
@@ -109,11 +113,17 @@ def gdn_block_step(
         _copy_columns(conv_out.reshape((rows, channels)), first, part.reshape((rows, width)))
         first += width
 
+    # Decode: the gated RMSNorm folded into the recurrence's output stage (as gdn_tkg's), each request's norm
+    # running while the next requests' states stream, instead of a norm stage after the last request. Verification:
+    # the norm kernel after the recurrence — folded, the T tokens' norms held the recurrence's engines (N = 8,
+    # T = 4: 504.2 against 461.7 µs; PERFORMANCE.md, "Fused decode block").
+    folded = OutputNorm(z, norm_weight) if tokens == 1 else None
     o, _ = gdn_step(q, k, v, state_pool, state_indices, num_accepted_tokens, a=a, b=b, A_log=A_log,
-                    dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm=True)  # fmt: skip
-    out = nl.ndarray((n_req, tokens, hv * dv), dtype=dtype, buffer=nl.shared_hbm)
-    gated_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, out.reshape((rows * hv, dv)))
-    return out, conv_pool, state_pool
+                    dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm=True, norm=folded)  # fmt: skip
+    if folded is not None:
+        return o.reshape((n_req, tokens, hv * dv)), conv_pool, state_pool
+    out = gdn_gated_rms_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, RMS_NORM_EPS)
+    return out.reshape((n_req, tokens, hv * dv)), conv_pool, state_pool
 
 
 def _copy_columns(src: Any, first: int, dst: Any) -> None:

@@ -31,7 +31,7 @@ from ..common.backend import nki
 from ..common.kernel_assert import assert_valid_call
 from ..common.request_rows import entry, request_rows
 from .pipeline import Request, emit_requests
-from .recurrence import Constants, Gates, Shapes, allocate_out, zero_rows
+from .recurrence import Constants, Gates, OutputNorm, Shapes, allocate_out, zero_rows
 from .request_loop import program_share
 
 # Requests one iteration of the compiled request loop runs (the program holds their instructions once, whatever
@@ -64,6 +64,7 @@ def gdn_step(
     dt_bias: Any = None,
     scale: float = 1.0,
     use_qk_l2norm: bool = False,
+    norm: OutputNorm | None = None,
 ) -> tuple[Any, Any]:
     """Decode / verify T tokens of N requests on a state pool addressed by device indices.
 
@@ -82,6 +83,9 @@ def gdn_step(
         a, b (nl.NkiTensor): [N, T, Hv] fp32 @ HBM raw gate inputs, with A_log, dt_bias [Hv] fp32: fused gating.
         scale (float): multiplies every output (typically Dk**-0.5).
         use_qk_l2norm (bool): L2-normalize q and k on device first.
+        norm (OutputNorm): optional, the gated RMSNorm folded into the output stage (``gdn_tkg``'s; z [N, T, Hv,
+            Dv] in query's dtype, its own allocation): out = RMSNorm(o)·norm_weight·silu(z). Kernel-internal, for
+            ``block.step.gdn_block_step``; ``decode_step`` passes none.
 
     Returns:
         tuple: ``out`` [N, T, Hv, Dv] in query's dtype, and ``state_pool`` (the same buffer, updated).
@@ -100,7 +104,7 @@ def gdn_step(
     shapes = Shapes(requests=n_req, tokens=tokens, key_heads=hk, value_heads=hv, dk=dk, dv=dv)
     gates = Gates(g_log=g_log, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     out = allocate_out(shapes, query.dtype)
-    consts = Constants(shapes, gates, None)
+    consts = Constants(shapes, gates, norm)
     per_token = len(state_indices.shape) == 2
     width = tokens if per_token else 1
     zeros = zero_rows(shapes, out.dtype)
@@ -127,7 +131,7 @@ def gdn_step(
 
     def iteration(g: Any) -> None:
         emit_requests(shapes, (query, key, value, out), gates, consts, requests(share.base(g)), float(scale),
-                      use_qk_l2norm)  # fmt: skip
+                      use_qk_l2norm, norm=norm)  # fmt: skip
 
     share.run(iteration)
     return out, state_pool
