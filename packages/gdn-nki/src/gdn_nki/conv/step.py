@@ -35,10 +35,10 @@ from typing import Any
 from gdn_ref.conv_rules import conv_step_violations
 
 from ..common.backend import nisa, nki, nl
-from ..common.engines import GPSIMD, SCALAR
+from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call
 from ..common.request_rows import entry, request_rows
-from ..common.tiles import FP32, matmul, sbuf
+from ..common.tiles import FP32, matmul, psum, sbuf
 
 PARTITIONS_PER_REQUEST = 16  # runs of 1 KiB (x, out) and 3 KiB (windows) per partition at C = 8192, bf16
 REQUESTS_PER_GROUP = 128 // PARTITIONS_PER_REQUEST
@@ -85,17 +85,22 @@ def gdn_conv_step(
     out = nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
-    sets = min(TILE_SETS, groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
     trips = -(-groups // sets)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
     # and are outside x and out: their transfers are skipped.
     total = trips * sets
+    first_rows = _first_rows(state_indices, n_req, total)
+    taps, bias_column = _constants(weight, bias, per_part)
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
                         conv_pool.shape[0], outputs=False)  # fmt: skip
-    taps, bias_column = _constants(weight, bias, per_part)
-    tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column) for _ in range(sets)]
-    live = _live_mask(state_indices, n_req, total)
+    summed_on_pe = (_identity(), min(tokens, OUTPUTS_ON_PE))
+    # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
+    # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
+    tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column, summed_on_pe=summed_on_pe,
+                          clear=GPSIMD if s == 0 else VECTOR) for s in range(sets)]  # fmt: skip
+    live = _live_mask(first_rows, total)
     shape = (tokens, state_len, width)
     accepted = num_accepted_tokens is not None
 
@@ -111,9 +116,9 @@ def gdn_conv_step(
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
             tile_set.convolve(taps, _column(live, g), shape, activation)
-            tile_set.store(out, conv_pool, slots_of(g))
-            if ahead:
+            if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
                 tile_set.load(x, conv_pool, slots_of(g + sets))
+            tile_set.store(out, conv_pool, slots_of(g))
 
     # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
     # past the launch's, and the slot map would make them other groups' requests). The others run
@@ -129,8 +134,8 @@ def gdn_conv_step(
             for s, tile_set in enumerate(tile_sets):
                 local = k * sets + s
                 tile_set.convolve(taps, _column(live, base + local), shape, activation)
-                tile_set.store(out, conv_pool, window.slots(local))
                 tile_set.load(x, conv_pool, window.slots(local + sets))
+                tile_set.store(out, conv_pool, window.slots(local))
 
     if looped:
         nl.fori_loop(0, looped, body)
@@ -144,10 +149,31 @@ BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 # SBUF bytes per partition the tile sets may take (of 212,984 usable: docs/nki-sources.md §2.9), the rest for the
 # constants; verification with every token's window kept at T = 4 fits two sets.
 SET_BUDGET = 160 * 1024
-TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+TILE_SETS = 4  # the most groups in flight
+PREFERRED_SETS = 3  # loads of one beside the products of the next and the sums of a third
 # Trips of the pipeline (TILE_SETS groups each) a compiled-loop iteration runs; a launch of at most this many
 # trips before its last runs unrolled (PERFORMANCE.md, "Decode speed": the loop's barriers against program size).
 TRIPS_PER_ITERATION = 16
+
+
+OUTPUTS_ON_PE = 1
+
+
+def _tile_sets(groups: int, fit: int) -> int:
+    """Groups in flight: of the counts SBUF fits (up to ``TILE_SETS``), the one that pads the launch with the fewest
+    groups past N (whole trips), nearest ``PREFERRED_SETS`` on a tie: N = 64 (8 groups) on 3 sets ran a ninth group
+    of padding, 1/9 of the launch."""
+    counts = range(1, min(TILE_SETS, groups, fit) + 1)
+    return min(counts, key=lambda s: (-(-groups // s) * s, abs(s - PREFERRED_SETS), -s))
+
+
+def _identity() -> Any:
+    """[128, 128] fp32 identity: the stationary of the PE's sums (``_sum_on_pe``)."""
+    diagonal = sbuf((128, 128), FP32)  # column − partition
+    nisa.iota(dst=diagonal, pattern=[[1, 128]], offset=0, channel_multiplier=-1)
+    identity = sbuf((128, 128), FP32)
+    nisa.tensor_scalar(dst=identity, data=diagonal, op0=nl.equal, operand0=0.0)
+    return identity
 
 
 def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
@@ -234,20 +260,29 @@ class _TileSet:
         per_token: bool | None,
         bias_column: Any,
         first_output: int = 0,
+        summed_on_pe: tuple[Any, int] | None = None,
+        clear: Any = GPSIMD,
     ):
         """``per_token``: keep the window after every token (True), the last (False) or none (None);
-        ``first_output``: the first token whose output is computed (the tokens before it are a halo)."""
+        ``first_output``: the first token whose output is computed (the tokens before it are a halo);
+        ``summed_on_pe``: (the [128, 128] fp32 identity, k): the first k outputs' sums are accumulated by the tensor
+        engine in PSUM (``_sum_on_pe``), the rest reduced by the vector engine; ``clear``: the engine that zeroes
+        the loaded tiles first."""
         self.first_output = first_output
         outputs = tokens - first_output
+        self.identity, self.pe_outputs = summed_on_pe if summed_on_pe else (None, 0)
+        self.bias = bias_column
+        # One PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there: its own accumulation group.
+        self.pe_sums = [psum((128, per_part)) for _ in range(self.pe_outputs)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.inputs = sbuf((128, tokens, per_part), dtype)
-        # A padding slot's skipped loads leave defined values; set off the vector engine, which sums every group.
-        nisa.memset(dst=self.windows, value=0.0, engine=GPSIMD)
-        nisa.memset(dst=self.inputs, value=0.0, engine=GPSIMD)
+        # A padding slot's skipped loads leave defined values.
+        nisa.memset(dst=self.windows, value=0.0, engine=clear)
+        nisa.memset(dst=self.inputs, value=0.0, engine=clear)
         terms = width + (bias_column is not None)
         self.products = sbuf((128, per_part, outputs, terms), FP32)
         if bias_column is not None:  # the bias as one more term of every sum, set once
-            for t in range(outputs):
+            for t in range(self.pe_outputs, outputs):  # the tensor engine adds the bias column itself
                 nisa.activation(dst=self.products[:, :, t, width], op=nl.copy, data=bias_column, engine=SCALAR)
         self.sums = sbuf((128, per_part, outputs), FP32)
         self.result = sbuf((128, outputs, per_part), dtype)
@@ -388,17 +423,41 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
             k0 = first + from_window + t - state_len
             nisa.tensor_tensor(dst=products[:, :, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
                                data2=taps[:, :, from_window:width], op=nl.multiply, engine=GPSIMD)  # fmt: skip
-    nisa.tensor_reduce(dst=tiles.sums, op=nl.add, data=tiles.products, axis=3)
+        if t - tiles.first_output < tiles.pe_outputs:
+            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation)
     # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
     # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
-    nisa.activation(dst=_token_last(tiles.result), op=nl.copy if activation is None else nl.silu, data=tiles.sums,
-                    scale=live, engine=SCALAR)  # fmt: skip
+    rest = slice(tiles.pe_outputs, None)
+    if tiles.pe_outputs < tiles.sums.shape[2]:
+        nisa.tensor_reduce(dst=tiles.sums[:, :, rest], op=nl.add, data=tiles.products[:, :, rest], axis=3)
+        nisa.activation(dst=_token_last(tiles.result)[:, :, rest], op=_act(activation), data=tiles.sums[:, :, rest],
+                        scale=live, engine=SCALAR)  # fmt: skip
 
 
-def _live_mask(state_indices: Any, n_req: int, groups: int) -> Any:
-    """[128, groups] fp32: 1 on the partitions of slot j of group g when request j·G + g is live (its first index
-    is not −1), else 0 (padding, and requests past N): built once per launch from the index tensor, one contiguous
-    run of it per slot (``gdn_conv_step``'s slot map)."""
+def _act(activation: str | None) -> Any:
+    return nl.copy if activation is None else nl.silu
+
+
+def _sum_on_pe(tiles: _TileSet, products: Any, k: int, live: Any, activation: str | None) -> None:
+    """Output k's sum over its W products and the bias as one PSUM accumulation group: each term is the moving of a
+    0/1 matmul against the identity (fp32 with the 0/1 hint: 2 PE cycles a column against the vector engine's
+    reduce at 1 cycle an element of its slower clock, COST_MODEL.md item 1), added in the reduce's order — term 0
+    first, the bias last — so the fp32 sum is the vector engine's bit for bit (each product is exact: one nonzero
+    term). The activation reads the bank."""
+    bank = tiles.pe_sums[k]
+    terms = [products[:, :, j] for j in range(products.shape[2] - (tiles.bias is not None))]
+    if tiles.bias is not None:
+        terms.append(tiles.bias)
+    for i, term in enumerate(terms):
+        matmul(tiles.identity, term, dst=bank, accumulate=i > 0, stationary_onezero=True)
+    nisa.activation(dst=tiles.result[:, k], op=_act(activation), data=bank, scale=live,
+                    engine=SCALAR)  # fmt: skip
+
+
+def _first_rows(state_indices: Any, n_req: int, groups: int) -> Any:
+    """[128, groups · width] int32: slot j of group g's indices on its partitions (−1 past N), loaded once per launch
+    from the index tensor, one contiguous run of it per slot (``gdn_conv_step``'s slot map). Issued first in the
+    launch: its DMAs share the queues with the groups' loads, which would wait behind them."""
     width = state_indices.size // n_req
     first_rows = sbuf((128, groups * width), nl.int32)
     nisa.memset(dst=first_rows, value=-1)
@@ -408,6 +467,13 @@ def _live_mask(state_indices: Any, n_req: int, groups: int) -> Any:
             part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
             src = state_indices.ap(pattern=[[0, PARTITIONS_PER_REQUEST], [1, count * width]], offset=j * groups * width)
             nisa.dma_copy(dst=first_rows[part, 0 : count * width], src=src)
+    return first_rows
+
+
+def _live_mask(first_rows: Any, groups: int) -> Any:
+    """[128, groups] fp32: 1 on the partitions of slot j of group g when request j·G + g is live (its first index
+    is not −1), else 0 (padding, and requests past N)."""
+    width = first_rows.shape[1] // groups
     live = sbuf((128, groups), FP32)
     firsts = first_rows.ap(pattern=[[groups * width, 128], [width, groups]], offset=0)
     nisa.tensor_scalar(dst=live, data=firsts, op0=nl.greater_equal, operand0=0.0)
