@@ -95,11 +95,15 @@ def gdn_conv_step(
     taps, bias_column = _constants(weight, bias, per_part)
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
                         conv_pool.shape[0], outputs=False)  # fmt: skip
-    summed_on_pe = (_identity(), min(tokens, OUTPUTS_ON_PE))
+    identity = _identity()
+    on_pe, on_vector = _split(tokens)
+    summed_on_pe = (identity, on_pe)
+    multiplied_on_vector = (_taps_in_psum(taps, identity), on_vector) if on_vector < tokens else None
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
     tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column, summed_on_pe=summed_on_pe,
-                          clear=GPSIMD if s == 0 else VECTOR) for s in range(sets)]  # fmt: skip
+                          clear=GPSIMD if s == 0 else VECTOR, multiplied_on_vector=multiplied_on_vector)
+                 for s in range(sets)]  # fmt: skip
     live = _live_mask(first_rows, total)
     shape = (tokens, state_len, width)
     accepted = num_accepted_tokens is not None
@@ -156,7 +160,14 @@ PREFERRED_SETS = 3  # loads of one beside the products of the next and the sums 
 TRIPS_PER_ITERATION = 16
 
 
-OUTPUTS_ON_PE = 1
+OUTPUTS_ON_PE = {1: 1, 2: 1}  # T: outputs summed on the tensor engine (the others on the vector engine)
+PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd)
+
+
+def _split(tokens: int) -> tuple[int, int]:
+    """(outputs summed on the PE, the first output multiplied on the vector engine) for T tokens."""
+    on_pe = OUTPUTS_ON_PE.get(tokens, tokens - 1)
+    return on_pe, tokens - PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
 
 
 def _tile_sets(groups: int, fit: int) -> int:
@@ -247,7 +258,7 @@ class _RowWindow:
 class _TileSet:
     """The tiles one group of 8 requests is convolved in (allocated once: a compiled body touches the same tiles
     every iteration): windows [128, F, L] and inputs [128, T, F] in x's dtype as loaded; the products of every tap
-    [128, F, T, W (+1: the bias)] and their sums [128, F, T] fp32; the outputs [128, T, F] and the windows to keep
+    [128, T, F, W (+1: the bias)] and their sums [128, T, F] fp32; the outputs [128, T, F] and the windows to keep
     [128, T or 1, F, L] in x's dtype, as stored."""
 
     def __init__(
@@ -262,29 +273,33 @@ class _TileSet:
         first_output: int = 0,
         summed_on_pe: tuple[Any, int] | None = None,
         clear: Any = GPSIMD,
+        multiplied_on_vector: tuple[list[Any], int] | None = None,
     ):
         """``per_token``: keep the window after every token (True), the last (False) or none (None);
         ``first_output``: the first token whose output is computed (the tokens before it are a halo);
         ``summed_on_pe``: (the [128, 128] fp32 identity, k): the first k outputs' sums are accumulated by the tensor
         engine in PSUM (``_sum_on_pe``), the rest reduced by the vector engine; ``clear``: the engine that zeroes
-        the loaded tiles first."""
+        the loaded tiles first; ``multiplied_on_vector``: (the taps in PSUM, ``_taps_in_psum``; k): the products of
+        the outputs from k on are formed by the vector engine, the others' by GpSimd."""
         self.first_output = first_output
         outputs = tokens - first_output
         self.identity, self.pe_outputs = summed_on_pe if summed_on_pe else (None, 0)
+        self.psum_taps, self.vector_from = multiplied_on_vector if multiplied_on_vector else (None, outputs)
         self.bias = bias_column
-        # One PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there: its own accumulation group.
-        self.pe_sums = [psum((128, per_part)) for _ in range(self.pe_outputs)]
+        # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
+        # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
+        self.pe_sums = [psum((128, per_part)) for _ in range(min(2, self.pe_outputs))]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
         nisa.memset(dst=self.windows, value=0.0, engine=clear)
         nisa.memset(dst=self.inputs, value=0.0, engine=clear)
         terms = width + (bias_column is not None)
-        self.products = sbuf((128, per_part, outputs, terms), FP32)
+        self.products = sbuf((128, outputs, per_part, terms), FP32)  # output-major: each output's terms one run
         if bias_column is not None:  # the bias as one more term of every sum, set once
             for t in range(self.pe_outputs, outputs):  # the tensor engine adds the bias column itself
-                nisa.activation(dst=self.products[:, :, t, width], op=nl.copy, data=bias_column, engine=SCALAR)
-        self.sums = sbuf((128, per_part, outputs), FP32)
+                nisa.activation(dst=self.products[:, t, :, width], op=nl.copy, data=bias_column, engine=SCALAR)
+        self.sums = sbuf((128, outputs, per_part), FP32)
         self.result = sbuf((128, outputs, per_part), dtype)
         self.kept = None
         if per_token is not None:
@@ -413,25 +428,55 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
         nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
                         engine=SCALAR)  # fmt: skip
     for t in range(tiles.first_output, tokens):
-        products = tiles.products[:, :, t - tiles.first_output]
+        products = tiles.products[:, t - tiles.first_output]
         from_window = min(width, max(0, state_len - first - t))
+        multiply = _multiply_on_gpsimd if t - tiles.first_output < tiles.vector_from else _multiply_on_vector
         if from_window:
             at = first + t
-            nisa.tensor_tensor(dst=products[:, :, 0:from_window], data1=tiles.windows[:, :, at : at + from_window],
-                               data2=taps[:, :, 0:from_window], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+            multiply(tiles, products, tiles.windows[:, :, at : at + from_window], taps, 0, from_window)
         if from_window < width:
             k0 = first + from_window + t - state_len
-            nisa.tensor_tensor(dst=products[:, :, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
-                               data2=taps[:, :, from_window:width], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+            multiply(tiles, products, inputs_by_channel[:, :, k0 : t + 1], taps, from_window, width)
         if t - tiles.first_output < tiles.pe_outputs:
             _sum_on_pe(tiles, products, t - tiles.first_output, live, activation)
     # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
     # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
     rest = slice(tiles.pe_outputs, None)
-    if tiles.pe_outputs < tiles.sums.shape[2]:
-        nisa.tensor_reduce(dst=tiles.sums[:, :, rest], op=nl.add, data=tiles.products[:, :, rest], axis=3)
-        nisa.activation(dst=_token_last(tiles.result)[:, :, rest], op=_act(activation), data=tiles.sums[:, :, rest],
-                        scale=live, engine=SCALAR)  # fmt: skip
+    if tiles.pe_outputs < tiles.sums.shape[1]:
+        nisa.tensor_reduce(dst=tiles.sums[:, rest], op=nl.add, data=tiles.products[:, rest], axis=3)
+        nisa.activation(dst=tiles.result[:, rest], op=_act(activation), data=tiles.sums[:, rest], scale=live,
+                        engine=SCALAR)  # fmt: skip
+
+
+def _multiply_on_gpsimd(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
+    """Products of taps j0 .. j1 − 1 with ``data`` [128, F, j1 − j0] on GpSimd (the taps in SBUF)."""
+    nisa.tensor_tensor(dst=products[:, :, j0:j1], data1=data, data2=taps[:, :, j0:j1], op=nl.multiply, engine=GPSIMD)
+
+
+def _multiply_on_vector(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
+    """The same products on the vector engine, the taps read from PSUM: with one operand in PSUM ``tensor_tensor``
+    streams one element a cycle, two with both in SBUF unless every operand is 2-byte (COST_MODEL.md item 1); one
+    instruction per PSUM bank of taps (``_taps_in_psum``). The same fp32 products."""
+    for c0, bank in tiles.psum_taps:
+        c1 = c0 + bank.shape[1]
+        nisa.tensor_tensor(dst=products[:, c0:c1, j0:j1], data1=data[:, c0:c1], data2=bank[:, :, j0:j1],
+                           op=nl.multiply, engine=VECTOR)  # fmt: skip
+
+
+def _taps_in_psum(taps: Any, identity: Any) -> list[tuple[int, Any]]:
+    """The taps [128, F, W] copied into PSUM by 0/1 matmuls against the identity (exact: one nonzero term), as
+    (first channel, [128, channels, W]) tiles of one bank each (``BANK // W`` channels)."""
+    per_part, width = taps.shape[1], taps.shape[2]
+    flat = taps.reshape((128, per_part * width))
+    chunk = max(1, BANK // width)
+    banks = []
+    for c0 in range(0, per_part, chunk):
+        c1 = min(per_part, c0 + chunk)
+        bank = psum((128, c1 - c0, width))
+        matmul(identity, flat[:, c0 * width : c1 * width], dst=bank.reshape((128, (c1 - c0) * width)),
+               stationary_onezero=True)  # fmt: skip
+        banks.append((c0, bank))
+    return banks
 
 
 def _act(activation: str | None) -> Any:
@@ -444,7 +489,7 @@ def _sum_on_pe(tiles: _TileSet, products: Any, k: int, live: Any, activation: st
     reduce at 1 cycle an element of its slower clock, COST_MODEL.md item 1), added in the reduce's order — term 0
     first, the bias last — so the fp32 sum is the vector engine's bit for bit (each product is exact: one nonzero
     term). The activation reads the bank."""
-    bank = tiles.pe_sums[k]
+    bank = tiles.pe_sums[k % len(tiles.pe_sums)]
     terms = [products[:, :, j] for j in range(products.shape[2] - (tiles.bias is not None))]
     if tiles.bias is not None:
         terms.append(tiles.bias)
