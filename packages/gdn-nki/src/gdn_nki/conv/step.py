@@ -171,10 +171,11 @@ def _split(tokens: int) -> tuple[int, int]:
 
 
 def _tile_sets(groups: int, fit: int) -> int:
-    """Groups in flight: of the counts SBUF fits (up to ``TILE_SETS``), the one that pads the launch with the fewest
-    groups past N (whole trips), nearest ``PREFERRED_SETS`` on a tie: N = 64 (8 groups) on 3 sets ran a ninth group
-    of padding, 1/9 of the launch."""
-    counts = range(1, min(TILE_SETS, groups, fit) + 1)
+    """Groups in flight: of the counts from 2 that SBUF fits (up to ``TILE_SETS``), the one that pads the launch with
+    the fewest groups past N (whole trips), nearest ``PREFERRED_SETS`` on a tie: N = 64 (8 groups) on 3 sets ran a
+    ninth group of padding, 1/9 of the launch."""
+    most = min(TILE_SETS, groups, fit)
+    counts = range(min(2, most), most + 1)  # one set only when one fits or runs: it overlaps nothing
     return min(counts, key=lambda s: (-(-groups // s) * s, abs(s - PREFERRED_SETS), -s))
 
 
