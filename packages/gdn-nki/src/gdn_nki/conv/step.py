@@ -97,7 +97,7 @@ def gdn_conv_step(
                         conv_pool.shape[0], outputs=False)  # fmt: skip
     identity = _identity()
     on_pe, on_vector = _split(tokens)
-    summed_on_pe = (identity, on_pe)
+    summed_on_pe = (identity, int(on_pe), round((on_pe - int(on_pe)) * per_part))
     multiplied_on_vector = (_taps_in_psum(taps, identity), on_vector) if on_vector < tokens else None
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
@@ -160,11 +160,14 @@ PREFERRED_SETS = 3  # loads of one beside the products of the next and the sums 
 TRIPS_PER_ITERATION = 16
 
 
-OUTPUTS_ON_PE = {1: 1, 2: 1}  # T: outputs summed on the tensor engine (the others on the vector engine)
+# T: outputs summed on the tensor engine, the first ones (a fraction: that share of the next one's channels), the
+# others by the vector engine's reduce; T - 1 where absent. T = 4: 2.75 balances the two (PERFORMANCE.md, "Conv
+# decode").
+OUTPUTS_ON_PE = {1: 1, 2: 1, 4: 2.75}
 PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd)
 
 
-def _split(tokens: int) -> tuple[int, int]:
+def _split(tokens: int) -> tuple[float, int]:
     """(outputs summed on the PE, the first output multiplied on the vector engine) for T tokens."""
     on_pe = OUTPUTS_ON_PE.get(tokens, tokens - 1)
     return on_pe, tokens - PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
@@ -284,12 +287,12 @@ class _TileSet:
         the outputs from k on are formed by the vector engine, the others' by GpSimd."""
         self.first_output = first_output
         outputs = tokens - first_output
-        self.identity, self.pe_outputs = summed_on_pe if summed_on_pe else (None, 0)
+        self.identity, self.pe_outputs, self.pe_channels = summed_on_pe if summed_on_pe else (None, 0, 0)
         self.psum_taps, self.vector_from = multiplied_on_vector if multiplied_on_vector else (None, outputs)
         self.bias = bias_column
         # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
         # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
-        self.pe_sums = [psum((128, per_part)) for _ in range(min(2, self.pe_outputs))]
+        self.pe_sums = [psum((128, per_part)) for _ in range(min(2, self.pe_outputs + (self.pe_channels > 0)))]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
@@ -439,11 +442,20 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
             k0 = first + from_window + t - state_len
             multiply(tiles, products, inputs_by_channel[:, :, k0 : t + 1], taps, from_window, width)
         if t - tiles.first_output < tiles.pe_outputs:
-            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation)
+            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(None))
+        elif t - tiles.first_output == tiles.pe_outputs and tiles.pe_channels:
+            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(0, tiles.pe_channels))
     # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
     # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
-    rest = slice(tiles.pe_outputs, None)
-    if tiles.pe_outputs < tiles.sums.shape[1]:
+    k = tiles.pe_outputs
+    if tiles.pe_channels:  # output k's other channels
+        part = slice(tiles.pe_channels, None)
+        nisa.tensor_reduce(dst=tiles.sums[:, k, part], op=nl.add, data=tiles.products[:, k, part], axis=2)
+        nisa.activation(dst=tiles.result[:, k, part], op=_act(activation), data=tiles.sums[:, k, part], scale=live,
+                        engine=SCALAR)  # fmt: skip
+        k += 1
+    rest = slice(k, None)
+    if k < tiles.sums.shape[1]:
         nisa.tensor_reduce(dst=tiles.sums[:, rest], op=nl.add, data=tiles.products[:, rest], axis=3)
         nisa.activation(dst=tiles.result[:, rest], op=_act(activation), data=tiles.sums[:, rest], scale=live,
                         engine=SCALAR)  # fmt: skip
@@ -484,19 +496,19 @@ def _act(activation: str | None) -> Any:
     return nl.copy if activation is None else nl.silu
 
 
-def _sum_on_pe(tiles: _TileSet, products: Any, k: int, live: Any, activation: str | None) -> None:
+def _sum_on_pe(tiles: _TileSet, products: Any, k: int, live: Any, activation: str | None, part: slice) -> None:
     """Output k's sum over its W products and the bias as one PSUM accumulation group: each term is the moving of a
     0/1 matmul against the identity (fp32 with the 0/1 hint: 2 PE cycles a column against the vector engine's
     reduce at 1 cycle an element of its slower clock, COST_MODEL.md item 1), added in the reduce's order — term 0
     first, the bias last — so the fp32 sum is the vector engine's bit for bit (each product is exact: one nonzero
-    term). The activation reads the bank."""
-    bank = tiles.pe_sums[k % len(tiles.pe_sums)]
-    terms = [products[:, :, j] for j in range(products.shape[2] - (tiles.bias is not None))]
+    term). The activation reads the bank. ``part``: the channels summed here (the others by the vector engine)."""
+    bank = tiles.pe_sums[k % len(tiles.pe_sums)][:, part]
+    terms = [products[:, part, j] for j in range(products.shape[2] - (tiles.bias is not None))]
     if tiles.bias is not None:
-        terms.append(tiles.bias)
+        terms.append(tiles.bias[:, part])
     for i, term in enumerate(terms):
         matmul(tiles.identity, term, dst=bank, accumulate=i > 0, stationary_onezero=True)
-    nisa.activation(dst=tiles.result[:, k], op=_act(activation), data=bank, scale=live,
+    nisa.activation(dst=tiles.result[:, k, part], op=_act(activation), data=bank, scale=live,
                     engine=SCALAR)  # fmt: skip
 
 
