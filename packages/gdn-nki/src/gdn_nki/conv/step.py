@@ -23,7 +23,8 @@ partitions would move each request's elements in runs of L or 1 (6 or 2 bytes). 
 independent, so any channel-to-partition map works as long as inputs, taps, windows and outputs share it.
 
 All arithmetic is fp32 (the DMA widens bf16 inputs and the activation narrows the output), as HF's fallback computes
-in the weight's dtype and vLLM's kernels accumulate in fp32. Up to ``TRIPS_PER_ITERATION`` trips of the group
+in the weight's dtype and vLLM's kernels accumulate in fp32. The sums run on the tensor engine (0/1 matmuls against
+the identity accumulating in PSUM, ``OUTPUTS_ON_PE``) beside the vector engine's reduce, the same fold either way. Up to ``TRIPS_PER_ITERATION`` trips of the group
 pipeline run unrolled; past that, as a compiled loop of such bodies (``nl.fori_loop``, SDK 2.33), so the program
 stops growing with N; one compiled program per (N, T).
 """
@@ -408,9 +409,11 @@ def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
 
 
 def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
-    """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd),
-    their sums with the bias (one reduce, vector engine) — three engines, one instruction kind each, so a group's
-    work splits across them and each stream stays below the group's DMA time.
+    """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd; with
+    ``multiplied_on_vector`` the last outputs' on the vector engine), their sums with the bias (one reduce, vector
+    engine; with ``summed_on_pe`` the first outputs' as PSUM accumulations on the tensor engine) — each engine's
+    stream below the group's DMA time where the split allows (PERFORMANCE.md, "Decode speed"). Every output's sum
+    is the same fp32 fold, terms in tap order and the bias last, whichever engine adds.
 
     Token t's tap j reads input ``first + j + t`` of the series window ++ tokens (first = L − (W − 1)): the window
     while that index is below L, the tokens after it; each part is one instruction per token.
