@@ -410,7 +410,12 @@ def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
     for n in inner:
         size *= n
     raw = sbuf((PARTITIONS_PER_REQUEST, size), tensor.dtype)
-    nisa.dma_copy(dst=raw, src=tensor.ap(pattern=[[size, PARTITIONS_PER_REQUEST], [1, size]], offset=0))
+    # One DMA per bank's columns: a 16-partition transfer takes 2 of the 16 DMA engines (COST_MODEL.md item 5), so
+    # the chunks move side by side, and each bank's spread starts when its chunk lands.
+    for start in range(0, size, BANK):
+        cols = slice(start, min(size, start + BANK))
+        src = tensor.ap(pattern=[[size, PARTITIONS_PER_REQUEST], [1, cols.stop - start]], offset=start)
+        nisa.dma_copy(dst=raw[:, cols], src=src)
     select = _in_dtype(select, tensor.dtype)
     spread = sbuf((128, *inner), FP32)
     flat = spread.reshape((128, size))
