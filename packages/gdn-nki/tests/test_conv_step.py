@@ -111,6 +111,14 @@ def test_sums_on_the_tensor_engine_and_products_on_the_vector_engine_are_the_red
     assert not np.asarray(split[~live], dtype=np.float64).any()
 
 
+@pytest.mark.parametrize(("C", "T"), [(16, 4), (48, 4), (32, 5)])
+def test_verification_widths_on_few_channels_per_partition(C: int, T: int) -> None:
+    """T = 4 sums 2.75 outputs on the tensor engine: with F = C / 16 channels a partition, 3/4 of F rounds to all of
+    them at C = 16 (the third output wholly on the PE) and to part at C = 48; T = 5 the default split."""
+    rng, x, pool, weight, bias = _inputs(23 + C, "float32", 6, T, C=C)
+    _check(x, pool, weight, bias, _rows(rng, 6, T, pool.shape[0], False, [1]), None, "silu", "float32")
+
+
 def test_hf_cache_layout_keeps_w_inputs_and_the_taps_read_the_last_w_minus_1() -> None:
     """HF's cache keeps L = W inputs; the taps read its last W - 1 (not its first, as vLLM's non-speculative update
     reads a longer row), and the window shifts by T."""

@@ -98,7 +98,10 @@ def gdn_conv_step(
                         conv_pool.shape[0], outputs=False)  # fmt: skip
     identity = _identity()
     on_pe, on_vector = _split(tokens)
-    summed_on_pe = (identity, int(on_pe), round((on_pe - int(on_pe)) * per_part))
+    whole, channels = int(on_pe), round((on_pe - int(on_pe)) * per_part)
+    if channels == per_part:  # a narrow C rounds the share up to the whole output
+        whole, channels = whole + 1, 0
+    summed_on_pe = (identity, whole, channels)
     multiplied_on_vector = (_taps_in_psum(taps, identity), on_vector) if on_vector < tokens else None
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
