@@ -119,6 +119,14 @@ def test_verification_widths_on_few_channels_per_partition(C: int, T: int) -> No
     _check(x, pool, weight, bias, _rows(rng, 6, T, pool.shape[0], False, [1]), None, "silu", "float32")
 
 
+@pytest.mark.parametrize(("W", "T", "N"), [(5, 3, 64), (2, 3, 64), (5, 4, 24), (3, 5, 24)])
+def test_psum_holds_the_taps_and_sums_at_qwen3_next_channels(W: int, T: int, N: int) -> None:
+    """C = 8192: the taps in PSUM take 2-6 banks by width (``_engine_plan``) beside 3-4 tile sets' sums; the plan
+    keeps them within 8 banks (W = 5 and W = 2 at T = 3 asked for 10)."""
+    rng, x, pool, weight, bias = _inputs(29 + W, "bfloat16", N, T, C=8192, W=W, L=W - 1, P=N * T + 2)
+    _check(x, pool, weight, bias, _rows(rng, N, T, pool.shape[0], False, [3]), None, "silu", "bfloat16")
+
+
 def test_hf_cache_layout_keeps_w_inputs_and_the_taps_read_the_last_w_minus_1() -> None:
     """HF's cache keeps L = W inputs; the taps read its last W - 1 (not its first, as vLLM's non-speculative update
     reads a longer row), and the window shifts by T."""

@@ -97,11 +97,8 @@ def gdn_conv_step(
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
                         conv_pool.shape[0], outputs=False)  # fmt: skip
     identity = _identity()
-    on_pe, on_vector = _split(tokens)
-    whole, channels = int(on_pe), round((on_pe - int(on_pe)) * per_part)
-    if channels == per_part:  # a narrow C rounds the share up to the whole output
-        whole, channels = whole + 1, 0
-    summed_on_pe = (identity, whole, channels)
+    whole, channels, sum_banks, on_vector = _engine_plan(tokens, per_part, width, sets)
+    summed_on_pe = (identity, whole, channels, sum_banks)
     multiplied_on_vector = (_taps_in_psum(taps, identity), on_vector) if on_vector < tokens else None
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
@@ -178,6 +175,29 @@ TRIPS_PER_ITERATION = 16
 # decode").
 OUTPUTS_ON_PE = {1: 1, 2: 1, 4: 2.75}
 PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd)
+
+
+PSUM_BANKS = 8  # [128, 512] fp32 each (docs/nki-sources.md §2.9)
+
+
+def _engine_plan(tokens: int, per_part: int, width: int, sets: int) -> tuple[int, int, int, int]:
+    """(whole outputs summed on the PE, the next output's channels summed there, PSUM banks a tile set sums in, the
+    first output multiplied on the vector engine) within PSUM's 8 banks: the taps' banks when the vector engine
+    multiplies (``_taps_in_psum``), then up to 2 sum banks a set (the outputs take them in turn); with no room for
+    the taps every product stays on GpSimd, and with more channels a partition than a bank holds every sum on the
+    vector engine."""
+    if per_part > BANK:
+        return 0, 0, 0, tokens
+    on_pe, on_vector = _split(tokens)
+    whole, channels = int(on_pe), round((on_pe - int(on_pe)) * per_part)
+    if channels == per_part:  # a narrow C rounds the share up to the whole output
+        whole, channels = whole + 1, 0
+    wanted = min(2, whole + (channels > 0))
+    tap_banks = -(-per_part // max(1, BANK // width)) if on_vector < tokens else 0
+    if tap_banks + sets * min(1, wanted) > PSUM_BANKS:
+        tap_banks, on_vector = 0, tokens
+    banks = min(wanted, (PSUM_BANKS - tap_banks) // sets)
+    return whole, channels, banks, on_vector
 
 
 def _split(tokens: int) -> tuple[float, int]:
@@ -298,18 +318,19 @@ class _TileSet:
     ):
         """``per_token``: keep the window after every token (True), the last (False) or none (None);
         ``first_output``: the first token whose output is computed (the tokens before it are a halo);
-        ``summed_on_pe``: (the [128, 128] fp32 identity, k): the first k outputs' sums are accumulated by the tensor
-        engine in PSUM (``_sum_on_pe``), the rest reduced by the vector engine; ``clear``: the engine that zeroes
+        ``summed_on_pe``: (the [128, 128] fp32 identity, k, c, banks): the first k outputs' sums (and output k's
+        first c channels') are accumulated by the tensor engine in PSUM (``_sum_on_pe``) in ``banks`` banks taken in
+        turn, the rest reduced by the vector engine; ``clear``: the engine that zeroes
         the loaded tiles first; ``multiplied_on_vector``: (the taps in PSUM, ``_taps_in_psum``; k): the products of
         the outputs from k on are formed by the vector engine, the others' by GpSimd."""
         self.first_output = first_output
         outputs = tokens - first_output
-        self.identity, self.pe_outputs, self.pe_channels = summed_on_pe if summed_on_pe else (None, 0, 0)
+        self.identity, self.pe_outputs, self.pe_channels, banks = summed_on_pe if summed_on_pe else (None, 0, 0, 0)
         self.psum_taps, self.vector_from = multiplied_on_vector if multiplied_on_vector else (None, outputs)
         self.bias = bias_column
         # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
         # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
-        self.pe_sums = [psum((128, per_part)) for _ in range(min(2, self.pe_outputs + (self.pe_channels > 0)))]
+        self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
