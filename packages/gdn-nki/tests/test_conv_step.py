@@ -72,12 +72,13 @@ def test_conv_step_matches_the_oracle(N, T, W, extra, per_token, dtype, seed, da
            data.draw(st.sampled_from(["silu", None])), dtype)  # fmt: skip
 
 
-@pytest.mark.parametrize(("N", "trips_per_iteration"), [(19, 16), (30, 16), (50, 16), (50, 1), (75, 1), (75, 2)])
+@pytest.mark.parametrize(("N", "trips_per_iteration"), [(19, 16), (30, 16), (50, 16), (100, 1), (75, 1), (75, 2)])
 def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int, trips_per_iteration: int, monkeypatch) -> None:
-    """Trips of three groups of 8: N = 19, one trip, 5 slots past N; 30, two trips (the last unrolled, as always);
-    50, three trips, unrolled under the default body; with one trip a compiled-loop iteration (the body set small to
-    keep the test small), 50 and 75 run a compiled loop of 2 and 3 iterations before the last; 75 with two a loop of
-    one iteration, one trip unrolled after it, then the last. Per-token rows, rollback, padding."""
+    """Trips of 2-4 groups of 8 (``_tile_sets``): N = 19, one trip of three groups, 5 slots past N; 30, one trip of
+    four; 50, two trips of four (the last unrolled, as always), one slot group past N; with one trip a compiled-loop
+    iteration (the body set small to keep the test small), 100 (seven trips of two) and 75 (five of two) run a
+    compiled loop of 6 and 4 iterations before the last; 75 with two a loop of two iterations, then the last.
+    Per-token rows, rollback, padding."""
     import gdn_nki.conv.step
 
     monkeypatch.setattr(gdn_nki.conv.step, "TRIPS_PER_ITERATION", trips_per_iteration)
@@ -85,6 +86,45 @@ def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int, trips_per_iterat
     rows = _rows(rng, N, 2, 2 * N + 4, True, [4, 17])
     accepted = rng.integers(1, 3, N).astype(np.int32)
     _check(x, pool, weight, bias, rows, accepted, "silu", "bfloat16")
+
+
+@pytest.mark.parametrize(("T", "W", "dtype", "with_bias"), [(1, 4, "bfloat16", True), (3, 5, "float32", False),
+                                                         (4, 4, "bfloat16", True), (4, 3, "float32", True)])  # fmt: skip
+def test_sums_on_the_tensor_engine_and_products_on_the_vector_engine_are_the_reduces_bits(
+    T: int, W: int, dtype: str, with_bias: bool, monkeypatch
+) -> None:
+    """The PE's PSUM sums (taps then the bias, 0/1 matmuls) and the vector engine's products (taps from PSUM, one
+    instruction per bank: C = 4096 spans 2-3 banks) give every live output and every pool row of the GpSimd products
+    and vector reduce bit for bit, at decode and verification widths."""
+    import gdn_nki.conv.step
+
+    rng, x, pool, weight, bias = _inputs(17 + T, dtype, 9, T, C=4096, W=W, L=W - 1)
+    rows = _rows(rng, 9, T, pool.shape[0], False, [6])
+    bias = bias if with_bias else None
+    split, split_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    monkeypatch.setattr(gdn_nki.conv.step, "OUTPUTS_ON_PE", {T: 0})
+    monkeypatch.setattr(gdn_nki.conv.step, "PRODUCTS_ON_VECTOR", {T: 0})
+    reduced, reduced_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    live = rows >= 0
+    assert split[live].tobytes() == reduced[live].tobytes()
+    assert split_pool.tobytes() == reduced_pool.tobytes()
+    assert not np.asarray(split[~live], dtype=np.float64).any()
+
+
+@pytest.mark.parametrize(("C", "T"), [(16, 4), (48, 4), (32, 5)])
+def test_verification_widths_on_few_channels_per_partition(C: int, T: int) -> None:
+    """T = 4 sums 2.75 outputs on the tensor engine: with F = C / 16 channels a partition, 3/4 of F rounds to all of
+    them at C = 16 (the third output wholly on the PE) and to part at C = 48; T = 5 the default split."""
+    rng, x, pool, weight, bias = _inputs(23 + C, "float32", 6, T, C=C)
+    _check(x, pool, weight, bias, _rows(rng, 6, T, pool.shape[0], False, [1]), None, "silu", "float32")
+
+
+@pytest.mark.parametrize(("W", "T", "N"), [(5, 3, 64), (2, 3, 64), (5, 4, 24), (3, 5, 24)])
+def test_psum_holds_the_taps_and_sums_at_qwen3_next_channels(W: int, T: int, N: int) -> None:
+    """C = 8192: the taps in PSUM take 2-6 banks by width (``_engine_plan``) beside 3-4 tile sets' sums; the plan
+    keeps them within 8 banks (W = 5 and W = 2 at T = 3 asked for 10)."""
+    rng, x, pool, weight, bias = _inputs(29 + W, "bfloat16", N, T, C=8192, W=W, L=W - 1, P=N * T + 2)
+    _check(x, pool, weight, bias, _rows(rng, N, T, pool.shape[0], False, [3]), None, "silu", "bfloat16")
 
 
 def test_hf_cache_layout_keeps_w_inputs_and_the_taps_read_the_last_w_minus_1() -> None:

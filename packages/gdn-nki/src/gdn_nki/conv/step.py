@@ -23,7 +23,8 @@ partitions would move each request's elements in runs of L or 1 (6 or 2 bytes). 
 independent, so any channel-to-partition map works as long as inputs, taps, windows and outputs share it.
 
 All arithmetic is fp32 (the DMA widens bf16 inputs and the activation narrows the output), as HF's fallback computes
-in the weight's dtype and vLLM's kernels accumulate in fp32. Up to ``TRIPS_PER_ITERATION`` trips of the group
+in the weight's dtype and vLLM's kernels accumulate in fp32. The sums run on the tensor engine (0/1 matmuls against
+the identity accumulating in PSUM, ``OUTPUTS_ON_PE``) beside the vector engine's reduce, the same fold either way. Up to ``TRIPS_PER_ITERATION`` trips of the group
 pipeline run unrolled; past that, as a compiled loop of such bodies (``nl.fori_loop``, SDK 2.33), so the program
 stops growing with N; one compiled program per (N, T).
 """
@@ -35,10 +36,10 @@ from typing import Any
 from gdn_ref.conv_rules import conv_step_violations
 
 from ..common.backend import nisa, nki, nl
-from ..common.engines import GPSIMD, SCALAR
+from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call
 from ..common.request_rows import entry, request_rows
-from ..common.tiles import FP32, matmul, sbuf
+from ..common.tiles import FP32, matmul, psum, sbuf
 
 PARTITIONS_PER_REQUEST = 16  # runs of 1 KiB (x, out) and 3 KiB (windows) per partition at C = 8192, bf16
 REQUESTS_PER_GROUP = 128 // PARTITIONS_PER_REQUEST
@@ -85,22 +86,40 @@ def gdn_conv_step(
     out = nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
-    sets = min(TILE_SETS, groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
     trips = -(-groups // sets)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
     # and are outside x and out: their transfers are skipped.
     total = trips * sets
+    first_rows = _first_rows(state_indices, n_req, total)
+    taps, bias_column = _constants(weight, bias, per_part)
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
                         conv_pool.shape[0], outputs=False)  # fmt: skip
-    taps, bias_column = _constants(weight, bias, per_part)
-    tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column) for _ in range(sets)]
-    live = _live_mask(state_indices, n_req, total)
+    identity = _identity()
+    whole, channels, sum_banks, on_vector = _engine_plan(tokens, per_part, width, sets)
+    summed_on_pe = (identity, whole, channels, sum_banks)
+    multiplied_on_vector = (_taps_in_psum(taps, identity), on_vector) if on_vector < tokens else None
+    # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
+    # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
+    tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column, summed_on_pe=summed_on_pe,
+                          clear=GPSIMD if s == 0 else VECTOR, multiplied_on_vector=multiplied_on_vector)
+                 for s in range(sets)]  # fmt: skip
+    live = _live_mask(first_rows, total)
     shape = (tokens, state_len, width)
     accepted = num_accepted_tokens is not None
 
+    made: dict[int, list[_Slot]] = {}
+
     def slots_of(g: Any) -> list[_Slot]:
-        return [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
+        # An unrolled group's slots are made once, so its store reuses the row its load read ([N] rows: the same
+        # row), one `scalar_load` a request less on GpSimd, which the stores' DMA queues wait on (N = 64: 30.9 ->
+        # 29.2 us). The value stays live until the store, up to ``sets`` groups later (at most 32 rows at once).
+        if not isinstance(g, int):
+            return [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
+        if g not in made:
+            made[g] = [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
+        return made[g]
 
     # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
     # before it in the same tile set is convolved, so the DMA moves one group while the engines convolve the others.
@@ -111,9 +130,9 @@ def gdn_conv_step(
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
             tile_set.convolve(taps, _column(live, g), shape, activation)
-            tile_set.store(out, conv_pool, slots_of(g))
-            if ahead:
+            if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
                 tile_set.load(x, conv_pool, slots_of(g + sets))
+            tile_set.store(out, conv_pool, slots_of(g))
 
     # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
     # past the launch's, and the slot map would make them other groups' requests). The others run
@@ -129,8 +148,8 @@ def gdn_conv_step(
             for s, tile_set in enumerate(tile_sets):
                 local = k * sets + s
                 tile_set.convolve(taps, _column(live, base + local), shape, activation)
-                tile_set.store(out, conv_pool, window.slots(local))
                 tile_set.load(x, conv_pool, window.slots(local + sets))
+                tile_set.store(out, conv_pool, window.slots(local))
 
     if looped:
         nl.fori_loop(0, looped, body)
@@ -144,10 +163,65 @@ BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size
 # SBUF bytes per partition the tile sets may take (of 212,984 usable: docs/nki-sources.md §2.9), the rest for the
 # constants; verification with every token's window kept at T = 4 fits two sets.
 SET_BUDGET = 160 * 1024
-TILE_SETS = 3  # groups in flight: loads of one beside the products of the next and the sums of a third
+TILE_SETS = 4  # the most groups in flight
+PREFERRED_SETS = 3  # loads of one beside the products of the next and the sums of a third
 # Trips of the pipeline (TILE_SETS groups each) a compiled-loop iteration runs; a launch of at most this many
 # trips before its last runs unrolled (PERFORMANCE.md, "Decode speed": the loop's barriers against program size).
 TRIPS_PER_ITERATION = 16
+
+
+# T: outputs summed on the tensor engine, the first ones (a fraction: that share of the next one's channels), the
+# others by the vector engine's reduce; T - 1 where absent. T = 4: 2.75 balances the two (PERFORMANCE.md, "Conv
+# decode").
+OUTPUTS_ON_PE = {1: 1, 2: 1, 4: 2.75}
+PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd)
+
+
+PSUM_BANKS = 8  # [128, 512] fp32 each (docs/nki-sources.md §2.9)
+
+
+def _engine_plan(tokens: int, per_part: int, width: int, sets: int) -> tuple[int, int, int, int]:
+    """(whole outputs summed on the PE, the next output's channels summed there, PSUM banks a tile set sums in, the
+    first output multiplied on the vector engine) within PSUM's 8 banks: the taps' banks when the vector engine
+    multiplies (``_taps_in_psum``), then up to 2 sum banks a set (the outputs take them in turn); with no room for
+    the taps every product stays on GpSimd, and with more channels a partition than a bank holds every sum on the
+    vector engine."""
+    if per_part > BANK:
+        return 0, 0, 0, tokens
+    on_pe, on_vector = _split(tokens)
+    whole, channels = int(on_pe), round((on_pe - int(on_pe)) * per_part)
+    if channels == per_part:  # a narrow C rounds the share up to the whole output
+        whole, channels = whole + 1, 0
+    wanted = min(2, whole + (channels > 0))
+    tap_banks = -(-per_part // max(1, BANK // width)) if on_vector < tokens else 0
+    if tap_banks + sets * min(1, wanted) > PSUM_BANKS:
+        tap_banks, on_vector = 0, tokens
+    banks = min(wanted, (PSUM_BANKS - tap_banks) // sets)
+    return whole, channels, banks, on_vector
+
+
+def _split(tokens: int) -> tuple[float, int]:
+    """(outputs summed on the PE, the first output multiplied on the vector engine) for T tokens."""
+    on_pe = OUTPUTS_ON_PE.get(tokens, tokens - 1)
+    return on_pe, tokens - PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
+
+
+def _tile_sets(groups: int, fit: int) -> int:
+    """Groups in flight: of the counts from 2 that SBUF fits (up to ``TILE_SETS``), the one that pads the launch with
+    the fewest groups past N (whole trips), nearest ``PREFERRED_SETS`` on a tie: N = 64 (8 groups) on 3 sets ran a
+    ninth group of padding, 1/9 of the launch."""
+    most = min(TILE_SETS, groups, fit)
+    counts = range(min(2, most), most + 1)  # one set only when one fits or runs: it overlaps nothing
+    return min(counts, key=lambda s: (-(-groups // s) * s, abs(s - PREFERRED_SETS), -s))
+
+
+def _identity() -> Any:
+    """[128, 128] fp32 identity: the stationary of the PE's sums (``_sum_on_pe``)."""
+    diagonal = sbuf((128, 128), FP32)  # column − partition
+    nisa.iota(dst=diagonal, pattern=[[1, 128]], offset=0, channel_multiplier=-1)
+    identity = sbuf((128, 128), FP32)
+    nisa.tensor_scalar(dst=identity, data=diagonal, op0=nl.equal, operand0=0.0)
+    return identity
 
 
 def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
@@ -159,8 +233,8 @@ def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, p
 
 class _Slot:
     """One request slot of a group: its partitions and request index, and its rows (run-time scalars) loaded from
-    ``request_rows``' tiles only when asked: each ``scalar_load`` is a GpSimd instruction, and a slot's loads and
-    stores happen in different iterations of the pipeline."""
+    ``request_rows``' tiles only when asked: each ``scalar_load`` is a GpSimd instruction. The read row is loaded
+    once per slot object (an unrolled group's load and store share one; a compiled loop's body makes its own)."""
 
     def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool,
                  n: Any = None):  # fmt: skip
@@ -170,16 +244,20 @@ class _Slot:
         self.n = g + j * total if n is None else n  # request j·G + g (the kernel's map of slots)
         self._rows, self._g, self._first = rows, g, j * total
         self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+        self._read: Any = None
 
     def _load(self, tile: int, static: int, scale: int) -> Any:
         return entry(self._rows[tile], static, self._g, scale)
 
     def read_row(self) -> Any:
-        """The row the request's window is loaded from."""
-        if self._accepted:
-            return self._load(1, self._first, 1)
-        width = self._tokens if self._per_token else 1
-        return self._load(0, self._first * width, width)
+        """The row the request's window is loaded from (loaded on the first call, then reused)."""
+        if self._read is None:
+            if self._accepted:
+                self._read = self._load(1, self._first, 1)
+            else:
+                width = self._tokens if self._per_token else 1
+                self._read = self._load(0, self._first * width, width)
+        return self._read
 
     def write_rows(self) -> tuple[Any, ...]:
         """The rows its windows are stored to: one per token with per-token rows, else its read row."""
@@ -221,7 +299,7 @@ class _RowWindow:
 class _TileSet:
     """The tiles one group of 8 requests is convolved in (allocated once: a compiled body touches the same tiles
     every iteration): windows [128, F, L] and inputs [128, T, F] in x's dtype as loaded; the products of every tap
-    [128, F, T, W (+1: the bias)] and their sums [128, F, T] fp32; the outputs [128, T, F] and the windows to keep
+    [128, T, F, W (+1: the bias)] and their sums [128, T, F] fp32; the outputs [128, T, F] and the windows to keep
     [128, T or 1, F, L] in x's dtype, as stored."""
 
     def __init__(
@@ -234,22 +312,36 @@ class _TileSet:
         per_token: bool | None,
         bias_column: Any,
         first_output: int = 0,
+        summed_on_pe: tuple[Any, int] | None = None,
+        clear: Any = GPSIMD,
+        multiplied_on_vector: tuple[list[Any], int] | None = None,
     ):
         """``per_token``: keep the window after every token (True), the last (False) or none (None);
-        ``first_output``: the first token whose output is computed (the tokens before it are a halo)."""
+        ``first_output``: the first token whose output is computed (the tokens before it are a halo);
+        ``summed_on_pe``: (the [128, 128] fp32 identity, k, c, banks): the first k outputs' sums (and output k's
+        first c channels') are accumulated by the tensor engine in PSUM (``_sum_on_pe``) in ``banks`` banks taken in
+        turn, the rest reduced by the vector engine; ``clear``: the engine that zeroes
+        the loaded tiles first; ``multiplied_on_vector``: (the taps in PSUM, ``_taps_in_psum``; k): the products of
+        the outputs from k on are formed by the vector engine, the others' by GpSimd."""
         self.first_output = first_output
         outputs = tokens - first_output
+        self.identity, self.pe_outputs, self.pe_channels, banks = summed_on_pe if summed_on_pe else (None, 0, 0, 0)
+        self.psum_taps, self.vector_from = multiplied_on_vector if multiplied_on_vector else (None, outputs)
+        self.bias = bias_column
+        # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
+        # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
+        self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.inputs = sbuf((128, tokens, per_part), dtype)
-        # A padding slot's skipped loads leave defined values; set off the vector engine, which sums every group.
-        nisa.memset(dst=self.windows, value=0.0, engine=GPSIMD)
-        nisa.memset(dst=self.inputs, value=0.0, engine=GPSIMD)
+        # A padding slot's skipped loads leave defined values.
+        nisa.memset(dst=self.windows, value=0.0, engine=clear)
+        nisa.memset(dst=self.inputs, value=0.0, engine=clear)
         terms = width + (bias_column is not None)
-        self.products = sbuf((128, per_part, outputs, terms), FP32)
+        self.products = sbuf((128, outputs, per_part, terms), FP32)  # output-major: each output's terms one run
         if bias_column is not None:  # the bias as one more term of every sum, set once
-            for t in range(outputs):
-                nisa.activation(dst=self.products[:, :, t, width], op=nl.copy, data=bias_column, engine=SCALAR)
-        self.sums = sbuf((128, per_part, outputs), FP32)
+            for t in range(self.pe_outputs, outputs):  # the tensor engine adds the bias column itself
+                nisa.activation(dst=self.products[:, t, :, width], op=nl.copy, data=bias_column, engine=SCALAR)
+        self.sums = sbuf((128, outputs, per_part), FP32)
         self.result = sbuf((128, outputs, per_part), dtype)
         self.kept = None
         if per_token is not None:
@@ -342,7 +434,12 @@ def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
     for n in inner:
         size *= n
     raw = sbuf((PARTITIONS_PER_REQUEST, size), tensor.dtype)
-    nisa.dma_copy(dst=raw, src=tensor.ap(pattern=[[size, PARTITIONS_PER_REQUEST], [1, size]], offset=0))
+    # One DMA per bank's columns: a 16-partition transfer takes 2 of the 16 DMA engines (COST_MODEL.md item 5), so
+    # the chunks move side by side, and each bank's spread starts when its chunk lands.
+    for start in range(0, size, BANK):
+        cols = slice(start, min(size, start + BANK))
+        src = tensor.ap(pattern=[[size, PARTITIONS_PER_REQUEST], [1, cols.stop - start]], offset=start)
+        nisa.dma_copy(dst=raw[:, cols], src=src)
     select = _in_dtype(select, tensor.dtype)
     spread = sbuf((128, *inner), FP32)
     flat = spread.reshape((128, size))
@@ -354,9 +451,11 @@ def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
 
 
 def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
-    """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd),
-    their sums with the bias (one reduce, vector engine) — three engines, one instruction kind each, so a group's
-    work splits across them and each stream stays below the group's DMA time.
+    """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd; with
+    ``multiplied_on_vector`` the last outputs' on the vector engine), their sums with the bias (one reduce, vector
+    engine; with ``summed_on_pe`` the first outputs' as PSUM accumulations on the tensor engine) — each engine's
+    stream below the group's DMA time where the split allows (PERFORMANCE.md, "Decode speed"). Every output's sum
+    is the same fp32 fold, terms in tap order and the bias last, whichever engine adds.
 
     Token t's tap j reads input ``first + j + t`` of the series window ++ tokens (first = L − (W − 1)): the window
     while that index is below L, the tokens after it; each part is one instruction per token.
@@ -378,27 +477,90 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
         nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
                         engine=SCALAR)  # fmt: skip
     for t in range(tiles.first_output, tokens):
-        products = tiles.products[:, :, t - tiles.first_output]
+        products = tiles.products[:, t - tiles.first_output]
         from_window = min(width, max(0, state_len - first - t))
+        multiply = _multiply_on_gpsimd if t - tiles.first_output < tiles.vector_from else _multiply_on_vector
         if from_window:
             at = first + t
-            nisa.tensor_tensor(dst=products[:, :, 0:from_window], data1=tiles.windows[:, :, at : at + from_window],
-                               data2=taps[:, :, 0:from_window], op=nl.multiply, engine=GPSIMD)  # fmt: skip
+            multiply(tiles, products, tiles.windows[:, :, at : at + from_window], taps, 0, from_window)
         if from_window < width:
             k0 = first + from_window + t - state_len
-            nisa.tensor_tensor(dst=products[:, :, from_window:width], data1=inputs_by_channel[:, :, k0 : t + 1],
-                               data2=taps[:, :, from_window:width], op=nl.multiply, engine=GPSIMD)  # fmt: skip
-    nisa.tensor_reduce(dst=tiles.sums, op=nl.add, data=tiles.products, axis=3)
+            multiply(tiles, products, inputs_by_channel[:, :, k0 : t + 1], taps, from_window, width)
+        if t - tiles.first_output < tiles.pe_outputs:
+            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(None))
+        elif t - tiles.first_output == tiles.pe_outputs and tiles.pe_channels:
+            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(0, tiles.pe_channels))
     # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
     # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
-    nisa.activation(dst=_token_last(tiles.result), op=nl.copy if activation is None else nl.silu, data=tiles.sums,
-                    scale=live, engine=SCALAR)  # fmt: skip
+    k = tiles.pe_outputs
+    if tiles.pe_channels:  # output k's other channels
+        part = slice(tiles.pe_channels, None)
+        nisa.tensor_reduce(dst=tiles.sums[:, k, part], op=nl.add, data=tiles.products[:, k, part], axis=2)
+        nisa.activation(dst=tiles.result[:, k, part], op=_act(activation), data=tiles.sums[:, k, part], scale=live,
+                        engine=SCALAR)  # fmt: skip
+        k += 1
+    rest = slice(k, None)
+    if k < tiles.sums.shape[1]:
+        nisa.tensor_reduce(dst=tiles.sums[:, rest], op=nl.add, data=tiles.products[:, rest], axis=3)
+        nisa.activation(dst=tiles.result[:, rest], op=_act(activation), data=tiles.sums[:, rest], scale=live,
+                        engine=SCALAR)  # fmt: skip
 
 
-def _live_mask(state_indices: Any, n_req: int, groups: int) -> Any:
-    """[128, groups] fp32: 1 on the partitions of slot j of group g when request j·G + g is live (its first index
-    is not −1), else 0 (padding, and requests past N): built once per launch from the index tensor, one contiguous
-    run of it per slot (``gdn_conv_step``'s slot map)."""
+def _multiply_on_gpsimd(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
+    """Products of taps j0 .. j1 − 1 with ``data`` [128, F, j1 − j0] on GpSimd (the taps in SBUF)."""
+    nisa.tensor_tensor(dst=products[:, :, j0:j1], data1=data, data2=taps[:, :, j0:j1], op=nl.multiply, engine=GPSIMD)
+
+
+def _multiply_on_vector(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
+    """The same products on the vector engine, the taps read from PSUM: with one operand in PSUM ``tensor_tensor``
+    streams one element a cycle, two with both in SBUF unless every operand is 2-byte (COST_MODEL.md item 1); one
+    instruction per PSUM bank of taps (``_taps_in_psum``). The same fp32 products."""
+    for c0, bank in tiles.psum_taps:
+        c1 = c0 + bank.shape[1]
+        nisa.tensor_tensor(dst=products[:, c0:c1, j0:j1], data1=data[:, c0:c1], data2=bank[:, :, j0:j1],
+                           op=nl.multiply, engine=VECTOR)  # fmt: skip
+
+
+def _taps_in_psum(taps: Any, identity: Any) -> list[tuple[int, Any]]:
+    """The taps [128, F, W] copied into PSUM by 0/1 matmuls against the identity (exact: one nonzero term), as
+    (first channel, [128, channels, W]) tiles of one bank each (``BANK // W`` channels)."""
+    per_part, width = taps.shape[1], taps.shape[2]
+    flat = taps.reshape((128, per_part * width))
+    chunk = max(1, BANK // width)
+    banks = []
+    for c0 in range(0, per_part, chunk):
+        c1 = min(per_part, c0 + chunk)
+        bank = psum((128, c1 - c0, width))
+        matmul(identity, flat[:, c0 * width : c1 * width], dst=bank.reshape((128, (c1 - c0) * width)),
+               stationary_onezero=True)  # fmt: skip
+        banks.append((c0, bank))
+    return banks
+
+
+def _act(activation: str | None) -> Any:
+    return nl.copy if activation is None else nl.silu
+
+
+def _sum_on_pe(tiles: _TileSet, products: Any, k: int, live: Any, activation: str | None, part: slice) -> None:
+    """Output k's sum over its W products and the bias as one PSUM accumulation group: each term is the moving of a
+    0/1 matmul against the identity (fp32 with the 0/1 hint: 2 PE cycles a column against the vector engine's
+    reduce at 1 cycle an element of its slower clock, COST_MODEL.md item 1), added in the reduce's order — term 0
+    first, the bias last — so the fp32 sum is the vector engine's bit for bit (each product is exact: one nonzero
+    term). The activation reads the bank. ``part``: the channels summed here (the others by the vector engine)."""
+    bank = tiles.pe_sums[k % len(tiles.pe_sums)][:, part]
+    terms = [products[:, part, j] for j in range(products.shape[2] - (tiles.bias is not None))]
+    if tiles.bias is not None:
+        terms.append(tiles.bias[:, part])
+    for i, term in enumerate(terms):
+        matmul(tiles.identity, term, dst=bank, accumulate=i > 0, stationary_onezero=True)
+    nisa.activation(dst=tiles.result[:, k, part], op=_act(activation), data=bank, scale=live,
+                    engine=SCALAR)  # fmt: skip
+
+
+def _first_rows(state_indices: Any, n_req: int, groups: int) -> Any:
+    """[128, groups · width] int32: slot j of group g's indices on its partitions (−1 past N), loaded once per launch
+    from the index tensor, one contiguous run of it per slot (``gdn_conv_step``'s slot map). Issued first in the
+    launch: its DMAs share the queues with the groups' loads, which would wait behind them."""
     width = state_indices.size // n_req
     first_rows = sbuf((128, groups * width), nl.int32)
     nisa.memset(dst=first_rows, value=-1)
@@ -408,6 +570,13 @@ def _live_mask(state_indices: Any, n_req: int, groups: int) -> Any:
             part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
             src = state_indices.ap(pattern=[[0, PARTITIONS_PER_REQUEST], [1, count * width]], offset=j * groups * width)
             nisa.dma_copy(dst=first_rows[part, 0 : count * width], src=src)
+    return first_rows
+
+
+def _live_mask(first_rows: Any, groups: int) -> Any:
+    """[128, groups] fp32: 1 on the partitions of slot j of group g when request j·G + g is live (its first index
+    is not −1), else 0 (padding, and requests past N)."""
+    width = first_rows.shape[1] // groups
     live = sbuf((128, groups), FP32)
     firsts = first_rows.ap(pattern=[[groups * width, 128], [width, groups]], offset=0)
     nisa.tensor_scalar(dst=live, data=firsts, op0=nl.greater_equal, operand0=0.0)
