@@ -307,7 +307,7 @@ def test_check_values_passes_a_valid_conv_call_and_catches_a_repeated_row() -> N
         assert check_values(causal_conv1d_fn, **args) is None
     assert launches == [] and torch.equal(args["conv_states"].cpu(), pool)
     args["cache_indices"] = torch.tensor([3, 3], dtype=torch.int32, device=args["x"].device)
-    with pytest.raises(ContractError, match="state_indices"):
+    with pytest.raises(ContractError, match="`cache_indices`"):
         check_values("causal_conv1d_fn", **args)
 
 

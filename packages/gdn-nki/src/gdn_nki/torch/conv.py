@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from gdn_ref.contract import ContractError, names_entry_point
+
 from ..host.conv import conv_decode_step, conv_prefill_bucket
-from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
+from ..host.torch_io import as_numpy, as_torch, import_torch, in_torch_terms, rejection
 from . import conv_device, rules
 from .traced_rejection import rejects_at_trace_time
 
@@ -24,6 +26,11 @@ torch = import_torch()
 Tensor = torch.Tensor
 
 PAD_SLOT_ID = -1  # vLLM's padding row id (vllm.attention.backends.utils.PAD_SLOT_ID)
+
+# The host entry points' argument names -> each drop-in's own, so that a rejection names what the caller passed.
+_UPDATE_NAMES = {"conv_pool": "conv_state", "state_indices": "conv_state_indices"}
+_FN_NAMES = {"conv_pool": "conv_states", "state_indices": "cache_indices", "cu_seqlens": "query_start_loc"}
+_FLA_NAMES = {"conv_pool": "initial_state"}
 
 
 def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +73,7 @@ def _causal_conv1d_update_fake(x, conv_state, weight, bias, rows, accepted, acti
 
 
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("x")))
+@names_entry_point("gdn_nki.torch.causal_conv1d_update")
 def causal_conv1d_update(
     x: Tensor,
     conv_state: Tensor,
@@ -129,7 +137,10 @@ def causal_conv1d_update(
     else:
         rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, accepted, act)
+    try:
+        out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, accepted, act)
+    except ContractError as error:
+        raise in_torch_terms(error, _UPDATE_NAMES) from None
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
 
@@ -176,6 +187,7 @@ def _causal_conv1d_fn_fake(x, conv_states, weight, bias, cu_seqlens, rows, read_
 
 
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("x")))
+@names_entry_point("gdn_nki.torch.causal_conv1d_fn")
 def causal_conv1d_fn(
     x: Tensor,
     weight: Tensor,
@@ -249,9 +261,12 @@ def causal_conv1d_fn(
     if read_indices is not None:
         read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
     table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
-    out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32), rows,
-                              read_rows, act, int(checkpoint_every or 0), table,
-                              list(bucket) if bucket is not None else None)  # fmt: skip
+    try:
+        out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32),
+                                  rows, read_rows, act, int(checkpoint_every or 0), table,
+                                  list(bucket) if bucket is not None else None)  # fmt: skip
+    except ContractError as error:
+        raise in_torch_terms(error, _FN_NAMES) from None
     return out.t()
 
 
@@ -261,6 +276,7 @@ def causal_conv1d_fn(
         argument("initial_state") if argument("output_final_state") else None,
     )
 )
+@names_entry_point("gdn_nki.torch.causal_conv1d")
 def causal_conv1d(
     x: Tensor,
     weight: Tensor | None = None,
@@ -323,8 +339,11 @@ def causal_conv1d(
             else initial_state.to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
     rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
     read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
-    out = causal_conv1d_fn_op(x.reshape(batch * tokens, dim).contiguous(), pool, weight, bias, bounds, rows,
-                              read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+    try:
+        out = causal_conv1d_fn_op(x.reshape(batch * tokens, dim).contiguous(), pool, weight, bias, bounds, rows,
+                                  read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+    except ContractError as error:
+        raise in_torch_terms(error, _FLA_NAMES) from None
     if residual is not None:
         out = out + residual
     return out, (pool if output_final_state else None)

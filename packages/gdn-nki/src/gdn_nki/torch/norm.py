@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gdn_ref.contract import names_entry_point
 from gdn_ref.norm import check_norm_options
 
 from ..host.norm import gated_rms_norm
@@ -58,6 +59,7 @@ def _rms_norm_gated_fake(x: Tensor, g: Tensor | None, weight: Tensor | None, eps
         (rejected(argument("x")), argument("x")) if argument("prenorm") else rejected(argument("x"))
     )
 )
+@names_entry_point("gdn_nki.torch.rms_norm_gated")
 def rms_norm_gated(
     x: Tensor,
     g: Tensor | None,
