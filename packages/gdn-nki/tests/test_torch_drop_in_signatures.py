@@ -108,7 +108,7 @@ def test_vllms_keyword_beside_flas_own_option_is_rejected_and_writes_nothing() -
     before = args["initial_state"].clone()
     with pytest.raises(ContractError, match="`output_final_state`") as error:
         gdn_nki.torch.fused_recurrent_gated_delta_rule(**args)
-    assert "gdn_nki.torch_decode.fused_recurrent_gated_delta_rule" in str(error.value)
+    assert "gdn_nki.torch.fused_recurrent_gated_delta_rule" in str(error.value)
     assert torch.equal(args["initial_state"], before)
 
 
@@ -137,3 +137,81 @@ def test_vllms_positional_call_of_the_shared_name_is_vllms_too() -> None:
     q, k, v, g, beta, pool = (args.pop(name) for name in ("q", "k", "v", "g", "beta", "initial_state"))
     o, got = gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, beta, None, pool, True, **args)
     assert got is pool and torch.equal(o, want_o) and torch.equal(pool, want_pool)
+
+
+# --- keywords: unknown ones rejected (HF's pass-through ones accepted), hints for what a caller most likely meant ---
+
+FLA_DECODES = {
+    "gdn_nki.torch": lambda: gdn_nki.torch.fused_recurrent_gated_delta_rule,
+    "host path": lambda: gdn_nki.torch.fused_recurrent.fused_recurrent_gated_delta_rule,
+}
+
+
+@pytest.mark.parametrize("form", list(FLA_DECODES))
+def test_fla_decode_rejects_a_misspelt_keyword_naming_the_one_meant(form: str) -> None:
+    args = fla_decode_call()
+    del args["use_qk_l2norm_in_kernel"]
+    with pytest.raises(ContractError, match=r"`use_qk_l2norm`.*\[keyword.unknown\]") as error:
+        FLA_DECODES[form]()(**args, use_qk_l2norm=True)  # silently unnormalized before
+    assert "did you mean use_qk_l2norm_in_kernel=?" in str(error.value)
+    assert str(error.value).startswith("gdn_nki.torch.fused_recurrent_gated_delta_rule rejected the call")
+
+
+@pytest.mark.parametrize("form", list(FLA_DECODES))
+def test_fla_decode_accepts_hfs_pass_through_keywords_unchanged(form: str) -> None:
+    args = fla_decode_call()
+    want_o, want_state = FLA_DECODES[form]()(**args)
+    o, state = FLA_DECODES[form]()(**args, use_cache=True, position_ids=None, cache_position=torch.arange(1))
+    assert torch.equal(o, want_o) and torch.equal(state, want_state)
+
+
+@pytest.mark.parametrize("keyword", ["state_indices", "initial_state_indices"])
+def test_fla_decode_points_a_pools_rows_to_the_forms_that_take_a_pool(keyword: str) -> None:
+    args = fla_decode_call()
+    args["initial_state"] = torch.zeros(4, *args["initial_state"].shape[1:])  # a pool, as a prefill call passes
+    with pytest.raises(ContractError, match=rf"`{keyword}`.*\[keyword.unknown\]") as error:
+        gdn_nki.torch.fused_recurrent_gated_delta_rule(**args, **{keyword: torch.tensor([0, 3])})
+    message = str(error.value)
+    assert "takes no pool" in message and "ssm_state_indices=" in message, message
+    assert "initial_state_source=pool, initial_state_indices=rows" in message, message
+    assert "initial_state must be" not in message, message
+
+
+def test_fla_decode_says_a_fifth_positional_beta_is_gk_in_flas_order() -> None:
+    args = fla_decode_call()
+    q, k, v, g, beta = (args.pop(name) for name in ("q", "k", "v", "g", "beta"))
+    with pytest.raises(ContractError, match=r"`gk`") as error:
+        gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **args)  # HF's positional order
+    message = str(error.value)
+    assert "FLA's order (q, k, v, g, gk, gv, beta" in message and "pass beta=... " in message, message
+    per_key = torch.zeros(*g.shape, q.shape[-1])  # a real per-key decay [B, T, HV, K]: no word of beta
+    with pytest.raises(ContractError, match=r"`gk`") as error:
+        gdn_nki.torch.fused_recurrent_gated_delta_rule(q, k, v, g, per_key, beta=beta, **args)
+    assert "beta" not in str(error.value) and "pass gk=None and a per-head g" in str(error.value)
+
+
+@pytest.mark.parametrize(("rows", "hinted"), [([-1, 1], True), ([5, 1], False)])
+def test_prefill_pool_row_minus_one_without_a_bucket_names_the_bucketed_form(rows: list[int], hinted: bool) -> None:
+    torch.manual_seed(9)
+    q, k = torch.nn.functional.normalize(torch.randn(2, 1, 3, 2, 8), dim=-1)
+    v, g, beta = torch.randn(1, 3, 2, 8), -torch.rand(1, 3, 2), torch.rand(1, 3, 2)
+    pool = torch.randn(4, 2, 8, 8)
+    before = pool.clone()
+    with pytest.raises(ContractError, match=r"`state_indices`.*\[state_indices.range\]") as error:
+        gdn_nki.torch.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.tensor([0, 1, 3]),
+                                             state_indices=torch.tensor(rows))  # fmt: skip
+    message = str(error.value)
+    assert ("PAD_SLOT_ID" in message and "bucket=(T, N)" in message and "configure_buckets" in message) == hinted
+    assert "use rows in [0, 4)" in message
+    assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("module", ["gdn_nki.torch", "gdn_nki.torch_decode"])
+def test_decode_errors_name_the_public_module(module: str) -> None:
+    import importlib
+
+    decode = importlib.import_module(module).fused_recurrent_gated_delta_rule
+    args = fla_decode_call()
+    with pytest.raises(ContractError) as error:
+        decode(**{**args, "gk": torch.zeros(2, 1, HV, 8)})
+    assert str(error.value).startswith("gdn_nki.torch.fused_recurrent_gated_delta_rule rejected the call")

@@ -211,11 +211,11 @@ def test_the_drop_ins_name_themselves() -> None:
             *_seq_first(tensors), cu_seqlens=torch.tensor([0, 140, 190])),  # a host rule, restated
         "gdn_nki.torch.chunk_gated_delta_rule (its own rule)": lambda: chunk_gated_delta_rule(q, k, v, g, beta,
                                                                                               head_first=True),
-        "gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule": lambda: vllm_fused_recurrent_gated_delta_rule(
+        "gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule": lambda: vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, initial_state=pool, ssm_state_indices=rows),  # decode_step's rule
-        "gdn_nki.torch_decode.fused_recurrent_gated_delta_rule": lambda: fused_recurrent_gated_delta_rule(
+        "gdn_nki.torch.fused_recurrent_gated_delta_rule": lambda: fused_recurrent_gated_delta_rule(
             q, k, v, g, gk=g),  # its own rule
-        "gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update": lambda: fused_sigmoid_gating_delta_rule_update(
+        "gdn_nki.torch.fused_sigmoid_gating_delta_rule_update": lambda: fused_sigmoid_gating_delta_rule_update(
             _t(x.A_log), _t(x.a), _t(x.dt_bias), 1.0, 20.0, q, k, v, _t(x.b), pool, rows),
     }  # fmt: skip
     for entry_point, call in calls.items():

@@ -279,8 +279,15 @@ def _rows_in_pool(call: PackedCall) -> Violation | None:
     outside = [r for r in call.state_rows if not 0 <= r < size]
     if not outside:
         return None
+    # -1 (vLLM's / SGLang's PAD_SLOT_ID) is a padding sequence only in the bucketed form (``gdn_ref.bucketed``)
+    padding = (
+        " (-1, a padding sequence's PAD_SLOT_ID, is accepted only by the bucketed form: pass bucket=(T, N), "
+        "or configure buckets with gdn_nki.configure_buckets)"
+        if -1 in outside
+        else ""
+    )
     return Violation("state_indices.range", "state_indices", f"rows {outside}",
-                     f"every row must index the pool's {size} rows", f"use rows in [0, {size})")  # fmt: skip
+                     f"every row must index the pool's {size} rows", f"use rows in [0, {size}){padding}")  # fmt: skip
 
 
 def _rows_distinct(call: PackedCall) -> Violation | None:

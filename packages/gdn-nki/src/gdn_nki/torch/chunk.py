@@ -327,20 +327,48 @@ def _hf_pass_through() -> frozenset[str]:
 def _reject_unknown_keywords(kwargs: dict[str, Any]) -> None:
     """Reject a keyword that is neither this function's (FLA's and ours) nor an HF pass-through one, naming the
     closest valid name: a misspelt ``state_indice=`` would otherwise vanish and the pool would not be written."""
+    reject_unknown_keywords(kwargs, "chunk_gated_delta_rule", _PARAMETERS,
+                            "gdn-nki's own (state_indices, algorithm, group_size)")  # fmt: skip
+
+
+def reject_unknown_keywords(
+    kwargs: dict[str, Any],
+    function: str,
+    parameters: tuple[str, ...],
+    own: str,
+    hints: dict[str, str] | None = None,
+) -> None:
+    """Reject a keyword of a drop-in's ``**kwargs`` that is not an HF pass-through one.
+
+    Args:
+        kwargs (dict): the drop-in's ``**kwargs`` (its named parameters already taken out).
+        function (str): the drop-in's name, for the rule.
+        parameters (tuple[str, ...]): the drop-in's valid keywords, for the "did you mean".
+        own (str): the keywords beside FLA's it takes, for the rule.
+        hints (dict[str, str] | None): a keyword that means something the drop-in does not take -> the fix to give
+            instead of the closest name (a pool keyword on a form without pools, say).
+
+    Notes:
+        The HF pass-through keywords (``HF_PASS_THROUGH`` and the installed transformers' TypedDicts) are accepted
+        and not used; an unknown one is an error, never ignored (a misspelt option must not vanish).
+    """
     known = _hf_pass_through()
     unknown = sorted(name for name in kwargs if name not in known)
     if not unknown:
         return
     name = unknown[0]
-    valid = sorted({*_PARAMETERS, *known})
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    fix = f"did you mean {close[0]}=? " if close else ""
+    fix = (hints or {}).get(name)
+    if fix is None:
+        close = difflib.get_close_matches(name, sorted({*parameters, *known}), n=1, cutoff=0.6)
+        fix = (
+            "did you mean " + close[0] + "=? " if close else ""
+        ) + "Pass only those (the README's table of FLA's options lists each)"
     raise rejection(
         name,
         f"= {_describe(kwargs[name])}",
-        "chunk_gated_delta_rule takes FLA's arguments, HF transformers' pass-through attention keywords and "
-        "gdn-nki's own (state_indices, algorithm, group_size); an unknown keyword is an error, never ignored",
-        f"{fix}Pass only those (the README's table of FLA's options lists each)",
+        f"{function} takes FLA's arguments, HF transformers' pass-through attention keywords and {own}; an unknown "
+        "keyword is an error, never ignored",
+        fix,
         rule_id="keyword.unknown",
     )
 

@@ -24,6 +24,7 @@ not near zero).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from ..host.torch_io import (
     rejection,
     state_buffer,
 )
+from . import chunk
 
 INDEX_DTYPES = ("int32", "int64")
 # decode_step's argument names (its errors') -> the drop-ins' (FLA's and vLLM's); the pool and its rows per form.
@@ -61,7 +63,7 @@ SIGMOID_NAMES = _CALLER_NAMES | {"state_pool": "initial_state_source", "state_in
 MIN_SOFTPLUS_THRESHOLD = 20.0
 
 
-@names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
+@names_entry_point("gdn_nki.torch.fused_recurrent_gated_delta_rule")
 def fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -92,14 +94,16 @@ def fused_recurrent_gated_delta_rule(
         use_qk_l2norm_in_kernel: L2-normalize q and k in the kernel. cu_seqlens: [N + 1] packed boundaries.
         check_values: scan the inputs and initial states first (finite; gates in their domains), as
             ``gdn_nki.decode_step``'s; default on, pass False only when the caller guarantees its data.
-        kwargs: ignored, as HF's ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer)
-            ignores what the layer passes through (``use_cache``, attention kwargs).
+        kwargs: HF transformers' attention keywords, which a Qwen3-Next layer passes through to the
+            ``torch_recurrent_gated_delta_rule`` this replaces (``use_cache``, …: ``chunk.HF_PASS_THROUGH``),
+            accepted and not used; any other keyword is rejected, naming the closest valid one or, for a pool's
+            rows (``state_indices``, ``initial_state_indices``), the form that takes a pool.
 
     Returns:
         tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked).
     """
     torch = import_torch()
-    del kwargs  # see Args
+    reject_unknown_keywords(kwargs, _FLA_PARAMETERS)
     reject_per_key_decays(gk, gv)
     inputs = _token_tensors(q, k, v)
     gates = _gates(q, v, g, beta)
@@ -120,7 +124,10 @@ def fused_recurrent_gated_delta_rule(
     return as_torch(out), final
 
 
-@names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
+_FLA_PARAMETERS = tuple(p for p in inspect.signature(fused_recurrent_gated_delta_rule).parameters if p != "kwargs")
+
+
+@names_entry_point("gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Any,
     k: Any,
@@ -174,7 +181,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     return out, initial_state
 
 
-@names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
+@names_entry_point("gdn_nki.torch.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Any,
     a: Any,
@@ -229,9 +236,33 @@ def fused_sigmoid_gating_delta_rule_update(
 def reject_per_key_decays(gk: Any, gv: Any) -> None:
     """FLA's per-key and per-value decays are not the kernel's (one g per token and value head)."""
     for name, value in (("gk", gk), ("gv", gv)):
-        if value is not None:
-            raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
-                            f"pass {name}=None and a per-head g")  # fmt: skip
+        if value is None:
+            continue
+        if name == "gk" and getattr(value, "ndim", None) == 3:  # [B, T, HV]: a β passed fifth, HF's order
+            raise rejection("gk", f"a tensor of shape {tuple(value.shape)}", "per-key decays (gk) are not supported "
+                            "by gdn-nki's kernel; a [B, T, HV] tensor fifth by position is gk in FLA's order (q, k, "
+                            "v, g, gk, gv, beta, ...), not beta as in HF's torch_recurrent_gated_delta_rule",
+                            "pass beta=... (and every argument after g) by keyword")  # fmt: skip
+        raise rejection(name, "given", f"per-{name[1]} decays ({name}) are not supported by gdn-nki's kernel",
+                        f"pass {name}=None and a per-head g")  # fmt: skip
+
+
+# A pool's rows under the names the prefill drop-in and SGLang take: FLA's decode reads one state per sequence.
+_POOL_KEYWORD_FIX = (
+    "FLA's fused_recurrent_gated_delta_rule takes no pool (initial_state is one state per sequence): for a pool "
+    "updated in place, pass the pool as initial_state and its rows as ssm_state_indices= (vLLM's form, "
+    "gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule), or call "
+    "gdn_nki.torch.fused_sigmoid_gating_delta_rule_update(..., initial_state_source=pool, initial_state_indices=rows)"
+)
+POOL_KEYWORD_HINTS = {"state_indices": _POOL_KEYWORD_FIX, "initial_state_indices": _POOL_KEYWORD_FIX}
+
+
+def reject_unknown_keywords(kwargs: dict[str, Any], parameters: tuple[str, ...]) -> None:
+    """FLA's decode drop-in's ``**kwargs``: HF's pass-through keywords only (``chunk.reject_unknown_keywords``),
+    a pool's rows pointed to the pool forms."""
+    chunk.reject_unknown_keywords(kwargs, "fused_recurrent_gated_delta_rule", parameters,
+                                  "vLLM's pool keywords (ssm_state_indices, inplace_final_state, num_accepted_tokens)",
+                                  POOL_KEYWORD_HINTS)  # fmt: skip
 
 
 def reject_missing_pool(ssm_state_indices: Any, initial_state: Any) -> None:

@@ -152,7 +152,10 @@ class FusedRMSNormGated(nn.Module):
     Args:
         hidden_size (int): D.
         elementwise_affine (bool): a learnable weight [D] (initialized to ones); False: none.
-        eps (float): added to mean(x²) (FLA's default 1e-5; Qwen3-Next's layers pass their rms_norm_eps, 1e-6).
+        eps (float): added to mean(x²). The default is FLA's, 1e-5; HF's ``Qwen3NextRMSNormGated`` defaults to
+            1e-6 and a Qwen3-Next layer builds it with ``eps=layer.layer_norm_epsilon`` (its config's
+            ``rms_norm_eps``, 1e-6): replacing ``layer.norm``, pass ``eps=layer.norm.variance_epsilon``, else every
+            output differs by the eps.
         activation (str): "swish" / "silu" or "sigmoid"; anything else is rejected by name (FLA raises too).
         device, dtype: of the weight.
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import numbers
 import warnings
 from collections.abc import Callable, Iterator
@@ -365,7 +366,7 @@ def _or_vllms_form(fla: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @rejects_at_trace_time(_output_and_state)
-@names_entry_point("gdn_nki.torch_decode.fused_recurrent_gated_delta_rule")
+@names_entry_point("gdn_nki.torch.fused_recurrent_gated_delta_rule")
 @_or_vllms_form
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
@@ -409,9 +410,11 @@ def fused_recurrent_gated_delta_rule(
         kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
             ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
             (``vllm_fused_recurrent_gated_delta_rule``: the pool ``initial_state`` updated in place, returned as
-            the state; FLA's own keywords beside them rejected by name); anything else is ignored, as HF's
-            ``torch_recurrent_gated_delta_rule`` (which this replaces in a Qwen3-Next layer) ignores the
-            attention keywords the layer passes through.
+            the state; FLA's own keywords beside them rejected by name); FLA's older ``transpose_state_layout``
+            (rejected when set); HF transformers' attention keywords, which a Qwen3-Next layer passes through to
+            the ``torch_recurrent_gated_delta_rule`` this replaces, accepted and not used; any other keyword is
+            rejected, naming the closest valid one or, for a pool's rows (``state_indices``,
+            ``initial_state_indices``), vLLM's form (``fused_recurrent.reject_unknown_keywords``).
 
     Returns:
         tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked); in
@@ -421,6 +424,11 @@ def fused_recurrent_gated_delta_rule(
         On a device the packed sequences (``cu_seqlens``) must share one length (the CPU groups them by length,
         reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
     """
+    if any(name not in chunk.HF_PASS_THROUGH and name != "transpose_state_layout" for name in kwargs):
+        # numpy / difflib, which torch.compile does not trace: only for a call with a keyword to reject
+        fused_recurrent.reject_unknown_keywords(
+            {name: value for name, value in kwargs.items() if name != "transpose_state_layout"}, _FLA_PARAMETERS
+        )
     fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
     chunk._reject_tensor_flags(fla_only)
@@ -438,6 +446,9 @@ def fused_recurrent_gated_delta_rule(
                                   bool(use_qk_l2norm_in_kernel))  # fmt: skip
     return o, final if output_final_state else None
 
+
+_FLA_PARAMETERS = (*(p for p in inspect.signature(fused_recurrent_gated_delta_rule).parameters if p != "kwargs"),
+                   "transpose_state_layout")  # fmt: skip
 
 # vLLM's keywords of its ``fused_recurrent_gated_delta_rule`` (the pool form) that FLA's function of the same name
 # does not have: one of them makes a call vLLM's.
@@ -515,7 +526,7 @@ def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seq
 
 
 @rejects_at_trace_time(lambda rejected, argument: _output_and_state(rejected, argument, returned=None))
-@names_entry_point("gdn_nki.torch_decode.vllm_fused_recurrent_gated_delta_rule")
+@names_entry_point("gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule")
 def vllm_fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -598,7 +609,7 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
 
 
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
-@names_entry_point("gdn_nki.torch_decode.fused_sigmoid_gating_delta_rule_update")
+@names_entry_point("gdn_nki.torch.fused_sigmoid_gating_delta_rule_update")
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Tensor,
     a: Tensor,
