@@ -27,6 +27,7 @@ from ..common import backend
 from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
 from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .launch_grid import check_grid
+from .overflow import largest_strength, refuse_overflow
 from .staging import commit, stage
 
 _BUCKETS: list[tuple[int, int]] = []
@@ -280,8 +281,12 @@ def prefill_bucket(
         **packed, chunk_bounds=chunk_bounds, state_indices=slot_rows, state_pool=staged, scale=scale,
         algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, **extra,
     )  # fmt: skip
+    out = plan.unpack(out[:, :, : plan.padded_len])
+    if check_values:  # the pool rows the launch wrote, checkpoints included, each named by its row
+        written = {f"state pool row {r}": staged[r] for r in named}
+        refuse_overflow({"out": out, **written}, lambda: largest_strength(key, beta, 1))
     commit(pool, named, staged[named], on_commit)
-    return plan.unpack(out[:, :, : plan.padded_len]), pool
+    return out, pool
 
 
 def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:
