@@ -81,7 +81,8 @@ def decode_step(
     Notes:
         A rejected call raises ``ContractError`` before launching. The rows the call will write are saved first
         and put back if the launch fails part-way, so a call completes or leaves the pool as it was; the cost is
-        the rows touched, never the pool.
+        the rows touched, never the pool. With ``check_values``, a non-finite output or written row (the
+        recurrence overflowed: β·‖k‖² > 2, ``host/overflow.py``) is refused the same way, naming ``key``.
     """
     if grid is not None and not (is_integer(grid) and grid in LNC_DEGREES):
         raise ContractError([Violation("launch.grid", "grid", f"= {grid!r}", "the launch grid is the "

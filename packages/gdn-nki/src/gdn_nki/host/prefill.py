@@ -68,7 +68,9 @@ def simulate(
         scans), is checked before the kernel runs, so a rejected call changes no buffer. A supplied state is also
         all or nothing: the kernel updates a private copy, which is copied into the caller's buffer only once the
         launch has completed — a launch that fails part-way (after some lanes stored their state) leaves it as
-        it was.
+        it was. With ``check_values``, the outputs and final state are scanned before that commit: finite inputs
+        giving a NaN/±Inf mean the recurrence overflowed (β·‖k‖² > 2: un-normalised keys), refused naming ``key``
+        (``host/overflow.py``).
     """
     grid, group_size = check_grid(grid), plain_int(group_size)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
@@ -203,7 +205,8 @@ def prefill_varlen(
         Every rule is checked before anything runs (the values of the named pool rows only: the rest of a pool is
         never read; every sequence holding a bad value is named in the one error, ``ContractError.sequences``),
         and the kernel updates a staged copy of the named rows that is committed at the end, so a call either
-        completes or changes nothing.
+        completes or changes nothing. With ``check_values``, a non-finite output or final state (the recurrence
+        overflowed: β·‖k‖² > 2, ``host/overflow.py``) is refused before the commit, naming ``key``.
     """
     grid, group_size = check_grid(grid), plain_int(group_size)
     serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
