@@ -27,6 +27,7 @@ from ..common import backend
 from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
 from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .launch_grid import check_grid
+from .overflow import largest_strength, refuse_overflow
 from .staging import commit, stage
 
 _BUCKETS: list[tuple[int, int]] = []
@@ -271,17 +272,21 @@ def prefill_bucket(
     if read_indices is not None:
         extra["read_indices"] = np.full(slots, -1, np.int32)
         extra["read_indices"][:seqs] = np.asarray(read_indices)
-    named = [int(r) for r in slot_rows if r >= 0]
-    if checkpoint_every is not None:
-        named += [int(r) for r in extra["checkpoint_indices"].flat if r >= 0]
+    checkpoints = [] if checkpoint_every is None else [int(r) for r in extra["checkpoint_indices"].flat if r >= 0]
+    named = [int(r) for r in slot_rows if r >= 0] + checkpoints
     staged = stage(pool, ...)  # the kernel addresses the whole pool; only the named rows are committed
     kernel = gdn_cte_bucket if grid is None else gdn_cte_bucket[grid]
     out, _ = backend.simulate(kernel)(
         **packed, chunk_bounds=chunk_bounds, state_indices=slot_rows, state_pool=staged, scale=scale,
         algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, **extra,
     )  # fmt: skip
+    out = plan.unpack(out[:, :, : plan.padded_len])
+    if check_values:  # the rows the launch computed from scanned values (an empty sequence's row carries its own)
+        computed = [int(r) for r, n in zip(slot_rows[:seqs], lengths, strict=True) if r >= 0 and n > 0]
+        written = {f"state pool row {r}": staged[r] for r in computed + checkpoints}  # none past a sequence's end
+        refuse_overflow({"out": out, **written}, lambda: largest_strength(key, beta, 1))
     commit(pool, named, staged[named], on_commit)
-    return plan.unpack(out[:, :, : plan.padded_len]), pool
+    return out, pool
 
 
 def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:

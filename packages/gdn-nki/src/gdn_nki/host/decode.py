@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from gdn_ref.activations import beta_from_logit
 from gdn_ref.contract import (
     STEP,
     ContractError,
@@ -22,6 +23,7 @@ from ..common import backend
 from ..tkg.fused import gdn_tkg
 from ..tkg.step import gdn_step, step_tensors
 from .launch_grid import LNC_DEGREES, check_grid
+from .overflow import largest_strength, refuse_overflow
 
 
 @names_entry_point("gdn_nki.tkg_simulate")
@@ -79,7 +81,8 @@ def decode_step(
     Notes:
         A rejected call raises ``ContractError`` before launching. The rows the call will write are saved first
         and put back if the launch fails part-way, so a call completes or leaves the pool as it was; the cost is
-        the rows touched, never the pool.
+        the rows touched, never the pool. With ``check_values``, a non-finite output or written row (the
+        recurrence overflowed: β·‖k‖² > 2, ``host/overflow.py``) is refused the same way, naming ``key``.
     """
     if grid is not None and not (is_integer(grid) and grid in LNC_DEGREES):
         raise ContractError([Violation("launch.grid", "grid", f"= {grid!r}", "the launch grid is the "
@@ -105,14 +108,21 @@ def decode_step(
         if violations:
             raise ContractError(sorted(violations, key=lambda v: -1 if v.sequence is None else v.sequence))
     saved = np.array(state_pool[writes], copy=True)
+
+    def strength() -> float:
+        return largest_strength(key, beta_from_logit(b) if beta is None else beta, 2, use_qk_l2norm)
+
     kernel = gdn_step if grid is None else gdn_step[grid]
     try:
         out, _ = backend.simulate(kernel)(
             query, key, value, state_pool, state_indices, num_accepted_tokens, g_log=g_log, beta=beta, a=a, b=b,
             A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
         )  # fmt: skip
+        if check_values:  # finite inputs must give finite results: else the recurrence overflowed (put back below)
+            written = {f"state_pool row {r}": state_pool[r] for r in writes}
+            refuse_overflow({"out": out, **written}, strength, STEP)
     except BaseException:
-        state_pool[writes] = saved  # a launch that failed part-way: the pool as it was
+        state_pool[writes] = saved  # a launch that failed part-way, or overflowed: the pool as it was
         raise
     return out, state_pool
 

@@ -24,6 +24,7 @@ from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from ..cte.varlen import gdn_cte_varlen
 from . import buckets
 from .launch_grid import check_grid
+from .overflow import largest_strength, refuse_overflow
 from .staging import commit, stage
 from .torch_io import accepts_torch
 
@@ -67,20 +68,31 @@ def simulate(
         scans), is checked before the kernel runs, so a rejected call changes no buffer. A supplied state is also
         all or nothing: the kernel updates a private copy, which is copied into the caller's buffer only once the
         launch has completed — a launch that fails part-way (after some lanes stored their state) leaves it as
-        it was.
+        it was. With ``check_values``, the outputs and final state are scanned before that commit: finite inputs
+        giving a NaN/±Inf mean the recurrence overflowed (β·‖k‖² > 2: un-normalised keys), refused naming ``key``
+        (``host/overflow.py``).
     """
     grid, group_size = check_grid(grid), plain_int(group_size)
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     violations = call.violations(values=check_values)
     if violations:
         raise ContractError(violations)
-    kernel = gdn_cte if grid is None else gdn_cte[grid]
-    staged = stage(recurrent_state, ...)
+    return _launch(call, gdn_cte if grid is None else gdn_cte[grid], check_values, on_commit)
+
+
+def _launch(
+    call: Arguments, kernel: object, check_result: bool, on_commit: Callable[[], None] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``simulate``'s launch of a checked call: the kernel on a staged state, the results refused when not finite
+    (``check_result``), then the state committed."""
+    staged = stage(call.recurrent_state, ...)
     out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs())
-    if recurrent_state is None:
+    if check_result:
+        refuse_overflow({"out": out, "final state": final_state}, lambda: largest_strength(call.key, call.beta, 1))
+    if call.recurrent_state is None:
         return out, final_state
-    commit(recurrent_state, ..., staged, on_commit)
-    return out, recurrent_state
+    commit(call.recurrent_state, ..., staged, on_commit)
+    return out, call.recurrent_state
 
 
 simulate.gdn_spec_capabilities = {  # read by gdn-spec's conformance suite
@@ -129,8 +141,8 @@ def prefill(
     pad = -seq_len % CHUNK_BY_ALGORITHM[algorithm]
     if pad:
         call = call.replace(**{name: pad_tokens(getattr(call, name), pad) for name in TOKEN_ARGUMENTS})
-    # the caller's values were scanned above; the padding is zeros
-    out, state = simulate(*call.astuple(), check_values=False, on_commit=on_commit)
+    # the caller's values were scanned above; the padding is zeros (its outputs, cut below, are zeros too)
+    out, state = _launch(call, gdn_cte, check_values, on_commit)
     return out[:, :, :seq_len], state
 
 
@@ -193,7 +205,8 @@ def prefill_varlen(
         Every rule is checked before anything runs (the values of the named pool rows only: the rest of a pool is
         never read; every sequence holding a bad value is named in the one error, ``ContractError.sequences``),
         and the kernel updates a staged copy of the named rows that is committed at the end, so a call either
-        completes or changes nothing.
+        completes or changes nothing. With ``check_values``, a non-finite output or final state (the recurrence
+        overflowed: β·‖k‖² > 2, ``host/overflow.py``) is refused before the commit, naming ``key``.
     """
     grid, group_size = check_grid(grid), plain_int(group_size)
     serving = (bucket, checkpoint_every, checkpoint_indices, read_indices)
@@ -230,7 +243,10 @@ def prefill_varlen(
     packed = call.replace(**{name: plan.pack(getattr(call, name)) for name in TOKEN_ARGUMENTS}, recurrent_state=staged)
     kernel = gdn_cte_varlen if grid is None else gdn_cte_varlen[grid]
     out, final_state = backend.simulate(kernel)(**packed.as_kwargs(), seq_chunks=plan.seq_chunks, state_rows=None)
+    out = plan.unpack(out)
+    if check_values:
+        refuse_overflow({"out": out, "final state": final_state}, lambda: largest_strength(key, beta, 1))
     if recurrent_state is None:
-        return plan.unpack(out), final_state
+        return out, final_state
     commit(recurrent_state, state_rows, staged, on_commit)
-    return plan.unpack(out), recurrent_state
+    return out, recurrent_state
