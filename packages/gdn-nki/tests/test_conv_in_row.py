@@ -41,6 +41,14 @@ def test_in_row_matches_the_oracle(N: int, T: int, C: int, W: int, extra: int, d
     _check(x, pool, weight, bias, rows, accepted, "silu", dtype)
 
 
+def test_the_pools_last_row_at_the_largest_offset() -> None:
+    """A request on the pool's last row resuming after all T tokens: the shifted run of its last partition must end
+    inside the pool (a run past it would be skipped whole, ``oob_mode.skip``); the first row at offset 0 beside it."""
+    x, pool, weight, bias, rows, _ = _in_row_call(31, "bfloat16", 3, 4)
+    rows[:] = [pool.shape[0] - 1, 0, 5]
+    _check(x, pool, weight, bias, rows, np.array([4, 1, 3], np.int32), "silu", "bfloat16")
+
+
 def test_in_row_in_a_compiled_loop_of_groups(monkeypatch) -> None:
     """N = 75, T = 2 with one trip a compiled-loop iteration: the offsets are read from the loop's row window
     (``_RowWindow``) at run time, as the rows are."""

@@ -13,7 +13,8 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
   L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row written
   back is entries o + 1 .. o + L − T, then the T tokens. The offset is device data: the row's load is addressed at
   row · C · L + o (one run-time ``scalar_offset``, "NKI Scalar Values": + and * of scalars, SDK 2.33) and moves
-  the L − T + 1 entries from o on (``_TileSet``'s windows), all the step reads;
+  each partition's run of the row shifted by o (``_shifted_row``), so channel f's entries o .. o + L − T land
+  first in its L slots — all the step reads, in one run per partition;
 - −1 is padding: every pool transfer it addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy",
   SDK 2.33) and its outputs are zeros: act(0 · sum), the activation's per-partition scale set from a per-group
   live mask (``_live_mask``), so every request's row of ``out`` is written without a row to look up. That holds
@@ -272,14 +273,15 @@ class _Slot:
         return self._read
 
     def read_view(self, pool: Any) -> Any:
-        """The pool entries its load moves: its read row, or with the in-row form the row's L − T + 1 entries from
-        its offset. The offset is loaded per call, right before the load that uses it: only the row stays live
-        until the store (at most 32 rows a launch, a sequencer holding 64 registers: "nki.isa.register_alloc")."""
+        """The pool entries its load moves: its read row, or with the in-row form the row shifted by its offset
+        (``_shifted_row``). The offset is loaded per call, right before the load that uses it: only the row stays
+        live until the store (up to (TILE_SETS + 1) · 8 = 40 rows at once, a sequencer holding 64 registers:
+        "nki.isa.register_alloc"; nki-cpu's rule ``live_registers``)."""
         if not self._in_row:
             return _pool_view(pool, self.read_row())
         _, channels, state_len = pool.shape
         start = self.read_row() * (channels * state_len) + self._load(1, self._first, 1)
-        return _pool_view(pool, start, entries=state_len - self._tokens + 1)
+        return _shifted_row(pool, start, self._tokens)
 
     def write_rows(self) -> tuple[Any, ...]:
         """The rows its windows are stored to: one per token with per-token rows, else its read row."""
@@ -356,9 +358,12 @@ class _TileSet:
         # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
         # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
         self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
-        loaded = state_len - tokens + 1 if in_row else state_len
-        self.windows = sbuf((128, per_part, loaded), dtype)
-        self.first_tap = 0 if in_row else loaded - (width - 1)  # the taps' window in ``windows``
+        self.windows = sbuf((128, per_part, state_len), dtype)
+        self.in_row = in_row
+        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's L − T + 1 from the
+        # offset on (the rest of its slots: the next channel's entries, unused).
+        self.loaded = state_len - tokens + 1 if in_row else state_len
+        self.first_tap = 0 if in_row else state_len - (width - 1)  # the taps' window in ``windows``
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
         nisa.memset(dst=self.windows, value=0.0, engine=clear)
@@ -376,7 +381,11 @@ class _TileSet:
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
-            nisa.dma_copy(dst=self.windows[slot.part], src=slot.read_view(pool), oob_mode=nisa.oob_mode.skip)
+            src = slot.read_view(pool)
+            dst = self.windows[slot.part]
+            if self.in_row:  # a run of the row's flat entries: the first F·L − (T − 1) of the partition's slots
+                dst = self.windows.reshape((128, -1))[slot.part, 0 : src.shape[1]]
+            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
             if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
                 nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
 
@@ -397,15 +406,25 @@ def _skip_if_scalar(n: Any) -> dict[str, Any]:
     return {} if isinstance(n, int) else {"oob_mode": nisa.oob_mode.skip}
 
 
-def _pool_view(pool: Any, row: Any, entries: int | None = None) -> Any:
+def _pool_view(pool: Any, row: Any) -> Any:
     """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
-    its L inputs (one contiguous run per partition). With ``entries``: ``row`` is an element offset into the pool
-    (row · C · L + the first entry), and each channel's ``entries`` inputs from there."""
+    its L inputs (one contiguous run per partition)."""
     _, channels, state_len = pool.shape
     per_part = channels // PARTITIONS_PER_REQUEST
-    run = state_len if entries is None else entries
-    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, run]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0 if entries is None else 2)
+    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
+    return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+
+
+def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
+    """The in-row form's read, [16, F·L − (T − 1)]: partition s's run of the row from element ``start`` = row · C · L
+    + o on (a run-time scalar, o <= T − 1), so channel f's slots f·L .. f·L + L − 1 hold its entries o .. L − 1 and
+    then the next channel's first o: the window's L − T + 1 entries first. One contiguous run per partition, as the
+    other forms' loads (runs of L − T + 1 entries a channel moved 6 bytes a descriptor: 15× slower at N = 64); the
+    last partition's run stops T − 1 short of F·L, so it ends inside the row whatever o."""
+    _, channels, state_len = pool.shape
+    run = channels // PARTITIONS_PER_REQUEST * state_len
+    pattern = [[run, PARTITIONS_PER_REQUEST], [1, run - (tokens - 1)]]
+    return pool.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=2)
 
 
 def _input_view(tensor: Any, n: Any) -> Any:
@@ -490,7 +509,7 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
     token t is the last L of loaded ++ tokens 0 .. t.
     """
     tokens, state_len, width = shape
-    first, loaded = tiles.first_tap, tiles.windows.shape[2]
+    first, loaded = tiles.first_tap, tiles.loaded
     inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
     # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
     # tiles are free for the next group's loads as soon as both have read them.
