@@ -90,3 +90,11 @@ def test_a_valid_prefill_breaks_nothing() -> None:
 @pytest.mark.parametrize("rule", sorted(PREFILL_CASES))
 def test_each_prefill_rule_fires_alone(rule: str) -> None:
     assert _prefill(**PREFILL_CASES[rule]) == {rule}
+
+
+def test_an_entry_point_without_the_in_row_form_keeps_counts_to_per_token_rows() -> None:
+    """``in_row=False`` (the fused block: its recurrent pool has no in-row form): [N] rows with num_accepted_tokens
+    are refused naming num_accepted_tokens, whatever the row length."""
+    found = conv_step_violations(np.zeros((2, 3, 32), F32), np.zeros((6, 32, 5), F32), np.zeros((32, 4), F32), None,
+                                 np.zeros(2, I32), np.ones(2, I32), "silu", in_row=False)  # fmt: skip
+    assert [(v.rule_id, v.argument) for v in found] == [("conv.num_accepted_tokens", "num_accepted_tokens")]

@@ -45,6 +45,7 @@ def conv_step_violations(
     activation: Any = "silu",
     *,
     api: str = CONV_STEP,
+    in_row: bool = True,
 ) -> list[Violation]:
     """Every broken shape / dtype rule of a conv decode-step call (no values read).
 
@@ -53,6 +54,8 @@ def conv_step_violations(
         float32 or bfloat16. bias: [C] or None. state_indices: [N] or [N, T] int32. num_accepted_tokens: [N]
         int32 (with [N] rows: vLLM's in-row form, L >= W − 2 + T). activation: "silu" or None.
         api (str): the entry point named in the messages.
+        in_row (bool): the entry point takes vLLM's in-row form ([N] rows with num_accepted_tokens); False (the
+            fused block, whose recurrent pool has no such form): num_accepted_tokens only with [N, T] rows.
 
     Returns:
         list[Violation]: empty when the call is well formed.
@@ -76,12 +79,17 @@ def conv_step_violations(
             "pass one row per request (or per token) as int32")  # fmt: skip
     if num_accepted_tokens is not None:
         na = _shape(num_accepted_tokens)
-        if na != (xs[0],) or _dtype(num_accepted_tokens) != INDEX_DTYPE:
+        if not in_row and si != (xs[0], xs[1]):
+            bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} with state_indices of shape {si}",
+                "num_accepted_tokens goes with [N, T] state_indices here (the row to resume from)",
+                "pass per-token rows [N, T] with it, or drop it")  # fmt: skip
+        elif na != (xs[0],) or _dtype(num_accepted_tokens) != INDEX_DTYPE:
             bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} dtype {_dtype(num_accepted_tokens)}",
                 f"num_accepted_tokens is [N] = [{xs[0]}] int32: with [N, T] state_indices the row to resume from, "
                 "with [N] rows the offset in the row (vLLM's in-row form)", "pass one count per request as int32, "
                 "or drop it")  # fmt: skip
-        found += _in_row_violations(xs, conv_pool, weight, si, api)
+        if in_row:
+            found += _in_row_violations(xs, conv_pool, weight, si, api)
     return found
 
 
