@@ -200,6 +200,14 @@ def test_device_conv_update_with_per_token_rows_rolls_back_as_the_cpu_path() -> 
         args["accepted"] = torch.tensor([2, 1, 1], dtype=torch.int32)
         return args
 
+    out = _device_update_as_the_cpu_path(operands)
+    resumed_from_row_5 = conv.causal_conv1d_update_op(**{**operands(), "accepted": None})
+    assert not torch.equal(out[0], resumed_from_row_5[0]), "request 0 did not resume from its accepted token"
+
+
+def _device_update_as_the_cpu_path(operands: Any) -> torch.Tensor:
+    """The device path's out on ``operands()`` (its launch run by nki-cpu): the CPU path's out and pool bit for bit,
+    the counts [2, 1, 1] handed to the kernel."""
     want = operands()
     want_out = conv.causal_conv1d_update_op(**want)
     args = operands()
@@ -208,8 +216,7 @@ def test_device_conv_update_with_per_token_rows_rolls_back_as_the_cpu_path() -> 
     assert torch.equal(out, want_out) and torch.equal(args["conv_state"], want["conv_state"])
     [(_, launched, _)] = calls
     assert launched[5].tolist() == [2, 1, 1], "the accepted counts did not reach the kernel"
-    resumed_from_row_5 = conv.causal_conv1d_update_op(**{**operands(), "accepted": None})
-    assert not torch.equal(out[0], resumed_from_row_5[0]), "request 0 did not resume from its accepted token"
+    return out
 
 
 def _in_row_operands(seed: int = 5) -> dict[str, Any]:
@@ -235,14 +242,7 @@ def test_device_conv_update_in_row_form_gives_the_cpu_paths_bits() -> None:
     """[N] rows with ``num_accepted_tokens`` (vLLM's in-row form): the device path reads each request's window at
     its count's offset in the row, exactly as the CPU path; a different count changes the output."""
     skip_on_device(INTERPRETED_ONLY)
-    want = _in_row_operands()
-    want_out = conv.causal_conv1d_update_op(**want)
-    args = _in_row_operands()
-    with interpreted() as calls:
-        out = conv_device.causal_conv1d_update(**args)
-    assert torch.equal(out, want_out) and torch.equal(args["conv_state"], want["conv_state"])
-    [(_, launched, _)] = calls
-    assert launched[5].tolist() == [2, 1, 1], "the accepted counts did not reach the kernel"
+    out = _device_update_as_the_cpu_path(_in_row_operands)
     from_offset_0 = conv.causal_conv1d_update_op(**{**_in_row_operands(), "accepted": torch.ones(3, dtype=torch.int32)})
     assert not torch.equal(out[0], from_offset_0[0]), "request 0 did not read its window at offset 1"
 

@@ -54,11 +54,13 @@ def test_the_limit_is_the_pages_64() -> None:
     assert REGISTERS_PER_SEQUENCER == 64
 
 
-def test_a_kernel_holding_64_registers_runs() -> None:
-    src, rows = _operands(64)
-    out = nki_cpu.simulate(_held(64, at_once=True))(src, rows)
+@pytest.mark.parametrize(("count", "at_once", "peak"), [(64, True, 64), (90, False, 1)],
+                         ids=["64 held together: at the limit", "90 each used right after its load"])  # fmt: skip
+def test_a_kernel_within_the_limit_runs(count: int, at_once: bool, peak: int) -> None:
+    src, rows = _operands(count)
+    out = nki_cpu.simulate(_held(count, at_once=at_once))(src, rows)
     np.testing.assert_array_equal(out, src[rows[0]])
-    assert live_register_peaks(nki_cpu.last_trace())["gpsimd"].count == 64
+    assert live_register_peaks(nki_cpu.last_trace())["gpsimd"].count == peak
 
 
 def test_a_kernel_holding_65_registers_fails_naming_the_sequencer_count_limit_and_page() -> None:
@@ -77,13 +79,6 @@ def test_relaxed_it_warns_and_runs() -> None:
     with pytest.warns(RuntimeWarning, match="65 scalar registers.*relaxed"):
         out = nki_cpu.simulate(_held(65, at_once=True), relax={"live_registers"})(src, rows)
     np.testing.assert_array_equal(out, src[rows[0]])
-
-
-def test_values_used_right_after_their_loads_hold_one_register_each_at_a_time() -> None:
-    src, rows = _operands(90)
-    out = nki_cpu.simulate(_held(90, at_once=False))(src, rows)
-    np.testing.assert_array_equal(out, src[rows[0]])
-    assert live_register_peaks(nki_cpu.last_trace())["gpsimd"].count == 1
 
 
 def test_a_compute_engine_reading_registers_holds_them_on_its_sequencer() -> None:
