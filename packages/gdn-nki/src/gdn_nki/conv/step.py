@@ -74,7 +74,8 @@ def gdn_conv_step(
         weight (nl.NkiTensor): [C, W] @ HBM fp32 or bf16; tap W − 1 multiplies the current token.
         bias (nl.NkiTensor): [C] @ HBM fp32 or bf16, or None.
         state_indices (nl.NkiTensor): [N] or [N, T] int32 @ HBM: pool rows (module docstring); −1 = padding.
-        num_accepted_tokens (nl.NkiTensor): optional [N] int32 @ HBM, with [N, T] indices: the row to resume from.
+        num_accepted_tokens (nl.NkiTensor): optional [N] int32 @ HBM: with [N, T] indices the row to resume from;
+            with [N] indices the offset in the row (vLLM's in-row form, L >= W − 2 + T).
         activation (str | None): "silu" (Qwen3-Next) or None.
 
     Returns:

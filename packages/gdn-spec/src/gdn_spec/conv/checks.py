@@ -14,7 +14,7 @@ exactly), rows not named bit-identical.
 | ``pool`` | the named rows hold the oracle's windows; every other row keeps its bytes (NaN-poisoned: never read) |
 | ``padding`` | a −1 request reads and writes nothing of the pool (and, where declared, outputs zeros) |
 | ``rollback`` | [N, T] rows with ``num_accepted_tokens``: verify, resume from the accepted token's row = decoding the accepted tokens one by one, bit for bit (declared ``per_token_rows``) |
-| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count past T rejected with the pool untouched (declared ``in_row``; the rejection with ``rejections``) |
+| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count outside 1..T or a row shorter than W − 2 + T rejected with the pool untouched (declared ``in_row``; the rejections with ``rejections``) |
 | ``rejections`` | wrong widths, a window longer than the state, mismatched channels, rows out of range or repeated: an exception, the pool untouched (declared ``rejections``) |
 | ``batch_invariance`` | a request's outputs and window keep every bit whatever else shares the call and wherever it sits |
 """
