@@ -197,6 +197,32 @@ def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
     assert str(exported.value) == str(eager.value)
 
 
+@pytest.mark.parametrize(
+    "case", ["verify: bf16 pool", "prefill: unknown keyword", "conv prefill: width 7", "gdn_tkg: state of the wrong shape",
+             "norm: float64 x", "norm module: g of another shape"]
+)  # fmt: skip
+def test_strict_export_raises_eagers_contract_error_itself(case: str) -> None:
+    """``torch.export(strict=True)`` traces with dynamo, which would wrap a rejection raised in the traced code or by
+    the op's fake implementation (``TorchRuntimeError``); the rejection is judged by a function dynamo runs itself
+    (``traced_rejection``), so the caller gets eager's ContractError unwrapped, and no program."""
+    call, change = BAD_CALLS[case]
+    drop_in, make = ALL_CALLS[call]
+    with pytest.raises(ContractError) as eager:
+        drop_in(**change(make()))
+    with pytest.raises(ContractError) as exported:
+        torch.export.export(_Called(drop_in), (), kwargs=on_device(change(make()), test_device()), strict=True)
+    assert type(exported.value) is type(eager.value)
+    assert str(exported.value) == str(eager.value)
+    assert exported.value.__cause__ is None
+
+
+def test_strict_export_of_a_valid_call_is_one_op_node() -> None:
+    drop_in, make = ALL_CALLS["vLLM verify"]
+    program = torch.export.export(_Called(drop_in), (), kwargs=on_device(make(), test_device()), strict=True)
+    ops = [str(node.target) for node in program.graph.nodes if "gdn_nki" in str(node.target)]
+    assert ops == ["gdn_nki.vllm_fused_recurrent_gated_delta_rule.default"]
+
+
 @pytest.mark.parametrize("case", [case for case in BAD_CALLS if case.startswith(("conv", "FLA conv", "norm:"))])
 def test_conv_and_norm_rejections_under_fake_tensors_are_eagers(case: str) -> None:
     """The conv and norm ops' fake implementations run the host path's shape and dtype rules: under

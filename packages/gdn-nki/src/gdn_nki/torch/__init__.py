@@ -13,11 +13,14 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);
 - ``rms_norm_gated``, ``FusedRMSNormGated``: FLA's gated RMSNorm, the layer's output stage (``norm.py``);
+- ``ForwardOnlyError``: what a backward through any of them raises (they are inference kernels; in grad mode they
+  run, eager and compiled, and their outputs sit on the graph so that a backward says so: ``forward_only.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
 - ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
   (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
 """
 
+from ..host.torch_io import ForwardOnlyError
 from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
 from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
@@ -33,6 +36,7 @@ from .values import check_values
 
 __all__ = [
     "ContextParallel",
+    "ForwardOnlyError",
     "FusedRMSNormGated",
     "build_cp_context",
     "causal_conv1d",
