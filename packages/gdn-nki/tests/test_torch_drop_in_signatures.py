@@ -45,6 +45,13 @@ ORIGINALS: dict[str, list[tuple[str, Any]]] = {
         ("v", _), ("b", _), ("initial_state_source", _), ("initial_state_indices", _), ("scale", None),
         ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
     ],
+    # vLLM's prefill (vllm/model_executor/layers/fla/ops/chunk.py, 044990c): FLA's name, its own positional order
+    # and three results (o, final_state, intermediate_states); under its own name here, as vLLM's pool decode.
+    "vllm_chunk_gated_delta_rule": [
+        ("q", _), ("k", _), ("v", _), ("g", _), ("beta", _), ("scale", None), ("initial_state", None),
+        ("output_final_state", False), ("cu_seqlens", None), ("head_first", False),
+        ("use_qk_l2norm_in_kernel", False), ("return_intermediate_states", False),
+    ],
 }  # fmt: skip
 
 
@@ -215,3 +222,29 @@ def test_decode_errors_name_the_public_module(module: str) -> None:
     with pytest.raises(ContractError) as error:
         decode(**{**args, "gk": torch.zeros(2, 1, HV, 8)})
     assert str(error.value).startswith("gdn_nki.torch.fused_recurrent_gated_delta_rule rejected the call")
+
+
+def test_vllms_prefill_positional_call_returns_three_values_with_flas_bits() -> None:
+    """vLLM's positional order (cu_seqlens 9th, use_qk_l2norm_in_kernel 11th) reaches the same prefill as FLA's
+    keywords; the third result is None."""
+    from test_torch_ops import prefill_call
+
+    args = prefill_call()
+    cu = torch.tensor([0, 30, 80], dtype=torch.int32)
+    packed = {name: args[name].reshape(1, -1, *args[name].shape[2:]) for name in ("q", "k", "v", "g", "beta")}
+    want = gdn_nki.torch.chunk_gated_delta_rule(**packed, initial_state=args["initial_state"], output_final_state=True,
+                                                cu_seqlens=cu, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    o, final, intermediate = gdn_nki.torch.vllm_chunk_gated_delta_rule(
+        *packed.values(), None, args["initial_state"], True, cu, False, True
+    )
+    assert intermediate is None
+    assert torch.equal(o, want[0]) and torch.equal(final, want[1])
+
+
+@pytest.mark.parametrize(("option", "value"), [("return_intermediate_states", True), ("head_first", True)])
+def test_vllms_prefill_rejects_what_it_does_not_honour_by_name(option: str, value: Any) -> None:
+    from test_torch_ops import prefill_call
+
+    args = {name: x for name, x in prefill_call().items() if name != "use_qk_l2norm_in_kernel"}
+    with pytest.raises(ContractError, match=f"`{option}`"):
+        gdn_nki.torch.vllm_chunk_gated_delta_rule(**args, **{option: value})

@@ -9,6 +9,8 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
   ``vllm_fused_recurrent_gated_delta_rule``: that variant under its own name (vLLM reuses FLA's);
   ``fused_sigmoid_gating_delta_rule_update``: SGLang's fused-gating update (host path: ``fused_recurrent.py``; also
   public as ``gdn_nki.torch_decode``);
+- ``vllm_chunk_gated_delta_rule``: vLLM's prefill of FLA's name, in vLLM's signature with its three results
+  (``vllm_chunk.py``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);
@@ -33,6 +35,7 @@ from .ops import (
     vllm_fused_recurrent_gated_delta_rule,
 )
 from .values import check_values
+from .vllm_chunk import vllm_chunk_gated_delta_rule
 
 __all__ = [
     "ContextParallel",
@@ -49,5 +52,6 @@ __all__ = [
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",
     "rms_norm_gated",
+    "vllm_chunk_gated_delta_rule",
     "vllm_fused_recurrent_gated_delta_rule",
 ]
