@@ -25,8 +25,11 @@ so the drop-in returns the pool itself. Calls the op schema cannot carry run tod
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
 type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
 context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
-with an input requiring grad (the kernel is forward-only; the host path puts its results on the autograd graph so
-that backward raises, as before).
+whose pool (the state written in place) is itself on the autograd graph.
+
+Grad mode: the kernels are forward-only. A call with inputs requiring grad runs the op all the same (eager and
+compiled, so ``torch.compile`` traces it); the functional ops' autograd formula and the pool ops' attached output
+put the results on the graph, and a backward raises ``ForwardOnlyError`` naming the drop-in (``forward_only.py``).
 """
 
 from __future__ import annotations
