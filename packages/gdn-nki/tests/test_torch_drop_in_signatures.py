@@ -248,3 +248,27 @@ def test_vllms_prefill_rejects_what_it_does_not_honour_by_name(option: str, valu
     args = {name: x for name, x in prefill_call().items() if name != "use_qk_l2norm_in_kernel"}
     with pytest.raises(ContractError, match=f"`{option}`"):
         gdn_nki.torch.vllm_chunk_gated_delta_rule(**args, **{option: value})
+
+
+def test_flas_name_with_vllms_keyword_is_vllms_form() -> None:
+    """``return_intermediate_states`` is vLLM's keyword, which FLA's function does not take: FLA's name called with
+    it (positional arguments in vLLM's order) gives vLLM's three results, the bits of vLLM's entry."""
+    from test_torch_traced_rejections import vllm_prefill_call
+
+    args = vllm_prefill_call()
+    positional = [args[name] for name in ("q", "k", "v", "g", "beta")]
+    order = (None, args["initial_state"], True, args["cu_seqlens"], False, True)
+    want = gdn_nki.torch.vllm_chunk_gated_delta_rule(*positional, *order)
+    got = gdn_nki.torch.chunk_gated_delta_rule(*positional, *order, return_intermediate_states=False)
+    assert len(got) == 3 and got[2] is None
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ContractError, match="`return_intermediate_states`"):
+        gdn_nki.torch.chunk_gated_delta_rule(*positional, return_intermediate_states=True)
+
+
+@pytest.mark.parametrize("keyword", ["chunk_indices", "chunk_offsets", "core_attn_out"])
+def test_vllms_v_major_forms_keywords_are_rejected_naming_the_layout(keyword: str) -> None:
+    from test_torch_traced_rejections import vllm_prefill_call
+
+    with pytest.raises(ContractError, match=rf"`{keyword}`.*V-major \[N, H, V, K\]"):
+        gdn_nki.torch.vllm_chunk_gated_delta_rule(**vllm_prefill_call(), **{keyword: torch.zeros(1)})

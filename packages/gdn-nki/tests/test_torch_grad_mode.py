@@ -34,6 +34,7 @@ ENTRY = {
     "vLLM conv update": "causal_conv1d_update",
     "vLLM conv prefill": "causal_conv1d_fn",
     "FLA conv": "causal_conv1d",
+    "vLLM prefill": "chunk_gated_delta_rule",  # vLLM's signature over FLA's drop-in, whose op it runs
     "FLA gated norm": "rms_norm_gated",
     "FLA FusedRMSNormGated": "rms_norm_gated",
 }

@@ -199,6 +199,22 @@ def _first_tensor(argument: Callable[[str], Any]) -> Tensor:
     return torch.empty(0)
 
 
+def _or_vllms_chunk_form(fla: Callable[..., Any]) -> Callable[..., Any]:
+    """FLA's prefill drop-in that is vLLM's when called with vLLM's own keyword ``return_intermediate_states``: that
+    call, positional arguments in vLLM's order included, goes to ``vllm_chunk_gated_delta_rule`` (three results)."""
+
+    @functools.wraps(fla)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if "return_intermediate_states" not in kwargs:
+            return fla(*args, **kwargs)
+        from .vllm_chunk import vllm_chunk_gated_delta_rule  # it calls this module's drop-in
+
+        return vllm_chunk_gated_delta_rule(*args, **kwargs)
+
+    return dispatch
+
+
+@_or_vllms_chunk_form
 @rejects_at_trace_time(_output_and_state)
 @names_entry_point(CHUNK_ENTRY)
 def chunk_gated_delta_rule(

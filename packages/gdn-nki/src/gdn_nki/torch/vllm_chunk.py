@@ -4,17 +4,25 @@ under vLLM's own signature, which returns three values, as ``vllm_chunk_gated_de
 vLLM's function shares FLA's name but not its form: its positional order differs after ``initial_state``
 (``output_final_state, cu_seqlens, head_first, use_qk_l2norm_in_kernel``), and it returns ``(o, final_state,
 intermediate_states)``. A call cannot be told apart from FLA's by its shapes, so the form is chosen by name: this
-entry, under vLLM's name prefixed ``vllm_`` (as ``vllm_fused_recurrent_gated_delta_rule``). It runs
-``gdn_nki.torch.chunk_gated_delta_rule`` (one ``gdn_nki`` op; every rule, the same ``ContractError``\\ s).
+entry, under vLLM's name prefixed ``vllm_`` (as ``vllm_fused_recurrent_gated_delta_rule``), or FLA's name called
+with vLLM's own keyword ``return_intermediate_states`` (``ops.chunk_gated_delta_rule`` hands such a call here). It
+runs ``gdn_nki.torch.chunk_gated_delta_rule`` (one ``gdn_nki`` op; every rule, the same ``ContractError``\\ s).
+
+States are [N, H, K, V], as in that vLLM version. vLLM's later form (the call in
+``vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py``, a55a8d9: ``chunk_indices``, ``chunk_offsets``,
+``core_attn_out``) keeps its states V-major, [N, H, V, K] (``fla/ops/chunk.py``, 8744bb0); its keywords are
+rejected here by name rather than its states read transposed (at K = V no shape would tell).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from gdn_ref.contract import names_entry_point
 
 from ..host.torch_io import import_torch, rejection
+from . import chunk as host_chunk
 from . import ops
 from .traced_rejection import rejects_at_trace_time
 
@@ -22,6 +30,12 @@ torch = import_torch()
 Tensor = torch.Tensor
 
 VLLM_CHUNK_ENTRY = "gdn_nki.torch.vllm_chunk_gated_delta_rule"
+# The keywords of vLLM's later, V-major form: each rejected with the layout it implies.
+V_MAJOR_KEYWORDS = ("chunk_indices", "chunk_offsets", "core_attn_out")
+_V_MAJOR_FIX = (
+    "vLLM's call with {name} keeps its states V-major [N, H, V, K]; this entry's are [N, H, K, V]: drop "
+    "{name} and pass initial_state.transpose(-1, -2).contiguous() (the final state comes back [N, H, K, V])"
+)
 
 
 def _stand_in(rejected: Any, argument: Any) -> tuple[Any, Any, None]:
@@ -45,6 +59,7 @@ def vllm_chunk_gated_delta_rule(
     head_first: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     return_intermediate_states: bool = False,
+    **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None, None]:
     """vLLM's ``chunk_gated_delta_rule``: the chunked prefill of FLA's, in vLLM's signature and results.
 
@@ -62,6 +77,9 @@ def vllm_chunk_gated_delta_rule(
         use_qk_l2norm_in_kernel (bool): L2-normalize q and k first.
         return_intermediate_states (bool): False only: vLLM's per-chunk state snapshots are not produced yet
             (rejected by name; ``chunk_gated_delta_rule``'s ``checkpoint_every`` keeps states every 128 tokens).
+        kwargs: HF transformers' pass-through attention keywords, accepted and not used; vLLM's later V-major
+            form's keywords (``chunk_indices``, ``chunk_offsets``, ``core_attn_out``) and any other are rejected
+            by name.
 
     Returns:
         tuple: (o [B, T, Hv, V] in q's dtype, the final states [N, Hv, K, V] fp32 or None, None).
@@ -70,6 +88,10 @@ def vllm_chunk_gated_delta_rule(
         As ``gdn_nki.torch.chunk_gated_delta_rule``: bad input raises ``ContractError`` naming the argument; in
         grad mode the outputs are on the graph and a backward raises ``ForwardOnlyError``.
     """
+    if kwargs:
+        hints = {name: _V_MAJOR_FIX.format(name=name) for name in V_MAJOR_KEYWORDS}
+        parameters = tuple(p for p in inspect.signature(vllm_chunk_gated_delta_rule).parameters if p != "kwargs")
+        host_chunk.reject_unknown_keywords(kwargs, "vllm_chunk_gated_delta_rule", parameters, "vLLM's", hints)
     if return_intermediate_states is not False:
         raise rejection("return_intermediate_states", repr(return_intermediate_states), "gdn-nki does not produce "
                         "vLLM's per-chunk state snapshots yet", "pass return_intermediate_states=False (the third "
