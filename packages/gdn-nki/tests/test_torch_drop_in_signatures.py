@@ -52,6 +52,21 @@ ORIGINALS: dict[str, list[tuple[str, Any]]] = {
         ("output_final_state", False), ("cu_seqlens", None), ("head_first", False),
         ("use_qk_l2norm_in_kernel", False), ("return_intermediate_states", False),
     ],
+    # vLLM's conv (vllm/model_executor/layers/mamba/ops/causal_conv1d.py, 533d337; vLLM 0.23's Qwen GDN layer,
+    # qwen_gdn_linear_attn.py a55a8d9, calls both by these names and keywords).
+    "causal_conv1d_fn": [
+        ("x", _), ("weight", _), ("bias", _), ("conv_states", _), ("query_start_loc", _), ("cache_indices", None),
+        ("has_initial_state", None), ("activation", "silu"), ("pad_slot_id", -1),
+        ("block_idx_first_scheduled_token", None), ("block_idx_last_scheduled_token", None),
+        ("initial_state_idx", None), ("num_computed_tokens", None), ("block_size_to_align", 0), ("metadata", None),
+        ("validate_data", False),
+    ],
+    "causal_conv1d_update": [
+        ("x", _), ("conv_state", _), ("weight", _), ("bias", None), ("activation", None),
+        ("conv_state_indices", None), ("num_accepted_tokens", None), ("query_start_loc", None),
+        ("max_query_len", -1), ("pad_slot_id", -1), ("block_idx_last_scheduled_token", None),
+        ("initial_state_idx", None), ("validate_data", False),
+    ],
 }  # fmt: skip
 
 
