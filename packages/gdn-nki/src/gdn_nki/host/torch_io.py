@@ -88,11 +88,26 @@ def as_torch(a: np.ndarray) -> Any:
     return numpy_to_torch(a)
 
 
-FORWARD_ONLY = (
-    "gdn-nki is a forward-only prefill kernel: it has no backward pass, so no gradient flows to its inputs. "
-    "Train with a differentiable implementation (FLA's chunk_gated_delta_rule, HF's torch path); for inference, "
-    "run under torch.no_grad() or torch.inference_mode()"
+TRAINING_ADVICE = (
+    "For training use a differentiable implementation (FLA's chunk_gated_delta_rule / "
+    "fused_recurrent_gated_delta_rule, HF transformers' torch_chunk_gated_delta_rule); for inference run under "
+    "torch.no_grad() or torch.inference_mode()"
 )
+
+
+class ForwardOnlyError(NotImplementedError):
+    """A backward through a gdn-nki kernel: the kernels are forward-only (inference), they have no backward.
+
+    Args:
+        entry (str): what the backward went through (a drop-in's public name), named by the message.
+    """
+
+    def __init__(self, entry: str) -> None:
+        self.entry = entry
+        super().__init__(
+            f"{entry} is forward-only (an inference kernel): it has no backward pass, so no gradient flows to its "
+            f"inputs. {TRAINING_ADVICE}"
+        )
 
 
 @functools.cache
@@ -108,7 +123,7 @@ def _forward_only_function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            raise NotImplementedError(FORWARD_ONLY)
+            raise ForwardOnlyError("gdn-nki's GDN kernel")
 
     return ForwardOnly
 

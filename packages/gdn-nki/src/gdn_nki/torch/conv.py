@@ -20,6 +20,7 @@ from gdn_ref.contract import ContractError, names_entry_point
 from ..host.conv import conv_decode_step, conv_prefill_bucket
 from ..host.torch_io import as_numpy, as_torch, import_torch, in_torch_terms, rejection
 from . import conv_device, rules
+from .forward_only import attached, detached
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -137,10 +138,12 @@ def causal_conv1d_update(
     else:
         rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    try:
-        out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, accepted, act)
+    try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_update_op(detached(tokens).contiguous(), conv_state, detached(weight), detached(bias),
+                                      rows, accepted, act)  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _UPDATE_NAMES) from None
+    out = attached("gdn_nki.torch.causal_conv1d_update", out, (x, weight, bias))
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
 
@@ -261,13 +264,13 @@ def causal_conv1d_fn(
     if read_indices is not None:
         read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
     table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
-    try:
-        out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32),
-                                  rows, read_rows, act, int(checkpoint_every or 0), table,
-                                  list(bucket) if bucket is not None else None)  # fmt: skip
+    try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_fn_op(detached(x).t().contiguous(), conv_states, detached(weight), detached(bias),
+                                  query_start_loc.to(torch.int32), rows, read_rows, act, int(checkpoint_every or 0),
+                                  table, list(bucket) if bucket is not None else None)  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _FN_NAMES) from None
-    return out.t()
+    return attached("gdn_nki.torch.causal_conv1d_fn", out, (x, weight, bias)).t()
 
 
 @rejects_at_trace_time(
@@ -336,17 +339,19 @@ def causal_conv1d(
     seqs = bounds.shape[0] - 1
     width = weight.shape[-1]
     pool = (x.new_zeros((seqs, dim, width)) if initial_state is None
-            else initial_state.to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
+            else detached(initial_state).to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
     rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
     read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
-    try:
-        out = causal_conv1d_fn_op(x.reshape(batch * tokens, dim).contiguous(), pool, weight, bias, bounds, rows,
-                                  read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+    try:  # the pool's op has no autograd formula: its results go on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_fn_op(detached(x).reshape(batch * tokens, dim).contiguous(), pool, detached(weight),
+                                  detached(bias), bounds, rows, read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _FLA_NAMES) from None
+    inputs = (x, weight, bias, initial_state)
+    out = attached("gdn_nki.torch.causal_conv1d", out, inputs)
     if residual is not None:
         out = out + residual
-    return out, (pool if output_final_state else None)
+    return out, (attached("gdn_nki.torch.causal_conv1d", pool, inputs) if output_final_state else None)
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
