@@ -176,3 +176,26 @@ def test_fla_form_scatters_each_length_group_back_to_its_sequences() -> None:
                                            x.beta[tokens], 32**-0.5, x.pool[n : n + 1])  # fmt: skip
         assert_within("out", o[:, a:b].numpy(), ref_out, "float32")
         assert_within("state", final[n : n + 1].numpy(), ref_states[:, -1], "float32")
+
+
+def test_fla_form_checks_every_length_group_before_launching_any() -> None:
+    """Packed lengths 1, 2, 1, 3, 2 (three launches, one per length): bad values in the last group launched (a
+    NaN in sequence 3's v) and in the second (sequence 4's initial state) refuse the call before any launch, even
+    the first group's, in one error naming both as the caller numbers them (not as each group's launch numbers its
+    requests)."""
+    from gdn_nki.traces import recording_launches
+
+    x = step_inputs(38, "float32", N=1, T=9, P=5)
+    cu = torch.tensor((0, 1, 3, 4, 7, 9))
+    v, h0 = x.value.copy(), x.pool.copy()
+    v[0, 5, 1, 2] = np.nan  # sequence 3 (tokens 4..6), its second token
+    h0[4, 0, 0, 0] = np.inf
+    args = (_t(x.query), _t(x.key), _t(v), _t(x.g_log))
+    with recording_launches() as launches, pytest.raises(ContractError) as refused:
+        fused_recurrent_gated_delta_rule(*args, beta=_t(x.beta), initial_state=_t(h0), output_final_state=True,
+                                         cu_seqlens=cu)  # fmt: skip
+    assert launches == []
+    assert refused.value.sequences == [3, 4]
+    assert "`v` value nan at index [0, 5, 1, 2]" in str(refused.value)
+    assert "(sequence 3)" in str(refused.value) and "(sequence 4)" in str(refused.value)
+    assert not any(f"(sequence {n})" in str(refused.value) for n in (0, 1, 2))
