@@ -199,3 +199,18 @@ def test_fla_form_checks_every_length_group_before_launching_any() -> None:
     assert "`v` value nan at index [0, 5, 1, 2]" in str(refused.value)
     assert "(sequence 3)" in str(refused.value) and "(sequence 4)" in str(refused.value)
     assert not any(f"(sequence {n})" in str(refused.value) for n in (0, 1, 2))
+
+
+def test_check_values_reaches_every_length_group() -> None:
+    """``gdn_nki.torch.check_values`` runs the CPU path up to its first launch: with mixed lengths that now follows
+    every group's rules, so a NaN in the last group launched is caught (it was past the first launch)."""
+    from gdn_nki.torch import check_values
+
+    x = step_inputs(39, "float32", N=1, T=6, P=3)
+    v = x.value.copy()
+    v[0, 4, 0, 1] = np.nan  # sequence 2 (tokens 3..5), the only one of length 3
+    h0 = _t(x.pool)
+    with pytest.raises(ContractError) as refused:
+        check_values(fused_recurrent_gated_delta_rule, _t(x.query), _t(x.key), _t(v), _t(x.g_log), beta=_t(x.beta),
+                     initial_state=h0, cu_seqlens=torch.tensor((0, 1, 3, 6)))  # fmt: skip
+    assert refused.value.sequences == [2] and torch.equal(h0, _t(x.pool))
