@@ -302,3 +302,21 @@ def test_bad_values_and_dtypes_are_reported_in_the_callers_layout():
                  lambda: causal_conv1d(batch.half(), weight, bias)):  # fmt: skip
         message = _refused(call)
         assert "`x` dtype float16" in message and "[N, T, C]" not in message and "token-major" not in message
+
+
+def test_an_empty_batch_is_refused_in_the_callers_words():
+    """No request (x [0, C]) or no token: refused as the caller's empty x, eagerly and under fake tensors, not as a
+    malformed [N, T, C] "token-major" tensor the caller never passed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, weight, bias, pool = _inputs()
+    none = torch.zeros(0, dtype=torch.int32)
+    bounds = torch.tensor([0], dtype=torch.int32)
+    calls = (lambda: causal_conv1d_update(torch.zeros(0, C), pool, weight, bias, "silu", none),
+             lambda: causal_conv1d_fn(torch.zeros(C, 0), weight, bias, pool, bounds),
+             lambda: causal_conv1d(torch.zeros(1, 0, C), weight, bias))  # fmt: skip
+    for call in calls:
+        message = _refused(call)
+        assert "`x` shape" in message and "must not be empty" in message and "[N, T, C]" not in message
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert "must not be empty" in _refused(calls[0])

@@ -214,3 +214,22 @@ def test_check_values_reaches_every_length_group() -> None:
         check_values(fused_recurrent_gated_delta_rule, _t(x.query), _t(x.key), _t(v), _t(x.g_log), beta=_t(x.beta),
                      initial_state=h0, cu_seqlens=torch.tensor((0, 1, 3, 6)))  # fmt: skip
     assert refused.value.sequences == [2] and torch.equal(h0, _t(x.pool))
+
+
+@pytest.mark.parametrize("form", ["vllm", "sigmoid"])
+def test_an_empty_decode_batch_is_refused_in_the_callers_words(form: str) -> None:
+    """No request: one violation naming the caller's empty q, not six naming the kernel's [N, T, Hk, Dk] layout."""
+    from gdn_nki.torch import fused_recurrent_gated_delta_rule as drop_in
+    from gdn_nki.torch import fused_sigmoid_gating_delta_rule_update as sigmoid
+
+    q, v, pool = torch.zeros(1, 0, 2, 32), torch.zeros(1, 0, 4, 16), torch.zeros(4, 4, 32, 16)
+    rows, bounds = torch.zeros(0, dtype=torch.int32), torch.tensor([0])
+    with pytest.raises(ContractError) as refused:
+        if form == "vllm":
+            drop_in(q, q, v, torch.zeros(1, 0, 4), torch.zeros(1, 0, 4), initial_state=pool, inplace_final_state=True,
+                    cu_seqlens=bounds, ssm_state_indices=rows)  # fmt: skip
+        else:
+            sigmoid(torch.zeros(4), torch.zeros(0, 4), torch.zeros(4), 1.0, 20.0, q, q, v, torch.zeros(0, 4), pool, rows,
+                    cu_seqlens=bounds)  # fmt: skip
+    assert len(refused.value.violations) == 1 and "`q` shape (1, 0, 2, 32)" in str(refused.value)
+    assert "must not be empty" in str(refused.value) and "[N, T, Hk, Dk]" not in str(refused.value)

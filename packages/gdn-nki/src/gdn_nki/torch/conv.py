@@ -19,7 +19,16 @@ import numpy as np
 from gdn_ref.contract import ContractError, names_entry_point
 
 from ..host.conv import conv_decode_step, conv_prefill_bucket
-from ..host.torch_io import SUPPORTED_DTYPES, as_numpy, as_torch, check_tensor, import_torch, in_torch_terms, rejection
+from ..host.torch_io import (
+    SUPPORTED_DTYPES,
+    as_numpy,
+    as_torch,
+    check_tensor,
+    import_torch,
+    in_torch_terms,
+    reject_empty,
+    rejection,
+)
 from . import conv_device, rules
 from .traced_rejection import rejects_at_trace_time
 
@@ -138,7 +147,8 @@ def causal_conv1d_update(
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
                         "[batch, dim, seqlen]", "pass the new tokens channel-major, as vLLM does")  # fmt: skip
-    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)  # here, not on the op's token-major x: the caller's shape
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)  # here, not on the op's token-major x: the caller's shape
     tokens = x.unsqueeze(1) if x.dim() == 2 else x.transpose(1, 2)  # -> [N, T, C]
     # the op's [n, t, c] is the caller's [n, c] or [n, c, t]
     index = _x_index(lambda at: [at[0], at[2]] if x.dim() == 2 else [at[0], at[2], at[1]])
@@ -263,7 +273,8 @@ def causal_conv1d_fn(
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [dim, tokens] (the sequences "
                         "packed along tokens)", "pass x as vLLM's varlen layout, [dim, tokens]")  # fmt: skip
-    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)  # here, not on the op's token-major x: the caller's shape
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)  # here, not on the op's token-major x: the caller's shape
     seqs = query_start_loc.shape[0] - 1
     rows = (torch.arange(seqs, dtype=torch.int32, device=x.device) if cache_indices is None
             else _pad_rows(cache_indices.to(torch.int32), pad_slot_id))  # fmt: skip
@@ -336,7 +347,8 @@ def causal_conv1d(
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() != 3:
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [B, T, D]", "pass x as [B, T, D]")
-    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)  # here, not on the op's [B·T, D] x: the caller's shape
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)  # here, not on the op's [B·T, D] x: the caller's shape
     batch, tokens, dim = x.shape
     if cu_seqlens is None:
         bounds = torch.arange(0, (batch + 1) * tokens, max(tokens, 1), dtype=torch.int32, device=x.device)[: batch + 1]
