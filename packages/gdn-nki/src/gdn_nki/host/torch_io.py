@@ -150,6 +150,14 @@ def _grads(inputs: Any) -> list[Any]:
     return [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
 
 
+def reject_empty(name: str, x: Any) -> None:
+    """Reject an empty token tensor (a dimension of 0: no request, no token, no head) in the caller's own words,
+    before a drop-in lays it out otherwise: an empty batch is the caller's to skip."""
+    if is_torch_tensor(x) and 0 in tuple(x.shape):
+        raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must not be empty (every dimension, T included, "
+                        "at least 1)", "skip the call for an empty batch or prompt")  # fmt: skip
+
+
 def reject_unwritable_state(name: str, state: Any) -> None:
     """Reject, before anything runs, the states torch is known to refuse an in-place write to: in grad mode a
     leaf that requires grad, or a view of one (a slice of a parameter, say), and outside inference mode an

@@ -46,7 +46,7 @@ from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import names_entry_point
 
 from ..host.decode import tkg_simulate
-from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, rejection
+from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, reject_empty, rejection
 from . import chunk, device, fused_recurrent, rules
 from .forward_only import attached, detached, forbid_backward, on_graph
 from .traced_rejection import rejects_at_trace_time
@@ -592,6 +592,7 @@ def vllm_fused_recurrent_gated_delta_rule(
         On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
         (``check_values``).
     """
+    reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale, initial_state
     )
@@ -675,6 +676,7 @@ def fused_sigmoid_gating_delta_rule_update(
         ``initial_state_indices``, ``num_accepted_tokens`` [N] rolls a speculative step back as
         ``vllm_fused_recurrent_gated_delta_rule``'s does.
     """
+    reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     tensors = (A_log, a, dt_bias, q, k, v, b, initial_state_source)
     host = check_values is not True and q.device.type == "cpu"
     if (
