@@ -302,3 +302,57 @@ def test_update_in_row_form_as_vllm_calls_it_in_spec_decode(T_spec):
     np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
     with pytest.raises(ContractError, match="conv_state"):  # a row one input short of the window at offset T − 1
         causal_conv1d_update(x, pool[:, :, 1:], weight, None, True, rows, num_accepted_tokens=accepted, pad_slot_id=pad)
+
+
+def _refused(call) -> str:
+    with pytest.raises(ContractError) as refused:
+        call()
+    return str(refused.value)
+
+
+def test_bad_values_and_dtypes_are_reported_in_the_callers_layout():
+    """The drop-ins hand the host path x token-major; a NaN is still reported at the caller's index of x ([N, C],
+    [N, C, T], vLLM's [dim, tokens], FLA's [B, T, D]) and a float16 x is refused as the caller's x, not as an
+    [N, T, C] "token-major" tensor the caller never made (both once read in the kernel's layout)."""
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    rows = torch.tensor([3, -1, 0], dtype=torch.int32)
+    bad = x.clone()
+    bad[2, 5, 1] = float("nan")  # request 2, channel 5, token 1
+    assert "value nan at index [2, 5, 1]" in _refused(
+        lambda: causal_conv1d_update(bad, pool, weight, bias, "silu", rows)
+    )
+    one = x[:, :, 0].clone()
+    one[2, 7] = float("inf")
+    assert "value inf at index [2, 7]" in _refused(lambda: causal_conv1d_update(one, pool, weight, bias, "silu", rows))
+    packed = torch.randn(C, 12)
+    packed[6, 9] = float("nan")  # channel 6, token 9
+    bounds = torch.tensor([0, 5, 12], dtype=torch.int32)
+    assert "value nan at index [6, 9]" in _refused(lambda: causal_conv1d_fn(packed, weight, bias, pool, bounds))
+    batch = torch.randn(2, 6, C)
+    batch[1, 3, 4] = float("-inf")
+    assert "value -inf at index [1, 3, 4]" in _refused(lambda: causal_conv1d(batch, weight, bias))
+    assert torch.equal(pool, before)
+    for call in (lambda: causal_conv1d_update(x.half(), pool, weight, bias, "silu", rows),
+                 lambda: causal_conv1d_fn(packed.half(), weight, bias, pool, bounds),
+                 lambda: causal_conv1d(batch.half(), weight, bias)):  # fmt: skip
+        message = _refused(call)
+        assert "`x` dtype float16" in message and "[N, T, C]" not in message and "token-major" not in message
+
+
+def test_an_empty_batch_is_refused_in_the_callers_words():
+    """No request (x [0, C]) or no token: refused as the caller's empty x, eagerly and under fake tensors, not as a
+    malformed [N, T, C] "token-major" tensor the caller never passed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, weight, bias, pool = _inputs()
+    none = torch.zeros(0, dtype=torch.int32)
+    bounds = torch.tensor([0], dtype=torch.int32)
+    calls = (lambda: causal_conv1d_update(torch.zeros(0, C), pool, weight, bias, "silu", none),
+             lambda: causal_conv1d_fn(torch.zeros(C, 0), weight, bias, pool, bounds),
+             lambda: causal_conv1d(torch.zeros(1, 0, C), weight, bias))  # fmt: skip
+    for call in calls:
+        message = _refused(call)
+        assert "`x` shape" in message and "must not be empty" in message and "[N, T, C]" not in message
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert "must not be empty" in _refused(calls[0])

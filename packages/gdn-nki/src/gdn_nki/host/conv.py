@@ -217,7 +217,7 @@ def _finite(name: str, array: np.ndarray | None, api: str = CONV_STEP, rule_id: 
     if not bad.size:
         return []
     at = [int(i) for i in bad[0]]
-    return [Violation(rule_id, name, f"value {float(np.asarray(array)[tuple(at)])} at {at}",
+    return [Violation(rule_id, name, f"value {float(np.asarray(array)[tuple(at)])} at index {at}",
                       f"{name} must hold finite numbers", f"find where {name} overflowed", api)]  # fmt: skip
 
 

@@ -89,24 +89,10 @@ def decode_step(
                                        f"logical-NeuronCore degree: one of {LNC_DEGREES}",
                                        "pass grid=None, 1 or 2; the kernel splits the requests itself", STEP)])  # fmt: skip
     grid = plain_int(grid)
-    if scale is None:
-        scale = float(np.shape(query)[-1]) ** -0.5 if len(np.shape(query)) == 4 else 1.0
-    tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
-                           A_log, dt_bias)  # fmt: skip
-    violations = validate_step(tensors, scale, use_qk_l2norm, values=False)
-    if not violations and not state_pool.flags.writeable:
-        violations = [Violation("state_pool.writable", "state_pool", "a read-only array",
-                                "the state pool is updated IN PLACE, so it must be writable",
-                                "pass a writable array", STEP)]  # fmt: skip
-    if violations:  # the rows below are read from the indices: only once their rules hold
-        raise ContractError(violations)
-    live, reads, writes = _rows(state_indices, num_accepted_tokens)
-    if check_values:  # every request with a bad value, its inputs' and its state row's, in one error
-        violations = validate_step(tensors, scale, use_qk_l2norm)  # the layout holds: only values can break now
-        rows_read = np.ascontiguousarray(state_pool[reads])
-        violations += [_as_step(v) for v in pool_row_violations(rows_read, reads, live)]
-        if violations:
-            raise ContractError(sorted(violations, key=lambda v: -1 if v.sequence is None else v.sequence))
+    scale = _resolved_scale(scale, query)
+    writes = check_decode_step(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log=g_log,
+                               beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                               use_qk_l2norm=use_qk_l2norm, check_values=check_values)  # fmt: skip
     saved = np.array(state_pool[writes], copy=True)
 
     def strength() -> float:
@@ -127,10 +113,68 @@ def decode_step(
     return out, state_pool
 
 
+def check_decode_step(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    state_pool: np.ndarray,
+    state_indices: np.ndarray,
+    num_accepted_tokens: np.ndarray | None = None,
+    *,
+    g_log: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    a: np.ndarray | None = None,
+    b: np.ndarray | None = None,
+    A_log: np.ndarray | None = None,
+    dt_bias: np.ndarray | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    check_values: bool = True,
+) -> list[int]:
+    """Every rule ``decode_step`` checks before its launch, without launching: a caller that splits one call into
+    several steps (FLA's decode drop-in, one step per sequence length) checks all of them before it runs any.
+
+    Args:
+        As ``decode_step``'s.
+
+    Returns:
+        list[int]: the pool rows a launch of this call writes.
+
+    Raises:
+        ContractError: every broken rule; with ``check_values``, every request holding a bad value (its inputs'
+            and its state row's), ordered by request.
+    """
+    scale = _resolved_scale(scale, query)
+    tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
+                           A_log, dt_bias)  # fmt: skip
+    violations = validate_step(tensors, scale, use_qk_l2norm, values=False)
+    if not violations and not state_pool.flags.writeable:
+        violations = [Violation("state_pool.writable", "state_pool", "a read-only array",
+                                "the state pool is updated IN PLACE, so it must be writable",
+                                "pass a writable array", STEP)]  # fmt: skip
+    if violations:  # the rows below are read from the indices: only once their rules hold
+        raise ContractError(violations)
+    live, reads, writes = _rows(state_indices, num_accepted_tokens)
+    if check_values:  # every request with a bad value, its inputs' and its state row's, in one error
+        violations = validate_step(tensors, scale, use_qk_l2norm)  # the layout holds: only values can break now
+        rows_read = np.ascontiguousarray(state_pool[reads])
+        violations += [_as_step(v) for v in pool_row_violations(rows_read, reads, live)]
+        if violations:
+            raise ContractError(sorted(violations, key=lambda v: -1 if v.sequence is None else v.sequence))
+    return writes
+
+
 decode_step.gdn_spec_decode_capabilities = {  # read by gdn-spec's decode family (gdn_spec.decode)
     "name": "gdn-nki decode_step",
     "example_scale": 0.5,  # each call is traced and interpreted by nki-cpu: half the profile's examples
 }
+
+
+def _resolved_scale(scale: float | None, query: np.ndarray) -> Any:
+    """``scale``, or its default Dk**-0.5 (1.0 for a query of the wrong rank, which the rules then name)."""
+    if scale is None:
+        return float(np.shape(query)[-1]) ** -0.5 if len(np.shape(query)) == 4 else 1.0
+    return scale
 
 
 def _rows(state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None) -> tuple[list[int], list[int], list[int]]:

@@ -88,11 +88,26 @@ def as_torch(a: np.ndarray) -> Any:
     return numpy_to_torch(a)
 
 
-FORWARD_ONLY = (
-    "gdn-nki is a forward-only prefill kernel: it has no backward pass, so no gradient flows to its inputs. "
-    "Train with a differentiable implementation (FLA's chunk_gated_delta_rule, HF's torch path); for inference, "
-    "run under torch.no_grad() or torch.inference_mode()"
+TRAINING_ADVICE = (
+    "For training use a differentiable implementation (FLA's chunk_gated_delta_rule / "
+    "fused_recurrent_gated_delta_rule, HF transformers' torch_chunk_gated_delta_rule); for inference run under "
+    "torch.no_grad() or torch.inference_mode()"
 )
+
+
+class ForwardOnlyError(NotImplementedError):
+    """A backward through a gdn-nki kernel: the kernels are forward-only (inference), they have no backward.
+
+    Args:
+        entry (str): what the backward went through (a drop-in's public name), named by the message.
+    """
+
+    def __init__(self, entry: str) -> None:
+        self.entry = entry
+        super().__init__(
+            f"{entry} is forward-only (an inference kernel): it has no backward pass, so no gradient flows to its "
+            f"inputs. {TRAINING_ADVICE}"
+        )
 
 
 @functools.cache
@@ -108,7 +123,7 @@ def _forward_only_function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            raise NotImplementedError(FORWARD_ONLY)
+            raise ForwardOnlyError("gdn-nki's GDN kernel")
 
     return ForwardOnly
 
@@ -133,6 +148,14 @@ def _grads(inputs: Any) -> list[Any]:
     if torch is None or not torch.is_grad_enabled():
         return []
     return [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
+
+
+def reject_empty(name: str, x: Any) -> None:
+    """Reject an empty token tensor (a dimension of 0: no request, no token, no head) in the caller's own words,
+    before a drop-in lays it out otherwise: an empty batch is the caller's to skip."""
+    if is_torch_tensor(x) and 0 in tuple(x.shape):
+        raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must not be empty (every dimension, T included, "
+                        "at least 1)", "skip the call for an empty batch or prompt")  # fmt: skip
 
 
 def reject_unwritable_state(name: str, state: Any) -> None:

@@ -258,7 +258,7 @@ def finish_request(
         earlier.clear()
     if request.zeros is not None:  # last: its row is computed while the steps run
         row, zeros = request.zeros
-        copy_rows(row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
+        copy_rows(row_view(out, row, [[zeros.shape[1], zeros.shape[0]], [1, zeros.shape[1]]], 0), zeros)
 
     def outputs(t: int) -> Callable[[], None]:
         def tail() -> None:

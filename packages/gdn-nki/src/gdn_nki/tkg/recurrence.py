@@ -33,7 +33,7 @@ from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 from ..common.backend import nisa, nl
 from ..common.engines import GPSIMD
 from ..common.tiles import FP32, matmul, sbuf, transpose
-from .state_tiles import PLANES, LayoutConstants, Steps, tile_layout
+from .state_tiles import PLANES, PMAX, LayoutConstants, Steps, largest_divisor, tile_layout
 
 INT32 = nl.int32
 
@@ -295,8 +295,12 @@ def copy_rows(dst: Any, src: Any) -> None:
 
 
 def zero_rows(shapes: Shapes, dtype: Any) -> Any:
-    """A [T·Hv, Dv] tile of zeros: one request's outputs, made once per launch."""
-    zeros = sbuf((shapes.tokens * shapes.value_heads, shapes.dv), dtype)
+    """A tile of zeros holding one request's outputs (T·Hv·Dv elements), made once per launch: [T·Hv, Dv] when the
+    (token, head) rows fit the partitions, else folded to [p, (T·Hv / p)·Dv] with p the largest divisor of T·Hv
+    within them (zeros need no layout, and a request's outputs are contiguous in ``out``)."""
+    rows = shapes.tokens * shapes.value_heads
+    parts = largest_divisor(rows, PMAX)
+    zeros = sbuf((parts, rows // parts * shapes.dv), dtype)
     nisa.memset(dst=zeros, value=0.0)
     return zeros
 

@@ -55,7 +55,7 @@ PLANES = 3
 Steps = Generator[None, None, Any]
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
+def largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
@@ -101,10 +101,10 @@ def tile_layout(dk: int, dv: int, value_heads: int) -> TileLayout:
     """The layout of a [Hv, Dk, Dv] state: the most Dk rows per partition whose run is at most ``RUN_BYTES``
     (a divisor of Dk), the most heads per tile that fit 128 partitions (a divisor of Hv, at most 64 so a tile's
     [u; o] rows fit the partitions), the most tiles per block whose selection products fit one PSUM bank."""
-    rows = _largest_divisor(dk, max(1, RUN_BYTES // (dv * 4)))
-    heads = _largest_divisor(value_heads, min(PMAX // (dk // rows), PMAX // 2))
+    rows = largest_divisor(dk, max(1, RUN_BYTES // (dv * 4)))
+    heads = largest_divisor(value_heads, min(PMAX // (dk // rows), PMAX // 2))
     tiles = value_heads // heads
-    per_block = _largest_divisor(tiles, max(1, min(PSUM_BANK_FP32 // (PLANES * heads), PMAX // heads)))
+    per_block = largest_divisor(tiles, max(1, min(PSUM_BANK_FP32 // (PLANES * heads), PMAX // heads)))
     return TileLayout(dk=dk, dv=dv, value_heads=value_heads, rows=rows, heads=heads, tiles_per_block=per_block)
 
 

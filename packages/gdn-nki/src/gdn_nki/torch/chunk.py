@@ -38,6 +38,7 @@ from ..host.torch_io import (
     in_place_recorder,
     in_torch_terms,
     is_torch_tensor,
+    reject_empty,
     rejection,
 )
 from .context_parallel import ContextParallel, context_parallel_prefill
@@ -549,9 +550,7 @@ def _check_layout(tensors: dict[str, Any], cu_seqlens: Any, any_device: bool = F
     rows = q.shape[:2] if q.dim() == 4 else None
     expected = {"q": 4, "k": 4, "v": 4, "g": 3, "beta": 3}
     for name, x in tensors.items():
-        if 0 in x.shape:
-            raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must not be empty (every dimension, T "
-                            "included, at least 1)", "skip the call for an empty batch or prompt")  # fmt: skip
+        reject_empty(name, x)
         ok = x.dim() == expected[name] and tuple(x.shape[:2]) == tuple(rows or ())
         if name == "k":
             ok = ok and x.shape == q.shape

@@ -24,8 +24,10 @@ not near zero).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +35,7 @@ import numpy as np
 
 from gdn_ref.contract import ContractError, names_entry_point
 
-from ..host.decode import decode_step
+from ..host.decode import check_decode_step, decode_step
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
     as_numpy,
@@ -118,7 +120,9 @@ def fused_recurrent_gated_delta_rule(
         pool[...] = as_numpy(initial_state)
     out = np.empty((*v.shape[:3], dv), dtype=inputs["query"].dtype)
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _CALLER_NAMES)
-    for seqs in _by_length(spans).values():
+    groups = list(_by_length(spans).values())
+    _check_groups(inputs, gates, spans, groups, pool, step)  # all of them before any launch: all or nothing
+    for seqs in groups:
         _launch(inputs, gates, spans, seqs, pool, np.array(seqs, np.int32), None, out, step)
     final = torch.from_numpy(pool) if output_final_state else None
     return as_torch(out), final
@@ -413,29 +417,75 @@ class _Step:
     layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-def _launch(inputs, gates, spans, seqs, pool, indices, accepted, out, step: _Step) -> None:
-    """One ``decode_step`` for the sequences ``seqs`` (all of one length), outputs scattered into ``out``; its
-    rejection restated in the caller's names and indices (``_Step``)."""
-    tensors = {**inputs, **gates}
-    per_token = {name: _gather(x, spans, seqs) for name, x in tensors.items() if x.ndim > 1}
-    heads = {name: x for name, x in gates.items() if x.ndim == 1}
-    ranks = {name: x.ndim for name, x in per_token.items()}
+class _Group:
+    """The sequences ``seqs`` (all of one length) of a drop-in call as one ``decode_step``'s arguments, and its
+    rejections restated in the caller's names, element indices and sequence numbers (``_Step``)."""
 
-    def caller_index(name: str, at: list[int]) -> list[int]:
-        if len(at) != ranks.get(name):
+    def __init__(self, inputs, gates, spans, seqs: list[int], step: _Step) -> None:
+        self.tensors = {**inputs, **gates}
+        self.per_token = {name: _gather(x, spans, seqs) for name, x in self.tensors.items() if x.ndim > 1}
+        self.heads = {name: x for name, x in gates.items() if x.ndim == 1}
+        self.spans, self.seqs, self.step = spans, seqs, step
+
+    def arguments(self) -> tuple[tuple[np.ndarray, ...], dict[str, Any]]:
+        """``decode_step``'s q, k, v, and its gate and option keywords."""
+        gates = {name: x for name, x in self.per_token.items() if name not in ("query", "key", "value")}
+        options = {"scale": self.step.scale, "use_qk_l2norm": bool(self.step.l2norm)}
+        qkv = tuple(self.per_token[name] for name in ("query", "key", "value"))
+        return qkv, {**gates, **self.heads, **options, "check_values": self.step.check_values}
+
+    def caller_index(self, name: str, at: list[int]) -> list[int]:
+        if name not in self.per_token or len(at) != self.per_token[name].ndim:
             return at  # the pool's rows are the caller's; heads' tensors are passed as they are
         request, token, *rest = at
-        start, _, row = spans[seqs[request]]
-        seq_first = tensors[name].shape
+        start, _, row = self.spans[self.seqs[request]]
+        seq_first = self.tensors[name].shape
         flat = np.ravel_multi_index((row, start + token, *rest), seq_first)
-        return [int(i) for i in np.unravel_index(flat, step.layouts.get(name, seq_first))]
+        return [int(i) for i in np.unravel_index(flat, self.step.layouts.get(name, seq_first))]
 
+    def restate(self, error: ContractError) -> ContractError:
+        """``error`` in the caller's terms; a request of this group renumbered as the caller's sequence."""
+        error = in_torch_terms(error, self.step.names, self.caller_index)
+        return ContractError([self._renumber(v) for v in error.violations], error.entry_point)
+
+    def _renumber(self, v: Any) -> Any:
+        if v.sequence is None or list(self.seqs) == list(range(len(self.seqs))):
+            return v
+        value = _SEQUENCE.sub(lambda m: f"(sequence {self.seqs[int(m.group(1))]})", v.value)
+        return dataclasses.replace(v, value=value, sequence=self.seqs[v.sequence])
+
+
+_SEQUENCE = re.compile(r"\(sequence (\d+)\)")
+
+
+def _check_groups(inputs, gates, spans, groups: list[list[int]], pool: np.ndarray, step: _Step) -> None:
+    """Every rule of every length group's ``decode_step``, before any launches: a group's bad values and another's
+    are refused in one ``ContractError`` naming every caller's sequence that holds one. A rule of the whole call
+    (shapes, dtypes, options: the same for every group) is raised from the first group that breaks it."""
+    violations = []
+    for seqs in groups:
+        group = _Group(inputs, gates, spans, seqs, step)
+        (query, key, value), keywords = group.arguments()
+        try:
+            check_decode_step(query, key, value, pool, np.array(seqs, np.int32), None, **keywords)
+        except ContractError as error:
+            restated = group.restate(error)
+            if any(v.sequence is None for v in restated.violations):
+                raise restated from None
+            violations += restated.violations
+    if violations:
+        raise ContractError(sorted(violations, key=lambda v: v.sequence))
+
+
+def _launch(inputs, gates, spans, seqs, pool, indices, accepted, out, step: _Step) -> None:
+    """One ``decode_step`` for the sequences ``seqs`` (all of one length), outputs scattered into ``out``; its
+    rejection restated in the caller's names and indices (``_Group``)."""
+    group = _Group(inputs, gates, spans, seqs, step)
+    (query, key, value), keywords = group.arguments()
     try:
-        result, _ = decode_step(per_token.pop("query"), per_token.pop("key"), per_token.pop("value"), pool, indices,
-                                accepted, **per_token, **heads, scale=step.scale, use_qk_l2norm=bool(step.l2norm),
-                                check_values=step.check_values)  # fmt: skip
+        result, _ = decode_step(query, key, value, pool, indices, accepted, **keywords)
     except ContractError as error:
-        raise in_torch_terms(error, step.names, caller_index) from None
+        raise group.restate(error) from None
     for j, i in enumerate(seqs):
         start, end, row = spans[i]
         out[row, start:end] = result[j]

@@ -25,8 +25,11 @@ so the drop-in returns the pool itself. Calls the op schema cannot carry run tod
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
 type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
 context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
-with an input requiring grad (the kernel is forward-only; the host path puts its results on the autograd graph so
-that backward raises, as before).
+whose pool (the state written in place) is itself on the autograd graph.
+
+Grad mode: the kernels are forward-only. A call with inputs requiring grad runs the op all the same (eager and
+compiled, so ``torch.compile`` traces it); the functional ops' autograd formula and the pool ops' attached output
+put the results on the graph, and a backward raises ``ForwardOnlyError`` naming the drop-in (``forward_only.py``).
 """
 
 from __future__ import annotations
@@ -43,12 +46,20 @@ from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import names_entry_point
 
 from ..host.decode import tkg_simulate
-from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, rejection
+from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, reject_empty, rejection
 from . import chunk, device, fused_recurrent, rules
+from .forward_only import attached, detached, forbid_backward, on_graph
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
+
+# The drop-ins' public names: what a rejection and a refused backward (``forward_only.py``) name.
+CHUNK_ENTRY = "gdn_nki.torch.chunk_gated_delta_rule"
+FLA_DECODE_ENTRY = "gdn_nki.torch.fused_recurrent_gated_delta_rule"
+VLLM_ENTRY = "gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule"
+SIGMOID_GATING_ENTRY = "gdn_nki.torch.fused_sigmoid_gating_delta_rule_update"
+TKG_ENTRY = "gdn_nki.torch.gdn_tkg"
 
 
 # --- prefill: FLA's chunk_gated_delta_rule ------------------------------------------------------------------------
@@ -98,6 +109,9 @@ def _drop_in_warned() -> Iterator[None]:
 
 
 HEAD_FIRST_WARNING = "gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens"
+
+
+forbid_backward(chunk_op, CHUNK_ENTRY)
 
 
 @chunk_op.register_fake
@@ -185,8 +199,24 @@ def _first_tensor(argument: Callable[[str], Any]) -> Tensor:
     return torch.empty(0)
 
 
+def _or_vllms_chunk_form(fla: Callable[..., Any]) -> Callable[..., Any]:
+    """FLA's prefill drop-in that is vLLM's when called with vLLM's own keyword ``return_intermediate_states``: that
+    call, positional arguments in vLLM's order included, goes to ``vllm_chunk_gated_delta_rule`` (three results)."""
+
+    @functools.wraps(fla)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if "return_intermediate_states" not in kwargs:
+            return fla(*args, **kwargs)
+        from .vllm_chunk import vllm_chunk_gated_delta_rule  # it calls this module's drop-in
+
+        return vllm_chunk_gated_delta_rule(*args, **kwargs)
+
+    return dispatch
+
+
+@_or_vllms_chunk_form
 @rejects_at_trace_time(_output_and_state)
-@names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
+@names_entry_point(CHUNK_ENTRY)
 def chunk_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -240,12 +270,13 @@ def chunk_gated_delta_rule(
     options = (head_first, state_v_first, transpose_state_layout, cp_context, allow_neg_eigval)
     tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
-    carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every)
+    pool = state_indices if initial_state_indices is None else initial_state_indices
+    written = initial_state if pool is not None else None
+    carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every, written)
     # The host path's non-tensor rules (unknown keywords, options set, FLA's chunk_size, aliases, packing keywords,
     # rows without a pool) are the host path's to raise: a call breaking one runs it. Checked here only as far as
     # telling a plainly valid call, which every compiled one is (those rules use numpy and difflib, which
     # torch.compile does not trace).
-    pool = state_indices if initial_state_indices is None else initial_state_indices
     plainly_valid = (
         all(name in chunk.HF_PASS_THROUGH for name in kwargs)
         and all(kwargs.get(name) is None for name in chunk._PACKING_KEYWORDS if cu_seqlens is None)
@@ -277,10 +308,11 @@ def chunk_gated_delta_rule(
         group_size=int(group_size), bucket=None if bucket is None else [int(x) for x in bucket],
     )  # fmt: skip
     gate = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
-    if pool is not None:
-        o = chunk_pool_op(q, k, v, g, beta, initial_state, pool, *gate, cu_seqlens, checkpoint_indices, read_indices,
+    if pool is not None:  # an op updating a pool has no autograd formula: its output goes on the graph after it
+        read = [detached(x) for x in (q, k, v, g, beta, *gate)]
+        o = chunk_pool_op(*read[:5], initial_state, pool, *read[5:], cu_seqlens, checkpoint_indices, read_indices,
                           **common, checkpoint_every=checkpoint_every)  # fmt: skip
-        return o, initial_state if output_final_state else None
+        return attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate)), initial_state if output_final_state else None
     o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
     return o, final if output_final_state else None
 
@@ -294,15 +326,18 @@ def _op_can_carry(
     group_size: Any,
     bucket: Any,
     checkpoint_every: Any,
+    written: Any,
 ) -> bool:
     """Whether the op schema carries this call as the host path reads it (module docstring): tensors where
     tensors go (indices included), plain bools, a real scale, a str algorithm, int sizes, a bucket of two ints,
-    and no input on the autograd graph."""
+    and no pool (``written``) on the autograd graph. A pool call with inputs on the graph runs the host path in eager
+    mode, which records the pool's update on the graph too (a backward through the pool raises); a compiled one
+    runs the op, whose output alone goes on the graph (``forward_only.py``: a graph cannot record it)."""
     if not _one_device(tensors, indices):
         return False
     if not all(isinstance(x, bool) for x in flags):
         return False
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+    if on_graph([written]) or (written is not None and on_graph(tensors) and not torch.compiler.is_compiling()):
         return False
     scale_ok = scale is None or (isinstance(scale, numbers.Real) and not isinstance(scale, bool))
     ints_ok = all(
@@ -344,6 +379,9 @@ def _fused_recurrent_cpu(q, k, v, g, beta, initial_state, cu_seqlens, scale, use
     )  # fmt: skip
 
 
+forbid_backward(fused_recurrent_op, FLA_DECODE_ENTRY)
+
+
 @fused_recurrent_op.register_fake
 def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm) -> tuple[Tensor, Tensor]:
     n_seqs, _ = rules.fla_decode(q, k, v, g, beta, initial_state, cu_seqlens)
@@ -366,7 +404,7 @@ def _or_vllms_form(fla: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @rejects_at_trace_time(_output_and_state)
-@names_entry_point("gdn_nki.torch.fused_recurrent_gated_delta_rule")
+@names_entry_point(FLA_DECODE_ENTRY)
 @_or_vllms_form
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
@@ -435,7 +473,7 @@ def fused_recurrent_gated_delta_rule(
     chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
                                            transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
     g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
-    carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale)
+    carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale, None)
     if not carried or (check_values is not True and q.device.type == "cpu"):
         return fused_recurrent.fused_recurrent_gated_delta_rule(
             q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
@@ -526,7 +564,7 @@ def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seq
 
 
 @rejects_at_trace_time(lambda rejected, argument: _output_and_state(rejected, argument, returned=None))
-@names_entry_point("gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule")
+@names_entry_point(VLLM_ENTRY)
 def vllm_fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -554,8 +592,9 @@ def vllm_fused_recurrent_gated_delta_rule(
         On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
         (``check_values``).
     """
+    reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     carried = _decode_op_can_carry(
-        (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
+        (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale, initial_state
     )
     host = check_values is not True and q.device.type == "cpu"
     if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True:
@@ -564,9 +603,10 @@ def vllm_fused_recurrent_gated_delta_rule(
             num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel, check_values=check_values,
         )  # fmt: skip
     fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
-    o = vllm_fused_recurrent_op(q, k, v, g, beta, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
+    read = [detached(x) for x in (q, k, v, g, beta)]  # the pool's op has no autograd formula (forward_only.py)
+    o = vllm_fused_recurrent_op(*read, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
                                 _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
-    return o, initial_state
+    return attached(VLLM_ENTRY, o, (q, k, v, g, beta)), initial_state
 
 
 @torch.library.custom_op("gdn_nki::fused_sigmoid_gating_delta_rule_update", mutates_args=("pool",))
@@ -609,7 +649,7 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
 
 
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
-@names_entry_point("gdn_nki.torch.fused_sigmoid_gating_delta_rule_update")
+@names_entry_point(SIGMOID_GATING_ENTRY)
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Tensor,
     a: Tensor,
@@ -636,11 +676,14 @@ def fused_sigmoid_gating_delta_rule_update(
         ``initial_state_indices``, ``num_accepted_tokens`` [N] rolls a speculative step back as
         ``vllm_fused_recurrent_gated_delta_rule``'s does.
     """
+    reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     tensors = (A_log, a, dt_bias, q, k, v, b, initial_state_source)
     host = check_values is not True and q.device.type == "cpu"
     if (
         host
-        or not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale)
+        or not _decode_op_can_carry(
+            tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale, initial_state_source
+        )
         or not all(isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold))
     ):
         return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
@@ -649,16 +692,16 @@ def fused_sigmoid_gating_delta_rule_update(
             num_accepted_tokens=num_accepted_tokens,
         )  # fmt: skip
     fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
-    return fused_sigmoid_gating_op(A_log, a, dt_bias, q, k, v, b, initial_state_source, initial_state_indices,
-                                   cu_seqlens, float(softplus_beta), float(softplus_threshold), _scale(scale),
-                                   bool(use_qk_l2norm_in_kernel), num_accepted_tokens)  # fmt: skip
+    read = [detached(x) for x in tensors[:-1]]  # the pool's op has no autograd formula (forward_only.py)
+    o = fused_sigmoid_gating_op(*read, initial_state_source, initial_state_indices, cu_seqlens, float(softplus_beta),
+                                float(softplus_threshold), _scale(scale), bool(use_qk_l2norm_in_kernel),
+                                num_accepted_tokens)  # fmt: skip
+    return attached(SIGMOID_GATING_ENTRY, o, tensors[:-1])
 
 
-def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any) -> bool:
-    """As ``_op_can_carry``, for the decode drop-ins (whose results the host path never put on a graph)."""
-    if not _one_device(tensors, indices):
-        return False
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any, written: Any) -> bool:
+    """As ``_op_can_carry``, for the decode drop-ins."""
+    if not _one_device(tensors, indices) or on_graph([written]):
         return False
     return scale is None or (isinstance(scale, numbers.Real) and not isinstance(scale, bool))
 
@@ -724,6 +767,9 @@ def gdn_tkg_host(*tensors: Tensor) -> tuple[Tensor, Tensor]:
     # tkg_simulate's rules without its entry-point name: the traced path's rules (rules.tkg) raise gdn_tkg's
     out, state = tkg_simulate.__wrapped__(*(as_numpy(x.contiguous()) for x in tensors))
     return as_torch(out), as_torch(state)
+
+
+forbid_backward(gdn_tkg_op, TKG_ENTRY)
 
 
 @gdn_tkg_op.register_fake
