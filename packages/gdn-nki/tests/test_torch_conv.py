@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from gdn_nki.torch.conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_ref.conv import conv_from_window  # noqa: E402
+from gdn_spec.metrics import compare, describe  # noqa: E402
 
 N, C, W, T, P = 3, 32, 4, 2, 5
 
@@ -55,7 +56,7 @@ def test_single_token_and_custom_pad_slot_id():
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # with [N] rows: vLLM's longer-window form
+    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # [N] rows, a row of W − 1 < W − 2 + T inputs
      ("query_start_loc", torch.arange(N + 1)),
      ("activation", "gelu")],
 )  # fmt: skip
@@ -266,6 +267,41 @@ def test_fn_reads_other_rows_and_writes_checkpoints():
     np.testing.assert_allclose(out.T.numpy(), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(pool.numpy(), after, rtol=0, atol=1e-6)
     assert sum(lengths) == out.shape[1] and torch.equal(pool[[0, 3, 6, 7, 8]], before[[0, 3, 6, 7, 8]])
+
+
+@pytest.mark.parametrize("T_spec", [1, 2, 4])
+def test_update_in_row_form_as_vllm_calls_it_in_spec_decode(T_spec):
+    """vLLM's own speculative form, as its GDN backend calls it: conv_state rows of W − 1 + num_spec inputs, [N]
+    conv_state_indices with pad_slot_id rows, x [N, C, T], num_accepted_tokens 1..T: against gdn-ref's fp64 in-row
+    oracle, bf16; the padding row and unnamed rows untouched; an accepted count past T rejected by name, the pool
+    unchanged."""
+    from gdn_ref.conv import causal_conv1d_decode_pool
+
+    g = torch.Generator().manual_seed(T_spec)
+    n_req, pad = 5, 77
+    x = torch.randn(n_req, C, T_spec, generator=g).to(torch.bfloat16)
+    weight, bias = (torch.randn(C, W, generator=g) * 0.5).to(torch.bfloat16), torch.randn(C, generator=g)
+    pool = torch.randn(8, C, W - 2 + T_spec, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    rows = torch.tensor([6, pad, 0, 3, 5], dtype=torch.int32)
+    accepted = (torch.arange(n_req, dtype=torch.int32) % T_spec) + 1
+    out = causal_conv1d_update(x, pool, weight, bias.to(torch.bfloat16), True, rows, num_accepted_tokens=accepted,
+                               pad_slot_id=pad)  # fmt: skip
+    live = torch.where(rows == pad, -1, rows)
+    want, after = causal_conv1d_decode_pool(x.float().transpose(1, 2).numpy(), weight.float().numpy(),
+                                            bias.to(torch.bfloat16).float().numpy(), before.float().numpy(),
+                                            live.numpy(), accepted.numpy(), "silu")  # fmt: skip
+    error = compare("out", out.float().transpose(1, 2).numpy(), want, "bfloat16")
+    assert error.ok, describe([error])
+    np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
+    assert torch.equal(pool[[1, 2, 4, 7]], before[[1, 2, 4, 7]])
+    bad = accepted.clone()
+    bad[2] = T_spec + 1
+    with pytest.raises(ContractError, match="num_accepted_tokens"):
+        causal_conv1d_update(x, pool, weight, None, True, rows, num_accepted_tokens=bad, pad_slot_id=pad)
+    np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
+    with pytest.raises(ContractError, match="conv_state"):  # a row one input short of the window at offset T − 1
+        causal_conv1d_update(x, pool[:, :, 1:], weight, None, True, rows, num_accepted_tokens=accepted, pad_slot_id=pad)
 
 
 def _refused(call) -> str:

@@ -68,8 +68,9 @@ def causal_conv1d_update_op(
     activation: str | None,
 ) -> Tensor:
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
-    ``rows`` [N] or [N, T] (−1: padding, nothing read or written), each request resuming from its row
-    ``[n, accepted[n] − 1]`` with ``accepted`` [N]."""
+    ``rows`` [N] or [N, T] (−1: padding, nothing read or written); with ``accepted`` [N] each request resumes from
+    its row ``[n, accepted[n] − 1]`` ([N, T] rows) or from entry ``accepted[n] − 1`` of its row ([N] rows: vLLM's
+    in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
     pool, staged = _pool_buffer(conv_state)
@@ -119,11 +120,13 @@ def causal_conv1d_update(
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
             untouched); None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
             recurrent ``ssm_state_indices`` [N, T]): the window after token t goes to row [n, t].
-        num_accepted_tokens (Tensor | None): [N] int32, with [N, T] rows only: request n resumes from row
-            [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). vLLM's own form — [N] rows
-            with a window longer by T − 1 — is rejected by name.
+        num_accepted_tokens (Tensor | None): [N] int32 in [1, T]. With [N, T] rows request n resumes from row
+            [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
+            rows), vLLM's own speculative form: ``conv_state`` rows of L >= W − 2 + T inputs (vLLM allocates
+            W − 1 + num_speculative_tokens), the taps' window read from entry num_accepted_tokens[n] − 1 of the row
+            and the row shifted past it with the T tokens appended (``gdn_ref.conv``).
         query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name
-            (vLLM's varlen and prefix-caching forms).
+            (vLLM's varlen and prefix-caching forms: pass the speculative batch as x [N, C, T]).
         max_query_len, validate_data: accepted (the host path validates every call).
 
     Returns:
@@ -138,12 +141,6 @@ def causal_conv1d_update(
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
-    per_token = conv_state_indices is not None and conv_state_indices.dim() == 2
-    if num_accepted_tokens is not None and not per_token:
-        raise rejection("num_accepted_tokens", "a tensor with [N] conv_state_indices", "gdn-nki's "
-                        "causal_conv1d_update takes num_accepted_tokens with [N, T] conv_state_indices (a row per "
-                        "token), not vLLM's [N] rows over a longer window", "pass conv_state_indices as [N, T] rows, "
-                        "or num_accepted_tokens=None")  # fmt: skip
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
