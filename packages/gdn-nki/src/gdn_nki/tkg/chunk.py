@@ -120,9 +120,10 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     beta_gamma = [product(value_tile(), by(beta[t]), by(gamma[t])) for t in range(tokens)]
     yield
     coupling, reads = {}, {}  # A_ti and C_ti
+    # Every pair's β_t γ_t/γ_i first: back to back, each coupling would wait out its factor's latency on GpSimd.
+    scaled = [product(value_tile(), by(ratio[t, i]), by(beta[t])) for t, i in pairs]
     for n, (t, i) in enumerate(pairs):
-        scaled = product(value_tile(), by(ratio[t, i]), by(beta[t]))
-        coupling[t, i] = product(value_tile(), by(scaled), _per_value_head(gram[:, 0, n, :], r))
+        coupling[t, i] = product(value_tile(), by(scaled[n]), _per_value_head(gram[:, 0, n, :], r))
         reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
     # The value columns v_t [Dv, Hv]: each block's rows turned on the tensor engine.
     turned = []
@@ -144,31 +145,37 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         else:
             product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
     yield
-    # X_t −= A_ti X_i (i < t), token by token: X_i must be final before X_t reads it.
-    for t in range(1, tokens):
-        for i in range(t):
-            for plane, parts, engine in ((cols[:, 0], dk, GPSIMD), (values[:, 0], dv, None)):
-                term = sbuf((parts, hv), FP32)
-                kw = {"engine": engine} if engine is not None else {}
-                nisa.tensor_tensor(dst=term, data1=plane[:, i, :], data2=coupling[t, i][0:parts, :], op=nl.multiply,
-                                   **kw)  # fmt: skip
-                nisa.tensor_tensor(dst=plane[:, t, :], data1=plane[:, t, :], data2=term, op=nl.subtract, **kw)
+    planes = ((cols[:, 0], cols[:, 1], dk, {"engine": GPSIMD}), (values[:, 0], values[:, 1], dv, {}))
+    # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
+    # the T − 1 − i chains fill each other's dependency latency on the in-order engines; each X_t still subtracts
+    # its terms in the order i = 0, 1, … (the same roundings as token by token).
+    for i in range(tokens - 1):
+        for plane, _, parts, kw in planes:
+            terms = {}
+            for t in range(i + 1, tokens):
+                terms[t] = sbuf((parts, hv), FP32)
+                nisa.tensor_tensor(dst=terms[t], data1=plane[:, i, :], data2=coupling[t, i][0:parts, :],
+                                   op=nl.multiply, **kw)  # fmt: skip
+            for t in range(i + 1, tokens):
+                nisa.tensor_tensor(dst=plane[:, t, :], data1=plane[:, t, :], data2=terms[t], op=nl.subtract, **kw)
         yield
-    # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap)
-    for t in range(tokens):
-        for source, target, parts, engine in ((cols[:, 0], cols[:, 1], dk, GPSIMD), (values[:, 0], values[:, 1], dv,
-                                                                                      None)):  # fmt: skip
-            kw = {"engine": engine} if engine is not None else {}
+    # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap): the T sums side by side, each
+    # adding its terms in the order i = 0, 1, … after its own token's.
+    for source, target, parts, kw in planes:
+        for t in range(tokens):
             nisa.tensor_tensor(dst=_by_value_head(target[:, t, :], hk), data1=_by_value_head(source[:, t, :], hk),
                                data2=_per_value_head(overlap[t][0:parts, :], r), op=nl.multiply, **kw)  # fmt: skip
-            for i in range(t):
-                term = sbuf((parts, hv), FP32)
-                nisa.tensor_tensor(dst=term, data1=source[:, i, :], data2=reads[t, i][0:parts, :], op=nl.multiply,
-                                   **kw)  # fmt: skip
-                nisa.tensor_tensor(dst=target[:, t, :], data1=target[:, t, :], data2=term, op=nl.add, **kw)
-        read = sbuf((dk, hv), FP32)
-        product(read, by(gamma[t], dk), _per_value_head(q_cols[t], r))
-        nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read, op=nl.subtract, engine=GPSIMD)
+        terms = {}
+        for t, i in pairs:
+            terms[t, i] = sbuf((parts, hv), FP32)
+            nisa.tensor_tensor(dst=terms[t, i], data1=source[:, i, :], data2=reads[t, i][0:parts, :], op=nl.multiply,
+                               **kw)  # fmt: skip
+        for i in range(tokens - 1):
+            for t in range(i + 1, tokens):
+                nisa.tensor_tensor(dst=target[:, t, :], data1=target[:, t, :], data2=terms[t, i], op=nl.add, **kw)
+    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
+    for t in range(tokens):
+        nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
     yield
     # The rank-T write's stationaries of every tile at once: the key plane through the selection, masked to each
     # row's head block.
