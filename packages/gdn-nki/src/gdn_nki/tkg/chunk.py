@@ -54,6 +54,9 @@ class ChunkOperands:
     values: Any
 
 
+PAIRS_AHEAD = 8  # token pairs whose scaled ratios are made before their couplings (``prepare_chunk``)
+
+
 def _per_value_head(per_key_head: Any, ratio: int) -> Any:
     """[P, Hk] seen as [P, Hk, r] (stride 0): each key head's value for its r value heads."""
     return per_key_head.expand_dim(2).broadcast(2, ratio)
@@ -120,11 +123,14 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     beta_gamma = [product(value_tile(), by(beta[t]), by(gamma[t])) for t in range(tokens)]
     yield
     coupling, reads = {}, {}  # A_ti and C_ti
-    # Every pair's β_t γ_t/γ_i first: back to back, each coupling would wait out its factor's latency on GpSimd.
-    scaled = [product(value_tile(), by(ratio[t, i]), by(beta[t])) for t, i in pairs]
-    for n, (t, i) in enumerate(pairs):
-        coupling[t, i] = product(value_tile(), by(scaled[n]), _per_value_head(gram[:, 0, n, :], r))
-        reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
+    # β_t γ_t/γ_i of up to PAIRS_AHEAD pairs first, then their couplings: back to back, each coupling would wait out
+    # its factor's latency on GpSimd (a bounded batch: T(T − 1)/2 tiles live at once would not fit SBUF at T = 128).
+    for start in range(0, len(pairs), PAIRS_AHEAD):
+        batch = list(enumerate(pairs))[start : start + PAIRS_AHEAD]
+        scaled = [product(value_tile(), by(ratio[t, i]), by(beta[t])) for _, (t, i) in batch]
+        for (n, (t, i)), factor in zip(batch, scaled, strict=True):
+            coupling[t, i] = product(value_tile(), by(factor), _per_value_head(gram[:, 0, n, :], r))
+            reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
     # The value columns v_t [Dv, Hv]: each block's rows turned on the tensor engine.
     turned = []
     block = layout.block_heads
@@ -165,14 +171,14 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         for t in range(tokens):
             nisa.tensor_tensor(dst=_by_value_head(target[:, t, :], hk), data1=_by_value_head(source[:, t, :], hk),
                                data2=_per_value_head(overlap[t][0:parts, :], r), op=nl.multiply, **kw)  # fmt: skip
-        terms = {}
-        for t, i in pairs:
-            terms[t, i] = sbuf((parts, hv), FP32)
-            nisa.tensor_tensor(dst=terms[t, i], data1=source[:, i, :], data2=reads[t, i][0:parts, :], op=nl.multiply,
-                               **kw)  # fmt: skip
         for i in range(tokens - 1):
+            terms = {}
             for t in range(i + 1, tokens):
-                nisa.tensor_tensor(dst=target[:, t, :], data1=target[:, t, :], data2=terms[t, i], op=nl.add, **kw)
+                terms[t] = sbuf((parts, hv), FP32)
+                nisa.tensor_tensor(dst=terms[t], data1=source[:, i, :], data2=reads[t, i][0:parts, :],
+                                   op=nl.multiply, **kw)  # fmt: skip
+            for t in range(i + 1, tokens):
+                nisa.tensor_tensor(dst=target[:, t, :], data1=target[:, t, :], data2=terms[t], op=nl.add, **kw)
     read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
     for t in range(tokens):
         nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
