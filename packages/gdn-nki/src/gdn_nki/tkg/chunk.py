@@ -157,13 +157,8 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     # its terms in the order i = 0, 1, … (the same roundings as token by token).
     for i in range(tokens - 1):
         for plane, _, parts, kw in planes:
-            terms = {}
-            for t in range(i + 1, tokens):
-                terms[t] = sbuf((parts, hv), FP32)
-                nisa.tensor_tensor(dst=terms[t], data1=plane[:, i, :], data2=coupling[t, i][0:parts, :],
-                                   op=nl.multiply, **kw)  # fmt: skip
-            for t in range(i + 1, tokens):
-                nisa.tensor_tensor(dst=plane[:, t, :], data1=plane[:, t, :], data2=terms[t], op=nl.subtract, **kw)
+            later = {t: coupling[t, i][0:parts, :] for t in range(i + 1, tokens)}
+            _fold_level(plane, plane[:, i, :], later, nl.subtract, kw)
         yield
     # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap): the T sums side by side, each
     # adding its terms in the order i = 0, 1, … after its own token's.
@@ -172,13 +167,7 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
             nisa.tensor_tensor(dst=_by_value_head(target[:, t, :], hk), data1=_by_value_head(source[:, t, :], hk),
                                data2=_per_value_head(overlap[t][0:parts, :], r), op=nl.multiply, **kw)  # fmt: skip
         for i in range(tokens - 1):
-            terms = {}
-            for t in range(i + 1, tokens):
-                terms[t] = sbuf((parts, hv), FP32)
-                nisa.tensor_tensor(dst=terms[t], data1=source[:, i, :], data2=reads[t, i][0:parts, :],
-                                   op=nl.multiply, **kw)  # fmt: skip
-            for t in range(i + 1, tokens):
-                nisa.tensor_tensor(dst=target[:, t, :], data1=target[:, t, :], data2=terms[t], op=nl.add, **kw)
+            _fold_level(target, source[:, i, :], {t: reads[t, i][0:parts, :] for t in range(i + 1, tokens)}, nl.add, kw)
     read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
     for t in range(tokens):
         nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
@@ -194,6 +183,18 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     for h0 in range(0, hv, block):
         blocks.append((yield from _block_operands(layout, consts.tiles, cols, gamma[-1], values, writes, h0, tokens)))
     return blocks
+
+
+def _fold_level(targets: Any, source: Any, factors: dict[int, Any], op: Any, kw: dict[str, Any]) -> None:
+    """``targets[:, t] = targets[:, t] op (source ⊙ factors[t])`` for every token t in ``factors`` ([parts, Hv]
+    each): every term first, then every update — the updates are independent, so the in-order engine does not wait
+    out each term's latency before its update."""
+    terms = {}
+    for t, factor in factors.items():
+        terms[t] = sbuf(tuple(source.shape), FP32)
+        nisa.tensor_tensor(dst=terms[t], data1=source, data2=factor, op=nl.multiply, **kw)
+    for t, term in terms.items():
+        nisa.tensor_tensor(dst=targets[:, t, :], data1=targets[:, t, :], data2=term, op=op, **kw)
 
 
 def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, decay: Any, values: Any, writes: Any,
