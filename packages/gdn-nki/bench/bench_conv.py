@@ -10,7 +10,8 @@ HBM floor: the bytes the launch must move — x and out (N·T·C), each window r
 kept, the taps and the bias once, the indices — at one NeuronCore's share of Trn2's 2.9 TB/s (362.5 B/ns, as
 ``bench_decode.py``). The kernel's own byte count (nki-cpu's, every DMA) is reported beside it: they differ only by
 what the kernel moves beyond the necessary (nothing, today). The model's DMA floor is those bytes at 16 engines ×
-23 B/ns and each transfer's run efficiency.
+23 B/ns and each transfer's run efficiency. Each cell is judged against issue 43's target, within 1.3× the HBM
+floor (PERFORMANCE.md, "Decode speed", says why N = 8 cannot meet it).
 
     python packages/gdn-nki/bench/bench_conv.py [--out DIR] [--quick] [--smoke]
 """
@@ -106,14 +107,15 @@ def table(rows: list[Row]) -> str:
     """The markdown table of the cells."""
     lines = [
         "| N | T | rows | makespan µs | µs per request | MiB necessary | MiB moved | HBM floor µs | × HBM floor | "
-        "model DMA floor µs | binding floor | instructions run |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        f"≤ {TARGET}× | model DMA floor µs | binding floor | instructions run |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.requests} | {r.tokens} | {r.form} | {r.makespan_us:,.1f} | {r.makespan_us / r.requests:,.2f} | "
             f"{r.necessary_bytes / 2**20:,.2f} | {r.bytes_moved / 2**20:,.2f} | {r.hbm_floor_us:,.1f} | "
-            f"{r.hbm_ratio:.2f} | {r.model_floor_us:,.1f} | {r.binding} | {r.instructions} |"
+            f"{r.hbm_ratio:.2f} | {'met' if r.hbm_ratio <= TARGET else 'not met'} | {r.model_floor_us:,.1f} | "
+            f"{r.binding} | {r.instructions} |"
         )
     return "\n".join(lines)
 

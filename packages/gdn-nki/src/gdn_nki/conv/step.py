@@ -168,7 +168,13 @@ def gdn_conv_step(
         nl.fori_loop(0, looped, body)
     for k in range(looped * TRIPS_PER_ITERATION, trips - 1):
         iteration(k)
-    iteration(trips - 1, ahead=False)
+    last = trips - 1
+    if _drains_in_runs(tile_sets[0], tokens):
+        for s, tile_set in enumerate(tile_sets):
+            g = last * sets + s
+            tile_set.convolve_and_store(out, conv_pool, slots_of(g), taps, _column(live, g), shape, activation)
+    else:
+        iteration(last, ahead=False)
     return out, conv_pool
 
 
@@ -401,6 +407,92 @@ class _TileSet:
             if not isinstance(slot.n, int) or slot.n < out.shape[0]:  # every request's row, padding's zeros included
                 nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
 
+    def convolve_and_store(self, out: Any, pool: Any, slots: list[_Slot], taps: Any, live: Any,
+                           shape: tuple[int, int, int], activation: str | None) -> None:  # fmt: skip
+        """The set's last group of the launch, nothing loaded behind it (``_drains_in_runs``): its windows kept
+        (vector engine) and stored first, then its channels in ``DRAIN_RUNS`` runs, each run's products, sum and
+        activation issued before the next run's, so GpSimd, the tensor engine, the vector engine and the scalar
+        engine work on successive runs side by side instead of each waiting for the whole group. The same
+        roundings as ``_convolve``, element by element."""
+        tokens, state_len, width = shape
+        _keep_windows(self, tokens, state_len, VECTOR)
+        for slot in slots:
+            for t, row in enumerate(slot.write_rows()):
+                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+        per_part = self.inputs.shape[2]
+        step = -(-per_part // DRAIN_RUNS)
+        runs = [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
+        on_vector = [i % DRAIN_SUMMED_ON_VECTOR_EVERY == DRAIN_SUMMED_ON_VECTOR_EVERY - 1 for i in range(len(runs))]
+        if self.bias is not None:  # the bias term of the runs the vector engine sums (the PE adds its own)
+            for run, vector in zip(runs, on_vector, strict=True):
+                if vector:
+                    nisa.tensor_copy(dst=self.products[:, 0, run, width], src=self.bias[:, run], engine=GPSIMD)
+        # Run i + 1's products from the window before run i's from the new input: a run's two products write one
+        # box of the products tile, which the model (and a compiler ordering by boxes) orders, so back to back the
+        # second would wait out the first's latency.
+        _one_output_products(self, taps, shape, runs[0], from_window=True)
+        for i, run in enumerate(runs):
+            if i + 1 < len(runs):
+                _one_output_products(self, taps, shape, runs[i + 1], from_window=True)
+            _one_output_products(self, taps, shape, run, from_window=False)
+            if on_vector[i]:
+                nisa.tensor_reduce(dst=self.sums[:, 0, run], op=nl.add, data=self.products[:, 0, run], axis=2)
+                nisa.activation(dst=self.result[:, 0, run], op=_act(activation), data=self.sums[:, 0, run],
+                                scale=live, engine=SCALAR)  # fmt: skip
+            else:
+                _sum_on_pe(self, self.products[:, 0], 0, live, activation, run)
+        for slot in slots:  # whole rows: a run's stores would each wait for the one before (one box of ``out``)
+            if not isinstance(slot.n, int) or slot.n < out.shape[0]:
+                nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
+
+
+# The last trip's channel runs (``_TileSet.convolve_and_store``), every third summed by the vector engine: at N = 8
+# 11.4 -> 9.7 us, N = 20 16.8 -> 14.0 (PERFORMANCE.md, "Decode speed", item 8).
+DRAIN_RUNS = 8
+DRAIN_SUMMED_ON_VECTOR_EVERY = 3
+
+
+def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
+    """Whether the last trip runs ``_TileSet.convolve_and_store``: one output (T = 1), summed on the tensor engine."""
+    return tokens == 1 and tiles.pe_outputs == 1 and not tiles.pe_channels and tiles.first_output == 0
+
+
+def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SCALAR) -> None:
+    """The windows to keep, copied by ``engine``: the window after token t is the series inputs from
+    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens)."""
+    inputs_by_channel, loaded = _token_last(tiles.inputs), tiles.loaded
+    kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
+    for i, t in enumerate(kept_tokens):
+        kept = tiles.kept[:, i]
+        start = loaded + t + 1 - state_len
+        old = max(0, loaded - start)  # entries still from the loaded window
+        if old:
+            _copy(kept[:, :, 0:old], tiles.windows[:, :, start : start + old], engine)
+        new = state_len - old
+        _copy(kept[:, :, old:state_len], inputs_by_channel[:, :, t + 1 - new : t + 1], engine)
+
+
+def _copy(dst: Any, src: Any, engine: Any) -> None:
+    """An exact copy on ``engine`` (the scalar engine's is an ``activation``)."""
+    if engine is SCALAR:
+        nisa.activation(dst=dst, op=nl.copy, data=src, engine=SCALAR)
+    else:
+        nisa.tensor_copy(dst=dst, src=src, engine=engine)
+
+
+def _one_output_products(tiles: _TileSet, taps: Any, shape: tuple[int, int, int], run: slice,
+                         from_window: bool) -> None:  # fmt: skip
+    """Channels ``run`` of the one output's (T = 1) products on GpSimd: of the W − 1 taps that read the window
+    (``from_window``, from ``tiles.first_tap`` on), else of the last tap, which reads the new input."""
+    width = shape[2]
+    products, first = tiles.products[:, 0, run], tiles.first_tap
+    if from_window:
+        _multiply_on_gpsimd(
+            tiles, products, tiles.windows[:, run, first : first + width - 1], taps[:, run], 0, width - 1
+        )
+    else:
+        _multiply_on_gpsimd(tiles, products, _token_last(tiles.inputs)[:, run, 0:1], taps[:, run], width - 1, width)
+
 
 def _skip_if_scalar(n: Any) -> dict[str, Any]:
     """A run-time request index past N (a loop's last group) is outside ``x``: its load is skipped."""
@@ -510,22 +602,11 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
     token t is the last L of loaded ++ tokens 0 .. t.
     """
     tokens, state_len, width = shape
-    first, loaded = tiles.first_tap, tiles.loaded
+    first = tiles.first_tap
     inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
     # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
     # tiles are free for the next group's loads as soon as both have read them.
-    kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
-    for i, t in enumerate(kept_tokens):  # the window after token t: series inputs from loaded + t + 1 − L on
-        kept = tiles.kept[:, i]
-        start = loaded + t + 1 - state_len
-        old = max(0, loaded - start)  # entries still from the loaded window
-        if old:
-            nisa.activation(
-                dst=kept[:, :, 0:old], op=nl.copy, data=tiles.windows[:, :, start : start + old], engine=SCALAR
-            )
-        new = state_len - old
-        nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
-                        engine=SCALAR)  # fmt: skip
+    _keep_windows(tiles, tokens, state_len)
     for t in range(tiles.first_output, tokens):
         products = tiles.products[:, t - tiles.first_output]
         from_window = min(width, max(0, width - 1 - t))

@@ -90,11 +90,11 @@ class Constants:
         self.tiles = LayoutConstants(self.layout, shapes.tokens)
         lanes = self.layout.lanes
         self.ones = sbuf((dk, lanes), FP32)
-        nisa.memset(dst=self.ones, value=1.0)
+        nisa.memset(dst=self.ones, value=1.0, engine=GPSIMD)
         self.l2_eps = sbuf((dk, 1), FP32)
-        nisa.memset(dst=self.l2_eps, value=L2NORM_EPS)
+        nisa.memset(dst=self.l2_eps, value=L2NORM_EPS, engine=GPSIMD)
         self.rms_eps = sbuf((lanes, 1), FP32)
-        nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS)
+        nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS, engine=GPSIMD)
         self.decay_rate = self.dt_bias = None
         if gates.fused:
             # exp(A_log) and dt_bias on every partition, once per launch: [lanes, Hv].
@@ -301,7 +301,7 @@ def zero_rows(shapes: Shapes, dtype: Any) -> Any:
     rows = shapes.tokens * shapes.value_heads
     parts = largest_divisor(rows, PMAX)
     zeros = sbuf((parts, rows // parts * shapes.dv), dtype)
-    nisa.memset(dst=zeros, value=0.0)
+    nisa.memset(dst=zeros, value=0.0, engine=GPSIMD)
     return zeros
 
 
