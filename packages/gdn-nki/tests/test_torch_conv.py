@@ -54,6 +54,40 @@ def test_single_token_and_custom_pad_slot_id():
     assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])
 
 
+def _update_call(rows: list[int]):
+    x, weight, bias, pool = _inputs(2)
+    return pool, lambda: causal_conv1d_update(x, pool, weight, bias, True, torch.tensor(rows, dtype=torch.int32),
+                                              pad_slot_id=99)  # fmt: skip
+
+
+def _fn_call(rows: list[int]):
+    x, weight, bias, pool = _inputs(3)
+    return pool, lambda: causal_conv1d_fn(x[0].repeat(1, 5), weight, bias, pool, torch.tensor([0, 4, 10]),
+                                          torch.tensor(rows, dtype=torch.int32), torch.tensor([True, False]),
+                                          pad_slot_id=99)  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "rows", "argument"), [(_update_call, [4, -1, 1], "conv_state_indices"),
+                                                        (_fn_call, [-1, 2], "cache_indices")])  # fmt: skip
+def test_with_another_pad_slot_id_a_minus_one_row_is_not_padding(call, rows, argument):
+    """vLLM's kernels skip only a row equal to ``pad_slot_id``; any other value, −1 included, is a cache line
+    (vLLM would read and write row −1, outside the pool): refused by name as out of range, the caller's −1 and id
+    in the message, the pool unchanged. The same rows with vLLM's default id (−1) pad that request."""
+    pool, run = call(rows)
+    before = pool.clone()
+    with pytest.raises(ContractError) as info:
+        run()
+    message = str(info.value)
+    assert f"`{argument}`" in message and "-1" in message and "pad_slot_id=99" in message, message
+    assert str(-(2**31)) not in message, message
+    assert torch.equal(pool, before)
+    pool, run = call([99 if r == -1 else r for r in rows])
+    before = pool.clone()
+    run()  # 99 pads that request: its row (and every row not named) untouched
+    named = [r for r in rows if r >= 0]
+    assert torch.equal(pool[[r for r in range(P) if r not in named]], before[[r for r in range(P) if r not in named]])
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # [N] rows, a row of W − 1 < W − 2 + T inputs

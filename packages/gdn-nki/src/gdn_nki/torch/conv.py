@@ -11,6 +11,8 @@ give the output's shape; on a device the ops launch the conv kernels on the devi
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -118,7 +120,8 @@ def causal_conv1d_update(
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
-            untouched); None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
+            untouched; only that id pads, as in vLLM's kernels: with another id a −1 row is out of range, refused);
+            None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
             recurrent ``ssm_state_indices`` [N, T]): the window after token t goes to row [n, t].
         num_accepted_tokens (Tensor | None): [N] int32 in [1, T]. With [N, T] rows request n resumes from row
             [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
@@ -159,7 +162,7 @@ def causal_conv1d_update(
         out = causal_conv1d_update_op(detached(tokens).contiguous(), conv_state, detached(weight), detached(bias),
                                       rows, accepted, act)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _UPDATE_NAMES, index) from None
+        raise _in_pad_terms(in_torch_terms(error, _UPDATE_NAMES, index), "conv_state_indices", pad_slot_id) from None
     out = attached("gdn_nki.torch.causal_conv1d_update", out, (x, weight, bias))
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
@@ -241,7 +244,8 @@ def causal_conv1d_fn(
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
         query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
-        cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored); None: row i.
+        cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored; only that id pads,
+            as in vLLM's kernels: with another id a −1 row is out of range, refused); None: row i.
         has_initial_state (Tensor | None): [n] bool: start from the row's window (else an empty one); None: all
             start empty.
         activation (str | None): "silu" / "swish" or None.
@@ -249,8 +253,8 @@ def causal_conv1d_fn(
             block_size_to_align: vLLM's prefix-caching block form — rejected by name (not supported yet).
         metadata, validate_data: accepted (the host path validates every call).
         read_indices (Tensor | None): gdn-nki's serving keywords, as ``gdn_nki.torch.chunk_gated_delta_rule``'s: [n]
-            the row sequence i starts from when it is not its ``cache_indices`` row (a prefix-cache hit; −1: an
-            empty window; overrides ``has_initial_state``).
+            the row sequence i starts from when it is not its ``cache_indices`` row (a prefix-cache hit; −1 or
+            ``pad_slot_id``: an empty window; overrides ``has_initial_state``).
         checkpoint_every (int | None), checkpoint_indices (Tensor | None): the window after every
             ``checkpoint_every`` tokens of sequence i (a multiple of 128) to row ``checkpoint_indices[i, k]`` (−1:
             none): the recurrent checkpoints' positions and rows, so one prefix-cache hit restores both states.
@@ -281,14 +285,16 @@ def causal_conv1d_fn(
     read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
                  else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
     if read_indices is not None:
-        read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
+        read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id, minus_one_pads=True)
     table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
     try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
         out = causal_conv1d_fn_op(detached(x).t().contiguous(), conv_states, detached(weight), detached(bias),
                                   query_start_loc.to(torch.int32), rows, read_rows, act, int(checkpoint_every or 0),
                                   table, list(bucket) if bucket is not None else None)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _FN_NAMES, _x_index(lambda at: at[::-1])) from None  # the op's [token, c]
+        # the op's [token, c]
+        raise _in_pad_terms(in_torch_terms(error, _FN_NAMES, _x_index(lambda at: at[::-1])), "cache_indices",
+                            pad_slot_id) from None  # fmt: skip
     return attached("gdn_nki.torch.causal_conv1d_fn", out, (x, weight, bias)).t()
 
 
@@ -375,11 +381,35 @@ def causal_conv1d(
     return out, (attached("gdn_nki.torch.causal_conv1d", pool, inputs) if output_final_state else None)
 
 
-def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
-    """vLLM's padding id mapped to the host path's −1."""
+def _pad_rows(rows: Tensor, pad_slot_id: int, minus_one_pads: bool = False) -> Tensor:
+    """vLLM's padding id mapped to the host path's −1. As in vLLM's kernels (``if idx == pad_slot_id: return``)
+    only ``pad_slot_id`` pads: with another id a −1 row is a cache line outside the pool, so it is mapped to
+    ``_NOT_PADDING``, which the host path rejects as out of range (``_in_pad_terms`` restates it as −1), unless
+    ``minus_one_pads`` (gdn-nki's own keywords, whose −1 is documented)."""
     if pad_slot_id == PAD_SLOT_ID:
         return rows
+    if not minus_one_pads:
+        rows = torch.where(rows == PAD_SLOT_ID, torch.full_like(rows, _NOT_PADDING), rows)
     return torch.where(rows == pad_slot_id, torch.full_like(rows, PAD_SLOT_ID), rows)
+
+
+_NOT_PADDING = -(2**31)  # a caller's −1 row under another pad_slot_id: out of every pool's range
+_MINUS_ONE = re.compile(r"(?<![\w-])-1\b")
+
+
+def _in_pad_terms(error: ContractError, argument: str, pad_slot_id: int) -> ContractError:
+    """``error`` with the host path's padding −1 in ``argument``'s violations restated as the caller's
+    ``pad_slot_id``, and ``_NOT_PADDING`` as the caller's −1 (unchanged with vLLM's default id, −1)."""
+    if pad_slot_id == PAD_SLOT_ID:
+        return error
+    pad = f"pad_slot_id={pad_slot_id}"
+
+    def caller(text: str, label: str) -> str:
+        return _MINUS_ONE.sub(label, text).replace(str(_NOT_PADDING), "-1")
+
+    return ContractError([dataclasses.replace(v, value=caller(v.value, str(pad_slot_id)), rule=caller(v.rule, pad),
+                                              fix=caller(v.fix, pad)) if v.argument == argument else v
+                          for v in error.violations], error.entry_point)  # fmt: skip
 
 
 def _activation(activation: Any) -> str | None:
