@@ -198,6 +198,37 @@ def test_fla_causal_conv1d_matches_oracle_with_caches_and_residual(varlen):
         np.testing.assert_allclose(final[i].numpy(), windows[-1], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["fp32 caches", "residual", "fp32 caches and residual"])
+def test_fla_causal_conv1d_rounds_once_as_flas_kernel_at_bf16(case):
+    """FLA's kernel reads bf16 x, fp32 caches and the residual into fp32, adds the residual to the fp32 sum and
+    rounds once to bf16. Against the fp64 oracle of the very inputs: within the bf16 tolerance, and equal to the
+    oracle rounded once to bf16 but for the rare element whose fp32 sum sits by a rounding boundary (rounding the
+    caches to bf16 first, or the output before the residual, changes a large share of the outputs); the final
+    caches in x's dtype, as FLA's."""
+    g = torch.Generator().manual_seed(11)
+    lengths = [2, 3, 1, 5, 2]  # short: most outputs read the caches
+    x = torch.randn(1, sum(lengths), C, generator=g).to(torch.bfloat16)
+    weight, bias = (torch.randn(C, W, generator=g) * 0.5).to(torch.bfloat16), torch.randn(C, generator=g)
+    caches = torch.randn(len(lengths), C, W, generator=g) * 3
+    caches = caches if "fp32" in case else caches.to(torch.bfloat16)
+    residual = torch.randn(x.shape, generator=g).to(torch.bfloat16) if "residual" in case else None
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    y, final = causal_conv1d(x, weight, bias, residual, caches, True, "silu", cu_seqlens=bounds)
+    assert y.dtype == final.dtype == torch.bfloat16
+    want, windows = [], []
+    for i, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        out, window = conv_from_window(x[0, lo:hi].double().numpy(), caches[i].double().numpy(),
+                                       weight.double().numpy(), bias.double().numpy(), "silu")  # fmt: skip
+        want.append(out + (0 if residual is None else residual[0, lo:hi].double().numpy()))
+        windows.append(window[-1])
+    want = np.concatenate(want)
+    error = compare("out", y[0].float().numpy(), want, "bfloat16")
+    assert error.ok, describe([error])
+    once = torch.from_numpy(want).to(torch.bfloat16)
+    assert (y[0] != once).sum().item() <= max(2, once.numel() // 200), f"{(y[0] != once).sum()} of {once.numel()}"
+    assert torch.equal(final, torch.from_numpy(np.stack(windows)).to(torch.bfloat16))
+
+
 def test_fla_causal_conv1d_rejects_unknown_option():
     x, weight, bias, _ = _inputs()
     with pytest.raises(ContractError, match="seq_idx"):

@@ -326,9 +326,11 @@ def causal_conv1d(
     Args:
         x (Tensor): [B, T, D] float32 or bfloat16.
         weight (Tensor): [D, W] (None, FLA's identity taps, is rejected); bias (Tensor | None): [D].
-        residual (Tensor | None): [B, T, D], added after the activation.
+        residual (Tensor | None): [B, T, D], added after the activation, to the fp32 sum (one rounding to x's
+            dtype, as FLA's kernel).
         initial_state (Tensor | None): [N, D, W], FLA's cache layout (the last W inputs, oldest first; the taps read
-            its last W − 1); read only. None: empty windows.
+            its last W − 1); read only, in its own dtype (fp32 caches of bf16 x are not rounded to bf16 before
+            use). None: empty windows.
         output_final_state (bool): also return each sequence's final cache [N, D, W].
         activation (str | None): "silu" / "swish" or None.
         backend (str | None): FLA's implementation choice ("triton" / "cuda"); gdn-nki has one, so it is ignored.
@@ -337,7 +339,8 @@ def causal_conv1d(
             any other name is rejected.
 
     Returns:
-        tuple[Tensor, Tensor | None]: y [B, T, D] in x's dtype, and the final caches (or None).
+        tuple[Tensor, Tensor | None]: y [B, T, D] in x's dtype, and the final caches [N, D, W] in x's dtype, as
+        FLA's (or None).
 
     Notes:
         The conv runs as ``gdn_nki::causal_conv1d_fn`` on a pool of N rows holding the initial caches (the host
@@ -365,20 +368,28 @@ def causal_conv1d(
         bounds = cu_seqlens.to(torch.int32)
     seqs = bounds.shape[0] - 1
     width = weight.shape[-1]
-    pool = (x.new_zeros((seqs, dim, width)) if initial_state is None
-            else detached(initial_state).to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
+    # FLA's kernel reads every input into fp32, adds the residual to the fp32 sum and rounds once to x's dtype; so
+    # with a residual, or caches in another dtype than x's (fp32 caches of bf16 x), the op runs in fp32 (x, taps
+    # and bias widened exactly) and the sum is rounded once here. Otherwise x's dtype, rounded once by the op.
+    wide = residual is not None or (isinstance(initial_state, Tensor) and initial_state.dtype != x.dtype)
+    dtype = torch.float32 if wide else x.dtype
+    pool = (x.new_zeros((seqs, dim, width), dtype=dtype) if initial_state is None
+            else detached(initial_state).to(dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
     rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
     read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
+    taps, shift = (None if t is None else (detached(t).float() if wide else detached(t)) for t in (weight, bias))
     try:  # the pool's op has no autograd formula: its results go on the inputs' graph after it (forward_only.py)
-        out = causal_conv1d_fn_op(detached(x).reshape(batch * tokens, dim).contiguous(), pool, detached(weight),
-                                  detached(bias), bounds, rows, read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+        out = causal_conv1d_fn_op(detached(x).to(dtype).reshape(batch * tokens, dim).contiguous(), pool, taps,
+                                  shift, bounds, rows, read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _FLA_NAMES, _x_index(lambda at: [*divmod(at[0], tokens), at[1]])) from None
     inputs = (x, weight, bias, initial_state)
     out = attached("gdn_nki.torch.causal_conv1d", out, inputs)
-    if residual is not None:
-        out = out + residual
-    return out, (attached("gdn_nki.torch.causal_conv1d", pool, inputs) if output_final_state else None)
+    if residual is not None:  # on the graph: a gradient reaches the residual stream
+        out = out + residual.float()
+    out = out.to(x.dtype)  # the fp32 sum rounded once (a no-op when the op ran in x's dtype)
+    # FLA's final caches are in x's dtype (the cache entries a short sequence keeps rounded to it)
+    return out, (attached("gdn_nki.torch.causal_conv1d", pool.to(x.dtype), inputs) if output_final_state else None)
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int, minus_one_pads: bool = False) -> Tensor:
