@@ -29,6 +29,7 @@ from ..host.torch_io import (
     import_torch,
     in_torch_terms,
     reject_empty,
+    reject_strided_pool,
     rejection,
 )
 from . import conv_device, rules
@@ -52,13 +53,6 @@ def _x_index(caller_at: Callable[[list[int]], list[int]]) -> Callable[[str, list
     return lambda name, at: caller_at(at) if name == "x" else at
 
 
-def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """The pool's numpy view and the buffer the kernel updates: the view itself when contiguous, else a copy the op
-    writes back only once the call succeeded (a rejected call leaves the caller's pool as it was)."""
-    view = as_numpy(pool)
-    return view, view if view.flags.c_contiguous else np.ascontiguousarray(view)
-
-
 @torch.library.custom_op("gdn_nki::causal_conv1d_update", mutates_args=("conv_state",))
 def causal_conv1d_update_op(
     x: Tensor,
@@ -75,14 +69,12 @@ def causal_conv1d_update_op(
     in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
-    pool, staged = _pool_buffer(conv_state)
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
     out, _ = conv_decode_step(
-        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
         None if accepted is None else np.ascontiguousarray(as_numpy(accepted)).astype(np.int32), activation=activation,
     )  # fmt: skip
-    if staged is not pool:
-        pool[...] = staged  # published only once the call succeeded
     return as_torch(np.ascontiguousarray(out)).clone()
 
 
@@ -188,16 +180,14 @@ def causal_conv1d_fn_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
                                             checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
-    pool, staged = _pool_buffer(conv_states)
+    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself, as on a device
     out, _ = conv_prefill_bucket(
-        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        np.ascontiguousarray(as_numpy(x)), as_numpy(conv_states), as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
         read_indices=as_numpy(read_rows).astype(np.int32), checkpoint_every=checkpoint_every or None,
         checkpoint_indices=None if checkpoint_indices is None else as_numpy(checkpoint_indices).astype(np.int32),
         bucket=tuple(bucket) if bucket else None,
     )  # fmt: skip
-    if staged is not pool:
-        pool[...] = staged  # published only once the call succeeded
     return as_torch(np.ascontiguousarray(out)).clone()
 
 
