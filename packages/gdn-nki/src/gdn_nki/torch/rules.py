@@ -23,6 +23,7 @@ from gdn_ref.conv_rules import BUCKET_QUANTUM, CONV_PREFILL, IO_DTYPES, conv_pre
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
+from ..conv.step import step_sbuf_violations
 from ..host.buckets import _pool_violations, configured_buckets
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
@@ -319,6 +320,7 @@ def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activa
         reject_strided_pool("conv_state", conv_state)
     found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), like(accepted),
                                  activation)  # fmt: skip
+    found = found or step_sbuf_violations(like(x), like(conv_state), like(weight), like(bias), like(rows))
     if found:
         raise ContractError(found)
 
