@@ -16,6 +16,7 @@ from typing import Any
 
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
+from ..common.state_layout import decode_tile_pattern
 from ..common.tiles import FP32, sbuf
 from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
@@ -63,6 +64,13 @@ class Request:
     token_rows: tuple[Any, ...] | None = None
     out_row: Any = None
     zeros: tuple[Any, Any] | None = None
+    v_first: bool = False  # ``source`` / ``target`` rows are V-major [.., Hv, Dv, Dk] (``common.state_layout``)
+
+
+def state_tile_pattern(layout: Any, request: Request) -> list[list[int]]:
+    """The access pattern of one state tile within ``request``'s pool row (K-major or V-major)."""
+    return decode_tile_pattern(layout.heads, layout.parts_per_head, layout.rows, layout.dk, layout.dv,
+                               request.v_first)  # fmt: skip
 
 
 @dataclass
@@ -97,7 +105,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
             per_token.append(rows)
         values.append(per_token)
     states = []
-    pattern = [[layout.free, layout.partitions], [1, layout.free]]
+    pattern = state_tile_pattern(layout, request)
     for tile in range(layout.tiles):
         state = sbuf((layout.partitions, layout.free), FP32)
         copy_rows(state, row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
@@ -182,7 +190,7 @@ def finish_request(
     h, request, states = layout.heads, prepared.loaded.request, prepared.loaded.states
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
-    tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
+    tile_pattern = state_tile_pattern(layout, request)
     chunked = isinstance(prepared.operands[0], ChunkOperands)
     # each token's [u; o] columns of every tile: [Dv, tiles, 2, H] a token, or [Dv, tiles, 2, T, H] in chunk form
     if chunked:
