@@ -22,7 +22,7 @@ from typing import Any
 def kmajor_shape(shape: tuple[int, ...], v_first: bool) -> tuple[int, ...]:
     """``shape`` of a state tensor as its K-major twin's ([.., Dk, Dv]): the last two swapped when ``v_first``."""
     shape = tuple(shape)
-    return shape[:-2] + (shape[-1], shape[-2]) if v_first else shape
+    return (*shape[:-2], shape[-1], shape[-2]) if v_first else shape
 
 
 def kmajor_view(tensor: Any, v_first: bool) -> Any:
