@@ -237,20 +237,23 @@ def vllm_fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
 def fused_sigmoid_gating(A_log: Tensor, a: Tensor, dt_bias: Tensor, q: Tensor, k: Tensor, v: Tensor, b: Tensor,
                          pool: Tensor, initial_state_indices: Tensor, cu_seqlens: Tensor | None, softplus_beta: float,
                          softplus_threshold: float, scale: float | None, use_qk_l2norm: bool,
-                         num_accepted_tokens: Tensor | None = None) -> Tensor:  # fmt: skip
-    """``gdn_nki::fused_sigmoid_gating_delta_rule_update`` on a device: ``gdn_step``'s fused gating on the pool."""
+                         num_accepted_tokens: Tensor | None = None, state_v_first: bool = False) -> Tensor:  # fmt: skip
+    """``gdn_nki::fused_sigmoid_gating_delta_rule_update`` on a device: ``gdn_step``'s fused gating on the pool
+    (V-major with ``state_v_first``: the kernel reads and writes it so)."""
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}
     n_seqs, tokens = rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                                       use_qk_l2norm, gates, name="initial_state_indices")  # fmt: skip
+                                       use_qk_l2norm, gates, name="initial_state_indices", v_first=state_v_first)  # fmt: skip
     per_token = (n_seqs, tokens, v.shape[2])
     fused = dict(a=a.to(torch.float32).reshape(per_token), b=b.to(torch.float32).reshape(per_token),
                  A_log=A_log.to(torch.float32), dt_bias=dt_bias.to(torch.float32))  # fmt: skip
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    return _step(q, k, v, pool, initial_state_indices, accepted, fused, n_seqs, tokens, scale, use_qk_l2norm)
+    return _step(q, k, v, pool, initial_state_indices, accepted, fused, n_seqs, tokens, scale, use_qk_l2norm,
+                 state_v_first)  # fmt: skip
 
 
 def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted: Tensor | None,
-          gates: dict[str, Tensor], n_seqs: int, tokens: int, scale: float | None, use_qk_l2norm: bool) -> Tensor:  # fmt: skip
+          gates: dict[str, Tensor], n_seqs: int, tokens: int, scale: float | None, use_qk_l2norm: bool,
+          state_v_first: bool = False) -> Tensor:  # fmt: skip
     """One ``gdn_step`` launch on [N, T, ...] views of the seq-first rows; o back as [B, T, HV, V]."""
 
     def requests(x: Tensor) -> Tensor:
@@ -259,6 +262,7 @@ def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted:
     out, _ = launch(
         gdn_step, requests(q), requests(k), requests(v), pool, rows.to(torch.int32), accepted, **gates,
         scale=float(q.shape[-1]) ** -0.5 if scale is None else scale, use_qk_l2norm=bool(use_qk_l2norm),
+        state_v_first=bool(state_v_first),
     )  # fmt: skip
     return out.reshape(*v.shape[:3], v.shape[3])
 

@@ -404,8 +404,9 @@ def fused_recurrent_gated_delta_rule(
         use_gate_in_kernel (bool): ``g`` is the raw gate: g = −exp(A_log)·softplus(g + dt_bias), in fp32 torch
             ops before the op (as FLA's kernel and HF's layer compute it). A_log, dt_bias (Tensor | None): [HV].
         use_beta_sigmoid_in_kernel (bool): ``beta`` holds logits: β = sigmoid(beta), in fp32 before the op.
-        allow_neg_eigval, state_v_first (bool), and FLA's older ``transpose_state_layout=``: rejected when set
-            (β would reach 2; states are [N, HV, K, V] only), as by ``chunk_gated_delta_rule``.
+        allow_neg_eigval (bool): rejected when set (β would reach 2), as by ``chunk_gated_delta_rule``.
+        state_v_first (bool), and FLA's older ``transpose_state_layout=``: V-major states [N, HV, V, K]
+            (``initial_state`` and the final states), as ``chunk_gated_delta_rule``'s; run on the host path.
         check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
         kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
             ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
@@ -431,15 +432,16 @@ def fused_recurrent_gated_delta_rule(
         )
     fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
-    chunk._reject_tensor_flags(fla_only)
-    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
-                                           transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    chunk._reject_tensor_flags(fla_only | dict(state_v_first=state_v_first,
+                                                transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval))
+    v_first = chunk.state_layout(state_v_first, kwargs.get("transpose_state_layout"))
     g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale)
-    if not carried or (check_values is not True and q.device.type == "cpu"):
+    if not carried or v_first or (check_values is not True and q.device.type == "cpu"):  # V-major: the host path
         return fused_recurrent.fused_recurrent_gated_delta_rule(
             q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-            check_values=check_values,
+            check_values=check_values, state_v_first=v_first,
         )  # fmt: skip
     fused_recurrent.reject_per_key_decays(gk, gv)
     o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
@@ -542,6 +544,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     retrieve_parent_token: Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """vLLM's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::vllm_fused_recurrent_gated_delta_rule``
     (the pool declared mutated).
@@ -552,16 +555,17 @@ def vllm_fused_recurrent_gated_delta_rule(
 
     Notes:
         On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
-        (``check_values``).
+        (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) runs the host path.
     """
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
     )
     host = check_values is not True and q.device.type == "cpu"
-    if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True:
+    if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True or state_v_first:
         return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
             num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel, check_values=check_values,
+            state_v_first=state_v_first,
         )  # fmt: skip
     fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
     o = vllm_fused_recurrent_op(q, k, v, g, beta, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
@@ -586,25 +590,30 @@ def fused_sigmoid_gating_op(
     scale: float | None,
     use_qk_l2norm: bool,
     num_accepted_tokens: Tensor | None = None,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 ([P, HV, V, K] with ``state_v_first``)
+    updated in place: o [B, T, HV, V]."""
     return device.fused_sigmoid_gating(**locals())
 
 
 @fused_sigmoid_gating_op.register_kernel("cpu")
 def _fused_sigmoid_gating_cpu(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None,
+                              state_v_first=False) -> Tensor:  # fmt: skip
     return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
         A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, pool, initial_state_indices, scale,
-        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens,
+        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens, state_v_first=state_v_first,
     )  # fmt: skip
 
 
 @fused_sigmoid_gating_op.register_fake
 def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None,
+                               state_v_first=False) -> Tensor:  # fmt: skip
     rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
-                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices")  # fmt: skip
+                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices",
+                      v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
@@ -627,6 +636,7 @@ def fused_sigmoid_gating_delta_rule_update(
     cu_seqlens: Tensor | None = None,
     check_values: bool = True,
     num_accepted_tokens: Tensor | None = None,
+    state_v_first: bool = False,
 ) -> Tensor:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` as the op
     ``gdn_nki::fused_sigmoid_gating_delta_rule_update`` (the pool declared mutated).
@@ -642,16 +652,17 @@ def fused_sigmoid_gating_delta_rule_update(
         host
         or not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale)
         or not all(isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold))
+        or type(state_v_first) is not bool
     ):
         return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
             initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens, check_values=check_values,
-            num_accepted_tokens=num_accepted_tokens,
+            num_accepted_tokens=num_accepted_tokens, state_v_first=state_v_first,
         )  # fmt: skip
     fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
     return fused_sigmoid_gating_op(A_log, a, dt_bias, q, k, v, b, initial_state_source, initial_state_indices,
                                    cu_seqlens, float(softplus_beta), float(softplus_threshold), _scale(scale),
-                                   bool(use_qk_l2norm_in_kernel), num_accepted_tokens)  # fmt: skip
+                                   bool(use_qk_l2norm_in_kernel), num_accepted_tokens, state_v_first)  # fmt: skip
 
 
 def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any) -> bool:

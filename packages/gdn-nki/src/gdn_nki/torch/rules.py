@@ -18,12 +18,14 @@ import numpy as np
 
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
-from gdn_ref.contract import Arguments, ContractError, Violation, validate_step, validate_tkg
+from gdn_ref.contract import STEP, Arguments, ContractError, Violation, validate_step, validate_tkg
 from gdn_ref.conv_rules import BUCKET_QUANTUM, CONV_PREFILL, IO_DTYPES, conv_prefill_violations, conv_step_violations
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
+from ..common.state_layout import kmajor_shape
 from ..host.buckets import _pool_violations, configured_buckets
+from ..host.pool_layout import layout_violations
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
     check_states,
@@ -214,9 +216,11 @@ def pool_decode(
     use_qk_l2norm: bool,
     gates: dict[str, Any],
     name: str = "ssm_state_indices",
+    v_first: bool = False,
 ) -> tuple[int, int]:
     """The pool drop-ins' trace-time rules (vLLM's variant: gates ``g``, ``beta``; the fused-gating update: ``a``,
-    ``b``, ``A_log``, ``dt_bias`` and ``name`` = "initial_state_indices"), in the host paths' order.
+    ``b``, ``A_log``, ``dt_bias`` and ``name`` = "initial_state_indices"), in the host paths' order; ``v_first``:
+    the pool is V-major (``decode_step``'s layout rule, then the rules on its K-major shape).
 
     Returns:
         tuple: (N requests, T tokens each).
@@ -257,7 +261,11 @@ def pool_decode(
     rows = stand_in(tuple(indices.shape), "int32")
     counts = None if accepted is None else stand_in(tuple(accepted.shape), "int32")
     try:
-        _step_rules(q, k, v, like(pool), rows, counts, step_gates, n_seqs, tokens, scale, use_qk_l2norm)
+        found = layout_violations(pool, v_first, int(k.shape[-1]), int(v.shape[-1]), "state_pool", STEP)
+        if found:
+            raise ContractError(found)
+        pool_rows = stand_in(kmajor_shape(tuple(pool.shape), v_first), pool.dtype)
+        _step_rules(q, k, v, pool_rows, rows, counts, step_gates, n_seqs, tokens, scale, use_qk_l2norm)
     except ContractError as error:  # in the caller's names, as the host path restates them
         names = fused_recurrent.SIGMOID_NAMES if fused else fused_recurrent.VLLM_NAMES
         raise in_torch_terms(error, names) from None
