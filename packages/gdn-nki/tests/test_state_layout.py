@@ -30,13 +30,15 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 # (Dk, Dv, Hk, Hv, T, rows, accepted, grid, fused, dtype)
+# fmt: off
 DECODE_CASES = {
     "K = V, -1 row": (32, 32, 2, 4, 1, [3, -1, 5], None, None, True, "float32"),
     "K != V, [N, T] rows, accepted, grid 2": (32, 64, 2, 4, 2, [[1, 2], [-1, -1], [6, 7]], [2, 1, 1], 2, True,
-                                              "float32"),  # fmt: skip
+                                              "float32"),
     "K > V, precomputed gates, bf16": (32, 16, 2, 4, 1, [3, 0, 5], None, 2, False, "bfloat16"),
     "Qwen3-Next dims, two state tiles a request": (128, 128, 4, 8, 1, [2, 0, -1], None, None, True, "bfloat16"),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("name", list(DECODE_CASES))

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
 
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812
 
 import gdn_nki.torch  # noqa: E402
 from gdn_nki.tkg.step import gdn_step  # noqa: E402

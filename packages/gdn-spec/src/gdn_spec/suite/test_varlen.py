@@ -211,7 +211,9 @@ def test_serving_layouts_match_the_oracle(gdn_impl: Implementation, gdn_algorith
 
 
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
-def test_pool_rows_keep_their_layout_at_square_heads(gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str) -> None:
+def test_pool_rows_keep_their_layout_at_square_heads(
+    gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str
+) -> None:
     """At Dk = Dv a state row read or written in the other layout ([.., V, K] for [.., K, V]: SGLang's and FLA's
     ``state_v_first`` pools against FLA's default) passes every shape rule and runs: only the values tell. The
     serving checks' own heads have Dk != Dv, where such a mix-up fails by shape; here the heads are square and the
