@@ -9,14 +9,23 @@ pattern the hardware supports"); ``nki.isa.dma_transpose`` cannot serve here, si
 time and that instruction documents no run-time start address ("DMA Direct / Indirect Transpose Constraints",
 ``nki.isa.dma_transpose``, SDK 2.33).
 
-The price is the DMA's run length: a K-major [Dk, cols] view moves runs of cols·4 bytes a partition, the V-major
-one single elements (4 bytes), which the DMA moves far below its peak ("DMA bandwidth guide", NKI deep dives: runs
-"< 256 B severely overhead-bound"); PERFORMANCE.md, "V-major state pools", has the measured cost.
+A DMA walking a V-major row in K-major order moves single elements (4-byte runs), far below the DMA's peak ("DMA
+bandwidth guide", NKI deep dives: runs "< 256 B severely overhead-bound"). So where a state moves whole, it moves as
+it lies — [Dv, Dk], runs of Dk·4 bytes — and is transposed by the DMA engines at a trace-time SBUF or HBM address
+(``nki.isa.dma_transpose``, SDK 2.33: "src - the source of transpose, must be a tile in HBM or SBUF", 2-D axes
+(1, 0) and 3-D (2, 1, 0); only the hardware-DGE lowering needs 2-byte dtypes): ``load_head`` / ``store_head`` here,
+``tkg.pipeline.load_state_tile`` for decode's tiles, ``cte.boundaries`` for the bucket's gather and stores (rows at
+run-time addresses: the transpose stays on the SBUF side, the run-time address on a ``dma_copy``, which documents
+it). ``head_columns``' element-wise V-major pattern is the reference form these replace. PERFORMANCE.md, "V-major
+state pools", has the measured costs.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .backend import nisa
+from .tiles import FP32, sbuf
 
 
 def kmajor_shape(shape: tuple[int, ...], v_first: bool) -> tuple[int, ...]:
@@ -49,6 +58,15 @@ def head_columns(pool: Any, row: Any, h: int, cols: slice, v_first: bool) -> Any
     return pool.ap(pattern=pattern, offset=offset, scalar_offset=row, indirect_dim=0)
 
 
+def v_major_rows(pool: Any, row: Any, h: int, cols: slice) -> Any:
+    """Rows ``cols`` (value dims) of value head ``h`` of V-major pool row ``row`` (a run-time scalar) as they lie:
+    [cols, Dk], one contiguous block."""
+    _, _, dv, dk = pool.shape
+    n = cols.stop - cols.start
+    return pool.ap(pattern=[[dk, n], [1, dk]], offset=h * dk * dv + cols.start * dk, scalar_offset=row,
+                   indirect_dim=0)  # fmt: skip
+
+
 def decode_tile_pattern(heads: int, parts_per_head: int, rows: int, dk: int, dv: int, v_first: bool) -> list[list[int]]:
     """The HBM access pattern of one decode state tile within a pool row (``tkg.state_tiles``' layout: partition
     h·G + dk_hi, free (dk_lo, dv) = element [h][dk_hi·rows + dk_lo, dv]), in the tile's row-major order.
@@ -59,3 +77,30 @@ def decode_tile_pattern(heads: int, parts_per_head: int, rows: int, dk: int, dv:
     if not v_first:
         return [[rows * dv, heads * parts_per_head], [1, rows * dv]]
     return [[dv * dk, heads], [rows, parts_per_head], [1, rows], [dk, dv]]
+
+
+def is_v_major(view: Any) -> bool:
+    """Whether a [Dk, Dv] HBM view of a state is one of ``kmajor_view``'s V-major views (its Dv axis not the
+    contiguous one)."""
+    return view.get_pattern()[-1][0] != 1
+
+
+def load_head(dst: Any, view: Any) -> None:
+    """DMA one head's [Dk, Dv] state (an HBM view at a trace-time address, ``kmajor_view``'s) into ``dst`` [Dk, Dv]
+    fp32 SBUF: a copy, or for a V-major view one ``dma_transpose`` of the [Dv, Dk] rows as they lie."""
+    if is_v_major(view):
+        nisa.dma_transpose(dst=dst, src=view.permute((1, 0)))
+    else:
+        nisa.dma_copy(dst=dst, src=view)
+
+
+def store_head(view: Any, src: Any) -> None:
+    """``load_head`` in reverse: ``src`` [Dk, Dv] SBUF into the HBM view (V-major: transposed into an SBUF tile
+    first, ``dma_transpose`` writing SBUF only, then stored in runs of Dk·4 bytes)."""
+    if not is_v_major(view):
+        nisa.dma_copy(dst=view, src=src)
+        return
+    dk, dv = src.shape
+    staged = sbuf((dv, dk), FP32)
+    nisa.dma_transpose(dst=staged, src=src)
+    nisa.dma_copy(dst=view.permute((1, 0)), src=staged)

@@ -54,7 +54,7 @@ from typing import Any
 
 from ..common import engines, tiles
 from ..common.backend import nisa, nl
-from ..common.state_layout import head_columns, kmajor_shape
+from ..common.state_layout import head_columns, kmajor_shape, v_major_rows
 from ..common.tiles import FP32
 from .state import State
 
@@ -215,12 +215,16 @@ class BoundaryLink:
         """Store the state after the chunk to each row (skipped where the row is P): one DMA per column block, or
         one for the whole [Dk, Dv] ``whole``, the state tile the link wrote in place (a lane's last chunk)."""
         sources = [whole] if self.after is None else self.after
+        if self.v_first:  # each block transposed once (SBUF to SBUF), stored to every row as [w, Dk] rows
+            sources = [_transposed(src) for src in sources]
         for row in self.rows:
             start = 0
             for src in sources:
-                cols = slice(start, start + src.shape[1])
-                nisa.dma_copy(dst=head_columns(self.pool, row, self.h, cols, self.v_first), src=src,
-                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
+                width = src.shape[0] if self.v_first else src.shape[1]
+                cols = slice(start, start + width)
+                dst = v_major_rows(self.pool, row, self.h, cols) if self.v_first else head_columns(
+                    self.pool, row, self.h, cols, False)
+                nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
                 start = cols.stop
 
 
@@ -365,11 +369,27 @@ class InitialStates:
 
     def _gather(self, h: int) -> None:
         self.gathered.add(h)
-        seqs, dv = self.rows.shape[1], self.tensor.shape[3]
+        seqs, dk, dv = self.rows.shape[1], self.tensor.shape[2], self.tensor.shape[3]
         for i in range(seqs):
             row = nisa.scalar_load(self.rows[:, i : i + 1])
-            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=head_columns(self.pool, row, h, slice(0, dv), self.v_first),
-                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+            if not self.v_first:
+                nisa.dma_copy(dst=self.tensor[i, h, :, :], src=head_columns(self.pool, row, h, slice(0, dv), False),
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
+                continue
+            # V-major: the head's rows as they lie into SBUF (the run-time address on the copy), transposed there,
+            # then into the K-major slot (a row outside the pool: nothing loaded, and its slot is never read)
+            staged = tiles.sbuf((dv, dk), FP32)
+            nisa.dma_copy(dst=staged, src=v_major_rows(self.pool, row, h, slice(0, dv)), oob_mode=nisa.oob_mode.skip)
+            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_transposed(staged))
+
+
+def _transposed(block: Any) -> Any:
+    """[a, b] fp32 SBUF -> a new [b, a] SBUF tile by one ``dma_transpose`` (2-D, axes (1, 0), a trace-time
+    address)."""
+    rows, cols = block.shape
+    out = tiles.sbuf((cols, rows), FP32)
+    nisa.dma_transpose(dst=out, src=block)
+    return out
 
 
 def _initial_states(pool: Any, read_indices: Any, seqs: int, v_first: bool = False) -> InitialStates:
