@@ -222,8 +222,11 @@ class BoundaryLink:
             for src in sources:
                 width = src.shape[0] if self.v_first else src.shape[1]
                 cols = slice(start, start + width)
-                dst = v_major_rows(self.pool, row, self.h, cols) if self.v_first else head_columns(
-                    self.pool, row, self.h, cols, False)
+                dst = (
+                    v_major_rows(self.pool, row, self.h, cols)
+                    if self.v_first
+                    else head_columns(self.pool, row, self.h, cols, False)
+                )
                 nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
                 start = cols.stop
 
