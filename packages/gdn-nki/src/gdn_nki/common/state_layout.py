@@ -2,22 +2,18 @@
 
 V-major ("K-last") pools are what SGLang's GDN backend and vLLM's newer fused-gating kernel keep (gdn-nki README,
 "State pool layout"). The kernels compute on [Dk, Dv] state tiles either way; only the DMAs that move a pool row
-between HBM and SBUF change: their HBM access pattern walks the V-major row in the K-major tile's element order, so
-no copy of the pool (host or HBM) and no transposing instruction is needed. A DMA access pattern is any list of
-``[step, num]`` pairs over the tensor ("NKI Access Patterns", SDK 2.33: "``.ap()`` ... can express any access
-pattern the hardware supports"); ``nki.isa.dma_transpose`` cannot serve here, since a pool row is addressed at run
-time and that instruction documents no run-time start address ("DMA Direct / Indirect Transpose Constraints",
-``nki.isa.dma_transpose``, SDK 2.33).
+between HBM and SBUF change, so no copy of the pool (host or HBM) is made. The rules and every static index read a
+K-major view (``kmajor_view``).
 
-A DMA walking a V-major row in K-major order moves single elements (4-byte runs), far below the DMA's peak ("DMA
-bandwidth guide", NKI deep dives: runs "< 256 B severely overhead-bound"). So where a state moves whole, it moves as
+A DMA access pattern may walk a V-major row in K-major order ("NKI Access Patterns", SDK 2.33: ``.ap()`` "can
+express any access pattern the hardware supports"), but it moves single elements (4-byte runs), far below the DMA's
+peak ("DMA bandwidth guide", NKI deep dives: runs "< 256 B severely overhead-bound"). So where a state moves whole, it moves as
 it lies — [Dv, Dk], runs of Dk·4 bytes — and is transposed by the DMA engines at a trace-time SBUF or HBM address
 (``nki.isa.dma_transpose``, SDK 2.33: "src - the source of transpose, must be a tile in HBM or SBUF", 2-D axes
 (1, 0) and 3-D (2, 1, 0); only the hardware-DGE lowering needs 2-byte dtypes): ``load_head`` / ``store_head`` here,
 ``tkg.pipeline.load_state_tile`` for decode's tiles, ``cte.boundaries`` for the bucket's gather and stores (rows at
-run-time addresses: the transpose stays on the SBUF side, the run-time address on a ``dma_copy``, which documents
-it). ``head_columns``' element-wise V-major pattern is the reference form these replace. PERFORMANCE.md, "V-major
-state pools", has the measured costs.
+run-time addresses: the transpose stays on the SBUF side and the run-time address on a ``dma_copy``, which documents
+one; ``dma_transpose`` documents none, "DMA Direct / Indirect Transpose Constraints", SDK 2.33). PERFORMANCE.md, "V-major state pools", has the measured costs, the element-wise first form's too.
 """
 
 from __future__ import annotations
@@ -45,17 +41,12 @@ def kmajor_view(tensor: Any, v_first: bool) -> Any:
     return tensor.permute(order)
 
 
-def head_columns(pool: Any, row: Any, h: int, cols: slice, v_first: bool) -> Any:
-    """Columns ``cols`` of value head ``h`` of pool row ``row`` (a run-time scalar) as a [Dk, cols] view, on the
-    pool argument itself (``.ap`` on an argument, never on a view)."""
-    n = cols.stop - cols.start
-    if v_first:
-        _, _, dv, dk = pool.shape
-        pattern, offset = [[1, dk], [dk, n]], h * dk * dv + cols.start * dk
-    else:
-        _, _, dk, dv = pool.shape
-        pattern, offset = [[dv, dk], [1, n]], h * dk * dv + cols.start
-    return pool.ap(pattern=pattern, offset=offset, scalar_offset=row, indirect_dim=0)
+def head_columns(pool: Any, row: Any, h: int, cols: slice) -> Any:
+    """Columns ``cols`` of value head ``h`` of K-major pool row ``row`` (a run-time scalar) as a [Dk, cols] view, on
+    the pool argument itself (``.ap`` on an argument, never on a view)."""
+    _, _, dk, dv = pool.shape
+    pattern = [[dv, dk], [1, cols.stop - cols.start]]
+    return pool.ap(pattern=pattern, offset=h * dk * dv + cols.start, scalar_offset=row, indirect_dim=0)
 
 
 def v_major_rows(pool: Any, row: Any, h: int, cols: slice) -> Any:
@@ -67,16 +58,12 @@ def v_major_rows(pool: Any, row: Any, h: int, cols: slice) -> Any:
                    indirect_dim=0)  # fmt: skip
 
 
-def decode_tile_pattern(heads: int, parts_per_head: int, rows: int, dk: int, dv: int, v_first: bool) -> list[list[int]]:
-    """The HBM access pattern of one decode state tile within a pool row (``tkg.state_tiles``' layout: partition
-    h·G + dk_hi, free (dk_lo, dv) = element [h][dk_hi·rows + dk_lo, dv]), in the tile's row-major order.
-
-    K-major: one run of rows·Dv elements a partition. V-major: element (dk, dv) of head h sits at
-    h·Dv·Dk + dv·Dk + dk, so the pattern walks (h, dk_hi, dk_lo, dv) with dv innermost at step Dk.
-    """
-    if not v_first:
-        return [[rows * dv, heads * parts_per_head], [1, rows * dv]]
-    return [[dv * dk, heads], [rows, parts_per_head], [1, rows], [dk, dv]]
+def decode_tile_pattern(heads: int, parts_per_head: int, rows: int, dv: int) -> list[list[int]]:
+    """The HBM access pattern of one K-major decode state tile within a pool row (``tkg.state_tiles``' layout:
+    partition h·G + dk_hi, free (dk_lo, dv)): one run of rows·Dv elements a partition. (Its V-major twin, element
+    (dk, dv) of head h at h·Dv·Dk + dv·Dk + dk walked as [[Dv·Dk, H], [rows, G], [1, rows], [Dk, Dv]], moves 4-byte
+    runs: ``tkg.pipeline.load_state_tile`` stages and transposes instead.)"""
+    return [[rows * dv, heads * parts_per_head], [1, rows * dv]]
 
 
 def is_v_major(view: Any) -> bool:

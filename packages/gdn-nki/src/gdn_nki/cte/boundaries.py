@@ -151,7 +151,7 @@ class ChunkBoundaries:
         self.initial.gather(h)
         slot = self._entry(table, c, static)
         cols = slice(0, dst.shape[1]) if cols is None else cols
-        nisa.dma_copy(dst=dst, src=head_columns(self.initial.tensor, slot, h, cols, False), oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=dst, src=head_columns(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
 
 
 @dataclass
@@ -225,7 +225,7 @@ class BoundaryLink:
                 dst = (
                     v_major_rows(self.pool, row, self.h, cols)
                     if self.v_first
-                    else head_columns(self.pool, row, self.h, cols, False)
+                    else head_columns(self.pool, row, self.h, cols)
                 )
                 nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
                 start = cols.stop
@@ -376,7 +376,7 @@ class InitialStates:
         for i in range(seqs):
             row = nisa.scalar_load(self.rows[:, i : i + 1])
             if not self.v_first:
-                nisa.dma_copy(dst=self.tensor[i, h, :, :], src=head_columns(self.pool, row, h, slice(0, dv), False),
+                nisa.dma_copy(dst=self.tensor[i, h, :, :], src=head_columns(self.pool, row, h, slice(0, dv)),
                               oob_mode=nisa.oob_mode.skip)  # fmt: skip
                 continue
             # V-major: the head's rows as they lie into SBUF (the run-time address on the copy), transposed there,

@@ -69,7 +69,7 @@ class Request:
 
 def state_tile_pattern(layout: Any) -> list[list[int]]:
     """The access pattern of one K-major state tile within a pool row."""
-    return decode_tile_pattern(layout.heads, layout.parts_per_head, layout.rows, layout.dk, layout.dv, False)
+    return decode_tile_pattern(layout.heads, layout.parts_per_head, layout.rows, layout.dv)
 
 
 def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
@@ -80,7 +80,7 @@ def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
     (SBUF to SBUF, 3-D, axes (2, 1, 0)) puts element (dv, dk_hi·rows + dk_lo) at partition h·G + dk_hi, free
     (dk_lo, dv). The transposes read a tile at a trace-time address: ``dma_transpose`` documents no run-time start
     address, ``dma_copy`` does ("nki.isa.dma_transpose", "nki.isa.dma_copy", SDK 2.33). Element by element from
-    HBM instead (``decode_tile_pattern``'s V-major form) moves 4-byte runs: 98× the K-major step
+    HBM instead (``decode_tile_pattern``'s V-major twin) moves 4-byte runs: 98× the K-major step
     (PERFORMANCE.md, "V-major state pools").
     """
     state = sbuf((layout.partitions, layout.free), FP32)
