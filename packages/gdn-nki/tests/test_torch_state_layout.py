@@ -161,3 +161,34 @@ def test_the_interpreted_device_path_gives_the_cpu_paths_bits() -> None:
         got = device.fused_sigmoid_gating(*gates, pool, call["initial_state_indices"], call["cu_seqlens"], 1.0, 20.0,
                                           None, True, call["num_accepted_tokens"], state_v_first=True)  # fmt: skip
     assert torch.equal(got, want) and torch.equal(pool, want_pool)
+
+
+def test_chunk_on_a_v_major_pool_compiles_to_its_op_and_launches_with_the_flag() -> None:
+    """SGLang's prefill on its V-major pool is one op (``gdn_nki::chunk_gated_delta_rule_pool``, the flag in its
+    schema): compiled with no graph break it gives eager's bits, and on meta tensors its device path hands
+    ``gdn_cte_bucket`` the pool itself with ``state_v_first=True``."""
+    from gdn_nki.cte.bucket import gdn_cte_bucket
+
+    args = _prefill()
+    pool = torch.randn(8, HV, V, K)
+    rows = dict(initial_state_indices=torch.tensor([5, -1]), bucket=(512, 2))
+    eager_pool, compiled_pool = pool.clone(), pool.clone()
+    want, _ = gdn_nki.torch.chunk_gated_delta_rule(**args, initial_state=eager_pool, state_v_first=True, **rows)
+    compiled = torch.compile(gdn_nki.torch.chunk_gated_delta_rule, fullgraph=True, backend=compile_backend())
+    got, _ = compiled(**args, initial_state=compiled_pool, state_v_first=True, **rows)
+    assert torch.equal(got, want) and torch.equal(compiled_pool, eager_pool)
+    calls = []
+
+    def launch(kernel: Any, *launched: Any, **options: Any) -> Any:
+        calls.append((kernel, launched, options))
+        query, value = launched[0], launched[2]
+        return query.new_empty((1, value.shape[1], query.shape[2], value.shape[3])), launched[7]
+
+    meta = {name: x.to("meta") if isinstance(x, torch.Tensor) else x for name, x in args.items()}
+    meta_pool = torch.empty(8, HV, V, K, device="meta")
+    with launch_replaced(launch):
+        device.chunk_pool(meta["q"], meta["k"], meta["v"], meta["g"], meta["beta"], meta_pool,
+                          torch.tensor([5, -1], device="meta"), None, None, meta["cu_seqlens"], None, None, None,
+                          False, False, False, "schur", 8, [512, 2], None, state_v_first=True)  # fmt: skip
+    [(kernel, launched, options)] = calls
+    assert kernel is gdn_cte_bucket and launched[7] is meta_pool and options["state_v_first"] is True

@@ -69,13 +69,16 @@ def chunk_pool(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: T
                A_log: Tensor | None, dt_bias: Tensor | None, cu_seqlens: Tensor | None,
                checkpoint_indices: Tensor | None, read_indices: Tensor | None, scale: float | None,
                use_qk_l2norm: bool, use_beta_sigmoid: bool, use_gate: bool, algorithm: str, group_size: int,
-               bucket: list[int] | None, checkpoint_every: int | None) -> Tensor:  # fmt: skip
-    """``gdn_nki::chunk_gated_delta_rule_pool`` on a device: the bucket kernel on the pool itself."""
+               bucket: list[int] | None, checkpoint_every: int | None, state_v_first: bool = False) -> Tensor:  # fmt: skip
+    """``gdn_nki::chunk_gated_delta_rule_pool`` on a device: the bucket kernel on the pool itself (V-major with
+    ``state_v_first``: the kernel reads and writes it so)."""
     n_seqs = rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale,
-                           algorithm, group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
+                           algorithm, group_size, bucket, checkpoint_every, checkpoint_indices, read_indices,
+                           v_first=state_v_first)  # fmt: skip
     gates = fused_gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
     return _bucketed(q, k, v, *gates, pool, state_indices, read_indices, cu_seqlens, checkpoint_every,
-                     checkpoint_indices, n_seqs, scale, use_qk_l2norm, algorithm, group_size, bucket)  # fmt: skip
+                     checkpoint_indices, n_seqs, scale, use_qk_l2norm, algorithm, group_size, bucket,
+                     state_v_first)  # fmt: skip
 
 
 def fused_gates(g: Tensor | None, beta: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None,
@@ -104,7 +107,7 @@ def bucket_shape(tokens: int, n_seqs: int, algorithm: str, bucket: list[int] | N
 def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor, rows: Tensor,
               reads: Tensor | None, cu_seqlens: Tensor | None, checkpoint_every: int | None,
               checkpoint_indices: Tensor | None, n_seqs: int, scale: float | None, use_qk_l2norm: bool,
-              algorithm: str, group_size: int, bucket: list[int] | None) -> Tensor:  # fmt: skip
+              algorithm: str, group_size: int, bucket: list[int] | None, state_v_first: bool = False) -> Tensor:  # fmt: skip
     """Pack, launch ``gdn_cte_bucket`` once, unpack: o [B, T, Hv, V] seq-first."""
     batch, seq_len, _, dk = q.shape
     tokens = batch * seq_len
@@ -118,6 +121,8 @@ def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Te
                  "checkpoint_indices": _slots(layout.checkpoints(checkpoint_indices, checkpoint_every), slots)}  # fmt: skip
     if reads is not None:
         extra["read_indices"] = _slots(reads, slots)
+    if state_v_first:  # a K-major launch keeps its keywords as they were
+        extra["state_v_first"] = True
     out, _ = launch(
         gdn_cte_bucket, *(layout.pack(x) for x in (q, k, v, g, beta)), layout.chunk_bounds(slots),
         _slots(rows, slots), pool, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
@@ -262,7 +267,7 @@ def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted:
     out, _ = launch(
         gdn_step, requests(q), requests(k), requests(v), pool, rows.to(torch.int32), accepted, **gates,
         scale=float(q.shape[-1]) ** -0.5 if scale is None else scale, use_qk_l2norm=bool(use_qk_l2norm),
-        state_v_first=bool(state_v_first),
+        **({"state_v_first": True} if state_v_first else {}),  # a K-major launch keeps its keywords as they were
     )  # fmt: skip
     return out.reshape(*v.shape[:3], v.shape[3])
 

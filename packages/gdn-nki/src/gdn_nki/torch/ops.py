@@ -130,22 +130,24 @@ def chunk_pool_op(
     group_size: int,
     bucket: list[int] | None,
     checkpoint_every: int | None,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """The prefill on a state pool [P, Hv, K, V] fp32, updated in place at the named rows: o [B, T, Hv, V]."""
+    """The prefill on a state pool [P, Hv, K, V] fp32 ([P, Hv, V, K] with ``state_v_first``), updated in place at
+    the named rows: o [B, T, Hv, V]."""
     return device.chunk_pool(**locals())
 
 
 @chunk_pool_op.register_kernel("cpu")
 def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                    checkpoint_every) -> Tensor:  # fmt: skip
+                    checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
     with _drop_in_warned():
         o, _ = chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
             use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
             A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
             bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
-            checkpoint_indices=checkpoint_indices, read_indices=read_indices,
+            checkpoint_indices=checkpoint_indices, read_indices=read_indices, state_v_first=state_v_first,
         )  # fmt: skip
     return o
 
@@ -153,9 +155,9 @@ def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_se
 @chunk_pool_op.register_fake
 def _chunk_pool_fake(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                      read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                     checkpoint_every) -> Tensor:  # fmt: skip
+                     checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
     rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale, algorithm,
-                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
+                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices, v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
@@ -237,7 +239,9 @@ def chunk_gated_delta_rule(
         ``gdn_cte_bucket`` (module docstring).
     """
     flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
-    options = (head_first, state_v_first, transpose_state_layout, cp_context, allow_neg_eigval)
+    options = (head_first, cp_context, allow_neg_eigval)
+    layout = (state_v_first, transpose_state_layout)  # plain bools, not both set: carried (a pool's op takes it)
+    v_first = any(flag is True for flag in layout)
     tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
     carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every)
@@ -250,6 +254,9 @@ def chunk_gated_delta_rule(
         all(name in chunk.HF_PASS_THROUGH for name in kwargs)
         and all(kwargs.get(name) is None for name in chunk._PACKING_KEYWORDS if cu_seqlens is None)
         and all(value is None or (isinstance(value, (bool, int, float)) and not value) for value in options)
+        and all(flag is None or type(flag) is bool for flag in layout)
+        and not all(flag is True for flag in layout)
+        and (not v_first or pool is not None)
         and type(chunk_size) is int
         and chunk_size in chunk.FLA_CHUNKS
         and (state_indices is None or initial_state_indices is None)
@@ -279,7 +286,7 @@ def chunk_gated_delta_rule(
     gate = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
     if pool is not None:
         o = chunk_pool_op(q, k, v, g, beta, initial_state, pool, *gate, cu_seqlens, checkpoint_indices, read_indices,
-                          **common, checkpoint_every=checkpoint_every)  # fmt: skip
+                          **common, checkpoint_every=checkpoint_every, state_v_first=v_first)  # fmt: skip
         return o, initial_state if output_final_state else None
     o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
     return o, final if output_final_state else None

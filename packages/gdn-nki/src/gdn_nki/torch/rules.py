@@ -114,9 +114,11 @@ def prefill(
     checkpoint_every: int | None = None,
     checkpoint_indices: Any = None,
     read_indices: Any = None,
+    v_first: bool = False,
 ) -> int:
     """``chunk_gated_delta_rule``'s trace-time rules, in the host path's order (its layout, its states, the fused
-    gate's parameters, the kernel's contract on the head-major rows, the bucket's layout).
+    gate's parameters, the kernel's contract on the head-major rows, the bucket's layout); ``v_first``: the states
+    are V-major (the layout's shape rule, then the rules on their K-major shape).
 
     Returns:
         int: N, the sequences (B, or len(cu_seqlens) − 1).
@@ -134,10 +136,10 @@ def prefill(
         cu_found = [f for f in cu_seqlens_violations(cu, 1, tokens) if f.rule_id == "cu_seqlens.form"]
         n_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() else 0
     pooled = state_indices is not None
-    check_states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), any_device=True)
+    check_states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), any_device=True, v_first=v_first)
     if use_gate:
         chunk.check_gate_parameters(A_log, dt_bias, value_heads, any_device=True)
-    state = None if initial_state is None else stand_in(tuple(initial_state.shape), "float32")
+    state = None if initial_state is None else stand_in(kmajor_shape(tuple(initial_state.shape), v_first), "float32")
     call = Arguments(
         stand_in((1, key_heads, tokens, dk), q.dtype), stand_in((1, key_heads, tokens, dk), k.dtype),
         stand_in((1, value_heads, tokens, dv), v.dtype), stand_in((1, value_heads, tokens), "float32"),
