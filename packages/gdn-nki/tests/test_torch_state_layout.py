@@ -192,3 +192,40 @@ def test_chunk_on_a_v_major_pool_compiles_to_its_op_and_launches_with_the_flag()
                           False, False, False, "schur", 8, [512, 2], None, state_v_first=True)  # fmt: skip
     [(kernel, launched, options)] = calls
     assert kernel is gdn_cte_bucket and launched[7] is meta_pool and options["state_v_first"] is True
+
+
+# gdn-spec's serving adapter for SGLang's pool-native call (noxfile's SERVING_ADAPTER), the pool V-major
+SERVING_V_MAJOR = "fla-torch:varlen=yes,pool=initial_state_indices,bucket=yes,checkpoints=yes,read_rows=yes,state=vk"
+
+
+def _spec_check(spec: str, keyword: str, tmp_path: Any) -> dict[str, Any]:
+    """``gdn-spec check`` of the varlen area's serving checks, in a subprocess."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / f"summary-{spec.replace(':', '-')}.json"
+    here = str(Path(__file__).parent)
+    cmd = [sys.executable, "-m", "gdn_spec.cli", "check", spec, "--adapter", SERVING_V_MAJOR, "--area", "varlen",
+           "-k", keyword, "--json", str(out), "--device", "cpu", "-n", "0"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, check=False)
+    summary = json.loads(out.read_text()) if out.exists() else {}
+    return {"code": proc.returncode, "summary": summary, "output": proc.stdout[-3000:] + proc.stderr[-3000:]}
+
+
+def test_gdn_spec_passes_the_v_major_drop_in_and_fails_the_k_major_one_on_sglangs_pool(tmp_path: Any) -> None:
+    """Through gdn-spec's serving adapter with SGLang's V-major pool (``state=vk``): the drop-in with
+    ``state_v_first=True`` passes the serving layouts and the square-heads check; the drop-in left K-major fails
+    the square-heads check (K = V: every shape rule passes, the values do not)."""
+    skip_on_device("gdn-spec's subprocess runs on the CPU")
+    good = _spec_check("v_major_drop_in:chunk_v_first", "square_heads or serving_layouts", tmp_path)
+    assert good["code"] == 0 and good["summary"]["verdicts"] == {"varlen": "passed"}, good["output"]
+    ran = {t: o for t, o in good["summary"]["outcomes"].items() if "square_heads" in t}
+    assert ran and set(ran.values()) == {"passed"}, good["output"]
+    bad = _spec_check("gdn_nki.torch:chunk_gated_delta_rule", "square_heads", tmp_path)
+    assert bad["code"] != 0 and bad["summary"]["verdicts"] == {"varlen": "failed"}, bad["output"]
+    assert all("Dk = Dv" in m for m in bad["summary"]["failures"].values()), bad["summary"]["failures"]
