@@ -186,7 +186,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     check_rows_per_token(indices.shape, tokens)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
     pool, publish = state_buffer("initial_state", initial_state)
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES, v_first=bool(state_v_first))
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES, v_first=state_v_first)
     out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, step)
     publish()
     return out, initial_state
@@ -245,7 +245,7 @@ def fused_sigmoid_gating_delta_rule_update(
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
     pool, publish = state_buffer("initial_state_source", initial_state_source)
     layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts, bool(state_v_first))
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts, state_v_first)
     out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, accepted, step)
     publish()
     return out
@@ -430,7 +430,7 @@ class _Step:
     check_values: bool
     names: dict[str, str]
     layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    v_first: bool = False  # the pool is V-major [P, HV, V, K] (decode_step's ``state_v_first``)
+    v_first: Any = False  # the pool is V-major [P, HV, V, K]: decode_step's ``state_v_first``, which checks it
 
 
 def _launch(inputs, gates, spans, seqs, pool, indices, accepted, out, step: _Step) -> None:

@@ -568,7 +568,13 @@ def vllm_fused_recurrent_gated_delta_rule(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
     )
     host = check_values is not True and q.device.type == "cpu"
-    if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True or state_v_first:
+    if (
+        not carried
+        or host
+        or retrieve_parent_token is not None
+        or inplace_final_state is not True
+        or (state_v_first is not False)
+    ):
         return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
             num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel, check_values=check_values,
