@@ -101,7 +101,7 @@ def test_sglang_fused_gating_on_a_v_major_pool_eager_and_compiled() -> None:
     assert not torch.equal(k_major, pool)
 
 
-def test_vllm_pool_variant_on_a_v_major_pool() -> None:
+def test_vllm_pool_variant_on_a_v_major_pool_eager_and_compiled() -> None:
     call = _gating()
     args = dict(q=call["q"], k=call["k"], v=call["v"], g=-torch.rand(1, 6, HV), beta=torch.rand(1, 6, HV),
                 cu_seqlens=call["cu_seqlens"], ssm_state_indices=call["initial_state_indices"],
@@ -112,6 +112,11 @@ def test_vllm_pool_variant_on_a_v_major_pool() -> None:
     o_v, returned = gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule(**args, initial_state=v_major,
                                                                         state_v_first=True)  # fmt: skip
     assert returned is v_major and torch.equal(o_k, o_v) and torch.equal(k_major, v_major.transpose(-1, -2))
+    compiled = torch.compile(gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule, fullgraph=True,
+                             backend=compile_backend())  # fmt: skip
+    v_major = _vmajor(pool)
+    o_c, _ = compiled(**args, initial_state=v_major, state_v_first=True)  # the op, no graph break
+    assert torch.equal(o_c, o_k) and torch.equal(k_major, v_major.transpose(-1, -2))
 
 
 def test_the_device_launch_gets_the_flag_and_the_pool_itself() -> None:

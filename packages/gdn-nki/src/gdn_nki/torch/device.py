@@ -228,15 +228,17 @@ def fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Ten
 
 def vllm_fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, pool: Tensor,
                          ssm_state_indices: Tensor, cu_seqlens: Tensor | None, num_accepted_tokens: Tensor | None,
-                         scale: float | None, use_qk_l2norm: bool) -> Tensor:  # fmt: skip
-    """``gdn_nki::vllm_fused_recurrent_gated_delta_rule`` on a device: ``gdn_step`` on the pool itself."""
+                         scale: float | None, use_qk_l2norm: bool, state_v_first: bool = False) -> Tensor:  # fmt: skip
+    """``gdn_nki::vllm_fused_recurrent_gated_delta_rule`` on a device: ``gdn_step`` on the pool itself (V-major with
+    ``state_v_first``)."""
     n_seqs, tokens = rules.pool_decode(q, k, v, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                                       use_qk_l2norm, {"g": g, "beta": beta})  # fmt: skip
+                                       use_qk_l2norm, {"g": g, "beta": beta}, v_first=state_v_first)  # fmt: skip
     per_token = (n_seqs, tokens, v.shape[2])
     strength = q.new_ones(per_token, dtype=torch.float32) if beta is None else beta.to(torch.float32).reshape(per_token)
     gates = dict(g_log=g.to(torch.float32).reshape(per_token), beta=strength)
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    return _step(q, k, v, pool, ssm_state_indices, accepted, gates, n_seqs, tokens, scale, use_qk_l2norm)
+    return _step(q, k, v, pool, ssm_state_indices, accepted, gates, n_seqs, tokens, scale, use_qk_l2norm,
+                 state_v_first)  # fmt: skip
 
 
 def fused_sigmoid_gating(A_log: Tensor, a: Tensor, dt_bias: Tensor, q: Tensor, k: Tensor, v: Tensor, b: Tensor,

@@ -512,25 +512,28 @@ def vllm_fused_recurrent_op(
     num_accepted_tokens: Tensor | None,
     scale: float | None,
     use_qk_l2norm: bool,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 ([P, HV, V, K] with ``state_v_first``) updated in place:
+    o [B, T, HV, V]."""
     return device.vllm_fused_recurrent(**locals())
 
 
 @vllm_fused_recurrent_op.register_kernel("cpu")
 def _vllm_fused_recurrent_cpu(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                              use_qk_l2norm) -> Tensor:  # fmt: skip
+                              use_qk_l2norm, state_v_first=False) -> Tensor:  # fmt: skip
     o, _ = fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm
+        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm,
+        state_v_first=state_v_first,
     )  # fmt: skip
     return o
 
 
 @vllm_fused_recurrent_op.register_fake
 def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                               use_qk_l2norm) -> Tensor:  # fmt: skip
+                               use_qk_l2norm, state_v_first=False) -> Tensor:  # fmt: skip
     rules.pool_decode(q, k, v, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
-                      {"g": g, "beta": beta})  # fmt: skip
+                      {"g": g, "beta": beta}, v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
@@ -562,7 +565,7 @@ def vllm_fused_recurrent_gated_delta_rule(
 
     Notes:
         On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
-        (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) runs the host path.
+        (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) is carried by the op.
     """
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
@@ -573,7 +576,7 @@ def vllm_fused_recurrent_gated_delta_rule(
         or host
         or retrieve_parent_token is not None
         or inplace_final_state is not True
-        or (state_v_first is not False)
+        or type(state_v_first) is not bool
     ):
         return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
@@ -582,7 +585,7 @@ def vllm_fused_recurrent_gated_delta_rule(
         )  # fmt: skip
     fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
     o = vllm_fused_recurrent_op(q, k, v, g, beta, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
-                                _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
+                                _scale(scale), bool(use_qk_l2norm_in_kernel), state_v_first)  # fmt: skip
     return o, initial_state
 
 
