@@ -219,7 +219,7 @@ def test_pool_rows_keep_their_layout_at_square_heads(
     serving checks' own heads have Dk != Dv, where such a mix-up fails by shape; here the heads are square and the
     rows' states random (not symmetric), so a transposed read or write misses the oracle."""
     caps, geometry = _serving(gdn_impl)
-    dim = max(geometry.Dk, geometry.Dv)
+    dim = min(geometry.Dk, geometry.Dv)  # the smaller: square heads within the work the serving heads take
     square = supported(caps, replace(geometry, Dk=dim, Dv=dim), shrink_lanes=True)
     if square.Dk != square.Dv:
         pytest.skip(f"{caps.name} supports no square head dims near Dk={geometry.Dk}, Dv={geometry.Dv}")
