@@ -102,7 +102,7 @@ def test_fla_decode_computes_the_fused_gates_as_hfs_layer_does() -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("A_log", None)],
+    [("allow_neg_eigval", True), ("A_log", None)],
 )
 def test_fla_decode_rejects_by_name_the_options_it_does_not_honour(option: str, value: Any) -> None:
     args = fla_decode_call()
