@@ -20,19 +20,24 @@ C = 2 * HK * DK + HV * DV
 NAMES = ("w_qkv", "w_z", "w_b", "w_a", "conv_weight", "conv_bias", "A_log", "dt_bias", "norm_weight")
 
 
-def _layer(seed: int, dtype: type, bias: bool = True) -> dict[str, np.ndarray | None]:
+def _layer(
+    seed: int, dtype: type, bias: bool = True, dims: tuple[int, ...] = (HK, HV, DK, DV, E)
+) -> dict[str, np.ndarray | None]:
+    """The block's weights at heads and hidden size ``dims`` (Hk, Hv, Dk, Dv, E)."""
+    hk, hv, dk, dv, e = dims
+    c = 2 * hk * dk + hv * dv
     rng = np.random.default_rng(seed)
     r = rng.standard_normal
     return {
-        "w_qkv": (r((E, C)) * 0.08).astype(dtype),
-        "w_z": (r((E, HV * DV)) * 0.08).astype(dtype),
-        "w_b": (r((E, HV)) * 0.08).astype(dtype),
-        "w_a": (r((E, HV)) * 0.08).astype(dtype),
-        "conv_weight": (r((C, W)) * 0.5).astype(dtype),
-        "conv_bias": (r(C) * 0.1).astype(dtype) if bias else None,
-        "A_log": (r(HV) * 0.3).astype(np.float32),
-        "dt_bias": (r(HV) * 0.3).astype(np.float32),
-        "norm_weight": (1.0 + 0.1 * r(DV)).astype(np.float32),
+        "w_qkv": (r((e, c)) * 0.08).astype(dtype),
+        "w_z": (r((e, hv * dv)) * 0.08).astype(dtype),
+        "w_b": (r((e, hv)) * 0.08).astype(dtype),
+        "w_a": (r((e, hv)) * 0.08).astype(dtype),
+        "conv_weight": (r((c, W)) * 0.5).astype(dtype),
+        "conv_bias": (r(c) * 0.1).astype(dtype) if bias else None,
+        "A_log": (r(hv) * 0.3).astype(np.float32),
+        "dt_bias": (r(hv) * 0.3).astype(np.float32),
+        "norm_weight": (1.0 + 0.1 * r(dv)).astype(np.float32),
     }
 
 
@@ -247,13 +252,9 @@ def test_conv_writing_q_k_v_itself_gives_the_copies_bits(t_len, monkeypatch):
     hk, hv, dk, dv, e, pool_rows, n_req = 2, 4, 16, 16, 128, 40, 18
     channels = 2 * hk * dk + hv * dv
     assert block_step.split_parts(channels, (hk * dk, hk * dk, hv * dv))
-    rng = np.random.default_rng(5)
+    layer = _layer(5, np.float32, dims=(hk, hv, dk, dv, e))
+    rng = np.random.default_rng(6)
     r = rng.standard_normal
-    layer = {"w_qkv": (r((e, channels)) * 0.08).astype(np.float32), "w_z": (r((e, hv * dv)) * 0.08).astype(np.float32),
-             "w_b": (r((e, hv)) * 0.08).astype(np.float32), "w_a": (r((e, hv)) * 0.08).astype(np.float32),
-             "conv_weight": (r((channels, W)) * 0.5).astype(np.float32), "conv_bias": (r(channels) * 0.1).astype(np.float32),
-             "A_log": (r(hv) * 0.3).astype(np.float32), "dt_bias": (r(hv) * 0.3).astype(np.float32),
-             "norm_weight": (1.0 + 0.1 * r(dv)).astype(np.float32)}  # fmt: skip
     hidden = r((n_req, t_len, e)).astype(np.float32)
     rows = rng.permutation(pool_rows)[: n_req * t_len].astype(np.int32).reshape((n_req, t_len)[: 1 + (t_len > 1)])
     rows[[3, 17]] = -1
