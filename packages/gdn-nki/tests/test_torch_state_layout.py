@@ -75,6 +75,28 @@ def test_fla_decode_reads_and_returns_v_major_states() -> None:
         gdn_nki.torch.fused_recurrent_gated_delta_rule(**args, initial_state=h0, state_v_first=True)
 
 
+@pytest.mark.parametrize("form", ["prefill", "decode"])
+def test_v_major_states_without_a_pool_compile_to_the_k_major_op(form: str) -> None:
+    """FLA's V-major call without a pool (per-sequence states, K != V so a transposed read cannot pass) compiles with
+    no graph break to one K-major op with the states transposed in the graph, giving eager's and the K-major call's
+    bits."""
+    args = _prefill(64)
+    if form == "decode":
+        args = {name: x[:, :2] if name != "cu_seqlens" else torch.tensor([0, 1, 2]) for name, x in args.items()}
+    call = gdn_nki.torch.chunk_gated_delta_rule if form == "prefill" else gdn_nki.torch.fused_recurrent_gated_delta_rule
+    h0 = torch.randn(2, HV, K, 64)
+    o_k, f_k = call(**args, initial_state=h0, output_final_state=True)
+    o_e, f_e = call(**args, initial_state=_vmajor(h0), output_final_state=True, state_v_first=True)
+    compiled = torch.compile(call, fullgraph=True, backend=compile_backend())
+    o_c, f_c = compiled(**args, initial_state=_vmajor(h0), output_final_state=True, state_v_first=True)
+    explained = torch._dynamo.explain(call)(**args, initial_state=_vmajor(h0), output_final_state=True,
+                                            state_v_first=True)  # fmt: skip
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert f_c.shape == (2, HV, 64, K)
+    for o, f in ((o_e, f_e), (o_c, f_c)):
+        assert torch.equal(o, o_k) and torch.equal(f.transpose(-1, -2), f_k)
+
+
 def _gating(n: int = 3, tokens: int = 2) -> dict[str, Any]:
     """SGLang's fused-gating verification step: [N, T] rows (one padding request), num_accepted_tokens."""
     torch.manual_seed(4)

@@ -287,7 +287,7 @@ def chunk_gated_delta_rule(
         and all(value is None or (isinstance(value, (bool, int, float)) and not value) for value in options)
         and all(flag is None or type(flag) is bool for flag in layout)
         and not all(flag is True for flag in layout)
-        and (not v_first or pool is not None)
+        and (not v_first or pool is not None or _v_major_shaped(initial_state, q, v))
         and type(chunk_size) is int
         and chunk_size in chunk.FLA_CHUNKS
         and (state_indices is None or initial_state_indices is None)
@@ -320,8 +320,20 @@ def chunk_gated_delta_rule(
         o = chunk_pool_op(*read[:5], initial_state, pool, *read[5:], cu_seqlens, checkpoint_indices, read_indices,
                           **common, checkpoint_every=checkpoint_every, state_v_first=v_first)  # fmt: skip
         return attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate)), initial_state if output_final_state else None
-    o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
-    return o, final if output_final_state else None
+    o, final = chunk_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), *gate, cu_seqlens, **common)
+    return o, _swap_state_axes(final, v_first) if output_final_state else None
+
+
+def _v_major_shaped(state: Tensor | None, q: Tensor, v: Tensor) -> bool:
+    """Whether a V-major call's per-sequence ``state`` (no pool) has the V-major shape [.., V, K] (or is absent): the
+    K-major op then carries it, transposed in the graph (``_swap_state_axes``); else the host path names the flag."""
+    return state is None or (state.dim() >= 2 and tuple(state.shape[-2:]) == (v.shape[-1], q.shape[-1]))
+
+
+def _swap_state_axes(state: Tensor | None, v_first: bool) -> Tensor | None:
+    """States without a pool in the op's K-major layout and back: a transposing copy in the graph of the N
+    per-sequence states (N·Hv·K·V fp32 each way; exact). A pool is never copied: its op reads it V-major in place."""
+    return state.transpose(-1, -2).contiguous() if v_first and state is not None else state
 
 
 def _op_can_carry(
@@ -451,7 +463,8 @@ def fused_recurrent_gated_delta_rule(
         use_beta_sigmoid_in_kernel (bool): ``beta`` holds logits: β = sigmoid(beta), in fp32 before the op.
         allow_neg_eigval (bool): rejected when set (β would reach 2), as by ``chunk_gated_delta_rule``.
         state_v_first (bool), and FLA's older ``transpose_state_layout=``: V-major states [N, HV, V, K]
-            (``initial_state`` and the final states), as ``chunk_gated_delta_rule``'s; run on the host path.
+            (``initial_state`` and the final states), as ``chunk_gated_delta_rule``'s; the op carries them
+            transposed in the graph (``_swap_state_axes``).
         check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
         kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
             ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
@@ -483,15 +496,16 @@ def fused_recurrent_gated_delta_rule(
     v_first = chunk.state_layout(state_v_first, kwargs.get("transpose_state_layout"))
     g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale, None)
-    if not carried or v_first or (check_values is not True and q.device.type == "cpu"):  # V-major: the host path
+    v_major_host = v_first and not _v_major_shaped(initial_state, q, v)  # a wrong V-major shape: the host names it
+    if not carried or v_major_host or (check_values is not True and q.device.type == "cpu"):
         return fused_recurrent.fused_recurrent_gated_delta_rule(
             q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
             check_values=check_values, state_v_first=v_first,
         )  # fmt: skip
     fused_recurrent.reject_per_key_decays(gk, gv)
-    o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
-                                  bool(use_qk_l2norm_in_kernel))  # fmt: skip
-    return o, final if output_final_state else None
+    o, final = fused_recurrent_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), cu_seqlens,
+                                  _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
+    return o, _swap_state_axes(final, v_first) if output_final_state else None
 
 
 _FLA_PARAMETERS = (*(p for p in inspect.signature(fused_recurrent_gated_delta_rule).parameters if p != "kwargs"),
