@@ -5,7 +5,8 @@ the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` a
 Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
 pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
 The layer's other kernels: the causal conv1d (``conv_decode_step``, ``conv_prefill_bucket``) and the gated RMSNorm
-(``gdn_gated_rms_norm``, run by ``gated_rms_norm``). The whole layer's decode step but out_proj in one launch:
+(``gdn_gated_rms_norm``, run by ``gated_rms_norm``), also folded into the prefill's output stage
+(``gdn_cte_normed``, run by ``simulate_normed``). The whole layer's decode step but out_proj in one launch:
 ``gdn_block_tkg`` (AWS's documented fused block) and ``gdn_block_step`` (on the conv-state and recurrent-state
 pools, run by ``block_decode_step``).
 """
@@ -30,12 +31,14 @@ from .common.backend import BACKEND_NAME
 from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
+from .cte.normed import gdn_cte_normed
 from .cte.varlen import gdn_cte_varlen
 from .host.block import block_decode_step
 from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.conv import conv_decode_step, conv_prefill_bucket
 from .host.decode import decode_step, tkg_simulate
 from .host.norm import gated_rms_norm
+from .host.normed import simulate_normed
 from .host.prefill import prefill, prefill_varlen, simulate
 from .norm.kernel import gdn_gated_rms_norm
 from .tkg.fused import gdn_tkg
@@ -68,6 +71,7 @@ __all__ = [
     "gdn_conv1d_prefill",
     "gdn_cte",
     "gdn_cte_bucket",
+    "gdn_cte_normed",
     "gdn_cte_varlen",
     "gdn_gated_rms_norm",
     "gdn_step",
@@ -77,5 +81,6 @@ __all__ = [
     "prefill_bucket",
     "prefill_varlen",
     "simulate",
+    "simulate_normed",
     "tkg_simulate",
 ]

@@ -79,12 +79,12 @@ def gdn_gated_rms_norm(x: Any, z: Any, weight: Any, eps: float = 1e-6, activatio
     rows = x.size // dim
     out = nl.ndarray(tuple(x.shape), dtype=x.dtype, buffer=nl.shared_hbm)
     per_part = rows_per_partition(rows, dim, 2 if x.dtype != FP32 else 4)
-    constants = _Constants(weight, dim, per_part, eps)
-    sets = [_TileSet(x.dtype, per_part, dim, z is not None) for _ in range(TILE_SETS)]
+    constants = NormConstants(weight, dim, per_part, eps)
+    sets = [NormTiles(x.dtype, per_part, dim, z is not None) for _ in range(TILE_SETS)]
     plan = tile_plan(rows, per_part)
     gate_op = None if z is None else GATES[activation]
 
-    def tile(k: int) -> tuple[_TileSet, tuple[int, int, int]] | None:
+    def tile(k: int) -> tuple[NormTiles, tuple[int, int, int]] | None:
         return (sets[k % TILE_SETS], plan[k]) if 0 <= k < len(plan) else None
 
     # A software pipeline in program order: step s loads tile s, starts tile s − 1 (act(z) · weight and x²), takes
@@ -134,7 +134,7 @@ def tile_plan(rows: int, per_part: int) -> list[tuple[int, int, int]]:
     return plan
 
 
-class _Constants:
+class NormConstants:
     """Per launch: eps as a [128, 1] column (the rsqrt's bias) and the weight on every partition as [128, D] fp32
     in PSUM (None without a weight), read through a stride-0 view as [P, R, D]."""
 
@@ -162,7 +162,7 @@ class _Constants:
         return tile.ap(pattern=[[self.dim, parts], [0, run], [1, self.dim]], offset=0)
 
 
-class _TileSet:
+class NormTiles:
     """The tiles one [P, R, D] tile of rows is normalized in, allocated once per launch: x, z and y in the I/O
     dtype as moved; x² then x̂ (fp32, one buffer); act(z) then weight · act(z) (fp32, one buffer); the row sums
     and reciprocal RMS values [P, R] fp32."""
@@ -187,7 +187,7 @@ class _TileSet:
         if gate_op is not None:
             nisa.activation(dst=self.gate[:parts, :run], op=gate_op, data=self.z[:parts, :run], engine=SCALAR)
 
-    def weigh_gate(self, constants: _Constants, parts: int, run: int) -> None:
+    def weigh_gate(self, constants: NormConstants, parts: int, run: int) -> None:
         """act(z) · weight in place, nothing without both: the first ``run // GPSIMD_SHARE`` rows of each
         partition on GpSimd (the weight's SBUF copy), the rest on the vector engine (its PSUM copy)."""
         if self.gate is None or constants.weight is None:
@@ -208,12 +208,12 @@ class _TileSet:
         """Each row's sum of x² (vector engine)."""
         nisa.tensor_reduce(dst=self.sums[:parts, :run], op=nl.add, data=self.work[:parts, :run], axis=2)
 
-    def inverse_rms_of(self, constants: _Constants, parts: int, run: int) -> None:
+    def inverse_rms_of(self, constants: NormConstants, parts: int, run: int) -> None:
         """Each row's rsqrt(sum / D + eps) (scalar engine: one instruction for the tile's rows)."""
         nisa.activation(dst=self.inverse_rms[:parts, :run], op=nl.rsqrt, data=self.sums[:parts, :run],
                         scale=1.0 / constants.dim, bias=constants.eps[:parts], engine=SCALAR)  # fmt: skip
 
-    def output(self, constants: _Constants, parts: int, run: int) -> None:
+    def output(self, constants: NormConstants, parts: int, run: int) -> None:
         """The second half: x̂ = x · rsqrt(mean + eps) per row, then y = x̂ · (weight · act(z))."""
         x, normed, y = self.x[:parts, :run], self.work[:parts, :run], self.y[:parts, :run]
         inverse_rms = self.inverse_rms[:parts, :run]
