@@ -42,9 +42,13 @@ class Output:
         tiles.copy_to(self.tile[:, cols], self.psum, scale=self.lane.scale)
 
     def store(self) -> None:
+        """Store the tile; with the fused norm, hand it over instead (its norm and store follow at later links)."""
         lane = self.lane
-        result = self.tile if lane.norm is None else lane.norm.finish(self.norm_tiles, lane.chunk)
-        nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(self.chunk.token, lane.chunk), :], src=result)
+        dst = lane.out[lane.b, lane.h, nl.ds(self.chunk.token, lane.chunk), :]
+        if lane.norm is None:
+            nisa.dma_copy(dst=dst, src=self.tile)
+        else:
+            lane.norm.push(self.norm_tiles, lane.chunk, dst)
 
 
 def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:

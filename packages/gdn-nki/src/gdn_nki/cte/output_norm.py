@@ -13,10 +13,11 @@ gdn_ref twin: ``gdn_ref.norm.gated_rms_norm_oracle`` of ``gdn_ref.chunked``'s ou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..common.backend import nisa
+from ..common.backend import nisa, nl
+from ..common.engines import GPSIMD, VECTOR
 from ..norm.kernel import GATES, NormConstants, NormTiles
 
 
@@ -28,6 +29,7 @@ class OutputNorm:
     z: Any
     constants: NormConstants
     gate_op: Any
+    in_flight: list = field(default_factory=list)  # chunks whose norm is under way (``push``)
 
     @classmethod
     def allocate(cls, z: Any, weight: Any, eps: float, activation: str) -> OutputNorm:
@@ -39,19 +41,68 @@ class OutputNorm:
         return NormTiles(dtype, 1, self.z.shape[3], True)
 
     def load_gate(self, tile: NormTiles, b: int, h: int, token: Any, rows: int) -> None:
-        """DMA the z rows of tokens ``token ..`` of head h (``token``: an int, or a compiled loop's run-time scalar)
-        and issue act(z) · weight: neither waits on the chunk's products."""
+        """DMA the z rows of tokens ``token ..`` of head h (``token``: an int, or a compiled loop's run-time scalar):
+        issued with the chunk's products, so it has arrived by the time act(z) is issued (``push``)."""
         nisa.dma_copy(dst=tile.z[:rows], src=_seq_first_rows(self.z, b, h, token, rows))
-        tile.activate_gate(self.gate_op, rows, 1)
-        tile.weigh_gate(self.constants, rows, 1)
 
-    def finish(self, tile: NormTiles, rows: int) -> Any:
-        """The norm of the evacuated out tile: x², the row sums, rsqrt(mean + eps), x̂ and y; returns y [rows, Dv]."""
-        tile.square(rows, 1)
-        tile.sum_squares(rows, 1)
-        tile.inverse_rms_of(self.constants, rows, 1)
-        tile.output(self.constants, rows, 1)
-        return tile.y[:rows, 0, :]
+    def push(self, tile: NormTiles, rows: int, dst: Any) -> None:
+        """Every chunk in flight one stage on (``advance``), then the evacuated out tile ``tile`` in: its norm
+        stages follow at the next chain links, its y stored to ``dst`` after the last."""
+        self.advance()
+        self.in_flight.append(_InFlight(tile, rows, dst))
+
+    def advance(self) -> None:
+        """Issue the next stage of every chunk in flight, the oldest first; drop the ones stored."""
+        for chunk in self.in_flight:
+            chunk.issue_stage(self.constants, self.gate_op)
+        self.in_flight = [chunk for chunk in self.in_flight if chunk.stage < STAGES]
+
+    def flush(self) -> None:
+        """Issue what is left of every chunk in flight (a unit's chain ends: nothing crosses a period)."""
+        while self.in_flight:
+            self.advance()
+
+
+# The norm's dependent steps, one stage per chain link (``OutputNorm.advance``): each stage reads what the one
+# before wrote a link earlier, so no engine's queue holds a step waiting on another engine's step issued beside it
+# (the engines run their queues in order: issued back to back, each step would hold the chain's next instructions
+# behind it). The scalar engine, which sets gdn_cte's floor, keeps only what only it can do (act(z), rsqrt).
+STAGES = 6
+
+
+@dataclass
+class _InFlight:
+    """One chunk's out tile between its evacuation and its store: ``stage`` is the next to issue."""
+
+    tile: NormTiles
+    rows: int
+    dst: Any
+    stage: int = 0
+
+    def issue_stage(self, constants: NormConstants, gate_op: Any) -> None:
+        """Issue stage ``stage`` and move on: act(z) and x²; weight · act(z) and the row sums; rsqrt(mean + eps);
+        x̂; y; its store. The same fp32 operations as ``gdn_gated_rms_norm``'s, some on other engines."""
+        tile, rows = self.tile, self.rows
+        x = tile.x[:rows, 0]
+        if self.stage == 0:
+            tile.activate_gate(gate_op, rows, 1)
+            tile.square(rows, 1)
+        elif self.stage == 1:
+            if constants.weight_sbuf is not None:  # GpSimd, from the weight's SBUF copy
+                gate = tile.gate[:rows, 0]
+                weight = constants.weight_rows(rows, 1, in_psum=False)[:, 0]
+                nisa.tensor_tensor(dst=gate, data1=gate, data2=weight, op=nl.multiply, engine=GPSIMD)
+            tile.sum_squares(rows, 1)
+        elif self.stage == 2:
+            tile.inverse_rms_of(constants, rows, 1)
+        elif self.stage == 3:  # x · rsqrt(mean + eps) as the vector engine's per-partition scalar multiply
+            nisa.tensor_scalar(dst=tile.work[:rows, 0], data=x, op0=nl.multiply,
+                               operand0=tile.inverse_rms[:rows, 0:1], engine=VECTOR)  # fmt: skip
+        elif self.stage == 4:
+            tile.gate_output(constants, rows, 1)
+        else:
+            nisa.dma_copy(dst=self.dst, src=tile.y[:rows, 0, :])
+        self.stage += 1
 
 
 def _seq_first_rows(z: Any, b: int, h: int, token: Any, rows: int) -> Any:

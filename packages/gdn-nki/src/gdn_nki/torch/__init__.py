@@ -13,6 +13,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);
 - ``rms_norm_gated``, ``FusedRMSNormGated``: FLA's gated RMSNorm, the layer's output stage (``norm.py``);
+- ``fused_gdn_gating``: vLLM's prefill gates g and β from the a and b projections (``gating.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
 - ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
   (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
@@ -21,6 +22,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
 from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
+from .gating import fused_gdn_gating
 from .norm import FusedRMSNormGated, rms_norm_gated
 from .ops import (
     chunk_gated_delta_rule,
@@ -41,6 +43,7 @@ __all__ = [
     "check_values",
     "chunk_gated_delta_rule",
     "context_parallel_chunk_gated_delta_rule",
+    "fused_gdn_gating",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",
