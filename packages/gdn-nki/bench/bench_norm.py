@@ -148,7 +148,9 @@ def fused_table(rows: list[FusedRow]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
-        busy = " / ".join(f"{r.busy_us[e][0]:,.0f} → {r.busy_us[e][1]:,.0f}" for e in ("scalar", "vector", "gpsimd", "dma"))
+        busy = " / ".join(
+            f"{r.busy_us[e][0]:,.0f} → {r.busy_us[e][1]:,.0f}" for e in ("scalar", "vector", "gpsimd", "dma")
+        )
         lines.append(
             f"| {r.key_heads} / {r.value_heads} | {r.seq_len:,} | {r.cte_us:,.1f} | {r.norm_us:,.1f} | "
             f"{r.separate_us:,.1f} | {r.fused_us:,.1f} | {r.fused_us / r.separate_us:.3f} | {busy} | "
@@ -175,44 +177,42 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Measure the cells, print the table, and write it to ``--out``."""
+    """Measure the cells, print the tables, and write them to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="directory for bench_norm.md")
-    parser.add_argument("--quick", action="store_true", help="8192 tokens and N = 8, 64 only")
+    parser.add_argument("--out", type=Path, help="directory for bench_norm.md and bench_norm_fused.md")
+    parser.add_argument("--quick", action="store_true", help="8192 tokens and N = 8, 64 only; fused: one lane, 8192")
     parser.add_argument("--smoke", action="store_true", help="128 tokens and N = 8, bf16 only (seconds; for CI)")
-    parser.add_argument("--fused", action="store_true", help="the fused prefill rows instead (minutes)")
+    parser.add_argument("--fused", action="store_true", help="only the fused prefill rows (minutes)")
     args = parser.parse_args(argv)
-    if args.fused:
-        cells = [(1, 2, 256)] if args.smoke else FUSED_CELLS[:1] if args.quick else FUSED_CELLS
-        fused = []
-        for hk, hv, seq_len in cells:
-            fused.append(measure_fused(hk, hv, seq_len))
-            print(
-                f"fused {hk}/{hv} S={seq_len}: {fused[-1].fused_us:,.1f} us vs {fused[-1].separate_us:,.1f}", flush=True
-            )
-        text = fused_table(fused)
+    tables = {}
+    if not args.fused:
+        tables["bench_norm.md"] = table([_announced(measure(*cell)) for cell in _cells(args)])
+    fused_cells = [(1, 2, 256)] if args.smoke else FUSED_CELLS[:1] if args.quick else FUSED_CELLS
+    tables["bench_norm_fused.md"] = fused_table([_announced(measure_fused(*cell)) for cell in fused_cells])
+    for name, text in tables.items():
         print(text)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_norm_fused.md").write_text(text + "\n")
-        return
+            (args.out / name).write_text(text + "\n")
+
+
+def _cells(args: argparse.Namespace) -> list[tuple[str, int, str]]:
+    """The separate kernel's cells at the run's size."""
     if args.smoke:
-        cells = [("prefill", 128, "bfloat16"), ("decode", 8, "bfloat16")]
+        return [("prefill", 128, "bfloat16"), ("decode", 8, "bfloat16")]
+    prefill = PREFILL_TOKENS[:1] if args.quick else PREFILL_TOKENS
+    decode = DECODE_REQUESTS[:2] if args.quick else DECODE_REQUESTS
+    return [("prefill", t, d) for t in prefill for d in DTYPES] + [("decode", n, d) for n in decode for d in DTYPES]
+
+
+def _announced(row: Row | FusedRow) -> Row | FusedRow:
+    """Print one measured cell as it is done (the full run takes minutes)."""
+    if isinstance(row, FusedRow):
+        print(f"fused {row.key_heads}/{row.value_heads} S={row.seq_len}: {row.fused_us:,.1f} us against "
+              f"{row.separate_us:,.1f}", flush=True)  # fmt: skip
     else:
-        prefill = PREFILL_TOKENS[:1] if args.quick else PREFILL_TOKENS
-        decode = DECODE_REQUESTS[:2] if args.quick else DECODE_REQUESTS
-        cells = [("prefill", t, d) for t in prefill for d in DTYPES] + [
-            ("decode", n, d) for n in decode for d in DTYPES
-        ]
-    rows = []
-    for form, tokens, dtype in cells:
-        rows.append(measure(form, tokens, dtype))
-        print(f"{form} {tokens} {dtype}: {rows[-1].makespan_us:,.1f} us ({rows[-1].hbm_ratio:.2f}x)", flush=True)
-    text = table(rows)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_norm.md").write_text(text + "\n")
+        print(f"{row.form} {row.tokens} {row.dtype}: {row.makespan_us:,.1f} us ({row.hbm_ratio:.2f}x)", flush=True)
+    return row
 
 
 if __name__ == "__main__":
