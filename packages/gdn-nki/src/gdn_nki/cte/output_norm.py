@@ -5,8 +5,9 @@ A chunk's out tile is [C tokens, Dv] for one (sequence, value head) lane: each p
 vector, so the norm's rows are the tile's partitions, one row each (``norm.kernel``'s tiles with R = 1). z comes
 in the layout the layer holds it, seq-first [B, S, Hv, Dv] (HF's ``Qwen3NextGatedDeltaNet`` splits it from the
 projection as [batch, seq, heads, head_v_dim]): the chunk's rows of one head are C runs of Dv elements, one per
-partition, Hv·Dv apart. The arithmetic is ``norm.kernel``'s instruction for instruction (its ``NormTiles``
-methods), so y is bit for bit what ``gdn_gated_rms_norm`` makes of the stored o and the same z rows.
+partition, Hv·Dv apart. The arithmetic is ``norm.kernel``'s operation for operation in fp32 (some on other engines:
+``_InFlight.issue_stage``), so y is bit for bit what ``gdn_gated_rms_norm`` makes of the stored o and the same z
+rows. The norm's dependent steps are spread over the chain links that follow the chunk's (``OutputNorm.push``).
 
 gdn_ref twin: ``gdn_ref.norm.gated_rms_norm_oracle`` of ``gdn_ref.chunked``'s outputs.
 """
@@ -66,8 +67,9 @@ class OutputNorm:
 # The norm's dependent steps, one stage per chain link (``OutputNorm.advance``): each stage reads what the one
 # before wrote a link earlier, so no engine's queue holds a step waiting on another engine's step issued beside it
 # (the engines run their queues in order: issued back to back, each step would hold the chain's next instructions
-# behind it). The scalar engine, which sets gdn_cte's floor, keeps only what only it can do (act(z), rsqrt).
-STAGES = 6
+# behind it). The vector engine, which runs the chain's links, gets one step (x̂); the five stages' order and engines
+# are the fastest of those measured (PERFORMANCE.md, "Gated RMSNorm").
+STAGES = 5
 
 
 @dataclass
@@ -80,25 +82,27 @@ class _InFlight:
     stage: int = 0
 
     def issue_stage(self, constants: NormConstants, gate_op: Any) -> None:
-        """Issue stage ``stage`` and move on: act(z) and x²; weight · act(z) and the row sums; rsqrt(mean + eps);
-        x̂; y; its store. The same fp32 operations as ``gdn_gated_rms_norm``'s, some on other engines."""
+        """Issue stage ``stage`` and move on (``STAGES`` in all). The same fp32 operations as
+        ``gdn_gated_rms_norm``'s, some on other engines, so y keeps its bits: act(z), and x² with its row sums in one
+        scalar ``activation_reduce`` (the norm kernel's GpSimd product and vector reduce: the vector engine carries
+        the chain's links); weight · act(z) on GpSimd and rsqrt(mean + eps); x̂ = x · rsqrt as the vector engine's
+        per-partition scalar multiply; y; its store."""
         tile, rows = self.tile, self.rows
         x = tile.x[:rows, 0]
         if self.stage == 0:
             tile.activate_gate(gate_op, rows, 1)
-            tile.square(rows, 1)
+            nisa.activation_reduce(dst=tile.work[:rows, 0], op=nl.square, data=x, reduce_op=nl.add,
+                                   reduce_res=tile.sums[:rows, 0:1])  # fmt: skip
         elif self.stage == 1:
-            if constants.weight_sbuf is not None:  # GpSimd, from the weight's SBUF copy
+            if constants.weight_sbuf is not None:  # GpSimd reads the weight's SBUF copy
                 gate = tile.gate[:rows, 0]
                 weight = constants.weight_rows(rows, 1, in_psum=False)[:, 0]
                 nisa.tensor_tensor(dst=gate, data1=gate, data2=weight, op=nl.multiply, engine=GPSIMD)
-            tile.sum_squares(rows, 1)
-        elif self.stage == 2:
             tile.inverse_rms_of(constants, rows, 1)
-        elif self.stage == 3:  # x · rsqrt(mean + eps) as the vector engine's per-partition scalar multiply
+        elif self.stage == 2:
             nisa.tensor_scalar(dst=tile.work[:rows, 0], data=x, op0=nl.multiply,
                                operand0=tile.inverse_rms[:rows, 0:1], engine=VECTOR)  # fmt: skip
-        elif self.stage == 4:
+        elif self.stage == 3:
             tile.gate_output(constants, rows, 1)
         else:
             nisa.dma_copy(dst=self.dst, src=tile.y[:rows, 0, :])
