@@ -8,7 +8,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from nki_inputs import case, kernel_kwargs, oracle
 
 import gdn_nki
 import nki_cpu
@@ -18,6 +17,7 @@ from gdn_ref.contract import ContractError
 from gdn_ref.norm import gated_rms_norm_oracle
 from gdn_spec.metrics import compare
 from gdn_spec.regimes import Geometry
+from nki_inputs import case, kernel_kwargs, oracle
 
 BF16 = ml_dtypes.bfloat16
 
