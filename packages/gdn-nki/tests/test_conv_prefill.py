@@ -171,3 +171,26 @@ def test_many_sequences_share_one_tile_set() -> None:
     error = compare("out", out, ref_out, "float32")
     assert error.ok, describe([error])
     np.testing.assert_array_equal(pool, ref_pool.astype(pool.dtype))
+
+
+def test_qwen35_channels_in_fp32_fit_sbuf() -> None:
+    """Qwen3.5's conv channels (2·16·128 + 64·128 = 12288) in fp32: the bulk pass's runs of 8 tokens held 230 KB a
+    partition, past SBUF, and failed the trace; its runs are now halved to fit (Qwen3-Next's 8192 keep 8). A long
+    sequence from its row, an empty window, and one shorter than the window."""
+    from gdn_nki.common.tiles import FP32
+    from gdn_nki.conv.prefill import RUN, bulk_run
+
+    channels, rows = 12288, np.array([4, -1, 1], np.int32)
+    assert bulk_run(FP32, 8192 // 16, 3, 4, True) == RUN and bulk_run(FP32, channels // 16, 3, 4, True) < RUN
+    rng = np.random.default_rng(7)
+    cu = np.array([0, 150, 220, 222], np.int32)
+    x = rng.standard_normal((222, channels)).astype(np.float32)
+    pool = rng.standard_normal((6, channels, 3)).astype(np.float32)
+    weight = (0.5 * rng.standard_normal((channels, 4))).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(channels)).astype(np.float32)
+    before = pool.copy()
+    out, _ = gdn_nki.conv_prefill_bucket(x, pool, weight, bias, cu, rows, bucket=(256, 4))
+    ref_out, ref_pool = causal_conv1d_prefill_pool(x, weight, bias, cu, before, rows, "silu")
+    error = compare("out", out, ref_out, "float32")
+    assert error.ok, describe([error])
+    np.testing.assert_array_equal(pool, ref_pool.astype(pool.dtype))

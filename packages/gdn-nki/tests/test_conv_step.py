@@ -111,6 +111,33 @@ def test_sums_on_the_tensor_engine_and_products_on_the_vector_engine_are_the_red
     assert not np.asarray(split[~live], dtype=np.float64).any()
 
 
+@pytest.mark.parametrize(("N", "C", "with_bias", "per_token", "activation"), [
+    (8, 4096, True, False, "silu"),  # one group: the launch is its last trip; 8 runs of 32 channels
+    (30, 208, True, True, "silu"),  # F = 13: runs of 2, the last of 1; four sets, one trip; [N, 1] rows
+    (50, 64, False, False, None),  # two trips of four sets: the pipelined trip, then the runs; F = 4 (4 runs)
+])  # fmt: skip
+def test_the_last_trip_in_channel_runs_is_the_whole_groups_bits(
+    N: int, C: int, with_bias: bool, per_token: bool, activation: str | None, monkeypatch
+) -> None:
+    """At T = 1 the last trip convolves each group in runs of channels (``_TileSet.convolve_and_store``: products
+    on GpSimd, every third run summed by the vector engine, the others on the tensor engine): every live output and
+    every pool row is the whole-group convolution's bit for bit, padding outputs are zeros, and both are the
+    oracle's."""
+    import gdn_nki.conv.step
+
+    rng, x, pool, weight, bias = _inputs(41 + N, "bfloat16", N, 1, C=C, P=N + 6)
+    weight, bias = weight.astype(ml_dtypes.bfloat16), (bias.astype(ml_dtypes.bfloat16) if with_bias else None)
+    rows = _rows(rng, N, 1, pool.shape[0], per_token, [2, N - 1])
+    _check(x, pool.copy(), weight, bias, rows, None, activation, "bfloat16")
+    runs, runs_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows, activation=activation)
+    monkeypatch.setattr(gdn_nki.conv.step, "_drains_in_runs", lambda *_: False)
+    whole, whole_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows, activation=activation)
+    live = np.asarray(rows).reshape(N, -1)[:, 0] >= 0
+    assert runs[live].tobytes() == whole[live].tobytes()
+    assert runs_pool.tobytes() == whole_pool.tobytes()
+    assert not np.asarray(runs[~live], dtype=np.float64).any()
+
+
 @pytest.mark.parametrize(("C", "T"), [(16, 4), (48, 4), (32, 5)])
 def test_verification_widths_on_few_channels_per_partition(C: int, T: int) -> None:
     """T = 4 sums 2.75 outputs on the tensor engine: with F = C / 16 channels a partition, 3/4 of F rounds to all of

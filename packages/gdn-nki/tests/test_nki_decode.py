@@ -391,3 +391,24 @@ def test_fewer_requests_than_programs_leaves_a_program_idle() -> None:
     two = gdn_nki.decode_step(x.query, x.key, x.value, x.pool.copy(), np.array([3], np.int32), **x.gates(False),
                               grid=2)  # fmt: skip
     assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verification_past_128_token_head_rows_matches_the_oracle(dtype: str) -> None:
+    """Qwen3.5's 64 value heads verifying 3 drafts: a request's outputs are T·Hv = 192 (token, head) rows, more
+    than the partitions, so the padding request's zeros are folded into fewer rows (the [T·Hv, Dv] tile of zeros
+    failed the trace with a partition dimension of 192, whatever the rows named)."""
+    x = step_inputs(16, dtype, N=3, T=3, Hk=4, Hv=64, Dk=32, Dv=32, P=7)
+    indices = np.array([[4, 0, 3], [-1, -1, -1], [2, 6, 5]], np.int32)
+    accepted = np.array([2, 0, 3], np.int32)
+    before = x.pool.copy()
+    ref_out, ref_states = _expected(x, True, [0, 0, 5], True, 0.25)
+    out, pool = gdn_nki.decode_step(x.query, x.key, x.value, x.pool, indices, accepted, **x.gates(True), scale=0.25,
+                                    use_qk_l2norm=True)  # fmt: skip
+    for n in (0, 2):
+        assert_within("out", out[n], ref_out[n], dtype)
+        for t in range(3):
+            assert_within("state", pool[indices[n, t]], ref_states[n, t], dtype)
+    assert not out[1].any()
+    untouched = [r for r in range(7) if r not in indices[[0, 2]]]
+    assert np.array_equal(pool[untouched], before[untouched])

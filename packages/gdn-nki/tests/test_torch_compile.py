@@ -197,3 +197,36 @@ def test_compiled_model_generates_hfs_fp32_greedy_tokens_and_no_gdn_call_breaks_
             node.target for graph in explanation.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)
         ]
         assert captured == [op], "each GDN call (the tiny model has one GDN layer) is one graph node"
+
+
+# --- grad mode: the layer as users' training / eval code runs it (no torch.no_grad()) ------------------------------
+
+
+def test_compiled_layer_in_grad_mode_has_no_graph_break_gives_eagers_bits_and_backward_names_the_kernel() -> None:
+    """HF's layer with its weights requiring grad, FLA's prefill and gated norm swapped in (HF's conv is Dao-AILab's,
+    which gdn-nki does not replace): the compiled forward is one graph with eager's (and no_grad's) bits, and a
+    backward raises ``ForwardOnlyError`` naming the drop-in the backward reaches first (the norm, after the core)."""
+    from gdn_nki.torch import ForwardOnlyError, FusedRMSNormGated
+
+    served, hidden, _ = _step("prefill")
+    layer = served.layer
+    layer.norm = FusedRMSNormGated(layer.head_v_dim, eps=layer.norm.variance_epsilon, activation="silu").to(
+        hidden.device
+    )
+    assert all(p.requires_grad for p in served.parameters())
+    with swapped(chunk_gated_delta_rule):
+        with torch.no_grad():
+            want = served(hidden)
+        eager = served(hidden)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(served)(hidden)
+        assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+        ops = [node.target for graph in explained.graphs for node in graph.graph.nodes if "gdn_nki" in str(node.target)]
+        assert ops == [torch.ops.gdn_nki.chunk_gated_delta_rule.default, torch.ops.gdn_nki.rms_norm_gated.default]
+        torch._dynamo.reset()
+        compiled = torch.compile(served, fullgraph=True, backend=compile_backend())(hidden)
+    assert eager.requires_grad and compiled.requires_grad
+    assert torch.equal(eager.detach(), want) and torch.equal(compiled.detach(), want)
+    for out in (eager, compiled):
+        with pytest.raises(ForwardOnlyError, match=r"gdn_nki\.torch\.rms_norm_gated is forward-only"):
+            out.sum().backward()

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from gdn_nki.torch.conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from gdn_ref.conv import conv_from_window  # noqa: E402
+from gdn_spec.metrics import compare, describe  # noqa: E402
 
 N, C, W, T, P = 3, 32, 4, 2, 5
 
@@ -55,7 +56,7 @@ def test_single_token_and_custom_pad_slot_id():
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # with [N] rows: vLLM's longer-window form
+    [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # [N] rows, a row of W − 1 < W − 2 + T inputs
      ("query_start_loc", torch.arange(N + 1)),
      ("activation", "gelu")],
 )  # fmt: skip
@@ -266,3 +267,92 @@ def test_fn_reads_other_rows_and_writes_checkpoints():
     np.testing.assert_allclose(out.T.numpy(), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(pool.numpy(), after, rtol=0, atol=1e-6)
     assert sum(lengths) == out.shape[1] and torch.equal(pool[[0, 3, 6, 7, 8]], before[[0, 3, 6, 7, 8]])
+
+
+@pytest.mark.parametrize("T_spec", [1, 2, 4])
+def test_update_in_row_form_as_vllm_calls_it_in_spec_decode(T_spec):
+    """vLLM's own speculative form, as its GDN backend calls it: conv_state rows of W − 1 + num_spec inputs, [N]
+    conv_state_indices with pad_slot_id rows, x [N, C, T], num_accepted_tokens 1..T: against gdn-ref's fp64 in-row
+    oracle, bf16; the padding row and unnamed rows untouched; an accepted count past T rejected by name, the pool
+    unchanged."""
+    from gdn_ref.conv import causal_conv1d_decode_pool
+
+    g = torch.Generator().manual_seed(T_spec)
+    n_req, pad = 5, 77
+    x = torch.randn(n_req, C, T_spec, generator=g).to(torch.bfloat16)
+    weight, bias = (torch.randn(C, W, generator=g) * 0.5).to(torch.bfloat16), torch.randn(C, generator=g)
+    pool = torch.randn(8, C, W - 2 + T_spec, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    rows = torch.tensor([6, pad, 0, 3, 5], dtype=torch.int32)
+    accepted = (torch.arange(n_req, dtype=torch.int32) % T_spec) + 1
+    out = causal_conv1d_update(x, pool, weight, bias.to(torch.bfloat16), True, rows, num_accepted_tokens=accepted,
+                               pad_slot_id=pad)  # fmt: skip
+    live = torch.where(rows == pad, -1, rows)
+    want, after = causal_conv1d_decode_pool(x.float().transpose(1, 2).numpy(), weight.float().numpy(),
+                                            bias.to(torch.bfloat16).float().numpy(), before.float().numpy(),
+                                            live.numpy(), accepted.numpy(), "silu")  # fmt: skip
+    error = compare("out", out.float().transpose(1, 2).numpy(), want, "bfloat16")
+    assert error.ok, describe([error])
+    np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
+    assert torch.equal(pool[[1, 2, 4, 7]], before[[1, 2, 4, 7]])
+    bad = accepted.clone()
+    bad[2] = T_spec + 1
+    with pytest.raises(ContractError, match="num_accepted_tokens"):
+        causal_conv1d_update(x, pool, weight, None, True, rows, num_accepted_tokens=bad, pad_slot_id=pad)
+    np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
+    with pytest.raises(ContractError, match="conv_state"):  # a row one input short of the window at offset T − 1
+        causal_conv1d_update(x, pool[:, :, 1:], weight, None, True, rows, num_accepted_tokens=accepted, pad_slot_id=pad)
+
+
+def _refused(call) -> str:
+    with pytest.raises(ContractError) as refused:
+        call()
+    return str(refused.value)
+
+
+def test_bad_values_and_dtypes_are_reported_in_the_callers_layout():
+    """The drop-ins hand the host path x token-major; a NaN is still reported at the caller's index of x ([N, C],
+    [N, C, T], vLLM's [dim, tokens], FLA's [B, T, D]) and a float16 x is refused as the caller's x, not as an
+    [N, T, C] "token-major" tensor the caller never made (both once read in the kernel's layout)."""
+    x, weight, bias, pool = _inputs()
+    before = pool.clone()
+    rows = torch.tensor([3, -1, 0], dtype=torch.int32)
+    bad = x.clone()
+    bad[2, 5, 1] = float("nan")  # request 2, channel 5, token 1
+    assert "value nan at index [2, 5, 1]" in _refused(
+        lambda: causal_conv1d_update(bad, pool, weight, bias, "silu", rows)
+    )
+    one = x[:, :, 0].clone()
+    one[2, 7] = float("inf")
+    assert "value inf at index [2, 7]" in _refused(lambda: causal_conv1d_update(one, pool, weight, bias, "silu", rows))
+    packed = torch.randn(C, 12)
+    packed[6, 9] = float("nan")  # channel 6, token 9
+    bounds = torch.tensor([0, 5, 12], dtype=torch.int32)
+    assert "value nan at index [6, 9]" in _refused(lambda: causal_conv1d_fn(packed, weight, bias, pool, bounds))
+    batch = torch.randn(2, 6, C)
+    batch[1, 3, 4] = float("-inf")
+    assert "value -inf at index [1, 3, 4]" in _refused(lambda: causal_conv1d(batch, weight, bias))
+    assert torch.equal(pool, before)
+    for call in (lambda: causal_conv1d_update(x.half(), pool, weight, bias, "silu", rows),
+                 lambda: causal_conv1d_fn(packed.half(), weight, bias, pool, bounds),
+                 lambda: causal_conv1d(batch.half(), weight, bias)):  # fmt: skip
+        message = _refused(call)
+        assert "`x` dtype float16" in message and "[N, T, C]" not in message and "token-major" not in message
+
+
+def test_an_empty_batch_is_refused_in_the_callers_words():
+    """No request (x [0, C]) or no token: refused as the caller's empty x, eagerly and under fake tensors, not as a
+    malformed [N, T, C] "token-major" tensor the caller never passed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, weight, bias, pool = _inputs()
+    none = torch.zeros(0, dtype=torch.int32)
+    bounds = torch.tensor([0], dtype=torch.int32)
+    calls = (lambda: causal_conv1d_update(torch.zeros(0, C), pool, weight, bias, "silu", none),
+             lambda: causal_conv1d_fn(torch.zeros(C, 0), weight, bias, pool, bounds),
+             lambda: causal_conv1d(torch.zeros(1, 0, C), weight, bias))  # fmt: skip
+    for call in calls:
+        message = _refused(call)
+        assert "`x` shape" in message and "must not be empty" in message and "[N, T, C]" not in message
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert "must not be empty" in _refused(calls[0])

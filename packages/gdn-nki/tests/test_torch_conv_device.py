@@ -200,6 +200,14 @@ def test_device_conv_update_with_per_token_rows_rolls_back_as_the_cpu_path() -> 
         args["accepted"] = torch.tensor([2, 1, 1], dtype=torch.int32)
         return args
 
+    out = _device_update_as_the_cpu_path(operands)
+    resumed_from_row_5 = conv.causal_conv1d_update_op(**{**operands(), "accepted": None})
+    assert not torch.equal(out[0], resumed_from_row_5[0]), "request 0 did not resume from its accepted token"
+
+
+def _device_update_as_the_cpu_path(operands: Any) -> torch.Tensor:
+    """The device path's out on ``operands()`` (its launch run by nki-cpu): the CPU path's out and pool bit for bit,
+    the counts [2, 1, 1] handed to the kernel."""
     want = operands()
     want_out = conv.causal_conv1d_update_op(**want)
     args = operands()
@@ -208,8 +216,35 @@ def test_device_conv_update_with_per_token_rows_rolls_back_as_the_cpu_path() -> 
     assert torch.equal(out, want_out) and torch.equal(args["conv_state"], want["conv_state"])
     [(_, launched, _)] = calls
     assert launched[5].tolist() == [2, 1, 1], "the accepted counts did not reach the kernel"
-    resumed_from_row_5 = conv.causal_conv1d_update_op(**{**operands(), "accepted": None})
-    assert not torch.equal(out[0], resumed_from_row_5[0]), "request 0 did not resume from its accepted token"
+    return out
+
+
+def _in_row_operands(seed: int = 5) -> dict[str, Any]:
+    """vLLM's in-row form: [N] rows, accepted counts 1..T = 2, rows of W − 2 + T inputs."""
+    args = update_operands(seed=seed)
+    args["conv_state"] = _randn(P, C, W - 2 + 2)
+    args["accepted"] = torch.tensor([2, 1, 1], dtype=torch.int32)
+    return args
+
+
+def test_conv_update_op_on_a_device_hands_the_kernel_the_in_row_counts_unread() -> None:
+    """The in-row form on a device: [N] rows and the [N] counts reach the kernel as int32 device tensors (on meta
+    tensors: no value is read on the host), the pool itself."""
+    args = _on(_in_row_operands(), RECORDED_ON)
+    with recorded() as calls:
+        conv.causal_conv1d_update_op._init_fn(**args)
+    [(kernel, launched, _)] = calls
+    assert kernel is gdn_conv_step and launched[1] is args["conv_state"]
+    assert _layout(launched[4]) == ((3,), torch.int32, DEVICE) and _layout(launched[5]) == ((3,), torch.int32, DEVICE)
+
+
+def test_device_conv_update_in_row_form_gives_the_cpu_paths_bits() -> None:
+    """[N] rows with ``num_accepted_tokens`` (vLLM's in-row form): the device path reads each request's window at
+    its count's offset in the row, exactly as the CPU path; a different count changes the output."""
+    skip_on_device(INTERPRETED_ONLY)
+    out = _device_update_as_the_cpu_path(_in_row_operands)
+    from_offset_0 = conv.causal_conv1d_update_op(**{**_in_row_operands(), "accepted": torch.ones(3, dtype=torch.int32)})
+    assert not torch.equal(out[0], from_offset_0[0]), "request 0 did not read its window at offset 1"
 
 
 def test_device_conv_prefill_writes_the_checkpoint_rows_as_the_cpu_path() -> None:

@@ -176,3 +176,60 @@ def test_fla_form_scatters_each_length_group_back_to_its_sequences() -> None:
                                            x.beta[tokens], 32**-0.5, x.pool[n : n + 1])  # fmt: skip
         assert_within("out", o[:, a:b].numpy(), ref_out, "float32")
         assert_within("state", final[n : n + 1].numpy(), ref_states[:, -1], "float32")
+
+
+def test_fla_form_checks_every_length_group_before_launching_any() -> None:
+    """Packed lengths 1, 2, 1, 3, 2 (three launches, one per length): bad values in the last group launched (a
+    NaN in sequence 3's v) and in the second (sequence 4's initial state) refuse the call before any launch, even
+    the first group's, in one error naming both as the caller numbers them (not as each group's launch numbers its
+    requests)."""
+    from gdn_nki.traces import recording_launches
+
+    x = step_inputs(38, "float32", N=1, T=9, P=5)
+    cu = torch.tensor((0, 1, 3, 4, 7, 9))
+    v, h0 = x.value.copy(), x.pool.copy()
+    v[0, 5, 1, 2] = np.nan  # sequence 3 (tokens 4..6), its second token
+    h0[4, 0, 0, 0] = np.inf
+    args = (_t(x.query), _t(x.key), _t(v), _t(x.g_log))
+    with recording_launches() as launches, pytest.raises(ContractError) as refused:
+        fused_recurrent_gated_delta_rule(*args, beta=_t(x.beta), initial_state=_t(h0), output_final_state=True,
+                                         cu_seqlens=cu)  # fmt: skip
+    assert launches == []
+    assert refused.value.sequences == [3, 4]
+    assert "`v` value nan at index [0, 5, 1, 2]" in str(refused.value)
+    assert "(sequence 3)" in str(refused.value) and "(sequence 4)" in str(refused.value)
+    assert not any(f"(sequence {n})" in str(refused.value) for n in (0, 1, 2))
+
+
+def test_check_values_reaches_every_length_group() -> None:
+    """``gdn_nki.torch.check_values`` runs the CPU path up to its first launch: with mixed lengths that now follows
+    every group's rules, so a NaN in the last group launched is caught (it was past the first launch)."""
+    from gdn_nki.torch import check_values
+
+    x = step_inputs(39, "float32", N=1, T=6, P=3)
+    v = x.value.copy()
+    v[0, 4, 0, 1] = np.nan  # sequence 2 (tokens 3..5), the only one of length 3
+    h0 = _t(x.pool)
+    with pytest.raises(ContractError) as refused:
+        check_values(fused_recurrent_gated_delta_rule, _t(x.query), _t(x.key), _t(v), _t(x.g_log), beta=_t(x.beta),
+                     initial_state=h0, cu_seqlens=torch.tensor((0, 1, 3, 6)))  # fmt: skip
+    assert refused.value.sequences == [2] and torch.equal(h0, _t(x.pool))
+
+
+@pytest.mark.parametrize("form", ["vllm", "sigmoid"])
+def test_an_empty_decode_batch_is_refused_in_the_callers_words(form: str) -> None:
+    """No request: one violation naming the caller's empty q, not six naming the kernel's [N, T, Hk, Dk] layout."""
+    from gdn_nki.torch import fused_recurrent_gated_delta_rule as drop_in
+    from gdn_nki.torch import fused_sigmoid_gating_delta_rule_update as sigmoid
+
+    q, v, pool = torch.zeros(1, 0, 2, 32), torch.zeros(1, 0, 4, 16), torch.zeros(4, 4, 32, 16)
+    rows, bounds = torch.zeros(0, dtype=torch.int32), torch.tensor([0])
+    with pytest.raises(ContractError) as refused:
+        if form == "vllm":
+            drop_in(q, q, v, torch.zeros(1, 0, 4), torch.zeros(1, 0, 4), initial_state=pool, inplace_final_state=True,
+                    cu_seqlens=bounds, ssm_state_indices=rows)  # fmt: skip
+        else:
+            sigmoid(torch.zeros(4), torch.zeros(0, 4), torch.zeros(4), 1.0, 20.0, q, q, v, torch.zeros(0, 4), pool, rows,
+                    cu_seqlens=bounds)  # fmt: skip
+    assert len(refused.value.violations) == 1 and "`q` shape (1, 0, 2, 32)" in str(refused.value)
+    assert "must not be empty" in str(refused.value) and "[N, T, Hk, Dk]" not in str(refused.value)

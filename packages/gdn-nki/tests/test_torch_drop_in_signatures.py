@@ -47,6 +47,28 @@ ORIGINALS: dict[str, list[tuple[str, Any]]] = {
         ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
     ],
     "fused_gdn_gating": [("A_log", _), ("a", _), ("b", _), ("dt_bias", _), ("beta", 1.0), ("threshold", 20.0)],
+    # vLLM's prefill (vllm/model_executor/layers/fla/ops/chunk.py, 044990c): FLA's name, its own positional order
+    # and three results (o, final_state, intermediate_states); under its own name here, as vLLM's pool decode.
+    "vllm_chunk_gated_delta_rule": [
+        ("q", _), ("k", _), ("v", _), ("g", _), ("beta", _), ("scale", None), ("initial_state", None),
+        ("output_final_state", False), ("cu_seqlens", None), ("head_first", False),
+        ("use_qk_l2norm_in_kernel", False), ("return_intermediate_states", False),
+    ],
+    # vLLM's conv (vllm/model_executor/layers/mamba/ops/causal_conv1d.py, 533d337; vLLM 0.23's Qwen GDN layer,
+    # qwen_gdn_linear_attn.py a55a8d9, calls both by these names and keywords).
+    "causal_conv1d_fn": [
+        ("x", _), ("weight", _), ("bias", _), ("conv_states", _), ("query_start_loc", _), ("cache_indices", None),
+        ("has_initial_state", None), ("activation", "silu"), ("pad_slot_id", -1),
+        ("block_idx_first_scheduled_token", None), ("block_idx_last_scheduled_token", None),
+        ("initial_state_idx", None), ("num_computed_tokens", None), ("block_size_to_align", 0), ("metadata", None),
+        ("validate_data", False),
+    ],
+    "causal_conv1d_update": [
+        ("x", _), ("conv_state", _), ("weight", _), ("bias", None), ("activation", None),
+        ("conv_state_indices", None), ("num_accepted_tokens", None), ("query_start_loc", None),
+        ("max_query_len", -1), ("pad_slot_id", -1), ("block_idx_last_scheduled_token", None),
+        ("initial_state_idx", None), ("validate_data", False),
+    ],
 }  # fmt: skip
 
 
@@ -82,7 +104,7 @@ def test_fla_decode_computes_the_fused_gates_as_hfs_layer_does() -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("A_log", None)],
+    [("allow_neg_eigval", True), ("A_log", None)],
 )
 def test_fla_decode_rejects_by_name_the_options_it_does_not_honour(option: str, value: Any) -> None:
     args = fla_decode_call()
@@ -217,3 +239,53 @@ def test_decode_errors_name_the_public_module(module: str) -> None:
     with pytest.raises(ContractError) as error:
         decode(**{**args, "gk": torch.zeros(2, 1, HV, 8)})
     assert str(error.value).startswith("gdn_nki.torch.fused_recurrent_gated_delta_rule rejected the call")
+
+
+def test_vllms_prefill_positional_call_returns_three_values_with_flas_bits() -> None:
+    """vLLM's positional order (cu_seqlens 9th, use_qk_l2norm_in_kernel 11th) reaches the same prefill as FLA's
+    keywords; the third result is None."""
+    from test_torch_ops import prefill_call
+
+    args = prefill_call()
+    cu = torch.tensor([0, 30, 80], dtype=torch.int32)
+    packed = {name: args[name].reshape(1, -1, *args[name].shape[2:]) for name in ("q", "k", "v", "g", "beta")}
+    want = gdn_nki.torch.chunk_gated_delta_rule(**packed, initial_state=args["initial_state"], output_final_state=True,
+                                                cu_seqlens=cu, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    o, final, intermediate = gdn_nki.torch.vllm_chunk_gated_delta_rule(
+        *packed.values(), None, args["initial_state"], True, cu, False, True
+    )
+    assert intermediate is None
+    assert torch.equal(o, want[0]) and torch.equal(final, want[1])
+
+
+@pytest.mark.parametrize(("option", "value"), [("return_intermediate_states", True), ("head_first", True)])
+def test_vllms_prefill_rejects_what_it_does_not_honour_by_name(option: str, value: Any) -> None:
+    from test_torch_ops import prefill_call
+
+    args = {name: x for name, x in prefill_call().items() if name != "use_qk_l2norm_in_kernel"}
+    with pytest.raises(ContractError, match=f"`{option}`"):
+        gdn_nki.torch.vllm_chunk_gated_delta_rule(**args, **{option: value})
+
+
+def test_flas_name_with_vllms_keyword_is_vllms_form() -> None:
+    """``return_intermediate_states`` is vLLM's keyword, which FLA's function does not take: FLA's name called with
+    it (positional arguments in vLLM's order) gives vLLM's three results, the bits of vLLM's entry."""
+    from test_torch_traced_rejections import vllm_prefill_call
+
+    args = vllm_prefill_call()
+    positional = [args[name] for name in ("q", "k", "v", "g", "beta")]
+    order = (None, args["initial_state"], True, args["cu_seqlens"], False, True)
+    want = gdn_nki.torch.vllm_chunk_gated_delta_rule(*positional, *order)
+    got = gdn_nki.torch.chunk_gated_delta_rule(*positional, *order, return_intermediate_states=False)
+    assert len(got) == 3 and got[2] is None
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ContractError, match="`return_intermediate_states`"):
+        gdn_nki.torch.chunk_gated_delta_rule(*positional, return_intermediate_states=True)
+
+
+@pytest.mark.parametrize("keyword", ["chunk_indices", "chunk_offsets", "core_attn_out"])
+def test_vllms_v_major_forms_keywords_are_rejected_naming_the_layout(keyword: str) -> None:
+    from test_torch_traced_rejections import vllm_prefill_call
+
+    with pytest.raises(ContractError, match=rf"`{keyword}`.*V-major \[N, H, V, K\]"):
+        gdn_nki.torch.vllm_chunk_gated_delta_rule(**vllm_prefill_call(), **{keyword: torch.zeros(1)})

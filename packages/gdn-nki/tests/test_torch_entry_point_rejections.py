@@ -79,7 +79,7 @@ def test_vllm_drop_in_refuses_zero_requests() -> None:
     assert_refused(
         lambda: vllm_fused_recurrent_gated_delta_rule(*empty, initial_state=torch.from_numpy(x.pool),
                                                       ssm_state_indices=torch.zeros(0, dtype=torch.int32)),
-        "query.rank", "q", "shape (0, 1, 2, 32)", [x.pool],
+        "q.torch", "q", "shape (0, 1, 2, 32)", [x.pool],
     )  # fmt: skip
 
 

@@ -96,6 +96,23 @@ def test_nan_rejected_on_the_cpu() -> None:
         fused_gdn_gating(**args)
 
 
+def test_grad_mode_gives_the_no_grad_bits_and_backward_names_the_drop_in() -> None:
+    """In grad mode (a and A_log requiring grad) the op runs, its outputs on the graph; a backward raises
+    ``ForwardOnlyError`` naming the drop-in (an inference kernel, as every gdn_nki op)."""
+    from gdn_nki.torch import ForwardOnlyError
+
+    args = _operands(torch.float32, tokens=40, seed=6)
+    with torch.no_grad():
+        want = fused_gdn_gating(**args)
+    args["a"].requires_grad_()
+    args["A_log"].requires_grad_()
+    g, beta = fused_gdn_gating(**args)
+    assert torch.equal(g.detach(), want[0]) and torch.equal(beta.detach(), want[1]) and g.requires_grad
+    with pytest.raises(ForwardOnlyError) as refused:
+        g.sum().backward()
+    assert refused.value.entry.endswith("fused_gdn_gating")
+
+
 def test_compile_fullgraph_one_op_bit_equal_to_eager() -> None:
     args = _operands(seed=2)
     eager = fused_gdn_gating(**args)

@@ -20,6 +20,7 @@ from gdn_nki.torch import (  # noqa: E402
     causal_conv1d_fn,
     causal_conv1d_update,
     rms_norm_gated,
+    vllm_chunk_gated_delta_rule,
 )
 from gdn_nki.torch.traced_rejection import REJECTIONS  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
@@ -66,12 +67,21 @@ def norm_module_call() -> dict[str, Any]:
     return dict(x=_randn(6, 4, CONV_C), g=_randn(6, 4, CONV_C), residual=_randn(6, 4, CONV_C), prenorm=True)
 
 
+def vllm_prefill_call() -> dict[str, Any]:
+    """vLLM's prefill (its own signature, three results): two packed sequences from initial states."""
+    torch.manual_seed(12)
+    return dict(q=_randn(1, 70, 2, 32), k=_randn(1, 70, 2, 32), v=_randn(1, 70, 4, 32), g=-torch.rand(1, 70, 4),
+                beta=torch.rand(1, 70, 4), initial_state=_randn(2, 4, 32, 32, scale=0.1), output_final_state=True,
+                cu_seqlens=torch.tensor([0, 25, 70], dtype=torch.int32), use_qk_l2norm_in_kernel=True)  # fmt: skip
+
+
 NORM_MODULE = FusedRMSNormGated(CONV_C, eps=1e-6, activation="silu").to(test_device())
 ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
     **CALLS,
     "vLLM conv update": (causal_conv1d_update, conv_update_call),
     "vLLM conv prefill": (causal_conv1d_fn, conv_fn_call),
     "FLA conv": (causal_conv1d, fla_conv_call),
+    "vLLM prefill": (vllm_chunk_gated_delta_rule, vllm_prefill_call),
     "FLA gated norm": (rms_norm_gated, norm_call),
     "FLA FusedRMSNormGated": (NORM_MODULE, norm_module_call),
 }
@@ -93,6 +103,8 @@ BAD_CALLS = {
     "norm: g of another shape": ("FLA gated norm", _set(g=lambda a: _randn(6, 4, CONV_C + 1))),
     "norm: weight of another width": ("FLA gated norm", _set(weight=lambda a: _randn(CONV_C - 2))),
     "norm: float64 x": ("FLA gated norm", _set(x=lambda a: a["x"].double())),
+    "vLLM prefill: state of another K": (
+        "vLLM prefill", _set(initial_state=lambda a: _randn(2, 4, 16, 32))),
     "norm: a bias": ("FLA gated norm", _set(bias=lambda a: _randn(CONV_C))),
     "norm: group_size": ("FLA gated norm", _set(group_size=lambda a: 8)),
     "norm module: g of another shape": ("FLA FusedRMSNormGated", _set(g=lambda a: _randn(6, 2, CONV_C))),
@@ -195,6 +207,32 @@ def test_export_raises_eagers_contract_error_while_tracing(case: str) -> None:
     with pytest.raises(ContractError) as exported:
         torch.export.export(_Called(drop_in), (), kwargs=on_device(change(make()), test_device()), strict=False)
     assert str(exported.value) == str(eager.value)
+
+
+@pytest.mark.parametrize(
+    "case", ["verify: bf16 pool", "prefill: unknown keyword", "conv prefill: width 7", "gdn_tkg: state of the wrong shape",
+             "norm: float64 x", "norm module: g of another shape"]
+)  # fmt: skip
+def test_strict_export_raises_eagers_contract_error_itself(case: str) -> None:
+    """``torch.export(strict=True)`` traces with dynamo, which would wrap a rejection raised in the traced code or by
+    the op's fake implementation (``TorchRuntimeError``); the rejection is judged by a function dynamo runs itself
+    (``traced_rejection``), so the caller gets eager's ContractError unwrapped, and no program."""
+    call, change = BAD_CALLS[case]
+    drop_in, make = ALL_CALLS[call]
+    with pytest.raises(ContractError) as eager:
+        drop_in(**change(make()))
+    with pytest.raises(ContractError) as exported:
+        torch.export.export(_Called(drop_in), (), kwargs=on_device(change(make()), test_device()), strict=True)
+    assert type(exported.value) is type(eager.value)
+    assert str(exported.value) == str(eager.value)
+    assert exported.value.__cause__ is None
+
+
+def test_strict_export_of_a_valid_call_is_one_op_node() -> None:
+    drop_in, make = ALL_CALLS["vLLM verify"]
+    program = torch.export.export(_Called(drop_in), (), kwargs=on_device(make(), test_device()), strict=True)
+    ops = [str(node.target) for node in program.graph.nodes if "gdn_nki" in str(node.target)]
+    assert ops == ["gdn_nki.vllm_fused_recurrent_gated_delta_rule.default"]
 
 
 @pytest.mark.parametrize("case", [case for case in BAD_CALLS if case.startswith(("conv", "FLA conv", "norm:"))])

@@ -174,3 +174,66 @@ def test_decode_padding_reads_and_writes_nothing() -> None:
     for row in (1, 3, 4):
         np.testing.assert_array_equal(after[row], pool[row])
     assert not np.array_equal(after[2], pool[2]) and not np.array_equal(after[0], pool[0])
+
+
+def _vllm_in_row_update(x, weight, bias, pool, rows, accepted):
+    """vLLM's ``_causal_conv1d_update_kernel`` with ``num_accepted_tokens`` (IS_SPEC_DECODING), written as its
+    loops run: the W − 1 columns read from offset o = a − 1 and shifted one token at a time, the row rewritten
+    entry by entry (new[i] = row[o + 1 + i] while i + T < L, else token i − (L − T)); no SiLU."""
+    pool = pool.copy()
+    tokens, width, state_len = x.shape[1], weight.shape[1], pool.shape[2]
+    out = np.zeros(x.shape)
+    for n, row in enumerate(rows):
+        if row < 0:
+            continue
+        o = accepted[n] - 1
+        source = pool[row].copy()
+        cols = [source[:, o + j] for j in range(width - 1)]
+        for t in range(tokens):
+            acc = bias.copy()
+            for j in range(width - 1):
+                acc = acc + cols[j] * weight[:, j]
+            acc = acc + x[n, t] * weight[:, width - 1]
+            cols = [*cols[1:], x[n, t]]
+            out[n, t] = acc
+        for i in range(state_len):
+            pool[row, :, i] = source[:, o + 1 + i] if i + tokens < state_len else x[n, i - (state_len - tokens)]
+    return out, pool
+
+
+@pytest.mark.parametrize("T,extra", [(1, 0), (2, 0), (4, 0), (4, 2)])
+def test_in_row_form_is_vllms_update_kernel(T: int, extra: int) -> None:
+    """[N] rows with num_accepted_tokens: vLLM's in-row form, entry for entry (a row of W − 2 + T entries, vLLM's
+    allocation, and a longer one), −1 rows untouched, every accepted count 1..T."""
+    rng = np.random.default_rng(T + 10 * extra)
+    N, C, W, P = 2 * T + 1, 5, 4, 3 * T + 4
+    L = W - 2 + T + extra
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    pool, x = rng.standard_normal((P, C, L)), rng.standard_normal((N, T, C))
+    rows = rng.permutation(P)[:N]
+    rows[1] = -1
+    accepted = np.arange(N) % T + 1
+    out, after = causal_conv1d_decode_pool(x, weight, bias, pool, rows, accepted, None)
+    ref_out, ref_after = _vllm_in_row_update(x, weight, bias, pool, rows, accepted)
+    np.testing.assert_allclose(out, np.where((rows >= 0)[:, None, None], ref_out, 0.0), rtol=1e-13, atol=1e-13)
+    np.testing.assert_array_equal(after, ref_after)
+
+
+@pytest.mark.parametrize("T", [1, 3, 4])
+def test_in_row_windows_are_the_per_token_rows(T: int) -> None:
+    """vLLM's in-row row and gdn-nki's [N, T] rows hold the same windows: from one window, both forms give the
+    same outputs, and the in-row row's window at offset a − 1 is per-token row [n, a − 1]'s, for every a."""
+    rng = np.random.default_rng(T)
+    N, C, W = 3, 4, 4
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    window, x = rng.standard_normal((N, C, W - 1)), rng.standard_normal((N, T, C))
+    in_row = np.concatenate([window, rng.standard_normal((N, C, T - 1))], axis=2)  # the window at offset 0
+    out, after = causal_conv1d_decode_pool(x, weight, bias, in_row, np.arange(N), np.ones(N, int))
+    rows = np.arange(N * T).reshape(N, T)
+    per_token_pool = np.zeros((N * T, C, W - 1))
+    per_token_pool[rows[:, 0]] = window  # each request resumes from row [n, 0]
+    ref_out, ref_after = causal_conv1d_decode_pool(x, weight, bias, per_token_pool, rows, np.ones(N, int))
+    np.testing.assert_array_equal(out, ref_out)
+    for n in range(N):
+        for a in range(1, T + 1):
+            np.testing.assert_array_equal(after[n][:, a - 1 : a + W - 2], ref_after[rows[n, a - 1]])

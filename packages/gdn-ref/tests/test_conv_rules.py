@@ -34,8 +34,20 @@ STEP_CASES = {
     "conv.pool_dtype": dict(conv_pool=np.zeros((6, 32, 3), np.float64)),
     "conv.activation": dict(activation="gelu"),
     "conv.state_indices": dict(state_indices=np.zeros((2, 3), np.int64)),
-    "conv.num_accepted_tokens": dict(state_indices=np.zeros(2, I32)),
+    "conv.num_accepted_tokens": dict(num_accepted_tokens=np.ones((2, 1), I32)),
+    # vLLM's in-row form ([N] rows with num_accepted_tokens): a row of L = 3 < W − 2 + T = 5 entries
+    "conv.in_row_window": dict(state_indices=np.zeros(2, I32)),
 }
+
+
+def test_the_in_row_form_takes_a_row_of_w_minus_2_plus_t() -> None:
+    """[N] rows with num_accepted_tokens: a row of W − 2 + T = 5 entries (vLLM's W − 1 + num_spec) or more is well
+    formed, one shorter is refused naming conv_pool and the length it needs."""
+    assert _step(state_indices=np.zeros(2, I32), conv_pool=np.zeros((6, 32, 5), F32)) == set()
+    found = conv_step_violations(np.zeros((2, 3, 32), F32), np.zeros((6, 32, 4), F32), np.zeros((32, 4), F32), None,
+                                 np.zeros(2, I32), np.ones(2, I32), "silu")  # fmt: skip
+    assert [(v.rule_id, v.argument) for v in found] == [("conv.in_row_window", "conv_pool")]
+    assert "[P, C, 5]" in found[0].fix
 
 
 def test_a_valid_step_breaks_nothing() -> None:
@@ -78,3 +90,11 @@ def test_a_valid_prefill_breaks_nothing() -> None:
 @pytest.mark.parametrize("rule", sorted(PREFILL_CASES))
 def test_each_prefill_rule_fires_alone(rule: str) -> None:
     assert _prefill(**PREFILL_CASES[rule]) == {rule}
+
+
+def test_an_entry_point_without_the_in_row_form_keeps_counts_to_per_token_rows() -> None:
+    """``in_row=False`` (the fused block: its recurrent pool has no in-row form): [N] rows with num_accepted_tokens
+    are refused naming num_accepted_tokens, whatever the row length."""
+    found = conv_step_violations(np.zeros((2, 3, 32), F32), np.zeros((6, 32, 5), F32), np.zeros((32, 4), F32), None,
+                                 np.zeros(2, I32), np.ones(2, I32), "silu", in_row=False)  # fmt: skip
+    assert [(v.rule_id, v.argument) for v in found] == [("conv.num_accepted_tokens", "num_accepted_tokens")]

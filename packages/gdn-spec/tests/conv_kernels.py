@@ -25,7 +25,8 @@ setattr(padding_written, CAPABILITIES_ATTR, getattr(oracle_decode, CAPABILITIES_
 
 
 def numbers_only(x, conv_pool, weight, bias, state_indices, num_accepted_tokens=None, *, activation="silu"):
-    """The oracle declaring neither [N, T] rows nor rejections (as HF's update through its glue): two checks skip."""
+    """The oracle declaring neither [N, T] rows, the in-row form nor rejections (as HF's update through its glue):
+    three checks skip."""
     return oracle_decode(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation=activation)
 
 

@@ -66,6 +66,19 @@ def _no_rollback(good, x, pool, w, b, rows, acc, act):
     return good(x, pool, w, b, rows, None, activation=act)  # always resumes from row [n, 0]
 
 
+def _in_row_from_offset_0(good, x, pool, w, b, rows, acc, act):
+    if acc is not None and np.ndim(rows) == 1:
+        acc = np.ones_like(acc)  # vLLM's in-row form read from the row's start whatever the count
+    return good(x, pool, w, b, rows, acc, activation=act)
+
+
+def _in_row_window_at_the_end(good, x, pool, w, b, rows, acc, act):
+    """Reads the in-row window from offset a − 2 (off by one; a count of 1 still from 0)."""
+    if acc is not None and np.ndim(rows) == 1:
+        acc = np.maximum(acc - 1, 1)
+    return good(x, pool, w, b, rows, acc, activation=act)
+
+
 def _no_checks(good, x, pool, w, b, rows, acc, act):
     try:
         return good(x, pool, w, b, rows, acc, activation=act)
@@ -91,6 +104,8 @@ MUTANTS = {
     "window offset": (_first_window_entries, {"numerics", "pool"}),
     "-1 row not skipped": (_padding_not_skipped, {"padding"}),
     "no rollback": (_no_rollback, {"rollback"}),
+    "in-row offset ignored": (_in_row_from_offset_0, {"in_row"}),
+    "in-row offset one short": (_in_row_window_at_the_end, {"in_row"}),
     "no rejections": (_no_checks, {"rejections"}),
     "a row not named written": (_stray_write, {"pool", "padding"}),
     "batch dependent": (_batch_dependent, {"batch_invariance"}),
@@ -100,7 +115,7 @@ MUTANTS = {
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_each_planted_bug_is_caught_by_its_check(name: str) -> None:
     change, checks = MUTANTS[name]
-    report = run(_mutant(change), ConvCapabilities(name=name, per_token_rows=True, rejections=True))
+    report = run(_mutant(change), ConvCapabilities(name=name, per_token_rows=True, in_row=True, rejections=True))
     assert set(report.failed) & checks, report.table()
 
 

@@ -96,7 +96,7 @@ def block_violations(
             "(q, k, v contiguous in that order)")  # fmt: skip
     stand_in = np.broadcast_to(np.zeros((), np.asarray(hidden).dtype if host else _numpy_dtype(hidden)), (n, t, c))
     conv = conv_step_violations(stand_in, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens,
-                                "silu", api=BLOCK)  # fmt: skip
+                                "silu", api=BLOCK, in_row=False)  # fmt: skip
     # The conv's rules name the conv's arguments; the block's own names for them (its x is the in_proj's output).
     found += [replace(v, argument=CONV_ARGUMENTS.get(v.argument, v.argument)) for v in conv if v.argument != "x"]
     pool_rows = np.shape(conv_pool)[0] if len(np.shape(conv_pool)) == 3 else None

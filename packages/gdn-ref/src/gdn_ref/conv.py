@@ -35,6 +35,13 @@ request reads its row and writes its window after its T tokens there) or ``[N, T
 t goes to row ``[n, t]``, the request starts from row ``[n, num_accepted_tokens[n] − 1]``, row ``[n, 0]`` without
 it); −1 is padding: nothing of the pool is read or written and the request's outputs are zeros. vLLM's one long
 row holds the same windows: its window at offset a − 1 is our row ``[n, a − 1]``'s.
+
+vLLM's own speculative form ("in-row": ``[N]`` rows with ``num_accepted_tokens``) is also here, as vLLM's
+``causal_conv1d_update`` computes it when ``num_accepted_tokens`` is given (``IS_SPEC_DECODING``): request n's row
+R (L entries, L >= W − 2 + T: vLLM allocates W − 1 + num_speculative_tokens) is read from offset
+o = num_accepted_tokens[n] − 1: the taps' window is R[o .. o + W − 2], and the row written back (the same row) is
+R[o + 1 .. o + L − T] ++ the T tokens — the row shifted left by o + 1 with the tokens after it, so the next step's
+window at offset a' − 1 ends at its a'-th accepted token.
 """
 
 from __future__ import annotations
@@ -208,14 +215,17 @@ def causal_conv1d_decode_pool(
         weight, bias, activation: as ``conv_from_window``.
         pool (np.ndarray): [P, C, L] (not modified).
         state_indices: [N] or [N, T] rows; −1: padding.
-        num_accepted_tokens: [N] in [1, T], with [N, T] rows: the request starts from row
-            ``[n, num_accepted_tokens[n] − 1]``.
+        num_accepted_tokens: [N] in [1, T]: with [N, T] rows the request starts from row
+            ``[n, num_accepted_tokens[n] − 1]``; with [N] rows, vLLM's in-row form (module docstring): its row is
+            read from offset ``num_accepted_tokens[n] − 1`` (L >= W − 2 + T).
 
     Returns:
         tuple: out [N, T, C] (zeros for padding requests) and the pool after the step, float64.
     """
     x = np.asarray(x, dtype=np.float64)
     rows = np.asarray(state_indices).astype(np.int64)
+    if rows.ndim == 1 and num_accepted_tokens is not None:
+        return _decode_in_row(x, weight, bias, pool, rows, np.asarray(num_accepted_tokens), activation)
     per_token = rows.ndim == 2
     rows = rows.reshape(rows.shape[0], -1)
     after = np.array(pool, dtype=np.float64, copy=True)
@@ -237,4 +247,27 @@ def causal_conv1d_decode_pool(
                 after[rows[n, t]] = windows[t]
         else:
             after[rows[n, 0]] = windows[-1]
+    return out, after
+
+
+def _decode_in_row(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, pool: np.ndarray, rows: np.ndarray,
+                   accepted: np.ndarray, activation: str | None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """vLLM's in-row speculative step (module docstring): request n's taps read its row from offset
+    o = accepted[n] − 1, and the row becomes R[o + 1 .. o + L − T] ++ its tokens."""
+    tokens, width, state_len = x.shape[1], np.shape(weight)[1], np.shape(pool)[2]
+    if state_len < width - 2 + tokens:
+        raise ValueError(f"an in-row state of L = {state_len} is shorter than the W − 2 + T = {width - 2 + tokens} "
+                         "entries its windows span")  # fmt: skip
+    after = np.array(pool, dtype=np.float64, copy=True)
+    out = np.zeros(x.shape)
+    before = {int(r): after[r].copy() for r in rows if r >= 0}  # every read before any write
+    for n, row in enumerate(rows):
+        if row < 0:
+            continue
+        offset = int(accepted.reshape(-1)[n]) - 1
+        if not 0 <= offset < tokens:
+            raise ValueError(f"num_accepted_tokens[{n}] = {offset + 1} is outside [1, T = {tokens}]")
+        source = before[int(row)]
+        out[n], _ = conv_from_window(x[n], source[:, offset : offset + width - 1], weight, bias, activation)
+        after[row] = np.concatenate([source[:, offset + 1 : offset + 1 + state_len - tokens], x[n].T], axis=1)
     return out, after

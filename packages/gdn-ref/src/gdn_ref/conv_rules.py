@@ -45,14 +45,17 @@ def conv_step_violations(
     activation: Any = "silu",
     *,
     api: str = CONV_STEP,
+    in_row: bool = True,
 ) -> list[Violation]:
     """Every broken shape / dtype rule of a conv decode-step call (no values read).
 
     Args:
         x: [N, T, C] float32 or bfloat16. conv_pool: [P, C, L] x's dtype, L >= W − 1. weight: [C, W], W in 2..5,
         float32 or bfloat16. bias: [C] or None. state_indices: [N] or [N, T] int32. num_accepted_tokens: [N]
-        int32, only with [N, T] rows. activation: "silu" or None.
+        int32 (with [N] rows: vLLM's in-row form, L >= W − 2 + T). activation: "silu" or None.
         api (str): the entry point named in the messages.
+        in_row (bool): the entry point takes vLLM's in-row form ([N] rows with num_accepted_tokens); False (the
+            fused block, whose recurrent pool has no such form): num_accepted_tokens only with [N, T] rows.
 
     Returns:
         list[Violation]: empty when the call is well formed.
@@ -76,11 +79,34 @@ def conv_step_violations(
             "pass one row per request (or per token) as int32")  # fmt: skip
     if num_accepted_tokens is not None:
         na = _shape(num_accepted_tokens)
-        if si != (xs[0], xs[1]) or na != (xs[0],) or _dtype(num_accepted_tokens) != INDEX_DTYPE:
-            bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} dtype {_dtype(num_accepted_tokens)}",
-                "num_accepted_tokens is [N] int32 and goes with [N, T] state_indices (the row to resume from)",
+        if not in_row and si != (xs[0], xs[1]):
+            bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} with state_indices of shape {si}",
+                "num_accepted_tokens goes with [N, T] state_indices here (the row to resume from)",
                 "pass per-token rows [N, T] with it, or drop it")  # fmt: skip
+        elif na != (xs[0],) or _dtype(num_accepted_tokens) != INDEX_DTYPE:
+            bad("num_accepted_tokens", "num_accepted_tokens", f"shape {na} dtype {_dtype(num_accepted_tokens)}",
+                f"num_accepted_tokens is [N] = [{xs[0]}] int32: with [N, T] state_indices the row to resume from, "
+                "with [N] rows the offset in the row (vLLM's in-row form)", "pass one count per request as int32, "
+                "or drop it")  # fmt: skip
+        if in_row:
+            found += _in_row_violations(xs, conv_pool, weight, si, api)
     return found
+
+
+def _in_row_violations(xs: tuple[int, ...], conv_pool: Any, weight: Any, si: Any, api: str) -> list[Violation]:
+    """vLLM's in-row form ([N] rows with ``num_accepted_tokens``): a row holds the windows at every offset
+    a − 1 <= T − 1, so L >= W − 2 + T (vLLM allocates W − 1 + num_speculative_tokens, T = num_speculative_tokens
+    + 1)."""
+    ps, ws = _shape(conv_pool), _shape(weight)
+    if si != (xs[0],) or ps is None or len(ps) != 3 or ws is None or len(ws) != 2:
+        return []
+    need = ws[1] - 2 + xs[1]
+    if ps[2] >= need:
+        return []
+    return [Violation("conv.in_row_window", "conv_pool", f"L={ps[2]}", f"with [N] state_indices and "
+                      f"num_accepted_tokens a row holds the window at every offset num_accepted_tokens - 1 <= T - 1: "
+                      f"L >= W - 2 + T = {need}", f"allocate the pool as [P, C, {need}] (W - 1 + the speculative "
+                      "tokens), or pass [N, T] state_indices", api)]  # fmt: skip
 
 
 def _parts(x: Any, channels: int, conv_pool: Any, weight: Any, bias: Any, activation: Any, api: str) -> list[Violation]:

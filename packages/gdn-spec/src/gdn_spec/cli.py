@@ -214,6 +214,7 @@ def format_summary(summary: Summary, title: str) -> str:
 # The conv family's one profile: the checks a kernel declares (gdn_spec.conv).
 CONV_PROFILE_DOCS = {
     "conv": "gdn-spec's conv family: numerics against the fp64 conv oracle, pool rows, -1 padding, rollback, "
+    "vLLM's in-row form, "
     "rejections with the pool untouched and batch invariance, each as far as the kernel declares"
 }
 

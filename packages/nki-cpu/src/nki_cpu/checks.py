@@ -75,6 +75,7 @@ RULES = frozenset(
         "psum_bank",  # a PSUM tile one instruction writes stays inside one 2 KiB bank per partition (v2/v3)
         "accumulation_groups",  # at most 8 matmul accumulation groups outstanding
         "lnc_grid",  # kernel[n]: n is the LNC degree, 1 or 2
+        "live_registers",  # at most 64 scalar registers live at once per engine sequencer (registers_live)
         "buffer_strings",  # buffers are nl.* objects, not strings (NKI 0.3.0+)
         "pe_tiling",  # nc_matmul tiling mode: both tile_position and tile_size, aligned, inside the PE array
         "indirect_transpose",  # no dma_transpose of a src addressed at run time (nl.ds run-time start, offsets)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from nki_cpu import checks, frameworks, isa, language, state
+from nki_cpu import checks, frameworks, isa, language, registers_live, state
 from nki_cpu.cost.record import Trace
 from nki_cpu.target import get_nc_version
 from nki_cpu.tensor import MemoryRegion, NkiTensor, wrap_array
@@ -208,6 +208,9 @@ def simulate(
             previous = state.push(launch)
             try:
                 results.append(fn(*args, **kwargs))
+                over = registers_live.over_the_limit(launch.trace)
+                if over:  # a hardware limit of the whole program: known once the launch's last instruction ran
+                    checks.rule("live_registers", over, launch.relaxed)
             finally:
                 state.pop(previous)
                 traces.append(launch.trace)

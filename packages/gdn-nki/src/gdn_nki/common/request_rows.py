@@ -66,12 +66,8 @@ def request_rows(
     if num_accepted_tokens is None:
         nisa.tensor_copy(dst=read, src=as_float[:, :, 0])
     else:
-        accepted = sbuf((1, n_req), INT32)
-        nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[n_req, 1], [1, n_req]], offset=0))
-        position = sbuf((1, n_req), FP32)  # clamp(count, 1, T) - 1
-        nisa.tensor_scalar(dst=position, data=accepted, op0=nl.maximum, operand0=1.0, op1=nl.minimum,
-                           operand1=float(tokens))  # fmt: skip
-        nisa.tensor_scalar(dst=position, data=position, op0=nl.subtract, operand0=1.0)
+        position = sbuf((1, n_req), FP32)
+        _accepted_positions(position, num_accepted_tokens, n_req, tokens)
         token = sbuf((1, n_req, width), FP32)
         nisa.iota(dst=token, pattern=[[0, n_req], [1, width]], offset=0, channel_multiplier=0)
         chosen = sbuf((1, n_req, width), FP32)
@@ -93,6 +89,25 @@ def request_rows(
     _past_the_end(tiles[2][:, 0:n_req], live_number, n_req, minus=1.0)
     _past_the_end(tiles[3][:, 0:n_req], padding_number, n_req, minus=1.0)
     return tuple(tiles)
+
+
+def accepted_offsets(num_accepted_tokens: Any, n_req: int, tokens: int, slots: int) -> Any:
+    """[1, slots] int32: request n's ``clamp(num_accepted_tokens[n], 1, T) − 1`` (0 past N): the offset of vLLM's
+    in-row form (``conv.step``), clamped as ``request_rows``' read rows are, so a padding request's unchecked count
+    addresses inside its (skipped) row."""
+    offsets = sbuf((1, slots), INT32)
+    if slots > n_req:
+        nisa.memset(dst=offsets[:, n_req:], value=0)
+    _accepted_positions(offsets[:, 0:n_req], num_accepted_tokens, n_req, tokens)
+    return offsets
+
+
+def _accepted_positions(dst: Any, num_accepted_tokens: Any, n_req: int, tokens: int) -> None:
+    """``dst`` [1, N] = clamp(num_accepted_tokens, 1, T) − 1, loaded from HBM (exact small integers)."""
+    accepted = sbuf((1, n_req), INT32)
+    nisa.dma_copy(dst=accepted, src=num_accepted_tokens.ap(pattern=[[n_req, 1], [1, n_req]], offset=0))
+    nisa.tensor_scalar(dst=dst, data=accepted, op0=nl.maximum, operand0=1.0, op1=nl.minimum, operand1=float(tokens))
+    nisa.tensor_scalar(dst=dst, data=dst, op0=nl.subtract, operand0=1.0)
 
 
 def _past_the_end(dst: Any, rows: Any, end: int, minus: float = 0.0) -> None:

@@ -44,6 +44,9 @@ from .step import (
 )
 
 RUN = 8  # tokens of a bulk run (plus its halo): 8 runs = 64 tokens an instruction; T is a multiple of 128
+# SBUF a partition keeps for what is live beside the bulk pass's tile set and taps: the layout tables, the 0/1
+# slot replicator, the ones column (a few hundred bytes at N = 128 slots).
+CONSTANTS_SLACK = 4096
 INT32 = nl.int32
 
 
@@ -233,17 +236,36 @@ def _bulk(x: Any, out: Any, taps: Any, bias_column: Any, ones: Any, shape: tuple
     tokens = x.shape[0]
     state_len, width = shape
     per_part = x.shape[1] // PARTITIONS_PER_REQUEST
-    tiles = _TileSet(x.dtype, per_part, state_len + RUN, state_len, width, None, bias_column, first_output=state_len)
-    for base in range(0, tokens, RUN * REQUESTS_PER_GROUP):
+    run = bulk_run(x.dtype, per_part, state_len, width, bias_column is not None)
+    tiles = _TileSet(x.dtype, per_part, state_len + run, state_len, width, None, bias_column, first_output=state_len)
+    for base in range(0, tokens, run * REQUESTS_PER_GROUP):
         for j in range(REQUESTS_PER_GROUP):
-            start = base + j * RUN
+            start = base + j * run
             if start == 0:  # no halo before the bucket: the memset zeros stay
-                _copy(tiles.inputs[_parts(j), state_len:], _x_rows(x, 0, RUN))
+                _copy(tiles.inputs[_parts(j), state_len:], _x_rows(x, 0, run))
             else:
-                _copy(tiles.inputs[_parts(j)], _x_rows(x, start - state_len, state_len + RUN))
-        _convolve(tiles, taps, ones, (state_len + RUN, state_len, width), activation)
+                _copy(tiles.inputs[_parts(j)], _x_rows(x, start - state_len, state_len + run))
+        _convolve(tiles, taps, ones, (state_len + run, state_len, width), activation)
         for j in range(REQUESTS_PER_GROUP):
-            _copy(_x_rows(out, base + j * RUN, RUN), tiles.result[_parts(j)])
+            _copy(_x_rows(out, base + j * run, run), tiles.result[_parts(j)])
+
+
+def bulk_run(dtype: Any, per_part: int, state_len: int, width: int, bias: bool) -> int:
+    """The tokens of a bulk run: ``RUN``, halved until the run's tile set (``_TileSet``: the window, the inputs
+    with their halo, each output's fp32 products and sum, the results) fits a partition's SBUF beside the taps, the
+    bias and ``CONSTANTS_SLACK`` ("nki.language.tile_size", ``sbuf_fmax_bytes``, SDK 2.33). At Qwen3-Next's
+    channels (C = 8192, 512 a partition) it is ``RUN``; Qwen3.5's C = 12288 in fp32 halves it (the same outputs,
+    bit for bit: each output's arithmetic does not depend on the run; twice the instructions)."""
+    size = 4 if dtype == FP32 else 2
+    terms = width + bias
+    constants = per_part * 4 * (width + bias) + CONSTANTS_SLACK
+    run = RUN
+    while run > 1:
+        tile_set = per_part * ((2 * state_len + run) * size + run * (terms + 1) * 4 + run * size)
+        if tile_set + constants <= nl.tile_size.sbuf_fmax_bytes:
+            break
+        run //= 2
+    return run
 
 
 def _starts(x: Any, out: Any, pool: Any, taps: Any, bias_column: Any, ones: Any, shape: tuple[int, int],

@@ -9,6 +9,12 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
 - ``state_indices`` [N]: request n reads row ``state_indices[n]`` and writes its window after the T tokens there;
 - [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
   (``[n, 0]`` without it);
+- [N] with ``num_accepted_tokens`` (vLLM's in-row form, ``gdn_ref.conv``): request n's row holds
+  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row written
+  back is entries o + 1 .. o + L − T, then the T tokens. The offset is device data: the row's load is addressed at
+  row · C · L + o (one run-time ``scalar_offset``, "NKI Scalar Values": + and * of scalars, SDK 2.33) and moves
+  each partition's run of the row shifted by o (``_shifted_row``), so channel f's entries o .. o + L − T land
+  first in its L slots — all the step reads, in one run per partition;
 - −1 is padding: every pool transfer it addresses is skipped by the DMA (``oob_mode.skip``, "nki.isa.dma_copy",
   SDK 2.33) and its outputs are zeros: act(0 · sum), the activation's per-partition scale set from a per-group
   live mask (``_live_mask``), so every request's row of ``out`` is written without a row to look up. That holds
@@ -38,7 +44,7 @@ from gdn_ref.conv_rules import conv_step_violations
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call
-from ..common.request_rows import entry, request_rows
+from ..common.request_rows import accepted_offsets, entry, request_rows
 from ..common.tiles import FP32, matmul, psum, sbuf
 
 PARTITIONS_PER_REQUEST = 16  # runs of 1 KiB (x, out) and 3 KiB (windows) per partition at C = 8192, bf16
@@ -68,7 +74,8 @@ def gdn_conv_step(
         weight (nl.NkiTensor): [C, W] @ HBM fp32 or bf16; tap W − 1 multiplies the current token.
         bias (nl.NkiTensor): [C] @ HBM fp32 or bf16, or None.
         state_indices (nl.NkiTensor): [N] or [N, T] int32 @ HBM: pool rows (module docstring); −1 = padding.
-        num_accepted_tokens (nl.NkiTensor): optional [N] int32 @ HBM, with [N, T] indices: the row to resume from.
+        num_accepted_tokens (nl.NkiTensor): optional [N] int32 @ HBM: with [N, T] indices the row to resume from;
+            with [N] indices the offset in the row (vLLM's in-row form, L >= W − 2 + T).
         activation (str | None): "silu" (Qwen3-Next) or None.
 
     Returns:
@@ -83,6 +90,7 @@ def gdn_conv_step(
     state_len, width = conv_pool.shape[2], weight.shape[1]
     per_part = channels // PARTITIONS_PER_REQUEST
     per_token = len(state_indices.shape) == 2
+    in_row = num_accepted_tokens is not None and not per_token
     out = nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
@@ -94,8 +102,11 @@ def gdn_conv_step(
     total = trips * sets
     first_rows = _first_rows(state_indices, n_req, total)
     taps, bias_column = _constants(weight, bias, per_part)
-    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, total * REQUESTS_PER_GROUP,
+    slots = total * REQUESTS_PER_GROUP
+    rows = request_rows(state_indices, None if in_row else num_accepted_tokens, n_req, tokens, slots,
                         conv_pool.shape[0], outputs=False)  # fmt: skip
+    if in_row:  # the rows, then each request's offset in its row
+        rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
     identity = _identity()
     whole, channels, sum_banks, on_vector = _engine_plan(tokens, per_part, width, sets)
     summed_on_pe = (identity, whole, channels, sum_banks)
@@ -103,11 +114,12 @@ def gdn_conv_step(
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
     tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column, summed_on_pe=summed_on_pe,
-                          clear=GPSIMD if s == 0 else VECTOR, multiplied_on_vector=multiplied_on_vector)
+                          clear=GPSIMD if s == 0 else VECTOR, multiplied_on_vector=multiplied_on_vector,
+                          in_row=in_row)
                  for s in range(sets)]  # fmt: skip
     live = _live_mask(first_rows, total)
     shape = (tokens, state_len, width)
-    accepted = num_accepted_tokens is not None
+    accepted = num_accepted_tokens is not None and not in_row  # the read row from ``request_rows``' second tile
 
     made: dict[int, list[_Slot]] = {}
 
@@ -116,9 +128,9 @@ def gdn_conv_step(
         # row), one `scalar_load` a request less on GpSimd, which the stores' DMA queues wait on (N = 64: 30.9 ->
         # 29.2 us). The value stays live until the store, up to ``sets`` groups later (at most 32 rows at once).
         if not isinstance(g, int):
-            return [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
+            return [_Slot(rows, g, j, total, tokens, per_token, accepted, in_row) for j in range(REQUESTS_PER_GROUP)]
         if g not in made:
-            made[g] = [_Slot(rows, g, j, total, tokens, per_token, accepted) for j in range(REQUESTS_PER_GROUP)]
+            made[g] = [_Slot(rows, g, j, total, tokens, per_token, accepted, in_row) for j in range(REQUESTS_PER_GROUP)]
         return made[g]
 
     # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
@@ -143,7 +155,8 @@ def gdn_conv_step(
 
     def body(i: Any) -> None:  # TRIPS_PER_ITERATION trips, their slots' rows from one window (``_RowWindow``)
         base = i * (TRIPS_PER_ITERATION * sets)
-        window = _RowWindow(rows, base, total, (TRIPS_PER_ITERATION + 1) * sets, tokens, per_token, accepted)
+        window = _RowWindow(rows, base, total, (TRIPS_PER_ITERATION + 1) * sets, tokens, per_token, accepted,
+                            in_row)  # fmt: skip
         for k in range(TRIPS_PER_ITERATION):
             for s, tile_set in enumerate(tile_sets):
                 local = k * sets + s
@@ -155,7 +168,13 @@ def gdn_conv_step(
         nl.fori_loop(0, looped, body)
     for k in range(looped * TRIPS_PER_ITERATION, trips - 1):
         iteration(k)
-    iteration(trips - 1, ahead=False)
+    last = trips - 1
+    if _drains_in_runs(tile_sets[0], tokens):
+        for s, tile_set in enumerate(tile_sets):
+            g = last * sets + s
+            tile_set.convolve_and_store(out, conv_pool, slots_of(g), taps, _column(live, g), shape, activation)
+    else:
+        iteration(last, ahead=False)
     return out, conv_pool
 
 
@@ -237,13 +256,14 @@ class _Slot:
     once per slot object (an unrolled group's load and store share one; a compiled loop's body makes its own)."""
 
     def __init__(self, rows: tuple[Any, ...], g: Any, j: int, total: int, tokens: int, per_token: bool, accepted: bool,
-                 n: Any = None):  # fmt: skip
+                 in_row: bool = False, n: Any = None):  # fmt: skip
         """``rows`` hold group g's slot j at entry j·total + g (per request); ``n`` the request when that is not
-        g + j·total (a ``_RowWindow``'s rows)."""
+        g + j·total (a ``_RowWindow``'s rows); ``in_row``: ``rows[1]`` holds the offsets of vLLM's in-row form."""
         self.part = slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
         self.n = g + j * total if n is None else n  # request j·G + g (the kernel's map of slots)
         self._rows, self._g, self._first = rows, g, j * total
         self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+        self._in_row = in_row
         self._read: Any = None
 
     def _load(self, tile: int, static: int, scale: int) -> Any:
@@ -258,6 +278,17 @@ class _Slot:
                 width = self._tokens if self._per_token else 1
                 self._read = self._load(0, self._first * width, width)
         return self._read
+
+    def read_view(self, pool: Any) -> Any:
+        """The pool entries its load moves: its read row, or with the in-row form the row shifted by its offset
+        (``_shifted_row``). The offset is loaded per call, right before the load that uses it: only the row stays
+        live until the store (up to (TILE_SETS + 1) · 8 = 40 rows at once, a sequencer holding 64 registers:
+        "nki.isa.register_alloc"; nki-cpu's rule ``live_registers``)."""
+        if not self._in_row:
+            return _pool_view(pool, self.read_row())
+        _, channels, state_len = pool.shape
+        start = self.read_row() * (channels * state_len) + self._load(1, self._first, 1)
+        return _shifted_row(pool, start, self._tokens)
 
     def write_rows(self) -> tuple[Any, ...]:
         """The rows its windows are stored to: one per token with per-token rows, else its read row."""
@@ -274,9 +305,9 @@ class _RowWindow:
     for most of a loop iteration."""
 
     def __init__(self, rows: tuple[Any, ...], base: Any, total: int, span: int, tokens: int, per_token: bool,
-                 accepted: bool):  # fmt: skip
+                 accepted: bool, in_row: bool = False):  # fmt: skip
         self._base, self._total, self._span = base, total, span
-        self._tokens, self._per_token, self._accepted = tokens, per_token, accepted
+        self._flags = (tokens, per_token, accepted, in_row)
         self._tiles = []
         for table in rows:
             width = table.shape[1] // (total * REQUESTS_PER_GROUP)  # entries a request
@@ -290,9 +321,9 @@ class _RowWindow:
     def slots(self, local: int) -> list[_Slot]:
         """Group ``base + local``'s slots (``local`` < span), their rows from the window."""
         tiles, base, total = tuple(self._tiles), self._base, self._total
-        flags = (self._tokens, self._per_token, self._accepted)
         return [
-            _Slot(tiles, local, j, self._span, *flags, n=base + local + j * total) for j in range(REQUESTS_PER_GROUP)
+            _Slot(tiles, local, j, self._span, *self._flags, n=base + local + j * total)
+            for j in range(REQUESTS_PER_GROUP)
         ]
 
 
@@ -315,6 +346,7 @@ class _TileSet:
         summed_on_pe: tuple[Any, int] | None = None,
         clear: Any = GPSIMD,
         multiplied_on_vector: tuple[list[Any], int] | None = None,
+        in_row: bool = False,
     ):
         """``per_token``: keep the window after every token (True), the last (False) or none (None);
         ``first_output``: the first token whose output is computed (the tokens before it are a halo);
@@ -322,7 +354,9 @@ class _TileSet:
         first c channels') are accumulated by the tensor engine in PSUM (``_sum_on_pe``) in ``banks`` banks taken in
         turn, the rest reduced by the vector engine; ``clear``: the engine that zeroes
         the loaded tiles first; ``multiplied_on_vector``: (the taps in PSUM, ``_taps_in_psum``; k): the products of
-        the outputs from k on are formed by the vector engine, the others' by GpSimd."""
+        the outputs from k on are formed by the vector engine, the others' by GpSimd; ``in_row``: vLLM's in-row
+        form, the windows tile holding a row's L − T + 1 entries from the request's offset, the taps' window its
+        first W − 1 (``_convolve``)."""
         self.first_output = first_output
         outputs = tokens - first_output
         self.identity, self.pe_outputs, self.pe_channels, banks = summed_on_pe if summed_on_pe else (None, 0, 0, 0)
@@ -332,6 +366,11 @@ class _TileSet:
         # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
         self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
+        self.in_row = in_row
+        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's L − T + 1 from the
+        # offset on (the rest of its slots: the next channel's entries, unused).
+        self.loaded = state_len - tokens + 1 if in_row else state_len
+        self.first_tap = 0 if in_row else state_len - (width - 1)  # the taps' window in ``windows``
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
         nisa.memset(dst=self.windows, value=0.0, engine=clear)
@@ -349,9 +388,11 @@ class _TileSet:
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
-            nisa.dma_copy(
-                dst=self.windows[slot.part], src=_pool_view(pool, slot.read_row()), oob_mode=nisa.oob_mode.skip
-            )
+            src = slot.read_view(pool)
+            dst = self.windows[slot.part]
+            if self.in_row:  # a run of the row's flat entries: the first F·L − (T − 1) of the partition's slots
+                dst = self.windows.reshape((128, -1))[slot.part, 0 : src.shape[1]]
+            nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
             if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
                 nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
 
@@ -366,6 +407,92 @@ class _TileSet:
             if not isinstance(slot.n, int) or slot.n < out.shape[0]:  # every request's row, padding's zeros included
                 nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
 
+    def convolve_and_store(self, out: Any, pool: Any, slots: list[_Slot], taps: Any, live: Any,
+                           shape: tuple[int, int, int], activation: str | None) -> None:  # fmt: skip
+        """The set's last group of the launch, nothing loaded behind it (``_drains_in_runs``): its windows kept
+        (vector engine) and stored first, then its channels in ``DRAIN_RUNS`` runs, each run's products, sum and
+        activation issued before the next run's, so GpSimd, the tensor engine, the vector engine and the scalar
+        engine work on successive runs side by side instead of each waiting for the whole group. The same
+        roundings as ``_convolve``, element by element."""
+        tokens, state_len, width = shape
+        _keep_windows(self, tokens, state_len, VECTOR)
+        for slot in slots:
+            for t, row in enumerate(slot.write_rows()):
+                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+        per_part = self.inputs.shape[2]
+        step = -(-per_part // DRAIN_RUNS)
+        runs = [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
+        on_vector = [i % DRAIN_SUMMED_ON_VECTOR_EVERY == DRAIN_SUMMED_ON_VECTOR_EVERY - 1 for i in range(len(runs))]
+        if self.bias is not None:  # the bias term of the runs the vector engine sums (the PE adds its own)
+            for run, vector in zip(runs, on_vector, strict=True):
+                if vector:
+                    nisa.tensor_copy(dst=self.products[:, 0, run, width], src=self.bias[:, run], engine=GPSIMD)
+        # Run i + 1's products from the window before run i's from the new input: a run's two products write one
+        # box of the products tile, which the model (and a compiler ordering by boxes) orders, so back to back the
+        # second would wait out the first's latency.
+        _one_output_products(self, taps, shape, runs[0], from_window=True)
+        for i, run in enumerate(runs):
+            if i + 1 < len(runs):
+                _one_output_products(self, taps, shape, runs[i + 1], from_window=True)
+            _one_output_products(self, taps, shape, run, from_window=False)
+            if on_vector[i]:
+                nisa.tensor_reduce(dst=self.sums[:, 0, run], op=nl.add, data=self.products[:, 0, run], axis=2)
+                nisa.activation(dst=self.result[:, 0, run], op=_act(activation), data=self.sums[:, 0, run],
+                                scale=live, engine=SCALAR)  # fmt: skip
+            else:
+                _sum_on_pe(self, self.products[:, 0], 0, live, activation, run)
+        for slot in slots:  # whole rows: a run's stores would each wait for the one before (one box of ``out``)
+            if not isinstance(slot.n, int) or slot.n < out.shape[0]:
+                nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
+
+
+# The last trip's channel runs (``_TileSet.convolve_and_store``), every third summed by the vector engine: at N = 8
+# 11.4 -> 9.7 us, N = 20 16.8 -> 14.0 (PERFORMANCE.md, "Decode speed", item 8).
+DRAIN_RUNS = 8
+DRAIN_SUMMED_ON_VECTOR_EVERY = 3
+
+
+def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
+    """Whether the last trip runs ``_TileSet.convolve_and_store``: one output (T = 1), summed on the tensor engine."""
+    return tokens == 1 and tiles.pe_outputs == 1 and not tiles.pe_channels and tiles.first_output == 0
+
+
+def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SCALAR) -> None:
+    """The windows to keep, copied by ``engine``: the window after token t is the series inputs from
+    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens)."""
+    inputs_by_channel, loaded = _token_last(tiles.inputs), tiles.loaded
+    kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
+    for i, t in enumerate(kept_tokens):
+        kept = tiles.kept[:, i]
+        start = loaded + t + 1 - state_len
+        old = max(0, loaded - start)  # entries still from the loaded window
+        if old:
+            _copy(kept[:, :, 0:old], tiles.windows[:, :, start : start + old], engine)
+        new = state_len - old
+        _copy(kept[:, :, old:state_len], inputs_by_channel[:, :, t + 1 - new : t + 1], engine)
+
+
+def _copy(dst: Any, src: Any, engine: Any) -> None:
+    """An exact copy on ``engine`` (the scalar engine's is an ``activation``)."""
+    if engine is SCALAR:
+        nisa.activation(dst=dst, op=nl.copy, data=src, engine=SCALAR)
+    else:
+        nisa.tensor_copy(dst=dst, src=src, engine=engine)
+
+
+def _one_output_products(tiles: _TileSet, taps: Any, shape: tuple[int, int, int], run: slice,
+                         from_window: bool) -> None:  # fmt: skip
+    """Channels ``run`` of the one output's (T = 1) products on GpSimd: of the W − 1 taps that read the window
+    (``from_window``, from ``tiles.first_tap`` on), else of the last tap, which reads the new input."""
+    width = shape[2]
+    products, first = tiles.products[:, 0, run], tiles.first_tap
+    if from_window:
+        _multiply_on_gpsimd(
+            tiles, products, tiles.windows[:, run, first : first + width - 1], taps[:, run], 0, width - 1
+        )
+    else:
+        _multiply_on_gpsimd(tiles, products, _token_last(tiles.inputs)[:, run, 0:1], taps[:, run], width - 1, width)
+
 
 def _skip_if_scalar(n: Any) -> dict[str, Any]:
     """A run-time request index past N (a loop's last group) is outside ``x``: its load is skipped."""
@@ -379,6 +506,18 @@ def _pool_view(pool: Any, row: Any) -> Any:
     per_part = channels // PARTITIONS_PER_REQUEST
     pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
     return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+
+
+def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
+    """The in-row form's read, [16, F·L − (T − 1)]: partition s's run of the row from element ``start`` = row · C · L
+    + o on (a run-time scalar, o <= T − 1), so channel f's slots f·L .. f·L + L − 1 hold its entries o .. L − 1 and
+    then the next channel's first o: the window's L − T + 1 entries first. One contiguous run per partition, as the
+    other forms' loads (runs of L − T + 1 entries a channel moved 6 bytes a descriptor: 15× slower at N = 64); the
+    last partition's run stops T − 1 short of F·L, so it ends inside the row whatever o."""
+    _, channels, state_len = pool.shape
+    run = channels // PARTITIONS_PER_REQUEST * state_len
+    pattern = [[run, PARTITIONS_PER_REQUEST], [1, run - (tokens - 1)]]
+    return pool.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=2)
 
 
 def _input_view(tensor: Any, n: Any) -> Any:
@@ -457,34 +596,26 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
     stream below the group's DMA time where the split allows (PERFORMANCE.md, "Decode speed"). Every output's sum
     is the same fp32 fold, terms in tap order and the bias last, whichever engine adds.
 
-    Token t's tap j reads input ``first + j + t`` of the series window ++ tokens (first = L − (W − 1)): the window
-    while that index is below L, the tokens after it; each part is one instruction per token.
+    Token t's tap j reads input ``first + j + t`` of the series window ++ tokens (first: ``tiles.first_tap``, the
+    last W − 1 of the loaded window, or its first W − 1 in vLLM's in-row form): the window while that index is
+    within the taps' W − 1, the tokens after it; each part is one instruction per token. The window kept after
+    token t is the last L of loaded ++ tokens 0 .. t.
     """
     tokens, state_len, width = shape
-    first = state_len - (width - 1)
+    first = tiles.first_tap
     inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
     # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
     # tiles are free for the next group's loads as soon as both have read them.
-    kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
-    for i, t in enumerate(kept_tokens):  # the window after token t: series inputs t + 1 .. t + L
-        kept = tiles.kept[:, i]
-        old = max(0, state_len - t - 1)  # entries still from the loaded window
-        if old:
-            nisa.activation(
-                dst=kept[:, :, 0:old], op=nl.copy, data=tiles.windows[:, :, t + 1 : t + 1 + old], engine=SCALAR
-            )
-        new = state_len - old
-        nisa.activation(dst=kept[:, :, old:state_len], op=nl.copy, data=inputs_by_channel[:, :, t + 1 - new : t + 1],
-                        engine=SCALAR)  # fmt: skip
+    _keep_windows(tiles, tokens, state_len)
     for t in range(tiles.first_output, tokens):
         products = tiles.products[:, t - tiles.first_output]
-        from_window = min(width, max(0, state_len - first - t))
+        from_window = min(width, max(0, width - 1 - t))
         multiply = _multiply_on_gpsimd if t - tiles.first_output < tiles.vector_from else _multiply_on_vector
         if from_window:
             at = first + t
             multiply(tiles, products, tiles.windows[:, :, at : at + from_window], taps, 0, from_window)
         if from_window < width:
-            k0 = first + from_window + t - state_len
+            k0 = from_window + t - (width - 1)
             multiply(tiles, products, inputs_by_channel[:, :, k0 : t + 1], taps, from_window, width)
         if t - tiles.first_output < tiles.pe_outputs:
             _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(None))

@@ -47,7 +47,8 @@ def conv_decode_step(
         conv_pool (np.ndarray): [P, C, L] x's dtype, updated IN PLACE at the rows live requests name.
         weight (np.ndarray): [C, W]; bias (np.ndarray | None): [C].
         state_indices (np.ndarray): [N] or [N, T] int32 rows (``gdn_conv_step``'s docstring); −1 = padding.
-        num_accepted_tokens (np.ndarray | None): [N] int32 with [N, T] rows: resume from row [n, a − 1].
+        num_accepted_tokens (np.ndarray | None): [N] int32 in [1, T]: with [N, T] rows resume from row [n, a − 1];
+            with [N] rows vLLM's in-row form (L >= W − 2 + T): the window read from entry a − 1 of the row.
         activation (str | None): "silu" or None.
         check_values (bool): also scan x, the taps and the rows read for NaN/±Inf (the index values are always
             checked: they address the pool).
@@ -216,7 +217,7 @@ def _finite(name: str, array: np.ndarray | None, api: str = CONV_STEP, rule_id: 
     if not bad.size:
         return []
     at = [int(i) for i in bad[0]]
-    return [Violation(rule_id, name, f"value {float(np.asarray(array)[tuple(at)])} at {at}",
+    return [Violation(rule_id, name, f"value {float(np.asarray(array)[tuple(at)])} at index {at}",
                       f"{name} must hold finite numbers", f"find where {name} overflowed", api)]  # fmt: skip
 
 
@@ -229,5 +230,6 @@ conv_prefill_bucket.gdn_spec_conv_prefill_capabilities = {  # read by gdn-spec's
 conv_decode_step.gdn_spec_conv_capabilities = {  # read by gdn-spec's conv family (gdn_spec.conv)
     "name": "gdn-nki conv_decode_step",
     "per_token_rows": True,
+    "in_row": True,
     "rejections": True,
 }

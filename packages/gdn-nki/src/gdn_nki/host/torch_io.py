@@ -88,11 +88,26 @@ def as_torch(a: np.ndarray) -> Any:
     return numpy_to_torch(a)
 
 
-FORWARD_ONLY = (
-    "gdn-nki is a forward-only prefill kernel: it has no backward pass, so no gradient flows to its inputs. "
-    "Train with a differentiable implementation (FLA's chunk_gated_delta_rule, HF's torch path); for inference, "
-    "run under torch.no_grad() or torch.inference_mode()"
+TRAINING_ADVICE = (
+    "For training use a differentiable implementation (FLA's chunk_gated_delta_rule / "
+    "fused_recurrent_gated_delta_rule, HF transformers' torch_chunk_gated_delta_rule); for inference run under "
+    "torch.no_grad() or torch.inference_mode()"
 )
+
+
+class ForwardOnlyError(NotImplementedError):
+    """A backward through a gdn-nki kernel: the kernels are forward-only (inference), they have no backward.
+
+    Args:
+        entry (str): what the backward went through (a drop-in's public name), named by the message.
+    """
+
+    def __init__(self, entry: str) -> None:
+        self.entry = entry
+        super().__init__(
+            f"{entry} is forward-only (an inference kernel): it has no backward pass, so no gradient flows to its "
+            f"inputs. {TRAINING_ADVICE}"
+        )
 
 
 @functools.cache
@@ -108,7 +123,7 @@ def _forward_only_function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            raise NotImplementedError(FORWARD_ONLY)
+            raise ForwardOnlyError("gdn-nki's GDN kernel")
 
     return ForwardOnly
 
@@ -133,6 +148,14 @@ def _grads(inputs: Any) -> list[Any]:
     if torch is None or not torch.is_grad_enabled():
         return []
     return [x for x in inputs if is_torch_tensor(x) and x.requires_grad]
+
+
+def reject_empty(name: str, x: Any) -> None:
+    """Reject an empty token tensor (a dimension of 0: no request, no token, no head) in the caller's own words,
+    before a drop-in lays it out otherwise: an empty batch is the caller's to skip."""
+    if is_torch_tensor(x) and 0 in tuple(x.shape):
+        raise rejection(name, f"shape {tuple(x.shape)}", f"{name} must not be empty (every dimension, T included, "
+                        "at least 1)", "skip the call for an empty batch or prompt")  # fmt: skip
 
 
 def reject_unwritable_state(name: str, state: Any) -> None:
@@ -307,10 +330,17 @@ def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[
 
 
 def check_states(
-    initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int], any_device: bool = False
+    initial_state: Any,
+    state_indices: Any,
+    n_seqs: int,
+    tail: tuple[int, int, int],
+    any_device: bool = False,
+    v_first: bool = False,
 ) -> None:
     """The rules of ``initial_state`` and ``state_indices`` that read only types, shapes, dtypes and strides (the
-    custom ops check them at trace time; the FLA drop-in and the context-parallel call share them)."""
+    custom ops check them at trace time; the FLA drop-in and the context-parallel call share them). ``tail`` is
+    (Hv, K, V); ``v_first``: the states are V-major [.., Hv, V, K] (FLA's ``state_v_first``), so the shape rule
+    names the flag (with K != V a state of the other layout is caught by its shape; with K = V nothing can tell)."""
     if initial_state is None:
         if state_indices is not None:
             raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
@@ -325,8 +355,15 @@ def check_states(
     check_tensor("initial_state", initial_state, dtypes, any_device=any_device)
     rows = n_seqs if state_indices is None else None
     shape = tuple(initial_state.shape)
+    if v_first:
+        tail = (tail[0], tail[2], tail[1])
     if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
         want = f"[{'P' if rows is None else rows}, {', '.join(map(str, tail))}]"
+        if v_first:
+            raise rejection("initial_state", f"shape {shape}", "with state_v_first=True states are V-major: "
+                            f"initial_state must be [N, Hv, V, K] = {want}", "pass the V-major states (SGLang's "
+                            "pool layout), or state_v_first=False for K-major [N, Hv, K, V] states",
+                            rule_id="state_layout.v_first")  # fmt: skip
         raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:

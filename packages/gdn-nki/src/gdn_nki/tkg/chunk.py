@@ -54,6 +54,9 @@ class ChunkOperands:
     values: Any
 
 
+PAIRS_AHEAD = 8  # token pairs whose scaled ratios are made before their couplings (``prepare_chunk``)
+
+
 def _per_value_head(per_key_head: Any, ratio: int) -> Any:
     """[P, Hk] seen as [P, Hk, r] (stride 0): each key head's value for its r value heads."""
     return per_key_head.expand_dim(2).broadcast(2, ratio)
@@ -120,10 +123,14 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     beta_gamma = [product(value_tile(), by(beta[t]), by(gamma[t])) for t in range(tokens)]
     yield
     coupling, reads = {}, {}  # A_ti and C_ti
-    for n, (t, i) in enumerate(pairs):
-        scaled = product(value_tile(), by(ratio[t, i]), by(beta[t]))
-        coupling[t, i] = product(value_tile(), by(scaled), _per_value_head(gram[:, 0, n, :], r))
-        reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
+    # β_t γ_t/γ_i of up to PAIRS_AHEAD pairs first, then their couplings: back to back, each coupling would wait out
+    # its factor's latency on GpSimd (a bounded batch: T(T − 1)/2 tiles live at once would not fit SBUF at T = 128).
+    for start in range(0, len(pairs), PAIRS_AHEAD):
+        batch = list(enumerate(pairs))[start : start + PAIRS_AHEAD]
+        scaled = [product(value_tile(), by(ratio[t, i]), by(beta[t])) for _, (t, i) in batch]
+        for (n, (t, i)), factor in zip(batch, scaled, strict=True):
+            coupling[t, i] = product(value_tile(), by(factor), _per_value_head(gram[:, 0, n, :], r))
+            reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
     # The value columns v_t [Dv, Hv]: each block's rows turned on the tensor engine.
     turned = []
     block = layout.block_heads
@@ -144,31 +151,26 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         else:
             product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
     yield
-    # X_t −= A_ti X_i (i < t), token by token: X_i must be final before X_t reads it.
-    for t in range(1, tokens):
-        for i in range(t):
-            for plane, parts, engine in ((cols[:, 0], dk, GPSIMD), (values[:, 0], dv, None)):
-                term = sbuf((parts, hv), FP32)
-                kw = {"engine": engine} if engine is not None else {}
-                nisa.tensor_tensor(dst=term, data1=plane[:, i, :], data2=coupling[t, i][0:parts, :], op=nl.multiply,
-                                   **kw)  # fmt: skip
-                nisa.tensor_tensor(dst=plane[:, t, :], data1=plane[:, t, :], data2=term, op=nl.subtract, **kw)
+    planes = ((cols[:, 0], cols[:, 1], dk, {"engine": GPSIMD}), (values[:, 0], values[:, 1], dv, {}))
+    # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
+    # the T − 1 − i chains fill each other's dependency latency on the in-order engines; each X_t still subtracts
+    # its terms in the order i = 0, 1, … (the same roundings as token by token).
+    for i in range(tokens - 1):
+        for plane, _, parts, kw in planes:
+            later = {t: coupling[t, i][0:parts, :] for t in range(i + 1, tokens)}
+            _fold_level(plane, plane[:, i, :], later, nl.subtract, kw)
         yield
-    # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap)
-    for t in range(tokens):
-        for source, target, parts, engine in ((cols[:, 0], cols[:, 1], dk, GPSIMD), (values[:, 0], values[:, 1], dv,
-                                                                                      None)):  # fmt: skip
-            kw = {"engine": engine} if engine is not None else {}
+    # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap): the T sums side by side, each
+    # adding its terms in the order i = 0, 1, … after its own token's.
+    for source, target, parts, kw in planes:
+        for t in range(tokens):
             nisa.tensor_tensor(dst=_by_value_head(target[:, t, :], hk), data1=_by_value_head(source[:, t, :], hk),
                                data2=_per_value_head(overlap[t][0:parts, :], r), op=nl.multiply, **kw)  # fmt: skip
-            for i in range(t):
-                term = sbuf((parts, hv), FP32)
-                nisa.tensor_tensor(dst=term, data1=source[:, i, :], data2=reads[t, i][0:parts, :], op=nl.multiply,
-                                   **kw)  # fmt: skip
-                nisa.tensor_tensor(dst=target[:, t, :], data1=target[:, t, :], data2=term, op=nl.add, **kw)
-        read = sbuf((dk, hv), FP32)
-        product(read, by(gamma[t], dk), _per_value_head(q_cols[t], r))
-        nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read, op=nl.subtract, engine=GPSIMD)
+        for i in range(tokens - 1):
+            _fold_level(target, source[:, i, :], {t: reads[t, i][0:parts, :] for t in range(i + 1, tokens)}, nl.add, kw)
+    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
+    for t in range(tokens):
+        nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
     yield
     # The rank-T write's stationaries of every tile at once: the key plane through the selection, masked to each
     # row's head block.
@@ -181,6 +183,18 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     for h0 in range(0, hv, block):
         blocks.append((yield from _block_operands(layout, consts.tiles, cols, gamma[-1], values, writes, h0, tokens)))
     return blocks
+
+
+def _fold_level(targets: Any, source: Any, factors: dict[int, Any], op: Any, kw: dict[str, Any]) -> None:
+    """``targets[:, t] = targets[:, t] op (source ⊙ factors[t])`` for every token t in ``factors`` ([parts, Hv]
+    each): every term first, then every update — the updates are independent, so the in-order engine does not wait
+    out each term's latency before its update."""
+    terms = {}
+    for t, factor in factors.items():
+        terms[t] = sbuf(tuple(source.shape), FP32)
+        nisa.tensor_tensor(dst=terms[t], data1=source, data2=factor, op=nl.multiply, **kw)
+    for t, term in terms.items():
+        nisa.tensor_tensor(dst=targets[:, t, :], data1=targets[:, t, :], data2=term, op=op, **kw)
 
 
 def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, decay: Any, values: Any, writes: Any,

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
+from ..common.state_layout import decode_tile_pattern
 from ..common.tiles import FP32, sbuf
 from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
@@ -63,6 +64,61 @@ class Request:
     token_rows: tuple[Any, ...] | None = None
     out_row: Any = None
     zeros: tuple[Any, Any] | None = None
+    v_first: bool = False  # ``source`` / ``target`` rows are V-major [.., Hv, Dv, Dk] (``common.state_layout``)
+
+
+def state_tile_pattern(layout: Any) -> list[list[int]]:
+    """The access pattern of one K-major state tile within a pool row."""
+    return decode_tile_pattern(layout.heads, layout.parts_per_head, layout.rows, layout.dv)
+
+
+def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
+    """State tile ``tile`` of ``request``'s read row, in SBUF ([partitions, free] fp32, ``state_tiles``' layout).
+
+    K-major: one DMA, a run of rows·Dv fp32 a partition. V-major: the tile's heads land first as they lie in HBM,
+    Dv on partitions and each head's Dk contiguous (one DMA, runs of Dk·4 bytes), then one ``dma_transpose`` a head
+    (SBUF to SBUF, 3-D, axes (2, 1, 0)) puts element (dv, dk_hi·rows + dk_lo) at partition h·G + dk_hi, free
+    (dk_lo, dv). The transposes read a tile at a trace-time address: ``dma_transpose`` documents no run-time start
+    address, ``dma_copy`` does ("nki.isa.dma_transpose", "nki.isa.dma_copy", SDK 2.33). Element by element from
+    HBM instead (``decode_tile_pattern``'s V-major twin) moves 4-byte runs: 98× the K-major step
+    (PERFORMANCE.md, "V-major state pools").
+    """
+    state = sbuf((layout.partitions, layout.free), FP32)
+    within_row = tile * layout.partitions * layout.free
+    if not request.v_first:
+        copy_rows(state, row_view(request.source, request.read_row, state_tile_pattern(layout), within_row))
+        return state
+    staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
+    pattern = [[layout.dk, layout.dv], [layout.dv * layout.dk, layout.heads], [1, layout.dk]]
+    copy_rows(staged, row_view(request.source, request.read_row, pattern, within_row))
+    for h in range(layout.heads):
+        nisa.dma_transpose(dst=_head_rows(layout, state, h), src=_head_columns(layout, staged, h))
+    return state
+
+
+def store_state_tile(layout: Any, request: Request, row: Any, tile: int, state: Any) -> None:
+    """Write state tile ``tile`` to pool row ``row`` of ``request``'s target (``load_state_tile`` in reverse)."""
+    within_row = tile * layout.partitions * layout.free
+    if not request.v_first:
+        copy_rows(row_view(request.target, row, state_tile_pattern(layout), within_row), state)
+        return
+    staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
+    for h in range(layout.heads):
+        nisa.dma_transpose(dst=_head_columns(layout, staged, h), src=_head_rows(layout, state, h))
+    pattern = [[layout.dk, layout.dv], [layout.dv * layout.dk, layout.heads], [1, layout.dk]]
+    copy_rows(row_view(request.target, row, pattern, within_row), staged)
+
+
+def _head_rows(layout: Any, state: Any, h: int) -> Any:
+    """Head ``h``'s partitions of a state tile as [G, rows, Dv]: element [dk_hi, dk_lo, dv]."""
+    g = layout.parts_per_head
+    return state[h * g : (h + 1) * g, :].reshape((g, layout.rows, layout.dv))
+
+
+def _head_columns(layout: Any, staged: Any, h: int) -> Any:
+    """Head ``h`` of a V-major staging tile as [Dv, rows, G]: element [dv, dk_lo, dk_hi] (Dk = dk_hi·rows + dk_lo)."""
+    g = layout.parts_per_head
+    return staged[:, h, :].reshape((layout.dv, g, layout.rows)).permute((0, 2, 1))
 
 
 @dataclass
@@ -96,12 +152,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
             copy_rows(rows, row_view(value, n, [[dv, block], [1, dv]], (t * hv + h0) * dv))
             per_token.append(rows)
         values.append(per_token)
-    states = []
-    pattern = [[layout.free, layout.partitions], [1, layout.free]]
-    for tile in range(layout.tiles):
-        state = sbuf((layout.partitions, layout.free), FP32)
-        copy_rows(state, row_view(request.source, request.read_row, pattern, tile * layout.partitions * layout.free))
-        states.append(state)
+    states = [load_state_tile(layout, request, tile) for tile in range(layout.tiles)]
     z_rows = None
     if norm is not None:
         z_rows = []
@@ -182,7 +233,6 @@ def finish_request(
     h, request, states = layout.heads, prepared.loaded.request, prepared.loaded.states
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
-    tile_pattern = [[layout.free, layout.partitions], [1, layout.free]]
     chunked = isinstance(prepared.operands[0], ChunkOperands)
     # each token's [u; o] columns of every tile: [Dv, tiles, 2, H] a token, or [Dv, tiles, 2, T, H] in chunk form
     if chunked:
@@ -205,11 +255,10 @@ def finish_request(
     def stored(step: tuple[int, int]) -> None:  # the tile's state out, then the caller's work between steps
         nonlocal steps_done
         t, tile = step
-        within_row = tile * layout.partitions * layout.free
         if request.token_rows is not None:
-            copy_rows(row_view(request.target, request.token_rows[t], tile_pattern, within_row), states[tile])
+            store_state_tile(layout, request, request.token_rows[t], tile, states[tile])
         elif t == shapes.tokens - 1:
-            copy_rows(row_view(request.target, request.final_row, tile_pattern, within_row), states[tile])
+            store_state_tile(layout, request, request.final_row, tile, states[tile])
         if between is not None:
             between()
         steps_done += 1
@@ -258,7 +307,7 @@ def finish_request(
         earlier.clear()
     if request.zeros is not None:  # last: its row is computed while the steps run
         row, zeros = request.zeros
-        copy_rows(row_view(out, row, [[dv, zeros.shape[0]], [1, dv]], 0), zeros)
+        copy_rows(row_view(out, row, [[zeros.shape[1], zeros.shape[0]], [1, zeros.shape[1]]], 0), zeros)
 
     def outputs(t: int) -> Callable[[], None]:
         def tail() -> None:

@@ -33,7 +33,7 @@ from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 from ..common.backend import nisa, nl
 from ..common.engines import GPSIMD
 from ..common.tiles import FP32, matmul, sbuf, transpose
-from .state_tiles import PLANES, LayoutConstants, Steps, tile_layout
+from .state_tiles import PLANES, PMAX, LayoutConstants, Steps, largest_divisor, tile_layout
 
 INT32 = nl.int32
 
@@ -90,11 +90,11 @@ class Constants:
         self.tiles = LayoutConstants(self.layout, shapes.tokens)
         lanes = self.layout.lanes
         self.ones = sbuf((dk, lanes), FP32)
-        nisa.memset(dst=self.ones, value=1.0)
+        nisa.memset(dst=self.ones, value=1.0, engine=GPSIMD)
         self.l2_eps = sbuf((dk, 1), FP32)
-        nisa.memset(dst=self.l2_eps, value=L2NORM_EPS)
+        nisa.memset(dst=self.l2_eps, value=L2NORM_EPS, engine=GPSIMD)
         self.rms_eps = sbuf((lanes, 1), FP32)
-        nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS)
+        nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS, engine=GPSIMD)
         self.decay_rate = self.dt_bias = None
         if gates.fused:
             # exp(A_log) and dt_bias on every partition, once per launch: [lanes, Hv].
@@ -295,9 +295,13 @@ def copy_rows(dst: Any, src: Any) -> None:
 
 
 def zero_rows(shapes: Shapes, dtype: Any) -> Any:
-    """A [T·Hv, Dv] tile of zeros: one request's outputs, made once per launch."""
-    zeros = sbuf((shapes.tokens * shapes.value_heads, shapes.dv), dtype)
-    nisa.memset(dst=zeros, value=0.0)
+    """A tile of zeros holding one request's outputs (T·Hv·Dv elements), made once per launch: [T·Hv, Dv] when the
+    (token, head) rows fit the partitions, else folded to [p, (T·Hv / p)·Dv] with p the largest divisor of T·Hv
+    within them (zeros need no layout, and a request's outputs are contiguous in ``out``)."""
+    rows = shapes.tokens * shapes.value_heads
+    parts = largest_divisor(rows, PMAX)
+    zeros = sbuf((parts, rows // parts * shapes.dv), dtype)
+    nisa.memset(dst=zeros, value=0.0, engine=GPSIMD)
     return zeros
 
 

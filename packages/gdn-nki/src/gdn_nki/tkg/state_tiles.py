@@ -30,7 +30,7 @@ operand starts at partition 0; rows at other partitions are only read by DMA.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ PLANES = 3
 Steps = Generator[None, None, Any]
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
+def largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
@@ -101,10 +101,10 @@ def tile_layout(dk: int, dv: int, value_heads: int) -> TileLayout:
     """The layout of a [Hv, Dk, Dv] state: the most Dk rows per partition whose run is at most ``RUN_BYTES``
     (a divisor of Dk), the most heads per tile that fit 128 partitions (a divisor of Hv, at most 64 so a tile's
     [u; o] rows fit the partitions), the most tiles per block whose selection products fit one PSUM bank."""
-    rows = _largest_divisor(dk, max(1, RUN_BYTES // (dv * 4)))
-    heads = _largest_divisor(value_heads, min(PMAX // (dk // rows), PMAX // 2))
+    rows = largest_divisor(dk, max(1, RUN_BYTES // (dv * 4)))
+    heads = largest_divisor(value_heads, min(PMAX // (dk // rows), PMAX // 2))
     tiles = value_heads // heads
-    per_block = _largest_divisor(tiles, max(1, min(PSUM_BANK_FP32 // (PLANES * heads), PMAX // heads)))
+    per_block = largest_divisor(tiles, max(1, min(PSUM_BANK_FP32 // (PLANES * heads), PMAX // heads)))
     return TileLayout(dk=dk, dv=dv, value_heads=value_heads, rows=rows, heads=heads, tiles_per_block=per_block)
 
 
@@ -120,13 +120,14 @@ def chunk_form_fits(tokens: int, layout: TileLayout) -> bool:
     )
 
 
-def _zero_one(dst: Any, values: Any, low: int, high: int) -> None:
-    """``dst = 1.0 where low <= values < high else 0.0`` (two compares and a product)."""
+def _zero_one_compares(dst: Any, values: Any, low: int, high: int) -> Callable[[], None]:
+    """``dst = 1.0 where low <= values < high else 0.0``: the two compares issued now; returns the product's
+    issue, for the caller to place after other work."""
     above = sbuf(tuple(dst.shape), FP32)
     nisa.tensor_scalar(dst=above, data=values, op0=nl.greater_equal, operand0=float(low))
     below = sbuf(tuple(dst.shape), FP32)
     nisa.tensor_scalar(dst=below, data=values, op0=nl.less, operand0=float(high))
-    nisa.tensor_tensor(dst=dst, data1=above, data2=below, op=nl.multiply)
+    return lambda: nisa.tensor_tensor(dst=dst, data1=above, data2=below, op=nl.multiply)
 
 
 class LayoutConstants:
@@ -142,45 +143,51 @@ class LayoutConstants:
 
     def __init__(self, layout: TileLayout, tokens: int = 1):
         dk, rows, g, h, parts = layout.dk, layout.rows, layout.parts_per_head, layout.heads, layout.partitions
-        heads_per_tile = parts // g
+        heads_per_tile, block, dv = parts // g, layout.block_heads, layout.dv
+        chunk = chunk_form_fits(tokens, layout)
+        # Every iota first (GpSimd), then the compares, then the products of compares: issued tile by tile, each
+        # instruction waited out the latency of the one before it on the in-order engines (the first request's
+        # gates and keys queue behind these on the vector engine). The same values.
         offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
         nisa.iota(dst=offsets, pattern=[[-1, rows], [0, heads_per_tile], [-rows, g]], offset=0, channel_multiplier=1)
-        self.select = sbuf((dk, rows, parts), FP32)
-        nisa.tensor_scalar(dst=self.select.reshape((dk, rows * parts)), data=offsets, op0=nl.equal, operand0=0.0)
         block_offsets = sbuf((parts, h), FP32)  # p − G·h
         nisa.iota(dst=block_offsets, pattern=[[-g, h]], offset=0, channel_multiplier=1)
-        mask = sbuf((parts, h), FP32)
-        _zero_one(mask, block_offsets, 0, g)
-        self.signed_mask = sbuf((parts, PLANES, h), FP32)
-        for plane, sign in enumerate((-1.0, -1.0, 1.0)):
-            nisa.tensor_scalar(dst=self.signed_mask[:, plane, :], data=mask, op0=nl.multiply, operand0=sign)
         spread_offsets = sbuf((h, parts), FP32)  # p − G·h
         nisa.iota(dst=spread_offsets, pattern=[[1, parts]], offset=0, channel_multiplier=-g)
-        self.spread = sbuf((h, parts), FP32)
-        _zero_one(self.spread, spread_offsets, 0, g)
-        block = layout.block_heads
         pick_offsets = sbuf((block, layout.tiles_per_block * h), FP32)  # row − t·H − h'
         nisa.iota(dst=pick_offsets, pattern=[[-h, layout.tiles_per_block], [-1, h]], offset=0, channel_multiplier=1)
+        diagonal = sbuf((block, block), FP32)
+        nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
+        value_diagonal = sbuf((dv, dv), FP32)
+        nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
+        partition_diagonal = sbuf((parts, parts), FP32)
+        nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
+        if chunk:
+            rows_heads = sbuf((h, tokens * layout.value_heads), FP32)  # h' − h of row (t, tile, h')
+            nisa.iota(dst=rows_heads, pattern=[[0, tokens * layout.tiles], [1, h]], offset=0, channel_multiplier=-1)
+        mask = sbuf((parts, h), FP32)
+        finish_mask = _zero_one_compares(mask, block_offsets, 0, g)
+        self.spread = sbuf((h, parts), FP32)
+        finish_spread = _zero_one_compares(self.spread, spread_offsets, 0, g)
+        self.select = sbuf((dk, rows, parts), FP32)
+        nisa.tensor_scalar(dst=self.select.reshape((dk, rows * parts)), data=offsets, op0=nl.equal, operand0=0.0)
         self.pick = sbuf((block, layout.tiles_per_block, h), FP32)
         nisa.tensor_scalar(dst=self.pick.reshape((block, layout.tiles_per_block * h)), data=pick_offsets,
                            op0=nl.equal, operand0=0.0)  # fmt: skip
-        diagonal = sbuf((block, block), FP32)
-        nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
         self.identity = sbuf((block, block), FP32)
         nisa.tensor_scalar(dst=self.identity, data=diagonal, op0=nl.equal, operand0=0.0)
-        dv = layout.dv
-        value_diagonal = sbuf((dv, dv), FP32)
-        nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
         self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
         nisa.tensor_scalar(dst=self.value_identity, data=value_diagonal, op0=nl.equal, operand0=0.0)
-        partition_diagonal = sbuf((parts, parts), FP32)
-        nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
-        self.write_mask = None
-        if chunk_form_fits(tokens, layout):  # [T·Hv, P]: row (t, tile, h) × partition p: [p in head h's block]
-            rows_heads = sbuf((h, tokens * layout.value_heads), FP32)  # h' − h of row (t, tile, h')
-            nisa.iota(dst=rows_heads, pattern=[[0, tokens * layout.tiles], [1, h]], offset=0, channel_multiplier=-1)
+        if chunk:
             pick_rows = sbuf((h, tokens * layout.value_heads), FP32)
             nisa.tensor_scalar(dst=pick_rows, data=rows_heads, op0=nl.equal, operand0=0.0)
+        finish_mask()
+        finish_spread()
+        self.signed_mask = sbuf((parts, PLANES, h), FP32)
+        for plane, sign in enumerate((-1.0, -1.0, 1.0)):
+            nisa.tensor_scalar(dst=self.signed_mask[:, plane, :], data=mask, op0=nl.multiply, operand0=sign)
+        self.write_mask = None
+        if chunk:  # [T·Hv, P]: row (t, tile, h) × partition p: [p in head h's block]
             self.write_mask = sbuf((tokens * layout.value_heads, parts), FP32)
             nisa.activation(dst=self.write_mask, op=nl.copy,
                             data=matmul(pick_rows, self.spread, stationary_onezero=True, moving_onezero=True))  # fmt: skip

@@ -11,6 +11,7 @@ give the output's shape; on a device the ops launch the conv kernels on the devi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,18 @@ import numpy as np
 from gdn_ref.contract import ContractError, names_entry_point
 
 from ..host.conv import conv_decode_step, conv_prefill_bucket
-from ..host.torch_io import as_numpy, as_torch, import_torch, in_torch_terms, rejection
+from ..host.torch_io import (
+    SUPPORTED_DTYPES,
+    as_numpy,
+    as_torch,
+    check_tensor,
+    import_torch,
+    in_torch_terms,
+    reject_empty,
+    rejection,
+)
 from . import conv_device, rules
+from .forward_only import attached, detached
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -31,6 +42,12 @@ PAD_SLOT_ID = -1  # vLLM's padding row id (vllm.attention.backends.utils.PAD_SLO
 _UPDATE_NAMES = {"conv_pool": "conv_state", "state_indices": "conv_state_indices"}
 _FN_NAMES = {"conv_pool": "conv_states", "state_indices": "cache_indices", "cu_seqlens": "query_start_loc"}
 _FLA_NAMES = {"conv_pool": "initial_state"}
+
+
+def _x_index(caller_at: Callable[[list[int]], list[int]]) -> Callable[[str, list[int]], list[int]]:
+    """``in_torch_terms``' index map for a drop-in that hands the host path x in another layout than the caller's
+    (token-major): an element of x at the caller's index (``caller_at`` of the host path's), any other as it is."""
+    return lambda name, at: caller_at(at) if name == "x" else at
 
 
 def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +68,9 @@ def causal_conv1d_update_op(
     activation: str | None,
 ) -> Tensor:
     """The conv of N requests × T tokens on the pool: out [N, T, C] (x token-major); ``conv_state`` updated at
-    ``rows`` [N] or [N, T] (−1: padding, nothing read or written), each request resuming from its row
-    ``[n, accepted[n] − 1]`` with ``accepted`` [N]."""
+    ``rows`` [N] or [N, T] (−1: padding, nothing read or written); with ``accepted`` [N] each request resumes from
+    its row ``[n, accepted[n] − 1]`` ([N, T] rows) or from entry ``accepted[n] − 1`` of its row ([N] rows: vLLM's
+    in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
     pool, staged = _pool_buffer(conv_state)
@@ -102,11 +120,13 @@ def causal_conv1d_update(
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
             untouched); None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
             recurrent ``ssm_state_indices`` [N, T]): the window after token t goes to row [n, t].
-        num_accepted_tokens (Tensor | None): [N] int32, with [N, T] rows only: request n resumes from row
-            [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). vLLM's own form — [N] rows
-            with a window longer by T − 1 — is rejected by name.
+        num_accepted_tokens (Tensor | None): [N] int32 in [1, T]. With [N, T] rows request n resumes from row
+            [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
+            rows), vLLM's own speculative form: ``conv_state`` rows of L >= W − 2 + T inputs (vLLM allocates
+            W − 1 + num_speculative_tokens), the taps' window read from entry num_accepted_tokens[n] − 1 of the row
+            and the row shifted past it with the T tokens appended (``gdn_ref.conv``).
         query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name
-            (vLLM's varlen and prefix-caching forms).
+            (vLLM's varlen and prefix-caching forms: pass the speculative batch as x [N, C, T]).
         max_query_len, validate_data: accepted (the host path validates every call).
 
     Returns:
@@ -121,26 +141,26 @@ def causal_conv1d_update(
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
-    per_token = conv_state_indices is not None and conv_state_indices.dim() == 2
-    if num_accepted_tokens is not None and not per_token:
-        raise rejection("num_accepted_tokens", "a tensor with [N] conv_state_indices", "gdn-nki's "
-                        "causal_conv1d_update takes num_accepted_tokens with [N, T] conv_state_indices (a row per "
-                        "token), not vLLM's [N] rows over a longer window", "pass conv_state_indices as [N, T] rows, "
-                        "or num_accepted_tokens=None")  # fmt: skip
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
                         "[batch, dim, seqlen]", "pass the new tokens channel-major, as vLLM does")  # fmt: skip
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)  # here, not on the op's token-major x: the caller's shape
     tokens = x.unsqueeze(1) if x.dim() == 2 else x.transpose(1, 2)  # -> [N, T, C]
+    # the op's [n, t, c] is the caller's [n, c] or [n, c, t]
+    index = _x_index(lambda at: [at[0], at[2]] if x.dim() == 2 else [at[0], at[2], at[1]])
     if conv_state_indices is None:
         rows = torch.arange(x.shape[0], dtype=torch.int32, device=x.device)
     else:
         rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    try:
-        out = causal_conv1d_update_op(tokens.contiguous(), conv_state, weight, bias, rows, accepted, act)
+    try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_update_op(detached(tokens).contiguous(), conv_state, detached(weight), detached(bias),
+                                      rows, accepted, act)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _UPDATE_NAMES) from None
+        raise in_torch_terms(error, _UPDATE_NAMES, index) from None
+    out = attached("gdn_nki.torch.causal_conv1d_update", out, (x, weight, bias))
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
 
@@ -253,6 +273,8 @@ def causal_conv1d_fn(
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [dim, tokens] (the sequences "
                         "packed along tokens)", "pass x as vLLM's varlen layout, [dim, tokens]")  # fmt: skip
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)  # here, not on the op's token-major x: the caller's shape
     seqs = query_start_loc.shape[0] - 1
     rows = (torch.arange(seqs, dtype=torch.int32, device=x.device) if cache_indices is None
             else _pad_rows(cache_indices.to(torch.int32), pad_slot_id))  # fmt: skip
@@ -261,13 +283,13 @@ def causal_conv1d_fn(
     if read_indices is not None:
         read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
     table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
-    try:
-        out = causal_conv1d_fn_op(x.t().contiguous(), conv_states, weight, bias, query_start_loc.to(torch.int32),
-                                  rows, read_rows, act, int(checkpoint_every or 0), table,
-                                  list(bucket) if bucket is not None else None)  # fmt: skip
+    try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_fn_op(detached(x).t().contiguous(), conv_states, detached(weight), detached(bias),
+                                  query_start_loc.to(torch.int32), rows, read_rows, act, int(checkpoint_every or 0),
+                                  table, list(bucket) if bucket is not None else None)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _FN_NAMES) from None
-    return out.t()
+        raise in_torch_terms(error, _FN_NAMES, _x_index(lambda at: at[::-1])) from None  # the op's [token, c]
+    return attached("gdn_nki.torch.causal_conv1d_fn", out, (x, weight, bias)).t()
 
 
 @rejects_at_trace_time(
@@ -325,6 +347,8 @@ def causal_conv1d(
     act = _activation(activation)
     if not isinstance(x, Tensor) or x.dim() != 3:
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [B, T, D]", "pass x as [B, T, D]")
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)  # here, not on the op's [B·T, D] x: the caller's shape
     batch, tokens, dim = x.shape
     if cu_seqlens is None:
         bounds = torch.arange(0, (batch + 1) * tokens, max(tokens, 1), dtype=torch.int32, device=x.device)[: batch + 1]
@@ -336,17 +360,19 @@ def causal_conv1d(
     seqs = bounds.shape[0] - 1
     width = weight.shape[-1]
     pool = (x.new_zeros((seqs, dim, width)) if initial_state is None
-            else initial_state.to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
+            else detached(initial_state).to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
     rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
     read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
-    try:
-        out = causal_conv1d_fn_op(x.reshape(batch * tokens, dim).contiguous(), pool, weight, bias, bounds, rows,
-                                  read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+    try:  # the pool's op has no autograd formula: its results go on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_fn_op(detached(x).reshape(batch * tokens, dim).contiguous(), pool, detached(weight),
+                                  detached(bias), bounds, rows, read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _FLA_NAMES) from None
+        raise in_torch_terms(error, _FLA_NAMES, _x_index(lambda at: [*divmod(at[0], tokens), at[1]])) from None
+    inputs = (x, weight, bias, initial_state)
+    out = attached("gdn_nki.torch.causal_conv1d", out, inputs)
     if residual is not None:
         out = out + residual
-    return out, (pool if output_final_state else None)
+    return out, (attached("gdn_nki.torch.causal_conv1d", pool, inputs) if output_final_state else None)
 
 
 def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:

@@ -44,8 +44,10 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Te
         rows (Tensor): [N] int32 pool rows, or [N, T] (each token's window kept in its own row), −1: a padding
             request (trusted: range and duplicates not checked).
         activation (str | None): "silu" or None.
-        accepted (Tensor | None): [N] the tokens accepted last step, with [N, T] rows: request n resumes from row
-            ``rows[n, accepted[n] − 1]`` (speculative rollback; trusted); None: from ``rows[n, 0]`` / ``rows[n]``.
+        accepted (Tensor | None): [N] the tokens accepted last step (trusted, not read on the host: the kernel
+            reads them): with [N, T] rows request n resumes from row ``rows[n, accepted[n] − 1]``; with [N] rows
+            (vLLM's in-row form, L >= W − 2 + T) from entry ``accepted[n] − 1`` of its row; None: from
+            ``rows[n, 0]`` / ``rows[n]``.
 
     Returns:
         Tensor: out [N, T, C] in x's dtype.

@@ -21,6 +21,7 @@ from ..gating.rules import gating_violations
 from ..host.gating import fused_gdn_gating as host_gating
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
 from . import device
+from .forward_only import forbid_backward
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -62,6 +63,9 @@ def _fused_gdn_gating_cpu(
     arrays = [np.ascontiguousarray(as_numpy(t.detach())) for t in (A_log, a, b, dt_bias)]
     g, beta_out = host_gating(*arrays, beta, threshold)
     return as_torch(np.ascontiguousarray(g)).clone(), as_torch(np.ascontiguousarray(beta_out)).clone()
+
+
+forbid_backward(fused_gdn_gating_op, "gdn_nki.torch.fused_gdn_gating")
 
 
 @fused_gdn_gating_op.register_fake

@@ -26,6 +26,7 @@ from ..host.norm import gated_rms_norm
 from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
 from ..norm.rules import IO_DTYPES
 from . import norm_device
+from .forward_only import forbid_backward
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -46,6 +47,9 @@ def _rms_norm_gated_cpu(x: Tensor, g: Tensor | None, weight: Tensor | None, eps:
     arrays = [None if t is None else np.ascontiguousarray(as_numpy(t.detach())) for t in (x, g, weight)]
     y = gated_rms_norm(*arrays, eps=eps, activation=activation)
     return as_torch(np.ascontiguousarray(y)).clone()
+
+
+forbid_backward(rms_norm_gated_op, "gdn_nki.torch.rms_norm_gated")
 
 
 @rms_norm_gated_op.register_fake

@@ -25,8 +25,11 @@ so the drop-in returns the pool itself. Calls the op schema cannot carry run tod
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
 type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
 context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
-with an input requiring grad (the kernel is forward-only; the host path puts its results on the autograd graph so
-that backward raises, as before).
+whose pool (the state written in place) is itself on the autograd graph.
+
+Grad mode: the kernels are forward-only. A call with inputs requiring grad runs the op all the same (eager and
+compiled, so ``torch.compile`` traces it); the functional ops' autograd formula and the pool ops' attached output
+put the results on the graph, and a backward raises ``ForwardOnlyError`` naming the drop-in (``forward_only.py``).
 """
 
 from __future__ import annotations
@@ -43,12 +46,20 @@ from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import names_entry_point
 
 from ..host.decode import tkg_simulate
-from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, rejection
+from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, reject_empty, rejection
 from . import chunk, device, fused_recurrent, rules
+from .forward_only import attached, detached, forbid_backward, on_graph
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
 Tensor = torch.Tensor
+
+# The drop-ins' public names: what a rejection and a refused backward (``forward_only.py``) name.
+CHUNK_ENTRY = "gdn_nki.torch.chunk_gated_delta_rule"
+FLA_DECODE_ENTRY = "gdn_nki.torch.fused_recurrent_gated_delta_rule"
+VLLM_ENTRY = "gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule"
+SIGMOID_GATING_ENTRY = "gdn_nki.torch.fused_sigmoid_gating_delta_rule_update"
+TKG_ENTRY = "gdn_nki.torch.gdn_tkg"
 
 
 # --- prefill: FLA's chunk_gated_delta_rule ------------------------------------------------------------------------
@@ -100,6 +111,9 @@ def _drop_in_warned() -> Iterator[None]:
 HEAD_FIRST_WARNING = "gdn_nki.torch.chunk_gated_delta_rule: q has fewer tokens"
 
 
+forbid_backward(chunk_op, CHUNK_ENTRY)
+
+
 @chunk_op.register_fake
 def _chunk_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
                 use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -130,22 +144,24 @@ def chunk_pool_op(
     group_size: int,
     bucket: list[int] | None,
     checkpoint_every: int | None,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """The prefill on a state pool [P, Hv, K, V] fp32, updated in place at the named rows: o [B, T, Hv, V]."""
+    """The prefill on a state pool [P, Hv, K, V] fp32 ([P, Hv, V, K] with ``state_v_first``), updated in place at
+    the named rows: o [B, T, Hv, V]."""
     return device.chunk_pool(**locals())
 
 
 @chunk_pool_op.register_kernel("cpu")
 def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                    checkpoint_every) -> Tensor:  # fmt: skip
+                    checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
     with _drop_in_warned():
         o, _ = chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
             use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
             A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
             bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
-            checkpoint_indices=checkpoint_indices, read_indices=read_indices,
+            checkpoint_indices=checkpoint_indices, read_indices=read_indices, state_v_first=state_v_first,
         )  # fmt: skip
     return o
 
@@ -153,9 +169,9 @@ def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_se
 @chunk_pool_op.register_fake
 def _chunk_pool_fake(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                      read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                     checkpoint_every) -> Tensor:  # fmt: skip
+                     checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
     rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale, algorithm,
-                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
+                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices, v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
@@ -185,8 +201,24 @@ def _first_tensor(argument: Callable[[str], Any]) -> Tensor:
     return torch.empty(0)
 
 
+def _or_vllms_chunk_form(fla: Callable[..., Any]) -> Callable[..., Any]:
+    """FLA's prefill drop-in that is vLLM's when called with vLLM's own keyword ``return_intermediate_states``: that
+    call, positional arguments in vLLM's order included, goes to ``vllm_chunk_gated_delta_rule`` (three results)."""
+
+    @functools.wraps(fla)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if "return_intermediate_states" not in kwargs:
+            return fla(*args, **kwargs)
+        from .vllm_chunk import vllm_chunk_gated_delta_rule  # it calls this module's drop-in
+
+        return vllm_chunk_gated_delta_rule(*args, **kwargs)
+
+    return dispatch
+
+
+@_or_vllms_chunk_form
 @rejects_at_trace_time(_output_and_state)
-@names_entry_point("gdn_nki.torch.chunk_gated_delta_rule")
+@names_entry_point(CHUNK_ENTRY)
 def chunk_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -237,19 +269,25 @@ def chunk_gated_delta_rule(
         ``gdn_cte_bucket`` (module docstring).
     """
     flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
-    options = (head_first, state_v_first, transpose_state_layout, cp_context, allow_neg_eigval)
+    options = (head_first, cp_context, allow_neg_eigval)
+    layout = (state_v_first, transpose_state_layout)  # plain bools, not both set: carried (a pool's op takes it)
+    v_first = any(flag is True for flag in layout)
     tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
-    carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every)
+    pool = state_indices if initial_state_indices is None else initial_state_indices
+    written = initial_state if pool is not None else None
+    carried = _op_can_carry(tensors, indices, flags, scale, algorithm, group_size, bucket, checkpoint_every, written)
     # The host path's non-tensor rules (unknown keywords, options set, FLA's chunk_size, aliases, packing keywords,
     # rows without a pool) are the host path's to raise: a call breaking one runs it. Checked here only as far as
     # telling a plainly valid call, which every compiled one is (those rules use numpy and difflib, which
     # torch.compile does not trace).
-    pool = state_indices if initial_state_indices is None else initial_state_indices
     plainly_valid = (
         all(name in chunk.HF_PASS_THROUGH for name in kwargs)
         and all(kwargs.get(name) is None for name in chunk._PACKING_KEYWORDS if cu_seqlens is None)
         and all(value is None or (isinstance(value, (bool, int, float)) and not value) for value in options)
+        and all(flag is None or type(flag) is bool for flag in layout)
+        and not all(flag is True for flag in layout)
+        and (not v_first or pool is not None)
         and type(chunk_size) is int
         and chunk_size in chunk.FLA_CHUNKS
         and (state_indices is None or initial_state_indices is None)
@@ -277,10 +315,11 @@ def chunk_gated_delta_rule(
         group_size=int(group_size), bucket=None if bucket is None else [int(x) for x in bucket],
     )  # fmt: skip
     gate = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
-    if pool is not None:
-        o = chunk_pool_op(q, k, v, g, beta, initial_state, pool, *gate, cu_seqlens, checkpoint_indices, read_indices,
-                          **common, checkpoint_every=checkpoint_every)  # fmt: skip
-        return o, initial_state if output_final_state else None
+    if pool is not None:  # an op updating a pool has no autograd formula: its output goes on the graph after it
+        read = [detached(x) for x in (q, k, v, g, beta, *gate)]
+        o = chunk_pool_op(*read[:5], initial_state, pool, *read[5:], cu_seqlens, checkpoint_indices, read_indices,
+                          **common, checkpoint_every=checkpoint_every, state_v_first=v_first)  # fmt: skip
+        return attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate)), initial_state if output_final_state else None
     o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
     return o, final if output_final_state else None
 
@@ -294,15 +333,18 @@ def _op_can_carry(
     group_size: Any,
     bucket: Any,
     checkpoint_every: Any,
+    written: Any,
 ) -> bool:
     """Whether the op schema carries this call as the host path reads it (module docstring): tensors where
     tensors go (indices included), plain bools, a real scale, a str algorithm, int sizes, a bucket of two ints,
-    and no input on the autograd graph."""
+    and no pool (``written``) on the autograd graph. A pool call with inputs on the graph runs the host path in eager
+    mode, which records the pool's update on the graph too (a backward through the pool raises); a compiled one
+    runs the op, whose output alone goes on the graph (``forward_only.py``: a graph cannot record it)."""
     if not _one_device(tensors, indices):
         return False
     if not all(isinstance(x, bool) for x in flags):
         return False
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+    if on_graph([written]) or (written is not None and on_graph(tensors) and not torch.compiler.is_compiling()):
         return False
     scale_ok = scale is None or (isinstance(scale, numbers.Real) and not isinstance(scale, bool))
     ints_ok = all(
@@ -344,6 +386,9 @@ def _fused_recurrent_cpu(q, k, v, g, beta, initial_state, cu_seqlens, scale, use
     )  # fmt: skip
 
 
+forbid_backward(fused_recurrent_op, FLA_DECODE_ENTRY)
+
+
 @fused_recurrent_op.register_fake
 def _fused_recurrent_fake(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm) -> tuple[Tensor, Tensor]:
     n_seqs, _ = rules.fla_decode(q, k, v, g, beta, initial_state, cu_seqlens)
@@ -366,7 +411,7 @@ def _or_vllms_form(fla: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @rejects_at_trace_time(_output_and_state)
-@names_entry_point("gdn_nki.torch.fused_recurrent_gated_delta_rule")
+@names_entry_point(FLA_DECODE_ENTRY)
 @_or_vllms_form
 def fused_recurrent_gated_delta_rule(
     q: Tensor,
@@ -404,8 +449,9 @@ def fused_recurrent_gated_delta_rule(
         use_gate_in_kernel (bool): ``g`` is the raw gate: g = −exp(A_log)·softplus(g + dt_bias), in fp32 torch
             ops before the op (as FLA's kernel and HF's layer compute it). A_log, dt_bias (Tensor | None): [HV].
         use_beta_sigmoid_in_kernel (bool): ``beta`` holds logits: β = sigmoid(beta), in fp32 before the op.
-        allow_neg_eigval, state_v_first (bool), and FLA's older ``transpose_state_layout=``: rejected when set
-            (β would reach 2; states are [N, HV, K, V] only), as by ``chunk_gated_delta_rule``.
+        allow_neg_eigval (bool): rejected when set (β would reach 2), as by ``chunk_gated_delta_rule``.
+        state_v_first (bool), and FLA's older ``transpose_state_layout=``: V-major states [N, HV, V, K]
+            (``initial_state`` and the final states), as ``chunk_gated_delta_rule``'s; run on the host path.
         check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
         kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
             ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
@@ -431,15 +477,16 @@ def fused_recurrent_gated_delta_rule(
         )
     fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
-    chunk._reject_tensor_flags(fla_only)
-    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
-                                           transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    chunk._reject_tensor_flags(fla_only | dict(state_v_first=state_v_first,
+                                                transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval))
+    v_first = chunk.state_layout(state_v_first, kwargs.get("transpose_state_layout"))
     g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
-    carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale)
-    if not carried or (check_values is not True and q.device.type == "cpu"):
+    carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale, None)
+    if not carried or v_first or (check_values is not True and q.device.type == "cpu"):  # V-major: the host path
         return fused_recurrent.fused_recurrent_gated_delta_rule(
             q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-            check_values=check_values,
+            check_values=check_values, state_v_first=v_first,
         )  # fmt: skip
     fused_recurrent.reject_per_key_decays(gk, gv)
     o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
@@ -503,30 +550,33 @@ def vllm_fused_recurrent_op(
     num_accepted_tokens: Tensor | None,
     scale: float | None,
     use_qk_l2norm: bool,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 ([P, HV, V, K] with ``state_v_first``) updated in place:
+    o [B, T, HV, V]."""
     return device.vllm_fused_recurrent(**locals())
 
 
 @vllm_fused_recurrent_op.register_kernel("cpu")
 def _vllm_fused_recurrent_cpu(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                              use_qk_l2norm) -> Tensor:  # fmt: skip
+                              use_qk_l2norm, state_v_first=False) -> Tensor:  # fmt: skip
     o, _ = fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm
+        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm,
+        state_v_first=state_v_first,
     )  # fmt: skip
     return o
 
 
 @vllm_fused_recurrent_op.register_fake
 def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                               use_qk_l2norm) -> Tensor:  # fmt: skip
+                               use_qk_l2norm, state_v_first=False) -> Tensor:  # fmt: skip
     rules.pool_decode(q, k, v, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
-                      {"g": g, "beta": beta})  # fmt: skip
+                      {"g": g, "beta": beta}, v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
 @rejects_at_trace_time(lambda rejected, argument: _output_and_state(rejected, argument, returned=None))
-@names_entry_point("gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule")
+@names_entry_point(VLLM_ENTRY)
 def vllm_fused_recurrent_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -542,6 +592,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     retrieve_parent_token: Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """vLLM's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::vllm_fused_recurrent_gated_delta_rule``
     (the pool declared mutated).
@@ -552,21 +603,30 @@ def vllm_fused_recurrent_gated_delta_rule(
 
     Notes:
         On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
-        (``check_values``).
+        (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) is carried by the op.
     """
+    reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     carried = _decode_op_can_carry(
-        (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale
+        (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale, initial_state
     )
     host = check_values is not True and q.device.type == "cpu"
-    if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True:
+    if (
+        not carried
+        or host
+        or retrieve_parent_token is not None
+        or inplace_final_state is not True
+        or type(state_v_first) is not bool
+    ):
         return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
             num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel, check_values=check_values,
+            state_v_first=state_v_first,
         )  # fmt: skip
     fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
-    o = vllm_fused_recurrent_op(q, k, v, g, beta, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
-                                _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
-    return o, initial_state
+    read = [detached(x) for x in (q, k, v, g, beta)]  # the pool's op has no autograd formula (forward_only.py)
+    o = vllm_fused_recurrent_op(*read, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
+                                _scale(scale), bool(use_qk_l2norm_in_kernel), state_v_first)  # fmt: skip
+    return attached(VLLM_ENTRY, o, (q, k, v, g, beta)), initial_state
 
 
 @torch.library.custom_op("gdn_nki::fused_sigmoid_gating_delta_rule_update", mutates_args=("pool",))
@@ -586,30 +646,35 @@ def fused_sigmoid_gating_op(
     scale: float | None,
     use_qk_l2norm: bool,
     num_accepted_tokens: Tensor | None = None,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 ([P, HV, V, K] with ``state_v_first``)
+    updated in place: o [B, T, HV, V]."""
     return device.fused_sigmoid_gating(**locals())
 
 
 @fused_sigmoid_gating_op.register_kernel("cpu")
 def _fused_sigmoid_gating_cpu(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None,
+                              state_v_first=False) -> Tensor:  # fmt: skip
     return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
         A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, pool, initial_state_indices, scale,
-        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens,
+        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens, state_v_first=state_v_first,
     )  # fmt: skip
 
 
 @fused_sigmoid_gating_op.register_fake
 def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None,
+                               state_v_first=False) -> Tensor:  # fmt: skip
     rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
-                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices")  # fmt: skip
+                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices",
+                      v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
-@names_entry_point("gdn_nki.torch.fused_sigmoid_gating_delta_rule_update")
+@names_entry_point(SIGMOID_GATING_ENTRY)
 def fused_sigmoid_gating_delta_rule_update(
     A_log: Tensor,
     a: Tensor,
@@ -627,6 +692,7 @@ def fused_sigmoid_gating_delta_rule_update(
     cu_seqlens: Tensor | None = None,
     check_values: bool = True,
     num_accepted_tokens: Tensor | None = None,
+    state_v_first: bool = False,
 ) -> Tensor:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` as the op
     ``gdn_nki::fused_sigmoid_gating_delta_rule_update`` (the pool declared mutated).
@@ -636,29 +702,33 @@ def fused_sigmoid_gating_delta_rule_update(
         ``initial_state_indices``, ``num_accepted_tokens`` [N] rolls a speculative step back as
         ``vllm_fused_recurrent_gated_delta_rule``'s does.
     """
+    reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     tensors = (A_log, a, dt_bias, q, k, v, b, initial_state_source)
     host = check_values is not True and q.device.type == "cpu"
     if (
         host
-        or not _decode_op_can_carry(tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale)
+        or not _decode_op_can_carry(
+            tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale, initial_state_source
+        )
         or not all(isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold))
+        or type(state_v_first) is not bool
     ):
         return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
             initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens, check_values=check_values,
-            num_accepted_tokens=num_accepted_tokens,
+            num_accepted_tokens=num_accepted_tokens, state_v_first=state_v_first,
         )  # fmt: skip
     fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
-    return fused_sigmoid_gating_op(A_log, a, dt_bias, q, k, v, b, initial_state_source, initial_state_indices,
-                                   cu_seqlens, float(softplus_beta), float(softplus_threshold), _scale(scale),
-                                   bool(use_qk_l2norm_in_kernel), num_accepted_tokens)  # fmt: skip
+    read = [detached(x) for x in tensors[:-1]]  # the pool's op has no autograd formula (forward_only.py)
+    o = fused_sigmoid_gating_op(*read, initial_state_source, initial_state_indices, cu_seqlens, float(softplus_beta),
+                                float(softplus_threshold), _scale(scale), bool(use_qk_l2norm_in_kernel),
+                                num_accepted_tokens, state_v_first)  # fmt: skip
+    return attached(SIGMOID_GATING_ENTRY, o, tensors[:-1])
 
 
-def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any) -> bool:
-    """As ``_op_can_carry``, for the decode drop-ins (whose results the host path never put on a graph)."""
-    if not _one_device(tensors, indices):
-        return False
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+def _decode_op_can_carry(tensors: tuple[Any, ...], indices: tuple[Any, ...], scale: Any, written: Any) -> bool:
+    """As ``_op_can_carry``, for the decode drop-ins."""
+    if not _one_device(tensors, indices) or on_graph([written]):
         return False
     return scale is None or (isinstance(scale, numbers.Real) and not isinstance(scale, bool))
 
@@ -724,6 +794,9 @@ def gdn_tkg_host(*tensors: Tensor) -> tuple[Tensor, Tensor]:
     # tkg_simulate's rules without its entry-point name: the traced path's rules (rules.tkg) raise gdn_tkg's
     out, state = tkg_simulate.__wrapped__(*(as_numpy(x.contiguous()) for x in tensors))
     return as_torch(out), as_torch(state)
+
+
+forbid_backward(gdn_tkg_op, TKG_ENTRY)
 
 
 @gdn_tkg_op.register_fake

@@ -18,9 +18,12 @@ graph runs. So, under dynamo only:
    as in eager. Its outputs stand in for the drop-in's (their shapes a best guess: the graph never gets past it),
    so that the rest of the caller's function traces.
 
-Calls whose arguments dynamo cannot hand over as constants (a ``cp_context``, numpy arrays) are traced as before.
-Outside dynamo — eager, ``FakeTensorMode``, ``torch.export`` — the drop-in runs as it is and its op's fake
-implementation raises the ``ContractError`` itself.
+Strict ``torch.export`` (``strict=True``: dynamo traces) wants no program for a rejected call, and gets the
+``ContractError`` itself, unwrapped: the judging function raises it, and dynamo, which calls that function itself
+rather than tracing it, lets what it raises through as it is (torch 2.13). Calls whose arguments dynamo cannot hand
+over as constants (a ``cp_context``, numpy arrays) are traced as before (a rejection then arrives wrapped, in
+``TorchRuntimeError``). Outside dynamo — eager, ``FakeTensorMode``, non-strict ``torch.export`` — the drop-in runs as
+it is and its op's fake implementation raises the ``ContractError`` itself.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any, TypeVar
 from gdn_ref.contract import ContractError
 
 from ..host.torch_io import import_torch
+from .forward_only import forbid_backward
 
 torch = import_torch()
 Tensor = torch.Tensor
@@ -57,8 +61,17 @@ def rejected_call(rejection: int, like: Tensor) -> Tensor:
     Returns:
         Tensor: never (the fake implementation gives an empty tensor like ``like``).
     """
-    error = REJECTIONS[rejection]
-    raise ContractError(error.violations, error.entry_point)
+    raise _kept(rejection)
+
+
+def _kept(key: int) -> ContractError:
+    """A fresh ``ContractError`` equal to the one kept under ``key`` (type, violations, entry point, message)."""
+    error = REJECTIONS[key]
+    return ContractError(error.violations, error.entry_point)
+
+
+# In grad mode AOT autograd traces the backward too (it never runs: the forward raises first).
+forbid_backward(rejected_call, "gdn_nki::rejected_call")
 
 
 @rejected_call.register_fake
@@ -141,9 +154,17 @@ def rejects_at_trace_time(stand_in: Callable[..., Any]) -> Callable[[F], F]:
         def judged(args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> int:
             return _judge(drop_in, args, kwargs)
 
+        @torch.compiler.assume_constant_result
+        def judged_for_export(args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> int:
+            # dynamo calls this function itself while tracing: what it raises reaches the caller unwrapped
+            key = _judge(drop_in, args, kwargs)
+            if key >= 0:
+                raise _kept(key)
+            return key
+
         @functools.wraps(drop_in)
         def traced(*args: Any, **kwargs: Any) -> Any:
-            if not torch.compiler.is_dynamo_compiling() or torch.compiler.is_exporting():
+            if not torch.compiler.is_dynamo_compiling():
                 return drop_in(*args, **kwargs)
             described_args = tuple(_described(x) for x in args)
             described_kwargs = tuple((name, _described(x)) for name, x in kwargs.items())
@@ -151,6 +172,9 @@ def rejects_at_trace_time(stand_in: Callable[..., Any]) -> Callable[[F], F]:
             described = (*described_args, *(x for _, x in described_kwargs))
             if any(d is None and x is not None for d, x in zip(described, passed, strict=True)):
                 return drop_in(*args, **kwargs)  # an argument dynamo cannot pass as a constant
+            if torch.compiler.is_exporting():  # strict export: the rejection raised now, no program made
+                judged_for_export(described_args, described_kwargs)
+                return drop_in(*args, **kwargs)
             key = judged(described_args, described_kwargs)
             if key < 0:
                 return drop_in(*args, **kwargs)

@@ -83,8 +83,8 @@ def check_values(drop_in: Callable[..., Any] | str, *args: Any, **kwargs: Any) -
     Notes:
         Reads every tensor of the call on the host (``.cpu()`` copies: a sync per call), so it belongs in a
         server's debug mode, not on its hot path. The caller's tensors, the pool included, are never written.
-        FLA's ``fused_recurrent_gated_delta_rule`` with packed sequences of several lengths is checked up to its
-        first group's launch (the CPU launches once per length).
+        FLA's ``fused_recurrent_gated_delta_rule`` with packed sequences of several lengths is checked whole: the
+        CPU launches once per length, and checks every length's rules before its first launch.
     """
     name = drop_in if isinstance(drop_in, str) else _name(drop_in)
     host = HOST_PATHS[name]

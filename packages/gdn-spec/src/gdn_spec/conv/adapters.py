@@ -9,8 +9,8 @@
   kernel: ``prefill.py``).
 - ``vllm_update(fn)``: vLLM's ``causal_conv1d_update`` (x [N, C, T], the pool [P, C, L] updated in place at
   ``conv_state_indices`` [N], −1: padding): the pool crosses as a tensor and comes back only when the call returns,
-  so a rejected call leaves it as it was; [N] rows (vLLM's ``num_accepted_tokens`` is a different rollback form),
-  rejections by ``ContractError`` (the api profile).
+  so a rejected call leaves it as it was; [N] rows, with ``num_accepted_tokens`` vLLM's in-row speculative form
+  (``in_row``), rejections by ``ContractError`` (the api profile).
 - ``reference()``: the fp64 oracle as a kernel (in-place pool, the oracle's rejections by ``gdn_ref.conv_rules``),
   the family's own yardstick and the base of its power tests.
 """
@@ -66,19 +66,22 @@ def vllm_update(fn: Callable[..., Any], device: str | None = None) -> Callable[.
     def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
                state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None = None, *,
                activation: str | None = "silu") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        if np.ndim(state_indices) != 1 or num_accepted_tokens is not None:
+        if np.ndim(state_indices) != 1:
             raise ValueError("vLLM's update takes [N] rows here")
         pool = io.to_kernel(np.ascontiguousarray(conv_pool))
         hidden = io.to_kernel(np.ascontiguousarray(np.swapaxes(np.asarray(x), 1, 2)))
         b = None if bias is None else io.to_kernel(np.ascontiguousarray(bias))
         rows = io.to_kernel(np.ascontiguousarray(np.asarray(state_indices).astype(np.int32)))
-        result = fn(hidden, pool, io.to_kernel(np.ascontiguousarray(weight)), b, activation, rows)
+        accepted = (None if num_accepted_tokens is None
+                    else io.to_kernel(np.ascontiguousarray(np.asarray(num_accepted_tokens).astype(np.int32))))  # fmt: skip
+        result = fn(hidden, pool, io.to_kernel(np.ascontiguousarray(weight)), b, activation, rows,
+                    num_accepted_tokens=accepted)  # fmt: skip
         conv_pool[...] = io.from_kernel(pool)
         return np.swapaxes(io.from_kernel(result), 1, 2), conv_pool
 
     setattr(kernel, CAPABILITIES_ATTR, {"name": f"vLLM-form {getattr(fn, '__module__', '')}."
                                                 f"{getattr(fn, '__name__', 'causal_conv1d_update')}",
-                                        "per_token_rows": False, "rejections": True})  # fmt: skip
+                                        "per_token_rows": False, "in_row": True, "rejections": True})  # fmt: skip
     return kernel
 
 
@@ -97,7 +100,8 @@ def reference() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
         conv_pool[...] = after.astype(conv_pool.dtype)
         return out.astype(np.asarray(x).dtype), conv_pool
 
-    setattr(kernel, CAPABILITIES_ATTR, {"name": "gdn-ref conv oracle", "per_token_rows": True, "rejections": True})
+    setattr(kernel, CAPABILITIES_ATTR, {"name": "gdn-ref conv oracle", "per_token_rows": True, "in_row": True,
+                                        "rejections": True})  # fmt: skip
     return kernel
 
 

@@ -14,6 +14,7 @@ exactly), rows not named bit-identical.
 | ``pool`` | the named rows hold the oracle's windows; every other row keeps its bytes (NaN-poisoned: never read) |
 | ``padding`` | a −1 request reads and writes nothing of the pool (and, where declared, outputs zeros) |
 | ``rollback`` | [N, T] rows with ``num_accepted_tokens``: verify, resume from the accepted token's row = decoding the accepted tokens one by one, bit for bit (declared ``per_token_rows``) |
+| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count outside 1..T or a row shorter than W − 2 + T rejected with the pool untouched (declared ``in_row``; the rejections with ``rejections``) |
 | ``rejections`` | wrong widths, a window longer than the state, mismatched channels, rows out of range or repeated: an exception, the pool untouched (declared ``rejections``) |
 | ``batch_invariance`` | a request's outputs and window keep every bit whatever else shares the call and wherever it sits |
 """
@@ -46,6 +47,7 @@ class ConvCapabilities:
 
     name: str = "conv kernel"
     per_token_rows: bool = False  # [N, T] rows and num_accepted_tokens
+    in_row: bool = False  # vLLM's in-row form: [N] rows with num_accepted_tokens, rows of L >= W − 2 + T
     rejections: bool = False  # raises on invalid calls with the pool untouched (the api profile)
     padding_zeros: bool = True  # a −1 request's outputs are zeros
     widths: tuple[int, ...] = (2, 3, 4, 5)
@@ -186,6 +188,61 @@ def check_rollback(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
                                    "them one by one (the window must roll back as the recurrent state does)")  # fmt: skip
 
 
+def check_in_row(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
+    if not caps.in_row:
+        raise NotApplicableError("the kernel does not declare in_row (vLLM's [N] rows with num_accepted_tokens)")
+    rng = np.random.default_rng(seed)
+    width = 4 if 4 in caps.widths else caps.widths[-1]
+    for dtype, n, tokens, extra in (("float32", 7, 3, 0), ("bfloat16", 11, 4, 0), ("float32", 5, 2, 1)):
+        call = _case(rng, caps, n, tokens, dtype, width, tokens - 1 + extra)  # L = W − 2 + T (+ extra)
+        rows = rng.permutation(POOL_ROWS)[:n].astype(np.int32)
+        rows[int(rng.integers(n))] = -1
+        _fill(rng, call["pool"], rows)
+        accepted = (rng.permutation(n) % tokens + 1).astype(np.int32)  # every count 1..T
+        out, pool, ref_out, ref_pool = _run(kernel, call, rows, accepted)
+        what = f"{dtype} N={n} T={tokens} L={call['pool'].shape[2]} counts {accepted.tolist()}"
+        error = compare("out", out, ref_out, dtype)
+        if not error.ok:
+            raise ConvCheckError(f"in-row {what}: {describe([error])}")
+        _same_rows(pool, ref_pool, f"in-row {what}")
+    _in_row_resume(kernel, caps, rng, width)
+    if caps.rejections:
+        call = _case(rng, caps, 2, 2, width=width, extra=1)
+        call["rows"] = np.array([3, 7], np.int32)
+        _fill(rng, call["pool"], call["rows"])
+
+        def run_in_row(case: dict[str, Any]) -> None:
+            kernel(case["x"], case["pool"], case["weight"], case["bias"], case["rows"], case["accepted"],
+                   activation="silu")  # fmt: skip
+
+        expect_rejections(run_in_row, {**call, "accepted": np.array([1, 2], np.int32)},
+                          {"an accepted count past T": dict(accepted=np.array([1, 3], np.int32)),
+                           "an accepted count of 0": dict(accepted=np.array([0, 1], np.int32)),
+                           "a row shorter than W - 2 + T": dict(pool=call["pool"][:, :, 1:].copy())})  # fmt: skip
+
+
+def _in_row_resume(kernel: Kernel, caps: ConvCapabilities, rng: np.random.Generator, width: int) -> None:
+    """Verify T = 3 from offset 0, resume from offset a − 1: the outputs equal decoding the a accepted tokens one
+    by one on a plain pool (L = W − 1) from the same window, bit for bit."""
+    n, tokens = 4, 3
+    call = _case(rng, caps, n, tokens, width=width, extra=tokens - 1)
+    rows = rng.permutation(POOL_ROWS)[:n].astype(np.int32)
+    _fill(rng, call["pool"], rows)
+    plain = call["pool"][:, :, : width - 1].copy()
+    kernel(call["x"], call["pool"], call["weight"], call["bias"], rows, np.ones(n, np.int32), activation="silu")
+    accepted = rng.integers(1, tokens + 1, n).astype(np.int32)
+    nxt = rng.standard_normal(call["x"].shape).astype(call["x"].dtype)
+    out, _ = kernel(nxt, call["pool"], call["weight"], call["bias"], rows, accepted, activation="silu")
+    for i in range(n):
+        row = rows[i : i + 1].copy()
+        for t in range(accepted[i]):
+            kernel(call["x"][i : i + 1, t : t + 1], plain, call["weight"], call["bias"], row, activation="silu")
+        ref, _ = kernel(nxt[i : i + 1, :1], plain, call["weight"], call["bias"], row, activation="silu")
+        if np.asarray(out)[i, 0].tobytes() != np.asarray(ref)[0, 0].tobytes():
+            raise ConvCheckError(f"in-row request {i}: resuming at offset {accepted[i] - 1} differs from decoding "
+                                 f"the {accepted[i]} accepted tokens one by one")  # fmt: skip
+
+
 def check_rejections(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
     if not caps.rejections:
         raise NotApplicableError("the kernel does not declare rejections (the math profile: numbers only)")
@@ -256,6 +313,7 @@ CHECKS: dict[str, Callable[[Kernel, ConvCapabilities, int], None]] = {
     "pool": check_pool,
     "padding": check_padding,
     "rollback": check_rollback,
+    "in_row": check_in_row,
     "rejections": check_rejections,
     "batch_invariance": check_batch_invariance,
 }
