@@ -266,6 +266,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_context_parallel.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
     "packages/gdn-nki/tests/test_torch_norm.py",
+    "packages/gdn-nki/tests/test_torch_gating.py",
     "packages/gdn-nki/tests/test_torch_traced_rejections.py",
     "packages/gdn-nki/tests/test_torch_drop_in_signatures.py",
     "packages/gdn-nki/tests/test_torch_conv_serving.py",
@@ -373,6 +374,7 @@ TORCH_OPS_TESTS = tuple(
         "test_torch_compile.py",
         "test_torch_device.py",
         "test_torch_conv_device.py",
+        "test_torch_gating.py",
         "test_torch_traced_rejections.py",
     )
 )

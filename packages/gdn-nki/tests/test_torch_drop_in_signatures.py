@@ -21,7 +21,8 @@ _ = object()  # a parameter without a default
 # The originals' leading parameters, in order, with defaults, as their sources declare them:
 # FLA (fla-org/flash-linear-attention bc3b101, 2026-08-22): fla/ops/gated_delta_rule/chunk.py and
 # fused_recurrent.py; vLLM (vllm/model_executor/layers/fla/ops/fused_recurrent.py, 03c6dad); SGLang
-# (python/sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py, 06a2775; vLLM-ascend's is the same).
+# (python/sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py, 06a2775; vLLM-ascend's is the same);
+# vLLM's prefill gates (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py, a55a8d9).
 ORIGINALS: dict[str, list[tuple[str, Any]]] = {
     "chunk_gated_delta_rule": [
         ("q", _), ("k", _), ("v", _), ("g", _), ("beta", _), ("scale", None), ("initial_state", None),
@@ -45,6 +46,7 @@ ORIGINALS: dict[str, list[tuple[str, Any]]] = {
         ("v", _), ("b", _), ("initial_state_source", _), ("initial_state_indices", _), ("scale", None),
         ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
     ],
+    "fused_gdn_gating": [("A_log", _), ("a", _), ("b", _), ("dt_bias", _), ("beta", 1.0), ("threshold", 20.0)],
     # vLLM's prefill (vllm/model_executor/layers/fla/ops/chunk.py, 044990c): FLA's name, its own positional order
     # and three results (o, final_state, intermediate_states); under its own name here, as vLLM's pool decode.
     "vllm_chunk_gated_delta_rule": [

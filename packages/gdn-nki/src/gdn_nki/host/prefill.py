@@ -82,12 +82,16 @@ def simulate(
 
 
 def _launch(
-    call: Arguments, kernel: object, check_result: bool, on_commit: Callable[[], None] | None
+    call: Arguments,
+    kernel: object,
+    check_result: bool,
+    on_commit: Callable[[], None] | None,
+    extra: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``simulate``'s launch of a checked call: the kernel on a staged state, the results refused when not finite
-    (``check_result``), then the state committed."""
+    """``simulate``'s launch of a checked call (``extra``: the kernel's keywords beyond ``gdn_cte``'s): the kernel on
+    a staged state, the results refused when not finite (``check_result``), then the state committed."""
     staged = stage(call.recurrent_state, ...)
-    out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs())
+    out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs(), **(extra or {}))
     if check_result:
         refuse_overflow({"out": out, "final state": final_state}, lambda: largest_strength(call.key, call.beta, 1))
     if call.recurrent_state is None:

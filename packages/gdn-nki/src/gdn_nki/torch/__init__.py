@@ -15,6 +15,7 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);
 - ``rms_norm_gated``, ``FusedRMSNormGated``: FLA's gated RMSNorm, the layer's output stage (``norm.py``);
+- ``fused_gdn_gating``: vLLM's prefill gates g and β from the a and b projections (``gating.py``);
 - ``ForwardOnlyError``: what a backward through any of them raises (they are inference kernels; in grad mode they
   run, eager and compiled, and their outputs sit on the graph so that a backward says so: ``forward_only.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
@@ -26,6 +27,7 @@ from ..host.torch_io import ForwardOnlyError
 from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
 from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
+from .gating import fused_gdn_gating
 from .norm import FusedRMSNormGated, rms_norm_gated
 from .ops import (
     chunk_gated_delta_rule,
@@ -48,6 +50,7 @@ __all__ = [
     "check_values",
     "chunk_gated_delta_rule",
     "context_parallel_chunk_gated_delta_rule",
+    "fused_gdn_gating",
     "fused_recurrent_gated_delta_rule",
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",
