@@ -47,6 +47,20 @@ ORIGINALS: dict[str, list[tuple[str, Any]]] = {
         ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
     ],
     "fused_gdn_gating": [("A_log", _), ("a", _), ("b", _), ("dt_bias", _), ("beta", 1.0), ("threshold", 20.0)],
+    # vLLM's fused-gating update (vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py, 2baf56c3): SGLang's
+    # name, its own signature and V-major pool; under its own name here (and the shared name with its keywords).
+    "vllm_fused_sigmoid_gating_delta_rule_update": [
+        ("A_log", _), ("a", _), ("b", _), ("dt_bias", _), ("q", _), ("k", _), ("v", _), ("beta", 1.0),
+        ("threshold", 20.0), ("scale", None), ("initial_state", None), ("inplace_final_state", True),
+        ("cu_seqlens", None), ("ssm_state_indices", None), ("num_accepted_tokens", None),
+        ("use_qk_l2norm_in_kernel", False), ("is_kda", False),
+    ],
+    # vLLM's and SGLang's packed decode (vllm/model_executor/layers/fla/ops/fused_recurrent.py; SGLang's
+    # python/sglang/srt/layers/attention/fla/fused_recurrent.py and its vendor ports declare the same).
+    "fused_recurrent_gated_delta_rule_packed_decode": [
+        ("mixed_qkv", _), ("a", _), ("b", _), ("A_log", _), ("dt_bias", _), ("scale", _), ("initial_state", _),
+        ("out", _), ("ssm_state_indices", _), ("use_qk_l2norm_in_kernel", False),
+    ],
     # vLLM's prefill (vllm/model_executor/layers/fla/ops/chunk.py, 044990c): FLA's name, its own positional order
     # and three results (o, final_state, intermediate_states); under its own name here, as vLLM's pool decode.
     "vllm_chunk_gated_delta_rule": [

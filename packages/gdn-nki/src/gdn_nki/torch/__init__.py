@@ -9,6 +9,9 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
   ``vllm_fused_recurrent_gated_delta_rule``: that variant under its own name (vLLM reuses FLA's);
   ``fused_sigmoid_gating_delta_rule_update``: SGLang's fused-gating update (host path: ``fused_recurrent.py``; also
   public as ``gdn_nki.torch_decode``);
+- ``vllm_fused_sigmoid_gating_delta_rule_update`` (vLLM's signature of SGLang's name; the shared name called with
+  one of vLLM's keywords is it) and ``fused_recurrent_gated_delta_rule_packed_decode``: vLLM's newer decode calls
+  on a V-major pool (``vllm_decode.py``);
 - ``vllm_chunk_gated_delta_rule``: vLLM's prefill of FLA's name, in vLLM's signature with its three results
   (``vllm_chunk.py``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
@@ -38,6 +41,7 @@ from .ops import (
 )
 from .values import check_values
 from .vllm_chunk import vllm_chunk_gated_delta_rule
+from .vllm_decode import fused_recurrent_gated_delta_rule_packed_decode, vllm_fused_sigmoid_gating_delta_rule_update
 
 __all__ = [
     "ContextParallel",
@@ -52,9 +56,11 @@ __all__ = [
     "context_parallel_chunk_gated_delta_rule",
     "fused_gdn_gating",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_packed_decode",
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",
     "rms_norm_gated",
     "vllm_chunk_gated_delta_rule",
     "vllm_fused_recurrent_gated_delta_rule",
+    "vllm_fused_sigmoid_gating_delta_rule_update",
 ]

@@ -687,6 +687,24 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
     return _prefill_out(q, v)
 
 
+def _or_vllms_sigmoid_form(sglang: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's fused-gating drop-in that is vLLM's (another signature, a V-major pool, two results) when called with
+    one of vLLM's own keywords: that call goes to ``vllm_decode.vllm_fused_sigmoid_gating_delta_rule_update``."""
+
+    @functools.wraps(sglang)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        from . import vllm_decode  # it calls this module's drop-in
+
+        vllm_keywords = [name for name in vllm_decode.VLLM_SIGMOID_KEYWORDS if name in kwargs]
+        if not vllm_keywords:
+            return sglang(*args, **kwargs)
+        vllm_decode.reject_sglang_keywords(vllm_keywords[0], kwargs)
+        return vllm_decode.vllm_fused_sigmoid_gating_delta_rule_update(*args, **kwargs)
+
+    return dispatch
+
+
+@_or_vllms_sigmoid_form
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
 @names_entry_point(SIGMOID_GATING_ENTRY)
 def fused_sigmoid_gating_delta_rule_update(
