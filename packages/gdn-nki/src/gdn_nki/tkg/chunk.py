@@ -39,8 +39,9 @@ class ChunkOperands:
     """One block's operands for all T tokens of a request.
 
     Attributes:
-        stationaries: [P, rows, 3, T, tiles, H]: the signed, head-masked selection products (recall, read, key
-            planes); [:, lo, 0:2, :, t] is tile t's moving operand for dk_lo = lo.
+        stationaries: [P, rows, tiles, 2, T, H]: the signed, head-masked selection products of the recall and
+            read planes; [:, lo, t] is tile t's moving operand for dk_lo = lo (the key plane reaches the write
+            through ``writes``).
         writes: [T·Hv, rows, P] (the whole request's): [:, lo] the stationary of the rank-T write for
             dk_lo = lo, row (token t, tile, head h) holding w_t k_t[dk_hi(p)·rows + lo] of that head on the
             partitions p of head h's block, zero elsewhere (every tile's rows: a tile's write meets only its own,
@@ -206,7 +207,7 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
     block = layout.block_heads
     # The recall and read planes only: the key plane reaches the write through ``writes``. A group of tiles at a
     # time, so the first tiles' [u; o] matmuls start while the later tiles' products are made.
-    masked = sbuf((parts, rows, 2, tokens, per_block, h), FP32)
+    masked = sbuf((parts, rows, per_block, 2, tokens, h), FP32)  # tile-major: a tile's operand is one run
     mask = consts.signed_mask[:, 0:2, :].expand_dim(2).broadcast(2, tokens)
     for first in range(0, per_block, GROUP_TILES):
         group = min(GROUP_TILES, per_block - first)
@@ -214,7 +215,7 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
         for lo in range(rows):
             products = psum((parts, 2, tokens, group * h))
             matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
-            nisa.tensor_tensor(dst=masked[:, lo, :, :, first : first + group, :],
+            nisa.tensor_tensor(dst=masked[:, lo, first : first + group].permute((0, 2, 3, 1, 4)),
                                data1=products.reshape((parts, 2, tokens, group, h)),
                                data2=mask.expand_dim(3).broadcast(3, group), op=nl.multiply)  # fmt: skip
     head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
@@ -238,7 +239,7 @@ def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperand
     mixed = psum((dv, 2, tokens, h))
     matmul(consts.value_identity, ops.values[:, :, :, tile * h : (tile + 1) * h], dst=mixed, stationary_onezero=True)
     for lo in range(layout.rows):
-        matmul(state[:, lo * dv : (lo + 1) * dv], ops.stationaries[:, lo, :, :, t, :], dst=mixed, accumulate=True)
+        matmul(state[:, lo * dv : (lo + 1) * dv], ops.stationaries[:, lo, t], dst=mixed, accumulate=True)
         if between is not None:
             between(lo)
     return mixed
