@@ -133,7 +133,6 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         scaled = [product(value_tile(), by(ratio[t, i]), by(beta[t])) for _, (t, i) in batch]
         for (n, (t, i)), factor in zip(batch, scaled, strict=True):
             coupling[t, i] = product(value_tile(), by(factor), _per_value_head(gram[:, 0, n, :], r))
-            reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
     # The value columns v_t [Dv, Hv]: each block's rows turned on the tensor engine.
     turned = []
     block = layout.block_heads
@@ -158,10 +157,14 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
     # the T − 1 − i chains fill each other's dependency latency on the in-order engines; each X_t still subtracts
     # its terms in the order i = 0, 1, … (the same roundings as token by token).
+    # C_ti of the pairs (t, i > ·) after level i: GpSimd makes them while the next level waits on this one.
     for i in range(tokens - 1):
         for plane, _, parts, kw in planes:
             later = {t: coupling[t, i][0:parts, :] for t in range(i + 1, tokens)}
             _fold_level(plane, plane[:, i, :], later, nl.subtract, kw)
+        for t in range(i + 1, tokens):
+            n = pairs.index((t, i))
+            reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
         yield
     # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap): the T sums side by side, each
     # adding its terms in the order i = 0, 1, … after its own token's.
