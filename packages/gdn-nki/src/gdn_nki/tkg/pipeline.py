@@ -42,6 +42,7 @@ PREPARED_AHEAD = 2
 # The step of the next request after which a request's gated RMSNorm is issued: its outputs reach the norm's rows
 # by an SBUF-to-SBUF DMA (a fixed latency of ~1.3 µs), which two tile steps cover, so the in-order vector engine
 # does not wait on it.
+WRITE_BEHIND = 2  # steps between a tile's deltas and its write (``finish_request``, chunk form)
 NORM_AFTER_STEP = 2
 _DONE = object()
 
@@ -245,11 +246,12 @@ def finish_request(
         steps = [(t, tile) for t in range(shapes.tokens) for tile in range(layout.tiles)]
     steps_done = 0
 
-    def products(step: tuple[int, int]) -> Any:
+    def products(step: tuple[int, int], between: Callable[[int], None] | None = None) -> Any:
         t, tile = step
         if chunked:
             ops = prepared.operands[tile // per_block]
-            return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens)
+            return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens,
+                                 between)  # fmt: skip
         return tile_columns(layout, prepared.operands[tile // per_block][t], tile % per_block, states[tile])
 
     def stored(step: tuple[int, int]) -> None:  # the tile's state out, then the caller's work between steps
@@ -277,18 +279,31 @@ def finish_request(
         # Three stages a tile, one tile apart on the in-order tensor engine: products of tile k, the deltas of
         # tile k − 1 (their evacuation had tile k's products to land), the write of tile k − 2 (its deltas' had a
         # step too). Each tile is stepped once, so no stage waits on another tile's state.
-        turning, writing = None, None
-        for step in [*steps, None, None]:
-            mixed = None if step is None else products(step)
+        # Four stages a tile, one tile apart on the in-order tensor engine: products of tile k, the deltas of tile
+        # k − 1 (their evacuation had tile k's products to land), the write of tile k − 3, its rows between tile
+        # k's product matmuls (each waits out the accumulation latency of the one before it), its deltas turned two
+        # steps before. Each tile is stepped once, so no stage waits on another tile's state.
+        turning, written = None, deque()
+        for step in [*steps, *([None] * (1 + WRITE_BEHIND))]:
+            writing = written.popleft() if written and (len(written) >= WRITE_BEHIND or step is None) else None
+            write_row = None
             if writing is not None:
                 (_, tile), deltas = writing
-                chunk_write(layout, prepared.operands[tile // per_block], tile % per_block, states[tile], deltas)
+                ops = prepared.operands[tile // per_block]
+
+                def write_row(lo: int, ops: Any = ops, tile: int = tile, deltas: Any = deltas) -> None:
+                    chunk_write(layout, ops, tile % per_block, states[tile], deltas, rows=(lo,))
+
+            mixed = None if step is None else products(step, write_row)
+            if writing is not None:
+                if step is None:
+                    for lo in range(layout.rows):
+                        write_row(lo)
                 stored(writing[0])
-            writing = None
             if turning is not None:
                 (_, tile), turned = turning
-                writing = (turning[0], chunk_deltas(layout, consts.tiles, tile, turned, collected[:, tile, 1],
-                                                    shapes.tokens))  # fmt: skip
+                written.append((turning[0], chunk_deltas(layout, consts.tiles, tile, turned, collected[:, tile, 1],
+                                                         shapes.tokens)))  # fmt: skip
             turning = None if step is None else (step, mixed)
     else:
         pending = None
