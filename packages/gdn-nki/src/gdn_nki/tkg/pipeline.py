@@ -17,7 +17,9 @@ from typing import Any
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.state_layout import decode_tile_pattern
-from ..common.tiles import FP32, sbuf
+from ..common.tiles import FP32, psum, sbuf
+import os
+EVAC = {'v': nisa.vector_engine, 's': nisa.scalar_engine}[os.environ.get('EVAC', 'v')]
 from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
     Constants,
@@ -33,7 +35,7 @@ from .recurrence import (
     token_gates,
     token_keys,
 )
-from .state_tiles import Steps, block_operands, chunk_form_fits, column_outputs, tile_columns, tile_update_from_columns
+from .state_tiles import PSUM_BANK_FP32, Steps, block_operands, chunk_form_fits, column_outputs, tile_columns, tile_update_from_columns
 
 # Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
 # dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
@@ -72,16 +74,21 @@ def state_tile_pattern(layout: Any) -> list[list[int]]:
     return decode_tile_pattern(layout.heads, layout.parts_per_head, layout.rows, layout.dv)
 
 
-def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
+def load_state_tile(layout: Any, request: Request, tile: int, identities: Any) -> Any:
     """State tile ``tile`` of ``request``'s read row, in SBUF ([partitions, free] fp32, ``state_tiles``' layout).
 
     K-major: one DMA, a run of rows·Dv fp32 a partition. V-major: the tile's heads land first as they lie in HBM,
-    Dv on partitions and each head's Dk contiguous (one DMA, runs of Dk·4 bytes), then one ``dma_transpose`` a head
-    (SBUF to SBUF, 3-D, axes (2, 1, 0)) puts element (dv, dk_hi·rows + dk_lo) at partition h·G + dk_hi, free
-    (dk_lo, dv). The transposes read a tile at a trace-time address: ``dma_transpose`` documents no run-time start
-    address, ``dma_copy`` does ("nki.isa.dma_transpose", "nki.isa.dma_copy", SDK 2.33). Element by element from
-    HBM instead (``decode_tile_pattern``'s V-major twin) moves 4-byte runs: 98× the K-major step
-    (PERFORMANCE.md, "V-major state pools").
+    Dv on partitions and each head's Dk contiguous (one DMA, runs of Dk·4 bytes), then the tensor engine turns
+    them (``_turn``): per dk_lo, one transpose-mode matmul whose stationary is every head's columns dk_hi·rows +
+    dk_lo ([Dv, H, G], a strided view) puts element (dv, dk) at partition h·G + dk_hi, column dv; one PSUM bank
+    collects the rows dk_lo, and one copy lands it on the tile. Transpose mode passes fp32 through bit-exactly
+    (``is_transpose``, "nki.isa.nc_matmul", SDK 2.33: "bit-accurate", "2x faster fp32 transposes"), so the tile is
+    the K-major one bit for bit. The DMA engines' SBUF-to-SBUF ``dma_transpose`` did the same at ≤ 50 % of copy
+    bandwidth: 3.1× the K-major step (PERFORMANCE.md, "V-major state pools"); element by element from HBM
+    (``decode_tile_pattern``'s V-major twin), 4-byte runs: 98×.
+
+    Args:
+        identities: the launch's ``LayoutConstants`` (its ``value_identity``, ``partition_identity``).
     """
     state = sbuf((layout.partitions, layout.free), FP32)
     within_row = tile * layout.partitions * layout.free
@@ -89,36 +96,47 @@ def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
         copy_rows(state, row_view(request.source, request.read_row, state_tile_pattern(layout), within_row))
         return state
     staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
-    pattern = [[layout.dk, layout.dv], [layout.dv * layout.dk, layout.heads], [1, layout.dk]]
-    copy_rows(staged, row_view(request.source, request.read_row, pattern, within_row))
-    for h in range(layout.heads):
-        nisa.dma_transpose(dst=_head_rows(layout, state, h), src=_head_columns(layout, staged, h))
+    copy_rows(staged, row_view(request.source, request.read_row, _v_major_pattern(layout), within_row))
+    columns = staged.reshape((layout.dv, layout.heads, layout.parts_per_head, layout.rows))
+    rows = state.reshape((layout.partitions, layout.rows, layout.dv))
+    _turn(lambda lo: columns[:, :, :, lo], identities.value_identity, lambda los: rows[:, los, :], layout.rows)
     return state
 
 
-def store_state_tile(layout: Any, request: Request, row: Any, tile: int, state: Any) -> None:
-    """Write state tile ``tile`` to pool row ``row`` of ``request``'s target (``load_state_tile`` in reverse)."""
+def store_state_tile(layout: Any, request: Request, row: Any, tile: int, state: Any, identities: Any) -> None:
+    """Write state tile ``tile`` to pool row ``row`` of ``request``'s target (``load_state_tile`` in reverse:
+    V-major, per dk_lo one transpose-mode matmul of the tile's columns dk_lo ([P, Dv]) into [Dv, P], copied to the
+    staging tile's (h, dk_hi·rows + dk_lo) columns, then one DMA in runs of Dk·4 bytes)."""
     within_row = tile * layout.partitions * layout.free
     if not request.v_first:
         copy_rows(row_view(request.target, row, state_tile_pattern(layout), within_row), state)
         return
     staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
-    for h in range(layout.heads):
-        nisa.dma_transpose(dst=_head_columns(layout, staged, h), src=_head_rows(layout, state, h))
-    pattern = [[layout.dk, layout.dv], [layout.dv * layout.dk, layout.heads], [1, layout.dk]]
-    copy_rows(row_view(request.target, row, pattern, within_row), staged)
+    columns = staged.reshape((layout.dv, layout.heads, layout.parts_per_head, layout.rows))
+    rows = state.reshape((layout.partitions, layout.rows, layout.dv))
+    _turn(lambda lo: rows[:, lo, :], identities.partition_identity,
+          lambda los: columns[:, :, :, los].permute((0, 3, 1, 2)), layout.rows)  # fmt: skip
+    copy_rows(row_view(request.target, row, _v_major_pattern(layout), within_row), staged)
 
 
-def _head_rows(layout: Any, state: Any, h: int) -> Any:
-    """Head ``h``'s partitions of a state tile as [G, rows, Dv]: element [dk_hi, dk_lo, dv]."""
-    g = layout.parts_per_head
-    return state[h * g : (h + 1) * g, :].reshape((g, layout.rows, layout.dv))
+def _v_major_pattern(layout: Any) -> list[list[int]]:
+    """A tile's H heads within a V-major pool row as they lie: [Dv, H, Dk], runs of Dk elements."""
+    return [[layout.dk, layout.dv], [layout.dv * layout.dk, layout.heads], [1, layout.dk]]
 
 
-def _head_columns(layout: Any, staged: Any, h: int) -> Any:
-    """Head ``h`` of a V-major staging tile as [Dv, rows, G]: element [dv, dk_lo, dk_hi] (Dk = dk_hi·rows + dk_lo)."""
-    g = layout.parts_per_head
-    return staged[:, h, :].reshape((layout.dv, g, layout.rows)).permute((0, 2, 1))
+def _turn(source: Callable[[int], Any], identity: Any, target: Callable[[slice], Any], rows: int) -> None:
+    """``target(lo)[:, i] = source(lo)[:, i]ᵀ`` for every dk_lo = lo < ``rows``: one transpose-mode matmul a lo
+    (``source(lo)`` [K, M...] the stationary, ``identity`` [K, K] the moving) into a PSUM tile of as many lo as one
+    bank holds, each bank copied to ``target(los)`` ([M, len(los), K]) by the least-loaded engine."""
+    sample = source(0)
+    width, height = sample.shape[0], sample.free_elems
+    per_bank = max(1, min(rows, PSUM_BANK_FP32 // width))
+    for first in range(0, rows, per_bank):
+        los = range(first, min(rows, first + per_bank))
+        turned = psum((height, len(los), width))
+        for i, lo in enumerate(los):
+            nisa.nc_matmul(dst=turned[:, i, :], stationary=source(lo), moving=identity, is_transpose=True)
+        nisa.tensor_copy(dst=target(slice(los.start, los.stop)), src=turned, engine=EVAC)
 
 
 @dataclass
@@ -152,7 +170,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
             copy_rows(rows, row_view(value, n, [[dv, block], [1, dv]], (t * hv + h0) * dv))
             per_token.append(rows)
         values.append(per_token)
-    states = [load_state_tile(layout, request, tile) for tile in range(layout.tiles)]
+    states = [load_state_tile(layout, request, tile, consts.tiles) for tile in range(layout.tiles)]
     z_rows = None
     if norm is not None:
         z_rows = []
@@ -256,9 +274,9 @@ def finish_request(
         nonlocal steps_done
         t, tile = step
         if request.token_rows is not None:
-            store_state_tile(layout, request, request.token_rows[t], tile, states[tile])
+            store_state_tile(layout, request, request.token_rows[t], tile, states[tile], consts.tiles)
         elif t == shapes.tokens - 1:
-            store_state_tile(layout, request, request.final_row, tile, states[tile])
+            store_state_tile(layout, request, request.final_row, tile, states[tile], consts.tiles)
         if between is not None:
             between()
         steps_done += 1
