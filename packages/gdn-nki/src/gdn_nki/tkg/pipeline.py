@@ -18,8 +18,6 @@ from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.state_layout import decode_tile_pattern
 from ..common.tiles import FP32, psum, sbuf
-import os
-EVAC = {'v': nisa.vector_engine, 's': nisa.scalar_engine}[os.environ.get('EVAC', 'v')]
 from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
     Constants,
@@ -45,6 +43,12 @@ PREPARED_AHEAD = 2
 # by an SBUF-to-SBUF DMA (a fixed latency of ~1.3 µs), which two tile steps cover, so the in-order vector engine
 # does not wait on it.
 NORM_AFTER_STEP = 2
+# The engines that copy a V-major tile's transposes out of PSUM: a load's on the scalar engine, which the steps
+# leave the least busy, a store's on the vector engine, which reads PSUM at twice the scalar engine's rate; at
+# Qwen3-Next's heads the four choices span 28.7–31.1 µs (N = 1) and 177.7–190.3 µs (N = 8), this one 29.0 / 177.7
+# (bench_state_layout.py).
+LOAD_TURN_ENGINE = nisa.scalar_engine
+STORE_TURN_ENGINE = nisa.vector_engine
 _DONE = object()
 
 
@@ -74,32 +78,43 @@ def state_tile_pattern(layout: Any) -> list[list[int]]:
     return decode_tile_pattern(layout.heads, layout.parts_per_head, layout.rows, layout.dv)
 
 
-def load_state_tile(layout: Any, request: Request, tile: int, identities: Any) -> Any:
-    """State tile ``tile`` of ``request``'s read row, in SBUF ([partitions, free] fp32, ``state_tiles``' layout).
+def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
+    """Issue the load of state tile ``tile`` of ``request``'s read row into SBUF: K-major, the tile itself
+    ([partitions, free] fp32, ``state_tiles``' layout), one DMA, a run of rows·Dv fp32 a partition; V-major, the
+    tile's heads as they lie in HBM ([Dv, H, Dk]: Dv on partitions, each head's Dk contiguous; one DMA, runs of
+    Dk·4 bytes), which ``turn_state_tile`` makes the tile of.
 
-    K-major: one DMA, a run of rows·Dv fp32 a partition. V-major: the tile's heads land first as they lie in HBM,
-    Dv on partitions and each head's Dk contiguous (one DMA, runs of Dk·4 bytes), then the tensor engine turns
-    them (``_turn``): per dk_lo, one transpose-mode matmul whose stationary is every head's columns dk_hi·rows +
-    dk_lo ([Dv, H, G], a strided view) puts element (dv, dk) at partition h·G + dk_hi, column dv; one PSUM bank
-    collects the rows dk_lo, and one copy lands it on the tile. Transpose mode passes fp32 through bit-exactly
-    (``is_transpose``, "nki.isa.nc_matmul", SDK 2.33: "bit-accurate", "2x faster fp32 transposes"), so the tile is
-    the K-major one bit for bit. The DMA engines' SBUF-to-SBUF ``dma_transpose`` did the same at ≤ 50 % of copy
-    bandwidth: 3.1× the K-major step (PERFORMANCE.md, "V-major state pools"); element by element from HBM
-    (``decode_tile_pattern``'s V-major twin), 4-byte runs: 98×.
-
-    Args:
-        identities: the launch's ``LayoutConstants`` (its ``value_identity``, ``partition_identity``).
+    Element by element from HBM instead (``decode_tile_pattern``'s V-major twin) moves 4-byte runs: 98× the K-major
+    step (PERFORMANCE.md, "V-major state pools").
     """
-    state = sbuf((layout.partitions, layout.free), FP32)
     within_row = tile * layout.partitions * layout.free
     if not request.v_first:
+        state = sbuf((layout.partitions, layout.free), FP32)
         copy_rows(state, row_view(request.source, request.read_row, state_tile_pattern(layout), within_row))
         return state
     staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
     copy_rows(staged, row_view(request.source, request.read_row, _v_major_pattern(layout), within_row))
+    return staged
+
+
+def turn_state_tile(layout: Any, staged: Any, identities: Any) -> Any:
+    """The state tile ([partitions, free] fp32) of a V-major tile's staged rows [Dv, H, Dk] (``load_state_tile``).
+
+    Per dk_lo one transpose-mode matmul whose stationary is every head's columns dk_hi·rows + dk_lo ([Dv, H, G], a
+    strided view) puts element (dv, dk) at partition h·G + dk_hi, column dv (``_turn``). Transpose mode passes
+    fp32 through bit-exactly ("nki.isa.nc_matmul", SDK 2.33, ``is_transpose``: "bit-accurate", "2x faster fp32
+    transposes"), so the tile is the K-major one bit for bit. The caller issues it just before the tile's first
+    products: the in-order tensor engine then never waits on a later tile's load. The DMA engines' SBUF-to-SBUF
+    ``dma_transpose`` did the same at ≤ 50 % of copy bandwidth: 3.1× the K-major step (PERFORMANCE.md).
+
+    Args:
+        identities: the launch's ``LayoutConstants`` (its ``value_identity`` is the moving).
+    """
+    state = sbuf((layout.partitions, layout.free), FP32)
     columns = staged.reshape((layout.dv, layout.heads, layout.parts_per_head, layout.rows))
     rows = state.reshape((layout.partitions, layout.rows, layout.dv))
-    _turn(lambda lo: columns[:, :, :, lo], identities.value_identity, lambda los: rows[:, los, :], layout.rows)
+    _turn(lambda lo: columns[:, :, :, lo], identities.value_identity, lambda los: rows[:, los, :], layout.rows,
+          LOAD_TURN_ENGINE)  # fmt: skip
     return state
 
 
@@ -115,7 +130,7 @@ def store_state_tile(layout: Any, request: Request, row: Any, tile: int, state: 
     columns = staged.reshape((layout.dv, layout.heads, layout.parts_per_head, layout.rows))
     rows = state.reshape((layout.partitions, layout.rows, layout.dv))
     _turn(lambda lo: rows[:, lo, :], identities.partition_identity,
-          lambda los: columns[:, :, :, los].permute((0, 3, 1, 2)), layout.rows)  # fmt: skip
+          lambda los: columns[:, :, :, los].permute((0, 3, 1, 2)), layout.rows, STORE_TURN_ENGINE)  # fmt: skip
     copy_rows(row_view(request.target, row, _v_major_pattern(layout), within_row), staged)
 
 
@@ -124,7 +139,7 @@ def _v_major_pattern(layout: Any) -> list[list[int]]:
     return [[layout.dk, layout.dv], [layout.dv * layout.dk, layout.heads], [1, layout.dk]]
 
 
-def _turn(source: Callable[[int], Any], identity: Any, target: Callable[[slice], Any], rows: int) -> None:
+def _turn(source: Callable[[int], Any], identity: Any, target: Callable[[slice], Any], rows: int, engine: Any) -> None:
     """``target(lo)[:, i] = source(lo)[:, i]ᵀ`` for every dk_lo = lo < ``rows``: one transpose-mode matmul a lo
     (``source(lo)`` [K, M...] the stationary, ``identity`` [K, K] the moving) into a PSUM tile of as many lo as one
     bank holds, each bank copied to ``target(los)`` ([M, len(los), K]) by the least-loaded engine."""
@@ -136,7 +151,7 @@ def _turn(source: Callable[[int], Any], identity: Any, target: Callable[[slice],
         turned = psum((height, len(los), width))
         for i, lo in enumerate(los):
             nisa.nc_matmul(dst=turned[:, i, :], stationary=source(lo), moving=identity, is_transpose=True)
-        nisa.tensor_copy(dst=target(slice(los.start, los.stop)), src=turned, engine=EVAC)
+        nisa.tensor_copy(dst=target(slice(los.start, los.stop)), src=turned, engine=engine)
 
 
 @dataclass
@@ -170,7 +185,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
             copy_rows(rows, row_view(value, n, [[dv, block], [1, dv]], (t * hv + h0) * dv))
             per_token.append(rows)
         values.append(per_token)
-    states = [load_state_tile(layout, request, tile, consts.tiles) for tile in range(layout.tiles)]
+    states = [load_state_tile(layout, request, tile) for tile in range(layout.tiles)]
     z_rows = None
     if norm is not None:
         z_rows = []
@@ -248,7 +263,8 @@ def finish_request(
     """
     out = tensors[3]
     dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
-    h, request, states = layout.heads, prepared.loaded.request, prepared.loaded.states
+    h, request, states = layout.heads, prepared.loaded.request, list(prepared.loaded.states)
+    to_turn = set(range(layout.tiles)) if request.v_first else set()  # tiles still V-major rows
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
     chunked = isinstance(prepared.operands[0], ChunkOperands)
@@ -265,18 +281,36 @@ def finish_request(
 
     def products(step: tuple[int, int]) -> Any:
         t, tile = step
+        if tile in to_turn:
+            states[tile] = turn_state_tile(layout, states[tile], consts.tiles)
+            to_turn.discard(tile)
         if chunked:
             ops = prepared.operands[tile // per_block]
             return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens)
         return tile_columns(layout, prepared.operands[tile // per_block][t], tile % per_block, states[tile])
 
+    # V-major stores turn the tile on the in-order tensor engine: issued one step late, after the next step's
+    # products, so those do not queue behind transposes waiting on this step's update (and before the tile's next
+    # update, ``flush``).
+    late: list[tuple[int, Callable[[], None]]] = []
+
+    def store(row: Any, tile: int) -> None:
+        late.append((tile, lambda: store_state_tile(layout, request, row, tile, states[tile], consts.tiles)))
+        while len(late) > (1 if request.v_first else 0):
+            late.pop(0)[1]()
+
+    def flush(tile: int | None = None) -> None:  # the late stores (of ``tile``), before anything changes it
+        for entry in [e for e in late if tile is None or e[0] == tile]:
+            late.remove(entry)
+            entry[1]()
+
     def stored(step: tuple[int, int]) -> None:  # the tile's state out, then the caller's work between steps
         nonlocal steps_done
         t, tile = step
         if request.token_rows is not None:
-            store_state_tile(layout, request, request.token_rows[t], tile, states[tile], consts.tiles)
+            store(request.token_rows[t], tile)
         elif t == shapes.tokens - 1:
-            store_state_tile(layout, request, request.final_row, tile, states[tile], consts.tiles)
+            store(request.final_row, tile)
         if between is not None:
             between()
         steps_done += 1
@@ -288,6 +322,7 @@ def finish_request(
     def finish(step: tuple[int, int], mixed: Any) -> None:
         t, tile = step
         ops = prepared.operands[tile // per_block][t]
+        flush(tile)
         tile_update_from_columns(layout, consts.tiles, ops, tile % per_block, states[tile], mixed, columns[t][:, tile])
         stored(step)
 
@@ -319,6 +354,7 @@ def finish_request(
                 finish(*pending)
             pending = (step, mixed)
         finish(*pending)
+    flush()
     if earlier:  # a request of fewer steps than NORM_AFTER_STEP
         for tail in earlier:
             tail()
