@@ -143,10 +143,11 @@ def test_the_layout_flag_is_a_bool() -> None:
 
 
 def test_the_v_major_state_moves_whole_not_element_by_element() -> None:
-    """nki-cpu's cost model (``bench/bench_state_layout.py`` at its smoke sizes): the V-major decode step within 3.5×
-    the K-major one (3.13× measured) and a prefill lane, trace-time or bucketed, within 1.3× (1.14×, 1.16×). A state
-    DMA'd element by element (4-byte runs) costs 98× and 31×."""
+    """nki-cpu's cost model (``bench/bench_state_layout.py`` at its smoke sizes): the V-major decode step within 1.75×
+    the K-major one (1.61× measured: tiles turned on the tensor engine) and a prefill lane, trace-time or bucketed,
+    within 1.3× (1.14×, 1.16×). The store's transposes issued at once rather than one step late cost 1.83×, the DMA
+    engines' SBUF transposes 3.13×, a state DMA'd element by element (4-byte runs) 98× and 31×."""
     bench = load_bench("bench_state_layout")
-    assert bench.measure("decode", 1).ratio < 3.5
+    assert bench.measure("decode", 1).ratio < 1.75
     for kernel in ("prefill", "bucket"):
         assert bench.measure(kernel, 128).ratio < 1.3

@@ -33,7 +33,15 @@ from .recurrence import (
     token_gates,
     token_keys,
 )
-from .state_tiles import PSUM_BANK_FP32, Steps, block_operands, chunk_form_fits, column_outputs, tile_columns, tile_update_from_columns
+from .state_tiles import (
+    PSUM_BANK_FP32,
+    Steps,
+    block_operands,
+    chunk_form_fits,
+    column_outputs,
+    tile_columns,
+    tile_update_from_columns,
+)
 
 # Requests whose loads and preparation are under way while one is stepped: a preparation is a chain of about 15
 # dependent instructions spread one level per step of the requests before it (8 steps a request at Qwen3-Next's
@@ -44,9 +52,8 @@ PREPARED_AHEAD = 2
 # does not wait on it.
 NORM_AFTER_STEP = 2
 # The engines that copy a V-major tile's transposes out of PSUM: a load's on the scalar engine, which the steps
-# leave the least busy, a store's on the vector engine, which reads PSUM at twice the scalar engine's rate; at
-# Qwen3-Next's heads the four choices span 28.7–31.1 µs (N = 1) and 177.7–190.3 µs (N = 8), this one 29.0 / 177.7
-# (bench_state_layout.py).
+# leave the least busy, a store's on the vector engine; at Qwen3-Next's heads the four choices span 28.6–28.8 µs
+# (N = 1) and 164.7–165.1 µs (N = 8), this one 28.8 / 164.7 (bench_state_layout.py).
 LOAD_TURN_ENGINE = nisa.scalar_engine
 STORE_TURN_ENGINE = nisa.vector_engine
 _DONE = object()
@@ -103,9 +110,10 @@ def turn_state_tile(layout: Any, staged: Any, identities: Any) -> Any:
     Per dk_lo one transpose-mode matmul whose stationary is every head's columns dk_hi·rows + dk_lo ([Dv, H, G], a
     strided view) puts element (dv, dk) at partition h·G + dk_hi, column dv (``_turn``). Transpose mode passes
     fp32 through bit-exactly ("nki.isa.nc_matmul", SDK 2.33, ``is_transpose``: "bit-accurate", "2x faster fp32
-    transposes"), so the tile is the K-major one bit for bit. The caller issues it just before the tile's first
-    products: the in-order tensor engine then never waits on a later tile's load. The DMA engines' SBUF-to-SBUF
-    ``dma_transpose`` did the same at ≤ 50 % of copy bandwidth: 3.1× the K-major step (PERFORMANCE.md).
+    transposes"), so the tile is the K-major one bit for bit. ``finish_request`` turns a request's tiles when its
+    steps begin, not at its loads (issued two requests ahead: the in-order tensor engine would wait on them before
+    the steps between). The DMA engines' SBUF-to-SBUF ``dma_transpose`` did the same at ≤ 50 % of copy bandwidth:
+    3.1× the K-major step (PERFORMANCE.md, "V-major state pools").
 
     Args:
         identities: the launch's ``LayoutConstants`` (its ``value_identity`` is the moving).
@@ -157,7 +165,7 @@ def _turn(source: Callable[[int], Any], identity: Any, target: Callable[[slice],
 @dataclass
 class Loaded:
     """A request's transfers in flight: per token the q/k rows, gate tiles and each block's value rows; the state
-    tiles in order; with an output norm, per token its z rows [Hv, Dv] fp32."""
+    tiles in order (V-major: their staged rows, ``load_state_tile``); with an output norm, per token its z rows [Hv, Dv] fp32."""
 
     request: Request
     keys: list[Any]
@@ -263,8 +271,9 @@ def finish_request(
     """
     out = tensors[3]
     dv, hv, layout = shapes.dv, shapes.value_heads, consts.layout
-    h, request, states = layout.heads, prepared.loaded.request, list(prepared.loaded.states)
-    to_turn = set(range(layout.tiles)) if request.v_first else set()  # tiles still V-major rows
+    h, request, states = layout.heads, prepared.loaded.request, prepared.loaded.states
+    if request.v_first:  # the staged V-major rows turned into tiles, all before the first products
+        states = [turn_state_tile(layout, staged, consts.tiles) for staged in states]
     out_row = request.n if request.out_row is None else request.out_row
     per_block = layout.tiles_per_block
     chunked = isinstance(prepared.operands[0], ChunkOperands)
@@ -281,9 +290,6 @@ def finish_request(
 
     def products(step: tuple[int, int]) -> Any:
         t, tile = step
-        if tile in to_turn:
-            states[tile] = turn_state_tile(layout, states[tile], consts.tiles)
-            to_turn.discard(tile)
         if chunked:
             ops = prepared.operands[tile // per_block]
             return chunk_columns(layout, consts.tiles, ops, tile % per_block, tile, states[tile], shapes.tokens)
@@ -291,7 +297,7 @@ def finish_request(
 
     # V-major stores turn the tile on the in-order tensor engine: issued one step late, after the next step's
     # products, so those do not queue behind transposes waiting on this step's update (and before the tile's next
-    # update, ``flush``).
+    # update, ``flush``): 28.8 µs at N = 1 against 32.8 µs at once and 29.5 µs two steps late.
     late: list[tuple[int, Callable[[], None]]] = []
 
     def store(row: Any, tile: int) -> None:
