@@ -148,9 +148,9 @@ def _v_major_pattern(layout: Any) -> list[list[int]]:
 
 
 def _turn(source: Callable[[int], Any], identity: Any, target: Callable[[slice], Any], rows: int, engine: Any) -> None:
-    """``target(lo)[:, i] = source(lo)[:, i]ᵀ`` for every dk_lo = lo < ``rows``: one transpose-mode matmul a lo
-    (``source(lo)`` [K, M...] the stationary, ``identity`` [K, K] the moving) into a PSUM tile of as many lo as one
-    bank holds, each bank copied to ``target(los)`` ([M, len(los), K]) by the least-loaded engine."""
+    """``source(lo)`` [K, M...] transposed into slice lo of ``target`` for every dk_lo = lo < ``rows``: one
+    transpose-mode matmul a lo (``identity`` [K, K] the moving) into a PSUM tile [M, lo's, K] of as many lo as one
+    bank holds, each bank copied by ``engine`` to ``target(los)``, an [M, len(los), K...] view."""
     sample = source(0)
     width, height = sample.shape[0], sample.free_elems
     per_bank = max(1, min(rows, PSUM_BANK_FP32 // width))
