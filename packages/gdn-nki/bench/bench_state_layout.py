@@ -1,12 +1,13 @@
 """What a V-major state pool ([P, Hv, Dv, Dk], ``state_v_first``) costs beside the K-major one, in nki-cpu's Trn2
 cost model.
 
-The kernels compute on the same [Dk, Dv] tiles in both layouts; only the state DMAs' HBM access patterns differ
+The kernels compute on the same [Dk, Dv] tiles in both layouts; only how a state reaches them differs
 (``gdn_nki.common.state_layout``): a K-major row moves in runs of the tile's row (2 KiB a partition in decode,
-``rows`` Dk rows of Dv fp32; a [Dk, Dv] head's Dv·4 bytes in prefill), a V-major one element by element (4-byte
-runs: the tile's free axis is Dv, which V-major rows hold at stride Dk). The cost model prices a DMA by its
-contiguous run (``nki_cpu.cost.durations.dma_efficiency``: "< 256 B severely overhead-bound", the DMA bandwidth
-guide's curve), so the V-major figure is that price. Measured at Qwen3-Next's heads (Hk = 16, Hv = 32, Dk = Dv =
+``rows`` Dk rows of Dv fp32; a [Dk, Dv] head's Dv·4 bytes in prefill), a V-major one as it lies (runs of Dk·4 =
+512 bytes) and is transposed on chip: decode's tiles by the tensor engine (``tkg.pipeline.turn_state_tile``),
+prefill's by the DMA engines in SBUF. The cost model prices a DMA by its contiguous run
+(``nki_cpu.cost.durations.dma_efficiency``, the DMA bandwidth guide's curve), so the shorter runs and the
+transposes are the V-major price. Measured at Qwen3-Next's heads (Hk = 16, Hv = 32, Dk = Dv =
 128), bf16 I/O, through the host entry points with ``check_values=False`` (the launch alone):
 
 - decode: ``gdn_nki.decode_step`` (fused gating, in-kernel l2norm), N requests of T = 1 on [N] rows;

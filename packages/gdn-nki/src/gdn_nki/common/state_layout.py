@@ -11,9 +11,10 @@ peak ("DMA bandwidth guide", NKI deep dives: runs "< 256 B severely overhead-bou
 it lies — [Dv, Dk], runs of Dk·4 bytes — and is transposed by the DMA engines at a trace-time SBUF or HBM address
 (``nki.isa.dma_transpose``, SDK 2.33: "src - the source of transpose, must be a tile in HBM or SBUF", 2-D axes
 (1, 0) and 3-D (2, 1, 0); only the hardware-DGE lowering needs 2-byte dtypes): ``load_head`` / ``store_head`` here,
-``tkg.pipeline.load_state_tile`` for decode's tiles, ``cte.boundaries`` for the bucket's gather and stores (rows at
+``cte.boundaries`` for the bucket's gather and stores (rows at
 run-time addresses: the transpose stays on the SBUF side and the run-time address on a ``dma_copy``, which documents
-one; ``dma_transpose`` documents none, "DMA Direct / Indirect Transpose Constraints", SDK 2.33). PERFORMANCE.md, "V-major state pools", has the measured costs, the element-wise first form's too.
+one; ``dma_transpose`` documents none, "DMA Direct / Indirect Transpose Constraints", SDK 2.33). Decode's tiles are
+turned by the tensor engine instead (``tkg.pipeline.turn_state_tile``: transpose-mode matmuls, bit-exact in fp32). PERFORMANCE.md, "V-major state pools", has the measured costs, the element-wise first form's too.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def decode_tile_pattern(heads: int, parts_per_head: int, rows: int, dv: int) -> 
     """The HBM access pattern of one K-major decode state tile within a pool row (``tkg.state_tiles``' layout:
     partition h·G + dk_hi, free (dk_lo, dv)): one run of rows·Dv elements a partition. (Its V-major twin, element
     (dk, dv) of head h at h·Dv·Dk + dv·Dk + dk walked as [[Dv·Dk, H], [rows, G], [1, rows], [Dk, Dv]], moves 4-byte
-    runs: ``tkg.pipeline.load_state_tile`` stages and transposes instead.)"""
+    runs: ``tkg.pipeline.load_state_tile`` stages, ``turn_state_tile`` transposes instead.)"""
     return [[rows * dv, heads * parts_per_head], [1, rows * dv]]
 
 
