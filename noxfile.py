@@ -266,12 +266,15 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_context_parallel.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
     "packages/gdn-nki/tests/test_torch_norm.py",
+    "packages/gdn-nki/tests/test_torch_gating.py",
     "packages/gdn-nki/tests/test_torch_traced_rejections.py",
     "packages/gdn-nki/tests/test_torch_drop_in_signatures.py",
     "packages/gdn-nki/tests/test_torch_conv_serving.py",
     "packages/gdn-nki/tests/test_torch_conv_norm_rejection_names.py",
     "packages/gdn-nki/tests/test_torch_overflow.py",
     "packages/gdn-nki/tests/test_torch_grad_mode.py",
+    "packages/gdn-nki/tests/test_torch_state_layout.py",
+    "packages/gdn-nki/tests/test_torch_vllm_decode.py",
     "packages/gdn-nki/tests/test_torch_strided_pools.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
@@ -374,6 +377,7 @@ TORCH_OPS_TESTS = tuple(
         "test_torch_compile.py",
         "test_torch_device.py",
         "test_torch_conv_device.py",
+        "test_torch_gating.py",
         "test_torch_traced_rejections.py",
     )
 )

@@ -10,7 +10,12 @@ Trn2's 2.9 TB/s (362.5 B/ns, as ``bench_decode.py`` and ``bench_conv.py``). The 
 kernel moves at 16 engines × 23 B/ns and each transfer's run efficiency. Per-engine busy times are reported for
 the fusion estimate in PERFORMANCE.md ("Gated RMSNorm").
 
-    python packages/gdn-nki/bench/bench_norm.py [--out DIR] [--quick] [--smoke]
+Fused (``--fused``): the norm folded into ``gdn_cte``'s output stage (``gdn_cte_normed``) against ``gdn_cte`` then
+``gdn_gated_rms_norm`` on its o, at Qwen3-Next's head dim: one lane (Hk = Hv = 1) at S = 8192 and 32768, and
+Qwen3-Next's heads (Hk = 16, Hv = 32) at S = 8192; schur, bf16, group 8. Each row also checks that the fused y
+equals the two launches' bit for bit.
+
+    python packages/gdn-nki/bench/bench_norm.py [--out DIR] [--quick] [--smoke] [--fused]
 """
 
 from __future__ import annotations
@@ -81,6 +86,79 @@ def measure(form: str, tokens: int, dtype: str, seed: int = 0) -> Row:
     )
 
 
+FUSED_CELLS = ((1, 1, 8192), (1, 1, 32768), (16, 32, 8192))  # (Hk, Hv, S)
+
+
+@dataclass
+class FusedRow:
+    """One fused launch against the two it replaces (makespans in µs) and the engines' busy time of each."""
+
+    key_heads: int
+    value_heads: int
+    seq_len: int
+    cte_us: float
+    norm_us: float
+    fused_us: float
+    bit_identical: bool
+    busy_us: dict[str, tuple[float, float]]  # engine: (gdn_cte + norm, fused)
+
+    @property
+    def separate_us(self) -> float:
+        return self.cte_us + self.norm_us
+
+
+def _report() -> tuple[float, dict[str, float]]:
+    report = estimate(nki_cpu.last_trace())
+    return report.makespan_ns / 1e3, {engine: ns / 1e3 for engine, ns in report.engine_busy_ns.items()}
+
+
+def measure_fused(key_heads: int, value_heads: int, seq_len: int, seed: int = 0) -> FusedRow:
+    """``gdn_cte_normed`` against ``gdn_cte`` + ``gdn_gated_rms_norm`` on one bf16 prefill, estimated."""
+    rng = np.random.default_rng(seed)
+    bf16 = ml_dtypes.bfloat16
+
+    def unit_rows(shape: tuple[int, ...]) -> np.ndarray:
+        x = rng.standard_normal(shape)
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(bf16)
+
+    q, k = unit_rows((1, key_heads, seq_len, HEAD_DIM)), unit_rows((1, key_heads, seq_len, HEAD_DIM))
+    v = rng.standard_normal((1, value_heads, seq_len, HEAD_DIM)).astype(bf16)
+    g = -rng.uniform(0.01, 0.2, (1, value_heads, seq_len)).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (1, value_heads, seq_len)).astype(np.float32)
+    z = rng.standard_normal((1, seq_len, value_heads, HEAD_DIM)).astype(bf16)
+    weight = (1.0 + 0.1 * rng.standard_normal(HEAD_DIM)).astype(np.float32)
+    args = (q, k, v, g, beta)
+    scale = HEAD_DIM**-0.5
+    o, _ = gdn_nki.simulate(*args, scale, mask_pack=gdn_nki.build_mask_pack(), group_size=8, check_values=False)
+    cte_us, cte_busy = _report()
+    y_two = gdn_nki.gated_rms_norm(o, np.ascontiguousarray(z.transpose(0, 2, 1, 3)), weight, check_values=False)
+    norm_us, norm_busy = _report()
+    y, _ = gdn_nki.simulate_normed(*args, z, weight, scale, group_size=8, check_values=False)
+    fused_us, fused_busy = _report()
+    busy = {e: (cte_busy.get(e, 0.0) + norm_busy.get(e, 0.0), fused_busy.get(e, 0.0)) for e in fused_busy}
+    same = bool(np.array_equal(np.asarray(y).view(np.uint16), np.asarray(y_two).view(np.uint16)))
+    return FusedRow(key_heads, value_heads, seq_len, cte_us, norm_us, fused_us, same, busy)
+
+
+def fused_table(rows: list[FusedRow]) -> str:
+    """The markdown table of the fused cells."""
+    lines = [
+        "| heads Hk / Hv | S | gdn_cte µs | norm µs | two launches µs | fused µs | fused / two | "
+        "scalar / vector / GpSimd / DMA busy µs, two → fused | y bit-identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        busy = " / ".join(
+            f"{r.busy_us[e][0]:,.0f} → {r.busy_us[e][1]:,.0f}" for e in ("scalar", "vector", "gpsimd", "dma")
+        )
+        lines.append(
+            f"| {r.key_heads} / {r.value_heads} | {r.seq_len:,} | {r.cte_us:,.1f} | {r.norm_us:,.1f} | "
+            f"{r.separate_us:,.1f} | {r.fused_us:,.1f} | {r.fused_us / r.separate_us:.3f} | {busy} | "
+            f"{'yes' if r.bit_identical else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[Row]) -> str:
     """The markdown table of the cells."""
     lines = [
@@ -99,29 +177,42 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Measure the cells, print the table, and write it to ``--out``."""
+    """Measure the cells, print the tables, and write them to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="directory for bench_norm.md")
-    parser.add_argument("--quick", action="store_true", help="8192 tokens and N = 8, 64 only")
+    parser.add_argument("--out", type=Path, help="directory for bench_norm.md and bench_norm_fused.md")
+    parser.add_argument("--quick", action="store_true", help="8192 tokens and N = 8, 64 only; fused: one lane, 8192")
     parser.add_argument("--smoke", action="store_true", help="128 tokens and N = 8, bf16 only (seconds; for CI)")
+    parser.add_argument("--fused", action="store_true", help="only the fused prefill rows (minutes)")
     args = parser.parse_args(argv)
+    tables = {}
+    if not args.fused:
+        tables["bench_norm.md"] = table([_announced(measure(*cell)) for cell in _cells(args)])
+    fused_cells = [(1, 2, 256)] if args.smoke else FUSED_CELLS[:1] if args.quick else FUSED_CELLS
+    tables["bench_norm_fused.md"] = fused_table([_announced(measure_fused(*cell)) for cell in fused_cells])
+    for name, text in tables.items():
+        print(text)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / name).write_text(text + "\n")
+
+
+def _cells(args: argparse.Namespace) -> list[tuple[str, int, str]]:
+    """The separate kernel's cells at the run's size."""
     if args.smoke:
-        cells = [("prefill", 128, "bfloat16"), ("decode", 8, "bfloat16")]
+        return [("prefill", 128, "bfloat16"), ("decode", 8, "bfloat16")]
+    prefill = PREFILL_TOKENS[:1] if args.quick else PREFILL_TOKENS
+    decode = DECODE_REQUESTS[:2] if args.quick else DECODE_REQUESTS
+    return [("prefill", t, d) for t in prefill for d in DTYPES] + [("decode", n, d) for n in decode for d in DTYPES]
+
+
+def _announced(row: Row | FusedRow) -> Row | FusedRow:
+    """Print one measured cell as it is done (the full run takes minutes)."""
+    if isinstance(row, FusedRow):
+        print(f"fused {row.key_heads}/{row.value_heads} S={row.seq_len}: {row.fused_us:,.1f} us against "
+              f"{row.separate_us:,.1f}", flush=True)  # fmt: skip
     else:
-        prefill = PREFILL_TOKENS[:1] if args.quick else PREFILL_TOKENS
-        decode = DECODE_REQUESTS[:2] if args.quick else DECODE_REQUESTS
-        cells = [("prefill", t, d) for t in prefill for d in DTYPES] + [
-            ("decode", n, d) for n in decode for d in DTYPES
-        ]
-    rows = []
-    for form, tokens, dtype in cells:
-        rows.append(measure(form, tokens, dtype))
-        print(f"{form} {tokens} {dtype}: {rows[-1].makespan_us:,.1f} us ({rows[-1].hbm_ratio:.2f}x)", flush=True)
-    text = table(rows)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_norm.md").write_text(text + "\n")
+        print(f"{row.form} {row.tokens} {row.dtype}: {row.makespan_us:,.1f} us ({row.hbm_ratio:.2f}x)", flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gdn_nki
+from gdn_nki.block import step as block_step
 from gdn_nki.common import backend
 from gdn_ref.block import gdn_block_decode_pool
 from gdn_ref.contract import ContractError
@@ -19,19 +20,24 @@ C = 2 * HK * DK + HV * DV
 NAMES = ("w_qkv", "w_z", "w_b", "w_a", "conv_weight", "conv_bias", "A_log", "dt_bias", "norm_weight")
 
 
-def _layer(seed: int, dtype: type, bias: bool = True) -> dict[str, np.ndarray | None]:
+def _layer(
+    seed: int, dtype: type, bias: bool = True, dims: tuple[int, ...] = (HK, HV, DK, DV, E)
+) -> dict[str, np.ndarray | None]:
+    """The block's weights at heads and hidden size ``dims`` (Hk, Hv, Dk, Dv, E)."""
+    hk, hv, dk, dv, e = dims
+    c = 2 * hk * dk + hv * dv
     rng = np.random.default_rng(seed)
     r = rng.standard_normal
     return {
-        "w_qkv": (r((E, C)) * 0.08).astype(dtype),
-        "w_z": (r((E, HV * DV)) * 0.08).astype(dtype),
-        "w_b": (r((E, HV)) * 0.08).astype(dtype),
-        "w_a": (r((E, HV)) * 0.08).astype(dtype),
-        "conv_weight": (r((C, W)) * 0.5).astype(dtype),
-        "conv_bias": (r(C) * 0.1).astype(dtype) if bias else None,
-        "A_log": (r(HV) * 0.3).astype(np.float32),
-        "dt_bias": (r(HV) * 0.3).astype(np.float32),
-        "norm_weight": (1.0 + 0.1 * r(DV)).astype(np.float32),
+        "w_qkv": (r((e, c)) * 0.08).astype(dtype),
+        "w_z": (r((e, hv * dv)) * 0.08).astype(dtype),
+        "w_b": (r((e, hv)) * 0.08).astype(dtype),
+        "w_a": (r((e, hv)) * 0.08).astype(dtype),
+        "conv_weight": (r((c, W)) * 0.5).astype(dtype),
+        "conv_bias": (r(c) * 0.1).astype(dtype) if bias else None,
+        "A_log": (r(hv) * 0.3).astype(np.float32),
+        "dt_bias": (r(hv) * 0.3).astype(np.float32),
+        "norm_weight": (1.0 + 0.1 * r(dv)).astype(np.float32),
     }
 
 
@@ -235,3 +241,42 @@ def test_a_launch_grid_is_refused_before_anything_is_written():
         backend.simulate(gdn_nki.gdn_block_step[2])(hidden, *(layer[n] for n in NAMES), conv_pool, state_pool,
                                                     np.array([3, 4], np.int32))  # fmt: skip
     assert conv_pool.tobytes() == before[0].tobytes() and state_pool.tobytes() == before[1].tobytes()
+
+
+@pytest.mark.parametrize("t_len", [1, 2])
+def test_conv_writing_q_k_v_itself_gives_the_copies_bits(t_len, monkeypatch):
+    """Heads of whole conv partitions (C / 16 = 8 channels: q, k 32, v 64) make the conv write q, k and v as tensors
+    of their own; the copies out of one conv output (the path of other shapes) must give the same bits. 18 requests:
+    the recurrence's compiled loop, whose run-time request rows index those tensors; T = 1 ([N] rows: the conv's
+    last trip in channel runs) and T = 2 ([N, T] rows, rollback)."""
+    hk, hv, dk, dv, e, pool_rows, n_req = 2, 4, 16, 16, 128, 40, 18
+    channels = 2 * hk * dk + hv * dv
+    assert block_step.split_parts(channels, (hk * dk, hk * dk, hv * dv))
+    layer = _layer(5, np.float32, dims=(hk, hv, dk, dv, e))
+    rng = np.random.default_rng(6)
+    r = rng.standard_normal
+    hidden = r((n_req, t_len, e)).astype(np.float32)
+    rows = rng.permutation(pool_rows)[: n_req * t_len].astype(np.int32).reshape((n_req, t_len)[: 1 + (t_len > 1)])
+    rows[[3, 17]] = -1
+    accepted = rng.integers(1, t_len + 1, n_req).astype(np.int32) if t_len > 1 else None
+    conv_pool = r((pool_rows, channels, L)).astype(np.float32)
+    state_pool = (r((pool_rows, hv, dk, dv)) * 0.2).astype(np.float32)
+    ref_out, ref_conv, ref_state = gdn_block_decode_pool(
+        hidden, **layer, conv_pool=conv_pool, state_pool=state_pool, state_indices=rows, num_key_heads=hk,
+        num_accepted_tokens=accepted,
+    )  # fmt: skip
+    results = []
+    for split in (True, False):
+        if not split:
+            monkeypatch.setattr(block_step, "split_parts", lambda *_: False)
+        pools = conv_pool.copy(), state_pool.copy()
+        out, _, _ = _run(hidden, layer, *pools, rows, accepted)
+        results.append((out, *pools))
+    for got, copied in zip(*results, strict=True):
+        assert got.tobytes() == copied.tobytes()
+    written = sorted({int(x) for x in rows.reshape(-1) if x >= 0})
+    out, conv_after, state_after = results[0]
+    for output, got, ref in (("out", out, ref_out), ("state", conv_after[written], ref_conv[written]),
+                             ("state", state_after[written], ref_state[written])):  # fmt: skip
+        error = compare(output, got, ref, "float32")
+        assert error.ok, error

@@ -230,3 +230,39 @@ def test_rejections_name_the_rule_and_leave_the_pool(case: str) -> None:
             "accepted": "num_accepted_tokens.range"}.get(case, f"conv.{case}")  # fmt: skip
     assert rule in {v.rule_id for v in raised.value.violations}, str(raised.value)
     np.testing.assert_array_equal(call["pool"], before)
+
+
+def _conv_into_parts(widths: tuple[int, ...]):
+    """A launch of ``gdn_conv_step`` writing its output as parts of ``widths`` channels (the fused block's use)."""
+    from gdn_nki.common.backend import nl
+    from gdn_nki.conv.step import gdn_conv_step
+
+    def launch(x, pool, weight, bias, rows):
+        parts = tuple(nl.ndarray((*x.shape[:2], w), dtype=x.dtype, buffer=nl.shared_hbm) for w in widths)
+        return gdn_conv_step(x, pool, weight, bias, rows, None, "silu", parts)
+
+    return launch
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_out_parts_are_the_outputs_channels_bit_for_bit(T: int) -> None:
+    """Parts of whole partitions (C = 64: 4 channels a partition; 8 + 24 + 32) hold the one output's channels bit
+    for bit, padding's zeros included, and the pool gets the same rows; [N] rows, T = 1 (the last trip in channel
+    runs) and 2."""
+    from gdn_nki.common.backend import simulate
+
+    rng, x, pool, weight, bias = _inputs(23, "bfloat16", 11, T, C=64)
+    rows = _rows(rng, 11, T, 40, False, [2, 9])
+    out, whole_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    parted_pool = pool.copy()
+    parts, _ = simulate(_conv_into_parts((8, 24, 32)))(x, parted_pool, weight, bias, rows)
+    assert np.concatenate([np.asarray(p) for p in parts], axis=2).tobytes() == out.tobytes()
+    assert parted_pool.tobytes() == whole_pool.tobytes()
+
+
+def test_out_parts_not_whole_partitions_stop_the_trace() -> None:
+    from gdn_nki.common.backend import simulate
+
+    _, x, pool, weight, bias = _inputs(24, "float32", 2, 1, C=64)
+    with pytest.raises(AssertionError, match="out_parts"):
+        simulate(_conv_into_parts((6, 58)))(x, pool, weight, bias, np.array([0, 1], np.int32))

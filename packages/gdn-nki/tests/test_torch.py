@@ -216,8 +216,16 @@ BAD_FLA = {
     "slots of floats": (dict(state_indices=lambda a: [2.7, 0.2]), "state_indices", "integer"),
     "slots of strings": (dict(state_indices=lambda a: ["2", "0"]), "state_indices", "integer"),
     "slots 2-D": (dict(state_indices=lambda a: torch.tensor([[2], [0]])), "state_indices", "1-D"),
-    "state_v_first": (dict(state_v_first=lambda a: True), "state_v_first", "[N, H, K, V]"),
-    "transpose_state_layout": (dict(transpose_state_layout=lambda a: True), "transpose_state_layout", "[N, H, K, V]"),
+    "state_v_first, a state of neither layout": (
+        dict(state_v_first=lambda a: True, initial_state=lambda a: torch.zeros(3, 2, 16, 8)),
+        "initial_state",
+        "state_v_first=True",
+    ),
+    "both layout flags": (
+        dict(state_v_first=lambda a: True, transpose_state_layout=lambda a: True),
+        "transpose_state_layout",
+        "FLA refuses both",
+    ),
     "slot out of range": (dict(state_indices=lambda a: torch.tensor([3, 0])), "state_indices", "range|index"),
     "slot repeated": (dict(state_indices=lambda a: torch.tensor([1, 1])), "state_indices", "distinct"),
     "state fp16": (dict(initial_state=lambda a: a["initial_state"].half()), "initial_state", "float16"),

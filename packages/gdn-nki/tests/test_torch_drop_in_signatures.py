@@ -21,7 +21,8 @@ _ = object()  # a parameter without a default
 # The originals' leading parameters, in order, with defaults, as their sources declare them:
 # FLA (fla-org/flash-linear-attention bc3b101, 2026-08-22): fla/ops/gated_delta_rule/chunk.py and
 # fused_recurrent.py; vLLM (vllm/model_executor/layers/fla/ops/fused_recurrent.py, 03c6dad); SGLang
-# (python/sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py, 06a2775; vLLM-ascend's is the same).
+# (python/sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py, 06a2775; vLLM-ascend's is the same);
+# vLLM's prefill gates (vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py, a55a8d9).
 ORIGINALS: dict[str, list[tuple[str, Any]]] = {
     "chunk_gated_delta_rule": [
         ("q", _), ("k", _), ("v", _), ("g", _), ("beta", _), ("scale", None), ("initial_state", None),
@@ -44,6 +45,21 @@ ORIGINALS: dict[str, list[tuple[str, Any]]] = {
         ("A_log", _), ("a", _), ("dt_bias", _), ("softplus_beta", _), ("softplus_threshold", _), ("q", _), ("k", _),
         ("v", _), ("b", _), ("initial_state_source", _), ("initial_state_indices", _), ("scale", None),
         ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
+    ],
+    "fused_gdn_gating": [("A_log", _), ("a", _), ("b", _), ("dt_bias", _), ("beta", 1.0), ("threshold", 20.0)],
+    # vLLM's fused-gating update (vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py, 2baf56c3): SGLang's
+    # name, its own signature and V-major pool; under its own name here (and the shared name with its keywords).
+    "vllm_fused_sigmoid_gating_delta_rule_update": [
+        ("A_log", _), ("a", _), ("b", _), ("dt_bias", _), ("q", _), ("k", _), ("v", _), ("beta", 1.0),
+        ("threshold", 20.0), ("scale", None), ("initial_state", None), ("inplace_final_state", True),
+        ("cu_seqlens", None), ("ssm_state_indices", None), ("num_accepted_tokens", None),
+        ("use_qk_l2norm_in_kernel", False), ("is_kda", False),
+    ],
+    # vLLM's and SGLang's packed decode (vllm/model_executor/layers/fla/ops/fused_recurrent.py; SGLang's
+    # python/sglang/srt/layers/attention/fla/fused_recurrent.py and its vendor ports declare the same).
+    "fused_recurrent_gated_delta_rule_packed_decode": [
+        ("mixed_qkv", _), ("a", _), ("b", _), ("A_log", _), ("dt_bias", _), ("scale", _), ("initial_state", _),
+        ("out", _), ("ssm_state_indices", _), ("use_qk_l2norm_in_kernel", False),
     ],
     # vLLM's prefill (vllm/model_executor/layers/fla/ops/chunk.py, 044990c): FLA's name, its own positional order
     # and three results (o, final_state, intermediate_states); under its own name here, as vLLM's pool decode.
@@ -102,7 +118,7 @@ def test_fla_decode_computes_the_fused_gates_as_hfs_layer_does() -> None:
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("allow_neg_eigval", True), ("state_v_first", True), ("transpose_state_layout", True), ("A_log", None)],
+    [("allow_neg_eigval", True), ("A_log", None)],
 )
 def test_fla_decode_rejects_by_name_the_options_it_does_not_honour(option: str, value: Any) -> None:
     args = fla_decode_call()

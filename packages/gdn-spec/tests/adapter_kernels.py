@@ -257,6 +257,12 @@ pool_style = _pool_kernel(None, doc="A correct pool kernel (SGLang-style: the po
 v_first_pool_style = _pool_kernel(None, "vk", doc="``pool_style`` with a [P, H, V, K] pool (SGLang's layout).")
 pool_stores_minus_one_rows = _pool_kernel("stores_minus_one_rows", doc="Stores a -1 sequence into pool[-1].")
 pool_ignores_read_indices = _pool_kernel("ignores_read_indices", doc="Starts from state_indices, not read_indices.")
+pool_reads_v_first_as_k_major = _pool_kernel(
+    None,
+    "kv",
+    doc="Run under ``state=vk``: reads and writes the [P, H, V, K] pool as [P, H, K, V] (a K-major kernel "
+    "handed SGLang's pool): at Dk != Dv it cannot run, at Dk = Dv it runs transposed.",
+)
 torch_pool_style = on_torch(pool_style)
 # name -> (kernel, the serving test it must fail, a phrase of the failure)
 POOL_MUTANTS = {

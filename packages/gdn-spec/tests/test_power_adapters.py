@@ -139,6 +139,21 @@ def test_a_pool_kernel_runs_the_serving_checks(spec: str, extra: tuple[str, ...]
         assert ran and set(ran) == {"passed"}, f"{name}: {ran}\n{result['output']}"
 
 
+def test_a_pool_read_in_the_other_layout_fails_at_square_heads(tmp_path: Path) -> None:
+    """A kernel reading SGLang's V-major pool ([P, H, V, K], adapter ``state=vk``) as K-major passes every shape
+    rule at Dk = Dv: the square-heads serving check catches it by its values, and passes the correct V-major
+    kernel."""
+    extra = ["--adapter", f"fla:{POOL_ADAPTER},state=vk"]
+    test = "test_pool_rows_keep_their_layout_at_square_heads"
+    good = check("adapter_kernels:v_first_pool_style", ("varlen",), test, tmp_path, extra=extra)
+    assert good["code"] == 0 and good["summary"]["verdicts"] == {"varlen": "passed"}, good["output"]
+    assert {o for t, o in good["summary"]["outcomes"].items() if test in t} == {"passed"}, good["output"]
+    bad = check("adapter_kernels:pool_reads_v_first_as_k_major", ("varlen",), test, tmp_path, extra=extra)
+    assert bad["code"] != 0 and bad["summary"]["verdicts"] == {"varlen": "failed"}, bad["output"]
+    failures = bad["summary"]["failures"]
+    assert failures and all(test in t and "Dk = Dv" in m and "> tol" in m for t, m in failures.items()), failures
+
+
 @pytest.mark.parametrize("name", list(POOL_MUTANTS))
 def test_a_flawed_pool_kernel_fails_the_serving_checks(name: str, tmp_path: Path) -> None:
     """A pool kernel storing a row-less sequence into pool[-1] (a row no call names), and one ignoring

@@ -33,7 +33,7 @@ from gdn_ref.decode import RMS_NORM_EPS
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.tiles import FP32
-from ..conv.step import gdn_conv_step
+from ..conv.step import gdn_conv_step, split_parts
 from ..norm.kernel import gdn_gated_rms_norm
 from ..tkg.recurrence import OutputNorm
 from ..tkg.step import gdn_step
@@ -104,14 +104,8 @@ def gdn_block_step(
         tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed))]
     )
 
-    conv_out, _ = gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
-    q, k = scratch((n_req, tokens, hk, dk), dtype), scratch((n_req, tokens, hk, dk), dtype)
-    v = scratch((n_req, tokens, hv, dv), dtype)
-    first = 0
-    for part in (q, k, v):
-        width = part.shape[2] * part.shape[3]
-        _copy_columns(conv_out.reshape((rows, channels)), first, part.reshape((rows, width)))
-        first += width
+    q, k, v = _convolve_into_heads(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens,
+                                   (hk, dk), (hv, dv))  # fmt: skip
 
     # Decode: the gated RMSNorm folded into the recurrence's output stage (as gdn_tkg's), each request's norm
     # running while the next requests' states stream, instead of a norm stage after the last request. Verification:
@@ -124,6 +118,32 @@ def gdn_block_step(
         return o.reshape((n_req, tokens, hv * dv)), conv_pool, state_pool
     out = gdn_gated_rms_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, RMS_NORM_EPS)
     return out.reshape((n_req, tokens, hv * dv)), conv_pool, state_pool
+
+
+def _convolve_into_heads(mixed: Any, conv_pool: Any, conv_weight: Any, conv_bias: Any, state_indices: Any,
+                         num_accepted_tokens: Any, key_heads: tuple[int, int], value_heads: tuple[int, int],
+                         ) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The conv with SiLU over q|k|v, split into q, k [N, T, Hk, Dk] and v [N, T, Hv, Dv]: written by the conv as
+    three tensors when each part is whole partitions of its layout (``conv.step.split_parts``; Qwen3-Next's
+    shapes), else copied out of its one output (N = 64, T = 4: the copies moved 8 MiB HBM to HBM between the conv
+    and the recurrence; PERFORMANCE.md, "Fused decode block")."""
+    n_req, tokens, channels = mixed.shape
+    shapes = (key_heads, key_heads, value_heads)
+    widths = tuple(heads * dim for heads, dim in shapes)
+    if split_parts(channels, widths):
+        # The parts allocated in the recurrence's shapes (not reshaped views): its run-time row offsets index the
+        # tensor itself.
+        parts = tuple(scratch((n_req, tokens, *shape), mixed.dtype) for shape in shapes)
+        gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu", parts)
+        return parts
+    conv_out, _ = gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
+    rows, first, parts = n_req * tokens, 0, []
+    for shape, width in zip(shapes, widths, strict=True):
+        part = scratch((n_req, tokens, *shape), mixed.dtype)
+        _copy_columns(conv_out.reshape((rows, channels)), first, part.reshape((rows, width)))
+        parts.append(part)
+        first += width
+    return tuple(parts)
 
 
 def _copy_columns(src: Any, first: int, dst: Any) -> None:

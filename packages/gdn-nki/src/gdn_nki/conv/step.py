@@ -44,7 +44,7 @@ from gdn_ref.conv_rules import CONV_STEP, conv_step_violations
 
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
-from ..common.kernel_assert import assert_valid_call
+from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.request_rows import accepted_offsets, entry, request_rows
 from ..common.tiles import FP32, matmul, psum, sbuf
 
@@ -61,6 +61,7 @@ def gdn_conv_step(
     state_indices: Any,
     num_accepted_tokens: Any = None,
     activation: str | None = "silu",
+    out_parts: tuple[Any, ...] | None = None,
 ) -> tuple[Any, Any]:
     """Convolve T new tokens of N requests, each from its window in a conv-state pool, and store the windows.
 
@@ -78,9 +79,14 @@ def gdn_conv_step(
         num_accepted_tokens (nl.NkiTensor): optional [N] int32 @ HBM: with [N, T] indices the row to resume from;
             with [N] indices the offset in the row (vLLM's in-row form, L >= W − 2 + T).
         activation (str | None): "silu" (Qwen3-Next) or None.
+        out_parts (tuple[nl.NkiTensor, ...] | None): optional HBM tensors [N, T, ...] in x's dtype, written instead
+            of ``out``: the channels in order, C_i (the product of part i's trailing dimensions) each, summing to C,
+            each a multiple of C / 16 (``split_parts``): the fused block's q, k and v, which would otherwise be
+            copied out of ``out``.
 
     Returns:
-        tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests) and ``conv_pool`` (the same buffer).
+        tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests; ``out_parts`` when given) and
+        ``conv_pool`` (the same buffer).
 
     Notes:
         Trace-time rules (``gdn_ref.conv_rules.conv_step_violations``) stop the trace before anything is allocated;
@@ -95,7 +101,11 @@ def gdn_conv_step(
     per_part = channels // PARTITIONS_PER_REQUEST
     per_token = len(state_indices.shape) == 2
     in_row = num_accepted_tokens is not None and not per_token
-    out = nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
+    out = out_parts or (nl.ndarray((n_req, tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm),)
+    widths = tuple(_row_width(part) // tokens for part in out)
+    kernel_assert(split_parts(channels, widths) and all(part.shape[:2] == (n_req, tokens) for part in out),
+                  f"out_parts of widths {widths} must be [N, T, ...] = [{n_req}, {tokens}, ...] and sum to "
+                  f"C = {channels} in multiples of C / 16 = {per_part}. Fix: parts of whole partitions, or None")  # fmt: skip
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
     sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
@@ -179,7 +189,7 @@ def gdn_conv_step(
             tile_set.convolve_and_store(out, conv_pool, slots_of(g), taps, _column(live, g), shape, activation)
     else:
         iteration(last, ahead=False)
-    return out, conv_pool
+    return (out if out_parts else out[0]), conv_pool
 
 
 BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)
@@ -444,8 +454,8 @@ class _TileSet:
         for slot in slots:
             for t, row in enumerate(slot.write_rows()):
                 nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
-            if not isinstance(slot.n, int) or slot.n < out.shape[0]:  # every request's row, padding's zeros included
-                nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
+            if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:  # every request's row, padding's zeros included
+                _store_out(out, self.result, slot)
 
     def convolve_and_store(self, out: Any, pool: Any, slots: list[_Slot], taps: Any, live: Any,
                            shape: tuple[int, int, int], activation: str | None) -> None:  # fmt: skip
@@ -482,8 +492,8 @@ class _TileSet:
             else:
                 _sum_on_pe(self, self.products[:, 0], 0, live, activation, run)
         for slot in slots:  # whole rows: a run's stores would each wait for the one before (one box of ``out``)
-            if not isinstance(slot.n, int) or slot.n < out.shape[0]:
-                nisa.dma_copy(dst=_input_view(out, slot.n), src=self.result[slot.part], **_skip_if_scalar(slot.n))
+            if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:
+                _store_out(out, self.result, slot)
 
 
 # The last trip's channel runs (``_TileSet.convolve_and_store``), every third summed by the vector engine: at N = 8
@@ -560,15 +570,44 @@ def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
     return pool.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=2)
 
 
-def _input_view(tensor: Any, n: Any) -> Any:
-    """Request ``n``'s [T, C] rows of ``x`` or ``out`` as [16, T, F] (partition s: channels s·F .., per token);
+def _input_view(tensor: Any, n: Any, per_part: int | None = None) -> Any:
+    """Request ``n``'s [T, C] rows of ``x`` or ``out`` ([N, T, ...], C the product of the trailing dimensions) as
+    [C / F, T, F] (partition s: channels s·F .., per token; F = C / 16 unless given, for a part of the channels);
     ``n`` a trace-time int or a run-time scalar."""
-    _, tokens, channels = tensor.shape
-    per_part = channels // PARTITIONS_PER_REQUEST
-    pattern = [[per_part, PARTITIONS_PER_REQUEST], [channels, tokens], [1, per_part]]
+    tokens = tensor.shape[1]
+    channels = _row_width(tensor) // tokens
+    per_part = per_part or channels // PARTITIONS_PER_REQUEST
+    pattern = [[per_part, channels // per_part], [channels, tokens], [1, per_part]]
     if isinstance(n, int):
         return tensor.ap(pattern=pattern, offset=n * tokens * channels)
     return tensor.ap(pattern=pattern, offset=0, scalar_offset=n, indirect_dim=0)
+
+
+def _store_out(out: tuple[Any, ...], result: Any, slot: _Slot) -> None:
+    """A request's convolved rows (its 16 partitions of ``result``) into ``out``'s parts, each part the next
+    ``C_i / F`` partitions (``split_parts``)."""
+    per_part = result.shape[2]
+    first = slot.part.start
+    for part in out:
+        count = _row_width(part) // part.shape[1] // per_part
+        nisa.dma_copy(dst=_input_view(part, slot.n, per_part), src=result[first : first + count],
+                      **_skip_if_scalar(slot.n))  # fmt: skip
+        first += count
+
+
+def _row_width(tensor: Any) -> int:
+    """Elements of one row (dimension 0) of ``tensor``."""
+    width = 1
+    for size in tensor.shape[1:]:
+        width *= size
+    return width
+
+
+def split_parts(channels: int, widths: tuple[int, ...]) -> bool:
+    """Whether ``gdn_conv_step`` can write channel parts of these widths (in order, summing to C) as tensors of
+    their own: each part whole partitions of a request's 16 (a multiple of C / 16 channels)."""
+    per_part = channels // PARTITIONS_PER_REQUEST
+    return sum(widths) == channels and all(w % per_part == 0 for w in widths)
 
 
 def _constants(weight: Any, bias: Any, per_part: int) -> tuple[Any, Any]:

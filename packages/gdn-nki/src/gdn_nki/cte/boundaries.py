@@ -54,6 +54,7 @@ from typing import Any
 
 from ..common import engines, tiles
 from ..common.backend import nisa, nl
+from ..common.state_layout import head_columns, kmajor_shape, v_major_rows
 from ..common.tiles import FP32
 from .state import State
 
@@ -79,6 +80,7 @@ class ChunkBoundaries:
     # fixed tiles (by table id), and the first one's offset from that index
     window: dict[int, Any] | None = None
     window_start: int = 0
+    v_first: bool = False  # the pool is V-major [P, Hv, Dv, Dk] (``common.state_layout``)
 
     def open_window(self, index: Any, start: int, stop: int) -> None:
         """Copy columns ``index + start .. index + stop − 1`` of every table (``index``: a compiled loop's
@@ -137,9 +139,9 @@ class ChunkBoundaries:
         if self.end_copy_row is not None:  # a last checkpoint at its sequence's end: a second store, from SBUF
             stores.append(self._entry(self.end_copy_row, c, static))
         if last:
-            return BoundaryLink(self.pool, h, stores)
+            return BoundaryLink(self.pool, h, stores, v_first=self.v_first)
         offset = self._entry(self.entry_offset, c + 1, None if static is None else static + 1)
-        return BoundaryLink(self.pool, h, stores, place.after, place.boundary, offset, unit_end)
+        return BoundaryLink(self.pool, h, stores, place.after, place.boundary, offset, unit_end, self.v_first)
 
     def _load_initial(
         self, table: Any, c: Any, static: int | None, h: int, dst: Any, cols: slice | None = None
@@ -149,7 +151,7 @@ class ChunkBoundaries:
         self.initial.gather(h)
         slot = self._entry(table, c, static)
         cols = slice(0, dst.shape[1]) if cols is None else cols
-        nisa.dma_copy(dst=dst, src=_pool_view(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
+        nisa.dma_copy(dst=dst, src=head_columns(self.initial.tensor, slot, h, cols), oob_mode=nisa.oob_mode.skip)
 
 
 @dataclass
@@ -167,6 +169,7 @@ class BoundaryLink:
     boundary: list[Any] | None = None
     offset: Any = None
     unit_end: bool = False
+    v_first: bool = False
 
     @property
     def selects(self) -> bool:
@@ -212,25 +215,25 @@ class BoundaryLink:
         """Store the state after the chunk to each row (skipped where the row is P): one DMA per column block, or
         one for the whole [Dk, Dv] ``whole``, the state tile the link wrote in place (a lane's last chunk)."""
         sources = [whole] if self.after is None else self.after
+        if self.v_first:  # each block transposed once (SBUF to SBUF), stored to every row as [w, Dk] rows
+            sources = [_transposed(src) for src in sources]
         for row in self.rows:
             start = 0
             for src in sources:
-                cols = slice(start, start + src.shape[1])
-                nisa.dma_copy(dst=_pool_view(self.pool, row, self.h, cols), src=src, oob_mode=nisa.oob_mode.skip)
+                width = src.shape[0] if self.v_first else src.shape[1]
+                cols = slice(start, start + width)
+                dst = (
+                    v_major_rows(self.pool, row, self.h, cols)
+                    if self.v_first
+                    else head_columns(self.pool, row, self.h, cols)
+                )
+                nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
                 start = cols.stop
 
 
 def _column(table: Any, c: Any) -> Any:
     """Column ``c`` of a table: a static slice, or a run-time ``nl.ds`` start on the free axis."""
     return table[:, c : c + 1] if isinstance(c, int) else table[:, nl.ds(c, 1)]
-
-
-def _pool_view(pool: Any, row: Any, h: int, cols: slice) -> Any:
-    """Columns ``cols`` of value head ``h`` of pool row ``row`` (a run-time scalar), [Dk, cols], on the pool itself
-    (``.ap`` on an argument, never on a view: hbm._chunk_major says why)."""
-    _, _, dk, dv = pool.shape
-    pattern = [[dv, dk], [1, cols.stop - cols.start]]
-    return pool.ap(pattern=pattern, offset=h * dk * dv + cols.start, scalar_offset=row, indirect_dim=0)
 
 
 def build(
@@ -241,6 +244,7 @@ def build(
     checkpoint_every: int = 0,
     checkpoint_indices: Any = None,
     read_indices: Any = None,
+    v_first: bool = False,
 ) -> ChunkBoundaries:
     """The tables of a bucket of ``n_chunks`` chunks from the kernel's device tensors.
 
@@ -248,7 +252,7 @@ def build(
         chunk_bounds (nl.NkiTensor): [N + 1] int32 @ HBM, sequence i is chunks ``chunk_bounds[i] ..
             chunk_bounds[i + 1] − 1``; non-decreasing, from 0, at most ``n_chunks``.
         state_indices (nl.NkiTensor): [N] int32 @ HBM, pool row per sequence, −1 = none.
-        pool (nl.NkiTensor): [P, Hv, Dk, Dv] fp32 @ HBM.
+        pool (nl.NkiTensor): [P, Hv, Dk, Dv] fp32 @ HBM, or [P, Hv, Dv, Dk] with ``v_first``.
         n_chunks (int): chunks of the bucket.
         checkpoint_every (int): chunks between checkpoints (0: none).
         checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, pool row of checkpoint k (after ``(k + 1) ·
@@ -256,6 +260,8 @@ def build(
         read_indices (nl.NkiTensor): [N] int32 @ HBM, the pool row sequence i starts from when it is not the row
             its final state goes to (a prefix-cache hit resumes from a cache row it must not overwrite), −1 =
             zero; None: ``state_indices``.
+        v_first (bool): the pool is V-major (``common.state_layout``): its rows are read and written in that
+            layout; the gathered initial states and the chain's tiles are K-major.
 
     Returns:
         ChunkBoundaries: the tables, in SBUF.
@@ -290,10 +296,10 @@ def build(
         end_row, end_copy_row = _with_checkpoints(
             end_row, checkpoint_indices, seqs, width, rows_total, checkpoint_every, first, end, ends, has_row, live
         )
-    initial = _initial_states(pool, reads, seqs)
+    initial = _initial_states(pool, reads, seqs, v_first)
     return ChunkBoundaries(
         pool, initial, _sum_table(slot_weight, starts, seqs), end_row, _sum_table(offset_weight, starts, 0),
-        end_copy_row,
+        end_copy_row, v_first=v_first,
     )  # fmt: skip
 
 
@@ -355,6 +361,7 @@ class InitialStates:
     rows: Any  # [1, N] int32 tile: the slots' pool rows
     tensor: Any
     gathered: set[int] = field(default_factory=set)
+    v_first: bool = False  # the pool is V-major; ``tensor`` is K-major either way
 
     def gather(self, h: int) -> None:
         """Copy value heads ``h`` and ``h + 1`` of each slot's pool row (once per head): the next lane's states a
@@ -365,18 +372,34 @@ class InitialStates:
 
     def _gather(self, h: int) -> None:
         self.gathered.add(h)
-        seqs, dv = self.rows.shape[1], self.tensor.shape[3]
+        seqs, dk, dv = self.rows.shape[1], self.tensor.shape[2], self.tensor.shape[3]
         for i in range(seqs):
             row = nisa.scalar_load(self.rows[:, i : i + 1])
-            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_pool_view(self.pool, row, h, slice(0, dv)),
-                          oob_mode=nisa.oob_mode.skip)  # fmt: skip
+            if not self.v_first:
+                nisa.dma_copy(dst=self.tensor[i, h, :, :], src=head_columns(self.pool, row, h, slice(0, dv)),
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
+                continue
+            # V-major: the head's rows as they lie into SBUF (the run-time address on the copy), transposed there,
+            # then into the K-major slot (a row outside the pool: nothing loaded, and its slot is never read)
+            staged = tiles.sbuf((dv, dk), FP32)
+            nisa.dma_copy(dst=staged, src=v_major_rows(self.pool, row, h, slice(0, dv)), oob_mode=nisa.oob_mode.skip)
+            nisa.dma_copy(dst=self.tensor[i, h, :, :], src=_transposed(staged))
 
 
-def _initial_states(pool: Any, read_indices: Any, seqs: int) -> InitialStates:
-    """The launch's ``InitialStates``, nothing gathered yet."""
-    _, heads, dk, dv = pool.shape
+def _transposed(block: Any) -> Any:
+    """[a, b] fp32 SBUF -> a new [b, a] SBUF tile by one ``dma_transpose`` (2-D, axes (1, 0), a trace-time
+    address)."""
+    rows, cols = block.shape
+    out = tiles.sbuf((cols, rows), FP32)
+    nisa.dma_transpose(dst=out, src=block)
+    return out
+
+
+def _initial_states(pool: Any, read_indices: Any, seqs: int, v_first: bool = False) -> InitialStates:
+    """The launch's ``InitialStates`` (K-major whatever the pool's layout), nothing gathered yet."""
+    _, heads, dk, dv = kmajor_shape(pool.shape, v_first)
     tensor = nl.ndarray((seqs, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
-    return InitialStates(pool, _row_table(read_indices, seqs), tensor)
+    return InitialStates(pool, _row_table(read_indices, seqs), tensor, v_first=v_first)
 
 
 def _row_table(indices: Any, seqs: int) -> Any:

@@ -23,6 +23,7 @@ from gdn_ref.packed import tensor_violations
 
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.state_layout import kmajor_view
 from ..common.tiles import FP32
 from . import boundaries
 from .kernel import emit
@@ -53,6 +54,7 @@ def gdn_cte_bucket(
     checkpoint_every: int = 0,
     checkpoint_indices: Any = None,
     read_indices: Any = None,
+    state_v_first: bool = False,
 ) -> tuple[Any, Any]:
     """Chunked gated delta-rule prefill of up to N packed sequences in a bucket of T tokens, the layout on device.
 
@@ -80,6 +82,9 @@ def gdn_cte_bucket(
             when it differs from the row it ends in (``state_indices``), e.g. a prefix-cache row it resumes from and
             must not overwrite; −1: start from zero. None: each sequence starts from its ``state_indices`` row.
             Rows may repeat; none is a row this launch writes for another sequence or a checkpoint.
+        state_v_first (bool): trace-time; the pool is V-major, [P, Hv, Dv, Dk] (SGLang's pool, FLA's
+            ``state_v_first``): its rows are gathered, checkpointed and stored in that layout by the boundary DMAs
+            (``common.state_layout.head_columns``); the rules see the K-major view.
 
     Returns:
         tuple: ``out`` [1, Hv, T, Dv] in the compute dtype (padding tokens' rows are not meaningful) and
@@ -91,7 +96,9 @@ def gdn_cte_bucket(
         layout of a bucket is the same program (nki-cpu's ``Trace.fingerprint()`` shows it). Every trace-time rule
         is checked before anything is allocated or written (an ``AssertionError`` naming rule, argument and fix).
     """
-    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, state_pool)
+    v_first = bool(state_v_first)
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size,
+                     kmajor_view(state_pool, v_first))  # fmt: skip
     assert_valid_call(tensor_violations(call, host=False), "gdn_cte_bucket")
     _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices, read_indices)
     value_heads, tokens, dv = value.shape[1], query.shape[2], value.shape[3]
@@ -101,8 +108,9 @@ def gdn_cte_bucket(
     every = int(checkpoint_every) // chunk  # int(): numpy's integers are ints too (is_integer)
     tables = boundaries.build(
         chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
+        v_first=v_first,
     )  # fmt: skip
-    emit(call, out, state_pool, [Span(0, 0, n_chunks, 0)], tables)
+    emit(call, out, call.recurrent_state, [Span(0, 0, n_chunks, 0)], tables)
     return out, state_pool
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..common import tiles
 from ..common.backend import nisa, nl
+from ..common.state_layout import is_v_major, load_head, store_head
 from ..common.tiles import FP32
 from .chunks import Chunk, Lane
 from .state import State, column_blocks, state_tile
@@ -98,11 +99,16 @@ def initial_state(recurrent_state: Any, lane: Lane, dst: State | None = None) ->
         if recurrent_state is None:
             nisa.memset(dst=dst.whole, value=0.0)
         else:
-            nisa.dma_copy(dst=dst.whole, src=recurrent_state[lane.state_row, lane.h, :, :])
+            load_head(dst.whole, recurrent_state[lane.state_row, lane.h, :, :])
         return _ready(dst)
     if recurrent_state is None:
         return State(None, operand_dtype=lane.dtype)
-    whole = nl.load(recurrent_state[lane.state_row, lane.h, :, :], dtype=FP32)
+    view = recurrent_state[lane.state_row, lane.h, :, :]
+    if is_v_major(view):
+        state = state_tile(lane)
+        load_head(state.whole, view)
+        return state
+    whole = nl.load(view, dtype=FP32)
     return State([whole[:, cols] for cols in column_blocks(whole.shape[1])], whole, lane.dtype)
 
 
@@ -126,5 +132,10 @@ def _ready(dst: State) -> State:
 
 
 def store_state(final_state: Any, lane: Lane, state: State) -> None:
-    """Write the lane's final state to its row of the caller's buffer (or the allocated output) in one DMA."""
-    nl.store(final_state[lane.state_row, lane.h, :, :], state.whole)
+    """Write the lane's final state to its row of the caller's buffer (or the allocated output): one DMA (V-major: a
+    transpose and a DMA, ``common.state_layout.store_head``)."""
+    view = final_state[lane.state_row, lane.h, :, :]
+    if is_v_major(view):
+        store_head(view, state.whole)
+    else:
+        nl.store(view, state.whole)

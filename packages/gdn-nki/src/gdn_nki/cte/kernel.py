@@ -75,18 +75,27 @@ def gdn_cte(
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
     assert_valid_call(call.violations(host=False))
 
+    out, final_state = allocate_outputs(query, value, recurrent_state)
+    spans = dense_spans(query.shape[0], query.shape[2], CHUNK_BY_ALGORITHM[algorithm])
+    emit(call, out, final_state, spans)
+    return out, final_state
+
+
+def allocate_outputs(query: Any, value: Any, recurrent_state: Any) -> tuple[Any, Any]:
+    """A dense launch's out [B, Hv, S, Dv] in the compute dtype and its final state: the caller's
+    ``recurrent_state`` when given (updated in place), else a new [B, Hv, Dk, Dv] fp32 tensor."""
     batch, _, seq_len, dk = query.shape
     value_heads, dv = value.shape[1], value.shape[3]
     out = nl.ndarray((batch, value_heads, seq_len, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     final_state = recurrent_state
     if final_state is None:
         final_state = nl.ndarray((batch, value_heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
-    spans = dense_spans(batch, seq_len, CHUNK_BY_ALGORITHM[algorithm])
-    emit(call, out, final_state, spans)
     return out, final_state
 
 
-def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span], boundaries: Any = None) -> None:
+def emit(
+    call: Arguments, out: Any, final_state: Any, spans: list[Span], boundaries: Any = None, norm: Any = None
+) -> None:
     """Issue the work of a checked launch: constants, then every (sequence, value head) lane of this program, with
     an engine balancer of the launch's own.
 
@@ -95,14 +104,21 @@ def emit(call: Arguments, out: Any, final_state: Any, spans: list[Span], boundar
         out, final_state (nl.NkiTensor): the allocated output and the final state (the caller's state when given).
         spans (list[Span]): the launch's sequences (token range in q/k/v/gates/out, state row).
         boundaries (boundaries.ChunkBoundaries): a bucketed launch's per-chunk tables (``LaneInputs.boundaries``).
+        norm (output_norm.OutputNorm): the gated RMSNorm every output tile gets before its store (``Lane.norm``).
     """
     balancer = engines.Balancer()
     with engines.balancing(balancer):
-        _emit_lanes(call, out, final_state, spans, balancer, boundaries)
+        _emit_lanes(call, out, final_state, spans, balancer, boundaries, norm)
 
 
 def _emit_lanes(
-    call: Arguments, out: Any, final_state: Any, spans: list[Span], balancer: engines.Balancer, boundaries: Any
+    call: Arguments,
+    out: Any,
+    final_state: Any,
+    spans: list[Span],
+    balancer: engines.Balancer,
+    boundaries: Any,
+    norm: Any = None,
 ) -> None:
     """This program's lanes (``program_lanes``) with the algorithm's constants and inverse, issued as the pipeline
     (``run_lanes``) with ``balancer``."""
@@ -140,6 +156,7 @@ def _emit_lanes(
             system_dtype=system_dtype,
             scale=float(call.scale),
             consts=consts,
+            norm=norm,
         )
         for span, h in program_lanes(spans, value.shape[1])
     ]

@@ -1,4 +1,5 @@
-"""The output stage: one chunk's out = scale · (attn U + Q_eff h) from its entry state, stored to HBM.
+"""The output stage: one chunk's out = scale · (attn U + Q_eff h) from its entry state, stored to HBM (normalized
+and gated first in ``gdn_cte_normed``: ``output_norm``).
 
 gdn_ref twin: the outputs ``gdn_ref.chunked._state_chain`` returns beside the states it carries.
 """
@@ -20,8 +21,14 @@ class Output:
 
     def __init__(self, lane: Lane, chunk: Chunk, entry_state: State) -> None:
         self.lane, self.chunk, self.entry_state = lane, chunk, entry_state
-        self.tile = tiles.sbuf((lane.chunk, lane.value.shape[3]), lane.dtype)
         self.psum: Any = None
+        self.norm_tiles = None
+        if lane.norm is None:
+            self.tile = tiles.sbuf((lane.chunk, lane.value.shape[3]), lane.dtype)
+        else:  # the fused norm (``output_norm``): its z rows and gate issued now, ahead of the products they follow
+            self.norm_tiles = lane.norm.tiles(lane.dtype)
+            lane.norm.load_gate(self.norm_tiles, lane.b, lane.h, chunk.token, lane.chunk)
+            self.tile = self.norm_tiles.x[: lane.chunk, 0, :]
 
     def block_products(self, j: int, cols: slice) -> tuple[Any, list[tuple]]:
         """Block j's PSUM tile and the terms of its products (``products.issue``)."""
@@ -35,8 +42,13 @@ class Output:
         tiles.copy_to(self.tile[:, cols], self.psum, scale=self.lane.scale)
 
     def store(self) -> None:
+        """Store the tile; with the fused norm, hand it over instead (its norm and store follow at later links)."""
         lane = self.lane
-        nisa.dma_copy(dst=lane.out[lane.b, lane.h, nl.ds(self.chunk.token, lane.chunk), :], src=self.tile)
+        dst = lane.out[lane.b, lane.h, nl.ds(self.chunk.token, lane.chunk), :]
+        if lane.norm is None:
+            nisa.dma_copy(dst=dst, src=self.tile)
+        else:
+            lane.norm.push(self.norm_tiles, lane.chunk, dst)
 
 
 def emit_output(lane: Lane, chunk: Chunk, entry_state: State) -> None:

@@ -22,6 +22,7 @@ from gdn_ref.packed import packed_violations
 
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call
+from ..common.state_layout import kmajor_shape, kmajor_view
 from ..common.tiles import FP32
 from .kernel import emit
 from .plan import packed_plan
@@ -41,6 +42,7 @@ def gdn_cte_varlen(
     recurrent_state: Any = None,
     seq_chunks: tuple[int, ...] = (),
     state_rows: tuple[int, ...] | None = None,
+    state_v_first: bool = False,
 ) -> tuple[Any, Any]:
     """Chunked gated delta-rule prefill of packed sequences of different lengths, in one launch.
 
@@ -60,6 +62,9 @@ def gdn_cte_varlen(
         seq_chunks (tuple[int, ...]): trace-time chunks per sequence, in packing order.
         state_rows (tuple[int, ...] | None): trace-time pool row per sequence, distinct; None = row i for
             sequence i (then P == N).
+        state_v_first (bool): trace-time; states are V-major, [P, Hv, Dv, Dk] (FLA's ``state_v_first``, SGLang's
+            pool): read and written in place by the state DMAs (``common.state_layout``); the rules see the
+            K-major view. The new final state (no ``recurrent_state``) is V-major too.
 
     Returns:
         tuple: ``out`` [1, Hv, T, Dv] in the compute dtype (padding rows hold the padding tokens' outputs), and the
@@ -70,15 +75,18 @@ def gdn_cte_varlen(
         launch grid like gdn_cte's. Every rule a trace can see is checked before anything is allocated or written;
         a violation stops the trace with an ``AssertionError`` listing each rule, argument and fix.
     """
-    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    v_first = bool(state_v_first)
+    states = kmajor_view(recurrent_state, v_first)  # every rule and every lane's [Dk, Dv] view see K-major states
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, states)
     assert_valid_call(packed_violations(call, seq_chunks, state_rows, host=False), "gdn_cte_varlen")  # no raise
     value_heads, seq_len, dk, dv = value.shape[1], query.shape[2], query.shape[3], value.shape[3]
     out = nl.ndarray((1, value_heads, seq_len, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     rows = tuple(range(len(seq_chunks))) if state_rows is None else state_rows
     final_state = recurrent_state
     if final_state is None:
-        final_state = nl.ndarray((len(seq_chunks), value_heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
+        shape = kmajor_shape((len(seq_chunks), value_heads, dk, dv), v_first)  # the layout's own shape
+        final_state = nl.ndarray(shape, dtype=FP32, buffer=nl.shared_hbm)
     chunk = CHUNK_BY_ALGORITHM[algorithm]
     plan = packed_plan([n * chunk for n in seq_chunks], chunk)
-    emit(call, out, final_state, plan.spans(rows))
+    emit(call, out, kmajor_view(final_state, v_first), plan.spans(rows))
     return out, final_state

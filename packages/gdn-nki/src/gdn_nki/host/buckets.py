@@ -24,10 +24,12 @@ from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import rows_need_pool, sequence_value_violations, tensor_violations
 
 from ..common import backend
+from ..common.state_layout import kmajor_shape
 from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
 from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
 from .launch_grid import check_grid
 from .overflow import largest_strength, refuse_overflow
+from .pool_layout import checked_layout, kmajor
 from .staging import commit, stage
 
 _BUCKETS: list[tuple[int, int]] = []
@@ -173,6 +175,7 @@ def prefill_bucket(
     grid: int | None = None,
     check_values: bool = True,
     on_commit: Callable[[], None] | None = None,
+    state_v_first: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences in ONE launch of the bucket's program (``gdn_cte_bucket``), the pool read and written by
     the kernel.
@@ -199,6 +202,8 @@ def prefill_bucket(
             zero), e.g. a prefix-cache row a request resumes from and must not overwrite; rows may repeat, none
             may be written by the launch for another sequence or a checkpoint. Omitted: the ``state_indices`` rows.
         grid, check_values, on_commit: as ``prefill_varlen`` (value heads are split over the grid's programs).
+        state_v_first: the pool is V-major [P, Hv, Dv, Dk], read and written so by the kernel, as
+            ``prefill_varlen``'s (a pool made here is V-major too).
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, the pool).
@@ -212,8 +217,10 @@ def prefill_bucket(
         writes the named rows of the device pool itself.
     """
     grid, group_size, checkpoint_every = check_grid(grid), plain_int(group_size), plain_int(checkpoint_every)
+    v_first = checked_layout(query, value, recurrent_state, state_v_first)
     mask_pack = default_mask_pack(mask_pack, algorithm)
-    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    given = kmajor(recurrent_state, v_first)  # what the rules and scans read; the kernel gets the caller's layout
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, given)
     violations = tensor_violations(call, padded=False, values=False)
     if not violations and algorithm != ALGORITHM_SCHUR:
         violations = [Violation("bucket.algorithm", "algorithm", f"value {algorithm!r}",
@@ -232,7 +239,7 @@ def prefill_bucket(
     pool = recurrent_state
     if pool is None:
         dk, dv = query.shape[3], value.shape[3]
-        pool = np.zeros((seqs, value.shape[1], dk, dv), np.float32)
+        pool = np.zeros(kmajor_shape((seqs, value.shape[1], dk, dv), v_first), np.float32)
         read_indices = np.full(seqs, -1, np.int32)  # every sequence starts from zero: no row of the fresh pool is read
     rows = np.arange(seqs) if state_indices is None else state_indices
     violations = bucket_violations(
@@ -246,14 +253,14 @@ def prefill_bucket(
         violations = bucket_violations(cu_seqlens, query.shape[2], chunk, bucket, pool.shape[0], rows)
         violations = violations or bucket_limit_violations(bucket, chunk, "cu_seqlens")  # the batch's own size
     if not violations and recurrent_state is not None:
-        violations = _pool_violations(recurrent_state, call)
+        violations = _pool_violations(given, call)
     lengths = np.diff(bounds.astype(np.int64))
     if not violations and check_values:
         starts = rows if read_indices is None else read_indices
         reading = [i for i, (r, n) in enumerate(zip(starts, lengths, strict=True)) if r >= 0 and n > 0]
         read = [int(starts[i]) for i in reading]
         # every sequence with a bad value, its inputs' and its start row's, in one error (a server drops them)
-        violations = sequence_value_violations(call, bounds, pool[read], read, reading)
+        violations = sequence_value_violations(call, bounds, kmajor(pool, v_first)[read], read, reading)
     if violations:
         raise ContractError(violations)
     plan = packed_plan(lengths, chunk)
@@ -278,7 +285,7 @@ def prefill_bucket(
     kernel = gdn_cte_bucket if grid is None else gdn_cte_bucket[grid]
     out, _ = backend.simulate(kernel)(
         **packed, chunk_bounds=chunk_bounds, state_indices=slot_rows, state_pool=staged, scale=scale,
-        algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, **extra,
+        algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, state_v_first=v_first, **extra,
     )  # fmt: skip
     out = plan.unpack(out[:, :, : plan.padded_len])
     if check_values:  # the rows the launch computed from scanned values (an empty sequence's row carries its own)

@@ -24,6 +24,7 @@ from ..tkg.fused import gdn_tkg
 from ..tkg.step import gdn_step, step_tensors
 from .launch_grid import LNC_DEGREES, check_grid
 from .overflow import largest_strength, refuse_overflow
+from .pool_layout import kmajor, layout_violations, v_first_flag
 
 
 @names_entry_point("gdn_nki.tkg_simulate")
@@ -66,6 +67,7 @@ def decode_step(
     use_qk_l2norm: bool = False,
     grid: int | None = None,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_step`` (N requests × T tokens on a state pool) with every rule checked first.
 
@@ -73,7 +75,10 @@ def decode_step(
         As ``gdn_step``; ``scale`` defaults to Dk**-0.5. ``grid`` launches ``gdn_step[grid]`` (requests split over
         the programs). ``check_values`` scans the inputs and the pool rows the call reads (finite; gates in
         their domains); the index values are always checked (range, padding rows, distinct live rows,
-        num_accepted_tokens in [1, T]): they address the pool.
+        num_accepted_tokens in [1, T]): they address the pool. ``state_v_first``: the pool is V-major
+        [P, Hv, Dv, Dk] (SGLang's, vLLM's newer fused-gating kernel's): the kernel reads and writes it in place
+        (``common.state_layout``); with K != V a pool of the other shape is refused naming the flag
+        (``host.pool_layout``); with K = V the layout is the caller's word.
 
     Returns:
         tuple: (out [N, T, Hv, Dv] in query's dtype, ``state_pool`` itself, updated in place).
@@ -92,7 +97,8 @@ def decode_step(
     scale = _resolved_scale(scale, query)
     writes = check_decode_step(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log=g_log,
                                beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
-                               use_qk_l2norm=use_qk_l2norm, check_values=check_values)  # fmt: skip
+                               use_qk_l2norm=use_qk_l2norm, check_values=check_values,
+                               state_v_first=state_v_first)  # fmt: skip
     saved = np.array(state_pool[writes], copy=True)
 
     def strength() -> float:
@@ -103,6 +109,7 @@ def decode_step(
         out, _ = backend.simulate(kernel)(
             query, key, value, state_pool, state_indices, num_accepted_tokens, g_log=g_log, beta=beta, a=a, b=b,
             A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
+            state_v_first=v_first_flag(state_v_first, "state_v_first", STEP),
         )  # fmt: skip
         if check_values:  # finite inputs must give finite results: else the recurrence overflowed (put back below)
             written = {f"state_pool row {r}": state_pool[r] for r in writes}
@@ -130,6 +137,7 @@ def check_decode_step(
     scale: float | None = None,
     use_qk_l2norm: bool = False,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> list[int]:
     """Every rule ``decode_step`` checks before its launch, without launching: a caller that splits one call into
     several steps (FLA's decode drop-in, one step per sequence length) checks all of them before it runs any.
@@ -145,7 +153,13 @@ def check_decode_step(
             and its state row's), ordered by request.
     """
     scale = _resolved_scale(scale, query)
-    tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
+    v_first = v_first_flag(state_v_first, "state_v_first", STEP)
+    dk, dv = (np.shape(x)[-1] if np.ndim(x) == 4 else None for x in (key, value))
+    violations = layout_violations(state_pool, v_first, dk, dv, "state_pool", STEP)
+    if violations:
+        raise ContractError(violations)
+    pool = kmajor(state_pool, v_first)  # the K-major view every rule and scan reads; the kernel gets the pool itself
+    tensors = step_tensors(query, key, value, pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
                            A_log, dt_bias)  # fmt: skip
     violations = validate_step(tensors, scale, use_qk_l2norm, values=False)
     if not violations and not state_pool.flags.writeable:
@@ -157,7 +171,7 @@ def check_decode_step(
     live, reads, writes = _rows(state_indices, num_accepted_tokens)
     if check_values:  # every request with a bad value, its inputs' and its state row's, in one error
         violations = validate_step(tensors, scale, use_qk_l2norm)  # the layout holds: only values can break now
-        rows_read = np.ascontiguousarray(state_pool[reads])
+        rows_read = np.ascontiguousarray(pool[reads])
         violations += [_as_step(v) for v in pool_row_violations(rows_read, reads, live)]
         if violations:
             raise ContractError(sorted(violations, key=lambda v: -1 if v.sequence is None else v.sequence))

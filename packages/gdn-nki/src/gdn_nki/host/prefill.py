@@ -25,6 +25,7 @@ from ..cte.varlen import gdn_cte_varlen
 from . import buckets
 from .launch_grid import check_grid
 from .overflow import largest_strength, refuse_overflow
+from .pool_layout import checked_layout, kmajor
 from .staging import commit, stage
 from .torch_io import accepts_torch
 
@@ -81,12 +82,16 @@ def simulate(
 
 
 def _launch(
-    call: Arguments, kernel: object, check_result: bool, on_commit: Callable[[], None] | None
+    call: Arguments,
+    kernel: object,
+    check_result: bool,
+    on_commit: Callable[[], None] | None,
+    extra: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``simulate``'s launch of a checked call: the kernel on a staged state, the results refused when not finite
-    (``check_result``), then the state committed."""
+    """``simulate``'s launch of a checked call (``extra``: the kernel's keywords beyond ``gdn_cte``'s): the kernel on
+    a staged state, the results refused when not finite (``check_result``), then the state committed."""
     staged = stage(call.recurrent_state, ...)
-    out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs())
+    out, final_state = backend.simulate(kernel)(**call.replace(recurrent_state=staged).as_kwargs(), **(extra or {}))
     if check_result:
         refuse_overflow({"out": out, "final state": final_state}, lambda: largest_strength(call.key, call.beta, 1))
     if call.recurrent_state is None:
@@ -168,6 +173,7 @@ def prefill_varlen(
     checkpoint_every: int | None = None,
     checkpoint_indices: np.ndarray | None = None,
     read_indices: np.ndarray | None = None,
+    state_v_first: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences of any lengths in ONE kernel launch (``gdn_cte_varlen``), each from its own state.
 
@@ -195,6 +201,9 @@ def prefill_varlen(
         checkpoint_every, checkpoint_indices, read_indices: prefix-cache checkpoints, and rows to start from
             other than the rows written (bucketed form only; without a bucket the batch's own size is used): see
             ``buckets.prefill_bucket``.
+        state_v_first: states are V-major, [.., Hv, Dv, Dk] (FLA's ``state_v_first``, SGLang's pool): the
+            kernel reads and writes them in place (``common.state_layout``), a new final state is V-major too;
+            with K != V a state of the other shape is refused naming the flag (``host.pool_layout``).
 
     Returns:
         tuple: (out [1, Hv, T, Dv] in query's dtype, final states): the supplied state/pool itself, updated, or a
@@ -214,10 +223,12 @@ def prefill_varlen(
         return buckets.prefill_bucket(
             query, key, value, g_log, beta, cu_seqlens, bucket, scale, algorithm, mask_pack, group_size,
             recurrent_state, state_indices, checkpoint_every, checkpoint_indices, read_indices, grid=grid,
-            check_values=check_values, on_commit=on_commit,
+            check_values=check_values, on_commit=on_commit, state_v_first=state_v_first,
         )  # fmt: skip
+    v_first = checked_layout(query, value, recurrent_state, state_v_first)
     mask_pack = default_mask_pack(mask_pack, algorithm)
-    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    states = kmajor(recurrent_state, v_first)  # what the rules and scans read; the kernel gets the caller's layout
+    call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, states)
     # The tensors' own rules first: cu_seqlens is judged against their token count, which a wrong layout
     # (seq-first tensors, a 3-D query) makes meaningless; then the packed layout; then, once all hold, the values.
     violations = tensor_violations(call, padded=False, values=False)
@@ -229,7 +240,7 @@ def prefill_varlen(
         raise ContractError(violations)
     rows = None if state_indices is None else tuple(int(s) for s in np.asarray(state_indices))
     plan = packed_plan(np.diff(np.asarray(cu_seqlens)), CHUNK_BY_ALGORITHM[algorithm])
-    violations = layout_violations(query, value, algorithm, recurrent_state, plan.seq_chunks, rows, padded=False)
+    violations = layout_violations(query, value, algorithm, states, plan.seq_chunks, rows, padded=False)
     if violations:
         raise ContractError(violations)
     # The kernel reads and writes a private [N, Hv, Dk, Dv] copy of the named rows, committed to the caller's state
@@ -237,12 +248,13 @@ def prefill_varlen(
     state_rows = list(rows if rows is not None else range(len(plan.seq_chunks)))
     staged = stage(recurrent_state, state_rows)
     if check_values:  # every sequence with a bad value, its inputs' and its state's, in one error (a server drops them)
-        violations = sequence_value_violations(call, cu_seqlens, staged, rows)
+        violations = sequence_value_violations(call, cu_seqlens, kmajor(staged, v_first), rows)
         if violations:
             raise ContractError(violations)
     packed = call.replace(**{name: plan.pack(getattr(call, name)) for name in TOKEN_ARGUMENTS}, recurrent_state=staged)
     kernel = gdn_cte_varlen if grid is None else gdn_cte_varlen[grid]
-    out, final_state = backend.simulate(kernel)(**packed.as_kwargs(), seq_chunks=plan.seq_chunks, state_rows=None)
+    out, final_state = backend.simulate(kernel)(**packed.as_kwargs(), seq_chunks=plan.seq_chunks, state_rows=None,
+                                                state_v_first=v_first)  # fmt: skip
     out = plan.unpack(out)
     if check_values:
         refuse_overflow({"out": out, "final state": final_state}, lambda: largest_strength(key, beta, 1))

@@ -342,10 +342,17 @@ def accepts_torch(fn: Callable[..., tuple[np.ndarray, np.ndarray]]) -> Callable[
 
 
 def check_states(
-    initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int], any_device: bool = False
+    initial_state: Any,
+    state_indices: Any,
+    n_seqs: int,
+    tail: tuple[int, int, int],
+    any_device: bool = False,
+    v_first: bool = False,
 ) -> None:
     """The rules of ``initial_state`` and ``state_indices`` that read only types, shapes, dtypes and strides (the
-    custom ops check them at trace time; the FLA drop-in and the context-parallel call share them)."""
+    custom ops check them at trace time; the FLA drop-in and the context-parallel call share them). ``tail`` is
+    (Hv, K, V); ``v_first``: the states are V-major [.., Hv, V, K] (FLA's ``state_v_first``), so the shape rule
+    names the flag (with K != V a state of the other layout is caught by its shape; with K = V nothing can tell)."""
     if initial_state is None:
         if state_indices is not None:
             raise rejection("state_indices", "without initial_state", "state_indices name rows of a state pool "
@@ -360,8 +367,15 @@ def check_states(
     check_tensor("initial_state", initial_state, dtypes, any_device=any_device)
     rows = n_seqs if state_indices is None else None
     shape = tuple(initial_state.shape)
+    if v_first:
+        tail = (tail[0], tail[2], tail[1])
     if initial_state.dim() != 4 or shape[1:] != tail or (rows is not None and shape[0] != rows):
         want = f"[{'P' if rows is None else rows}, {', '.join(map(str, tail))}]"
+        if v_first:
+            raise rejection("initial_state", f"shape {shape}", "with state_v_first=True states are V-major: "
+                            f"initial_state must be [N, Hv, V, K] = {want}", "pass the V-major states (SGLang's "
+                            "pool layout), or state_v_first=False for K-major [N, Hv, K, V] states",
+                            rule_id="state_layout.v_first")  # fmt: skip
         raise rejection("initial_state", f"shape {shape}", f"initial_state must be [N, Hv, K, V] = {want}",
                         "pass one fp32 state per sequence (or a pool with state_indices)")  # fmt: skip
     if state_indices is None:

@@ -38,14 +38,19 @@ from typing import Any
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call
-from ..common.tiles import FP32, matmul, psum, sbuf
+from ..common.row_tiles import (  # noqa: F401 - MIN_TILES, RUN_BYTES: the launch plan's constants, read by tests
+    MIN_TILES,
+    RUN_BYTES,
+    repeat_rows,
+    rows_per_partition,
+    rows_view,
+    spread_to_partitions,
+    tile_plan,
+)
+from ..common.tiles import FP32, sbuf
 from .rules import norm_violations
 
-RUN_BYTES = 4096  # contiguous bytes per partition per DMA: where descriptor efficiency saturates (§4.4)
-# A launch of few rows is cut into at least this many tiles (shorter runs), so the pipeline overlaps them.
-MIN_TILES = 4
 TILE_SETS = 4  # tiles in flight: the pipeline's four stages (gdn_gated_rms_norm)
-BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)
 # 1 / the share of act(z) · weight GpSimd takes from the vector engine, which would otherwise carry 32 of the 96
 # cycles per D of 16 rows at the slowest clock (module docstring): at 1/4, 29.2 ns per D against GpSimd's 30.0.
 GPSIMD_SHARE = 4
@@ -79,12 +84,12 @@ def gdn_gated_rms_norm(x: Any, z: Any, weight: Any, eps: float = 1e-6, activatio
     rows = x.size // dim
     out = nl.ndarray(tuple(x.shape), dtype=x.dtype, buffer=nl.shared_hbm)
     per_part = rows_per_partition(rows, dim, 2 if x.dtype != FP32 else 4)
-    constants = _Constants(weight, dim, per_part, eps)
-    sets = [_TileSet(x.dtype, per_part, dim, z is not None) for _ in range(TILE_SETS)]
+    constants = NormConstants(weight, dim, per_part, eps)
+    sets = [NormTiles(x.dtype, per_part, dim, z is not None) for _ in range(TILE_SETS)]
     plan = tile_plan(rows, per_part)
     gate_op = None if z is None else GATES[activation]
 
-    def tile(k: int) -> tuple[_TileSet, tuple[int, int, int]] | None:
+    def tile(k: int) -> tuple[NormTiles, tuple[int, int, int]] | None:
         return (sets[k % TILE_SETS], plan[k]) if 0 <= k < len(plan) else None
 
     # A software pipeline in program order: step s loads tile s, starts tile s − 1 (act(z) · weight and x²), takes
@@ -110,31 +115,7 @@ def gdn_gated_rms_norm(x: Any, z: Any, weight: Any, eps: float = 1e-6, activatio
     return out
 
 
-def rows_per_partition(rows: int, dim: int, itemsize: int) -> int:
-    """R: rows per partition of a full tile — a ``RUN_BYTES`` run, fewer when the launch has too few rows to make
-    ``MIN_TILES`` tiles of 128 partitions with it (decode: N·Hv rows), never below 1."""
-    return max(1, min(RUN_BYTES // (dim * itemsize), rows // (128 * MIN_TILES)))
-
-
-def tile_plan(rows: int, per_part: int) -> list[tuple[int, int, int]]:
-    """The launch's tiles as (first row, partitions, rows per partition): full [128, R] tiles, then the rest as
-    one [rest // R, R] tile and one [rest % R, 1] tile (each row in exactly one tile, in order)."""
-    plan = []
-    full = 128 * per_part
-    start = 0
-    while rows - start >= full:
-        plan.append((start, 128, per_part))
-        start += full
-    rest = rows - start
-    if rest // per_part:
-        plan.append((start, rest // per_part, per_part))
-        start += rest // per_part * per_part
-    if rows - start:
-        plan.append((start, rows - start, 1))
-    return plan
-
-
-class _Constants:
+class NormConstants:
     """Per launch: eps as a [128, 1] column (the rsqrt's bias) and the weight on every partition as [128, D] fp32
     in PSUM (None without a weight), read through a stride-0 view as [P, R, D]."""
 
@@ -144,25 +125,17 @@ class _Constants:
         nisa.memset(dst=self.eps, value=float(eps))
         self.weight = self.weight_sbuf = None
         if weight is not None:
-            raw = sbuf((1, dim), weight.dtype)
-            nisa.dma_copy(dst=raw, src=weight.ap(pattern=[[dim, 1], [1, dim]], offset=0))
-            ones = sbuf((1, 128), weight.dtype)  # a matmul's operands share a precision (ISA nc_matmul)
-            nisa.memset(dst=ones, value=1.0)
-            self.weight = psum((128, dim))
-            for first in range(0, dim, BANK):
-                cols = slice(first, min(dim, first + BANK))
-                matmul(ones, raw[:, cols], dst=self.weight[:, cols], stationary_onezero=True)
+            self.weight = spread_to_partitions(weight, dim)
             self.weight_sbuf = sbuf((128, dim), FP32)
             nisa.activation(dst=self.weight_sbuf, op=nl.copy, data=self.weight, engine=SCALAR)
 
     def weight_rows(self, parts: int, run: int, in_psum: bool = True) -> Any:
         """The weight as [parts, run, D] from its PSUM copy (or its SBUF copy, for GpSimd, which does not read
         PSUM): each partition's row repeated ``run`` times (stride 0)."""
-        tile = self.weight if in_psum else self.weight_sbuf
-        return tile.ap(pattern=[[self.dim, parts], [0, run], [1, self.dim]], offset=0)
+        return repeat_rows(self.weight if in_psum else self.weight_sbuf, self.dim, parts, run)
 
 
-class _TileSet:
+class NormTiles:
     """The tiles one [P, R, D] tile of rows is normalized in, allocated once per launch: x, z and y in the I/O
     dtype as moved; x² then x̂ (fp32, one buffer); act(z) then weight · act(z) (fp32, one buffer); the row sums
     and reciprocal RMS values [P, R] fp32."""
@@ -178,16 +151,16 @@ class _TileSet:
         self.inverse_rms = sbuf((128, per_part), FP32)
 
     def load(self, x: Any, z: Any, start: int, parts: int, run: int) -> None:
-        nisa.dma_copy(dst=self.x[:parts, :run], src=_rows(x, start, parts, run))
+        nisa.dma_copy(dst=self.x[:parts, :run], src=rows_view(x, start, parts, run))
         if z is not None:
-            nisa.dma_copy(dst=self.z[:parts, :run], src=_rows(z, start, parts, run))
+            nisa.dma_copy(dst=self.z[:parts, :run], src=rows_view(z, start, parts, run))
 
     def activate_gate(self, gate_op: Any, parts: int, run: int) -> None:
         """act(z) (scalar engine); nothing without a gate."""
         if gate_op is not None:
             nisa.activation(dst=self.gate[:parts, :run], op=gate_op, data=self.z[:parts, :run], engine=SCALAR)
 
-    def weigh_gate(self, constants: _Constants, parts: int, run: int) -> None:
+    def weigh_gate(self, constants: NormConstants, parts: int, run: int) -> None:
         """act(z) · weight in place, nothing without both: the first ``run // GPSIMD_SHARE`` rows of each
         partition on GpSimd (the weight's SBUF copy), the rest on the vector engine (its PSUM copy)."""
         if self.gate is None or constants.weight is None:
@@ -208,18 +181,26 @@ class _TileSet:
         """Each row's sum of x² (vector engine)."""
         nisa.tensor_reduce(dst=self.sums[:parts, :run], op=nl.add, data=self.work[:parts, :run], axis=2)
 
-    def inverse_rms_of(self, constants: _Constants, parts: int, run: int) -> None:
+    def inverse_rms_of(self, constants: NormConstants, parts: int, run: int) -> None:
         """Each row's rsqrt(sum / D + eps) (scalar engine: one instruction for the tile's rows)."""
         nisa.activation(dst=self.inverse_rms[:parts, :run], op=nl.rsqrt, data=self.sums[:parts, :run],
                         scale=1.0 / constants.dim, bias=constants.eps[:parts], engine=SCALAR)  # fmt: skip
 
-    def output(self, constants: _Constants, parts: int, run: int) -> None:
+    def output(self, constants: NormConstants, parts: int, run: int) -> None:
         """The second half: x̂ = x · rsqrt(mean + eps) per row, then y = x̂ · (weight · act(z))."""
-        x, normed, y = self.x[:parts, :run], self.work[:parts, :run], self.y[:parts, :run]
-        inverse_rms = self.inverse_rms[:parts, :run]
+        self.normalize(parts, run)
+        self.gate_output(constants, parts, run)
+
+    def normalize(self, parts: int, run: int) -> None:
+        """x̂ = x · rsqrt(mean + eps), one scalar-engine ``activation`` per row of each partition."""
+        x, normed, inverse_rms = self.x[:parts, :run], self.work[:parts, :run], self.inverse_rms[:parts, :run]
         for j in range(run):
             nisa.activation(dst=normed[:, j], op=nl.copy, data=x[:, j], scale=inverse_rms[:, j : j + 1],
                             engine=SCALAR)  # fmt: skip
+
+    def gate_output(self, constants: NormConstants, parts: int, run: int) -> None:
+        """y = x̂ · (weight · act(z)) (or x̂ · weight, or x̂), rounded to the I/O dtype."""
+        normed, y = self.work[:parts, :run], self.y[:parts, :run]
         if self.gate is not None:
             nisa.tensor_tensor(dst=y, data1=normed, data2=self.gate[:parts, :run], op=nl.multiply, engine=GPSIMD)
         elif constants.weight is not None:
@@ -229,11 +210,4 @@ class _TileSet:
             nisa.tensor_copy(dst=y, src=normed, engine=GPSIMD)
 
     def store(self, out: Any, start: int, parts: int, run: int) -> None:
-        nisa.dma_copy(dst=_rows(out, start, parts, run), src=self.y[:parts, :run])
-
-
-def _rows(tensor: Any, start: int, parts: int, run: int) -> Any:
-    """Rows ``start ..`` of a row-major [..., D] tensor as [parts, run, D]: partition p holds rows start + p·run ..
-    start + p·run + run − 1, one contiguous run of run·D elements."""
-    dim = tensor.shape[-1]
-    return tensor.ap(pattern=[[run * dim, parts], [dim, run], [1, dim]], offset=start * dim)
+        nisa.dma_copy(dst=rows_view(out, start, parts, run), src=self.y[:parts, :run])

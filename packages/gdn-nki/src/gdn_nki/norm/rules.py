@@ -64,3 +64,32 @@ def norm_violations(x: Any, z: Any, weight: Any, eps: Any, activation: Any) -> l
         found.append(Violation("norm.weight_dtype", "weight", f"dtype {_dtype(weight)}", "weight is float32 or "
                                "bfloat16", "pass weight.float()", API))  # fmt: skip
     return found
+
+
+def output_norm_violations(query: Any, value: Any, z: Any, weight: Any, eps: Any, activation: Any) -> list[Violation]:
+    """Every broken rule of the gated RMSNorm ``gdn_cte_normed`` folds into its output stage, beside ``gdn_cte``'s.
+
+    Dimensions:
+        B, S, Hv, Dv: ``value``'s [B, Hv, S, Dv].
+
+    Args:
+        query, value: the launch's, whose dtype and shape set z's. z: [B, S, Hv, Dv] (seq-first, the layer's layout)
+        in query's dtype; never None (the fused form always gates). weight, eps, activation: as
+        ``norm_violations``.
+
+    Returns:
+        list[Violation]: empty when the norm's arguments are well formed (``value``'s own rules are
+        ``gdn_cte``'s).
+    """
+    vs = _shape(value)
+    if vs is None or len(vs) != 4:
+        return []  # gdn_cte's own rules name value
+    batch, heads, seq_len, dim = vs
+    dtype = _dtype(query)
+    expected = (batch, seq_len, heads, dim)
+    if _shape(z) != expected or _dtype(z) != dtype:
+        return [Violation("norm.fused_gate", "z", f"shape {_shape(z)} dtype {_dtype(z)}", f"z is [B, S, Hv, Dv] = "
+                          f"{list(expected)} in the compute dtype {dtype} (the layer's seq-first layout)",
+                          "pass the z projection as [batch, seq, value heads, head_v_dim] in query's dtype",
+                          API)]  # fmt: skip
+    return norm_violations(z, z, weight, eps, activation)

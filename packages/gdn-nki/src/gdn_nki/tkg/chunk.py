@@ -22,6 +22,7 @@ the tolerance table (``gdn_ref``'s decode bounds), not bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,9 @@ class ChunkOperands:
     """One block's operands for all T tokens of a request.
 
     Attributes:
-        stationaries: [P, rows, 3, T, tiles, H]: the signed, head-masked selection products (recall, read, key
-            planes); [:, lo, 0:2, :, t] is tile t's moving operand for dk_lo = lo.
+        stationaries: [P, rows, tiles, 2, T, H]: the signed, head-masked selection products of the recall and
+            read planes; [:, lo, t] is tile t's moving operand for dk_lo = lo (the key plane reaches the write
+            through ``writes``).
         writes: [T·Hv, rows, P] (the whole request's): [:, lo] the stationary of the rank-T write for
             dk_lo = lo, row (token t, tile, head h) holding w_t k_t[dk_hi(p)·rows + lo] of that head on the
             partitions p of head h's block, zero elsewhere (every tile's rows: a tile's write meets only its own,
@@ -54,6 +56,7 @@ class ChunkOperands:
     values: Any
 
 
+GROUP_TILES = 4  # tiles whose selection products are made together (``_block_operands``)
 PAIRS_AHEAD = 8  # token pairs whose scaled ratios are made before their couplings (``prepare_chunk``)
 
 
@@ -130,7 +133,6 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         scaled = [product(value_tile(), by(ratio[t, i]), by(beta[t])) for _, (t, i) in batch]
         for (n, (t, i)), factor in zip(batch, scaled, strict=True):
             coupling[t, i] = product(value_tile(), by(factor), _per_value_head(gram[:, 0, n, :], r))
-            reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
     # The value columns v_t [Dv, Hv]: each block's rows turned on the tensor engine.
     turned = []
     block = layout.block_heads
@@ -155,10 +157,14 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
     # the T − 1 − i chains fill each other's dependency latency on the in-order engines; each X_t still subtracts
     # its terms in the order i = 0, 1, … (the same roundings as token by token).
+    # C_ti of the pairs (t, i > ·) after level i: GpSimd makes them while the next level waits on this one.
     for i in range(tokens - 1):
         for plane, _, parts, kw in planes:
             later = {t: coupling[t, i][0:parts, :] for t in range(i + 1, tokens)}
             _fold_level(plane, plane[:, i, :], later, nl.subtract, kw)
+        for t in range(i + 1, tokens):
+            n = pairs.index((t, i))
+            reads[t, i] = product(value_tile(), by(ratio[t, i]), _per_value_head(gram[:, 1, n, :], r))
         yield
     # Z_t = Σ_{i≤t} C_ti X_i − [γ_t q_t; 0]  (C_tt = k_tᵀq_t, the token's overlap): the T sums side by side, each
     # adding its terms in the order i = 0, 1, … after its own token's.
@@ -202,14 +208,19 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
     """The selection products of the block of heads ``h0 .. h0 + block`` for all T tokens (``ChunkOperands``)."""
     parts, rows, h, per_block = layout.partitions, layout.rows, layout.heads, layout.tiles_per_block
     block = layout.block_heads
-    moving = cols[:, :, :, h0 : h0 + block]  # [Dk, 3, T, block]
-    masked = sbuf((parts, rows, PLANES, tokens, per_block, h), FP32)
-    mask = consts.signed_mask.expand_dim(2).broadcast(2, tokens * per_block)  # [P, 3, T·tiles, H]
-    for lo in range(rows):
-        products = psum((parts, PLANES, tokens * per_block, h))
-        matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
-        nisa.tensor_tensor(dst=masked[:, lo].reshape((parts, PLANES, tokens * per_block, h)), data1=products,
-                           data2=mask, op=nl.multiply)  # fmt: skip
+    # The recall and read planes only: the key plane reaches the write through ``writes``. A group of tiles at a
+    # time, so the first tiles' [u; o] matmuls start while the later tiles' products are made.
+    masked = sbuf((parts, rows, per_block, 2, tokens, h), FP32)  # tile-major: a tile's operand is one run
+    mask = consts.signed_mask[:, 0:2, :].expand_dim(2).broadcast(2, tokens)
+    for first in range(0, per_block, GROUP_TILES):
+        group = min(GROUP_TILES, per_block - first)
+        moving = cols[:, 0:2, :, h0 + first * h : h0 + (first + group) * h]  # [Dk, 2, T, group·H]
+        for lo in range(rows):
+            products = psum((parts, 2, tokens, group * h))
+            matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
+            nisa.tensor_tensor(dst=masked[:, lo, first : first + group].permute((0, 2, 3, 1, 4)),
+                               data1=products.reshape((parts, 2, tokens, group, h)),
+                               data2=mask.expand_dim(3).broadcast(3, group), op=nl.multiply)  # fmt: skip
     head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
     decay_heads = sbuf((parts, per_block, h), FP32)
     nisa.tensor_tensor(dst=decay_heads, data1=decay[0:parts, h0 : h0 + block].reshape((parts, per_block, h)),
@@ -221,14 +232,19 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
 
 
 def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperands, t: int, tile: int,
-                  state: Any, tokens: int) -> Any:  # fmt: skip
+                  state: Any, tokens: int, between: Callable[[int], None] | None = None) -> Any:  # fmt: skip
     """All T tokens' [u; o] of tile ``t`` of a block (``tile``: its index in the request) from the state before
-    them: [Dv, 2, T, H] fp32 in PSUM (plane 0 the deltas u, plane 1 the outputs)."""
+    them: [Dv, 2, T, H] fp32 in PSUM (plane 0 the deltas u, plane 1 the outputs).
+
+    ``between(lo)`` is called after the matmul of Dk row ``lo``: independent tensor-engine work (another tile's
+    ``chunk_write`` row) issued there runs while the next row's matmul waits out that one's accumulation latency."""
     dv, h = layout.dv, layout.heads
     mixed = psum((dv, 2, tokens, h))
     matmul(consts.value_identity, ops.values[:, :, :, tile * h : (tile + 1) * h], dst=mixed, stationary_onezero=True)
     for lo in range(layout.rows):
-        matmul(state[:, lo * dv : (lo + 1) * dv], ops.stationaries[:, lo, 0:2, :, t, :], dst=mixed, accumulate=True)
+        matmul(state[:, lo * dv : (lo + 1) * dv], ops.stationaries[:, lo, t], dst=mixed, accumulate=True)
+        if between is not None:
+            between(lo)
     return mixed
 
 
@@ -253,13 +269,15 @@ def chunk_deltas(layout: TileLayout, consts: LayoutConstants, tile: int, mixed: 
     return deltas
 
 
-def chunk_write(layout: TileLayout, ops: ChunkOperands, t: int, state: Any, deltas: Any) -> None:
+def chunk_write(layout: TileLayout, ops: ChunkOperands, t: int, state: Any, deltas: Any,
+                rows: Iterable[int] | None = None) -> None:  # fmt: skip
     """S ← γ_{T−1} S + Σ_t w_t k_t u_tᵀ on tile ``t`` of a block: one matmul per Dk row of a partition,
     contracting over the request's T·Hv (token, tile, head) rows (``writes`` against ``chunk_deltas``' rows, which
-    are zero for every other tile), then the vector engine's decay and add in one instruction per row."""
+    are zero for every other tile), then the vector engine's decay and add in one instruction per row (``rows``:
+    only those Dk rows of a partition, default all)."""
     dv = layout.dv
     decay = ops.decay[:, t : t + 1]
-    for lo in range(layout.rows):
+    for lo in range(layout.rows) if rows is None else rows:
         written = psum((layout.partitions, dv))
         matmul(ops.writes[:, lo, :], deltas, dst=written)
         piece = state[:, lo * dv : (lo + 1) * dv]

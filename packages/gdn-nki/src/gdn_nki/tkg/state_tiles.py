@@ -137,7 +137,7 @@ class LayoutConstants:
     - ``signed_mask`` [P, 3, H]: [p in head h's block] with sign −, −, + for the recall, read and key planes;
     - ``spread`` [H, P]: spread[h, p] = [p in head h's block] (a head's row to its partitions);
     - ``pick`` [block, tiles_per_block, H]: pick[h, t, h'] = [h = t·H + h'] (a block's value row to its tile row);
-    - ``identity`` [block, block], ``value_identity`` [Dv, Dv];
+    - ``identity`` [block, block], ``value_identity`` [Dv, Dv], ``partition_identity`` [P, P];
     - ``write_mask`` [T·Hv, P] (chunk form only, ``chunk``): [p in head h's block] for row (token, tile, h).
     """
 
@@ -178,6 +178,10 @@ class LayoutConstants:
         nisa.tensor_scalar(dst=self.identity, data=diagonal, op0=nl.equal, operand0=0.0)
         self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
         nisa.tensor_scalar(dst=self.value_identity, data=value_diagonal, op0=nl.equal, operand0=0.0)
+        self.partition_identity = self.value_identity  # [P, P]: a V-major tile's store transposes (``pipeline``)
+        if parts != dv:
+            self.partition_identity = sbuf((parts, parts), FP32)
+            nisa.tensor_scalar(dst=self.partition_identity, data=partition_diagonal, op0=nl.equal, operand0=0.0)
         if chunk:
             pick_rows = sbuf((h, tokens * layout.value_heads), FP32)
             nisa.tensor_scalar(dst=pick_rows, data=rows_heads, op0=nl.equal, operand0=0.0)

@@ -30,6 +30,7 @@ from gdn_ref.contract import validate_step
 from ..common.backend import nki
 from ..common.kernel_assert import assert_valid_call
 from ..common.request_rows import entry, request_rows
+from ..common.state_layout import kmajor_view
 from .pipeline import Request, emit_requests
 from .recurrence import Constants, Gates, OutputNorm, Shapes, allocate_out, zero_rows
 from .request_loop import program_share
@@ -65,6 +66,7 @@ def gdn_step(
     scale: float = 1.0,
     use_qk_l2norm: bool = False,
     norm: OutputNorm | None = None,
+    state_v_first: bool = False,
 ) -> tuple[Any, Any]:
     """Decode / verify T tokens of N requests on a state pool addressed by device indices.
 
@@ -86,6 +88,9 @@ def gdn_step(
         norm (OutputNorm): optional, the gated RMSNorm folded into the output stage (``gdn_tkg``'s; z [N, T, Hv,
             Dv] in query's dtype, its own allocation): out = RMSNorm(o)·norm_weight·silu(z). Kernel-internal, for
             ``block.step.gdn_block_step``; ``decode_step`` passes none.
+        state_v_first (bool): trace-time; the pool is V-major [P, Hv, Dv, Dk] (SGLang's and vLLM's newer pools,
+            FLA's ``state_v_first``), read and written in place by the state tiles' DMAs
+            (``common.state_layout``); the rules and the math see its K-major view.
 
     Returns:
         tuple: ``out`` [N, T, Hv, Dv] in query's dtype, and ``state_pool`` (the same buffer, updated).
@@ -96,8 +101,8 @@ def gdn_step(
         launching. Requests are split over the launch grid (``gdn_step[n]``), each program's share a compiled loop
         of groups of ``REQUESTS_PER_ITERATION`` (one group: no loop).
     """
-    tensors = step_tensors(query, key, value, state_pool, state_indices, num_accepted_tokens, g_log, beta, a, b,
-                           A_log, dt_bias)  # fmt: skip
+    tensors = step_tensors(query, key, value, kmajor_view(state_pool, bool(state_v_first)), state_indices,
+                           num_accepted_tokens, g_log, beta, a, b, A_log, dt_bias)  # fmt: skip
     assert_valid_call(validate_step(tensors, scale, use_qk_l2norm, host=False))
     n_req, tokens, hk, dk = query.shape
     hv, dv = value.shape[2], value.shape[3]
@@ -127,7 +132,7 @@ def gdn_step(
             out_row, pad_row = (entry(tile, static, base, 1) for tile in rows[2:])
             yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row,
                           final_row=None if per_token else read_row, token_rows=token_rows, out_row=out_row,
-                          zeros=(pad_row, zeros))  # fmt: skip
+                          zeros=(pad_row, zeros), v_first=bool(state_v_first))  # fmt: skip
 
     def iteration(g: Any) -> None:
         emit_requests(shapes, (query, key, value, out), gates, consts, requests(share.base(g)), float(scale),

@@ -9,12 +9,16 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
   ``vllm_fused_recurrent_gated_delta_rule``: that variant under its own name (vLLM reuses FLA's);
   ``fused_sigmoid_gating_delta_rule_update``: SGLang's fused-gating update (host path: ``fused_recurrent.py``; also
   public as ``gdn_nki.torch_decode``);
+- ``vllm_fused_sigmoid_gating_delta_rule_update`` (vLLM's signature of SGLang's name; the shared name called with
+  one of vLLM's keywords is it) and ``fused_recurrent_gated_delta_rule_packed_decode``: vLLM's newer decode calls
+  on a V-major pool (``vllm_decode.py``);
 - ``vllm_chunk_gated_delta_rule``: vLLM's prefill of FLA's name, in vLLM's signature with its three results
   (``vllm_chunk.py``);
 - ``gdn_tkg``: AWS's fused single-token step (``gdn_nki.gdn_tkg``) on torch tensors;
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: vLLM's conv prefill and decode on a conv-state pool;
   ``causal_conv1d``: FLA's conv (``conv.py``);
 - ``rms_norm_gated``, ``FusedRMSNormGated``: FLA's gated RMSNorm, the layer's output stage (``norm.py``);
+- ``fused_gdn_gating``: vLLM's prefill gates g and β from the a and b projections (``gating.py``);
 - ``ForwardOnlyError``: what a backward through any of them raises (they are inference kernels; in grad mode they
   run, eager and compiled, and their outputs sit on the graph so that a backward says so: ``forward_only.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
@@ -26,6 +30,7 @@ from ..host.torch_io import ForwardOnlyError
 from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
 from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
+from .gating import fused_gdn_gating
 from .norm import FusedRMSNormGated, rms_norm_gated
 from .ops import (
     chunk_gated_delta_rule,
@@ -36,6 +41,7 @@ from .ops import (
 )
 from .values import check_values
 from .vllm_chunk import vllm_chunk_gated_delta_rule
+from .vllm_decode import fused_recurrent_gated_delta_rule_packed_decode, vllm_fused_sigmoid_gating_delta_rule_update
 
 __all__ = [
     "ContextParallel",
@@ -48,10 +54,13 @@ __all__ = [
     "check_values",
     "chunk_gated_delta_rule",
     "context_parallel_chunk_gated_delta_rule",
+    "fused_gdn_gating",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_packed_decode",
     "fused_sigmoid_gating_delta_rule_update",
     "gdn_tkg",
     "rms_norm_gated",
     "vllm_chunk_gated_delta_rule",
     "vllm_fused_recurrent_gated_delta_rule",
+    "vllm_fused_sigmoid_gating_delta_rule_update",
 ]

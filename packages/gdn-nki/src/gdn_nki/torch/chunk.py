@@ -113,13 +113,15 @@ def chunk_gated_delta_rule(
         scale (float | None): query scaling; None = K ** -0.5.
         initial_state (torch.Tensor | None): [N, Hv, K, V] float32 (or bfloat16, widened exactly) initial states,
             read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE
-            at the named rows only.
+            at the named rows only. [.., Hv, V, K] with ``state_v_first``.
         output_final_state (bool): return the final states.
         use_qk_l2norm_in_kernel (bool): L2-normalize q and k first (fp32, eps 1e-6, as FLA and HF).
         use_beta_sigmoid_in_kernel (bool): ``beta`` is a logit: β = sigmoid(beta) (``gdn_ref.activations``).
         allow_neg_eigval (bool): FLA's β = 2·sigmoid(beta) in [0, 2): rejected when set (β must be in [0, 1]).
-        state_v_first (bool): FLA's [N, H, V, K] states: rejected when set (``transpose_state_layout``, its name
-            before FLA 0.5.1, too).
+        state_v_first (bool): FLA's V-major states: ``initial_state``, the pool and the final states are
+            [.., Hv, V, K] (SGLang's pool layout), read and written so by the kernel's state DMAs, no transposed
+            copy (``gdn_nki.common.state_layout``). ``transpose_state_layout`` (its name before FLA 0.5.1) is the
+            same flag; both set is refused, as FLA refuses it.
         cu_seqlens (torch.Tensor | None): [N + 1] integer boundaries of packed sequences in the one row (B == 1).
         cu_seqlens_cpu, chunk_indices: FLA's caches of what it derives from ``cu_seqlens`` on the GPU (a host copy,
             its 64-token chunk list): accepted and not read (gdn-nki derives its own chunks from ``cu_seqlens``).
@@ -157,8 +159,8 @@ def chunk_gated_delta_rule(
             is rejected, naming the closest valid one (a misspelt option must not vanish).
 
     Returns:
-        tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 when
-        ``output_final_state`` (with ``state_indices``: the pool itself), else None.
+        tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 ([N, Hv, V, K] with
+        ``state_v_first``) when ``output_final_state`` (with ``state_indices``: the pool itself), else None.
 
     Notes:
         The positional order is current FLA's (since 0.5.1: ``cu_seqlens`` is thirteenth); a tensor in one of the
@@ -190,14 +192,13 @@ def chunk_gated_delta_rule(
         "use_beta_sigmoid_in_kernel": use_beta_sigmoid_in_kernel,
         "allow_neg_eigval": allow_neg_eigval,
         "state_v_first": state_v_first,
+        "transpose_state_layout": transpose_state_layout,
         "use_gate_in_kernel": use_gate_in_kernel,
     }
     _reject_tensor_flags(flags)
     _reject_unknown_keywords(kwargs)
-    _reject_unsupported_options(
-        dict(head_first=head_first, state_v_first=state_v_first, transpose_state_layout=transpose_state_layout,
-             allow_neg_eigval=allow_neg_eigval)
-    )  # fmt: skip
+    _reject_unsupported_options(dict(head_first=head_first, allow_neg_eigval=allow_neg_eigval))
+    v_first = state_layout(state_v_first, transpose_state_layout)
     _check_chunk_size(chunk_size)
     state_indices = _state_indices(state_indices, initial_state_indices)
     tensors = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
@@ -208,7 +209,7 @@ def chunk_gated_delta_rule(
     value_heads, dv = v.shape[2], v.shape[3]
     cu = _boundaries(cu_seqlens, batch, seq_len)
     n_seqs = len(cu) - 1
-    state, slots = _states(initial_state, state_indices, n_seqs, (value_heads, dk, dv))
+    state, slots = _states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), v_first)
     gate_parameters = (A_log, dt_bias) if _truthy(use_gate_in_kernel) else ()
     if gate_parameters:
         g = _log_decay(g, A_log, dt_bias, value_heads)
@@ -227,7 +228,7 @@ def chunk_gated_delta_rule(
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
             bucket=bucket, checkpoint_every=checkpoint_every,
             checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
-            check_values=check_values,
+            check_values=check_values, state_v_first=v_first,
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
@@ -407,15 +408,9 @@ def _reject_tensor_flags(flags: dict[str, Any]) -> None:
 # fix; rejected when set. Unset means what FLA's own truthiness test means: None or a false scalar (FLA:
 # ``if head_first:``); anything else is rejected, never ignored (ignoring one runs a valid-looking call on misread
 # data).
-_TRANSPOSED_STATE = (
-    "gdn-nki takes states as [N, H, K, V] only (FLA's default layout)",
-    "pass initial_state.transpose(-1, -2).contiguous() and transpose the returned state back",
-)
 _UNSUPPORTED_OPTIONS = {
     "head_first": ("gdn-nki takes FLA's seq-first layout only (head_first was removed from FLA)",
                    "pass x.transpose(1, 2) for q, k, v, g and beta, without head_first"),
-    "state_v_first": _TRANSPOSED_STATE,
-    "transpose_state_layout": _TRANSPOSED_STATE,  # FLA's name for state_v_first before 0.5.1
     "allow_neg_eigval": ("β = 2·sigmoid(beta) reaches 2, outside the kernel's contract (β in [0, 1]), where its "
                          "accuracy is not established", "train and serve with allow_neg_eigval=False models, or "
                          "run this layer with FLA"),
@@ -432,6 +427,19 @@ def _reject_unsupported_options(options: dict[str, Any]) -> None:
             continue
         rule, fix = _UNSUPPORTED_OPTIONS[name]
         raise rejection(name, f"= {_describe(value)}", rule, fix, rule_id="option.unsupported")
+
+
+def state_layout(state_v_first: Any, transpose_state_layout: Any = None) -> bool:
+    """Whether the states are V-major: FLA's ``state_v_first``, or ``transpose_state_layout``, its name before FLA
+    0.5.1 (fla/ops/gated_delta_rule/chunk.py and fused_recurrent.py, fla-org/flash-linear-attention v0.5.2: both
+    set is refused). "Set" is FLA's truthiness (None or a false scalar is unset); a tensor flag is refused before
+    (``_reject_tensor_flags``)."""
+    new, old = (_truthy(value) for value in (state_v_first, transpose_state_layout))
+    if new and old:
+        raise rejection("transpose_state_layout", "given with state_v_first", "transpose_state_layout is FLA's "
+                        "deprecated name for state_v_first; FLA refuses both", "pass state_v_first=True only",
+                        rule_id="option.state_layout_both")  # fmt: skip
+    return new or old
 
 
 def _check_chunk_size(chunk_size: Any) -> None:
@@ -581,10 +589,12 @@ def _boundaries(cu_seqlens: Any, batch: int, seq_len: int) -> np.ndarray:
     return values.copy()
 
 
-def _states(initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int]) -> tuple[Any, Any]:
+def _states(
+    initial_state: Any, state_indices: Any, n_seqs: int, tail: tuple[int, int, int], v_first: bool = False
+) -> tuple[Any, Any]:
     """The kernel's state buffer and slots: the caller's pool itself (in place) with ``state_indices``, else a
-    private fp32 copy of ``initial_state`` (FLA never writes it) or None."""
-    check_states(initial_state, state_indices, n_seqs, tail)
+    private fp32 copy of ``initial_state`` (FLA never writes it) or None; in the caller's layout (``v_first``)."""
+    check_states(initial_state, state_indices, n_seqs, tail, v_first=v_first)
     if initial_state is None:
         return None, None
     if state_indices is None:

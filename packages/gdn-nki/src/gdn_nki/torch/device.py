@@ -69,13 +69,16 @@ def chunk_pool(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: T
                A_log: Tensor | None, dt_bias: Tensor | None, cu_seqlens: Tensor | None,
                checkpoint_indices: Tensor | None, read_indices: Tensor | None, scale: float | None,
                use_qk_l2norm: bool, use_beta_sigmoid: bool, use_gate: bool, algorithm: str, group_size: int,
-               bucket: list[int] | None, checkpoint_every: int | None) -> Tensor:  # fmt: skip
-    """``gdn_nki::chunk_gated_delta_rule_pool`` on a device: the bucket kernel on the pool itself."""
+               bucket: list[int] | None, checkpoint_every: int | None, state_v_first: bool = False) -> Tensor:  # fmt: skip
+    """``gdn_nki::chunk_gated_delta_rule_pool`` on a device: the bucket kernel on the pool itself (V-major with
+    ``state_v_first``: the kernel reads and writes it so)."""
     n_seqs = rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale,
-                           algorithm, group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
+                           algorithm, group_size, bucket, checkpoint_every, checkpoint_indices, read_indices,
+                           v_first=state_v_first)  # fmt: skip
     gates = fused_gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
     return _bucketed(q, k, v, *gates, pool, state_indices, read_indices, cu_seqlens, checkpoint_every,
-                     checkpoint_indices, n_seqs, scale, use_qk_l2norm, algorithm, group_size, bucket)  # fmt: skip
+                     checkpoint_indices, n_seqs, scale, use_qk_l2norm, algorithm, group_size, bucket,
+                     state_v_first)  # fmt: skip
 
 
 def fused_gates(g: Tensor | None, beta: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None,
@@ -104,7 +107,7 @@ def bucket_shape(tokens: int, n_seqs: int, algorithm: str, bucket: list[int] | N
 def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor, rows: Tensor,
               reads: Tensor | None, cu_seqlens: Tensor | None, checkpoint_every: int | None,
               checkpoint_indices: Tensor | None, n_seqs: int, scale: float | None, use_qk_l2norm: bool,
-              algorithm: str, group_size: int, bucket: list[int] | None) -> Tensor:  # fmt: skip
+              algorithm: str, group_size: int, bucket: list[int] | None, state_v_first: bool = False) -> Tensor:  # fmt: skip
     """Pack, launch ``gdn_cte_bucket`` once, unpack: o [B, T, Hv, V] seq-first."""
     batch, seq_len, _, dk = q.shape
     tokens = batch * seq_len
@@ -118,6 +121,8 @@ def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Te
                  "checkpoint_indices": _slots(layout.checkpoints(checkpoint_indices, checkpoint_every), slots)}  # fmt: skip
     if reads is not None:
         extra["read_indices"] = _slots(reads, slots)
+    if state_v_first:  # a K-major launch keeps its keywords as they were
+        extra["state_v_first"] = True
     out, _ = launch(
         gdn_cte_bucket, *(layout.pack(x) for x in (q, k, v, g, beta)), layout.chunk_bounds(slots),
         _slots(rows, slots), pool, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
@@ -223,34 +228,39 @@ def fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Ten
 
 def vllm_fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, pool: Tensor,
                          ssm_state_indices: Tensor, cu_seqlens: Tensor | None, num_accepted_tokens: Tensor | None,
-                         scale: float | None, use_qk_l2norm: bool) -> Tensor:  # fmt: skip
-    """``gdn_nki::vllm_fused_recurrent_gated_delta_rule`` on a device: ``gdn_step`` on the pool itself."""
+                         scale: float | None, use_qk_l2norm: bool, state_v_first: bool = False) -> Tensor:  # fmt: skip
+    """``gdn_nki::vllm_fused_recurrent_gated_delta_rule`` on a device: ``gdn_step`` on the pool itself (V-major with
+    ``state_v_first``)."""
     n_seqs, tokens = rules.pool_decode(q, k, v, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                                       use_qk_l2norm, {"g": g, "beta": beta})  # fmt: skip
+                                       use_qk_l2norm, {"g": g, "beta": beta}, v_first=state_v_first)  # fmt: skip
     per_token = (n_seqs, tokens, v.shape[2])
     strength = q.new_ones(per_token, dtype=torch.float32) if beta is None else beta.to(torch.float32).reshape(per_token)
     gates = dict(g_log=g.to(torch.float32).reshape(per_token), beta=strength)
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    return _step(q, k, v, pool, ssm_state_indices, accepted, gates, n_seqs, tokens, scale, use_qk_l2norm)
+    return _step(q, k, v, pool, ssm_state_indices, accepted, gates, n_seqs, tokens, scale, use_qk_l2norm,
+                 state_v_first)  # fmt: skip
 
 
 def fused_sigmoid_gating(A_log: Tensor, a: Tensor, dt_bias: Tensor, q: Tensor, k: Tensor, v: Tensor, b: Tensor,
                          pool: Tensor, initial_state_indices: Tensor, cu_seqlens: Tensor | None, softplus_beta: float,
                          softplus_threshold: float, scale: float | None, use_qk_l2norm: bool,
-                         num_accepted_tokens: Tensor | None = None) -> Tensor:  # fmt: skip
-    """``gdn_nki::fused_sigmoid_gating_delta_rule_update`` on a device: ``gdn_step``'s fused gating on the pool."""
+                         num_accepted_tokens: Tensor | None = None, state_v_first: bool = False) -> Tensor:  # fmt: skip
+    """``gdn_nki::fused_sigmoid_gating_delta_rule_update`` on a device: ``gdn_step``'s fused gating on the pool
+    (V-major with ``state_v_first``: the kernel reads and writes it so)."""
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}
     n_seqs, tokens = rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                                       use_qk_l2norm, gates, name="initial_state_indices")  # fmt: skip
+                                       use_qk_l2norm, gates, name="initial_state_indices", v_first=state_v_first)  # fmt: skip
     per_token = (n_seqs, tokens, v.shape[2])
     fused = dict(a=a.to(torch.float32).reshape(per_token), b=b.to(torch.float32).reshape(per_token),
                  A_log=A_log.to(torch.float32), dt_bias=dt_bias.to(torch.float32))  # fmt: skip
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.to(torch.int32)
-    return _step(q, k, v, pool, initial_state_indices, accepted, fused, n_seqs, tokens, scale, use_qk_l2norm)
+    return _step(q, k, v, pool, initial_state_indices, accepted, fused, n_seqs, tokens, scale, use_qk_l2norm,
+                 state_v_first)  # fmt: skip
 
 
 def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted: Tensor | None,
-          gates: dict[str, Tensor], n_seqs: int, tokens: int, scale: float | None, use_qk_l2norm: bool) -> Tensor:  # fmt: skip
+          gates: dict[str, Tensor], n_seqs: int, tokens: int, scale: float | None, use_qk_l2norm: bool,
+          state_v_first: bool = False) -> Tensor:  # fmt: skip
     """One ``gdn_step`` launch on [N, T, ...] views of the seq-first rows; o back as [B, T, HV, V]."""
 
     def requests(x: Tensor) -> Tensor:
@@ -259,6 +269,7 @@ def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted:
     out, _ = launch(
         gdn_step, requests(q), requests(k), requests(v), pool, rows.to(torch.int32), accepted, **gates,
         scale=float(q.shape[-1]) ** -0.5 if scale is None else scale, use_qk_l2norm=bool(use_qk_l2norm),
+        **({"state_v_first": True} if state_v_first else {}),  # a K-major launch keeps its keywords as they were
     )  # fmt: skip
     return out.reshape(*v.shape[:3], v.shape[3])
 

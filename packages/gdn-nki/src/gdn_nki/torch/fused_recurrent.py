@@ -82,6 +82,7 @@ def fused_recurrent_gated_delta_rule(
     cu_seqlens: Any = None,
     *,
     check_values: bool = True,
+    state_v_first: bool = False,
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """FLA's ``fused_recurrent_gated_delta_rule`` on gdn-nki's decode kernel.
@@ -97,13 +98,16 @@ def fused_recurrent_gated_delta_rule(
         use_qk_l2norm_in_kernel: L2-normalize q and k in the kernel. cu_seqlens: [N + 1] packed boundaries.
         check_values: scan the inputs and initial states first (finite; gates in their domains), as
             ``gdn_nki.decode_step``'s; default on, pass False only when the caller guarantees its data.
+        state_v_first: FLA's V-major states: ``initial_state`` and the final states are [N, HV, V, K], read and
+            written so by the kernel (``decode_step``'s ``state_v_first``).
         kwargs: HF transformers' attention keywords, which a Qwen3-Next layer passes through to the
             ``torch_recurrent_gated_delta_rule`` this replaces (``use_cache``, …: ``chunk.HF_PASS_THROUGH``),
             accepted and not used; any other keyword is rejected, naming the closest valid one or, for a pool's
             rows (``state_indices``, ``initial_state_indices``), the form that takes a pool.
 
     Returns:
-        tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 (None unless asked).
+        tuple: ``o`` [B, T, HV, V] in q's dtype, and the final states [N, HV, K, V] fp32 ([N, HV, V, K] with
+        ``state_v_first``; None unless asked).
     """
     torch = import_torch()
     reject_unknown_keywords(kwargs, _FLA_PARAMETERS)
@@ -112,15 +116,19 @@ def fused_recurrent_gated_delta_rule(
     gates = _gates(q, v, g, beta)
     spans = _spans(q, cu_seqlens, allow_mixed=True)
     hv, dk, dv = v.shape[2], q.shape[3], v.shape[3]
-    pool = np.zeros((len(spans), hv, dk, dv), np.float32)
+    v_first = bool(state_v_first)
+    pool = np.zeros((len(spans), hv, dv, dk) if v_first else (len(spans), hv, dk, dv), np.float32)
     if initial_state is not None:
         check_tensor("initial_state", initial_state, ("float32",))
         if tuple(initial_state.shape) != pool.shape:
+            layout = "with state_v_first=True, [N, HV, V, K]" if v_first else "[N, HV, K, V]"
             raise rejection("initial_state", f"shape {tuple(initial_state.shape)}",
-                            f"initial_state must be [N, HV, K, V] = {pool.shape}", "pass one state per sequence")  # fmt: skip
+                            f"initial_state must be {layout} = {pool.shape}", "pass one state per sequence"
+                            + (" (V-major), or state_v_first=False for K-major states" if v_first else ""),
+                            rule_id="state_layout.v_first" if v_first else None)  # fmt: skip
         pool[...] = as_numpy(initial_state)
     out = np.empty((*v.shape[:3], dv), dtype=inputs["query"].dtype)
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _CALLER_NAMES)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, _CALLER_NAMES, v_first=v_first)
     groups = list(_by_length(spans).values())
     _check_groups(inputs, gates, spans, groups, pool, step)  # all of them before any launch: all or nothing
     for seqs in groups:
@@ -149,6 +157,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     *,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> tuple[Any, Any]:
     """vLLM's ``fused_recurrent_gated_delta_rule`` (continuous batching, speculative decoding) on ``gdn_step``.
 
@@ -162,6 +171,8 @@ def vllm_fused_recurrent_gated_delta_rule(
         num_accepted_tokens: optional [N].
         retrieve_parent_token: must be None (Eagle trees are not supported).
         check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
+        state_v_first: gdn-nki's keyword (vLLM's function has none: its pool is K-major,
+            vllm/model_executor/layers/fla/ops/fused_recurrent.py): the pool is V-major [P, HV, V, K].
 
     Returns:
         tuple: ``o`` [B, T, HV, V] in q's dtype and ``initial_state`` itself, updated.
@@ -183,7 +194,7 @@ def vllm_fused_recurrent_gated_delta_rule(
         "initial_state", initial_state
     )  # before state_buffer, whose staged copy is the states' (not a pool's)
     pool, publish = state_buffer("initial_state", initial_state)
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES, v_first=state_v_first)
     out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, step)
     publish()
     return out, initial_state
@@ -208,6 +219,7 @@ def fused_sigmoid_gating_delta_rule_update(
     *,
     num_accepted_tokens: Any = None,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> Any:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update``: fused gating, state pool by index.
 
@@ -222,6 +234,12 @@ def fused_sigmoid_gating_delta_rule_update(
             rollback, as ``vllm_fused_recurrent_gated_delta_rule``'s); None: from row [n, 0].
         scale, use_qk_l2norm_in_kernel: as FLA's.
         check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
+        state_v_first: the pool is V-major [P, HV, V, K], read and written so by the kernel. SGLang's own kernel
+            indexes its pool V-major with no flag (python/sglang/srt/layers/attention/fla/
+            fused_sigmoid_gating_recurrent.py, sgl-project/sglang 06a27754: ``h0_source + idx·HV·K·V + i_hv·K·V +
+            o_v·K + o_k``), and so does its chunk prefill (fla/chunk_delta_h.py, the same commit); SGLang's call
+            cannot tell a layout, so K-major stays the default here (FLA's, and gdn-nki's serving example's) and
+            a server sharing SGLang's pool passes ``state_v_first=True``.
 
     Returns:
         ``o`` [B, T, HV, V] in q's dtype.
@@ -238,7 +256,7 @@ def fused_sigmoid_gating_delta_rule_update(
     )  # before state_buffer, whose staged copy is the states' (not a pool's)
     pool, publish = state_buffer("initial_state_source", initial_state_source)
     layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
-    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts)
+    step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts, state_v_first)
     out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, accepted, step)
     publish()
     return out
@@ -415,6 +433,7 @@ class _Step:
         names: decode_step's argument names -> the drop-in's.
         layouts: the caller's shape of a per-token tensor passed other than seq-first (the flattened [B·T, HV]),
             so that an element's index is given in it.
+        v_first: the pool is V-major.
     """
 
     scale: Any
@@ -422,6 +441,7 @@ class _Step:
     check_values: bool
     names: dict[str, str]
     layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    v_first: Any = False  # the pool is V-major [P, HV, V, K]: decode_step's ``state_v_first``, which checks it
 
 
 class _Group:
@@ -439,7 +459,8 @@ class _Group:
         gates = {name: x for name, x in self.per_token.items() if name not in ("query", "key", "value")}
         options = {"scale": self.step.scale, "use_qk_l2norm": bool(self.step.l2norm)}
         qkv = tuple(self.per_token[name] for name in ("query", "key", "value"))
-        return qkv, {**gates, **self.heads, **options, "check_values": self.step.check_values}
+        return qkv, {**gates, **self.heads, **options, "check_values": self.step.check_values,
+                     "state_v_first": self.step.v_first}  # fmt: skip
 
     def caller_index(self, name: str, at: list[int]) -> list[int]:
         if name not in self.per_token or len(at) != self.per_token[name].ndim:

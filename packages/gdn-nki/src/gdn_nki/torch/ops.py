@@ -144,22 +144,24 @@ def chunk_pool_op(
     group_size: int,
     bucket: list[int] | None,
     checkpoint_every: int | None,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """The prefill on a state pool [P, Hv, K, V] fp32, updated in place at the named rows: o [B, T, Hv, V]."""
+    """The prefill on a state pool [P, Hv, K, V] fp32 ([P, Hv, V, K] with ``state_v_first``), updated in place at
+    the named rows: o [B, T, Hv, V]."""
     return device.chunk_pool(**locals())
 
 
 @chunk_pool_op.register_kernel("cpu")
 def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                    checkpoint_every) -> Tensor:  # fmt: skip
+                    checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
     with _drop_in_warned():
         o, _ = chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
             use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
             A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
             bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
-            checkpoint_indices=checkpoint_indices, read_indices=read_indices,
+            checkpoint_indices=checkpoint_indices, read_indices=read_indices, state_v_first=state_v_first,
         )  # fmt: skip
     return o
 
@@ -167,9 +169,9 @@ def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_se
 @chunk_pool_op.register_fake
 def _chunk_pool_fake(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                      read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                     checkpoint_every) -> Tensor:  # fmt: skip
+                     checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
     rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale, algorithm,
-                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices)  # fmt: skip
+                  group_size, bucket, checkpoint_every, checkpoint_indices, read_indices, v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
@@ -267,7 +269,9 @@ def chunk_gated_delta_rule(
         ``gdn_cte_bucket`` (module docstring).
     """
     flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
-    options = (head_first, state_v_first, transpose_state_layout, cp_context, allow_neg_eigval)
+    options = (head_first, cp_context, allow_neg_eigval)
+    layout = (state_v_first, transpose_state_layout)  # plain bools, not both set: carried (a pool's op takes it)
+    v_first = any(flag is True for flag in layout)
     tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
     pool = state_indices if initial_state_indices is None else initial_state_indices
@@ -281,6 +285,9 @@ def chunk_gated_delta_rule(
         all(name in chunk.HF_PASS_THROUGH for name in kwargs)
         and all(kwargs.get(name) is None for name in chunk._PACKING_KEYWORDS if cu_seqlens is None)
         and all(value is None or (isinstance(value, (bool, int, float)) and not value) for value in options)
+        and all(flag is None or type(flag) is bool for flag in layout)
+        and not all(flag is True for flag in layout)
+        and (not v_first or pool is not None or _v_major_shaped(initial_state, q, v))
         and type(chunk_size) is int
         and chunk_size in chunk.FLA_CHUNKS
         and (state_indices is None or initial_state_indices is None)
@@ -311,10 +318,22 @@ def chunk_gated_delta_rule(
     if pool is not None:  # an op updating a pool has no autograd formula: its output goes on the graph after it
         read = [detached(x) for x in (q, k, v, g, beta, *gate)]
         o = chunk_pool_op(*read[:5], initial_state, pool, *read[5:], cu_seqlens, checkpoint_indices, read_indices,
-                          **common, checkpoint_every=checkpoint_every)  # fmt: skip
+                          **common, checkpoint_every=checkpoint_every, state_v_first=v_first)  # fmt: skip
         return attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate)), initial_state if output_final_state else None
-    o, final = chunk_op(q, k, v, g, beta, initial_state, *gate, cu_seqlens, **common)
-    return o, final if output_final_state else None
+    o, final = chunk_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), *gate, cu_seqlens, **common)
+    return o, _swap_state_axes(final, v_first) if output_final_state else None
+
+
+def _v_major_shaped(state: Tensor | None, q: Tensor, v: Tensor) -> bool:
+    """Whether a V-major call's per-sequence ``state`` (no pool) has the V-major shape [.., V, K] (or is absent): the
+    K-major op then carries it, transposed in the graph (``_swap_state_axes``); else the host path names the flag."""
+    return state is None or (state.dim() >= 2 and tuple(state.shape[-2:]) == (v.shape[-1], q.shape[-1]))
+
+
+def _swap_state_axes(state: Tensor | None, v_first: bool) -> Tensor | None:
+    """States without a pool in the op's K-major layout and back: a transposing copy in the graph of the N
+    per-sequence states (N·Hv·K·V fp32 each way; exact). A pool is never copied: its op reads it V-major in place."""
+    return state.transpose(-1, -2).contiguous() if v_first and state is not None else state
 
 
 def _op_can_carry(
@@ -442,8 +461,10 @@ def fused_recurrent_gated_delta_rule(
         use_gate_in_kernel (bool): ``g`` is the raw gate: g = −exp(A_log)·softplus(g + dt_bias), in fp32 torch
             ops before the op (as FLA's kernel and HF's layer compute it). A_log, dt_bias (Tensor | None): [HV].
         use_beta_sigmoid_in_kernel (bool): ``beta`` holds logits: β = sigmoid(beta), in fp32 before the op.
-        allow_neg_eigval, state_v_first (bool), and FLA's older ``transpose_state_layout=``: rejected when set
-            (β would reach 2; states are [N, HV, K, V] only), as by ``chunk_gated_delta_rule``.
+        allow_neg_eigval (bool): rejected when set (β would reach 2), as by ``chunk_gated_delta_rule``.
+        state_v_first (bool), and FLA's older ``transpose_state_layout=``: V-major states [N, HV, V, K]
+            (``initial_state`` and the final states), as ``chunk_gated_delta_rule``'s; the op carries them
+            transposed in the graph (``_swap_state_axes``).
         check_values (bool): as ``chunk_gated_delta_rule``'s (the CPU's value scans; a device never scans).
         kwargs: vLLM's ``inplace_final_state``, ``ssm_state_indices``, ``num_accepted_tokens`` and
             ``retrieve_parent_token`` make the call vLLM's, positional arguments in vLLM's order
@@ -473,20 +494,22 @@ def fused_recurrent_gated_delta_rule(
     reject_empty("q", q)
     fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
-    chunk._reject_tensor_flags(fla_only)
-    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
-                                           transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    chunk._reject_tensor_flags(fla_only | dict(state_v_first=state_v_first,
+                                                transpose_state_layout=kwargs.get("transpose_state_layout")))  # fmt: skip
+    chunk._reject_unsupported_options(dict(allow_neg_eigval=allow_neg_eigval))
+    v_first = chunk.state_layout(state_v_first, kwargs.get("transpose_state_layout"))
     g, beta = _fla_gates(v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     carried = _decode_op_can_carry((q, k, v, g, beta, initial_state), (cu_seqlens,), scale, None)
-    if not carried or (check_values is not True and q.device.type == "cpu"):
+    v_major_host = v_first and not _v_major_shaped(initial_state, q, v)  # a wrong V-major shape: the host names it
+    if not carried or v_major_host or (check_values is not True and q.device.type == "cpu"):
         return fused_recurrent.fused_recurrent_gated_delta_rule(
             q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-            check_values=check_values,
+            check_values=check_values, state_v_first=v_first,
         )  # fmt: skip
     fused_recurrent.reject_per_key_decays(gk, gv)
-    o, final = fused_recurrent_op(q, k, v, g, beta, initial_state, cu_seqlens, _scale(scale),
-                                  bool(use_qk_l2norm_in_kernel))  # fmt: skip
-    return o, final if output_final_state else None
+    o, final = fused_recurrent_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), cu_seqlens,
+                                  _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
+    return o, _swap_state_axes(final, v_first) if output_final_state else None
 
 
 _FLA_PARAMETERS = (*(p for p in inspect.signature(fused_recurrent_gated_delta_rule).parameters if p != "kwargs"),
@@ -545,25 +568,28 @@ def vllm_fused_recurrent_op(
     num_accepted_tokens: Tensor | None,
     scale: float | None,
     use_qk_l2norm: bool,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    """vLLM's decode / verify on a pool [P, HV, K, V] fp32 ([P, HV, V, K] with ``state_v_first``) updated in place:
+    o [B, T, HV, V]."""
     return device.vllm_fused_recurrent(**locals())
 
 
 @vllm_fused_recurrent_op.register_kernel("cpu")
 def _vllm_fused_recurrent_cpu(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                              use_qk_l2norm) -> Tensor:  # fmt: skip
+                              use_qk_l2norm, state_v_first=False) -> Tensor:  # fmt: skip
     o, _ = fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm
+        q, k, v, g, beta, scale, pool, True, cu_seqlens, ssm_state_indices, num_accepted_tokens, None, use_qk_l2norm,
+        state_v_first=state_v_first,
     )  # fmt: skip
     return o
 
 
 @vllm_fused_recurrent_op.register_fake
 def _vllm_fused_recurrent_fake(q, k, v, g, beta, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale,
-                               use_qk_l2norm) -> Tensor:  # fmt: skip
+                               use_qk_l2norm, state_v_first=False) -> Tensor:  # fmt: skip
     rules.pool_decode(q, k, v, pool, ssm_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
-                      {"g": g, "beta": beta})  # fmt: skip
+                      {"g": g, "beta": beta}, v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
@@ -584,6 +610,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     retrieve_parent_token: Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     check_values: bool = True,
+    state_v_first: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """vLLM's ``fused_recurrent_gated_delta_rule`` as the op ``gdn_nki::vllm_fused_recurrent_gated_delta_rule``
     (the pool declared mutated).
@@ -594,22 +621,29 @@ def vllm_fused_recurrent_gated_delta_rule(
 
     Notes:
         On a device the requests' lengths (``cu_seqlens``), the index values and the inputs' values are trusted
-        (``check_values``).
+        (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) is carried by the op.
     """
     reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale, initial_state
     )
     host = check_values is not True and q.device.type == "cpu"
-    if not carried or host or retrieve_parent_token is not None or inplace_final_state is not True:
+    if (
+        not carried
+        or host
+        or retrieve_parent_token is not None
+        or inplace_final_state is not True
+        or type(state_v_first) is not bool
+    ):
         return fused_recurrent.vllm_fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale, initial_state, inplace_final_state, cu_seqlens, ssm_state_indices,
             num_accepted_tokens, retrieve_parent_token, use_qk_l2norm_in_kernel, check_values=check_values,
+            state_v_first=state_v_first,
         )  # fmt: skip
     fused_recurrent.reject_missing_pool(ssm_state_indices, initial_state)
     read = [detached(x) for x in (q, k, v, g, beta)]  # the pool's op has no autograd formula (forward_only.py)
     o = vllm_fused_recurrent_op(*read, initial_state, ssm_state_indices, cu_seqlens, num_accepted_tokens,
-                                _scale(scale), bool(use_qk_l2norm_in_kernel))  # fmt: skip
+                                _scale(scale), bool(use_qk_l2norm_in_kernel), state_v_first)  # fmt: skip
     return attached(VLLM_ENTRY, o, (q, k, v, g, beta)), initial_state
 
 
@@ -630,28 +664,51 @@ def fused_sigmoid_gating_op(
     scale: float | None,
     use_qk_l2norm: bool,
     num_accepted_tokens: Tensor | None = None,
+    state_v_first: bool = False,
 ) -> Tensor:
-    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 updated in place: o [B, T, HV, V]."""
+    """vLLM's / SGLang's fused-gating update on a pool [P, HV, K, V] fp32 ([P, HV, V, K] with ``state_v_first``)
+    updated in place: o [B, T, HV, V]."""
     return device.fused_sigmoid_gating(**locals())
 
 
 @fused_sigmoid_gating_op.register_kernel("cpu")
 def _fused_sigmoid_gating_cpu(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+                              softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None,
+                              state_v_first=False) -> Tensor:  # fmt: skip
     return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
         A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, pool, initial_state_indices, scale,
-        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens,
+        use_qk_l2norm, cu_seqlens, num_accepted_tokens=num_accepted_tokens, state_v_first=state_v_first,
     )  # fmt: skip
 
 
 @fused_sigmoid_gating_op.register_fake
 def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_state_indices, cu_seqlens, softplus_beta,
-                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None) -> Tensor:  # fmt: skip
+                               softplus_threshold, scale, use_qk_l2norm, num_accepted_tokens=None,
+                               state_v_first=False) -> Tensor:  # fmt: skip
     rules.pool_decode(q, k, v, pool, initial_state_indices, cu_seqlens, num_accepted_tokens, scale, use_qk_l2norm,
-                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices")  # fmt: skip
+                      {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}, name="initial_state_indices",
+                      v_first=state_v_first)  # fmt: skip
     return _prefill_out(q, v)
 
 
+def _or_vllms_sigmoid_form(sglang: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's fused-gating drop-in that is vLLM's (another signature, a V-major pool, two results) when called with
+    one of vLLM's own keywords: that call goes to ``vllm_decode.vllm_fused_sigmoid_gating_delta_rule_update``."""
+
+    @functools.wraps(sglang)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        from . import vllm_decode  # it calls this module's drop-in
+
+        vllm_keywords = [name for name in vllm_decode.VLLM_SIGMOID_KEYWORDS if name in kwargs]
+        if not vllm_keywords:
+            return sglang(*args, **kwargs)
+        vllm_decode.reject_sglang_keywords(vllm_keywords[0], kwargs)
+        return vllm_decode.vllm_fused_sigmoid_gating_delta_rule_update(*args, **kwargs)
+
+    return dispatch
+
+
+@_or_vllms_sigmoid_form
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
 @names_entry_point(SIGMOID_GATING_ENTRY)
 def fused_sigmoid_gating_delta_rule_update(
@@ -671,6 +728,7 @@ def fused_sigmoid_gating_delta_rule_update(
     cu_seqlens: Tensor | None = None,
     check_values: bool = True,
     num_accepted_tokens: Tensor | None = None,
+    state_v_first: bool = False,
 ) -> Tensor:
     """vLLM's / SGLang's ``fused_sigmoid_gating_delta_rule_update`` as the op
     ``gdn_nki::fused_sigmoid_gating_delta_rule_update`` (the pool declared mutated).
@@ -689,17 +747,18 @@ def fused_sigmoid_gating_delta_rule_update(
             tensors, (cu_seqlens, initial_state_indices, num_accepted_tokens), scale, initial_state_source
         )
         or not all(isinstance(x, numbers.Real) for x in (softplus_beta, softplus_threshold))
+        or type(state_v_first) is not bool
     ):
         return fused_recurrent.fused_sigmoid_gating_delta_rule_update(
             A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
             initial_state_indices, scale, use_qk_l2norm_in_kernel, cu_seqlens, check_values=check_values,
-            num_accepted_tokens=num_accepted_tokens,
+            num_accepted_tokens=num_accepted_tokens, state_v_first=state_v_first,
         )  # fmt: skip
     fused_recurrent.check_softplus(softplus_beta, softplus_threshold)
     read = [detached(x) for x in tensors[:-1]]  # the pool's op has no autograd formula (forward_only.py)
     o = fused_sigmoid_gating_op(*read, initial_state_source, initial_state_indices, cu_seqlens, float(softplus_beta),
                                 float(softplus_threshold), _scale(scale), bool(use_qk_l2norm_in_kernel),
-                                num_accepted_tokens)  # fmt: skip
+                                num_accepted_tokens, state_v_first)  # fmt: skip
     return attached(SIGMOID_GATING_ENTRY, o, tensors[:-1])
 
 

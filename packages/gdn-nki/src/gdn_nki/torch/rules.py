@@ -18,13 +18,15 @@ import numpy as np
 
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
-from gdn_ref.contract import Arguments, ContractError, Violation, validate_step, validate_tkg
+from gdn_ref.contract import STEP, Arguments, ContractError, Violation, validate_step, validate_tkg
 from gdn_ref.conv_rules import BUCKET_QUANTUM, CONV_PREFILL, IO_DTYPES, conv_prefill_violations, conv_step_violations
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
+from ..common.state_layout import kmajor_shape
 from ..conv.step import step_sbuf_violations
 from ..host.buckets import _pool_violations, configured_buckets
+from ..host.pool_layout import layout_violations
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
     check_states,
@@ -114,9 +116,11 @@ def prefill(
     checkpoint_every: int | None = None,
     checkpoint_indices: Any = None,
     read_indices: Any = None,
+    v_first: bool = False,
 ) -> int:
     """``chunk_gated_delta_rule``'s trace-time rules, in the host path's order (its layout, its states, the fused
-    gate's parameters, the kernel's contract on the head-major rows, the bucket's layout).
+    gate's parameters, the kernel's contract on the head-major rows, the bucket's layout); ``v_first``: the states
+    are V-major (the layout's shape rule, then the rules on their K-major shape).
 
     Returns:
         int: N, the sequences (B, or len(cu_seqlens) − 1).
@@ -134,10 +138,10 @@ def prefill(
         cu_found = [f for f in cu_seqlens_violations(cu, 1, tokens) if f.rule_id == "cu_seqlens.form"]
         n_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() else 0
     pooled = state_indices is not None
-    check_states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), any_device=True)
+    check_states(initial_state, state_indices, n_seqs, (value_heads, dk, dv), any_device=True, v_first=v_first)
     if use_gate:
         chunk.check_gate_parameters(A_log, dt_bias, value_heads, any_device=True)
-    state = None if initial_state is None else stand_in(tuple(initial_state.shape), "float32")
+    state = None if initial_state is None else stand_in(kmajor_shape(tuple(initial_state.shape), v_first), "float32")
     call = Arguments(
         stand_in((1, key_heads, tokens, dk), q.dtype), stand_in((1, key_heads, tokens, dk), k.dtype),
         stand_in((1, value_heads, tokens, dv), v.dtype), stand_in((1, value_heads, tokens), "float32"),
@@ -216,9 +220,11 @@ def pool_decode(
     use_qk_l2norm: bool,
     gates: dict[str, Any],
     name: str = "ssm_state_indices",
+    v_first: bool = False,
 ) -> tuple[int, int]:
     """The pool drop-ins' trace-time rules (vLLM's variant: gates ``g``, ``beta``; the fused-gating update: ``a``,
-    ``b``, ``A_log``, ``dt_bias`` and ``name`` = "initial_state_indices"), in the host paths' order.
+    ``b``, ``A_log``, ``dt_bias`` and ``name`` = "initial_state_indices"), in the host paths' order; ``v_first``:
+    the pool is V-major (``decode_step``'s layout rule, then the rules on its K-major shape).
 
     Returns:
         tuple: (N requests, T tokens each).
@@ -260,7 +266,11 @@ def pool_decode(
     rows = stand_in(tuple(indices.shape), "int32")
     counts = None if accepted is None else stand_in(tuple(accepted.shape), "int32")
     try:
-        _step_rules(q, k, v, like(pool), rows, counts, step_gates, n_seqs, tokens, scale, use_qk_l2norm)
+        found = layout_violations(pool, v_first, int(k.shape[-1]), int(v.shape[-1]), "state_pool", STEP)
+        if found:
+            raise ContractError(found)
+        pool_rows = stand_in(kmajor_shape(tuple(pool.shape), v_first), pool.dtype)
+        _step_rules(q, k, v, pool_rows, rows, counts, step_gates, n_seqs, tokens, scale, use_qk_l2norm)
     except ContractError as error:  # in the caller's names, as the host path restates them
         names = fused_recurrent.SIGMOID_NAMES if fused else fused_recurrent.VLLM_NAMES
         raise in_torch_terms(error, names) from None

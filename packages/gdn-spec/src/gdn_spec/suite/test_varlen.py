@@ -211,6 +211,27 @@ def test_serving_layouts_match_the_oracle(gdn_impl: Implementation, gdn_algorith
 
 
 @pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
+def test_pool_rows_keep_their_layout_at_square_heads(
+    gdn_impl: Implementation, gdn_algorithm: str, gdn_dtype: str
+) -> None:
+    """At Dk = Dv a state row read or written in the other layout ([.., V, K] for [.., K, V]: SGLang's and FLA's
+    ``state_v_first`` pools against FLA's default) passes every shape rule and runs: only the values tell. The
+    serving checks' own heads have Dk != Dv, where such a mix-up fails by shape; here the heads are square and the
+    rows' states random (not symmetric), so a transposed read or write misses the oracle."""
+    caps, geometry = _serving(gdn_impl)
+    dim = min(geometry.Dk, geometry.Dv)  # the smaller: square heads within the work the serving heads take
+    square = supported(caps, replace(geometry, Dk=dim, Dv=dim), shrink_lanes=True)
+    if square.Dk != square.Dv:
+        pytest.skip(f"{caps.name} supports no square head dims near Dk={geometry.Dk}, Dv={geometry.Dv}")
+    require_fits(caps, replace(square, S=bucket_of(CHUNK_SCHUR)[0]))
+    layout = Layout("square heads", (CHUNK_SCHUR + 5, 45), (3, 6) if caps.state_pool else None)
+    served = serving_call(caps, layout, square, gdn_dtype, gdn_algorithm, CHUNK_SCHUR, SERVING_SEED + 900, call_args)
+    problems = [f"[Dk = Dv = {square.Dk}, lengths {layout.lengths}, rows {layout.rows}] {p}"
+                for p in _judge(served, _serve(gdn_impl, served))]  # fmt: skip
+    _fail_on(problems, "square heads (a state row in the other layout)")
+
+
+@pytest.mark.parametrize("gdn_algorithm", [ALGORITHM_SCHUR])
 def test_a_sequence_is_bit_identical_wherever_it_runs(gdn_impl: Implementation, gdn_algorithm: str) -> None:
     """Batch invariance: one sequence's output, final state (and checkpoint, where declared) keep every bit whatever
     shares the launch, in whichever slot, on whichever row, and in a larger bucket."""
