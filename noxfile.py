@@ -275,13 +275,15 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_grad_mode.py",
     "packages/gdn-nki/tests/test_torch_state_layout.py",
     "packages/gdn-nki/tests/test_torch_vllm_decode.py",
+    "packages/gdn-nki/tests/test_torch_strided_pools.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.
 TORCH_GATED_TESTS = {
     "nki-cpu": ("packages/nki-cpu/tests/test_nki_torch.py",),
     "gdn-ref": ("packages/gdn-ref/tests/test_block.py",),  # the decode block oracle against a torch layer
-    "gdn-nki": ("packages/gdn-nki/tests/test_nki_bucket.py",),  # the torch drop-in's bucket= and its trace count
+    # the torch drop-in's bucket= and its trace count; the conv decode's SBUF refusal through the torch drop-in
+    "gdn-nki": ("packages/gdn-nki/tests/test_nki_bucket.py", "packages/gdn-nki/tests/test_conv_step_sbuf.py"),
     "gdn-spec": ("packages/gdn-spec/tests/test_adapters.py", "packages/gdn-spec/tests/test_power_adapters.py"),
 }
 TORCH_GATED_SELECTION = "torch or hf_transformers"

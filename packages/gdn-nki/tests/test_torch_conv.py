@@ -54,6 +54,40 @@ def test_single_token_and_custom_pad_slot_id():
     assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])
 
 
+def _update_call(rows: list[int]):
+    x, weight, bias, pool = _inputs(2)
+    return pool, lambda: causal_conv1d_update(x, pool, weight, bias, True, torch.tensor(rows, dtype=torch.int32),
+                                              pad_slot_id=99)  # fmt: skip
+
+
+def _fn_call(rows: list[int]):
+    x, weight, bias, pool = _inputs(3)
+    return pool, lambda: causal_conv1d_fn(x[0].repeat(1, 5), weight, bias, pool, torch.tensor([0, 4, 10]),
+                                          torch.tensor(rows, dtype=torch.int32), torch.tensor([True, False]),
+                                          pad_slot_id=99)  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "rows", "argument"), [(_update_call, [4, -1, 1], "conv_state_indices"),
+                                                        (_fn_call, [-1, 2], "cache_indices")])  # fmt: skip
+def test_with_another_pad_slot_id_a_minus_one_row_is_not_padding(call, rows, argument):
+    """vLLM's kernels skip only a row equal to ``pad_slot_id``; any other value, −1 included, is a cache line
+    (vLLM would read and write row −1, outside the pool): refused by name as out of range, the caller's −1 and id
+    in the message, the pool unchanged. The same rows with vLLM's default id (−1) pad that request."""
+    pool, run = call(rows)
+    before = pool.clone()
+    with pytest.raises(ContractError) as info:
+        run()
+    message = str(info.value)
+    assert f"`{argument}`" in message and "-1" in message and "pad_slot_id=99" in message, message
+    assert str(-(2**31)) not in message, message
+    assert torch.equal(pool, before)
+    pool, run = call([99 if r == -1 else r for r in rows])
+    before = pool.clone()
+    run()  # 99 pads that request: its row (and every row not named) untouched
+    named = [r for r in rows if r >= 0]
+    assert torch.equal(pool[[r for r in range(P) if r not in named]], before[[r for r in range(P) if r not in named]])
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("num_accepted_tokens", torch.ones(N, dtype=torch.int32)),  # [N] rows, a row of W − 1 < W − 2 + T inputs
@@ -162,6 +196,37 @@ def test_fla_causal_conv1d_matches_oracle_with_caches_and_residual(varlen):
             y.reshape(-1, C)[lo : lo + n].numpy(), want + res[lo : lo + n].numpy(), rtol=1e-5, atol=1e-5
         )
         np.testing.assert_allclose(final[i].numpy(), windows[-1], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["fp32 caches", "residual", "fp32 caches and residual"])
+def test_fla_causal_conv1d_rounds_once_as_flas_kernel_at_bf16(case):
+    """FLA's kernel reads bf16 x, fp32 caches and the residual into fp32, adds the residual to the fp32 sum and
+    rounds once to bf16. Against the fp64 oracle of the very inputs: within the bf16 tolerance, and equal to the
+    oracle rounded once to bf16 but for the rare element whose fp32 sum sits by a rounding boundary (rounding the
+    caches to bf16 first, or the output before the residual, changes a large share of the outputs); the final
+    caches in x's dtype, as FLA's."""
+    g = torch.Generator().manual_seed(11)
+    lengths = [2, 3, 1, 5, 2]  # short: most outputs read the caches
+    x = torch.randn(1, sum(lengths), C, generator=g).to(torch.bfloat16)
+    weight, bias = (torch.randn(C, W, generator=g) * 0.5).to(torch.bfloat16), torch.randn(C, generator=g)
+    caches = torch.randn(len(lengths), C, W, generator=g) * 3
+    caches = caches if "fp32" in case else caches.to(torch.bfloat16)
+    residual = torch.randn(x.shape, generator=g).to(torch.bfloat16) if "residual" in case else None
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    y, final = causal_conv1d(x, weight, bias, residual, caches, True, "silu", cu_seqlens=bounds)
+    assert y.dtype == final.dtype == torch.bfloat16
+    want, windows = [], []
+    for i, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        out, window = conv_from_window(x[0, lo:hi].double().numpy(), caches[i].double().numpy(),
+                                       weight.double().numpy(), bias.double().numpy(), "silu")  # fmt: skip
+        want.append(out + (0 if residual is None else residual[0, lo:hi].double().numpy()))
+        windows.append(window[-1])
+    want = np.concatenate(want)
+    error = compare("out", y[0].float().numpy(), want, "bfloat16")
+    assert error.ok, describe([error])
+    once = torch.from_numpy(want).to(torch.bfloat16)
+    assert (y[0] != once).sum().item() <= max(2, once.numel() // 200), f"{(y[0] != once).sum()} of {once.numel()}"
+    assert torch.equal(final, torch.from_numpy(np.stack(windows)).to(torch.bfloat16))
 
 
 def test_fla_causal_conv1d_rejects_unknown_option():

@@ -155,3 +155,19 @@ def test_a_norm_rejection_compiled_fullgraph_is_eagers(case: str) -> None:
     with pytest.raises(ContractError) as compiled:
         compiled_call(*tensors)
     assert str(compiled.value) == str(eager.value)
+
+
+@pytest.mark.parametrize(("nan_in", "named"), [("residual", "`residual` value nan at index [2, 3]"),
+                                               ("x", "`x` value nan at index [2, 3]"),
+                                               ("both", "`x` value nan at index [2, 3]")])  # fmt: skip
+def test_a_nan_in_the_residual_is_named_residual(nan_in: str, named: str) -> None:
+    """The kernel normalizes x + residual; a NaN the caller put in ``residual`` is reported as ``residual``'s (with
+    its own index), one in x as x's."""
+    x, residual = _randn(8, D), _randn(8, D) * 3
+    if nan_in in ("x", "both"):
+        x = _nan_at(x, (2, 3))
+    if nan_in in ("residual", "both"):
+        residual = _nan_at(residual, (2, 3))
+    with pytest.raises(ContractError) as info:
+        rms_norm_gated(x, _randn(8, D), _randn(D), None, residual=residual)
+    assert named in str(info.value), str(info.value)

@@ -83,6 +83,19 @@ def test_vllm_drop_in_refuses_zero_requests() -> None:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("check_values", [True, False])
+@pytest.mark.parametrize("empty", ["batch", "tokens"])
+def test_fla_decode_refuses_an_empty_batch_as_every_drop_in(empty: str, check_values: bool) -> None:
+    """FLA's decode with B = 0 (or T = 0) is refused as vLLM's form and the chunk drop-in refuse it, naming q."""
+    x = step_inputs(45, "float32", N=3, T=1, P=8)
+    cut = (lambda a: a[:0]) if empty == "batch" else (lambda a: a[:, :0])
+    q, k, v, g, beta = (_t(cut(a)) for a in (x.query, x.key, x.value, x.g_log, x.beta))
+    shape = (0, 1, 2, 32) if empty == "batch" else (3, 0, 2, 32)
+    assert_refused(lambda: fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, output_final_state=True,
+                                                            check_values=check_values),
+                   "q.torch", "q", f"shape {shape}", [])  # fmt: skip
+
+
 def test_a_bad_element_is_named_at_the_callers_index() -> None:
     """A NaN in g of the packed row [1, N·T, HV] is reported where the caller put it, not at decode_step's
     [N, T, HV] index."""

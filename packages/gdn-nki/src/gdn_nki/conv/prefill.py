@@ -214,15 +214,16 @@ def _parts(j: int) -> slice:
     return slice(j * PARTITIONS_PER_REQUEST, (j + 1) * PARTITIONS_PER_REQUEST)
 
 
-def _x_rows(tensor: Any, row: Any, count: int) -> tuple[Any, dict[str, Any]]:
+def _x_rows(tensor: Any, row: Any, count: int, cols: tuple[int, int] | None = None) -> tuple[Any, dict[str, Any]]:
     """``count`` consecutive rows of a [T, C] tensor from ``row`` (an int, or a run-time scalar: skipped outside)
-    as [16, count, F] (partition s: channels s·F ..)."""
+    as [16, count, F] (partition s: channels s·F ..); ``cols`` (f0, n): only channels s·F + f0 .. + n − 1."""
     channels = tensor.shape[1]
     per_part = channels // PARTITIONS_PER_REQUEST
-    pattern = [[per_part, PARTITIONS_PER_REQUEST], [channels, count], [1, per_part]]
+    f0, size = cols if cols is not None else (0, per_part)
+    pattern = [[per_part, PARTITIONS_PER_REQUEST], [channels, count], [1, size]]
     if isinstance(row, int):
-        return tensor.ap(pattern=pattern, offset=row * channels), {}
-    return tensor.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0), {"oob_mode": nisa.oob_mode.skip}
+        return tensor.ap(pattern=pattern, offset=row * channels + f0), {}
+    return tensor.ap(pattern=pattern, offset=f0, scalar_offset=row, indirect_dim=0), dict(_SKIP)
 
 
 def _copy(dst: Any, src: tuple[Any, dict[str, Any]] | Any) -> None:
@@ -270,37 +271,90 @@ def bulk_run(dtype: Any, per_part: int, state_len: int, width: int, bias: bool) 
 
 def _starts(x: Any, out: Any, pool: Any, taps: Any, bias_column: Any, ones: Any, shape: tuple[int, int],
             activation: Any, tables: _Tables, seqs: int) -> None:  # fmt: skip
-    """Pass 2: each sequence's first L tokens from its window; every pool row read before any is written."""
+    """Pass 2: each sequence's first L tokens from its window; every pool row read before any is written.
+
+    In ``starts_chunks`` channel chunks when every group's windows and the tile set do not fit SBUF at once (Qwen3.5's
+    C = 12288 in fp32 at 128 slots): a chunk's windows are all read before any of its channels is written, and a
+    channel's conv reads only its own channel, so the outputs and windows are the same bits whatever the chunks."""
     state_len, width = shape
     per_part = x.shape[1] // PARTITIONS_PER_REQUEST
     groups = -(-seqs // REQUESTS_PER_GROUP)
+    chunks = starts_chunks(x.dtype, per_part, state_len, width, bias_column is not None, seqs)
+    size = per_part // chunks
     # Every group's windows first (a tile each, zeros: a −1 row, an empty window, is a skipped load that leaves
     # them), so no pool row is written before every row is read; then one tile set convolves the groups in turn.
     windows = []
-    for g in range(groups):
-        tile = sbuf((128, per_part, state_len), x.dtype)
-        nisa.memset(dst=tile, value=0.0)
-        for j in range(REQUESTS_PER_GROUP):
-            i = g * REQUESTS_PER_GROUP + j
-            if i < seqs:
-                _copy(tile[_parts(j)], (_pool_view(pool, _row(tables.read, i)), {"oob_mode": nisa.oob_mode.skip}))
-        windows.append(tile)
-    tiles = _TileSet(x.dtype, per_part, state_len, state_len, width, True, bias_column)
-    for g in range(groups):
-        tiles.windows = windows[g]
-        members = [
-            (j, g * REQUESTS_PER_GROUP + j) for j in range(REQUESTS_PER_GROUP) if g * REQUESTS_PER_GROUP + j < seqs
-        ]
-        for j, i in members:
-            for q in range(state_len):
-                _copy(tiles.inputs[_parts(j), q : q + 1], _x_rows(x, _row(tables.start_in, i * state_len + q), 1))
-        _convolve(tiles, taps, ones, (state_len, state_len, width), activation)
-        for j, i in members:
-            for q in range(state_len):
-                at = i * state_len + q
-                _copy(_x_rows(out, _row(tables.start_out, at), 1), tiles.result[_parts(j), q : q + 1])
-                _copy((_pool_view(pool, _row(tables.start_keep, at)), {"oob_mode": nisa.oob_mode.skip}),
-                      tiles.kept[_parts(j), q])  # fmt: skip
+    for c in range(chunks):
+        cols = (c * size, size)
+        chunk_taps = taps if chunks == 1 else taps[:, c * size : (c + 1) * size]
+        for g in range(groups):
+            if not c:
+                windows.append(sbuf((128, size, state_len), x.dtype))
+            nisa.memset(dst=windows[g], value=0.0)
+            for j in range(REQUESTS_PER_GROUP):
+                i = g * REQUESTS_PER_GROUP + j
+                if i < seqs:
+                    _copy(windows[g][_parts(j)], (_pool_chunk(pool, _row(tables.read, i), cols), _SKIP))
+        if not c:
+            tiles = _TileSet(x.dtype, size, state_len, state_len, width, True,
+                             bias_column if chunks == 1 else _chunk_of(bias_column, 0, size))  # fmt: skip
+        elif bias_column is not None:  # the bias term of this chunk's channels (the tile set set the first's)
+            for t in range(state_len):
+                nisa.activation(dst=tiles.products[:, t, :, width], op=nl.copy, data=_chunk_of(bias_column, c, size))
+        for g in range(groups):
+            tiles.windows = windows[g]
+            members = [
+                (j, g * REQUESTS_PER_GROUP + j) for j in range(REQUESTS_PER_GROUP) if g * REQUESTS_PER_GROUP + j < seqs
+            ]
+            for j, i in members:
+                for q in range(state_len):
+                    _copy(tiles.inputs[_parts(j), q : q + 1], _x_rows(x, _row(tables.start_in, i * state_len + q), 1,
+                                                                        cols))  # fmt: skip
+            _convolve(tiles, chunk_taps, ones, (state_len, state_len, width), activation)
+            for j, i in members:
+                for q in range(state_len):
+                    at = i * state_len + q
+                    _copy(_x_rows(out, _row(tables.start_out, at), 1, cols), tiles.result[_parts(j), q : q + 1])
+                    _copy((_pool_chunk(pool, _row(tables.start_keep, at), cols), _SKIP), tiles.kept[_parts(j), q])
+
+
+_SKIP = {"oob_mode": nisa.oob_mode.skip}
+
+
+def starts_chunks(dtype: Any, per_part: int, state_len: int, width: int, bias: bool, seqs: int) -> int:
+    """The channel chunks of pass 2: 1, else the fewest (dividing F) whose windows of every group and tile set
+    (``_set_bytes``: L tokens, every window kept) fit a partition's SBUF beside the taps, the bias, the layout
+    tables (about 28 bytes a slot per window entry) and ``CONSTANTS_SLACK`` ("nki.language.tile_size",
+    ``sbuf_fmax_bytes``, SDK 2.33). 1 up to Qwen3-Next's C = 8192 in fp32 at 128 slots; 2 at C = 12288 in fp32."""
+    size = 4 if dtype == FP32 else 2
+    groups = -(-seqs // REQUESTS_PER_GROUP)
+    fixed = per_part * 4 * (width + bias) + CONSTANTS_SLACK + seqs * state_len * 28
+    for chunks in range(1, per_part + 1):
+        if per_part % chunks:
+            continue
+        part = per_part // chunks
+        windows = groups * part * state_len * size
+        tile_set = part * (3 * state_len * size + state_len * (width + 1) * 4 + state_len * 4
+                           + state_len * state_len * size)  # fmt: skip
+        if fixed + windows + tile_set <= nl.tile_size.sbuf_fmax_bytes:
+            return chunks
+    return per_part
+
+
+def _chunk_of(tile: Any, c: int, size: int) -> Any:
+    """Channels c·size .. of every partition of a [128, F] tile."""
+    return tile[:, c * size : (c + 1) * size]
+
+
+def _pool_chunk(pool: Any, row: Any, cols: tuple[int, int]) -> Any:
+    """``_pool_view`` of channels (f0, count) of every partition: [16, count, L] of pool row ``row``."""
+    _, channels, state_len = pool.shape
+    per_part = channels // PARTITIONS_PER_REQUEST
+    f0, count = cols
+    if (f0, count) == (0, per_part):
+        return _pool_view(pool, row)
+    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, count], [1, state_len]]
+    return pool.ap(pattern=pattern, offset=f0 * state_len, scalar_offset=row, indirect_dim=0)
 
 
 def _windows(x: Any, pool: Any, tables: _Tables, seqs: int, per_part: int, state_len: int) -> None:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gdn_ref.conv_rules import conv_step_violations
+from gdn_ref.contract import Violation
+from gdn_ref.conv_rules import CONV_STEP, conv_step_violations
 
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
@@ -91,7 +92,10 @@ def gdn_conv_step(
         Trace-time rules (``gdn_ref.conv_rules.conv_step_violations``) stop the trace before anything is allocated;
         the index values are device data: ``gdn_nki.conv_decode_step`` checks them on the host first.
     """
-    assert_valid_call(conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation))
+    assert_valid_call(
+        conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
+        or step_sbuf_violations(x, conv_pool, weight, bias, state_indices)
+    )
     n_req, tokens, channels = x.shape
     state_len, width = conv_pool.shape[2], weight.shape[1]
     per_part = channels // PARTITIONS_PER_REQUEST
@@ -255,9 +259,45 @@ def _identity() -> Any:
 
 def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
     """SBUF bytes per partition of one ``_TileSet``."""
-    io = 2 if x.dtype != FP32 else 4
+    io = _io_bytes(x.dtype)
     kept = tokens if per_token else 1
     return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
+
+
+def _io_bytes(dtype: Any) -> int:
+    """Bytes of an element of x (fp32 or bf16), for a kernel tensor's or a numpy array's dtype."""
+    return 4 if dtype == FP32 or str(dtype).removeprefix("torch.") == "float32" else 2
+
+
+# SBUF bytes a partition keeps beside one tile set and the taps and bias: the PE's identity and its iota, the
+# live-request column, the slot replicator's rows (688 bytes at C = 16384, measured by nki-cpu's allocator).
+STEP_CONSTANTS_SLACK = 1024
+
+
+def step_sbuf_violations(x: Any, conv_pool: Any, weight: Any, bias: Any, state_indices: Any) -> list[Violation]:
+    """The shapes whose one group of requests does not fit a partition's SBUF: one ``_TileSet`` (the fewest the
+    kernel runs), the taps and bias (fp32) and ``STEP_CONSTANTS_SLACK`` over ``sbuf_fmax_bytes``
+    ("nki.language.tile_size", SDK 2.33) — refused before the trace allocates, naming x's channels. Only fp32 past
+    Qwen3.5's channels reaches it: C = 16384 with T = 4 and [N, T] rows; every model shape fits (C = 8192, 12288 in
+    fp32 and bf16, every form). Shapes the contract rules reject are left to them (none here)."""
+    shapes = [tuple(getattr(a, "shape", ())) for a in (x, conv_pool, weight, state_indices)]
+    if [len(s) for s in shapes[:3]] != [3, 3, 2] or shapes[0][2] % PARTITIONS_PER_REQUEST:
+        return []
+    _, tokens, channels = shapes[0]
+    state_len, width, per_token = shapes[1][2], shapes[2][1], len(shapes[3]) == 2
+    per_part = channels // PARTITIONS_PER_REQUEST
+    need = (_set_bytes(x, per_part, tokens, state_len, width, per_token)
+            + per_part * 4 * (width + (bias is not None)) + STEP_CONSTANTS_SLACK)  # fmt: skip
+    limit = nl.tile_size.sbuf_fmax_bytes
+    if need <= limit:
+        return []
+    io = _io_bytes(x.dtype)
+    form = " and [N, T] rows (every token's window kept)" if per_token else ""
+    return [Violation("conv.sbuf", "x", f"C = {channels} channels in {'float32' if io == 4 else 'bfloat16'} with "
+                      f"T = {tokens}{form}", f"one group of requests' tiles, the taps and the bias take {need} bytes "
+                      f"of a partition's SBUF, over its {limit}", "pass x and the pool in bfloat16, fewer tokens a "
+                      "call (T = 2), [N] rows (only the last window kept), or split the channels into two convs on "
+                      "pools of their own (the conv is depthwise)", CONV_STEP)]  # fmt: skip
 
 
 class _Slot:

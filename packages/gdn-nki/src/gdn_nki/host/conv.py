@@ -22,7 +22,7 @@ from gdn_ref.conv_rules import (
 
 from ..common import backend
 from ..conv.prefill import gdn_conv_bucket
-from ..conv.step import gdn_conv_step
+from ..conv.step import gdn_conv_step, step_sbuf_violations
 from .decode import _rows
 
 
@@ -61,6 +61,7 @@ def conv_decode_step(
         rows the call writes are saved first and put back if the launch fails part-way.
     """
     found = conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
+    found = found or step_sbuf_violations(x, conv_pool, weight, bias, state_indices)
     if not found:
         found = conv_index_violations(state_indices, num_accepted_tokens, conv_pool.shape[0], x.shape[1])
     if not found and not conv_pool.flags.writeable:

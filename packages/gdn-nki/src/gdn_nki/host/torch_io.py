@@ -242,6 +242,18 @@ def reject_broadcast_state(name: str, state: Any) -> None:
         )
 
 
+def reject_strided_pool(name: str, pool: Any) -> None:
+    """Every drop-in's one rule for a pool updated in place (the recurrent pools of the chunk, vLLM and SGLang
+    decode drop-ins, the conv pools): it must be contiguous. The kernels address a pool's rows at its dense
+    strides, and on a device no staged copy of a pool is made (``torch/device.py``: the pool is the kernel's own
+    argument), so the CPU refuses a strided view too, rather than accepting what a device could not."""
+    if not pool.is_contiguous():
+        raise rejection(name, f"shape {tuple(pool.shape)} strides {tuple(pool.stride())}",
+                        "a pool updated in place must be contiguous (the kernels address its rows at the dense "
+                        "strides; no staged copy of a pool is made)", f"allocate {name} contiguous (one tensor per "
+                        f"layer), or pass {name}.contiguous() and copy its rows back after the call")  # fmt: skip
+
+
 # The host rules' fixes are numpy idioms (gdn-ref's contract speaks numpy); a torch caller reads torch ones.
 _TORCH_IDIOMS = (
     (re.compile(r"\.astype\(np\.(\w+)\)"), r".to(torch.\1)"),
@@ -369,8 +381,6 @@ def check_states(
     if state_indices is None:
         return
     reject_unwritable_state("initial_state", initial_state)
-    if not initial_state.is_contiguous():
-        raise rejection("initial_state", f"strides {tuple(initial_state.stride())}", "a state pool updated in place "
-                        "must be contiguous", "keep the pool contiguous (e.g. pool = pool.contiguous())")  # fmt: skip
+    reject_strided_pool("initial_state", initial_state)
     if is_torch_tensor(state_indices):
         check_tensor("state_indices", state_indices, INTEGER_DTYPES, any_device=any_device)

@@ -11,6 +11,8 @@ give the output's shape; on a device the ops launch the conv kernels on the devi
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ from ..host.torch_io import (
     import_torch,
     in_torch_terms,
     reject_empty,
+    reject_strided_pool,
     rejection,
 )
 from . import conv_device, rules
@@ -50,13 +53,6 @@ def _x_index(caller_at: Callable[[list[int]], list[int]]) -> Callable[[str, list
     return lambda name, at: caller_at(at) if name == "x" else at
 
 
-def _pool_buffer(pool: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """The pool's numpy view and the buffer the kernel updates: the view itself when contiguous, else a copy the op
-    writes back only once the call succeeded (a rejected call leaves the caller's pool as it was)."""
-    view = as_numpy(pool)
-    return view, view if view.flags.c_contiguous else np.ascontiguousarray(view)
-
-
 @torch.library.custom_op("gdn_nki::causal_conv1d_update", mutates_args=("conv_state",))
 def causal_conv1d_update_op(
     x: Tensor,
@@ -73,14 +69,12 @@ def causal_conv1d_update_op(
     in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
-    pool, staged = _pool_buffer(conv_state)
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
     out, _ = conv_decode_step(
-        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
         None if accepted is None else np.ascontiguousarray(as_numpy(accepted)).astype(np.int32), activation=activation,
     )  # fmt: skip
-    if staged is not pool:
-        pool[...] = staged  # published only once the call succeeded
     return as_torch(np.ascontiguousarray(out)).clone()
 
 
@@ -118,7 +112,8 @@ def causal_conv1d_update(
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
-            untouched); None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
+            untouched; only that id pads, as in vLLM's kernels: with another id a −1 row is out of range, refused);
+            None: row n for request n. Or [N, T] (gdn-nki's speculative form, the rows of vLLM's
             recurrent ``ssm_state_indices`` [N, T]): the window after token t goes to row [n, t].
         num_accepted_tokens (Tensor | None): [N] int32 in [1, T]. With [N, T] rows request n resumes from row
             [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
@@ -159,7 +154,7 @@ def causal_conv1d_update(
         out = causal_conv1d_update_op(detached(tokens).contiguous(), conv_state, detached(weight), detached(bias),
                                       rows, accepted, act)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _UPDATE_NAMES, index) from None
+        raise _in_pad_terms(in_torch_terms(error, _UPDATE_NAMES, index), "conv_state_indices", pad_slot_id) from None
     out = attached("gdn_nki.torch.causal_conv1d_update", out, (x, weight, bias))
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
 
@@ -185,16 +180,14 @@ def causal_conv1d_fn_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
                                             checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
-    pool, staged = _pool_buffer(conv_states)
+    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself, as on a device
     out, _ = conv_prefill_bucket(
-        np.ascontiguousarray(as_numpy(x)), staged, as_numpy(weight), None if bias is None else as_numpy(bias),
+        np.ascontiguousarray(as_numpy(x)), as_numpy(conv_states), as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
         read_indices=as_numpy(read_rows).astype(np.int32), checkpoint_every=checkpoint_every or None,
         checkpoint_indices=None if checkpoint_indices is None else as_numpy(checkpoint_indices).astype(np.int32),
         bucket=tuple(bucket) if bucket else None,
     )  # fmt: skip
-    if staged is not pool:
-        pool[...] = staged  # published only once the call succeeded
     return as_torch(np.ascontiguousarray(out)).clone()
 
 
@@ -241,7 +234,8 @@ def causal_conv1d_fn(
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
         query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
-        cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored); None: row i.
+        cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored; only that id pads,
+            as in vLLM's kernels: with another id a −1 row is out of range, refused); None: row i.
         has_initial_state (Tensor | None): [n] bool: start from the row's window (else an empty one); None: all
             start empty.
         activation (str | None): "silu" / "swish" or None.
@@ -249,8 +243,8 @@ def causal_conv1d_fn(
             block_size_to_align: vLLM's prefix-caching block form — rejected by name (not supported yet).
         metadata, validate_data: accepted (the host path validates every call).
         read_indices (Tensor | None): gdn-nki's serving keywords, as ``gdn_nki.torch.chunk_gated_delta_rule``'s: [n]
-            the row sequence i starts from when it is not its ``cache_indices`` row (a prefix-cache hit; −1: an
-            empty window; overrides ``has_initial_state``).
+            the row sequence i starts from when it is not its ``cache_indices`` row (a prefix-cache hit; −1 or
+            ``pad_slot_id``: an empty window; overrides ``has_initial_state``).
         checkpoint_every (int | None), checkpoint_indices (Tensor | None): the window after every
             ``checkpoint_every`` tokens of sequence i (a multiple of 128) to row ``checkpoint_indices[i, k]`` (−1:
             none): the recurrent checkpoints' positions and rows, so one prefix-cache hit restores both states.
@@ -281,14 +275,16 @@ def causal_conv1d_fn(
     read_rows = (torch.full_like(rows, PAD_SLOT_ID) if has_initial_state is None
                  else torch.where(has_initial_state.to(torch.bool), rows, torch.full_like(rows, PAD_SLOT_ID)))  # fmt: skip
     if read_indices is not None:
-        read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id)
+        read_rows = _pad_rows(read_indices.to(torch.int32), pad_slot_id, minus_one_pads=True)
     table = None if checkpoint_indices is None else checkpoint_indices.to(torch.int32)
     try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
         out = causal_conv1d_fn_op(detached(x).t().contiguous(), conv_states, detached(weight), detached(bias),
                                   query_start_loc.to(torch.int32), rows, read_rows, act, int(checkpoint_every or 0),
                                   table, list(bucket) if bucket is not None else None)  # fmt: skip
     except ContractError as error:
-        raise in_torch_terms(error, _FN_NAMES, _x_index(lambda at: at[::-1])) from None  # the op's [token, c]
+        # the op's [token, c]
+        raise _in_pad_terms(in_torch_terms(error, _FN_NAMES, _x_index(lambda at: at[::-1])), "cache_indices",
+                            pad_slot_id) from None  # fmt: skip
     return attached("gdn_nki.torch.causal_conv1d_fn", out, (x, weight, bias)).t()
 
 
@@ -320,9 +316,11 @@ def causal_conv1d(
     Args:
         x (Tensor): [B, T, D] float32 or bfloat16.
         weight (Tensor): [D, W] (None, FLA's identity taps, is rejected); bias (Tensor | None): [D].
-        residual (Tensor | None): [B, T, D], added after the activation.
+        residual (Tensor | None): [B, T, D], added after the activation, to the fp32 sum (one rounding to x's
+            dtype, as FLA's kernel).
         initial_state (Tensor | None): [N, D, W], FLA's cache layout (the last W inputs, oldest first; the taps read
-            its last W − 1); read only. None: empty windows.
+            its last W − 1); read only, in its own dtype (fp32 caches of bf16 x are not rounded to bf16 before
+            use). None: empty windows.
         output_final_state (bool): also return each sequence's final cache [N, D, W].
         activation (str | None): "silu" / "swish" or None.
         backend (str | None): FLA's implementation choice ("triton" / "cuda"); gdn-nki has one, so it is ignored.
@@ -331,7 +329,8 @@ def causal_conv1d(
             any other name is rejected.
 
     Returns:
-        tuple[Tensor, Tensor | None]: y [B, T, D] in x's dtype, and the final caches (or None).
+        tuple[Tensor, Tensor | None]: y [B, T, D] in x's dtype, and the final caches [N, D, W] in x's dtype, as
+        FLA's (or None).
 
     Notes:
         The conv runs as ``gdn_nki::causal_conv1d_fn`` on a pool of N rows holding the initial caches (the host
@@ -359,27 +358,59 @@ def causal_conv1d(
         bounds = cu_seqlens.to(torch.int32)
     seqs = bounds.shape[0] - 1
     width = weight.shape[-1]
-    pool = (x.new_zeros((seqs, dim, width)) if initial_state is None
-            else detached(initial_state).to(x.dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
+    # FLA's kernel reads every input into fp32, adds the residual to the fp32 sum and rounds once to x's dtype; so
+    # with a residual, or caches in another dtype than x's (fp32 caches of bf16 x), the op runs in fp32 (x, taps
+    # and bias widened exactly) and the sum is rounded once here. Otherwise x's dtype, rounded once by the op.
+    wide = residual is not None or (isinstance(initial_state, Tensor) and initial_state.dtype != x.dtype)
+    dtype = torch.float32 if wide else x.dtype
+    pool = (x.new_zeros((seqs, dim, width), dtype=dtype) if initial_state is None
+            else detached(initial_state).to(dtype).clone(memory_format=torch.contiguous_format))  # fmt: skip
     rows = torch.arange(seqs, dtype=torch.int32, device=x.device)
     read_rows = rows if initial_state is not None else torch.full_like(rows, PAD_SLOT_ID)
+    taps, shift = (None if t is None else (detached(t).float() if wide else detached(t)) for t in (weight, bias))
     try:  # the pool's op has no autograd formula: its results go on the inputs' graph after it (forward_only.py)
-        out = causal_conv1d_fn_op(detached(x).reshape(batch * tokens, dim).contiguous(), pool, detached(weight),
-                                  detached(bias), bounds, rows, read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
+        out = causal_conv1d_fn_op(detached(x).to(dtype).reshape(batch * tokens, dim).contiguous(), pool, taps,
+                                  shift, bounds, rows, read_rows, act).reshape(batch, tokens, dim)  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _FLA_NAMES, _x_index(lambda at: [*divmod(at[0], tokens), at[1]])) from None
     inputs = (x, weight, bias, initial_state)
     out = attached("gdn_nki.torch.causal_conv1d", out, inputs)
-    if residual is not None:
-        out = out + residual
-    return out, (attached("gdn_nki.torch.causal_conv1d", pool, inputs) if output_final_state else None)
+    if residual is not None:  # on the graph: a gradient reaches the residual stream
+        out = out + residual.float()
+    out = out.to(x.dtype)  # the fp32 sum rounded once (a no-op when the op ran in x's dtype)
+    # FLA's final caches are in x's dtype (the cache entries a short sequence keeps rounded to it)
+    return out, (attached("gdn_nki.torch.causal_conv1d", pool.to(x.dtype), inputs) if output_final_state else None)
 
 
-def _pad_rows(rows: Tensor, pad_slot_id: int) -> Tensor:
-    """vLLM's padding id mapped to the host path's −1."""
+def _pad_rows(rows: Tensor, pad_slot_id: int, minus_one_pads: bool = False) -> Tensor:
+    """vLLM's padding id mapped to the host path's −1. As in vLLM's kernels (``if idx == pad_slot_id: return``)
+    only ``pad_slot_id`` pads: with another id a −1 row is a cache line outside the pool, so it is mapped to
+    ``_NOT_PADDING``, which the host path rejects as out of range (``_in_pad_terms`` restates it as −1), unless
+    ``minus_one_pads`` (gdn-nki's own keywords, whose −1 is documented)."""
     if pad_slot_id == PAD_SLOT_ID:
         return rows
+    if not minus_one_pads:
+        rows = torch.where(rows == PAD_SLOT_ID, torch.full_like(rows, _NOT_PADDING), rows)
     return torch.where(rows == pad_slot_id, torch.full_like(rows, PAD_SLOT_ID), rows)
+
+
+_NOT_PADDING = -(2**31)  # a caller's −1 row under another pad_slot_id: out of every pool's range
+_MINUS_ONE = re.compile(r"(?<![\w-])-1\b")
+
+
+def _in_pad_terms(error: ContractError, argument: str, pad_slot_id: int) -> ContractError:
+    """``error`` with the host path's padding −1 in ``argument``'s violations restated as the caller's
+    ``pad_slot_id``, and ``_NOT_PADDING`` as the caller's −1 (unchanged with vLLM's default id, −1)."""
+    if pad_slot_id == PAD_SLOT_ID:
+        return error
+    pad = f"pad_slot_id={pad_slot_id}"
+
+    def caller(text: str, label: str) -> str:
+        return _MINUS_ONE.sub(label, text).replace(str(_NOT_PADDING), "-1")
+
+    return ContractError([dataclasses.replace(v, value=caller(v.value, str(pad_slot_id)), rule=caller(v.rule, pad),
+                                              fix=caller(v.fix, pad)) if v.argument == argument else v
+                          for v in error.violations], error.entry_point)  # fmt: skip
 
 
 def _activation(activation: Any) -> str | None:

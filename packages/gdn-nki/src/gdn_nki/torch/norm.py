@@ -15,15 +15,16 @@ normalized value to x's dtype before the weight: the same in fp32, one bf16 roun
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
-from gdn_ref.contract import names_entry_point
+from gdn_ref.contract import ContractError, names_entry_point
 from gdn_ref.norm import check_norm_options
 
 from ..host.norm import gated_rms_norm
-from ..host.torch_io import as_numpy, as_torch, import_torch, rejection
+from ..host.torch_io import _INDEX, as_numpy, as_torch, import_torch, rejection
 from ..norm.rules import IO_DTYPES
 from . import norm_device
 from .forward_only import forbid_backward
@@ -129,14 +130,34 @@ def rms_norm_gated(
                         "pass the residual stream shaped like x")  # fmt: skip
     h = x if residual is None else x.float() + residual.float()
     wide = residual is not None or (g is not None and g.dtype != x.dtype)
-    y = rms_norm_gated_op(h.float() if wide else h, None if g is None else (g.float() if wide else g),
-                          None if weight is None else weight.float(), float(eps), str(activation))  # fmt: skip
+    try:
+        y = rms_norm_gated_op(h.float() if wide else h, None if g is None else (g.float() if wide else g),
+                              None if weight is None else weight.float(), float(eps), str(activation))  # fmt: skip
+    except ContractError as error:
+        raise (error if residual is None else _blame_residual(error, x, residual)) from None
     y = y.to(x.dtype)
     if not prenorm:
         return y
     if residual is not None:
         return y, h.to(torch.float32 if residual_in_fp32 else residual.dtype)
     return y, (x.float() if residual_in_fp32 else x)
+
+
+def _blame_residual(error: ContractError, x: Tensor, residual: Tensor) -> ContractError:
+    """``error`` with a non-finite value of the kernel's x (the caller's x + residual) blamed on what the caller
+    passed: ``residual`` where x is finite and the residual is not, ``x + residual`` where both are finite (the sum
+    overflowed), x itself otherwise."""
+    blamed = []
+    for v in error.violations:
+        found = _INDEX.search(v.value) if (v.argument, v.rule_id) == ("x", "norm.finite") else None
+        at = None if found is None else tuple(int(i) for i in found.group(1).split(","))
+        if at is not None and bool(torch.isfinite(x[at])):
+            name = "residual" if not bool(torch.isfinite(residual[at])) else "x + residual"
+            source = residual if name == "residual" else x.float() + residual.float()
+            v = dataclasses.replace(v, argument=name, value=f"value {float(source[at])} at index {list(at)}",
+                                    rule=f"{name} must hold finite numbers", fix=f"find where {name} overflowed")  # fmt: skip
+        blamed.append(v)
+    return ContractError(blamed, error.entry_point)
 
 
 def _reject_option(shape: Any, norm_before_gate: Any, group_size: Any) -> None:

@@ -481,13 +481,17 @@ def fused_recurrent_gated_delta_rule(
 
     Notes:
         On a device the packed sequences (``cu_seqlens``) must share one length (the CPU groups them by length,
-        reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``.
+        reading ``cu_seqlens``; a device trace cannot): trusted there, checked by ``check_values``. An empty q
+        (B = 0 or T = 0) is refused, as by every drop-in (FLA's kernel would launch no block and return empties).
     """
     if any(name not in chunk.HF_PASS_THROUGH and name != "transpose_state_layout" for name in kwargs):
         # numpy / difflib, which torch.compile does not trace: only for a call with a keyword to reject
         fused_recurrent.reject_unknown_keywords(
             {name: value for name, value in kwargs.items() if name != "transpose_state_layout"}, _FLA_PARAMETERS
         )
+    # FLA's kernel launches no block for B = 0 and returns empty outputs; gdn-nki refuses an empty batch here as
+    # every drop-in does (vLLM's form, the chunk), in the caller's words: an empty batch is the caller's to skip.
+    reject_empty("q", q)
     fla_only = dict(output_final_state=output_final_state, use_gate_in_kernel=use_gate_in_kernel,
                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)  # fmt: skip
     chunk._reject_tensor_flags(fla_only | dict(state_v_first=state_v_first,

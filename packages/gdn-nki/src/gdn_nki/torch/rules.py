@@ -24,6 +24,7 @@ from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
 from ..common.state_layout import kmajor_shape
+from ..conv.step import step_sbuf_violations
 from ..host.buckets import _pool_violations, configured_buckets
 from ..host.pool_layout import layout_violations
 from ..host.torch_io import (
@@ -32,6 +33,7 @@ from ..host.torch_io import (
     check_tensor,
     in_torch_terms,
     reject_broadcast_state,
+    reject_strided_pool,
     reject_unwritable_state,
     rejection,
 )
@@ -249,6 +251,7 @@ def pool_decode(
     check_tensor(pool_name, pool, ("float32",), any_device=True)
     reject_unwritable_state(pool_name, pool)
     reject_broadcast_state(pool_name, pool)
+    reject_strided_pool(pool_name, pool)
     if not fused:
         fused_recurrent.check_gates(v, gates["g"], gates["beta"], any_device=True)
     for arg, x in (("q", q), ("k", k), ("v", v)):
@@ -322,9 +325,12 @@ def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activa
               accepted: Any = None) -> None:  # fmt: skip
     """``gdn_nki::causal_conv1d_update``'s trace-time rules: ``conv_decode_step``'s shape and dtype rules on
     stand-ins of the op's operands (x [N, T, C], rows [N] or [N, T] int32, accepted None or [N]; the row and
-    accepted-count values are trusted)."""
+    accepted-count values are trusted); the pool contiguous (``reject_strided_pool``)."""
+    if conv_state.dim() == 3:
+        reject_strided_pool("conv_state", conv_state)
     found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), like(accepted),
                                  activation)  # fmt: skip
+    found = found or step_sbuf_violations(like(x), like(conv_state), like(weight), like(bias), like(rows))
     if found:
         raise ContractError(found)
 
@@ -342,6 +348,8 @@ def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: A
         raise ContractError(found)
     tokens, channels = int(x.shape[0]), int(x.shape[1])
     seqs = max(1, int(cu_seqlens.shape[0]) - 1) if cu_seqlens.dim() == 1 else 1
+    if conv_states.dim() == 3:
+        reject_strided_pool("conv_states", conv_states)
     pool_rows = int(conv_states.shape[0]) if conv_states.dim() == 3 else 0
     bounds = np.zeros(tuple(cu_seqlens.shape), np.int64)
     if bounds.ndim == 1 and bounds.size:
