@@ -21,8 +21,8 @@ from gdn_nki.torch import (  # noqa: E402
     causal_conv1d_update,
     chunk_gated_delta_rule,
     fused_sigmoid_gating_delta_rule_update,
+    rules,
 )
-from gdn_nki.torch import rules  # noqa: E402
 from gdn_nki.torch_decode import vllm_fused_recurrent_gated_delta_rule  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 
@@ -105,8 +105,8 @@ def test_the_ops_trace_time_rules_refuse_it_too() -> None:
     """The fake and device paths' rules (no CPU host path runs there): the same rejection."""
     pool = _row_strided(np.zeros((P, C, W - 1), np.float32))
     x, weight = torch.zeros(2, 1, C), torch.zeros(C, W)
-    with pytest.raises(ContractError, match="`conv_state`.*must be contiguous"):
+    with pytest.raises(ContractError, match=r"`conv_state`.*must be contiguous"):
         rules.conv_step(x, pool, weight, None, torch.tensor([4, 1], dtype=torch.int32), "silu")
-    with pytest.raises(ContractError, match="`conv_states`.*must be contiguous"):
+    with pytest.raises(ContractError, match=r"`conv_states`.*must be contiguous"):
         rules.conv_prefill(torch.zeros(9, C), pool, weight, None, torch.tensor([0, 4, 9], dtype=torch.int32),
                            torch.tensor([4, 1], dtype=torch.int32), torch.tensor([-1, -1], dtype=torch.int32), "silu")  # fmt: skip

@@ -201,22 +201,6 @@ def _first_tensor(argument: Callable[[str], Any]) -> Tensor:
     return torch.empty(0)
 
 
-def _or_vllms_chunk_form(fla: Callable[..., Any]) -> Callable[..., Any]:
-    """FLA's prefill drop-in that is vLLM's when called with vLLM's own keyword ``return_intermediate_states``: that
-    call, positional arguments in vLLM's order included, goes to ``vllm_chunk_gated_delta_rule`` (three results)."""
-
-    @functools.wraps(fla)
-    def dispatch(*args: Any, **kwargs: Any) -> Any:
-        if "return_intermediate_states" not in kwargs:
-            return fla(*args, **kwargs)
-        from .vllm_chunk import vllm_chunk_gated_delta_rule  # it calls this module's drop-in
-
-        return vllm_chunk_gated_delta_rule(*args, **kwargs)
-
-    return dispatch
-
-
-@_or_vllms_chunk_form
 @rejects_at_trace_time(_output_and_state)
 @names_entry_point(CHUNK_ENTRY)
 def chunk_gated_delta_rule(
@@ -691,24 +675,6 @@ def _fused_sigmoid_gating_fake(A_log, a, dt_bias, q, k, v, b, pool, initial_stat
     return _prefill_out(q, v)
 
 
-def _or_vllms_sigmoid_form(sglang: Callable[..., Any]) -> Callable[..., Any]:
-    """SGLang's fused-gating drop-in that is vLLM's (another signature, a V-major pool, two results) when called with
-    one of vLLM's own keywords: that call goes to ``vllm_decode.vllm_fused_sigmoid_gating_delta_rule_update``."""
-
-    @functools.wraps(sglang)
-    def dispatch(*args: Any, **kwargs: Any) -> Any:
-        from . import vllm_decode  # it calls this module's drop-in
-
-        vllm_keywords = [name for name in vllm_decode.VLLM_SIGMOID_KEYWORDS if name in kwargs]
-        if not vllm_keywords:
-            return sglang(*args, **kwargs)
-        vllm_decode.reject_sglang_keywords(vllm_keywords[0], kwargs)
-        return vllm_decode.vllm_fused_sigmoid_gating_delta_rule_update(*args, **kwargs)
-
-    return dispatch
-
-
-@_or_vllms_sigmoid_form
 @rejects_at_trace_time(lambda rejected, argument: rejected(argument("v")))
 @names_entry_point(SIGMOID_GATING_ENTRY)
 def fused_sigmoid_gating_delta_rule_update(

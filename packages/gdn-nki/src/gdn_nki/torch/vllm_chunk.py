@@ -5,7 +5,7 @@ vLLM's function shares FLA's name but not its form: its positional order differs
 (``output_final_state, cu_seqlens, head_first, use_qk_l2norm_in_kernel``), and it returns ``(o, final_state,
 intermediate_states)``. A call cannot be told apart from FLA's by its shapes, so the form is chosen by name: this
 entry, under vLLM's name prefixed ``vllm_`` (as ``vllm_fused_recurrent_gated_delta_rule``), or FLA's name called
-with vLLM's own keyword ``return_intermediate_states`` (``ops.chunk_gated_delta_rule`` hands such a call here). It
+with vLLM's own keyword ``return_intermediate_states`` (``forms.chunk_gated_delta_rule`` hands such a call here). It
 runs ``gdn_nki.torch.chunk_gated_delta_rule`` (one ``gdn_nki`` op; every rule, the same ``ContractError``\\ s).
 
 States are [N, H, K, V], as in that vLLM version. vLLM's later form (the call in
