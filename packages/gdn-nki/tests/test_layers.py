@@ -1,8 +1,9 @@
 """gdn-nki's layers, held by reading every module's imports (at the top or inside a function).
 
 The folders are the layers, and an import points down only: the public modules at the package root (``gdn_nki``,
-``gdn_nki.conformance``, ``gdn_nki.traces``, ``gdn_nki.torch_decode``) → ``torch/`` → ``host/`` → the kernel
-families ``cte/``, ``tkg/``, ``conv/`` and ``norm/`` (which never import each other) → ``common/``. ``common/backend.py`` is the one
+``gdn_nki.conformance``, ``gdn_nki.traces``, ``gdn_nki.torch_decode``) → ``torch/`` → ``host/`` → the composing
+kernels ``block/`` and ``normed/`` → the kernel families ``cte/``, ``tkg/``, ``conv/``, ``norm/`` and ``gating/``
+(which never import each other) → ``common/``. ``common/backend.py`` is the one
 module that knows nki-cpu exists; every other module writes plain NKI through it.
 """
 
@@ -18,9 +19,21 @@ import gdn_nki
 SOURCE = Path(gdn_nki.__file__).parent
 # Rank of each layer folder ("" = the package root: the public modules); a module may import its own folder's
 # modules and those of a lower rank, never a higher or an equal one of another folder (the kernel families cte, tkg,
-# conv and norm share a rank). block (the fused decode block) composes the tkg and conv families, so it sits between
-# them and host.
-RANKS = {"": 4, "torch": 3, "host": 2, "block": 1.5, "cte": 1, "tkg": 1, "conv": 1, "norm": 1, "common": 0}
+# conv, norm and gating share a rank). block (the fused decode block) composes the tkg and conv families, and normed
+# (the prefill with the norm folded in) the cte and norm families, so they sit between those and host.
+RANKS = {
+    "": 4,
+    "torch": 3,
+    "host": 2,
+    "block": 1.5,
+    "cte": 1,
+    "tkg": 1,
+    "conv": 1,
+    "norm": 1,
+    "gating": 1,
+    "normed": 1.5,
+    "common": 0,
+}
 BACKEND = "gdn_nki.common.backend"
 
 

@@ -32,7 +32,6 @@ from .common.backend import BACKEND_NAME
 from .conv.aws import gdn_conv1d_decode, gdn_conv1d_prefill
 from .cte.bucket import gdn_cte_bucket
 from .cte.kernel import gdn_cte
-from .cte.normed import gdn_cte_normed
 from .cte.varlen import gdn_cte_varlen
 from .gating.kernel import gdn_gating
 from .host.block import block_decode_step
@@ -44,6 +43,7 @@ from .host.norm import gated_rms_norm
 from .host.normed import simulate_normed
 from .host.prefill import prefill, prefill_varlen, simulate
 from .norm.kernel import gdn_gated_rms_norm
+from .normed.kernel import gdn_cte_normed
 from .tkg.fused import gdn_tkg
 from .tkg.step import gdn_step
 

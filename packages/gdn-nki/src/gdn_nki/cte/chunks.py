@@ -93,7 +93,7 @@ class Lane:
     system_dtype: Any  # dtype of Ãᵀ: what the algorithm's inverse takes as operands
     scale: float
     consts: Constants
-    norm: Any = None  # ``output_norm.OutputNorm``: the gated RMSNorm the output stage applies before its store
+    norm: Any = None  # ``normed.output_stage.OutputNorm``: the gated RMSNorm the output stage applies before its store
 
 
 @dataclass

@@ -104,7 +104,7 @@ def emit(
         out, final_state (nl.NkiTensor): the allocated output and the final state (the caller's state when given).
         spans (list[Span]): the launch's sequences (token range in q/k/v/gates/out, state row).
         boundaries (boundaries.ChunkBoundaries): a bucketed launch's per-chunk tables (``LaneInputs.boundaries``).
-        norm (output_norm.OutputNorm): the gated RMSNorm every output tile gets before its store (``Lane.norm``).
+        norm (normed.output_stage.OutputNorm): the gated RMSNorm every output tile gets before its store (``Lane.norm``).
     """
     balancer = engines.Balancer()
     with engines.balancing(balancer):

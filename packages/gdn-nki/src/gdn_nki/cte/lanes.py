@@ -347,7 +347,9 @@ def advance(
         if pending is not None:
             output.emit_output(lane, *pending)
         seg.chunks = []
-    if unit[0].lane.norm is not None:  # the fused norm's chunks in flight (``output_norm``): none crosses a period
+    if (
+        unit[0].lane.norm is not None
+    ):  # the fused norm's chunks in flight (``normed.output_stage``): none crosses a period
         unit[0].lane.norm.flush()
     return state
 

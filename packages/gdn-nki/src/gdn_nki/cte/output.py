@@ -1,5 +1,5 @@
 """The output stage: one chunk's out = scale · (attn U + Q_eff h) from its entry state, stored to HBM (normalized
-and gated first in ``gdn_cte_normed``: ``output_norm``).
+and gated first in ``gdn_cte_normed``: ``normed.output_stage``).
 
 gdn_ref twin: the outputs ``gdn_ref.chunked._state_chain`` returns beside the states it carries.
 """
@@ -25,7 +25,7 @@ class Output:
         self.norm_tiles = None
         if lane.norm is None:
             self.tile = tiles.sbuf((lane.chunk, lane.value.shape[3]), lane.dtype)
-        else:  # the fused norm (``output_norm``): its z rows and gate issued now, ahead of the products they follow
+        else:  # the fused norm (``normed.output_stage``): its z rows and gate issued now, ahead of the products they follow
             self.norm_tiles = lane.norm.tiles(lane.dtype)
             lane.norm.load_gate(self.norm_tiles, lane.b, lane.h, chunk.token, lane.chunk)
             self.tile = self.norm_tiles.x[: lane.chunk, 0, :]

@@ -12,8 +12,8 @@ from gdn_ref.contract import Arguments, ContractError, names_entry_point, plain_
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.norm import API
 
-from ..cte.normed import gdn_cte_normed
 from ..norm.rules import output_norm_violations
+from ..normed.kernel import gdn_cte_normed
 from .conv import _finite
 from .launch_grid import check_grid
 from .prefill import _launch

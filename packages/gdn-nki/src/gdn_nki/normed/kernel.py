@@ -1,4 +1,4 @@
-"""``gdn_cte_normed``: ``gdn_cte`` with the layer's gated RMSNorm folded into its output stage (``output_norm``),
+"""``gdn_cte_normed``: ``gdn_cte`` with the layer's gated RMSNorm folded into its output stage (``output_stage``),
 so one launch writes y = rmsnorm(o) · weight · act(z) where ``gdn_cte`` then ``gdn_gated_rms_norm`` take two."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from gdn_ref.contract import Arguments
 
 from ..common.backend import nki
 from ..common.kernel_assert import assert_valid_call
+from ..cte.kernel import allocate_outputs, emit
+from ..cte.plan import dense_spans
 from ..norm.rules import output_norm_violations
-from .kernel import allocate_outputs, emit
-from .output_norm import OutputNorm
-from .plan import dense_spans
+from .output_stage import OutputNorm
 
 
 @nki.jit
@@ -53,7 +53,7 @@ def gdn_cte_normed(
     Notes:
         y is bit for bit ``gdn_gated_rms_norm(o, z', norm_weight, eps, activation)`` of ``gdn_cte``'s o, z' being
         z head-major: the norm reads each out tile as rounded to the compute dtype and runs the norm kernel's
-        instructions on it (``output_norm``). Every rule of both kernels is checked at trace time before anything
+        instructions on it (``output_stage``). Every rule of both kernels is checked at trace time before anything
         is allocated. Measured against the two launches: PERFORMANCE.md, "Gated RMSNorm".
     """
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
