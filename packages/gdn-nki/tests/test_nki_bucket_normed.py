@@ -96,6 +96,22 @@ def test_bit_for_bit_the_bucket_then_the_norm(dtype: str, lengths: list[int], op
 
 
 @pytest.mark.nki_cpu_only  # reads nki-cpu's trace
+@pytest.mark.usefixtures("loop_every_steady_run")  # 24 chunks at group 3: unrolled at the default
+def test_bit_for_bit_in_a_compiled_loop_crossing_sequences() -> None:
+    """Each head's steady state a compiled loop whose iterations cross sequence boundaries: z's rows addressed from
+    the loop's run-time token, which an unrolled launch never does."""
+    lengths = [11 * C + 3, 0, 5 * C, 4 * C - 1]
+    call = {**_inputs(lengths, "bfloat16", seed=9), "bucket": (24 * C, 4), "group_size": 3,
+            "state_indices": np.asarray([4, 2, 0, -1], np.int32)}  # fmt: skip
+    want_y, want_pool = _two_launches(call)
+    y, pool = gdn_nki.prefill_bucket(**call)
+    trace = nki_cpu.last_traces()[0]
+    assert any(entry == ("loop", "fori_loop") for entry in trace.program if isinstance(entry, tuple)), "no loop ran"
+    _assert_bits(y, want_y)
+    _assert_bits(pool, want_pool)
+
+
+@pytest.mark.nki_cpu_only  # reads nki-cpu's trace
 def test_one_program_per_bucket() -> None:
     """Two layouts of the bucket (other lengths, rows, -1) run the same static program, as the unnormed bucket's."""
     prints = []
