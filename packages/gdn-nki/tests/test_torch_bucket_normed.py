@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E4
 
 import gdn_nki  # noqa: E402
 from gdn_nki.common import backend  # noqa: E402
-from gdn_nki.torch import chunk_gated_delta_rule, device, ops, rms_norm_gated  # noqa: E402
+from gdn_nki.torch import ForwardOnlyError, chunk_gated_delta_rule, device, ops, rms_norm_gated  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
 from torch_device import launch_replaced, skip_on_device  # noqa: E402
 
@@ -198,3 +198,17 @@ def test_bad_norm_arguments_are_refused_by_name_eagerly_and_at_trace_time(case: 
     with mode, pytest.raises(ContractError, match=f"`{argument}`") as traced:
         chunk_gated_delta_rule(**fake)
     assert [v.rule_id for v in traced.value.violations] == [v.rule_id for v in eager.value.violations]
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_gate_on_the_graph_puts_y_on_it_and_backward_names_the_drop_in(name: str) -> None:
+    """Forward-only, as the drop-in without the norm: z requiring grad (alone) puts y on the graph, whose backward
+    raises naming the drop-in, never a silently detached y; y keeps the no-grad bits."""
+    want, _ = chunk_gated_delta_rule(**CALLS[name]())
+    args = CALLS[name]()
+    args["z"].requires_grad_()
+    y, _ = chunk_gated_delta_rule(**args)
+    _bits(y.detach(), want)
+    assert y.requires_grad
+    with pytest.raises(ForwardOnlyError, match="chunk_gated_delta_rule"):
+        y.sum().backward()

@@ -232,7 +232,7 @@ def chunk_gated_delta_rule(
         q, k = _l2norm(q), _l2norm(k)
     query, key, value = (_head_major(x, x.dtype) for x in (q, k, v))
     g_log, gate = (_head_major(x, torch.float32) for x in (g, beta))
-    inputs = (*tensors.values(), initial_state, *gate_parameters)
+    inputs = (*tensors.values(), initial_state, *gate_parameters, *(x for x in (z, norm_weight) if x is not None))
     # The pool, written by the kernel, is recorded on the graph right before its rows are written.
     record = in_place_recorder("initial_state", initial_state, inputs) if slots is not None else None
     norm = _folded_norm(z, norm_weight, norm_eps, norm_activation, batch, seq_len)
