@@ -92,22 +92,22 @@ def _bounds(values: list[int]) -> torch.Tensor:
 
 
 TOTAL = sum(LENGTHS)
+GOOD_BOUNDS = [0, 1, 5, 7, 7, 11, 14, 15, 19, 21, TOTAL]
 BAD = {
-    "decreasing": ({"query_start_loc": _bounds([0, 1, 5, 4, 7, 11, 14, 15, 19, 21, TOTAL])}, "query_start_loc"),
+    "decreasing": ({"query_start_loc": _bounds([0, 1, 5, 4, *GOOD_BOUNDS[4:]])}, "query_start_loc"),
     "wrong length": ({"query_start_loc": _bounds([0, 1, 5, 7, TOTAL])}, "query_start_loc"),
-    "last is not the tokens": ({"query_start_loc": _bounds([0, 1, 5, 7, 7, 11, 14, 15, 19, 21, TOTAL - 1])},
-                               "query_start_loc"),  # fmt: skip
-    "not from 0": ({"query_start_loc": _bounds([1, 1, 5, 7, 7, 11, 14, 15, 19, 21, TOTAL])}, "query_start_loc"),
-    "a request past max_query_len": ({"query_start_loc": _bounds([0, 1, 5 + 1, 7, 7, 11, 14, 15, 19, 21, TOTAL])},
-                                     "query_start_loc"),  # fmt: skip
+    "last is not the tokens": ({"query_start_loc": _bounds([*GOOD_BOUNDS[:-1], TOTAL - 1])}, "query_start_loc"),
+    "not from 0": ({"query_start_loc": _bounds([1, *GOOD_BOUNDS[1:]])}, "query_start_loc"),
+    "a request past max_query_len": ({"query_start_loc": _bounds([0, 1, 6, *GOOD_BOUNDS[3:]])}, "query_start_loc"),
     "max_query_len left at -1": ({"max_query_len": -1}, "max_query_len"),
     "without num_accepted_tokens": ({"num_accepted_tokens": None}, "query_start_loc"),
     "without conv_state_indices": ({"conv_state_indices": None}, "conv_state_indices"),
     "x [N, C, T]": ({"x": torch.randn(2, C, T)}, "x"),
-    "accepted past max_query_len": ({"num_accepted_tokens": torch.tensor([1, 2, 3, 4, 5, 1, 2, 3, 1, 2],
-                                                                         dtype=torch.int32)}, "num_accepted_tokens"),  # fmt: skip
-    "row out of range": ({"conv_state_indices": torch.tensor([3, 7, 0, PAD, 12, 5, PAD, 9, 14, P],
-                                                             dtype=torch.int32)}, "conv_state_indices"),  # fmt: skip
+    "accepted past max_query_len": (
+        {"num_accepted_tokens": _bounds([1, 2, 3, 4, T + 1, 1, 2, 3, 1, 2])},
+        "num_accepted_tokens",
+    ),
+    "row out of range": ({"conv_state_indices": _bounds([*ROWS[:-1], P])}, "conv_state_indices"),
 }
 
 
