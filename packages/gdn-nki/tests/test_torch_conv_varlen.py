@@ -187,3 +187,26 @@ def test_device_path_gives_the_cpu_paths_bits(dtype: torch.dtype) -> None:
     with launch_replaced(lambda kernel, *a, **k: backend.simulate(kernel)(*a, **k)):
         out = conv_device.causal_conv1d_update_varlen(**args)
     assert torch.equal(out, want_out) and torch.equal(args["conv_state"], want["conv_state"])
+
+
+def test_rows_not_named_are_never_read_and_pass_gdn_specs_varlen_check() -> None:
+    """Every row the call does not name NaN-poisoned (row 0 among them: a padding request's −1 must not be read as a
+    row, whose NaN the kernel's 0/1 matmuls would spread to the other requests of its group): the outputs and pool
+    as the oracle's; and gdn-spec's conv-family ``varlen`` check (the third-party yardstick) through its vLLM
+    adapter."""
+    from gdn_spec.conv.adapters import vllm_update
+    from gdn_spec.conv.checks import ConvCapabilities, check_varlen
+
+    args = operands(torch.float32, seed=7)
+    rows = torch.tensor([r if r != 0 else 2 for r in ROWS], dtype=torch.int32)
+    args["conv_state_indices"] = rows
+    unnamed = [r for r in range(P) if r not in set(rows.tolist())]
+    args["conv_state"][unnamed] = float("nan")
+    before = args["conv_state"].clone()
+    out = call(args)
+    want, after = oracle({**args, "conv_state": before})
+    assert torch.isfinite(out).all()
+    error = compare("out", out.numpy(), want, "float32")
+    assert error.ok, describe([error])
+    assert args["conv_state"].numpy().tobytes() == after.astype(np.float32).tobytes()
+    check_varlen(vllm_update(causal_conv1d_update), ConvCapabilities(varlen=True, rejections=True), seed=0)

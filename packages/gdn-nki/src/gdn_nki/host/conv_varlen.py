@@ -41,14 +41,17 @@ def padded_requests(
         xp: the array namespace of the operands (numpy or torch).
 
     Returns:
-        tuple: x [N, T, C] (request n's slot t: its token t, past its tokens R[W − 2 + t] of its row) and the rows
-        [N] (−1 also for a request of no tokens).
+        tuple: x [N, T, C] (request n's slot t: its token t, past its tokens R[W − 2 + t] of its row, zeros for a
+        padding request) and the rows [N] (−1 also for a request of no tokens).
     """
     steps = _arange(max_query_len, bounds, xp)
     lengths = bounds[1:] - bounds[:-1]
     live = steps[None, :] < lengths[:, None]  # [N, T]
     source = (bounds[:-1, None] + steps[None, :]).clip(0, x.shape[0] - 1)
     kept = pool[rows.clip(0, None)][:, :, width - 2 : width - 2 + max_query_len].swapaxes(1, 2)  # [N, T, C]
+    # A padding request's slots are zeros, not the entries of the row its −1 was clipped to (which nothing checked):
+    # its products are discarded, but the kernel's 0/1 matmuls sum every partition, and 0 · NaN is NaN.
+    kept = xp.where((rows >= 0)[:, None, None], kept, 0)
     return xp.where(live[:, :, None], x[source], kept), xp.where(lengths > 0, rows, -1)
 
 
