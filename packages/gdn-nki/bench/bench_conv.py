@@ -5,7 +5,7 @@ bf16 inputs and a bf16 pool of windows [P, 8192, 3] (vLLM's and HF's dtype for t
 through ``gdn_nki.conv_decode_step``, for N requests in {8, 64, 256} and T in {1, 4} ([N] rows, and at T = 4
 [N, T] rows keeping every token's window, and vLLM's in-row form: [N] rows with ``num_accepted_tokens``, rows of
 W − 2 + T = 6 inputs read from offset a − 1, counts cycling 1..T; and vLLM's varlen form of it, x packed [N·T, C]
-with ``query_start_loc`` through ``gdn_nki.conv_decode_varlen``: the same launch on the requests laid out as
+with ``query_start_loc`` through ``gdn_nki.conv_decode_step``: the same launch on the requests laid out as
 [N, T, C], the layout's gathers outside the kernel and outside the model).
 
 HBM floor: the bytes the launch must move — x and out (N·T·C), each window read once and written once per row
@@ -92,8 +92,8 @@ def measure(requests: int, tokens: int, form: str, seed: int = 0) -> Row:
     bias = rng.standard_normal(CHANNELS).astype(bf16)
     if form == "varlen":  # every request at max_query_len: the (tokens, N) = (N·T, N) shape vLLM compiles
         bounds = np.arange(0, requests * tokens + 1, tokens, dtype=np.int32)
-        gdn_nki.conv_decode_varlen(x.reshape(requests * tokens, CHANNELS), pool, weight, bias, bounds, rows, accepted,
-                                   max_query_len=tokens, check_values=False)  # fmt: skip
+        gdn_nki.conv_decode_step(x.reshape(requests * tokens, CHANNELS), pool, weight, bias, rows, accepted,
+                                 check_values=False, query_start_loc=bounds, max_query_len=tokens)  # fmt: skip
     else:
         gdn_nki.conv_decode_step(x, pool, weight, bias, rows, accepted, check_values=False)
     trace = nki_cpu.last_trace()

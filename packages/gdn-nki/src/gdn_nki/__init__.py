@@ -4,8 +4,8 @@
 the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` accepts any sequence length.
 Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
 pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
-The layer's other kernels: the causal conv1d (``conv_decode_step``, ``conv_decode_varlen``: vLLM's varlen
-speculative form, ``conv_prefill_bucket``), the gated RMSNorm (``gdn_gated_rms_norm``, run by ``gated_rms_norm``;
+The layer's other kernels: the causal conv1d (``conv_decode_step``, with ``query_start_loc`` vLLM's varlen
+speculative form; ``conv_prefill_bucket``), the gated RMSNorm (``gdn_gated_rms_norm``, run by ``gated_rms_norm``;
 folded into the prefill's output stage: ``gdn_cte_normed``, run by ``simulate_normed``) and the prefill gates
 (``gdn_gating``, run by ``fused_gdn_gating``). The whole layer's decode step but out_proj in one launch:
 ``gdn_block_tkg`` (AWS's documented fused block) and ``gdn_block_step`` (on the conv-state and recurrent-state
@@ -37,7 +37,6 @@ from .gating.kernel import gdn_gating
 from .host.block import block_decode_step
 from .host.buckets import configure_buckets, configured_buckets, padded_tokens, prefill_bucket
 from .host.conv import conv_decode_step, conv_prefill_bucket
-from .host.conv_varlen import conv_decode_varlen
 from .host.decode import decode_step, tkg_simulate
 from .host.gating import fused_gdn_gating
 from .host.norm import gated_rms_norm
@@ -66,7 +65,6 @@ __all__ = [
     "configure_buckets",
     "configured_buckets",
     "conv_decode_step",
-    "conv_decode_varlen",
     "conv_prefill_bucket",
     "decode_step",
     "fused_gdn_gating",

@@ -21,7 +21,6 @@ import numpy as np
 from gdn_ref.contract import ContractError, names_entry_point
 
 from ..host.conv import conv_decode_step, conv_prefill_bucket
-from ..host.conv_varlen import conv_decode_varlen
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
     as_numpy,
@@ -98,11 +97,11 @@ def causal_conv1d_update_varlen_op(
         return conv_device.causal_conv1d_update_varlen(x, conv_state, weight, bias, query_start_loc, rows, accepted,
                                                        max_query_len, activation)  # fmt: skip
     reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
-    out, _ = conv_decode_varlen(
+    out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
-        np.ascontiguousarray(as_numpy(query_start_loc)).astype(np.int32),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32), np.ascontiguousarray(as_numpy(accepted)).astype(np.int32),
-        max_query_len=max_query_len, activation=activation,
+        activation=activation, query_start_loc=np.ascontiguousarray(as_numpy(query_start_loc)).astype(np.int32),
+        max_query_len=max_query_len,
     )  # fmt: skip
     return as_torch(np.ascontiguousarray(out)).clone()
 
