@@ -513,13 +513,15 @@ class _TileSet:
 
     def convolve_in_runs(self, out: Any, pool: Any, slots: list[_Slot], taps: Any, live: Any,
                          shape: tuple[int, int, int], activation: str | None) -> None:  # fmt: skip
-        """A launch's only group at T > 1 (``gdn_conv_step``): its windows kept (scalar engine) and stored first,
-        then ``_convolve`` over its channels in ``MULTI_TOKEN_RUNS`` runs, each output's channels on the engines
-        the whole group's conv gives them, so the run after the first multiplies while the first is summed:
-        N = 8, T = 4 19.6 -> 18.5 us (PERFORMANCE.md, "Decode speed"). Each element's products and sum are the
-        whole group's, so the outputs are its bit for bit."""
+        """A launch's only group at T > 1 (``gdn_conv_step``): its windows kept and stored first, then
+        ``_convolve`` over its channels in ``MULTI_TOKEN_RUNS`` runs, each output's channels on the engines the whole
+        group's conv gives them, so the run after the first multiplies while the first is summed (PERFORMANCE.md,
+        "Decode speed", item 11). Each element's products and sum are the whole group's, so the outputs are its bit
+        for bit. The windows are copied by the vector engine, idle until the first products: on the scalar engine
+        (as the pipelined groups copy them) they held the first run's activations, [N, T] rows at N = 1 19.0 µs
+        against 17.4."""
         tokens, state_len, _ = shape
-        _keep_windows(self, tokens, state_len)
+        _keep_windows(self, tokens, state_len, VECTOR)
         for slot in slots:
             self._store_windows(pool, slot)
         per_part = self.inputs.shape[2]
