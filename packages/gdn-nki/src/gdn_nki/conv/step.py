@@ -482,13 +482,8 @@ class _TileSet:
         activation issued before the next run's, so GpSimd, the tensor engine, the vector engine and the scalar
         engine work on successive runs side by side instead of each waiting for the whole group. The same
         roundings as ``_convolve``, element by element."""
-        tokens, state_len, width = shape
-        _keep_windows(self, tokens, state_len, VECTOR)
-        for slot in slots:
-            self._store_windows(pool, slot)
-        per_part = self.inputs.shape[2]
-        step = -(-per_part // DRAIN_RUNS)
-        runs = [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
+        width = shape[2]
+        runs = self._windows_stored_then_runs(pool, slots, shape, DRAIN_RUNS)
         on_vector = [i % DRAIN_SUMMED_ON_VECTOR_EVERY == DRAIN_SUMMED_ON_VECTOR_EVERY - 1 for i in range(len(runs))]
         if self.bias is not None:  # the bias term of the runs the vector engine sums (the PE adds its own)
             for run, vector in zip(runs, on_vector, strict=True):
@@ -520,16 +515,22 @@ class _TileSet:
         for bit. The windows are copied by the vector engine, idle until the first products: on the scalar engine
         (as the pipelined groups copy them) they held the first run's activations, [N, T] rows at N = 1 19.0 µs
         against 17.4."""
+        for run in self._windows_stored_then_runs(pool, slots, shape, MULTI_TOKEN_RUNS):
+            _convolve(self, taps, live, shape, activation, run=run)
+        for slot in slots:
+            self._store_outputs(out, slot)
+
+    def _windows_stored_then_runs(self, pool: Any, slots: list[_Slot], shape: tuple[int, int, int],
+                                  count: int) -> list[slice]:  # fmt: skip
+        """A drained group's start: its windows kept by the vector engine and stored; its channels as ``count``
+        runs (the last shorter when ``count`` does not divide them)."""
         tokens, state_len, _ = shape
         _keep_windows(self, tokens, state_len, VECTOR)
         for slot in slots:
             self._store_windows(pool, slot)
         per_part = self.inputs.shape[2]
-        step = -(-per_part // MULTI_TOKEN_RUNS)
-        for c0 in range(0, per_part, step):
-            _convolve(self, taps, live, shape, activation, run=slice(c0, min(per_part, c0 + step)))
-        for slot in slots:
-            self._store_outputs(out, slot)
+        step = -(-per_part // count)
+        return [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
 
 
 # A lone group's channel runs at T > 1 (``_TileSet.convolve_in_runs``; 1: the whole group, pipelined as every other
