@@ -158,6 +158,11 @@ def gdn_conv_step(
     def iteration(i: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
+            if ahead and tokens > 1:
+                # The next loads' rows first: their `scalar_load`s (GpSimd) behind this group's products held the
+                # loads, and the DMA idled (N = 64, T = 4: 57.3 -> 57.0 us; T = 1 gains nothing: unchanged).
+                for slot in slots_of(g + sets):
+                    slot.read_row()
             tile_set.convolve(taps, _column(live, g), shape, activation)
             if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
                 tile_set.load(x, conv_pool, slots_of(g + sets))
@@ -219,8 +224,9 @@ PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (th
 # Without a bias (Qwen3-Next's conv: ``bias=False``) a sum has W terms, not W + 1: the PE's share and the vector
 # engine's products (the last outputs', a fraction: that share of the output before them, its last channels)
 # retuned for it (PERFORMANCE.md, "Decode speed", item 12).
-# T = 4: 2 + 13/16 outputs summed on the PE, 1 + 7/16 multiplied on the vector engine (N = 64 / 256 60.9 / 206.1 ->
-# 57.4 / 202.0 us; at the biased plan's 2.6875 and 1 GpSimd bound).
+# T = 4: 2 + 13/16 outputs summed on the PE, 1 + 7/16 multiplied on the vector engine (N = 64 / 256 60.9 / 206.0 ->
+# 57.3 / 202.0 us; the biased plan's 2.6875 and 1 left GpSimd binding; a flat optimum: PE 2.8125-3.0 and vector
+# 1.25-1.4375 all give 57.0-57.6).
 OUTPUTS_ON_PE_NO_BIAS = {4: 2.8125}
 PRODUCTS_ON_VECTOR_NO_BIAS = {4: 1.4375}
 
