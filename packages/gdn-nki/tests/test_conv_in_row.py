@@ -31,7 +31,8 @@ def _in_row_call(seed: int, dtype: str, N: int, T: int, C: int = 32, W: int = 4,
     [
         (11, 4, 32, 4, 0, "bfloat16", (3, 10)),  # Qwen3-Next's W, T = 4 (3 speculative tokens), −1 rows
         (19, 2, 64, 4, 0, "float32", (0,)),  # three groups of 8, slots past N
-        (6, 3, 48, 3, 2, "float32", ()),  # a row longer than vLLM allocates: entries past the window carried
+        (6, 3, 48, 3, 2, "float32", ()),  # a row longer than vLLM allocates: its first W − 2 + T written, as vLLM
+        (10, 4, 32, 4, 3, "bfloat16", (2,)),  # a longer row at T = 4: entries from W − 2 + T on left as they were
         (5, 1, 32, 2, 0, "bfloat16", (4,)),  # T = 1: the in-row form is the plain step
         (9, 4, 8192, 4, 0, "bfloat16", (6,)),  # Qwen3-Next's channels: the taps over 2 PSUM banks
     ],

@@ -10,8 +10,9 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
 - [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
   (``[n, 0]`` without it);
 - [N] with ``num_accepted_tokens`` (vLLM's in-row form, ``gdn_ref.conv``): request n's row holds
-  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row written
-  back is entries o + 1 .. o + L − T, then the T tokens. The offset is device data: the row's load is addressed at
+  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row's first
+  W − 2 + T entries are written back as entries o + 1 .. o + W − 2, then the T tokens (vLLM's kernel's state length;
+  a longer row's later entries stay as they were). The offset is device data: the row's load is addressed at
   row · C · L + o (one run-time ``scalar_offset``, "NKI Scalar Values": + and * of scalars, SDK 2.33) and moves
   each partition's run of the row shifted by o (``_shifted_row``), so channel f's entries o .. o + L − T land
   first in its L slots — all the step reads, in one run per partition;
@@ -132,7 +133,7 @@ def gdn_conv_step(
                           in_row=in_row)
                  for s in range(sets)]  # fmt: skip
     live = _live_mask(first_rows, total)
-    shape = (tokens, state_len, width)
+    shape = (tokens, _kept_length(state_len, width, tokens, in_row), width)
     accepted = num_accepted_tokens is not None and not in_row  # the read row from ``request_rows``' second tile
 
     made: dict[int, list[_Slot]] = {}
@@ -417,9 +418,10 @@ class _TileSet:
         self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.in_row = in_row
-        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's L − T + 1 from the
-        # offset on (the rest of its slots: the next channel's entries, unused).
-        self.loaded = state_len - tokens + 1 if in_row else state_len
+        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's W − 1 from the
+        # offset on (of the L − T + 1 loaded; the rest of its slots: the next channel's entries, unused); the windows
+        # kept are those W − 1's last W − 2 ++ the tokens, vLLM's row of W − 2 + T, whatever L.
+        self.loaded = width - 1 if in_row else state_len
         self.first_tap = 0 if in_row else state_len - (width - 1)  # the taps' window in ``windows``
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
@@ -434,7 +436,8 @@ class _TileSet:
         self.result = sbuf((128, outputs, per_part), dtype)
         self.kept = None
         if per_token is not None:
-            self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+            kept_len = _kept_length(state_len, width, tokens, in_row)
+            self.kept = sbuf((128, tokens if per_token else 1, per_part, kept_len), dtype)
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -453,7 +456,8 @@ class _TileSet:
     def store(self, out: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
             for t, row in enumerate(slot.write_rows()):
-                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+                nisa.dma_copy(dst=_pool_view(pool, row, self.kept.shape[3]), src=self.kept[slot.part, t],
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
             if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:  # every request's row, padding's zeros included
                 _store_out(out, self.result, slot)
 
@@ -468,7 +472,8 @@ class _TileSet:
         _keep_windows(self, tokens, state_len, VECTOR)
         for slot in slots:
             for t, row in enumerate(slot.write_rows()):
-                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+                nisa.dma_copy(dst=_pool_view(pool, row, self.kept.shape[3]), src=self.kept[slot.part, t],
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
         per_part = self.inputs.shape[2]
         step = -(-per_part // DRAIN_RUNS)
         runs = [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
@@ -500,6 +505,12 @@ class _TileSet:
 # 11.4 -> 9.7 us, N = 20 16.8 -> 14.0 (PERFORMANCE.md, "Decode speed", item 8).
 DRAIN_RUNS = 8
 DRAIN_SUMMED_ON_VECTOR_EVERY = 3
+
+
+def _kept_length(state_len: int, width: int, tokens: int, in_row: bool) -> int:
+    """The entries of a row a window kept is stored to: the row's L, or in vLLM's in-row form its first W − 2 + T
+    (vLLM's kernel's state length whatever L: ``gdn_ref.conv``)."""
+    return width - 2 + tokens if in_row else state_len
 
 
 def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
@@ -549,12 +560,14 @@ def _skip_if_scalar(n: Any) -> dict[str, Any]:
     return {} if isinstance(n, int) else {"oob_mode": nisa.oob_mode.skip}
 
 
-def _pool_view(pool: Any, row: Any) -> Any:
+def _pool_view(pool: Any, row: Any, length: int | None = None) -> Any:
     """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
-    its L inputs (one contiguous run per partition)."""
+    its L inputs (one contiguous run per partition); with ``length`` < L each channel's first ``length`` only (the
+    in-row form's stores into a row longer than vLLM's W − 2 + T: runs of ``length`` a channel)."""
     _, channels, state_len = pool.shape
     per_part = channels // PARTITIONS_PER_REQUEST
-    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
+    length = state_len if length is None else length
+    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, length]]
     return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
 
 
