@@ -109,7 +109,9 @@ def gdn_conv_step(
                   f"C = {channels} in multiples of C / 16 = {per_part}. Fix: parts of whole partitions, or None")  # fmt: skip
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
-    sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    longer_rows = in_row and state_len > _kept_length(state_len, width, tokens, in_row)  # ``_TileSet.rows_as_read``
+    set_bytes = _set_bytes(x, per_part, tokens, state_len, width, per_token, longer_rows)
+    sets = _tile_sets(groups, max(1, SET_BUDGET // set_bytes))
     trips = -(-groups // sets)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
@@ -258,10 +260,11 @@ def _identity() -> Any:
     return identity
 
 
-def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
-    """SBUF bytes per partition of one ``_TileSet``."""
+def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool,
+               rows_as_read: bool = False) -> int:  # fmt: skip
+    """SBUF bytes per partition of one ``_TileSet`` (``rows_as_read``: with its in-row rows as read)."""
     io = _io_bytes(x.dtype)
-    kept = tokens if per_token else 1
+    kept = tokens + rows_as_read if per_token else 1 + rows_as_read
     return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
 
 
@@ -436,8 +439,15 @@ class _TileSet:
         self.result = sbuf((128, outputs, per_part), dtype)
         self.kept = None
         if per_token is not None:
-            kept_len = _kept_length(state_len, width, tokens, in_row)
-            self.kept = sbuf((128, tokens if per_token else 1, per_part, kept_len), dtype)
+            self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+        # The in-row form on rows longer than vLLM's W − 2 + T: the rows as they are, whose entries from W − 2 + T on
+        # go back unchanged with the kept window (whole rows stored: one run a partition; storing only the first
+        # W − 2 + T, runs of W − 2 + T a channel: 976.6 against 98.6 us at N = 64, T = 4, L = 7; PERFORMANCE.md,
+        # "Conv1d").
+        self.rows_as_read = None
+        if in_row and state_len > _kept_length(state_len, width, tokens, in_row):
+            self.rows_as_read = sbuf((128, per_part, state_len), dtype)
+            nisa.memset(dst=self.rows_as_read, value=0.0, engine=clear)
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -446,6 +456,9 @@ class _TileSet:
             if self.in_row:  # a run of the row's flat entries: the first F·L − (T − 1) of the partition's slots
                 dst = self.windows.reshape((128, -1))[slot.part, 0 : src.shape[1]]
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+            if self.rows_as_read is not None:
+                nisa.dma_copy(dst=self.rows_as_read[slot.part], src=_pool_view(pool, slot.read_row()),
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
             if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
                 nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
 
@@ -456,8 +469,7 @@ class _TileSet:
     def store(self, out: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
             for t, row in enumerate(slot.write_rows()):
-                nisa.dma_copy(dst=_pool_view(pool, row, self.kept.shape[3]), src=self.kept[slot.part, t],
-                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
+                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
             if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:  # every request's row, padding's zeros included
                 _store_out(out, self.result, slot)
 
@@ -472,8 +484,7 @@ class _TileSet:
         _keep_windows(self, tokens, state_len, VECTOR)
         for slot in slots:
             for t, row in enumerate(slot.write_rows()):
-                nisa.dma_copy(dst=_pool_view(pool, row, self.kept.shape[3]), src=self.kept[slot.part, t],
-                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
+                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
         per_part = self.inputs.shape[2]
         step = -(-per_part // DRAIN_RUNS)
         runs = [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
@@ -508,8 +519,8 @@ DRAIN_SUMMED_ON_VECTOR_EVERY = 3
 
 
 def _kept_length(state_len: int, width: int, tokens: int, in_row: bool) -> int:
-    """The entries of a row a window kept is stored to: the row's L, or in vLLM's in-row form its first W − 2 + T
-    (vLLM's kernel's state length whatever L: ``gdn_ref.conv``)."""
+    """The entries of a row the step rewrites: the row's L, or in vLLM's in-row form its first W − 2 + T (vLLM's
+    kernel's state length whatever L: ``gdn_ref.conv``; the rest go back as they were, ``_TileSet.rows_as_read``)."""
     return width - 2 + tokens if in_row else state_len
 
 
@@ -520,7 +531,8 @@ def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
 
 def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SCALAR) -> None:
     """The windows to keep, copied by ``engine``: the window after token t is the series inputs from
-    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens)."""
+    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens), L = ``state_len`` the entries rewritten
+    (``_kept_length``); a longer row's entries past them copied from the row as read (``_TileSet.rows_as_read``)."""
     inputs_by_channel, loaded = _token_last(tiles.inputs), tiles.loaded
     kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
     for i, t in enumerate(kept_tokens):
@@ -531,6 +543,8 @@ def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SC
             _copy(kept[:, :, 0:old], tiles.windows[:, :, start : start + old], engine)
         new = state_len - old
         _copy(kept[:, :, old:state_len], inputs_by_channel[:, :, t + 1 - new : t + 1], engine)
+        if tiles.rows_as_read is not None:
+            _copy(kept[:, :, state_len:], tiles.rows_as_read[:, :, state_len:], engine)
 
 
 def _copy(dst: Any, src: Any, engine: Any) -> None:
@@ -560,14 +574,12 @@ def _skip_if_scalar(n: Any) -> dict[str, Any]:
     return {} if isinstance(n, int) else {"oob_mode": nisa.oob_mode.skip}
 
 
-def _pool_view(pool: Any, row: Any, length: int | None = None) -> Any:
+def _pool_view(pool: Any, row: Any) -> Any:
     """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
-    its L inputs (one contiguous run per partition); with ``length`` < L each channel's first ``length`` only (the
-    in-row form's stores into a row longer than vLLM's W − 2 + T: runs of ``length`` a channel)."""
+    its L inputs (one contiguous run per partition)."""
     _, channels, state_len = pool.shape
     per_part = channels // PARTITIONS_PER_REQUEST
-    length = state_len if length is None else length
-    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, length]]
+    pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
     return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
 
 
