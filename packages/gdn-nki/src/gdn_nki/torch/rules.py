@@ -27,6 +27,7 @@ from ..common.state_layout import kmajor_shape
 from ..conv.step import step_sbuf_violations
 from ..host.buckets import _pool_violations, configured_buckets
 from ..host.pool_layout import layout_violations
+from ..host.pool_span import span_violations
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
     check_states,
@@ -251,7 +252,10 @@ def pool_decode(
     check_tensor(pool_name, pool, ("float32",), any_device=True)
     reject_unwritable_state(pool_name, pool)
     reject_broadcast_state(pool_name, pool)
-    reject_strided_pool(pool_name, pool)
+    reject_strided_pool(pool_name, pool, rows_strided=True)
+    spanned = [] if pool.is_contiguous() else span_violations(pool.shape[0], pool.stride(0), pool_name, STEP)
+    if spanned:
+        raise ContractError(spanned)
     if not fused:
         fused_recurrent.check_gates(v, gates["g"], gates["beta"], any_device=True)
     for arg, x in (("q", q), ("k", k), ("v", v)):

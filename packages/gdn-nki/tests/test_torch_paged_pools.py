@@ -1,0 +1,213 @@
+"""The recurrent decode drop-ins on a pool that is a row-strided view, as vLLM's hybrid cache builds it.
+
+vLLM gives a GDN layer one page per block and views the page as its conv state then its recurrent state
+(vllm-project/vllm 00b08dc4, ``vllm/model_executor/layers/mamba/abstract.py``, ``MambaBase.bind_kv_cache``: the
+page as the row stride, each state's own dense inner strides, a storage offset of the states before it). ``vllm_pages`` builds that layout; each decode drop-in (vLLM's ``fused_recurrent_gated_delta_rule`` and
+``fused_sigmoid_gating_delta_rule_update``, SGLang's) runs on the recurrent view and on a contiguous copy of it:
+the outputs and the pool rows are bit for bit the contiguous call's, and every other byte of the buffer (the
+conv states, the padding, the rows not named) is as it was. The kernel gets the view's span and row stride, not a
+copy (``common.pool_rows``): the device path's launch is recorded, and ``torch.compile`` captures the call with no
+graph break. What the kernels cannot address (a row not dense inside) is still refused, naming the pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'gdn-nki[torch]'; nox -s integration)")
+
+import gdn_nki.torch  # noqa: E402
+from gdn_nki.common import backend  # noqa: E402
+from gdn_nki.torch import device  # noqa: E402
+from torch_device import compile_backend, launch_replaced, skip_on_device  # noqa: E402
+
+P, CONV_ROW, PAD = 7, (24, 3), 5  # pool rows; a conv state's row [C, W - 1]; a page's padding past its states
+
+
+def _dense(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+
+
+def vllm_pages(ssm_row: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the layer's buffer, its conv pool, its recurrent pool) laid out as vLLM's ``MambaSpec`` pages: page b holds
+    conv row b, then recurrent row b, then padding; each pool a view [P, *row] at the page stride."""
+    conv_n = math.prod(CONV_ROW)
+    page = conv_n + math.prod(ssm_row) + PAD
+    raw = torch.randn(P * page, generator=torch.Generator().manual_seed(seed)) * 0.1
+    conv = raw.as_strided((P, *CONV_ROW), (page, *_dense(CONV_ROW)), 0)
+    ssm = raw.as_strided((P, *ssm_row), (page, *_dense(ssm_row)), conv_n)
+    return raw, conv, ssm
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _vllm_decode(hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, v_first: bool) -> Callable[..., Any]:
+    """vLLM's fused_recurrent on a pool: 3 requests, one of them padding (−1)."""
+    n = 3
+    q, k = _randn(1, n, hk, dk, seed=1, dtype=dtype), _randn(1, n, hk, dk, seed=2, dtype=dtype)
+    v = _randn(1, n, hv, dv, seed=3, dtype=dtype)
+    g, beta = -torch.rand(1, n, hv, generator=torch.Generator().manual_seed(4)), torch.full((1, n, hv), 0.5)
+    rows = torch.tensor([4, -1, 1], dtype=torch.int32)
+    return lambda pool: gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.arange(n + 1, dtype=torch.int32),
+        ssm_state_indices=rows, use_qk_l2norm_in_kernel=True, state_v_first=v_first)[0]  # fmt: skip
+
+
+def _vllm_verify(hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, v_first: bool) -> Callable[..., Any]:
+    """vLLM's speculative verification: [N, T] rows (a padding request), num_accepted_tokens."""
+    n, t = 3, 2
+    q, k = _randn(1, n * t, hk, dk, seed=5, dtype=dtype), _randn(1, n * t, hk, dk, seed=6, dtype=dtype)
+    v = _randn(1, n * t, hv, dv, seed=7, dtype=dtype)
+    g, beta = -torch.rand(1, n * t, hv, generator=torch.Generator().manual_seed(8)), torch.full((1, n * t, hv), 0.4)
+    rows = torch.tensor([[6, 2], [-1, -1], [0, 3]], dtype=torch.int32)
+    accepted = torch.tensor([2, 1, 1], dtype=torch.int32)
+    return lambda pool: gdn_nki.torch.vllm_fused_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=pool, cu_seqlens=torch.arange(0, n * t + 1, t, dtype=torch.int32),
+        ssm_state_indices=rows, num_accepted_tokens=accepted, use_qk_l2norm_in_kernel=True,
+        state_v_first=v_first)[0]  # fmt: skip
+
+
+def _sglang(hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, v_first: bool) -> Callable[..., Any]:
+    """SGLang's fused_sigmoid_gating_delta_rule_update: 3 requests, one padding."""
+    n = 3
+    q, k = _randn(1, n, hk, dk, seed=9, dtype=dtype), _randn(1, n, hk, dk, seed=10, dtype=dtype)
+    v, a, b = _randn(1, n, hv, dv, seed=11, dtype=dtype), _randn(n, hv, seed=12), _randn(n, hv, seed=13)
+    a_log, dt_bias = torch.rand(hv, generator=torch.Generator().manual_seed(14)).log(), _randn(hv, seed=15)
+    rows = torch.tensor([5, -1, 2], dtype=torch.int32)
+    return lambda pool: gdn_nki.torch.fused_sigmoid_gating_delta_rule_update(
+        a_log, a, dt_bias, 1.0, 20.0, q, k, v, b, pool, rows, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.arange(n + 1, dtype=torch.int32), state_v_first=v_first)  # fmt: skip
+
+
+def _vllm_sigmoid(hk: int, hv: int, dk: int, dv: int, dtype: torch.dtype, v_first: bool) -> Callable[..., Any]:
+    """vLLM's fused_sigmoid_gating_delta_rule_update (its pool V-major, always)."""
+    n = 2
+    q, k = _randn(1, n, hk, dk, seed=16, dtype=dtype), _randn(1, n, hk, dk, seed=17, dtype=dtype)
+    v, a, b = _randn(1, n, hv, dv, seed=18, dtype=dtype), _randn(n, hv, seed=19), _randn(n, hv, seed=20)
+    a_log, dt_bias = torch.rand(hv, generator=torch.Generator().manual_seed(21)).log(), _randn(hv, seed=22)
+    rows = torch.tensor([3, 0], dtype=torch.int32)
+    return lambda pool: gdn_nki.torch.vllm_fused_sigmoid_gating_delta_rule_update(
+        a_log, a, b, dt_bias, q, k, v, initial_state=pool, cu_seqlens=torch.arange(n + 1, dtype=torch.int32),
+        ssm_state_indices=rows, use_qk_l2norm_in_kernel=True)[0]  # fmt: skip
+
+
+CASES = {  # name -> (call maker, (Hk, Hv, Dk, Dv), io dtype, V-major pool)
+    "vllm decode": (_vllm_decode, (2, 4, 32, 16), torch.float32, False),
+    "vllm decode V-major bf16": (_vllm_decode, (2, 4, 16, 32), torch.bfloat16, True),
+    "vllm decode two state tiles": (_vllm_decode, (2, 8, 128, 128), torch.float32, False),
+    "vllm verify [N, T] rows": (_vllm_verify, (1, 2, 32, 32), torch.float32, False),
+    "vllm verify V-major bf16": (_vllm_verify, (2, 4, 32, 16), torch.bfloat16, True),
+    "sglang V-major": (_sglang, (2, 4, 32, 16), torch.float32, True),
+    "sglang K-major bf16": (_sglang, (2, 4, 16, 32), torch.bfloat16, False),
+    "vllm fused sigmoid": (_vllm_sigmoid, (2, 4, 32, 16), torch.float32, True),
+}
+
+
+def _ssm_row(case: str) -> tuple[int, int, int]:
+    _, (_, hv, dk, dv), _, v_first = CASES[case]
+    return (hv, dv, dk) if v_first else (hv, dk, dv)
+
+
+def _expected_buffer(raw: torch.Tensor, ssm: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """``raw`` with only ``ssm``'s rows replaced by ``pool``'s: what a call may change, and nothing else."""
+    want = raw.clone()
+    want.as_strided(ssm.shape, ssm.stride(), ssm.storage_offset()).copy_(pool)
+    return want
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_decode_drop_in_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte(case: str) -> None:
+    make, heads, dtype, v_first = CASES[case]
+    call = make(*heads, dtype, v_first)
+    raw, _, ssm = vllm_pages(_ssm_row(case), seed=len(case))
+    assert not ssm.is_contiguous() and ssm.stride(0) > math.prod(ssm.shape[1:])
+    dense = ssm.clone()
+    want_o = call(dense)
+    before = raw.clone()
+    got_o = call(ssm)
+    assert torch.equal(got_o, want_o)
+    assert torch.equal(ssm, dense)
+    assert torch.equal(raw, _expected_buffer(before, ssm, dense))  # conv rows, padding, rows not named: as they were
+    old = before.as_strided(ssm.shape, ssm.stride(), ssm.storage_offset())
+    changed = [r for r in range(P) if not torch.equal(dense[r], old[r])]
+    assert 0 < len(changed) < P, changed  # the call wrote rows, and left rows it does not name
+
+
+def _recorder(calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Callable[..., Any]:
+    """A launch that records what reaches the kernel and runs it in nki-cpu (the pool written in place)."""
+
+    def launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return backend.simulate(kernel)(*args, **kwargs)
+
+    return launch
+
+
+@pytest.mark.parametrize("v_first", [False, True])
+def test_the_device_path_hands_the_kernel_the_views_span_and_gives_the_cpu_paths_bits(v_first: bool) -> None:
+    """``torch/device.py``: the kernel's pool argument is the view's span — 1-D, the same storage from the view's
+    first element, no copy — with ``state_row_stride`` the page; run by nki-cpu it gives the CPU path's bits."""
+    skip_on_device("the launch is run by nki-cpu on CPU tensors")
+    case = "vllm verify V-major bf16" if v_first else "vllm verify [N, T] rows"
+    make, heads, dtype, _ = CASES[case]
+    raw, _, ssm = vllm_pages(_ssm_row(case), seed=30)
+    dense = ssm.clone()
+    want_o = make(*heads, dtype, v_first)(dense)
+    hk, hv, dk, dv = heads
+    n, t = 3, 2
+    q, k = _randn(1, n * t, hk, dk, seed=5, dtype=dtype), _randn(1, n * t, hk, dk, seed=6, dtype=dtype)
+    v = _randn(1, n * t, hv, dv, seed=7, dtype=dtype)
+    g, beta = -torch.rand(1, n * t, hv, generator=torch.Generator().manual_seed(8)), torch.full((1, n * t, hv), 0.4)
+    rows = torch.tensor([[6, 2], [-1, -1], [0, 3]], dtype=torch.int32)
+    before, calls = raw.clone(), []
+    with launch_replaced(_recorder(calls)):
+        o = device.vllm_fused_recurrent(q, k, v, g, beta, ssm, rows, torch.arange(0, n * t + 1, t, dtype=torch.int32),
+                                        torch.tensor([2, 1, 1], dtype=torch.int32), None, True, v_first)  # fmt: skip
+    ((args, kwargs),) = calls
+    span = args[3]
+    assert span.dim() == 1 and span.stride() == (1,) and kwargs["state_row_stride"] == ssm.stride(0)
+    assert span.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr()
+    assert span.storage_offset() == ssm.storage_offset()
+    assert span.numel() == (P - 1) * ssm.stride(0) + math.prod(ssm.shape[1:])
+    assert torch.equal(o, want_o) and torch.equal(ssm, dense)
+    assert torch.equal(raw, _expected_buffer(before, ssm, dense))
+
+
+def test_a_dense_pool_reaches_the_kernel_as_it_did() -> None:
+    """A contiguous pool is the kernel's argument itself, no ``state_row_stride``: its launch keeps its keywords."""
+    skip_on_device("the launch is run by nki-cpu on CPU tensors")
+    _, (hk, hv, dk, dv), _, _ = CASES["vllm decode"]
+    pool = _randn(P, hv, dk, dv, seed=31) * 0.1
+    q, k, v = _randn(1, 2, hk, dk, seed=32), _randn(1, 2, hk, dk, seed=33), _randn(1, 2, hv, dv, seed=34)
+    g, beta = -torch.rand(1, 2, hv, generator=torch.Generator().manual_seed(35)), torch.full((1, 2, hv), 0.5)
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    with launch_replaced(_recorder(calls)):
+        device.vllm_fused_recurrent(q, k, v, g, beta, pool, torch.tensor([1, 5], dtype=torch.int32),
+                                    torch.arange(3, dtype=torch.int32), None, None, True)  # fmt: skip
+    ((args, kwargs),) = calls
+    assert args[3] is pool and "state_row_stride" not in kwargs
+
+
+@pytest.mark.parametrize("case", ["vllm decode", "sglang V-major"])
+def test_compiled_on_vllms_pages_has_no_graph_break_and_gives_eagers_bits(case: str) -> None:
+    """``torch.compile`` captures the call on the view whole (the op declares the pool mutated; functionalization
+    writes it back through the view): eager's outputs and buffer, bit for bit."""
+    make, heads, dtype, v_first = CASES[case]
+    call = make(*heads, dtype, v_first)
+    raw, _, ssm = vllm_pages(_ssm_row(case), seed=40)
+    eager_raw = raw.clone()
+    eager_ssm = eager_raw.as_strided(ssm.shape, ssm.stride(), ssm.storage_offset())
+    want_o = call(eager_ssm)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(call)(raw.clone().as_strided(ssm.shape, ssm.stride(), ssm.storage_offset()))
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+    torch._dynamo.reset()
+    got_o = torch.compile(call, backend=compile_backend(), fullgraph=True)(ssm)
+    assert torch.equal(got_o, want_o)
+    assert torch.equal(raw, eager_raw)  # the pool rows as eager wrote them, every other byte as it was
