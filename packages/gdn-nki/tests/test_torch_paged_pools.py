@@ -22,10 +22,11 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import gdn_nki.torch  # noqa: E402
 from gdn_nki.common import backend  # noqa: E402
-from gdn_nki.torch import device  # noqa: E402
+from gdn_nki.torch import conv_device, device  # noqa: E402
+from gdn_ref.contract import ContractError  # noqa: E402
 from torch_device import compile_backend, launch_replaced, skip_on_device  # noqa: E402
 
-P, CONV_ROW, PAD = 7, (24, 3), 5  # pool rows; a conv state's row [C, W - 1]; a page's padding past its states
+P, CONV_ROW, PAD = 7, (32, 3), 5  # pool rows; a conv state's row [C, W - 1]; a page's padding past its states
 
 
 def _dense(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -211,3 +212,137 @@ def test_compiled_on_vllms_pages_has_no_graph_break_and_gives_eagers_bits(case: 
     got_o = torch.compile(call, backend=compile_backend(), fullgraph=True)(ssm)
     assert torch.equal(got_o, want_o)
     assert torch.equal(raw, eager_raw)  # the pool rows as eager wrote them, every other byte as it was
+
+
+# --- the conv decode drop-in on the conv pool of the same pages ----------------------------------------------------
+
+C, L = CONV_ROW
+
+
+def _conv_update(form: str, dtype: torch.dtype) -> Callable[..., Any]:
+    """vLLM's causal_conv1d_update on a pool: a decode with a padding row, [N, T] rows, or vLLM's in-row form
+    (``num_accepted_tokens`` with [N] rows: the window read from an offset in the row)."""
+    gen = torch.Generator().manual_seed(50)
+    weight, bias = torch.randn(C, L + 1 - (form == "in-row"), generator=gen), torch.randn(C, generator=gen)
+    if form == "decode":
+        x, rows, accepted = torch.randn(3, C, generator=gen), torch.tensor([4, -1, 1], dtype=torch.int32), None
+    elif form == "[N, T] rows":
+        x, rows = torch.randn(2, C, 2, generator=gen), torch.tensor([[6, 2], [0, 3]], dtype=torch.int32)
+        accepted = torch.tensor([2, 1], dtype=torch.int32)
+    else:
+        x, rows = torch.randn(2, C, 2, generator=gen), torch.tensor([5, 2], dtype=torch.int32)
+        accepted = torch.tensor([2, 1], dtype=torch.int32)
+    x = x.to(dtype)
+    return lambda pool: gdn_nki.torch.causal_conv1d_update(x, pool, weight, bias, "silu", rows, accepted)
+
+
+@pytest.mark.parametrize("form", ["decode", "[N, T] rows", "in-row"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_conv_update_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte(
+    form: str, dtype: torch.dtype
+) -> None:
+    """vLLM's conv pool laid out dim-first (``VLLM_SSM_CONV_STATE_LAYOUT=DS``: each row a dense [C, L])."""
+    call = _conv_update(form, dtype)
+    raw, conv, _ = vllm_pages((2, 8, 8), seed=51)
+    raw = raw.to(dtype)  # the whole page in the conv's dtype (vLLM's conv state is the model's dtype)
+    conv = raw.as_strided(conv.shape, conv.stride(), conv.storage_offset())
+    dense = conv.clone()
+    want = call(dense)
+    before = raw.clone()
+    got = call(conv)
+    assert torch.equal(got, want) and torch.equal(conv, dense)
+    assert torch.equal(raw, _expected_buffer(before, conv, dense))
+    old = before.as_strided(conv.shape, conv.stride(), conv.storage_offset())
+    assert 0 < len([r for r in range(P) if not torch.equal(dense[r], old[r])]) < P
+
+
+def test_the_conv_update_refuses_vllms_default_state_len_first_pool_by_name() -> None:
+    """vLLM's default conv layout ("SD") stores a row [L, C] and its GDN layer hands the kernels the transposed view
+    [P, C, L] (channels unit-stride): not a row of dense [C, L], so refused naming ``conv_state``, nothing written."""
+    conv_n = C * L
+    page = conv_n + PAD
+    raw = torch.randn(P * page)
+    conv = raw.as_strided((P, L, C), (page, C, 1)).transpose(-1, -2)
+    before = raw.clone()
+    with pytest.raises(ContractError, match=r"`conv_state`.*each row dense"):
+        _conv_update("decode", torch.float32)(conv)
+    assert torch.equal(raw, before)
+
+
+def test_the_conv_devices_path_hands_the_kernel_the_views_span() -> None:
+    skip_on_device("the launch is run by nki-cpu on CPU tensors")
+    call = _conv_update("in-row", torch.float32)
+    raw, conv, _ = vllm_pages((2, 8, 8), seed=52)
+    dense = conv.clone()
+    want = call(dense)
+    gen = torch.Generator().manual_seed(50)
+    weight, bias = torch.randn(C, L, generator=gen), torch.randn(C, generator=gen)
+    x = torch.randn(2, C, 2, generator=gen).transpose(1, 2).contiguous()
+    before, calls = raw.clone(), []
+    with launch_replaced(_recorder(calls)):
+        out = conv_device.causal_conv1d_update(x, conv, weight, bias, torch.tensor([5, 2], dtype=torch.int32), "silu",
+                                               torch.tensor([2, 1], dtype=torch.int32))  # fmt: skip
+    ((args, kwargs),) = calls
+    assert args[1].dim() == 1 and args[1].storage_offset() == conv.storage_offset()
+    assert kwargs == {"state_row_stride": conv.stride(0), "state_len": L}
+    assert torch.equal(out.transpose(1, 2), want) and torch.equal(conv, dense)
+    assert torch.equal(raw, _expected_buffer(before, conv, dense))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_conv_prefill_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte(
+    dtype: torch.dtype,
+) -> None:
+    """vLLM's causal_conv1d_fn on the dim-first conv pool: three packed sequences, one from its stored window, one
+    padding (−1: nothing read or stored), one starting empty."""
+    gen = torch.Generator().manual_seed(60)
+    x, weight = torch.randn(C, 12, generator=gen).to(dtype), torch.randn(C, L + 1, generator=gen)
+    starts, rows = torch.tensor([0, 4, 9, 12], dtype=torch.int32), torch.tensor([4, -1, 1], dtype=torch.int32)
+    initial = torch.tensor([True, False, False])
+
+    def call(pool: torch.Tensor) -> torch.Tensor:
+        return gdn_nki.torch.causal_conv1d_fn(x, weight, None, pool, starts, rows, initial, "silu")
+
+    raw, conv, _ = vllm_pages((2, 8, 8), seed=61)
+    raw = raw.to(dtype)
+    conv = raw.as_strided(conv.shape, conv.stride(), conv.storage_offset())
+    dense = conv.clone()
+    want = call(dense)
+    before = raw.clone()
+    got = call(conv)
+    assert torch.equal(got, want) and torch.equal(conv, dense)
+    assert torch.equal(raw, _expected_buffer(before, conv, dense))
+    old = before.as_strided(conv.shape, conv.stride(), conv.storage_offset())
+    assert [r for r in range(P) if not torch.equal(dense[r], old[r])] == [1, 4]
+
+
+def test_the_conv_prefills_device_path_hands_the_kernel_the_views_span() -> None:
+    skip_on_device("the launch is run by nki-cpu on CPU tensors")
+    gen = torch.Generator().manual_seed(62)
+    x, weight = torch.randn(C, 9, generator=gen), torch.randn(C, L + 1, generator=gen)
+    starts, rows = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([4, 1], dtype=torch.int32)
+    raw, conv, _ = vllm_pages((2, 8, 8), seed=63)
+    dense = conv.clone()
+    want = gdn_nki.torch.causal_conv1d_fn(x, weight, None, dense, starts, rows, torch.tensor([True, False]), "silu")
+    before, calls = raw.clone(), []
+    with launch_replaced(_recorder(calls)):
+        out = conv_device.causal_conv1d_fn(x.t().contiguous(), conv, weight, None, starts, rows,
+                                           torch.tensor([4, -1], dtype=torch.int32), "silu", 0, None, None)  # fmt: skip
+    ((args, kwargs),) = calls
+    assert args[1].dim() == 1 and args[1].storage_offset() == conv.storage_offset()
+    assert kwargs["state_row_stride"] == conv.stride(0) and kwargs["state_len"] == L
+    assert torch.equal(out.t(), want) and torch.equal(conv, dense)
+    assert torch.equal(raw, _expected_buffer(before, conv, dense))
+
+
+def test_the_compiled_conv_update_on_vllms_pages_has_no_graph_break_and_gives_eagers_bits() -> None:
+    call = _conv_update("in-row", torch.float32)
+    raw, conv, _ = vllm_pages((2, 8, 8), seed=70)
+    eager_raw = raw.clone()
+    want = call(eager_raw.as_strided(conv.shape, conv.stride(), conv.storage_offset()))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(call)(raw.clone().as_strided(conv.shape, conv.stride(), conv.storage_offset()))
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+    torch._dynamo.reset()
+    got = torch.compile(call, backend=compile_backend(), fullgraph=True)(conv)
+    assert torch.equal(got, want) and torch.equal(raw, eager_raw)

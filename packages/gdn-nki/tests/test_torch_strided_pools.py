@@ -1,8 +1,8 @@
 """One rule for a pool updated in place, shared by every drop-in that takes one (review holes49 item 4): what its
 kernel cannot address in place is refused, as no staged copy of a pool is made (on a device the pool is the
-kernel's own argument). The decode drop-ins' kernel addresses rows at their own stride (vLLM's hybrid cache,
-``test_torch_paged_pools``), so they refuse only a pool whose rows are not dense inside; the chunk and conv
-drop-ins, whose kernels address rows at the dense strides, refuse any strided view. Either way the same
+kernel's own argument). The decode and conv drop-ins' kernels address rows at their own stride (vLLM's hybrid
+cache, ``test_torch_paged_pools``), so they refuse only a pool whose rows are not dense inside; the chunk drop-in,
+whose bucket kernel addresses rows at the dense strides, refuses any strided view. Either way the same
 ``ContractError`` — naming the pool argument, its strides, the rule and the fix — from the drop-in and from the
 ops' trace-time rules (the fake and device paths), with the buffer unchanged."""
 
@@ -80,12 +80,12 @@ def _conv_fn(pool: torch.Tensor) -> Callable[[], Any]:
 
 DROP_INS = {  # name -> (the call on a pool, the pool's own [P, ...] values, the argument the rejection names)
     "chunk_gated_delta_rule": (_chunk, (P, 2, 16, 16), "initial_state"),
-    "causal_conv1d_update": (_conv_update, (P, C, W - 1), "conv_state"),
-    "causal_conv1d_fn": (_conv_fn, (P, C, W - 1), "conv_states"),
 }
 ROW_STRIDED = {  # the decode drop-ins: rows at their own stride are addressed, rows not dense inside are not
     "vllm fused_recurrent_gated_delta_rule": (_vllm_decode, (P, 4, 32, 16), "initial_state"),
     "fused_sigmoid_gating_delta_rule_update": (_sglang_decode, (P, 4, 32, 16), "initial_state_source"),
+    "causal_conv1d_update": (_conv_update, (P, C, W - 1), "conv_state"),
+    "causal_conv1d_fn": (_conv_fn, (P, C, W - 1), "conv_states"),
 }
 
 
@@ -127,18 +127,24 @@ def test_every_drop_in_refuses_a_row_strided_pool_alike(name: str) -> None:
     assert torch.equal(pool, before)
 
 
-def test_the_ops_trace_time_rules_refuse_it_too() -> None:
-    """The fake and device paths' rules (no CPU host path runs there): the same rejections."""
-    pool = _row_strided(np.zeros((P, C, W - 1), np.float32))
+def test_the_ops_trace_time_rules_refuse_what_the_kernels_cannot_address() -> None:
+    """The fake and device paths' rules (no CPU host path runs there): the same rejections, and rows at their own
+    stride pass them."""
+    inner, pool = (f(np.zeros((P, C, W - 1), np.float32)) for f in (_inner_strided, _row_strided))
     x, weight = torch.zeros(2, 1, C), torch.zeros(C, W)
-    with pytest.raises(ContractError, match=r"`conv_state`.*must be contiguous"):
-        rules.conv_step(x, pool, weight, None, torch.tensor([4, 1], dtype=torch.int32), "silu")
-    with pytest.raises(ContractError, match=r"`conv_states`.*must be contiguous"):
-        rules.conv_prefill(torch.zeros(9, C), pool, weight, None, torch.tensor([0, 4, 9], dtype=torch.int32),
-                           torch.tensor([4, 1], dtype=torch.int32), torch.tensor([-1, -1], dtype=torch.int32), "silu")  # fmt: skip
+    rows = torch.tensor([4, 1], dtype=torch.int32)
+    with pytest.raises(ContractError, match=r"`conv_state`.*each row dense"):
+        rules.conv_step(x, inner, weight, None, rows, "silu")
+    rules.conv_step(x, pool, weight, None, rows, "silu")
+    prefill = (torch.zeros(9, C), weight, None, torch.tensor([0, 4, 9], dtype=torch.int32), rows,
+               torch.tensor([-1, -1], dtype=torch.int32), "silu")  # fmt: skip
+    with pytest.raises(ContractError, match=r"`conv_states`.*each row dense"):
+        rules.conv_prefill(prefill[0], inner, *prefill[1:])
+    rules.conv_prefill(prefill[0], pool, *prefill[1:])
     x = step_inputs(2, "float32", N=2, T=1, P=P)
     flat = [_t(a.reshape(1, 2, *a.shape[2:])) for a in (x.query, x.key, x.value, x.g_log, x.beta)]
+    decode = (torch.tensor([4, 1], dtype=torch.int32), torch.tensor([0, 1, 2]), None, None, False,
+              {"g": flat[3], "beta": flat[4]})  # fmt: skip
     with pytest.raises(ContractError, match=r"`initial_state`.*each row dense"):
-        rules.pool_decode(*flat[:3], _inner_strided(np.zeros((P, 4, 32, 16), np.float32)),
-                          torch.tensor([4, 1], dtype=torch.int32), torch.tensor([0, 1, 2]), None, None, False,
-                          {"g": flat[3], "beta": flat[4]})  # fmt: skip
+        rules.pool_decode(*flat[:3], _inner_strided(np.zeros((P, 4, 32, 16), np.float32)), *decode)
+    rules.pool_decode(*flat[:3], _row_strided(np.zeros((P, 4, 32, 16), np.float32)), *decode)

@@ -21,6 +21,7 @@ read the pool's [P, *row] view (``pool_view``, a trace-time access pattern: no d
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from .kernel_assert import kernel_assert
@@ -31,6 +32,8 @@ def pool_view(pool: Any, row_stride: int | None, row_shape: tuple[int, ...]) -> 
     pool's view over its span (``pool`` 1-D, rows ``row_stride`` elements apart, each row dense)."""
     if row_stride is None:
         return pool
+    kernel_assert(all(isinstance(n, int) for n in row_shape), f"a strided pool's row shape must be given, got "
+                  f"{row_shape}")  # fmt: skip
     row = math.prod(row_shape)
     span = pool.shape[0] if len(pool.shape) == 1 else -1
     kernel_assert(span >= row and row_stride >= row and (span - row) % row_stride == 0,
@@ -47,3 +50,32 @@ def pool_view(pool: Any, row_stride: int | None, row_shape: tuple[int, ...]) -> 
 def row_offset(row: Any, row_stride: int) -> Any:
     """Where row ``row`` (a trace-time int or a run-time ``NkiScalar``) of a strided pool starts in its span."""
     return row * row_stride
+
+
+@dataclass(frozen=True)
+class PoolRows:
+    """A pool argument as a kernel addresses its rows at run-time offsets: ``tensor`` the argument (the pool, or a
+    strided pool's span), ``view`` its [P, *row] view (shapes and rules), ``row_stride`` None for a dense pool."""
+
+    tensor: Any
+    view: Any
+    row_stride: int | None = None
+
+    @classmethod
+    def of(cls, pool: Any, row_stride: int | None, row_shape: tuple[int, ...]) -> PoolRows:
+        return cls(pool, pool_view(pool, row_stride, row_shape), row_stride)
+
+    def row(self, row: Any, pattern: list[list[int]], offset: int = 0) -> Any:
+        """``pattern`` at ``offset`` within row ``row`` (a run-time scalar): a dense pool's row is the
+        ``scalar_offset`` of dim 0; a span's starts at row · stride."""
+        start = row if self.row_stride is None else row_offset(row, self.row_stride)
+        return self.tensor.ap(pattern=pattern, offset=offset, scalar_offset=start, indirect_dim=0)
+
+    def row_start(self, row: Any) -> Any:
+        """Where row ``row`` starts, in elements of the argument."""
+        return row_offset(row, math.prod(self.view.shape[1:]) if self.row_stride is None else self.row_stride)
+
+    def at(self, start: Any, pattern: list[list[int]]) -> Any:
+        """``pattern`` from element ``start`` (a run-time scalar) of the argument: the ``scalar_offset`` of its last
+        dim, whose stride is one element."""
+        return self.tensor.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=len(self.tensor.shape) - 1)

@@ -48,8 +48,8 @@ def numpy_span(pool: np.ndarray) -> tuple[np.ndarray, int | None]:
     """``pool`` as a kernel takes it: itself when C-contiguous, else (when its rows are addressable,
     ``strided_rows``) its 1-D span over the same memory and the row stride. Any other layout is returned as it is
     (nki-cpu stages it: the torch drop-ins refuse such a pool first)."""
-    if pool.flags.c_contiguous or pool.size == 0:
-        return pool, None
+    if not isinstance(pool, np.ndarray) or pool.ndim < 2 or pool.flags.c_contiguous or pool.size == 0:
+        return pool, None  # not a pool the rules accept (they name it), or addressed as it is
     itemsize = pool.dtype.itemsize
     stride = strided_rows(pool.shape, tuple(s // itemsize for s in pool.strides))
     if stride is None or any(s % itemsize for s in pool.strides):
