@@ -24,6 +24,7 @@ import gdn_nki.torch  # noqa: E402
 from gdn_nki.common import backend  # noqa: E402
 from gdn_nki.torch import conv_device, device  # noqa: E402
 from gdn_ref.contract import ContractError  # noqa: E402
+from test_torch_ops import HV, K, V, prefill_pool_call  # noqa: E402
 from torch_device import compile_backend, launch_replaced, skip_on_device  # noqa: E402
 
 P, CONV_ROW, PAD = 7, (32, 3), 5  # pool rows; a conv state's row [C, W - 1]; a page's padding past its states
@@ -33,14 +34,14 @@ def _dense(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
-def vllm_pages(ssm_row: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def vllm_pages(ssm_row: tuple[int, ...], seed: int, rows: int = P) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the layer's buffer, its conv pool, its recurrent pool) laid out as vLLM's ``MambaSpec`` pages: page b holds
-    conv row b, then recurrent row b, then padding; each pool a view [P, *row] at the page stride."""
+    conv row b, then recurrent row b, then padding; each pool a view [rows, *row] at the page stride."""
     conv_n = math.prod(CONV_ROW)
     page = conv_n + math.prod(ssm_row) + PAD
-    raw = torch.randn(P * page, generator=torch.Generator().manual_seed(seed)) * 0.1
-    conv = raw.as_strided((P, *CONV_ROW), (page, *_dense(CONV_ROW)), 0)
-    ssm = raw.as_strided((P, *ssm_row), (page, *_dense(ssm_row)), conv_n)
+    raw = torch.randn(rows * page, generator=torch.Generator().manual_seed(seed)) * 0.1
+    conv = raw.as_strided((rows, *CONV_ROW), (page, *_dense(CONV_ROW)), 0)
+    ssm = raw.as_strided((rows, *ssm_row), (page, *_dense(ssm_row)), conv_n)
     return raw, conv, ssm
 
 
@@ -346,3 +347,47 @@ def test_the_compiled_conv_update_on_vllms_pages_has_no_graph_break_and_gives_ea
     torch._dynamo.reset()
     got = torch.compile(call, backend=compile_backend(), fullgraph=True)(conv)
     assert torch.equal(got, want) and torch.equal(raw, eager_raw)
+
+
+# --- the chunk prefill on a pool of the same pages ----------------------------------------------------------------
+
+
+def _prefill_pool_call(pool: torch.Tensor) -> dict[str, Any]:
+    """``test_torch_ops``' bucketed prefill on a pool (a −1 row, a prefix-cache read row, a checkpoint) on ``pool``."""
+    call = prefill_pool_call()
+    call["initial_state"] = pool
+    return call
+
+
+def test_the_chunk_prefill_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte() -> None:
+    """The CPU path (``host.buckets`` stages the rows it writes, commits them through the caller's view)."""
+    raw, _, ssm = vllm_pages((HV, K, V), seed=80, rows=12)
+    dense = ssm.clone()
+    want_o, _ = gdn_nki.torch.chunk_gated_delta_rule(**_prefill_pool_call(dense))
+    before = raw.clone()
+    got_o, got_pool = gdn_nki.torch.chunk_gated_delta_rule(**_prefill_pool_call(ssm))
+    assert got_pool is ssm and torch.equal(got_o, want_o) and torch.equal(ssm, dense)
+    assert torch.equal(raw, _expected_buffer(before, ssm, dense))
+    old = before.as_strided(ssm.shape, ssm.stride(), ssm.storage_offset())
+    assert [r for r in range(12) if not torch.equal(dense[r], old[r])] == [5]  # the checkpoint lies past 37 tokens
+
+
+def test_the_chunk_prefills_device_path_hands_the_bucket_kernel_the_views_span() -> None:
+    skip_on_device("the launch is run by nki-cpu on CPU tensors")
+    raw, _, ssm = vllm_pages((HV, K, V), seed=81, rows=12)
+    dense = ssm.clone()
+    want_o, _ = gdn_nki.torch.chunk_gated_delta_rule(**_prefill_pool_call(dense))
+    args = _prefill_pool_call(ssm)
+    before, calls = raw.clone(), []
+    with launch_replaced(_recorder(calls)):
+        o = device.chunk_pool(
+            args["q"], args["k"], args["v"], args["g"], args["beta"], ssm, args["state_indices"], None, None,
+            args["cu_seqlens"], args["checkpoint_indices"], args["read_indices"], None, False, False, False, "schur",
+            8, [256, 4], 128,
+        )  # fmt: skip
+    ((launched, kwargs),) = calls
+    span = launched[7]
+    assert span.dim() == 1 and span.storage_offset() == ssm.storage_offset()
+    assert kwargs["state_row_stride"] == ssm.stride(0)
+    assert torch.equal(o, want_o) and torch.equal(ssm, dense)
+    assert torch.equal(raw, _expected_buffer(before, ssm, dense))

@@ -79,3 +79,8 @@ class PoolRows:
         """``pattern`` from element ``start`` (a run-time scalar) of the argument: the ``scalar_offset`` of its last
         dim, whose stride is one element."""
         return self.tensor.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=len(self.tensor.shape) - 1)
+
+
+def as_pool_rows(pool: Any) -> PoolRows:
+    """``pool`` as its ``PoolRows``: itself, or a dense pool tensor's."""
+    return pool if isinstance(pool, PoolRows) else PoolRows(pool, pool)

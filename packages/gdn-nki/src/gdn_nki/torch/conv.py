@@ -69,7 +69,7 @@ def causal_conv1d_update_op(
     in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
-    reject_strided_pool("conv_state", conv_state, rows_strided=True)  # the kernel updates the pool itself
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
@@ -180,7 +180,7 @@ def causal_conv1d_fn_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
                                             checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
-    reject_strided_pool("conv_states", conv_states, rows_strided=True)  # the kernel updates the pool itself
+    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_states), as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,

@@ -124,10 +124,11 @@ def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Te
         extra["read_indices"] = _slots(reads, slots)
     if state_v_first:  # a K-major launch keeps its keywords as they were
         extra["state_v_first"] = True
+    span, strided = pool_span(pool)  # a row-strided pool: its span, no copy (``common.pool_rows``)
     out, _ = launch(
         gdn_cte_bucket, *(layout.pack(x) for x in (q, k, v, g, beta)), layout.chunk_bounds(slots),
-        _slots(rows, slots), pool, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
-        mask_pack=mask_pack(q.device, algorithm), group_size=group_size, **extra,
+        _slots(rows, slots), span, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
+        mask_pack=mask_pack(q.device, algorithm), group_size=group_size, **extra, **strided,
     )  # fmt: skip
     return layout.unpack(out, batch, seq_len)
 

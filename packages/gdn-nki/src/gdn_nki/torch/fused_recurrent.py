@@ -190,7 +190,7 @@ def vllm_fused_recurrent_gated_delta_rule(
     indices = _indices("ssm_state_indices", ssm_state_indices)
     check_rows_per_token(indices.shape, tokens)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
-    reject_strided_pool("initial_state", initial_state, rows_strided=True)  # vLLM's pages
+    reject_strided_pool("initial_state", initial_state)  # vLLM's pages
     pool = pool_buffer("initial_state", initial_state)  # the pool itself, never a staged copy
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES, v_first=state_v_first)
     out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, step)
@@ -248,7 +248,7 @@ def fused_sigmoid_gating_delta_rule_update(
     heads = {name: _fp32(name, x) for name, x in (("A_log", A_log), ("dt_bias", dt_bias))}
     indices = _indices("initial_state_indices", initial_state_indices)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
-    reject_strided_pool("initial_state_source", initial_state_source, rows_strided=True)  # vLLM's pages
+    reject_strided_pool("initial_state_source", initial_state_source)  # vLLM's pages
     pool = pool_buffer("initial_state_source", initial_state_source)  # the pool itself, never a staged copy
     layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts, state_v_first)

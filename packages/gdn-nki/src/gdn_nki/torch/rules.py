@@ -259,7 +259,7 @@ def pool_decode(
     check_tensor(pool_name, pool, ("float32",), any_device=True)
     reject_unwritable_state(pool_name, pool)
     reject_broadcast_state(pool_name, pool)
-    reject_strided_pool(pool_name, pool, rows_strided=True)
+    reject_strided_pool(pool_name, pool)
     reject_long_span(pool_name, pool, STEP)
     if not fused:
         fused_recurrent.check_gates(v, gates["g"], gates["beta"], any_device=True)
@@ -343,7 +343,7 @@ def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activa
     stand-ins of the op's operands (x [N, T, C], rows [N] or [N, T] int32, accepted None or [N]; the row and
     accepted-count values are trusted); the pool's rows dense, at their own stride (``reject_strided_pool``)."""
     if conv_state.dim() == 3:
-        reject_strided_pool("conv_state", conv_state, rows_strided=True)
+        reject_strided_pool("conv_state", conv_state)
         reject_long_span("conv_state", conv_state, CONV_STEP)
     found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), like(accepted),
                                  activation)  # fmt: skip
@@ -366,7 +366,7 @@ def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: A
     tokens, channels = int(x.shape[0]), int(x.shape[1])
     seqs = max(1, int(cu_seqlens.shape[0]) - 1) if cu_seqlens.dim() == 1 else 1
     if conv_states.dim() == 3:
-        reject_strided_pool("conv_states", conv_states, rows_strided=True)
+        reject_strided_pool("conv_states", conv_states)
         reject_long_span("conv_states", conv_states, CONV_PREFILL)
     pool_rows = int(conv_states.shape[0]) if conv_states.dim() == 3 else 0
     bounds = np.zeros(tuple(cu_seqlens.shape), np.int64)
