@@ -123,21 +123,32 @@ def _expected_buffer(raw: torch.Tensor, ssm: torch.Tensor, pool: torch.Tensor) -
     return want
 
 
+def rows_written_as_on_a_contiguous_pool(call: Callable[..., Any], raw: torch.Tensor, pool: torch.Tensor) -> list[int]:
+    """Run ``call`` on a contiguous copy of ``pool``, then on ``pool`` (a view of ``raw``): the same result, the same
+    rows, every other byte of ``raw`` as it was. Returns the rows the call wrote."""
+    dense = pool.clone()
+    want = call(dense)
+    before = raw.clone()
+    got = call(pool)
+    assert torch.equal(got, want) and torch.equal(pool, dense)
+    assert torch.equal(raw, _expected_buffer(before, pool, dense))  # conv rows, padding, rows not named: as they were
+    old = before.as_strided(pool.shape, pool.stride(), pool.storage_offset())
+    return [r for r in range(pool.shape[0]) if not torch.equal(dense[r], old[r])]
+
+
+def _in_dtype(raw: torch.Tensor, pool: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pages in ``dtype`` (the conv state is the model's dtype) and ``pool``'s view of them."""
+    raw = raw.to(dtype)
+    return raw, raw.as_strided(pool.shape, pool.stride(), pool.storage_offset())
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_decode_drop_in_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte(case: str) -> None:
     make, heads, dtype, v_first = CASES[case]
     call = make(*heads, dtype, v_first)
     raw, _, ssm = vllm_pages(_ssm_row(case), seed=len(case))
     assert not ssm.is_contiguous() and ssm.stride(0) > math.prod(ssm.shape[1:])
-    dense = ssm.clone()
-    want_o = call(dense)
-    before = raw.clone()
-    got_o = call(ssm)
-    assert torch.equal(got_o, want_o)
-    assert torch.equal(ssm, dense)
-    assert torch.equal(raw, _expected_buffer(before, ssm, dense))  # conv rows, padding, rows not named: as they were
-    old = before.as_strided(ssm.shape, ssm.stride(), ssm.storage_offset())
-    changed = [r for r in range(P) if not torch.equal(dense[r], old[r])]
+    changed = rows_written_as_on_a_contiguous_pool(call, raw, ssm)
     assert 0 < len(changed) < P, changed  # the call wrote rows, and left rows it does not name
 
 
@@ -244,17 +255,8 @@ def test_the_conv_update_on_vllms_pages_gives_the_contiguous_pools_bits_and_leav
 ) -> None:
     """vLLM's conv pool laid out dim-first (``VLLM_SSM_CONV_STATE_LAYOUT=DS``: each row a dense [C, L])."""
     call = _conv_update(form, dtype)
-    raw, conv, _ = vllm_pages((2, 8, 8), seed=51)
-    raw = raw.to(dtype)  # the whole page in the conv's dtype (vLLM's conv state is the model's dtype)
-    conv = raw.as_strided(conv.shape, conv.stride(), conv.storage_offset())
-    dense = conv.clone()
-    want = call(dense)
-    before = raw.clone()
-    got = call(conv)
-    assert torch.equal(got, want) and torch.equal(conv, dense)
-    assert torch.equal(raw, _expected_buffer(before, conv, dense))
-    old = before.as_strided(conv.shape, conv.stride(), conv.storage_offset())
-    assert 0 < len([r for r in range(P) if not torch.equal(dense[r], old[r])]) < P
+    raw, conv = _in_dtype(*vllm_pages((2, 8, 8), seed=51)[:2], dtype)
+    assert 0 < len(rows_written_as_on_a_contiguous_pool(call, raw, conv)) < P
 
 
 def test_the_conv_update_refuses_vllms_default_state_len_first_pool_by_name() -> None:
@@ -304,17 +306,8 @@ def test_the_conv_prefill_on_vllms_pages_gives_the_contiguous_pools_bits_and_lea
     def call(pool: torch.Tensor) -> torch.Tensor:
         return gdn_nki.torch.causal_conv1d_fn(x, weight, None, pool, starts, rows, initial, "silu")
 
-    raw, conv, _ = vllm_pages((2, 8, 8), seed=61)
-    raw = raw.to(dtype)
-    conv = raw.as_strided(conv.shape, conv.stride(), conv.storage_offset())
-    dense = conv.clone()
-    want = call(dense)
-    before = raw.clone()
-    got = call(conv)
-    assert torch.equal(got, want) and torch.equal(conv, dense)
-    assert torch.equal(raw, _expected_buffer(before, conv, dense))
-    old = before.as_strided(conv.shape, conv.stride(), conv.storage_offset())
-    assert [r for r in range(P) if not torch.equal(dense[r], old[r])] == [1, 4]
+    raw, conv = _in_dtype(*vllm_pages((2, 8, 8), seed=61)[:2], dtype)
+    assert rows_written_as_on_a_contiguous_pool(call, raw, conv) == [1, 4]
 
 
 def test_the_conv_prefills_device_path_hands_the_kernel_the_views_span() -> None:
@@ -362,14 +355,13 @@ def _prefill_pool_call(pool: torch.Tensor) -> dict[str, Any]:
 def test_the_chunk_prefill_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte() -> None:
     """The CPU path (``host.buckets`` stages the rows it writes, commits them through the caller's view)."""
     raw, _, ssm = vllm_pages((HV, K, V), seed=80, rows=12)
-    dense = ssm.clone()
-    want_o, _ = gdn_nki.torch.chunk_gated_delta_rule(**_prefill_pool_call(dense))
-    before = raw.clone()
-    got_o, got_pool = gdn_nki.torch.chunk_gated_delta_rule(**_prefill_pool_call(ssm))
-    assert got_pool is ssm and torch.equal(got_o, want_o) and torch.equal(ssm, dense)
-    assert torch.equal(raw, _expected_buffer(before, ssm, dense))
-    old = before.as_strided(ssm.shape, ssm.stride(), ssm.storage_offset())
-    assert [r for r in range(12) if not torch.equal(dense[r], old[r])] == [5]  # the checkpoint lies past 37 tokens
+
+    def call(pool: torch.Tensor) -> torch.Tensor:
+        o, returned = gdn_nki.torch.chunk_gated_delta_rule(**_prefill_pool_call(pool))
+        assert returned is pool
+        return o
+
+    assert rows_written_as_on_a_contiguous_pool(call, raw, ssm) == [5]  # the checkpoint lies past its 37 tokens
 
 
 def test_the_chunk_prefills_device_path_hands_the_bucket_kernel_the_views_span() -> None:
