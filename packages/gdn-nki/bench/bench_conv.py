@@ -4,7 +4,9 @@ Qwen3-Next's conv (q|k|v: 16 key heads × 128 × 2 + 32 value heads × 128 = 819
 bf16 inputs and a bf16 pool of windows [P, 8192, 3] (vLLM's and HF's dtype for the conv state), ``gdn_conv_step``
 through ``gdn_nki.conv_decode_step``, for N requests in {8, 64, 256} and T in {1, 4} ([N] rows, and at T = 4
 [N, T] rows keeping every token's window, and vLLM's in-row form: [N] rows with ``num_accepted_tokens``, rows of
-W − 2 + T = 6 inputs read from offset a − 1, counts cycling 1..T).
+W − 2 + T = 6 inputs read from offset a − 1, counts cycling 1..T; and vLLM's varlen form of it, x packed [N·T, C]
+with ``query_start_loc`` through ``gdn_nki.conv_decode_step``: the same launch on the requests laid out as
+[N, T, C], the layout's gathers outside the kernel and outside the model).
 
 HBM floor: the bytes the launch must move — x and out (N·T·C), each window read once and written once per row
 kept, the taps and the bias once, the indices — at one NeuronCore's share of Trn2's 2.9 TB/s (362.5 B/ns, as
@@ -71,14 +73,15 @@ def necessary_bytes(requests: int, tokens: int, kept: int, itemsize: int = 2, in
     return io + windows + constants + indices
 
 
-FORMS = {"[N]": "[N]", "[N, T]": "[N, T] (every token kept)", "in-row": "[N] in-row (vLLM, counts 1..T)"}
+FORMS = {"[N]": "[N]", "[N, T]": "[N, T] (every token kept)", "in-row": "[N] in-row (vLLM, counts 1..T)",
+         "varlen": "varlen in-row (vLLM query_start_loc, counts 1..T)"}  # fmt: skip
 
 
 def measure(requests: int, tokens: int, form: str, seed: int = 0) -> Row:
     """One ``conv_decode_step`` launch at Qwen3-Next's shapes, estimated; ``form`` a key of ``FORMS``."""
     rng = np.random.default_rng(seed)
     bf16 = ml_dtypes.bfloat16
-    in_row = form == "in-row"
+    in_row = form in ("in-row", "varlen")
     kept = tokens if form == "[N, T]" else 1
     x = rng.standard_normal((requests, tokens, CHANNELS)).astype(bf16)
     state_len = WIDTH - 2 + tokens if in_row else STATE_LEN
@@ -87,7 +90,12 @@ def measure(requests: int, tokens: int, form: str, seed: int = 0) -> Row:
     accepted = (np.arange(requests, dtype=np.int32) % tokens + 1) if in_row else None
     weight = rng.standard_normal((CHANNELS, WIDTH)).astype(bf16)
     bias = rng.standard_normal(CHANNELS).astype(bf16)
-    gdn_nki.conv_decode_step(x, pool, weight, bias, rows, accepted, check_values=False)
+    if form == "varlen":  # every request at max_query_len: the (tokens, N) = (N·T, N) shape vLLM compiles
+        bounds = np.arange(0, requests * tokens + 1, tokens, dtype=np.int32)
+        gdn_nki.conv_decode_step(x.reshape(requests * tokens, CHANNELS), pool, weight, bias, rows, accepted,
+                                 check_values=False, query_start_loc=bounds, max_query_len=tokens)  # fmt: skip
+    else:
+        gdn_nki.conv_decode_step(x, pool, weight, bias, rows, accepted, check_values=False)
     trace = nki_cpu.last_trace()
     report = estimate(trace)
     return Row(
@@ -127,9 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="N = 8 only")
     parser.add_argument("--smoke", action="store_true", help="N = 8, T = 1 only (seconds; for CI)")
     parser.add_argument("--forms", nargs="+", choices=sorted(FORMS), default=sorted(FORMS), help="T > 1 forms")
+    parser.add_argument("--requests", nargs="+", type=int, choices=REQUESTS, help="these N only")
     args = parser.parse_args(argv)
     rows = []
-    for requests in REQUESTS[:1] if args.quick or args.smoke else REQUESTS:
+    for requests in REQUESTS[:1] if args.quick or args.smoke else (args.requests or REQUESTS):
         for tokens in (1,) if args.smoke else (1, 4):
             for form in [f for f in FORMS if f in args.forms] if tokens > 1 else ["[N]"]:
                 rows.append(measure(requests, tokens, form))

@@ -37,6 +37,7 @@ ENTRY = {
     "vLLM prefill": "chunk_gated_delta_rule",  # vLLM's signature over FLA's drop-in, whose op it runs
     "FLA gated norm": "rms_norm_gated",
     "FLA FusedRMSNormGated": "rms_norm_gated",
+    "vLLM fused gating": "fused_gdn_gating",
 }
 
 

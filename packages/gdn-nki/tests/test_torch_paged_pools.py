@@ -235,12 +235,18 @@ def _conv_update(form: str, dtype: torch.dtype) -> Callable[..., Any]:
     """vLLM's causal_conv1d_update on a pool: a decode with a padding row, [N, T] rows, or vLLM's in-row form
     (``num_accepted_tokens`` with [N] rows: the window read from an offset in the row)."""
     gen = torch.Generator().manual_seed(50)
-    weight, bias = torch.randn(C, L + 1 - (form == "in-row"), generator=gen), torch.randn(C, generator=gen)
+    weight, bias = torch.randn(C, L + 1 - (form in ("in-row", "varlen")), generator=gen), torch.randn(C, generator=gen)
     if form == "decode":
         x, rows, accepted = torch.randn(3, C, generator=gen), torch.tensor([4, -1, 1], dtype=torch.int32), None
     elif form == "[N, T] rows":
         x, rows = torch.randn(2, C, 2, generator=gen), torch.tensor([[6, 2], [0, 3]], dtype=torch.int32)
         accepted = torch.tensor([2, 1], dtype=torch.int32)
+    elif form == "varlen":  # vLLM's packed speculative form: 1, 2 and 0 tokens (one request padding)
+        x, rows = torch.randn(3, C, generator=gen).to(dtype), torch.tensor([5, -1, 2, 6], dtype=torch.int32)
+        accepted, bounds = torch.tensor([1, 2, 2, 1], dtype=torch.int32), torch.tensor([0, 1, 1, 3, 3])
+        return lambda pool: gdn_nki.torch.causal_conv1d_update(
+            x, pool, weight, bias, "silu", rows, accepted, query_start_loc=bounds.to(torch.int32), max_query_len=2
+        )
     else:
         x, rows = torch.randn(2, C, 2, generator=gen), torch.tensor([5, 2], dtype=torch.int32)
         accepted = torch.tensor([2, 1], dtype=torch.int32)
@@ -248,7 +254,7 @@ def _conv_update(form: str, dtype: torch.dtype) -> Callable[..., Any]:
     return lambda pool: gdn_nki.torch.causal_conv1d_update(x, pool, weight, bias, "silu", rows, accepted)
 
 
-@pytest.mark.parametrize("form", ["decode", "[N, T] rows", "in-row"])
+@pytest.mark.parametrize("form", ["decode", "[N, T] rows", "in-row", "varlen"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_conv_update_on_vllms_pages_gives_the_contiguous_pools_bits_and_leaves_every_other_byte(
     form: str, dtype: torch.dtype

@@ -1,6 +1,6 @@
 """Bad shapes and dtypes under ``torch.compile(fullgraph=True)``: every drop-in (the GDN prefill with varlen,
 bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins, FLA's
-gated norm and its module)
+gated norm and its module, vLLM's fused gating)
 raises gdn-ref's ``ContractError`` with eager's message, leaves the caller's pool as it was, and a valid call of each
 still compiles with no graph break. Runs on ``GDN_TORCH_DEVICE`` with ``GDN_TORCH_COMPILE_BACKEND`` (``nox -s
 neuron``: the XLA device and torch-neuronx's ``neuron`` backend; never run there yet). Skipped without torch."""
@@ -19,6 +19,7 @@ from gdn_nki.torch import (  # noqa: E402
     causal_conv1d,
     causal_conv1d_fn,
     causal_conv1d_update,
+    fused_gdn_gating,
     rms_norm_gated,
     vllm_chunk_gated_delta_rule,
 )
@@ -75,6 +76,12 @@ def vllm_prefill_call() -> dict[str, Any]:
                 cu_seqlens=torch.tensor([0, 25, 70], dtype=torch.int32), use_qk_l2norm_in_kernel=True)  # fmt: skip
 
 
+def gating_call() -> dict[str, Any]:
+    """vLLM's prefill gates of 9 tokens × 4 value heads from the a and b projections."""
+    torch.manual_seed(13)
+    return dict(A_log=_randn(4), a=_randn(9, 4), b=_randn(9, 4), dt_bias=_randn(4))
+
+
 NORM_MODULE = FusedRMSNormGated(CONV_C, eps=1e-6, activation="silu").to(test_device())
 ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
     **CALLS,
@@ -84,6 +91,7 @@ ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = 
     "vLLM prefill": (vllm_chunk_gated_delta_rule, vllm_prefill_call),
     "FLA gated norm": (rms_norm_gated, norm_call),
     "FLA FusedRMSNormGated": (NORM_MODULE, norm_module_call),
+    "vLLM fused gating": (fused_gdn_gating, gating_call),
 }
 BAD_CALLS = {
     **BAD_SHAPES,
@@ -110,6 +118,8 @@ BAD_CALLS = {
     "norm module: g of another shape": ("FLA FusedRMSNormGated", _set(g=lambda a: _randn(6, 2, CONV_C))),
     "norm module: residual of another shape": (
         "FLA FusedRMSNormGated", _set(residual=lambda a: _randn(6, 4, CONV_C - 16))),
+    "fused gating: dt_bias of other heads": ("vLLM fused gating", _set(dt_bias=lambda a: _randn(5))),
+    "fused gating: b of other tokens": ("vLLM fused gating", _set(b=lambda a: _randn(8, 4))),
 }  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from gdn_ref.conv_rules import (
     IO_DTYPES,
     conv_prefill_violations,
     conv_step_violations,
+    conv_varlen_violations,
 )
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
@@ -350,6 +351,19 @@ def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activa
     found = found or step_sbuf_violations(like(x), like(conv_state), like(weight), like(bias), like(rows))
     if found:
         raise ContractError(found)
+
+
+def conv_varlen_step(x: Any, conv_state: Any, weight: Any, bias: Any, query_start_loc: Any, rows: Any,
+                     accepted: Any, max_query_len: int, activation: str | None) -> None:  # fmt: skip
+    """``gdn_nki::causal_conv1d_update_varlen``'s trace-time rules: the varlen form's shape rules
+    (``conv_varlen_violations``, the bounds' values trusted), then ``conv_step``'s on a stand-in of the padded x
+    [N, max_query_len, C]."""
+    found = conv_varlen_violations(like(x), like(conv_state), like(weight), like(query_start_loc), like(rows),
+                                   like(accepted), max_query_len)  # fmt: skip
+    if found:
+        raise ContractError(found)
+    padded = stand_in((rows.shape[0], max_query_len, x.shape[1]), x.dtype)
+    conv_step(padded, conv_state, weight, bias, rows, activation, accepted)
 
 
 def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: Any, rows: Any, read_rows: Any,
