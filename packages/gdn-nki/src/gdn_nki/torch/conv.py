@@ -143,7 +143,8 @@ def causal_conv1d_update(
 
     Args:
         x (Tensor): [N, C] (one token) or [N, C, T], float32 or bfloat16.
-        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named.
+        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named: contiguous, or rows at
+            their own stride, each a dense [C, L] (vLLM's pages with ``VLLM_SSM_CONV_STATE_LAYOUT=DS``).
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
@@ -306,6 +307,7 @@ def causal_conv1d_fn(
         x (Tensor): [dim, tokens] (vLLM's channel-major packed layout), float32 or bfloat16.
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
+            Rows may lie at their own stride, each dense, as ``causal_conv1d_update``'s.
         query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
         cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored; only that id pads,
             as in vLLM's kernels: with another id a −1 row is out of range, refused); None: row i.

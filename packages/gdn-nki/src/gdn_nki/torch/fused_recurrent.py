@@ -163,7 +163,8 @@ def vllm_fused_recurrent_gated_delta_rule(
 
     Args:
         q, k, v, g, beta, scale, use_qk_l2norm_in_kernel: as FLA's.
-        initial_state: the state pool [P, HV, K, V] fp32, updated IN PLACE.
+        initial_state: the state pool [P, HV, K, V] fp32, updated IN PLACE: contiguous, or rows at their own stride,
+            each dense (vLLM's pages: the kernel addresses the view in place, ``common.pool_rows``).
         inplace_final_state: must be True (the pool form).
         cu_seqlens: [N + 1] with B = 1; every sequence the same length T (one program per (N, T) bucket).
         ssm_state_indices: [N] (T = 1: row read and written) or [N, T] (the state after token t to row [n, t],
