@@ -1,13 +1,16 @@
-"""The recurrent decode drop-ins on a pool that is a row-strided view, as vLLM's hybrid cache builds it.
+"""Every pool drop-in on a pool that is a row-strided view, as vLLM's hybrid cache builds it.
 
 vLLM gives a GDN layer one page per block and views the page as its conv state then its recurrent state
 (vllm-project/vllm 00b08dc4, ``vllm/model_executor/layers/mamba/abstract.py``, ``MambaBase.bind_kv_cache``: the
-page as the row stride, each state's own dense inner strides, a storage offset of the states before it). ``vllm_pages`` builds that layout; each decode drop-in (vLLM's ``fused_recurrent_gated_delta_rule`` and
-``fused_sigmoid_gating_delta_rule_update``, SGLang's) runs on the recurrent view and on a contiguous copy of it:
-the outputs and the pool rows are bit for bit the contiguous call's, and every other byte of the buffer (the
-conv states, the padding, the rows not named) is as it was. The kernel gets the view's span and row stride, not a
-copy (``common.pool_rows``): the device path's launch is recorded, and ``torch.compile`` captures the call with no
-graph break. What the kernels cannot address (a row not dense inside) is still refused, naming the pool.
+page as the row stride, each state's own dense inner strides, a storage offset of the states before it).
+``vllm_pages`` builds that layout. The decode drop-ins (vLLM's ``fused_recurrent_gated_delta_rule`` and
+``fused_sigmoid_gating_delta_rule_update``, SGLang's), the conv drop-ins (``causal_conv1d_update`` in its decode,
+[N, T], in-row and varlen forms; ``causal_conv1d_fn``) and the chunk prefill on a pool each run on the view and on a
+contiguous copy of it: the outputs and the pool rows are bit for bit the contiguous call's, and every other byte of
+the buffer (the other pool's rows, the padding, the rows not named) is as it was. The kernels get the view's span
+and row stride, not a copy (``common.pool_rows``): the device paths' launches are recorded and run by nki-cpu, and
+``torch.compile`` captures a call on the view with no graph break. vLLM's default conv layout, not a row of dense
+[C, L], is refused by name.
 """
 
 from __future__ import annotations
