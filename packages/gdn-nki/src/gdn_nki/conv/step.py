@@ -45,6 +45,7 @@ from gdn_ref.conv_rules import CONV_STEP, conv_step_violations
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.pool_rows import PoolRows
 from ..common.request_rows import accepted_offsets, entry, request_rows
 from ..common.tiles import FP32, matmul, psum, sbuf
 
@@ -62,6 +63,8 @@ def gdn_conv_step(
     num_accepted_tokens: Any = None,
     activation: str | None = "silu",
     out_parts: tuple[Any, ...] | None = None,
+    state_row_stride: int | None = None,
+    state_len: int | None = None,
 ) -> tuple[Any, Any]:
     """Convolve T new tokens of N requests, each from its window in a conv-state pool, and store the windows.
 
@@ -83,6 +86,9 @@ def gdn_conv_step(
             of ``out``: the channels in order, C_i (the product of part i's trailing dimensions) each, summing to C,
             each a multiple of C / 16 (``split_parts``): the fused block's q, k and v, which would otherwise be
             copied out of ``out``.
+        state_row_stride, state_len (int): trace-time; the pool's rows lie ``state_row_stride`` elements apart, each
+            a dense [C, L = state_len] (vLLM's hybrid cache, ``common.pool_rows``): ``conv_pool`` is then the pool's
+            span, 1-D of (P − 1)·state_row_stride + C·L elements, of which only the named rows are read or written.
 
     Returns:
         tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests; ``out_parts`` when given) and
@@ -92,12 +98,13 @@ def gdn_conv_step(
         Trace-time rules (``gdn_ref.conv_rules.conv_step_violations``) stop the trace before anything is allocated;
         the index values are device data: ``gdn_nki.conv_decode_step`` checks them on the host first.
     """
+    pool = PoolRows.of(conv_pool, state_row_stride, (x.shape[-1], state_len))
     assert_valid_call(
-        conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
-        or step_sbuf_violations(x, conv_pool, weight, bias, state_indices)
+        conv_step_violations(x, pool.view, weight, bias, state_indices, num_accepted_tokens, activation)
+        or step_sbuf_violations(x, pool.view, weight, bias, state_indices)
     )
     n_req, tokens, channels = x.shape
-    state_len, width = conv_pool.shape[2], weight.shape[1]
+    state_len, width = pool.view.shape[2], weight.shape[1]
     per_part = channels // PARTITIONS_PER_REQUEST
     per_token = len(state_indices.shape) == 2
     in_row = num_accepted_tokens is not None and not per_token
@@ -121,7 +128,7 @@ def gdn_conv_step(
     taps, bias_column = _constants(weight, bias, per_part, psum_taps)
     slots = total * REQUESTS_PER_GROUP
     rows = request_rows(state_indices, None if in_row else num_accepted_tokens, n_req, tokens, slots,
-                        conv_pool.shape[0], outputs=False)  # fmt: skip
+                        pool.view.shape[0], outputs=False)  # fmt: skip
     if in_row:  # the rows, then each request's offset in its row
         rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
     identity = _identity()
@@ -152,15 +159,15 @@ def gdn_conv_step(
     # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
     # before it in the same tile set is convolved, so the DMA moves one group while the engines convolve the others.
     for s, tile_set in enumerate(tile_sets):
-        tile_set.load(x, conv_pool, slots_of(s))
+        tile_set.load(x, pool, slots_of(s))
 
     def iteration(i: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
             tile_set.convolve(taps, _column(live, g), shape, activation)
             if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
-                tile_set.load(x, conv_pool, slots_of(g + sets))
-            tile_set.store(out, conv_pool, slots_of(g))
+                tile_set.load(x, pool, slots_of(g + sets))
+            tile_set.store(out, pool, slots_of(g))
 
     # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
     # past the launch's, and the slot map would make them other groups' requests). The others run
@@ -177,8 +184,8 @@ def gdn_conv_step(
             for s, tile_set in enumerate(tile_sets):
                 local = k * sets + s
                 tile_set.convolve(taps, _column(live, base + local), shape, activation)
-                tile_set.load(x, conv_pool, window.slots(local + sets))
-                tile_set.store(out, conv_pool, window.slots(local))
+                tile_set.load(x, pool, window.slots(local + sets))
+                tile_set.store(out, pool, window.slots(local))
 
     if looped:
         nl.fori_loop(0, looped, body)
@@ -188,9 +195,9 @@ def gdn_conv_step(
     if _drains_in_runs(tile_sets[0], tokens):
         for s, tile_set in enumerate(tile_sets):
             g = last * sets + s
-            tile_set.convolve_and_store(out, conv_pool, slots_of(g), taps, _column(live, g), shape, activation)
+            tile_set.convolve_and_store(out, pool, slots_of(g), taps, _column(live, g), shape, activation)
     elif groups == 1 and MULTI_TOKEN_RUNS > 1:  # nothing to overlap a lone group's drain: its channels in runs
-        tile_sets[0].convolve_in_runs(out, conv_pool, slots_of(0), taps, _column(live, 0), shape, activation)
+        tile_sets[0].convolve_in_runs(out, pool, slots_of(0), taps, _column(live, 0), shape, activation)
     else:
         iteration(last, ahead=False)
     return (out if out_parts else out[0]), conv_pool
@@ -346,8 +353,7 @@ class _Slot:
         "nki.isa.register_alloc"; nki-cpu's rule ``live_registers``)."""
         if not self._in_row:
             return _pool_view(pool, self.read_row())
-        _, channels, state_len = pool.shape
-        start = self.read_row() * (channels * state_len) + self._load(1, self._first, 1)
+        start = pool.row_start(self.read_row()) + self._load(1, self._first, 1)
         return _shifted_row(pool, start, self._tokens)
 
     def write_rows(self) -> tuple[Any, ...]:
@@ -593,10 +599,10 @@ def _skip_if_scalar(n: Any) -> dict[str, Any]:
 def _pool_view(pool: Any, row: Any) -> Any:
     """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
     its L inputs (one contiguous run per partition)."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     per_part = channels // PARTITIONS_PER_REQUEST
     pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+    return pool.row(row, pattern)
 
 
 def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
@@ -605,10 +611,10 @@ def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
     then the next channel's first o: the window's L − T + 1 entries first. One contiguous run per partition, as the
     other forms' loads (runs of L − T + 1 entries a channel moved 6 bytes a descriptor: 15× slower at N = 64); the
     last partition's run stops T − 1 short of F·L, so it ends inside the row whatever o."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     run = channels // PARTITIONS_PER_REQUEST * state_len
     pattern = [[run, PARTITIONS_PER_REQUEST], [1, run - (tokens - 1)]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=2)
+    return pool.at(start, pattern)
 
 
 def _input_view(tensor: Any, n: Any, per_part: int | None = None) -> Any:
