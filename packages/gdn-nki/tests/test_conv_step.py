@@ -138,6 +138,33 @@ def test_the_last_trip_in_channel_runs_is_the_whole_groups_bits(
     assert not np.asarray(runs[~live], dtype=np.float64).any()
 
 
+@pytest.mark.parametrize(("N", "T", "C", "W", "dtype", "per_token", "runs"), [
+    (8, 4, 4096, 4, "bfloat16", False, 3),  # F = 256: runs cut the split output's PE share (176) and the taps' banks
+    (5, 4, 4096, 3, "float32", True, 2),  # W = 3: 170-channel tap banks, the second run reads two; [N, T] rows
+    (7, 2, 208, 4, "float32", False, 3),  # F = 13: runs of 5, 5 and 3
+])  # fmt: skip
+def test_a_lone_group_in_channel_runs_is_the_whole_groups_bits(
+    N: int, T: int, C: int, W: int, dtype: str, per_token: bool, runs: int, monkeypatch
+) -> None:
+    """At T > 1 a launch of one group (N <= 8) convolves it in runs of channels (``_TileSet.convolve_in_runs``,
+    each output's channels on the engines the whole group gives them): every live output and every pool row is the
+    whole group's (``MULTI_TOKEN_RUNS = 1``, the pipelined path) bit for bit, padding outputs are zeros, and both
+    are the oracle's."""
+    import gdn_nki.conv.step
+
+    rng, x, pool, weight, bias = _inputs(71 + N, dtype, N, T, C=C, W=W, L=W - 1)
+    rows = _rows(rng, N, T, pool.shape[0], per_token, [1])
+    monkeypatch.setattr(gdn_nki.conv.step, "MULTI_TOKEN_RUNS", runs)
+    _check(x, pool.copy(), weight, bias, rows, None, "silu", dtype)
+    in_runs, runs_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    monkeypatch.setattr(gdn_nki.conv.step, "MULTI_TOKEN_RUNS", 1)
+    whole, whole_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    live = np.asarray(rows).reshape(N, -1)[:, 0] >= 0
+    assert in_runs[live].tobytes() == whole[live].tobytes()
+    assert runs_pool.tobytes() == whole_pool.tobytes()
+    assert not np.asarray(in_runs[~live], dtype=np.float64).any()
+
+
 @pytest.mark.parametrize(("C", "T"), [(16, 4), (48, 4), (32, 5)])
 def test_verification_widths_on_few_channels_per_partition(C: int, T: int) -> None:
     """T = 4 sums 2.75 outputs on the tensor engine: with F = C / 16 channels a partition, 3/4 of F rounds to all of

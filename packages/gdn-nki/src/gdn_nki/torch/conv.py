@@ -69,7 +69,7 @@ def causal_conv1d_update_op(
     in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
-    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
@@ -96,7 +96,7 @@ def causal_conv1d_update_varlen_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update_varlen(x, conv_state, weight, bias, query_start_loc, rows, accepted,
                                                        max_query_len, activation)  # fmt: skip
-    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32), np.ascontiguousarray(as_numpy(accepted)).astype(np.int32),
@@ -143,7 +143,8 @@ def causal_conv1d_update(
 
     Args:
         x (Tensor): [N, C] (one token) or [N, C, T], float32 or bfloat16.
-        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named.
+        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named: contiguous, or rows at
+            their own stride, each a dense [C, L] (vLLM's pages with ``VLLM_SSM_CONV_STATE_LAYOUT=DS``).
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
@@ -254,7 +255,7 @@ def causal_conv1d_fn_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
                                             checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
-    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_states), as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
@@ -307,6 +308,7 @@ def causal_conv1d_fn(
         x (Tensor): [dim, tokens] (vLLM's channel-major packed layout), float32 or bfloat16.
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
+            Rows may lie at their own stride, each dense, as ``causal_conv1d_update``'s.
         query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
         cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored; only that id pads,
             as in vLLM's kernels: with another id a −1 row is out of range, refused); None: row i.
