@@ -458,7 +458,7 @@ class _TileSet:
             self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
         # The in-row form on rows longer than vLLM's W − 2 + T: the rows as they are, whose entries from W − 2 + T on
         # go back unchanged with the kept window (whole rows stored: one run a partition; storing only the first
-        # W − 2 + T, runs of W − 2 + T a channel: 976.6 against 98.6 us at N = 64, T = 4, L = 7; PERFORMANCE.md,
+        # W − 2 + T, runs of W − 2 + T a channel: 976.6 against 98.4 us at N = 64, T = 4, L = 7; PERFORMANCE.md,
         # "Conv1d").
         self.rows_as_read = None
         if in_row and state_len > _kept_length(state_len, width, tokens, in_row):
