@@ -10,8 +10,9 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
 - [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
   (``[n, 0]`` without it);
 - [N] with ``num_accepted_tokens`` (vLLM's in-row form, ``gdn_ref.conv``): request n's row holds
-  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row written
-  back is entries o + 1 .. o + L − T, then the T tokens. The offset is device data: the row's load is addressed at
+  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row's first
+  W − 2 + T entries are written back as entries o + 1 .. o + W − 2, then the T tokens (vLLM's kernel's state length;
+  a longer row's later entries stay as they were). The offset is device data: the row's load is addressed at
   row · C · L + o (one run-time ``scalar_offset``, "NKI Scalar Values": + and * of scalars, SDK 2.33) and moves
   each partition's run of the row shifted by o (``_shifted_row``), so channel f's entries o .. o + L − T land
   first in its L slots — all the step reads, in one run per partition;
@@ -115,7 +116,9 @@ def gdn_conv_step(
                   f"C = {channels} in multiples of C / 16 = {per_part}. Fix: parts of whole partitions, or None")  # fmt: skip
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
-    sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    longer_rows = in_row and state_len > _kept_length(state_len, width, tokens, in_row)  # ``_TileSet.rows_as_read``
+    set_bytes = _set_bytes(x, per_part, tokens, state_len, width, per_token, longer_rows)
+    sets = _tile_sets(groups, max(1, SET_BUDGET // set_bytes))
     trips = -(-groups // sets)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
@@ -141,7 +144,7 @@ def gdn_conv_step(
                           in_row=in_row)
                  for s in range(sets)]  # fmt: skip
     live = _live_mask(first_rows, total)
-    shape = (tokens, state_len, width)
+    shape = (tokens, _kept_length(state_len, width, tokens, in_row), width)
     accepted = num_accepted_tokens is not None and not in_row  # the read row from ``request_rows``' second tile
 
     made: dict[int, list[_Slot]] = {}
@@ -274,10 +277,11 @@ def _identity() -> Any:
     return identity
 
 
-def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
-    """SBUF bytes per partition of one ``_TileSet``."""
+def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool,
+               rows_as_read: bool = False) -> int:  # fmt: skip
+    """SBUF bytes per partition of one ``_TileSet`` (``rows_as_read``: with its in-row rows as read)."""
     io = _io_bytes(x.dtype)
-    kept = tokens if per_token else 1
+    kept = tokens + rows_as_read if per_token else 1 + rows_as_read
     return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
 
 
@@ -433,9 +437,10 @@ class _TileSet:
         self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.in_row = in_row
-        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's L − T + 1 from the
-        # offset on (the rest of its slots: the next channel's entries, unused).
-        self.loaded = state_len - tokens + 1 if in_row else state_len
+        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's W − 1 from the
+        # offset on (of the L − T + 1 loaded; the rest of its slots: the next channel's entries, unused); the windows
+        # kept are those W − 1's last W − 2 ++ the tokens, vLLM's row of W − 2 + T, whatever L.
+        self.loaded = width - 1 if in_row else state_len
         self.first_tap = 0 if in_row else state_len - (width - 1)  # the taps' window in ``windows``
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
@@ -451,6 +456,14 @@ class _TileSet:
         self.kept = None
         if per_token is not None:
             self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+        # The in-row form on rows longer than vLLM's W − 2 + T: the rows as they are, whose entries from W − 2 + T on
+        # go back unchanged with the kept window (whole rows stored: one run a partition; storing only the first
+        # W − 2 + T, runs of W − 2 + T a channel: 976.6 against 98.4 us at N = 64, T = 4, L = 7; PERFORMANCE.md,
+        # "Conv1d").
+        self.rows_as_read = None
+        if in_row and state_len > _kept_length(state_len, width, tokens, in_row):
+            self.rows_as_read = sbuf((128, per_part, state_len), dtype)
+            nisa.memset(dst=self.rows_as_read, value=0.0, engine=clear)
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -459,6 +472,9 @@ class _TileSet:
             if self.in_row:  # a run of the row's flat entries: the first F·L − (T − 1) of the partition's slots
                 dst = self.windows.reshape((128, -1))[slot.part, 0 : src.shape[1]]
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+            if self.rows_as_read is not None:
+                nisa.dma_copy(dst=self.rows_as_read[slot.part], src=_pool_view(pool, slot.read_row()),
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
             if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
                 nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
 
@@ -549,6 +565,12 @@ DRAIN_RUNS = 8
 DRAIN_SUMMED_ON_VECTOR_EVERY = 3
 
 
+def _kept_length(state_len: int, width: int, tokens: int, in_row: bool) -> int:
+    """The entries of a row the step rewrites: the row's L, or in vLLM's in-row form its first W − 2 + T (vLLM's
+    kernel's state length whatever L: ``gdn_ref.conv``; the rest go back as they were, ``_TileSet.rows_as_read``)."""
+    return width - 2 + tokens if in_row else state_len
+
+
 def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
     """Whether the last trip runs ``_TileSet.convolve_and_store``: one output (T = 1), summed on the tensor engine."""
     return tokens == 1 and tiles.pe_outputs == 1 and not tiles.pe_channels and tiles.first_output == 0
@@ -556,7 +578,8 @@ def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
 
 def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SCALAR) -> None:
     """The windows to keep, copied by ``engine``: the window after token t is the series inputs from
-    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens)."""
+    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens), L = ``state_len`` the entries rewritten
+    (``_kept_length``); a longer row's entries past them copied from the row as read (``_TileSet.rows_as_read``)."""
     inputs_by_channel, loaded = _token_last(tiles.inputs), tiles.loaded
     kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
     for i, t in enumerate(kept_tokens):
@@ -567,6 +590,8 @@ def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SC
             _copy(kept[:, :, 0:old], tiles.windows[:, :, start : start + old], engine)
         new = state_len - old
         _copy(kept[:, :, old:state_len], inputs_by_channel[:, :, t + 1 - new : t + 1], engine)
+        if tiles.rows_as_read is not None:
+            _copy(kept[:, :, state_len:], tiles.rows_as_read[:, :, state_len:], engine)
 
 
 def _copy(dst: Any, src: Any, engine: Any) -> None:

@@ -64,7 +64,7 @@ def conv_decode_step(
             (``gdn_ref.conv.causal_conv1d_update_varlen``): request n's tokens are x[query_start_loc[n] ..
             query_start_loc[n + 1] − 1] (from 0 to tokens, non-decreasing, at most max_query_len each; none: the
             request reads and writes nothing), with [N] ``state_indices`` and ``num_accepted_tokens`` (required) over
-            rows of exactly W − 2 + max_query_len inputs, each request writing its row's first W − 2 + len entries.
+            rows of L >= W − 2 + max_query_len inputs, each request writing its row's first W − 2 + len entries.
         max_query_len (int | None): with ``query_start_loc``, T of the compiled program (``host.conv_varlen``).
 
     Returns:

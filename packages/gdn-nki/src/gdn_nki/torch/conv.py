@@ -155,13 +155,14 @@ def causal_conv1d_update(
             [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
             rows), vLLM's own speculative form: ``conv_state`` rows of L >= W − 2 + T inputs (vLLM allocates
             W − 1 + num_speculative_tokens), the taps' window read from entry num_accepted_tokens[n] − 1 of the row
-            and the row shifted past it with the T tokens appended (``gdn_ref.conv``).
+            and the row's first W − 2 + T entries rewritten as the window's last W − 2 then the T tokens, a longer
+            row's later entries left as they were, as vLLM's kernel does (``gdn_ref.conv``).
         query_start_loc (Tensor | None): [N + 1] int32: vLLM's varlen form, as its GDN layer calls it in
             speculative decoding: x [tokens, dim] packed, request n's tokens ``query_start_loc[n] ..
             query_start_loc[n + 1] − 1`` (from 0 to tokens, non-decreasing, at most ``max_query_len`` each; a
             request of none reads and writes nothing), with ``conv_state_indices`` [N] and ``num_accepted_tokens``
-            (the in-row form; without it query_start_loc is rejected by name) and ``conv_state`` rows of exactly
-            W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
+            (the in-row form; without it query_start_loc is rejected by name) and ``conv_state`` rows of
+            L >= W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
             kernel writes them (``gdn_ref.conv.causal_conv1d_update_varlen``).
         max_query_len (int): with ``query_start_loc``, the most tokens a request has (vLLM passes
             ``spec_state_indices_tensor.size(-1)``); the compiled program's tokens per request. Else unused.

@@ -76,8 +76,9 @@ def causal_conv1d_update_varlen(x: Tensor, conv_state: Tensor, weight: Tensor, b
 
     Args:
         x (Tensor): [tokens, C] token-major, float32 or bfloat16.
-        conv_state (Tensor): [P, C, W − 2 + T] in x's dtype: written in place at ``rows`` by the kernel (the first
-            W − 2 + len_n entries of request n's row; the others written back as they were).
+        conv_state (Tensor): [P, C, L >= W − 2 + T] in x's dtype: written in place at ``rows`` by the kernel (the
+            first W − 2 + len_n entries of request n's row; its next T − len_n written back as they were, the rest
+            not touched).
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         query_start_loc (Tensor): [N + 1] int32 request bounds (trusted: 0 .. tokens, non-decreasing, at most T
             tokens a request).
