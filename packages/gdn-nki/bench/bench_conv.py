@@ -80,15 +80,17 @@ FORMS = {"[N]": "[N]", "[N, T]": "[N, T] (every token kept)", "in-row": "[N] in-
          "varlen": "varlen in-row (vLLM query_start_loc, counts 1..T)"}  # fmt: skip
 
 
-def measure(requests: int, tokens: int, form: str, seed: int = 0, bias: bool = False) -> Row:
-    """One ``conv_decode_step`` launch at Qwen3-Next's shapes, estimated; ``form`` a key of ``FORMS``; ``bias``:
-    with a conv bias (Qwen3-Next has none)."""
+def measure(requests: int, tokens: int, form: str, seed: int = 0, row_extra: int = 0, bias: bool = False) -> Row:
+    """One ``conv_decode_step`` launch at Qwen3-Next's shapes, estimated; ``form`` a key of ``FORMS``;
+    ``row_extra``: the in-row forms' rows that many entries longer than vLLM's W − 2 + T (only the first W − 2 + T
+    written, as vLLM's kernel: runs of W − 2 + T a channel instead of one run a partition); ``bias``: with a conv
+    bias (Qwen3-Next has none)."""
     rng = np.random.default_rng(seed)
     bf16 = ml_dtypes.bfloat16
     in_row = form in ("in-row", "varlen")
     kept = tokens if form == "[N, T]" else 1
     x = rng.standard_normal((requests, tokens, CHANNELS)).astype(bf16)
-    state_len = WIDTH - 2 + tokens if in_row else STATE_LEN
+    state_len = WIDTH - 2 + tokens + row_extra if in_row else STATE_LEN
     pool = np.zeros((requests * kept, CHANNELS, state_len), bf16)
     rows = np.arange(requests * kept, dtype=np.int32).reshape((requests, kept) if form == "[N, T]" else -1)
     accepted = (np.arange(requests, dtype=np.int32) % tokens + 1) if in_row else None
@@ -106,7 +108,7 @@ def measure(requests: int, tokens: int, form: str, seed: int = 0, bias: bool = F
     return Row(
         requests=requests,
         tokens=tokens,
-        form=FORMS[form],
+        form=FORMS[form] + (f", rows of L = W − 2 + T + {row_extra}" if in_row and row_extra else ""),
         makespan_us=report.makespan_ns / 1e3,
         necessary_bytes=necessary_bytes(requests, tokens, kept, in_row=in_row, bias=bias is not None),
         bytes_moved=int(report.dma_bytes),
@@ -141,13 +143,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="N = 8, T = 1 only (seconds; for CI)")
     parser.add_argument("--forms", nargs="+", choices=sorted(FORMS), default=sorted(FORMS), help="T > 1 forms")
     parser.add_argument("--requests", nargs="+", type=int, choices=REQUESTS, help="these N only")
+    parser.add_argument("--row-extra", type=int, default=0, help="in-row rows this much longer than W − 2 + T")
     parser.add_argument("--bias", action="store_true", help="with a conv bias (Qwen3-Next's conv has none)")
     args = parser.parse_args(argv)
     rows = []
     for requests in REQUESTS[:1] if args.quick or args.smoke else (args.requests or REQUESTS):
         for tokens in (1,) if args.smoke else (1, 4):
             for form in [f for f in FORMS if f in args.forms] if tokens > 1 else ["[N]"]:
-                rows.append(measure(requests, tokens, form, bias=args.bias))
+                rows.append(measure(requests, tokens, form, row_extra=args.row_extra, bias=args.bias))
                 print(f"N={requests} T={tokens} {rows[-1].form}: {rows[-1].makespan_us:,.1f} us", flush=True)
     text = f"Conv {'with' if args.bias else 'without'} a bias.\n\n" + table(rows)
     print(text)

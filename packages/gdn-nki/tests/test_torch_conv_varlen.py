@@ -120,13 +120,28 @@ def test_bad_calls_are_refused_by_name_with_nothing_written(change: dict[str, An
     assert torch.equal(args["conv_state"], before)
 
 
-def test_a_row_longer_than_the_window_span_is_refused() -> None:
-    """Rows of more than W − 2 + max_query_len entries: vLLM writes the first W − 2 + len of them, the in-row
-    kernel whole rows, so the call is refused naming conv_state, not answered differently."""
-    args = operands(torch.float32, seed=3)
-    args["conv_state"] = torch.randn(P, C, W - 1 + T)
+@pytest.mark.parametrize("extra", [1, 3])
+def test_a_row_longer_than_the_window_span_is_vllms_update(extra: int) -> None:
+    """Rows of more than W − 2 + max_query_len entries: vLLM's kernel writes each request's first W − 2 + len and
+    leaves the rest; so does gdn-nki (out and pool as the oracle's, bit for bit, every row's tail as it was)."""
+    args = operands(torch.bfloat16, seed=3)
+    args["conv_state"] = torch.randn(P, C, W - 2 + T + extra).to(torch.bfloat16)
     before = args["conv_state"].clone()
-    with pytest.raises(ContractError, match=r"`conv_state` L=7"):
+    out = call(args)
+    want, after = oracle({**args, "conv_state": before})
+    error = compare("out", out.float().numpy(), want, "bfloat16")
+    assert error.ok, describe([error])
+    np.testing.assert_array_equal(args["conv_state"].float().numpy(), after.astype(np.float32))
+    assert torch.equal(args["conv_state"][:, :, W - 2 + T :], before[:, :, W - 2 + T :])
+
+
+def test_a_row_shorter_than_the_window_span_is_refused() -> None:
+    """Rows of fewer than W − 2 + max_query_len entries cannot hold the window at offset max_query_len − 1: refused
+    naming conv_state, nothing written."""
+    args = operands(torch.float32, seed=3)
+    args["conv_state"] = torch.randn(P, C, W - 3 + T)
+    before = args["conv_state"].clone()
+    with pytest.raises(ContractError, match=r"`conv_state` L=5"):
         call(args)
     assert torch.equal(args["conv_state"], before)
 
@@ -145,7 +160,7 @@ def test_compile_fullgraph_bit_equal_to_eager_and_fake_tensors_give_the_shape() 
         fake = operands(torch.bfloat16, seed=5)
         assert call(fake).shape == (TOTAL, C)
         with pytest.raises(ContractError, match="`conv_state`"):
-            call({**fake, "conv_state": torch.zeros(P, C, W - 1 + T, dtype=torch.bfloat16)})
+            call({**fake, "conv_state": torch.zeros(P, C, W - 3 + T, dtype=torch.bfloat16)})  # rows too short
 
 
 def _op_args(args: dict[str, Any]) -> dict[str, Any]:

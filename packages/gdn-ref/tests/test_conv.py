@@ -179,10 +179,13 @@ def test_decode_padding_reads_and_writes_nothing() -> None:
 
 def _vllm_in_row_update(x, weight, bias, pool, rows, accepted):
     """vLLM's ``_causal_conv1d_update_kernel`` with ``num_accepted_tokens`` (IS_SPEC_DECODING), written as its
-    loops run: the W − 1 columns read from offset o = a − 1 and shifted one token at a time, the row rewritten
-    entry by entry (new[i] = row[o + 1 + i] while i + T < L, else token i − (L − T)); no SiLU."""
+    loops run (vllm/model_executor/layers/mamba/ops/causal_conv1d.py at 03c6dad8): the W − 1 columns read from
+    offset o = a − 1 and shifted one token at a time; the launch's state length W − 1 + (T − 1), whatever the row's
+    L, and the row's entries below it rewritten entry by entry (new[i] = row[o + 1 + i] while i + T < state length,
+    else token i − (state length − T)), the others left; no SiLU."""
     pool = pool.copy()
-    tokens, width, state_len = x.shape[1], weight.shape[1], pool.shape[2]
+    tokens, width = x.shape[1], weight.shape[1]
+    state_len = width - 1 + (tokens - 1)
     out = np.zeros(x.shape)
     for n, row in enumerate(rows):
         if row < 0:
@@ -202,10 +205,11 @@ def _vllm_in_row_update(x, weight, bias, pool, rows, accepted):
     return out, pool
 
 
-@pytest.mark.parametrize("T,extra", [(1, 0), (2, 0), (4, 0), (4, 2)])
+@pytest.mark.parametrize("T,extra", [(1, 0), (2, 0), (4, 0), (4, 2), (1, 3), (2, 5)])
 def test_in_row_form_is_vllms_update_kernel(T: int, extra: int) -> None:
     """[N] rows with num_accepted_tokens: vLLM's in-row form, entry for entry (a row of W − 2 + T entries, vLLM's
-    allocation, and a longer one), −1 rows untouched, every accepted count 1..T."""
+    allocation, and longer ones, whose entries from W − 2 + T on stay as they were), −1 rows untouched, every
+    accepted count 1..T."""
     rng = np.random.default_rng(T + 10 * extra)
     N, C, W, P = 2 * T + 1, 5, 4, 3 * T + 4
     L = W - 2 + T + extra
@@ -218,6 +222,7 @@ def test_in_row_form_is_vllms_update_kernel(T: int, extra: int) -> None:
     ref_out, ref_after = _vllm_in_row_update(x, weight, bias, pool, rows, accepted)
     np.testing.assert_allclose(out, np.where((rows >= 0)[:, None, None], ref_out, 0.0), rtol=1e-13, atol=1e-13)
     np.testing.assert_array_equal(after, ref_after)
+    np.testing.assert_array_equal(after[:, :, W - 2 + T :], pool[:, :, W - 2 + T :])  # a longer row's tail
 
 
 @pytest.mark.parametrize("T", [1, 3, 4])

@@ -80,6 +80,20 @@ def _in_row_window_at_the_end(good, x, pool, w, b, rows, acc, act):
     return good(x, pool, w, b, rows, acc, activation=act)
 
 
+def _in_row_whole_row_written(good, x, pool, w, b, rows, acc, act):
+    """A longer in-row row rewritten whole, R[o + 1 .. o + L − T] ++ the tokens (gdn-nki's behaviour before it
+    followed vLLM's kernel, which writes only the first W − 2 + T entries)."""
+    before = pool.copy()
+    out, pool = good(x, pool, w, b, rows, acc, activation=act)
+    if acc is not None and np.ndim(rows) == 1:
+        tokens = x.shape[1]
+        for n, row in enumerate(rows):
+            if row >= 0:
+                o = int(acc[n]) - 1
+                pool[row, :, : pool.shape[2] - tokens] = before[row, :, o + 1 : o + 1 + pool.shape[2] - tokens]
+    return out, pool
+
+
 def _no_checks(good, x, pool, w, b, rows, acc, act):
     try:
         return good(x, pool, w, b, rows, acc, activation=act)
@@ -107,6 +121,7 @@ MUTANTS = {
     "no rollback": (_no_rollback, {"rollback"}),
     "in-row offset ignored": (_in_row_from_offset_0, {"in_row"}),
     "in-row offset one short": (_in_row_window_at_the_end, {"in_row"}),
+    "in-row longer row rewritten whole": (_in_row_whole_row_written, {"in_row"}),
     "no rejections": (_no_checks, {"rejections"}),
     "a row not named written": (_stray_write, {"pool", "padding"}),
     "batch dependent": (_batch_dependent, {"batch_invariance"}),

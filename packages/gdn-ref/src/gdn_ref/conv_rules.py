@@ -234,8 +234,8 @@ def conv_varlen_violations(
         x: [tokens, C]. conv_pool: [P, C, L]. weight: [C, W]. query_start_loc: [N + 1] int32 from 0 to ``tokens``,
         non-decreasing, no request longer than ``max_query_len``. state_indices: [N] int32.
         num_accepted_tokens: [N] int32 (required: the form is vLLM's speculative one). max_query_len (int): >= 1;
-        the pool's rows hold exactly W − 2 + max_query_len entries (vLLM allocates W − 1 + num_speculative_tokens
-        with max_query_len = num_speculative_tokens + 1).
+        the pool's rows hold at least W − 2 + max_query_len entries (vLLM allocates W − 1 + num_speculative_tokens
+        with max_query_len = num_speculative_tokens + 1; a request writes only its row's first W − 2 + len).
         values (bool): also check ``query_start_loc``'s values (an array the caller can read).
 
     Returns:
@@ -270,10 +270,10 @@ def conv_varlen_violations(
             "pass the bounds of the N requests state_indices names, as int32")  # fmt: skip
         return found
     ps, ws = _shape(conv_pool), _shape(weight)
-    if ps is not None and len(ps) == 3 and ws is not None and len(ws) == 2 and ps[2] != ws[1] - 2 + max_query_len:
+    if ps is not None and len(ps) == 3 and ws is not None and len(ws) == 2 and ps[2] < ws[1] - 2 + max_query_len:
         need = ws[1] - 2 + max_query_len
-        bad("window", "conv_pool", f"L={ps[2]}", f"with query_start_loc a row holds exactly W - 2 + max_query_len "
-            f"= {need} entries (vLLM's kernel writes only the first W - 2 + len of a row, gdn-nki's whole rows)",
+        bad("window", "conv_pool", f"L={ps[2]}", f"with query_start_loc a row holds the window at every offset "
+            f"num_accepted_tokens - 1 <= max_query_len - 1: L >= W - 2 + max_query_len = {need}",
             f"allocate the pool as [P, C, {need}] (W - 1 + the speculative tokens)")  # fmt: skip
     if values and not found:
         found += _bounds_violations(np.asarray(query_start_loc).astype(np.int64), xs[0], max_query_len)

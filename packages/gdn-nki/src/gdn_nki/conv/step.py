@@ -10,8 +10,9 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
 - [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
   (``[n, 0]`` without it);
 - [N] with ``num_accepted_tokens`` (vLLM's in-row form, ``gdn_ref.conv``): request n's row holds
-  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row written
-  back is entries o + 1 .. o + L − T, then the T tokens. The offset is device data: the row's load is addressed at
+  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row's first
+  W − 2 + T entries are written back as entries o + 1 .. o + W − 2, then the T tokens (vLLM's kernel's state length;
+  a longer row's later entries stay as they were). The offset is device data: the row's load is addressed at
   row · C · L + o (one run-time ``scalar_offset``, "NKI Scalar Values": + and * of scalars, SDK 2.33) and moves
   each partition's run of the row shifted by o (``_shifted_row``), so channel f's entries o .. o + L − T land
   first in its L slots — all the step reads, in one run per partition;
@@ -45,6 +46,7 @@ from gdn_ref.conv_rules import CONV_STEP, conv_step_violations
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.pool_rows import PoolRows
 from ..common.request_rows import accepted_offsets, entry, request_rows
 from ..common.tiles import FP32, matmul, psum, sbuf
 
@@ -62,6 +64,8 @@ def gdn_conv_step(
     num_accepted_tokens: Any = None,
     activation: str | None = "silu",
     out_parts: tuple[Any, ...] | None = None,
+    state_row_stride: int | None = None,
+    state_len: int | None = None,
 ) -> tuple[Any, Any]:
     """Convolve T new tokens of N requests, each from its window in a conv-state pool, and store the windows.
 
@@ -83,6 +87,9 @@ def gdn_conv_step(
             of ``out``: the channels in order, C_i (the product of part i's trailing dimensions) each, summing to C,
             each a multiple of C / 16 (``split_parts``): the fused block's q, k and v, which would otherwise be
             copied out of ``out``.
+        state_row_stride, state_len (int): trace-time; the pool's rows lie ``state_row_stride`` elements apart, each
+            a dense [C, L = state_len] (vLLM's hybrid cache, ``common.pool_rows``): ``conv_pool`` is then the pool's
+            span, 1-D of (P − 1)·state_row_stride + C·L elements, of which only the named rows are read or written.
 
     Returns:
         tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests; ``out_parts`` when given) and
@@ -92,12 +99,13 @@ def gdn_conv_step(
         Trace-time rules (``gdn_ref.conv_rules.conv_step_violations``) stop the trace before anything is allocated;
         the index values are device data: ``gdn_nki.conv_decode_step`` checks them on the host first.
     """
+    pool = PoolRows.of(conv_pool, state_row_stride, (x.shape[-1], state_len))
     assert_valid_call(
-        conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
-        or step_sbuf_violations(x, conv_pool, weight, bias, state_indices)
+        conv_step_violations(x, pool.view, weight, bias, state_indices, num_accepted_tokens, activation)
+        or step_sbuf_violations(x, pool.view, weight, bias, state_indices)
     )
     n_req, tokens, channels = x.shape
-    state_len, width = conv_pool.shape[2], weight.shape[1]
+    state_len, width = pool.view.shape[2], weight.shape[1]
     per_part = channels // PARTITIONS_PER_REQUEST
     per_token = len(state_indices.shape) == 2
     in_row = num_accepted_tokens is not None and not per_token
@@ -108,7 +116,9 @@ def gdn_conv_step(
                   f"C = {channels} in multiples of C / 16 = {per_part}. Fix: parts of whole partitions, or None")  # fmt: skip
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
-    sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    longer_rows = in_row and state_len > _kept_length(state_len, width, tokens, in_row)  # ``_TileSet.rows_as_read``
+    set_bytes = _set_bytes(x, per_part, tokens, state_len, width, per_token, longer_rows)
+    sets = _tile_sets(groups, max(1, SET_BUDGET // set_bytes))
     trips = -(-groups // sets)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
@@ -122,7 +132,7 @@ def gdn_conv_step(
     taps, bias_column = _constants(weight, bias, per_part, psum_taps)
     slots = total * REQUESTS_PER_GROUP
     rows = request_rows(state_indices, None if in_row else num_accepted_tokens, n_req, tokens, slots,
-                        conv_pool.shape[0], outputs=False)  # fmt: skip
+                        pool.view.shape[0], outputs=False)  # fmt: skip
     if in_row:  # the rows, then each request's offset in its row
         rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
     identity = _identity()
@@ -135,7 +145,7 @@ def gdn_conv_step(
                           in_row=in_row)
                  for s in range(sets)]  # fmt: skip
     live = _live_mask(first_rows, total)
-    shape = (tokens, state_len, width)
+    shape = (tokens, _kept_length(state_len, width, tokens, in_row), width)
     accepted = num_accepted_tokens is not None and not in_row  # the read row from ``request_rows``' second tile
 
     made: dict[int, list[_Slot]] = {}
@@ -153,7 +163,7 @@ def gdn_conv_step(
     # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
     # before it in the same tile set is convolved, so the DMA moves one group while the engines convolve the others.
     for s, tile_set in enumerate(tile_sets):
-        tile_set.load(x, conv_pool, slots_of(s))
+        tile_set.load(x, pool, slots_of(s))
 
     def iteration(i: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
@@ -165,8 +175,8 @@ def gdn_conv_step(
                     slot.read_row()
             tile_set.convolve(taps, _column(live, g), shape, activation)
             if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
-                tile_set.load(x, conv_pool, slots_of(g + sets))
-            tile_set.store(out, conv_pool, slots_of(g))
+                tile_set.load(x, pool, slots_of(g + sets))
+            tile_set.store(out, pool, slots_of(g))
 
     # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
     # past the launch's, and the slot map would make them other groups' requests). The others run
@@ -183,8 +193,8 @@ def gdn_conv_step(
             for s, tile_set in enumerate(tile_sets):
                 local = k * sets + s
                 tile_set.convolve(taps, _column(live, base + local), shape, activation)
-                tile_set.load(x, conv_pool, window.slots(local + sets))
-                tile_set.store(out, conv_pool, window.slots(local))
+                tile_set.load(x, pool, window.slots(local + sets))
+                tile_set.store(out, pool, window.slots(local))
 
     if looped:
         nl.fori_loop(0, looped, body)
@@ -194,9 +204,9 @@ def gdn_conv_step(
     if _drains_in_runs(tile_sets[0], tokens):
         for s, tile_set in enumerate(tile_sets):
             g = last * sets + s
-            tile_set.convolve_and_store(out, conv_pool, slots_of(g), taps, _column(live, g), shape, activation)
+            tile_set.convolve_and_store(out, pool, slots_of(g), taps, _column(live, g), shape, activation)
     elif groups == 1 and MULTI_TOKEN_RUNS > 1:  # nothing to overlap a lone group's drain: its channels in runs
-        tile_sets[0].convolve_in_runs(out, conv_pool, slots_of(0), taps, _column(live, 0), shape, activation)
+        tile_sets[0].convolve_in_runs(out, pool, slots_of(0), taps, _column(live, 0), shape, activation)
     else:
         iteration(last, ahead=False)
     return (out if out_parts else out[0]), conv_pool
@@ -292,10 +302,11 @@ def _identity() -> Any:
     return identity
 
 
-def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
-    """SBUF bytes per partition of one ``_TileSet``."""
+def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool,
+               rows_as_read: bool = False) -> int:  # fmt: skip
+    """SBUF bytes per partition of one ``_TileSet`` (``rows_as_read``: with its in-row rows as read)."""
     io = _io_bytes(x.dtype)
-    kept = tokens if per_token else 1
+    kept = tokens + rows_as_read if per_token else 1 + rows_as_read
     return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
 
 
@@ -371,8 +382,7 @@ class _Slot:
         "nki.isa.register_alloc"; nki-cpu's rule ``live_registers``)."""
         if not self._in_row:
             return _pool_view(pool, self.read_row())
-        _, channels, state_len = pool.shape
-        start = self.read_row() * (channels * state_len) + self._load(1, self._first, 1)
+        start = pool.row_start(self.read_row()) + self._load(1, self._first, 1)
         return _shifted_row(pool, start, self._tokens)
 
     def write_rows(self) -> tuple[Any, ...]:
@@ -452,9 +462,10 @@ class _TileSet:
         self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.in_row = in_row
-        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's L − T + 1 from the
-        # offset on (the rest of its slots: the next channel's entries, unused).
-        self.loaded = state_len - tokens + 1 if in_row else state_len
+        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's W − 1 from the
+        # offset on (of the L − T + 1 loaded; the rest of its slots: the next channel's entries, unused); the windows
+        # kept are those W − 1's last W − 2 ++ the tokens, vLLM's row of W − 2 + T, whatever L.
+        self.loaded = width - 1 if in_row else state_len
         self.first_tap = 0 if in_row else state_len - (width - 1)  # the taps' window in ``windows``
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
@@ -470,6 +481,14 @@ class _TileSet:
         self.kept = None
         if per_token is not None:
             self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+        # The in-row form on rows longer than vLLM's W − 2 + T: the rows as they are, whose entries from W − 2 + T on
+        # go back unchanged with the kept window (whole rows stored: one run a partition; storing only the first
+        # W − 2 + T, runs of W − 2 + T a channel: 976.6 against 98.4 us at N = 64, T = 4, L = 7; PERFORMANCE.md,
+        # "Conv1d").
+        self.rows_as_read = None
+        if in_row and state_len > _kept_length(state_len, width, tokens, in_row):
+            self.rows_as_read = sbuf((128, per_part, state_len), dtype)
+            nisa.memset(dst=self.rows_as_read, value=0.0, engine=clear)
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -478,6 +497,9 @@ class _TileSet:
             if self.in_row:  # a run of the row's flat entries: the first F·L − (T − 1) of the partition's slots
                 dst = self.windows.reshape((128, -1))[slot.part, 0 : src.shape[1]]
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+            if self.rows_as_read is not None:
+                nisa.dma_copy(dst=self.rows_as_read[slot.part], src=_pool_view(pool, slot.read_row()),
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
             if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
                 nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
 
@@ -568,6 +590,12 @@ DRAIN_RUNS = 8
 DRAIN_SUMMED_ON_VECTOR_EVERY = 3
 
 
+def _kept_length(state_len: int, width: int, tokens: int, in_row: bool) -> int:
+    """The entries of a row the step rewrites: the row's L, or in vLLM's in-row form its first W − 2 + T (vLLM's
+    kernel's state length whatever L: ``gdn_ref.conv``; the rest go back as they were, ``_TileSet.rows_as_read``)."""
+    return width - 2 + tokens if in_row else state_len
+
+
 def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
     """Whether the last trip runs ``_TileSet.convolve_and_store``: one output (T = 1), summed on the tensor engine."""
     return tokens == 1 and tiles.pe_outputs == 1 and not tiles.pe_channels and tiles.first_output == 0
@@ -575,7 +603,8 @@ def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
 
 def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SCALAR) -> None:
     """The windows to keep, copied by ``engine``: the window after token t is the series inputs from
-    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens)."""
+    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens), L = ``state_len`` the entries rewritten
+    (``_kept_length``); a longer row's entries past them copied from the row as read (``_TileSet.rows_as_read``)."""
     inputs_by_channel, loaded = _token_last(tiles.inputs), tiles.loaded
     kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
     for i, t in enumerate(kept_tokens):
@@ -586,6 +615,8 @@ def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SC
             _copy(kept[:, :, 0:old], tiles.windows[:, :, start : start + old], engine)
         new = state_len - old
         _copy(kept[:, :, old:state_len], inputs_by_channel[:, :, t + 1 - new : t + 1], engine)
+        if tiles.rows_as_read is not None:
+            _copy(kept[:, :, state_len:], tiles.rows_as_read[:, :, state_len:], engine)
 
 
 def _copy(dst: Any, src: Any, engine: Any) -> None:
@@ -618,10 +649,10 @@ def _skip_if_scalar(n: Any) -> dict[str, Any]:
 def _pool_view(pool: Any, row: Any) -> Any:
     """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
     its L inputs (one contiguous run per partition)."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     per_part = channels // PARTITIONS_PER_REQUEST
     pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+    return pool.row(row, pattern)
 
 
 def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
@@ -630,10 +661,10 @@ def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
     then the next channel's first o: the window's L − T + 1 entries first. One contiguous run per partition, as the
     other forms' loads (runs of L − T + 1 entries a channel moved 6 bytes a descriptor: 15× slower at N = 64); the
     last partition's run stops T − 1 short of F·L, so it ends inside the row whatever o."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     run = channels // PARTITIONS_PER_REQUEST * state_len
     pattern = [[run, PARTITIONS_PER_REQUEST], [1, run - (tokens - 1)]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=2)
+    return pool.at(start, pattern)
 
 
 def _input_view(tensor: Any, n: Any, per_part: int | None = None) -> Any:

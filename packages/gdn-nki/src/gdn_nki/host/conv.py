@@ -27,6 +27,7 @@ from ..conv.prefill import gdn_conv_bucket
 from ..conv.step import gdn_conv_step, step_sbuf_violations
 from .conv_varlen import packed_outputs, padded_requests
 from .decode import _rows
+from .pool_span import numpy_span, span_violations
 
 
 def conv_decode_step(
@@ -63,7 +64,7 @@ def conv_decode_step(
             (``gdn_ref.conv.causal_conv1d_update_varlen``): request n's tokens are x[query_start_loc[n] ..
             query_start_loc[n + 1] − 1] (from 0 to tokens, non-decreasing, at most max_query_len each; none: the
             request reads and writes nothing), with [N] ``state_indices`` and ``num_accepted_tokens`` (required) over
-            rows of exactly W − 2 + max_query_len inputs, each request writing its row's first W − 2 + len entries.
+            rows of L >= W − 2 + max_query_len inputs, each request writing its row's first W − 2 + len entries.
         max_query_len (int | None): with ``query_start_loc``, T of the compiled program (``host.conv_varlen``).
 
     Returns:
@@ -84,6 +85,9 @@ def conv_decode_step(
     if not found and not conv_pool.flags.writeable:
         found = [Violation("conv.pool_writable", "conv_pool", "a read-only array", "the conv-state pool is updated "
                            "IN PLACE, so it must be writable", "pass a writable array", CONV_STEP)]  # fmt: skip
+    span, strided = _pool_span(conv_pool)
+    if not found and strided:
+        found = span_violations(conv_pool.shape[0], strided["state_row_stride"], "conv_pool", CONV_STEP)
     _, reads, writes = ([], [], []) if found else _rows(state_indices, num_accepted_tokens)
     if not found and check_values:
         found = _finite("x", x) + _finite("weight", weight) + _finite("bias", bias)
@@ -92,8 +96,8 @@ def conv_decode_step(
         raise ContractError(found)
     saved = np.array(conv_pool[writes], copy=True)
     try:
-        out, _ = backend.simulate(gdn_conv_step)(x, conv_pool, weight, bias, state_indices, num_accepted_tokens,
-                                                 activation)  # fmt: skip
+        out, _ = backend.simulate(gdn_conv_step)(x, span, weight, bias, state_indices, num_accepted_tokens,
+                                                 activation, **strided)  # fmt: skip
     except BaseException:
         conv_pool[writes] = saved  # a launch that failed part-way: the pool as it was
         raise
@@ -202,6 +206,9 @@ def conv_prefill_bucket(
     if not found and not conv_pool.flags.writeable:
         found = [Violation("conv.pool_writable", "conv_pool", "a read-only array", "the conv-state pool is updated "
                            "IN PLACE, so it must be writable", "pass a writable array", CONV_PREFILL)]  # fmt: skip
+    span, strided = _pool_span(conv_pool)
+    if not found and strided:
+        found = span_violations(conv_pool.shape[0], strided["state_row_stride"], "conv_pool", CONV_PREFILL)
     lengths = np.diff(bounds.astype(np.int64))
     rows = np.asarray(state_indices).reshape(-1).astype(np.int64)
     reads = rows if read_indices is None else np.asarray(read_indices).reshape(-1).astype(np.int64)
@@ -218,13 +225,23 @@ def conv_prefill_bucket(
                    if table[i, k] >= 0 and (k + 1) * checkpoint_every <= n]  # fmt: skip
     saved = np.array(conv_pool[writes], copy=True)
     try:
-        out, _ = backend.simulate(gdn_conv_bucket)(launch["x"], conv_pool, weight, bias, launch["cu_seqlens"],
+        out, _ = backend.simulate(gdn_conv_bucket)(launch["x"], span, weight, bias, launch["cu_seqlens"],
                                                    launch["state_indices"], activation, launch["checkpoint_every"],
-                                                   launch["checkpoint_indices"], launch["read_indices"])  # fmt: skip
+                                                   launch["checkpoint_indices"], launch["read_indices"],
+                                                   **strided)  # fmt: skip
     except BaseException:
         conv_pool[writes] = saved  # a launch that failed part-way: the pool as it was
         raise
     return np.asarray(out)[:tokens], conv_pool
+
+
+def _pool_span(conv_pool: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """The conv kernels' pool argument and the keywords saying so: a row-strided pool is addressed in place as its
+    span (``host.pool_span``), with its row stride and window length."""
+    span, row_stride = numpy_span(conv_pool)
+    if row_stride is None:
+        return span, {}
+    return span, {"state_row_stride": row_stride, "state_len": conv_pool.shape[2]}
 
 
 def _padded_layout(x: np.ndarray, bounds: np.ndarray, state_indices: np.ndarray, every: int | None,

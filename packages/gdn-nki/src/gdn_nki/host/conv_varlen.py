@@ -3,10 +3,11 @@
 (N, max_query_len); ``conv_decode_step`` with ``query_start_loc`` runs it on the host, ``torch/conv_device.py`` on a
 device.
 
-The in-row kernel writes a request's whole row, R[o + 1 .. o + W − 2] ++ its T tokens (the rows hold exactly
-W − 2 + T entries here, ``conv_varlen_violations``), where vLLM writes the first W − 2 + len_n entries and leaves the
-others. So a request's slots past its len_n tokens are filled with the entries its row already holds there (R[W − 2
-+ t] for slot t): the kernel writes them back unchanged, bit for bit, and their outputs are dropped. A request of no
+The in-row kernel writes a request's row's first W − 2 + T entries, R[o + 1 .. o + W − 2] ++ its T tokens (rows of
+L >= W − 2 + T, ``conv_varlen_violations``; entries past them left), where vLLM writes the first W − 2 + len_n
+entries and leaves the others. So a request's slots past its len_n tokens are filled with the entries its row
+already holds there (R[W − 2 + t] for slot t): the kernel writes them back unchanged, bit for bit, and their
+outputs are dropped. A request of no
 tokens is padding (vLLM's kernel returns before reading its row). The layout is computed with array operations only
 (``xp``: numpy on the host, torch on a device, where nothing is read back: ``gdn_nki.torch.conv_device``).
 """
@@ -27,7 +28,7 @@ def padded_requests(
         tokens: packed tokens. N: requests. T: max_query_len. C: channels. W: width. P: pool rows.
 
     Args:
-        x: [tokens, C]. pool: [P, C, W − 2 + T]. bounds: [N + 1] int64 request bounds (trusted: in range).
+        x: [tokens, C]. pool: [P, C, L >= W − 2 + T]. bounds: [N + 1] int64 request bounds (trusted: in range).
         rows: [N] int64 pool rows, −1: padding. max_query_len (int): T. width (int): W.
         xp: the array namespace of the operands (numpy or torch).
 

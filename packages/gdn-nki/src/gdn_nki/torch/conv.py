@@ -69,7 +69,7 @@ def causal_conv1d_update_op(
     in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
-    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
@@ -96,7 +96,7 @@ def causal_conv1d_update_varlen_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update_varlen(x, conv_state, weight, bias, query_start_loc, rows, accepted,
                                                        max_query_len, activation)  # fmt: skip
-    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32), np.ascontiguousarray(as_numpy(accepted)).astype(np.int32),
@@ -143,7 +143,8 @@ def causal_conv1d_update(
 
     Args:
         x (Tensor): [N, C] (one token) or [N, C, T], float32 or bfloat16.
-        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named.
+        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named: contiguous, or rows at
+            their own stride, each a dense [C, L] (vLLM's pages with ``VLLM_SSM_CONV_STATE_LAYOUT=DS``).
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
@@ -154,13 +155,14 @@ def causal_conv1d_update(
             [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
             rows), vLLM's own speculative form: ``conv_state`` rows of L >= W − 2 + T inputs (vLLM allocates
             W − 1 + num_speculative_tokens), the taps' window read from entry num_accepted_tokens[n] − 1 of the row
-            and the row shifted past it with the T tokens appended (``gdn_ref.conv``).
+            and the row's first W − 2 + T entries rewritten as the window's last W − 2 then the T tokens, a longer
+            row's later entries left as they were, as vLLM's kernel does (``gdn_ref.conv``).
         query_start_loc (Tensor | None): [N + 1] int32: vLLM's varlen form, as its GDN layer calls it in
             speculative decoding: x [tokens, dim] packed, request n's tokens ``query_start_loc[n] ..
             query_start_loc[n + 1] − 1`` (from 0 to tokens, non-decreasing, at most ``max_query_len`` each; a
             request of none reads and writes nothing), with ``conv_state_indices`` [N] and ``num_accepted_tokens``
-            (the in-row form; without it query_start_loc is rejected by name) and ``conv_state`` rows of exactly
-            W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
+            (the in-row form; without it query_start_loc is rejected by name) and ``conv_state`` rows of
+            L >= W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
             kernel writes them (``gdn_ref.conv.causal_conv1d_update_varlen``).
         max_query_len (int): with ``query_start_loc``, the most tokens a request has (vLLM passes
             ``spec_state_indices_tensor.size(-1)``); the compiled program's tokens per request. Else unused.
@@ -253,7 +255,7 @@ def causal_conv1d_fn_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
                                             checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
-    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_states), as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
@@ -306,6 +308,7 @@ def causal_conv1d_fn(
         x (Tensor): [dim, tokens] (vLLM's channel-major packed layout), float32 or bfloat16.
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
+            Rows may lie at their own stride, each dense, as ``causal_conv1d_update``'s.
         query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
         cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored; only that id pads,
             as in vLLM's kernels: with another id a −1 row is out of range, refused); None: row i.

@@ -58,7 +58,9 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Te
     """
     rules.conv_step(x, conv_state, weight, bias, rows, activation, accepted)
     counts = None if accepted is None else accepted.to(torch.int32)
-    out, _ = device.launch(gdn_conv_step, x, conv_state, weight, bias, rows.to(torch.int32), counts, activation)
+    span, strided = conv_pool_span(conv_state)
+    out, _ = device.launch(gdn_conv_step, x, span, weight, bias, rows.to(torch.int32), counts, activation,
+                           **strided)  # fmt: skip
     return out
 
 
@@ -74,8 +76,9 @@ def causal_conv1d_update_varlen(x: Tensor, conv_state: Tensor, weight: Tensor, b
 
     Args:
         x (Tensor): [tokens, C] token-major, float32 or bfloat16.
-        conv_state (Tensor): [P, C, W − 2 + T] in x's dtype: written in place at ``rows`` by the kernel (the first
-            W − 2 + len_n entries of request n's row; the others written back as they were).
+        conv_state (Tensor): [P, C, L >= W − 2 + T] in x's dtype: written in place at ``rows`` by the kernel (the
+            first W − 2 + len_n entries of request n's row; its next T − len_n written back as they were, the rest
+            not touched).
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         query_start_loc (Tensor): [N + 1] int32 request bounds (trusted: 0 .. tokens, non-decreasing, at most T
             tokens a request).
@@ -93,8 +96,9 @@ def causal_conv1d_update_varlen(x: Tensor, conv_state: Tensor, weight: Tensor, b
     rules.conv_varlen_step(x, conv_state, weight, bias, query_start_loc, rows, accepted, max_query_len, activation)
     bounds = query_start_loc.long()
     padded, live = padded_requests(x, conv_state, bounds, rows.long(), max_query_len, weight.shape[1], torch)
-    out, _ = device.launch(gdn_conv_step, padded.contiguous(), conv_state, weight, bias, live.to(torch.int32),
-                           accepted.to(torch.int32), activation)  # fmt: skip
+    span, strided = conv_pool_span(conv_state)
+    out, _ = device.launch(gdn_conv_step, padded.contiguous(), span, weight, bias, live.to(torch.int32),
+                           accepted.to(torch.int32), activation, **strided)  # fmt: skip
     return packed_outputs(out, bounds, x.shape[0], torch)
 
 
@@ -137,9 +141,17 @@ def causal_conv1d_fn(x: Tensor, conv_states: Tensor, weight: Tensor, bias: Tenso
         options.update(
             checkpoint_every=int(checkpoint_every), checkpoint_indices=device._slots(checkpoint_indices, slots)
         )
-    out, _ = device.launch(gdn_conv_bucket, padded, conv_states, weight, bias, bounds, device._slots(rows, slots),
-                           activation, **options)  # fmt: skip
+    span, strided = conv_pool_span(conv_states)
+    out, _ = device.launch(gdn_conv_bucket, padded, span, weight, bias, bounds, device._slots(rows, slots),
+                           activation, **options, **strided)  # fmt: skip
     return out if total == tokens else out[:tokens]
+
+
+def conv_pool_span(pool: Tensor) -> tuple[Tensor, dict[str, int]]:
+    """A conv pool as the conv kernels take it (``device.pool_span``) and the keywords saying so: a row-strided pool's
+    span, row stride and window length L."""
+    span, strided = device.pool_span(pool)
+    return span, ({**strided, "state_len": int(pool.shape[2])} if strided else {})
 
 
 def bucket_shape(tokens: int, seqs: int, bucket: tuple[int, int] | None) -> tuple[int, int]:

@@ -15,8 +15,8 @@ exactly), rows not named bit-identical.
 | ``pool`` | the named rows hold the oracle's windows; every other row keeps its bytes (NaN-poisoned: never read) |
 | ``padding`` | a −1 request reads and writes nothing of the pool (and, where declared, outputs zeros) |
 | ``rollback`` | [N, T] rows with ``num_accepted_tokens``: verify, resume from the accepted token's row = decoding the accepted tokens one by one, bit for bit (declared ``per_token_rows``) |
-| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count outside 1..T or a row shorter than W − 2 + T rejected with the pool untouched (declared ``in_row``; the rejections with ``rejections``) |
-| ``varlen`` | vLLM's varlen speculative form (``query_start_loc`` / ``max_query_len`` keywords, x [tokens, C] packed, [N] rows with ``num_accepted_tokens``, rows of W − 2 + max_query_len): requests of 1 .. max_query_len tokens and none, −1 rows, every accepted count, fp32 and bf16 against ``gdn_ref.conv.causal_conv1d_update_varlen``, rows bit for bit (a request's row past its W − 2 + len entries kept); bounds not from 0, decreasing, of the wrong length or not ending at the tokens rejected with the pool untouched (declared ``varlen``; the rejections with ``rejections``) |
+| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer, of which only the first W − 2 + T may change, as vLLM's kernel writes) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count outside 1..T or a row shorter than W − 2 + T rejected with the pool untouched (declared ``in_row``; the rejections with ``rejections``) |
+| ``varlen`` | vLLM's varlen speculative form (``query_start_loc`` / ``max_query_len`` keywords, x [tokens, C] packed, [N] rows with ``num_accepted_tokens``, rows of W − 2 + max_query_len and a longer one): requests of 1 .. max_query_len tokens and none, −1 rows, every accepted count, fp32 and bf16 against ``gdn_ref.conv.causal_conv1d_update_varlen``, rows bit for bit (a request's row past its W − 2 + len entries kept); bounds not from 0, decreasing, of the wrong length or not ending at the tokens rejected with the pool untouched (declared ``varlen``; the rejections with ``rejections``) |
 | ``rejections`` | wrong widths, a window longer than the state, mismatched channels, rows out of range or repeated: an exception, the pool untouched (declared ``rejections``) |
 | ``batch_invariance`` | a request's outputs and window keep every bit whatever else shares the call and wherever it sits |
 """
@@ -261,8 +261,8 @@ def check_varlen(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
         return kernel(case["x"], case["pool"], case["weight"], case["bias"], case["rows"], case["accepted"],
                       activation="silu", query_start_loc=case["bounds"], max_query_len=tokens)  # fmt: skip
 
-    for dtype in ("float32", "bfloat16"):
-        call = _case(rng, caps, 1, 1, dtype, width, tokens - 1)  # L = W − 2 + max_query_len
+    for dtype, extra in (("float32", 0), ("bfloat16", 0), ("float32", 2)):
+        call = _case(rng, caps, 1, 1, dtype, width, tokens - 1 + extra)  # L = W − 2 + max_query_len (+ extra)
         call["x"] = rng.standard_normal((int(bounds[-1]), call["x"].shape[2])).astype(call["x"].dtype)
         rows = rng.permutation(POOL_ROWS)[:n].astype(np.int32)
         rows[int(rng.integers(n))] = -1
@@ -272,7 +272,7 @@ def check_varlen(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
         out, pool = varlen({**call, "rows": rows, "accepted": accepted, "bounds": bounds})
         ref_out, ref_pool = causal_conv1d_update_varlen(call["x"], call["weight"], call["bias"], before, bounds, rows,
                                                         accepted, tokens, "silu")  # fmt: skip
-        what = f"varlen {dtype} lengths {list(VARLEN_LENGTHS)} counts {accepted.tolist()}"
+        what = f"varlen {dtype} L={call['pool'].shape[2]} lengths {list(VARLEN_LENGTHS)} counts {accepted.tolist()}"
         error = compare("out", np.asarray(out)[np.repeat(rows >= 0, VARLEN_LENGTHS)],
                         ref_out[np.repeat(rows >= 0, VARLEN_LENGTHS)], dtype)  # fmt: skip
         if not error.ok:
