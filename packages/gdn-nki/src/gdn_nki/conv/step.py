@@ -125,7 +125,8 @@ def gdn_conv_step(
     # and are outside x and out: their transfers are skipped.
     total = trips * sets
     first_rows = _first_rows(state_indices, n_req, total)
-    whole, channels, sum_banks, on_vector = _engine_plan(tokens, per_part, width, sets, per_token)
+    whole, channels, sum_banks, on_vector, gpsimd_channels = _engine_plan(tokens, per_part, width, sets, per_token,
+                                                                          biased=bias is not None)  # fmt: skip
     # The vector engine's products read the taps from PSUM: the banks their spread wrote, kept.
     psum_taps: list[tuple[int, Any]] | None = [] if on_vector < tokens else None
     taps, bias_column = _constants(weight, bias, per_part, psum_taps)
@@ -136,7 +137,7 @@ def gdn_conv_step(
         rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
     identity = _identity()
     summed_on_pe = (identity, whole, channels, sum_banks)
-    multiplied_on_vector = (psum_taps, on_vector) if psum_taps is not None else None
+    multiplied_on_vector = (psum_taps, on_vector, gpsimd_channels) if psum_taps is not None else None
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
     tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column, summed_on_pe=summed_on_pe,
@@ -167,6 +168,11 @@ def gdn_conv_step(
     def iteration(i: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
+            if ahead and tokens > 1:
+                # The next loads' rows first: their `scalar_load`s (GpSimd) behind this group's products held the
+                # loads, and the DMA idled (N = 64, T = 4: 57.3 -> 57.0 us; T = 1 gains nothing: unchanged).
+                for slot in slots_of(g + sets):
+                    slot.read_row()
             tile_set.convolve(taps, _column(live, g), shape, activation)
             if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
                 tile_set.load(x, pool, slots_of(g + sets))
@@ -224,39 +230,58 @@ TRIPS_PER_ITERATION = 16
 OUTPUTS_ON_PE = {1: 1, 2: 1, 4: 2.6875}
 # The same with [N, T] rows (every token's window kept): 2.6875 there cost N = 256 309.0 -> 309.1 us.
 OUTPUTS_ON_PE_EVERY_WINDOW = {4: 2.75}
-PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd)
+PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd); 1 where absent
+# Without a bias (Qwen3-Next's conv: ``bias=False``) a sum has W terms, not W + 1: the PE's share and the vector
+# engine's products (the last outputs', a fraction: that share of the output before them, its last channels)
+# retuned for it (PERFORMANCE.md, "Decode speed", item 12).
+# T = 4: 2 + 13/16 outputs summed on the PE, 1 + 7/16 multiplied on the vector engine (N = 64 / 256 60.9 / 206.0 ->
+# 57.3 / 202.0 us; the biased plan's 2.6875 and 1 left GpSimd binding; a flat optimum: PE 2.8125-3.0 and vector
+# 1.25-1.4375 all give 57.0-57.6).
+OUTPUTS_ON_PE_NO_BIAS = {4: 2.8125}
+PRODUCTS_ON_VECTOR_NO_BIAS = {4: 1.4375}
 
 
 PSUM_BANKS = 8  # [128, 512] fp32 each (docs/nki-sources.md §2.9)
 
 
 def _engine_plan(
-    tokens: int, per_part: int, width: int, sets: int, per_token: bool = False
-) -> tuple[int, int, int, int]:
+    tokens: int, per_part: int, width: int, sets: int, per_token: bool = False, biased: bool = True
+) -> tuple[int, int, int, int, int]:
     """(whole outputs summed on the PE, the next output's channels summed there, PSUM banks a tile set sums in, the
-    first output multiplied on the vector engine) within PSUM's 8 banks: the taps' banks when the vector engine
-    multiplies (the banks their spread wrote, ``_replicated``), then up to 2 sum banks a set (the outputs take them
-    in turn); with no room for the taps every product stays on GpSimd, and with more channels a partition than a
-    bank holds every sum on the vector engine. ``per_token``: [N, T] rows."""
+    first output multiplied on the vector engine, that output's channels still multiplied on GpSimd) within PSUM's
+    8 banks: the taps' banks when the vector engine multiplies (the banks their spread wrote, ``_replicated``), then
+    up to 2 sum banks a set (the outputs take them in turn); with no room for the taps every product stays on
+    GpSimd, and with more channels a partition than a bank holds every sum on the vector engine. ``per_token``:
+    [N, T] rows; ``biased``: the conv has a bias (a term of every sum)."""
     if per_part > BANK:
-        return 0, 0, 0, tokens
-    on_pe, on_vector = _split(tokens, per_token)
-    whole, channels = int(on_pe), round((on_pe - int(on_pe)) * per_part)
-    if channels == per_part:  # a narrow C rounds the share up to the whole output
-        whole, channels = whole + 1, 0
+        return 0, 0, 0, tokens, 0
+    on_pe, on_vector = _split(tokens, per_token, biased)
+    whole, channels = _whole_and_channels(on_pe, per_part)
+    vector_from, gpsimd_channels = _whole_and_channels(on_vector, per_part)
     wanted = min(2, whole + (channels > 0))
-    tap_banks = -(-per_part // max(1, BANK // width)) if on_vector < tokens else 0
+    tap_banks = -(-per_part // max(1, BANK // width)) if vector_from < tokens else 0
     if tap_banks + sets * min(1, wanted) > PSUM_BANKS:
-        tap_banks, on_vector = 0, tokens
+        tap_banks, vector_from, gpsimd_channels = 0, tokens, 0
     banks = min(wanted, (PSUM_BANKS - tap_banks) // sets)
-    return whole, channels, banks, on_vector
+    return whole, channels, banks, vector_from, gpsimd_channels
 
 
-def _split(tokens: int, per_token: bool = False) -> tuple[float, int]:
-    """(outputs summed on the PE, the first output multiplied on the vector engine) for T tokens (``per_token``:
-    [N, T] rows)."""
+def _whole_and_channels(outputs: float, per_part: int) -> tuple[int, int]:
+    """A share of outputs as (whole outputs, channels of the next one); a narrow C rounds a share up to the whole
+    output."""
+    whole, channels = int(outputs), round((outputs - int(outputs)) * per_part)
+    return (whole + 1, 0) if channels == per_part else (whole, channels)
+
+
+def _split(tokens: int, per_token: bool = False, biased: bool = True) -> tuple[float, float]:
+    """(outputs summed on the PE, the first output multiplied on the vector engine: a fraction from that share of
+    its channels on) for T tokens (``per_token``: [N, T] rows; ``biased``: a bias term in every sum)."""
     on_pe = (OUTPUTS_ON_PE_EVERY_WINDOW if per_token else {}).get(tokens, OUTPUTS_ON_PE.get(tokens, tokens - 1))
-    return on_pe, tokens - PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
+    on_vector = PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
+    if not biased and not per_token:
+        on_pe = OUTPUTS_ON_PE_NO_BIAS.get(tokens, on_pe)
+        on_vector = PRODUCTS_ON_VECTOR_NO_BIAS.get(tokens, on_vector)
+    return on_pe, tokens - on_vector
 
 
 def _tile_sets(groups: int, fit: int) -> int:
@@ -423,14 +448,14 @@ class _TileSet:
         ``summed_on_pe``: (the [128, 128] fp32 identity, k, c, banks): the first k outputs' sums (and output k's
         first c channels') are accumulated by the tensor engine in PSUM (``_sum_on_pe``) in ``banks`` banks taken in
         turn, the rest reduced by the vector engine; ``clear``: the engine that zeroes the loaded tiles first;
-        ``multiplied_on_vector``: (the taps' PSUM banks as ``_replicated`` keeps them; k): the products of the
-        outputs from k on are formed by the vector engine, the others' by GpSimd; ``in_row``: vLLM's in-row
+        ``multiplied_on_vector``: (the taps' PSUM banks as ``_replicated`` keeps them; k; c): the products of the
+        outputs from k on are formed by the vector engine (output k's from channel c on), the others' by GpSimd; ``in_row``: vLLM's in-row
         form, the windows tile holding a row's L − T + 1 entries from the request's offset, the taps' window its
         first W − 1 (``_convolve``)."""
         self.first_output = first_output
         outputs = tokens - first_output
         self.identity, self.pe_outputs, self.pe_channels, banks = summed_on_pe if summed_on_pe else (None, 0, 0, 0)
-        self.psum_taps, self.vector_from = multiplied_on_vector if multiplied_on_vector else (None, outputs)
+        self.psum_taps, self.vector_from, self.gpsimd_channels = multiplied_on_vector or (None, outputs, 0)
         self.bias = bias_column
         # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
         # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
@@ -778,7 +803,7 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
         k = t - tiles.first_output
         products = tiles.products[:, k, lo:hi]
         from_window = min(width, max(0, width - 1 - t))
-        on_gpsimd = k < tiles.vector_from
+        on_gpsimd = _gpsimd_channels(tiles, k, per_part)
         if from_window:
             at = first + t
             _multiply(tiles, on_gpsimd, products, tiles.windows[:, lo:hi, at : at + from_window], taps, lo,
@@ -815,14 +840,27 @@ def _pe_channels(tiles: _TileSet, k: int, per_part: int) -> int:
     return tiles.pe_channels if k == tiles.pe_outputs else 0
 
 
-def _multiply(tiles: _TileSet, on_gpsimd: bool, products: Any, data: Any, taps: Any, lo: int, j0: int,
+def _gpsimd_channels(tiles: _TileSet, k: int, per_part: int) -> int:
+    """How many of output k's channels (from the first) GpSimd multiplies: all before ``vector_from``, the first
+    ``gpsimd_channels`` of that output, none after it (the vector engine's)."""
+    if k < tiles.vector_from:
+        return per_part
+    return tiles.gpsimd_channels if k == tiles.vector_from else 0
+
+
+def _multiply(tiles: _TileSet, on_gpsimd: int, products: Any, data: Any, taps: Any, lo: int, j0: int,
               j1: int) -> None:  # fmt: skip
-    """Products of taps j0 .. j1 − 1 with ``data`` (channels lo .. of a partition) on GpSimd or the vector
-    engine."""
-    if on_gpsimd:
-        _multiply_on_gpsimd(tiles, products, data, taps[:, lo : lo + data.shape[1]], j0, j1)
-    else:
+    """Products of taps j0 .. j1 − 1 with ``data`` (channels lo .. of a partition): those before channel
+    ``on_gpsimd`` on GpSimd, the rest on the vector engine. Each product is one fp32 rounding on either engine."""
+    hi = lo + data.shape[1]
+    cut = min(hi, max(lo, on_gpsimd))
+    if cut == hi:
+        _multiply_on_gpsimd(tiles, products, data, taps[:, lo:hi], j0, j1)
+    elif cut == lo:
         _multiply_on_vector(tiles, products, data, lo, j0, j1)
+    else:  # output ``vector_from``, cut at its GpSimd share
+        _multiply_on_gpsimd(tiles, products[:, : cut - lo], data[:, : cut - lo], taps[:, lo:cut], j0, j1)
+        _multiply_on_vector(tiles, products[:, cut - lo :], data[:, cut - lo :], cut, j0, j1)
 
 
 def _multiply_on_gpsimd(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
