@@ -35,6 +35,7 @@ def gdn_cte_bucket_normed(
     checkpoint_indices: Any = None,
     read_indices: Any = None,
     state_v_first: bool = False,
+    state_row_stride: int | None = None,
     eps: float = 1e-6,
     activation: str = "silu",
 ) -> tuple[Any, Any]:
@@ -45,7 +46,8 @@ def gdn_cte_bucket_normed(
 
     Args:
         query, key, value, g_log, beta, chunk_bounds, state_indices, state_pool, scale, algorithm, mask_pack,
-            group_size, checkpoint_every, checkpoint_indices, read_indices, state_v_first: as ``gdn_cte_bucket``.
+            group_size, checkpoint_every, checkpoint_indices, read_indices, state_v_first, state_row_stride: as
+            ``gdn_cte_bucket``.
         z (nl.NkiTensor): [1, T, Hv, Dv] @ HBM in query's dtype: the gate, seq-first (the layer's z projection)
             and packed as q/k/v are: token t of the bucket at row t, padding tokens anything finite (their rows
             are normalized on their own and belong to no sequence).
@@ -65,8 +67,8 @@ def gdn_cte_bucket_normed(
         allocated. Measured against the two launches: PERFORMANCE.md, "Gated RMSNorm".
     """
     layout = BucketLayout(chunk_bounds, state_indices, state_pool, checkpoint_every, checkpoint_indices, read_indices,
-                          bool(state_v_first))  # fmt: skip
-    call = checked_call(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, layout)
+                          bool(state_v_first), state_row_stride)  # fmt: skip
+    call, pool = checked_call(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, layout)
     assert_valid_call(output_norm_violations(query, value, z, norm_weight, eps, activation), "gdn_cte_bucket_normed")
     norm = OutputNorm.allocate(z, norm_weight, float(eps), activation)
-    return emit_bucket(call, layout, norm), state_pool
+    return emit_bucket(call, layout, pool, norm), state_pool
