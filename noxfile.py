@@ -278,6 +278,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_vllm_decode.py",
     "packages/gdn-nki/tests/test_torch_strided_pools.py",
     "packages/gdn-nki/tests/test_torch_paged_pools.py",
+    "packages/gdn-nki/tests/test_torch_bucket_normed.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.

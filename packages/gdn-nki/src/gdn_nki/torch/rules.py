@@ -33,7 +33,7 @@ from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tens
 
 from ..common.state_layout import kmajor_shape
 from ..conv.step import step_sbuf_violations
-from ..host.buckets import _pool_violations, configured_buckets
+from ..host.buckets import _pool_violations, configured_buckets, folded_norm_violations
 from ..host.pool_layout import layout_violations
 from ..host.pool_span import span_violations
 from ..host.torch_io import (
@@ -104,6 +104,27 @@ def bucket_for(q: Any, cu_seqlens: Any, algorithm: Any) -> tuple[int, int] | Non
         if bucket_tokens >= need and slots >= seqs and bucket_tokens % chunk_tokens == 0:
             return bucket_tokens, slots
     return None
+
+
+def folded_norm(q: Any, v: Any, z: Any, weight: Any, eps: Any, activation: Any) -> None:
+    """The rules of the gated RMSNorm ``chunk_gated_delta_rule`` folds into its output stage (``z`` given, or an
+    option of it set), on stand-ins of the host path's arrays: z as its packed [1, B·T, Hv, V] row, q and v as their
+    head-major packed rows (after ``prefill``, which holds their own rules)."""
+    if z is None and weight is None and eps == 1e-6 and activation == "silu":
+        return
+    for name, x in (("z", z), ("norm_weight", weight)):
+        if x is not None:
+            check_tensor(name, x, any_device=True)
+    batch, seq_len = q.shape[:2]
+    tokens = batch * seq_len
+    query = stand_in((1, q.shape[2], tokens, q.shape[3]), q.dtype)
+    value = stand_in((1, v.shape[2], tokens, v.shape[3]), v.dtype)
+    gate = like(z)
+    if z is not None and z.dim() == 4 and tuple(z.shape[:2]) == (batch, seq_len):
+        gate = stand_in((1, tokens, *z.shape[2:]), z.dtype)
+    found = folded_norm_violations(query, value, gate, like(weight), eps, activation)
+    if found:
+        raise ContractError(found)
 
 
 def prefill(
