@@ -8,8 +8,8 @@ state: per request and layer T rows (T = the speculative width), allocated on ar
 completion or abort, and reused. Each step packs waiting prompts and chunks of long ones into ONE prefill per GDN
 layer, in the smallest of a few configured prefill buckets (T tokens, N sequences) that holds them: vLLM's
 ``causal_conv1d_fn`` on the pool's windows, FLA's ``chunk_gated_delta_rule(..., bucket=(T, N))`` with the gating in
-the kernel and the layer's gated RMSNorm folded into its output stage (``z=``, ``norm_weight=``: one launch) — the
-layout and the pool rows are device data, so each bucket is one compiled program per kernel. Every running request goes into ONE decode per GDN layer: vLLM's ``causal_conv1d_update`` and
+the kernel, FLA's ``rms_norm_gated`` — the layout and the pool rows are device data, so each bucket is one compiled
+program per kernel. Every running request goes into ONE decode per GDN layer: vLLM's ``causal_conv1d_update`` and
 ``fused_sigmoid_gating_delta_rule_update`` with [N, T] rows and ``num_accepted_tokens`` (N padded to a decode
 bucket with -1 rows), then ``rms_norm_gated``: T tokens verified at a time from an n-gram draft, both states rolled
 back to the accepted prefix by reading the accepted token's row next step. Prefix cache: the prefill kernels write
@@ -54,8 +54,9 @@ from serving.model import PackedQwen3Next
 from serving.pool import StatePool, check
 
 LOGIT_TOLERANCE = 1e-4  # fp32
-KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket_normed", "decode": "gdn_step", "conv_prefill": "gdn_conv_bucket",
-                   "conv_decode": "gdn_conv_step", "norm_decode": "gdn_gated_rms_norm"}  # fmt: skip
+KERNEL_OF_PHASE = {"prefill": "gdn_cte_bucket", "decode": "gdn_step", "conv_prefill": "gdn_conv_bucket",
+                   "conv_decode": "gdn_conv_step", "norm_prefill": "gdn_gated_rms_norm",
+                   "norm_decode": "gdn_gated_rms_norm"}  # fmt: skip
 
 
 def build_model(dtype: torch.dtype, seed: int = 0, layer_types: tuple[str, ...] | None = None) -> Qwen3NextForCausalLM:

@@ -9,10 +9,8 @@ compiling backend traces each bucket once for the whole run:
   recurrent checkpoints' rows; ``causal_conv1d_update`` with [N, T] rows and ``num_accepted_tokens``) — the same
   rows as the recurrence's, so a prefix-cache hit restores both states and a rejected draft rolls both back;
 
-- ``prefill``: ``gdn_nki.torch.chunk_gated_delta_rule`` in its bucketed form (``bucket=(T, N)``) with the layer's
-  gated RMSNorm folded into its output stage (``z=``, ``norm_weight=``: HF's ``Qwen3NextRMSNormGated``, its weight
-  and eps, rmsnorm(o) · weight · silu(z); ``gdn_cte_bucket_normed``, one launch where the recurrence then the norm
-  took two), the gating in the kernel (``use_gate_in_kernel``: −exp(A_log)·softplus(a + dt_bias) from the raw a; ``use_beta_sigmoid_in_kernel``:
+- ``prefill``: ``gdn_nki.torch.chunk_gated_delta_rule`` in its bucketed form (``bucket=(T, N)``), the gating in
+  the kernel (``use_gate_in_kernel``: −exp(A_log)·softplus(a + dt_bias) from the raw a; ``use_beta_sigmoid_in_kernel``:
   β = sigmoid(b)): the packed
   sequences padded to the smallest configured prefill bucket that holds them, the pool as ``initial_state``, and
   per sequence the row it ends in (``state_indices``), the row it starts from (``read_indices``: its own row, a
@@ -23,9 +21,9 @@ compiling backend traces each bucket once for the whole run:
   every request the same T tokens, rows [N] (T = 1) or [N, T] (the state after token t to row [n, t], read from
   [n, num_accepted_tokens[n] - 1]) — speculative verification and its rollback without copying a state. N is
   padded to the smallest configured decode bucket with -1 rows (vLLM's padding slots: zero work, nothing stored).
-- ``norm_decode``: FLA's ``rms_norm_gated`` (HF's ``Qwen3NextRMSNormGated``: its weight and eps,
-  rmsnorm(o) · weight · silu(z)) after the decode launch, its rows padded to the decode bucket (requests × tokens ×
-  value heads) so that it too runs one program per bucket.
+- ``norm_prefill`` / ``norm_decode``: FLA's ``rms_norm_gated`` (HF's ``Qwen3NextRMSNormGated``: its weight and eps,
+  rmsnorm(o) · weight · silu(z)), its rows padded to the phase's bucket (tokens × value heads) so that it too runs
+  one program per bucket.
 
 ``gdn_nki.traces.recording_launches`` records each launch's kernel and static program (nki-cpu's
 ``Trace.fingerprint()``); with ``GdnKernels.calls`` (phase and bucket per call) it shows every launch of a bucket ran
@@ -157,13 +155,11 @@ class GdnKernels:
         count = torch.tensor([*accepted, *[1] * (slots - n)], dtype=torch.int32) if tokens > 1 else None
         return slots, index, count
 
-    def prefill(self, q, k, v, a, b, gate: tuple[torch.Tensor, torch.Tensor], z: torch.Tensor, norm: Any,
-                cu_seqlens: list[int], rows: list[int], reads: list[int],
-                checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
+    def prefill(self, q, k, v, a, b, gate: tuple[torch.Tensor, torch.Tensor], cu_seqlens: list[int], rows: list[int],
+                reads: list[int], checkpoints: list[list[int]]) -> torch.Tensor:  # fmt: skip
         """Sequence i starts from pool row ``reads[i]`` (-1: zero), ends in ``rows[i]``, and stores the state after
         each ``block`` of its tokens to ``checkpoints[i][j]`` (-1: none; at most T / block per sequence); the
-        gating from the raw ``a``, ``b`` and ``gate`` = (A_log, dt_bias) in the kernel; the output gated-RMS-normalized
-        in the same launch (``z`` [1, tokens, Hv, V], ``norm``: the layer's ``Qwen3NextRMSNormGated``)."""
+        gating from the raw ``a``, ``b`` and ``gate`` = (A_log, dt_bias) in the kernel."""
         lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
         bucket = self.buckets.prefill_bucket(lengths)
         table = self._checkpoint_table(bucket, checkpoints)
@@ -173,8 +169,7 @@ class GdnKernels:
             use_gate_in_kernel=True, A_log=gate[0], dt_bias=gate[1], use_beta_sigmoid_in_kernel=True,
             cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), state_indices=torch.tensor(rows, dtype=torch.int32),
             read_indices=torch.tensor(reads, dtype=torch.int32), bucket=bucket,
-            checkpoint_every=self.buckets.block, checkpoint_indices=table, z=z, norm_weight=norm.weight,
-            norm_eps=norm.variance_epsilon, norm_activation=norm.activation,
+            checkpoint_every=self.buckets.block, checkpoint_indices=table,
         )  # fmt: skip
         return o
 
@@ -194,13 +189,12 @@ class GdnKernels:
         )  # fmt: skip
         return o[:, : n * tokens]
 
-    def norm_decode(self, bucket: tuple[int, int], o: torch.Tensor, z: torch.Tensor, norm: Any) -> torch.Tensor:
-        """HF's gated RMSNorm (``Qwen3NextRMSNormGated``: its weight and eps, silu(z)) of the decode's o
-        [tokens, Hv, V] on gdn-nki, its rows padded with zeros to ``bucket``'s requests × tokens (its program
-        shape)."""
+    def norm(self, phase: str, bucket: tuple[int, int], o: torch.Tensor, z: torch.Tensor, norm: Any) -> torch.Tensor:
+        """HF's gated RMSNorm (``Qwen3NextRMSNormGated``: its weight and eps, silu(z)) of o [tokens, Hv, V] on
+        gdn-nki, its rows padded with zeros to ``bucket``'s tokens (the phase's program shape)."""
         heads, dim = o.shape[-2:]
-        tokens = bucket[0] * bucket[1]
-        self.calls.append(("norm_decode", bucket))
+        tokens = bucket[0] if phase == "norm_prefill" else bucket[0] * bucket[1]
+        self.calls.append((phase, bucket))
         x, gate = (torch.zeros((tokens * heads, dim), dtype=t.dtype) for t in (o, z))
         used = o.numel() // dim
         x[:used], gate[:used] = o.reshape(-1, dim), z.reshape(-1, dim)

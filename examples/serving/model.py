@@ -98,12 +98,12 @@ class PackedQwen3Next:
         gate = (la.A_log, la.dt_bias)  # the gating runs in the kernel, from the raw a and b
         if decode:
             o = self.kernels.decode(q, k, v, a, b, gate, rows, accepted)
-            check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
-            bucket = (self.kernels.buckets.decode_bucket(len(segments)), len(segments[0].tokens))
-            o = self.kernels.norm_decode(bucket, o[0], z[0], la.norm)
-        else:  # the gated norm folded into the prefill's launch
-            o = self.kernels.prefill(q, k, v, a, b, gate, z, la.norm, bounds, rows, reads, checkpoints)[0]
-            check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
+            phase, bucket = "norm_decode", (self.kernels.buckets.decode_bucket(len(segments)), len(segments[0].tokens))
+        else:
+            o = self.kernels.prefill(q, k, v, a, b, gate, bounds, rows, reads, checkpoints)
+            phase, bucket = "norm_prefill", self.kernels.prefill_bucket_of(bounds)
+        check(torch.isfinite(o).all(), f"layer {i}: the GDN core's output holds NaN/Inf (a poisoned row was read)")
+        o = self.kernels.norm(phase, bucket, o[0], z[0], la.norm)
         return la.out_proj(o.reshape(1, o.shape[0], -1))
 
     def _assert_rows(self, i: int, segments: list[Segment]) -> None:
