@@ -63,11 +63,18 @@ def _recurrent_call(padded: bool, sigmoid: bool) -> tuple[dict[str, Any], torch.
                 num_accepted_tokens=torch.tensor(ACCEPTED + ([1] * (B - N) if padded else []), dtype=torch.int32),
                 use_qk_l2norm_in_kernel=True)  # fmt: skip
     if sigmoid:
-        args.update(A_log=torch.rand(HV, generator=_g(7)).log(), dt_bias=torch.randn(HV, generator=_g(8)),
-                    a=torch.randn(tokens, HV, generator=_g(9)), b=torch.randn(tokens, HV, generator=_g(10)))
+        args.update(
+            A_log=torch.rand(HV, generator=_g(7)).log(),
+            dt_bias=torch.randn(HV, generator=_g(8)),
+            a=torch.randn(tokens, HV, generator=_g(9)),
+            b=torch.randn(tokens, HV, generator=_g(10)),
+        )
     else:
-        args.update(g=-torch.rand(1, tokens, HV, generator=_g(7)), beta=torch.rand(1, tokens, HV, generator=_g(8)),
-                    state_v_first=True)
+        args.update(
+            g=-torch.rand(1, tokens, HV, generator=_g(7)),
+            beta=torch.rand(1, tokens, HV, generator=_g(8)),
+            state_v_first=True,
+        )
     return args, torch.randn(P, HV, D, D, generator=_g(11)) * 0.1
 
 

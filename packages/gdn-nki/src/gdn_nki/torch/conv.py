@@ -34,6 +34,7 @@ from ..host.torch_io import (
 )
 from . import conv_device, rules
 from .forward_only import attached, detached
+from .graph_padding import first_rows
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -225,6 +226,9 @@ def _update_varlen(x: Any, conv_state: Tensor, weight: Tensor, bias: Tensor | No
         raise rejection("conv_state_indices", "None", "with query_start_loc conv_state_indices names each "
                         "request's row (vLLM asserts it is given)", "pass conv_state_indices [N]")  # fmt: skip
     rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
+    # vLLM's graph-padded tables: the first N (+ 1) entries, N from conv_state_indices, as its kernel reads them
+    n = rows.shape[0]
+    query_start_loc, num_accepted_tokens = first_rows(n + 1, query_start_loc), first_rows(n, num_accepted_tokens)
     try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
         out = causal_conv1d_update_varlen_op(detached(x).contiguous(), conv_state, detached(weight), detached(bias),
                                              query_start_loc.to(torch.int32), rows,

@@ -32,6 +32,7 @@ from ..host.torch_io import import_torch, rejection
 from . import ops
 from .forward_only import attached, detached
 from .fused_recurrent import MIN_SOFTPLUS_THRESHOLD
+from .graph_padding import trimmed_to_requests
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -162,6 +163,8 @@ def vllm_fused_sigmoid_gating_delta_rule_update(
             raise rejection(name, "None", "vLLM's call reads and writes a pool at the requests' rows",
                             "pass the pool [P, HV, V, K] as initial_state and its rows as ssm_state_indices")  # fmt: skip
     _check_gate_options(beta, threshold)
+    # vLLM's graph-padded tables: the first N rows, N from cu_seqlens, as its kernel reads them (graph_padding.py)
+    ssm_state_indices, num_accepted_tokens = trimmed_to_requests(cu_seqlens, ssm_state_indices, num_accepted_tokens)
     gates = {"A_log": A_log, "a": a, "b": b, "dt_bias": dt_bias, "q": q, "k": k, "v": v}
     o = _on_v_major_pool(VLLM_SIGMOID_ENTRY, gates, initial_state, ssm_state_indices, scale, use_qk_l2norm_in_kernel,
                          cu_seqlens, num_accepted_tokens, threshold)  # fmt: skip
