@@ -120,3 +120,16 @@ def test_tables_shorter_than_the_batch_are_still_refused_by_name() -> None:
     with pytest.raises(ContractError, match=r"ssm_state_indices"):
         _recurrent(False, {**args, "ssm_state_indices": args["ssm_state_indices"][:1]}, state)
     assert torch.equal(pool, before) and torch.equal(state, kept)
+
+
+def test_vllms_fused_gating_reads_the_first_tokens_of_longer_gates() -> None:
+    """In a batch mixing spec decodes and prefills vLLM's layer hands its spec-path ``fused_sigmoid_gating_delta_rule
+    _update`` the whole step's raw gates (``a``, ``b`` [num_actual_tokens, HV], the spec tokens first) beside q of
+    the spec tokens; its kernel reads them at the offsets ``cu_seqlens`` gives. The drop-in does too: the call with
+    five more gate rows gives the call's bits and pool."""
+    want_args, want_pool = _recurrent_call(False, sigmoid=True)
+    want = _recurrent(True, want_args, want_pool)
+    args, pool = _recurrent_call(True, sigmoid=True)
+    tail = torch.randn(5, HV, generator=_g(12))
+    got = _recurrent(True, {**args, "a": torch.cat([args["a"], tail]), "b": torch.cat([args["b"], -tail])}, pool)
+    assert torch.equal(got, want) and torch.equal(pool, want_pool)

@@ -33,3 +33,14 @@ def trimmed_to_requests(cu_seqlens: Any, *tables: Any) -> tuple[Any, ...]:
     """``tables`` read as the first N rows, N the requests ``cu_seqlens`` bounds (as they are without it)."""
     n = requests_of(cu_seqlens)
     return tables if n is None else tuple(first_rows(n, table) for table in tables)
+
+
+def gates_of_tokens(q: Any, *gates: Any) -> tuple[Any, ...]:
+    """Token-major gates [tokens, HV] read as q's B·T tokens: vLLM's spec path in a mixed batch passes the whole
+    step's raw gates (spec tokens first) beside q of the spec tokens, and its kernel reads them at the offsets
+    ``cu_seqlens`` gives (``gdn_linear_attn.py``, ``_forward_core``: ``a=a, b=b``). Others as they are."""
+    shape = getattr(q, "shape", None)
+    if shape is None or len(shape) != 4:
+        return gates
+    tokens = shape[0] * shape[1]
+    return tuple(first_rows(tokens, g) if len(getattr(g, "shape", ())) == 2 else g for g in gates)
