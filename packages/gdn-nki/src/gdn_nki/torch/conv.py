@@ -162,7 +162,8 @@ def causal_conv1d_update(
             speculative decoding: x [tokens, dim] packed, request n's tokens ``query_start_loc[n] ..
             query_start_loc[n + 1] − 1`` (from 0 to tokens, non-decreasing, at most ``max_query_len`` each; a
             request of none reads and writes nothing), with ``conv_state_indices`` [N] and ``num_accepted_tokens``
-            (the in-row form; without it query_start_loc is rejected by name) and ``conv_state`` rows of
+            (the in-row form; without it query_start_loc is rejected by name; both may be longer, vLLM's graph
+            padding: their first N + 1 / N entries are read, N from conv_state_indices) and ``conv_state`` rows of
             L >= W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
             kernel writes them (``gdn_ref.conv.causal_conv1d_update_varlen``).
         max_query_len (int): with ``query_start_loc``, the most tokens a request has (vLLM passes
