@@ -133,3 +133,20 @@ def test_vllms_fused_gating_reads_the_first_tokens_of_longer_gates() -> None:
     tail = torch.randn(5, HV, generator=_g(12))
     got = _recurrent(True, {**args, "a": torch.cat([args["a"], tail]), "b": torch.cat([args["b"], -tail])}, pool)
     assert torch.equal(got, want) and torch.equal(pool, want_pool)
+
+
+def test_the_conv_update_takes_newer_vllms_null_block_padding() -> None:
+    """Newer vLLM pads a decode graph's rows with its null block (``NULL_BLOCK_ID = 0``,
+    ``vllm/v1/attention/backends/utils.py``) and names the padding id ``null_block_id`` where ``pad_slot_id`` was
+    (``causal_conv1d_update``'s 10th parameter): rows [3, 5, 0, 0] with ``null_block_id=0`` are the call with rows
+    [3, 5, −1, −1] — the same outputs and pool, row 0 untouched; both ids given and different is refused by name."""
+    pool = torch.randn(P, C, W - 1, generator=_g(13))
+    x, weight = torch.randn(4, C, generator=_g(14)), torch.randn(C, W, generator=_g(15))
+    want_pool = pool.clone()
+    want = gdn_nki.torch.causal_conv1d_update(x, want_pool, weight, None, "silu", torch.tensor([3, 5, -1, -1]))
+    got = gdn_nki.torch.causal_conv1d_update(x, pool, weight, None, "silu", torch.tensor([3, 5, 0, 0]), null_block_id=0)
+    assert torch.equal(got, want) and torch.equal(pool, want_pool)
+    with pytest.raises(ContractError, match=r"`null_block_id`"):
+        gdn_nki.torch.causal_conv1d_update(x, pool, weight, None, "silu", torch.tensor([3, 5, 0, 0]), pad_slot_id=7,
+                                           null_block_id=0)  # fmt: skip
+    assert torch.equal(pool, want_pool)

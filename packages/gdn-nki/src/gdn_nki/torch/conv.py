@@ -136,6 +136,8 @@ def causal_conv1d_update(
     block_idx_last_scheduled_token: Tensor | None = None,
     initial_state_idx: Tensor | None = None,
     validate_data: bool = False,
+    *,
+    null_block_id: int | None = None,
 ) -> Tensor:
     """vLLM's ``causal_conv1d_update``: the decode / verify conv of a batch on a conv-state pool.
 
@@ -171,6 +173,8 @@ def causal_conv1d_update(
         block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name (vLLM's
             prefix-caching form).
         validate_data: accepted (the host path validates every call).
+        null_block_id (int | None): newer vLLM's name for the padding id, in ``pad_slot_id``'s place (its decode
+            graphs pad rows with its null block, ``NULL_BLOCK_ID = 0``): the same as ``pad_slot_id`` (not both).
 
     Returns:
         Tensor: out, x's shape and dtype (with query_start_loc, zeros at a padding request's tokens).
@@ -183,6 +187,12 @@ def causal_conv1d_update(
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
+    if null_block_id is not None:
+        if pad_slot_id not in (PAD_SLOT_ID, null_block_id):
+            raise rejection("null_block_id", f"= {null_block_id!r} beside pad_slot_id = {pad_slot_id!r}",
+                            "null_block_id is newer vLLM's name for pad_slot_id: one padding id",
+                            "pass one of them")  # fmt: skip
+        pad_slot_id = null_block_id
     act = _activation(activation)
     if query_start_loc is not None:
         return _update_varlen(x, conv_state, weight, bias, act, conv_state_indices, num_accepted_tokens,
