@@ -68,6 +68,20 @@ def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES, 
         raise rejection(name, f"dtype {dtype}", f"{name} must be one of {dtypes}", _dtype_fix(name, dtype, dtypes))
 
 
+def check_pool_dtype(name: str, pool: Any, *, any_device: bool = False) -> None:
+    """Reject a pool updated in place that is not float32, naming the fix that keeps it in place: a converted copy
+    (``.to(torch.float32)``) would be the tensor updated, the caller's pool left stale. vLLM allocates its SSM state
+    in the model's dtype unless told otherwise (``MambaStateDtypeCalculator``, ``mamba_ssm_cache_dtype="auto"``)."""
+    if pool.device.type != "cpu" and not any_device:
+        check_tensor(name, pool, ("float32",))  # the device's rejection first, as check_tensor orders them
+    dtype = str(pool.dtype).removeprefix("torch.")
+    if dtype != "float32":
+        raise rejection(name, f"dtype {dtype}", f"{name} is a state pool updated in place: float32 only (the kernels "
+                        "keep the recurrent state in fp32)", f"allocate {name} in float32 (vLLM: "
+                        f"--mamba-ssm-cache-dtype float32); {name}.to(torch.float32) is a copy: it would be updated, "
+                        f"not {name}")  # fmt: skip
+
+
 def _dtype_fix(name: str, dtype: str, dtypes: tuple[str, ...]) -> str:
     """How to convert an unsupported dtype: to float32 when it is lossless (float16 widens exactly) or closest
     (float64), naming bfloat16 beside it where that is also taken (it halves the traffic, but rounds)."""
@@ -263,7 +277,7 @@ def reject_strided_pool(name: str, pool: Any) -> None:
 def pool_buffer(name: str, pool: Any) -> np.ndarray:
     """The numpy view of a pool updated in place (same memory, same strides: ``host.decode`` hands a row-strided
     one to the kernel as its span), after the rules of a state written in place."""
-    check_tensor(name, pool, ("float32",))
+    check_pool_dtype(name, pool)
     reject_unwritable_state(name, pool)
     reject_broadcast_state(name, pool)
     return as_numpy(pool)

@@ -34,6 +34,7 @@ from ..host.torch_io import (
 )
 from . import conv_device, rules
 from .forward_only import attached, detached
+from .graph_padding import first_rows
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -135,6 +136,8 @@ def causal_conv1d_update(
     block_idx_last_scheduled_token: Tensor | None = None,
     initial_state_idx: Tensor | None = None,
     validate_data: bool = False,
+    *,
+    null_block_id: int | None = None,
 ) -> Tensor:
     """vLLM's ``causal_conv1d_update``: the decode / verify conv of a batch on a conv-state pool.
 
@@ -161,7 +164,8 @@ def causal_conv1d_update(
             speculative decoding: x [tokens, dim] packed, request n's tokens ``query_start_loc[n] ..
             query_start_loc[n + 1] − 1`` (from 0 to tokens, non-decreasing, at most ``max_query_len`` each; a
             request of none reads and writes nothing), with ``conv_state_indices`` [N] and ``num_accepted_tokens``
-            (the in-row form; without it query_start_loc is rejected by name) and ``conv_state`` rows of
+            (the in-row form; without it query_start_loc is rejected by name; both may be longer, vLLM's graph
+            padding: their first N + 1 / N entries are read, N from conv_state_indices) and ``conv_state`` rows of
             L >= W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
             kernel writes them (``gdn_ref.conv.causal_conv1d_update_varlen``).
         max_query_len (int): with ``query_start_loc``, the most tokens a request has (vLLM passes
@@ -169,6 +173,8 @@ def causal_conv1d_update(
         block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name (vLLM's
             prefix-caching form).
         validate_data: accepted (the host path validates every call).
+        null_block_id (int | None): newer vLLM's name for the padding id, in ``pad_slot_id``'s place (its decode
+            graphs pad rows with its null block, ``NULL_BLOCK_ID = 0``): the same as ``pad_slot_id`` (not both).
 
     Returns:
         Tensor: out, x's shape and dtype (with query_start_loc, zeros at a padding request's tokens).
@@ -181,6 +187,12 @@ def causal_conv1d_update(
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
+    if null_block_id is not None:
+        if pad_slot_id not in (PAD_SLOT_ID, null_block_id):
+            raise rejection("null_block_id", f"= {null_block_id!r} beside pad_slot_id = {pad_slot_id!r}",
+                            "null_block_id is newer vLLM's name for pad_slot_id: one padding id",
+                            "pass one of them")  # fmt: skip
+        pad_slot_id = null_block_id
     act = _activation(activation)
     if query_start_loc is not None:
         return _update_varlen(x, conv_state, weight, bias, act, conv_state_indices, num_accepted_tokens,
@@ -225,6 +237,9 @@ def _update_varlen(x: Any, conv_state: Tensor, weight: Tensor, bias: Tensor | No
         raise rejection("conv_state_indices", "None", "with query_start_loc conv_state_indices names each "
                         "request's row (vLLM asserts it is given)", "pass conv_state_indices [N]")  # fmt: skip
     rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
+    # vLLM's graph-padded tables: the first N (+ 1) entries, N from conv_state_indices, as its kernel reads them
+    n = rows.shape[0]
+    query_start_loc, num_accepted_tokens = first_rows(n + 1, query_start_loc), first_rows(n, num_accepted_tokens)
     try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
         out = causal_conv1d_update_varlen_op(detached(x).contiguous(), conv_state, detached(weight), detached(bias),
                                              query_start_loc.to(torch.int32), rows,

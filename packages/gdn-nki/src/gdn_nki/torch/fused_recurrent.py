@@ -169,7 +169,8 @@ def vllm_fused_recurrent_gated_delta_rule(
         cu_seqlens: [N + 1] with B = 1; every sequence the same length T (one program per (N, T) bucket).
         ssm_state_indices: [N] (T = 1: row read and written) or [N, T] (the state after token t to row [n, t],
             read from [n, num_accepted_tokens[n] - 1], or [n, 0]); -1 marks a padding request.
-        num_accepted_tokens: optional [N].
+        num_accepted_tokens: optional [N]. Both tables may be longer (vLLM's graph padding to [B] / [B, T]): the
+            torch drop-in reads their first N rows, N from cu_seqlens, as vLLM's kernel does (``graph_padding``).
         retrieve_parent_token: must be None (Eagle trees are not supported).
         check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
         state_v_first: gdn-nki's keyword (vLLM's function has none: its pool is K-major,

@@ -49,6 +49,7 @@ from ..host.decode import tkg_simulate
 from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, reject_empty, rejection
 from . import chunk, device, fused_recurrent, rules
 from .forward_only import attached, detached, forbid_backward, on_graph
+from .graph_padding import trimmed_to_requests
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -646,6 +647,8 @@ def vllm_fused_recurrent_gated_delta_rule(
         (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) is carried by the op.
     """
     reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
+    # vLLM's graph-padded tables: the first N rows, N from cu_seqlens, as its kernel reads them (graph_padding.py)
+    ssm_state_indices, num_accepted_tokens = trimmed_to_requests(cu_seqlens, ssm_state_indices, num_accepted_tokens)
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale, initial_state
     )

@@ -38,6 +38,7 @@ from ..host.pool_layout import layout_violations
 from ..host.pool_span import span_violations
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
+    check_pool_dtype,
     check_states,
     check_tensor,
     in_torch_terms,
@@ -278,7 +279,7 @@ def pool_decode(
         fused_recurrent.check_rows_per_token(tuple(indices.shape), tokens)
         if accepted is not None:
             check_tensor("num_accepted_tokens", accepted, fused_recurrent.INDEX_DTYPES, any_device=True)
-    check_tensor(pool_name, pool, ("float32",), any_device=True)
+    check_pool_dtype(pool_name, pool, any_device=True)
     reject_unwritable_state(pool_name, pool)
     reject_broadcast_state(pool_name, pool)
     reject_strided_pool(pool_name, pool)
