@@ -184,7 +184,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     tokens = range(shapes.tokens)
     keys = [load_keys(shapes, query, key, n, t) for t in tokens]
-    gate_tiles = [load_gates(shapes, gates, layout.lanes, n, t) for t in tokens]
+    gate_tiles = load_gates(shapes, gates, layout.lanes, n)
     block = layout.block_heads
     values = []
     for h0 in range(0, hv, block):

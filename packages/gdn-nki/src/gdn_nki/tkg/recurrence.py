@@ -110,15 +110,20 @@ class Constants:
             nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[0, lanes], [1, shapes.dv]]))
 
 
-def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: Any, t: int) -> tuple[Any, Any]:
-    """Token t of request n's gate inputs on every partition, [lanes, Hv] fp32 each: (g, β) precomputed, or the
-    raw (a, b) of fused gating. ``n`` a trace-time int or an ``NkiScalar`` (outside the tensor: skipped)."""
-    hv = shapes.value_heads
+def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: Any) -> list[tuple[Any, Any]]:
+    """Request n's gate inputs on every partition, per token t a pair of [lanes, Hv] fp32 views: (g, β)
+    precomputed, or the raw (a, b) of fused gating. ``n`` a trace-time int or an ``NkiScalar`` (outside the tensor:
+    skipped).
+
+    One DMA per tensor for all T tokens (a request's T·Hv gates are contiguous): each broadcast load spans every
+    partition, so the DMAs run one after another, and T of them per tensor moved T runs of Hv·4 bytes a partition
+    where one moves a run of T·Hv·4 (N = 1, T = 4 at Qwen3-Next's heads: the last gate landed 1.0 µs later)."""
+    hv, tokens = shapes.value_heads, shapes.tokens
     first, second = (gates.a, gates.b) if gates.fused else (gates.g_log, gates.beta)
-    tiles = sbuf((lanes, hv), FP32), sbuf((lanes, hv), FP32)
+    tiles = sbuf((lanes, tokens * hv), FP32), sbuf((lanes, tokens * hv), FP32)
     for tile, src in zip(tiles, (first, second), strict=True):
-        copy_rows(tile, row_view(src, n, [[0, lanes], [1, hv]], t * hv))
-    return tiles
+        copy_rows(tile, row_view(src, n, [[0, lanes], [1, tokens * hv]], 0))
+    return [(tiles[0][:, t * hv : (t + 1) * hv], tiles[1][:, t * hv : (t + 1) * hv]) for t in range(tokens)]
 
 
 def token_gates(gates: Gates, consts: Constants, loaded: tuple[Any, Any]) -> Steps:

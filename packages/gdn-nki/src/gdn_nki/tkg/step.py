@@ -109,15 +109,14 @@ def gdn_step(
     shapes = Shapes(requests=n_req, tokens=tokens, key_heads=hk, value_heads=hv, dk=dk, dv=dv)
     gates = Gates(g_log=g_log, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     out = allocate_out(shapes, query.dtype)
-    consts = Constants(shapes, gates, norm)
-    per_token = len(state_indices.shape) == 2
-    width = tokens if per_token else 1
-    zeros = zero_rows(shapes, out.dtype)
-
     share = program_share(n_req, REQUESTS_PER_ITERATION)
     if share is None:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
         return out, state_pool
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, state_pool.shape[0])
+    consts = Constants(shapes, gates, norm)
+    per_token = len(state_indices.shape) == 2
+    width = tokens if per_token else 1
+    zeros = zero_rows(shapes, out.dtype)
 
     def requests(base: Any) -> Any:  # the iteration's requests
         for static, n in share.members(base):
