@@ -23,7 +23,7 @@ the tolerance table (``gdn_ref``'s decode bounds), not bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.backend import nisa, nl
@@ -54,6 +54,10 @@ class ChunkOperands:
     writes: Any
     decay: Any
     values: Any
+    # The selection products of the groups after the first, one (group, issue) per Dk row, not yet issued:
+    # ``chunk_columns`` issues them between its matmuls (the tensor engine waits there anyway) and before the
+    # first tile that reads them.
+    deferred: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
 
 
 GROUP_TILES = 4  # tiles whose selection products are made together (``_block_operands``)
@@ -212,15 +216,20 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
     # time, so the first tiles' [u; o] matmuls start while the later tiles' products are made.
     masked = sbuf((parts, rows, per_block, 2, tokens, h), FP32)  # tile-major: a tile's operand is one run
     mask = consts.signed_mask[:, 0:2, :].expand_dim(2).broadcast(2, tokens)
-    for first in range(0, per_block, GROUP_TILES):
+
+    def selected(first: int, lo: int) -> None:  # Dk row lo of the group of tiles from ``first``
         group = min(GROUP_TILES, per_block - first)
         moving = cols[:, 0:2, :, h0 + first * h : h0 + (first + group) * h]  # [Dk, 2, T, group·H]
-        for lo in range(rows):
-            products = psum((parts, 2, tokens, group * h))
-            matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
-            nisa.tensor_tensor(dst=masked[:, lo, first : first + group].permute((0, 2, 3, 1, 4)),
-                               data1=products.reshape((parts, 2, tokens, group, h)),
-                               data2=mask.expand_dim(3).broadcast(3, group), op=nl.multiply)  # fmt: skip
+        products = psum((parts, 2, tokens, group * h))
+        matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
+        nisa.tensor_tensor(dst=masked[:, lo, first : first + group].permute((0, 2, 3, 1, 4)),
+                           data1=products.reshape((parts, 2, tokens, group, h)),
+                           data2=mask.expand_dim(3).broadcast(3, group), op=nl.multiply)  # fmt: skip
+
+    for lo in range(rows):
+        selected(0, lo)
+    deferred = [(first // GROUP_TILES, lambda first=first, lo=lo: selected(first, lo))
+                for first in range(GROUP_TILES, per_block, GROUP_TILES) for lo in range(rows)]  # fmt: skip
     head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
     decay_heads = sbuf((parts, per_block, h), FP32)
     nisa.tensor_tensor(dst=decay_heads, data1=decay[0:parts, h0 : h0 + block].reshape((parts, per_block, h)),
@@ -228,7 +237,7 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
     yield
     decay_p = sbuf((parts, per_block), FP32)
     nisa.tensor_reduce(dst=decay_p, op=nl.add, data=decay_heads, axis=2)
-    return ChunkOperands(stationaries=masked, writes=writes, decay=decay_p, values=values)
+    return ChunkOperands(stationaries=masked, writes=writes, decay=decay_p, values=values, deferred=deferred)
 
 
 def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperands, t: int, tile: int,
@@ -239,10 +248,14 @@ def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperand
     ``between(lo)`` is called after the matmul of Dk row ``lo``: independent tensor-engine work (another tile's
     ``chunk_write`` row) issued there runs while the next row's matmul waits out that one's accumulation latency."""
     dv, h = layout.dv, layout.heads
+    while ops.deferred and ops.deferred[0][0] <= t // GROUP_TILES:  # this tile's selection products first
+        ops.deferred.pop(0)[1]()
     mixed = psum((dv, 2, tokens, h))
     matmul(consts.value_identity, ops.values[:, :, :, tile * h : (tile + 1) * h], dst=mixed, stationary_onezero=True)
     for lo in range(layout.rows):
         matmul(state[:, lo * dv : (lo + 1) * dv], ops.stationaries[:, lo, t], dst=mixed, accumulate=True)
+        if ops.deferred:
+            ops.deferred.pop(0)[1]()
         if between is not None:
             between(lo)
     return mixed

@@ -17,7 +17,7 @@ from typing import Any
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.state_layout import decode_tile_pattern
-from ..common.tiles import FP32, psum, sbuf
+from ..common.tiles import FP32, matmul, psum, sbuf
 from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
     Constants,
@@ -183,8 +183,8 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
     query, key, value, _ = tensors
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     tokens = range(shapes.tokens)
-    keys = [load_keys(shapes, query, key, n, t) for t in tokens]
     gate_tiles = load_gates(shapes, gates, layout.lanes, n)
+    keys = [load_keys(shapes, query, key, n, t) for t in tokens]
     block = layout.block_heads
     values = []
     for h0 in range(0, hv, block):
@@ -394,7 +394,22 @@ def finish_request(
 
         return tail
 
+    if chunked and norm is None:
+        return [lambda: _chunk_outputs(shapes, consts, collected, out, out_row)]
     return [outputs(t) for t in range(shapes.tokens)]
+
+
+def _chunk_outputs(shapes: Shapes, consts: Constants, collected: Any, out: Any, out_row: Any) -> None:
+    """Every token's outputs of a request in chunk form, the columns ``collected`` [Dv, tiles, 2, T, H] (plane 1),
+    as rows [T·Hv, Dv] (row t·Hv + value head: ``out``'s row as it lies, ``chunk_form_fits`` keeps T·Hv within
+    the partitions) by one 0/1 matmul against the identity, then one copy and one store: a token at a time was T
+    matmuls, each costing what this one does (``nc_matmul``: the moving's Dv columns), T copies and T stores."""
+    tokens, hv, dv = shapes.tokens, shapes.value_heads, shapes.dv
+    rows = sbuf((tokens * hv, dv), FP32)
+    turned = psum((tokens * hv, dv))
+    matmul(collected[:, :, 1].permute((0, 2, 1, 3)), consts.tiles.value_identity, dst=turned, moving_onezero=True)
+    nisa.activation(dst=rows, op=nl.copy, data=turned)
+    copy_rows(row_view(out, out_row, [[dv, tokens * hv], [1, dv]], 0), rows)
 
 
 def emit_requests(

@@ -87,8 +87,9 @@ class Constants:
     def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None):
         dk, hv = shapes.dk, shapes.value_heads
         self.layout = tile_layout(dk, shapes.dv, hv)
-        self.tiles = LayoutConstants(self.layout, shapes.tokens)
         lanes = self.layout.lanes
+        # The first request's gates and keys need these first: the ones (partition sums, the gate constants'
+        # spread) and eps columns before the layout's 0/1 tiles on GpSimd, the gate constants before its loads.
         self.ones = sbuf((dk, lanes), FP32)
         nisa.memset(dst=self.ones, value=1.0, engine=GPSIMD)
         self.l2_eps = sbuf((dk, 1), FP32)
@@ -97,17 +98,28 @@ class Constants:
         nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS, engine=GPSIMD)
         self.decay_rate = self.dt_bias = None
         if gates.fused:
-            # exp(A_log) and dt_bias on every partition, once per launch: [lanes, Hv].
-            a_log = sbuf((lanes, hv), FP32)
-            nisa.dma_copy(dst=a_log, src=gates.A_log.ap(pattern=[[0, lanes], [1, hv]], offset=0))
-            self.decay_rate = sbuf((lanes, hv), FP32)
-            nisa.activation(dst=self.decay_rate, op=nl.exp, data=a_log)
-            self.dt_bias = sbuf((lanes, hv), FP32)
-            nisa.dma_copy(dst=self.dt_bias, src=gates.dt_bias.ap(pattern=[[0, lanes], [1, hv]], offset=0))
+            self.decay_rate, self.dt_bias = _fused_gate_constants(gates, self.ones[0:1, :], hv)
+        self.tiles = LayoutConstants(self.layout, shapes.tokens)
         self.norm_weight = None
         if norm is not None:
             self.norm_weight = sbuf((lanes, shapes.dv), FP32)
             nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[0, lanes], [1, shapes.dv]]))
+
+
+def _fused_gate_constants(gates: Gates, ones: Any, hv: int) -> tuple[Any, Any]:
+    """exp(A_log) and dt_bias on every partition, once per launch ([lanes, Hv] fp32 each; ``ones`` [1, lanes]):
+    both vectors read into one partition and spread over the lanes by a matmul against the row of ones (one exact
+    term a sum). A DMA that broadcasts from HBM moves every partition's copy in runs of Hv·4 bytes, ahead of the
+    first request's loads on the DMA queues."""
+    lanes = ones.shape[1]
+    rows = sbuf((1, 2 * hv), FP32)  # A_log, dt_bias
+    for i, src in enumerate((gates.A_log, gates.dt_bias)):
+        nisa.dma_copy(dst=rows[:, i * hv : (i + 1) * hv], src=src.ap(pattern=[[hv, 1], [1, hv]], offset=0))
+    spread = matmul(ones, rows)
+    decay_rate, dt_bias = sbuf((lanes, hv), FP32), sbuf((lanes, hv), FP32)
+    nisa.activation(dst=decay_rate, op=nl.exp, data=spread[:, 0:hv])
+    nisa.activation(dst=dt_bias, op=nl.copy, data=spread[:, hv : 2 * hv])
+    return decay_rate, dt_bias
 
 
 def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: Any) -> list[tuple[Any, Any]]:
