@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.backend import nisa, nl
-from ..common.engines import GPSIMD, SCALAR
+from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.lockstep import lockstep
 from ..common.tiles import FP32, matmul, psum, sbuf, transpose
 from .recurrence import Constants, Gates, Shapes, token_gates, token_keys
@@ -156,6 +156,9 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
                              engine=GPSIMD)  # fmt: skip
         else:
             product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
+    # γ_t q_t of Z_t's key plane, on the vector engine now: GpSimd's forward substitution below is the chain.
+    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r), VECTOR)
+            for t in range(tokens)]  # fmt: skip
     yield
     planes = ((cols[:, 0], cols[:, 1], dk, {"engine": GPSIMD}), (values[:, 0], values[:, 1], dv, {}))
     # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
@@ -178,7 +181,6 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
                                data2=_per_value_head(overlap[t][0:parts, :], r), op=nl.multiply, **kw)  # fmt: skip
         for i in range(tokens - 1):
             _fold_level(target, source[:, i, :], {t: reads[t, i][0:parts, :] for t in range(i + 1, tokens)}, nl.add, kw)
-    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
     for t in range(tokens):
         nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
     yield

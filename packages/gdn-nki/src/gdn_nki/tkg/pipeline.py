@@ -363,6 +363,8 @@ def finish_request(
                 (_, tile), turned = turning
                 written.append((turning[0], chunk_deltas(layout, consts.tiles, tile, turned, collected[:, tile, 1],
                                                          shapes.tokens)))  # fmt: skip
+                if step is None and norm is None:  # every tile's outputs are in: turned and stored before the writes
+                    _chunk_outputs(shapes, consts, collected, out, out_row)
             turning = None if step is None else (step, mixed)
     else:
         pending = None
@@ -394,8 +396,8 @@ def finish_request(
 
         return tail
 
-    if chunked and norm is None:
-        return [lambda: _chunk_outputs(shapes, consts, collected, out, out_row)]
+    if chunked and norm is None:  # issued above
+        return []
     return [outputs(t) for t in range(shapes.tokens)]
 
 
