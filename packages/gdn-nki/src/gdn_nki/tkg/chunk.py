@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.backend import nisa, nl
-from ..common.engines import GPSIMD, SCALAR, VECTOR
+from ..common.engines import GPSIMD, SCALAR
 from ..common.lockstep import lockstep
 from ..common.tiles import FP32, matmul, psum, sbuf, transpose
 from .recurrence import Constants, Gates, Shapes, token_gates, token_keys
@@ -128,6 +128,17 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         sums = matmul(consts.ones, flat[:, start:stop])
         nisa.activation(dst=gram.reshape((lanes, width))[:, start:stop], op=nl.copy, data=sums)
     beta_gamma = [product(value_tile(), by(beta[t]), by(gamma[t])) for t in range(tokens)]
+    # The key plane's columns and γ_t q_t (Z_t's) need no sums: GpSimd makes them while the Gram matmul's sums
+    # are made, so after the sums only the couplings stand before the forward substitution.
+    cols = sbuf((dk, PLANES, tokens, hv), FP32)  # recall X_tᵏ, read Z_tᵏ, key w_t k_t
+    for t in range(tokens):
+        product(cols[:, 0, t, :], by(beta_gamma[t], dk), _per_value_head(k_cols[t], r))
+        if weight[t] is None:
+            nisa.tensor_copy(dst=_by_value_head(cols[:, 2, t, :], hk), src=_per_value_head(k_cols[t], r),
+                             engine=GPSIMD)  # fmt: skip
+        else:
+            product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
+    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
     yield
     coupling, reads = {}, {}  # A_ti and C_ti
     # β_t γ_t/γ_i of up to PAIRS_AHEAD pairs first, then their couplings: back to back, each coupling would wait out
@@ -143,22 +154,16 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     for t in range(tokens):
         per_block = [transpose(loaded.values[b][t]) for b in range(hv // block)]
         turned.append(per_block)
+    # The key plane through the selection for the rank-T write's stationaries (masked later, ``write_rows``): the
+    # tensor engine is idle until the forward substitution ends.
+    selected = [matmul(cols[:, PLANES - 1], consts.tiles.select[:, lo, :], psum((tokens * hv, layout.partitions)),
+                       moving_onezero=True) for lo in range(layout.rows)]  # fmt: skip
     yield
-    cols = sbuf((dk, PLANES, tokens, hv), FP32)  # recall X_tᵏ, read Z_tᵏ, key w_t k_t
     values = sbuf((dv, 2, tokens, hv), FP32)  # X_tᵛ, Z_tᵛ
     for t in range(tokens):
-        product(cols[:, 0, t, :], by(beta_gamma[t], dk), _per_value_head(k_cols[t], r))
         for b, rows in enumerate(turned[t]):
             nisa.tensor_tensor(dst=values[:, 0, t, b * block : (b + 1) * block], data1=rows,
                                data2=beta[t][0:dv, b * block : (b + 1) * block], op=nl.multiply)  # fmt: skip
-        if weight[t] is None:
-            nisa.tensor_copy(dst=_by_value_head(cols[:, 2, t, :], hk), src=_per_value_head(k_cols[t], r),
-                             engine=GPSIMD)  # fmt: skip
-        else:
-            product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
-    # γ_t q_t of Z_t's key plane, on the vector engine now: GpSimd's forward substitution below is the chain.
-    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r), VECTOR)
-            for t in range(tokens)]  # fmt: skip
     yield
     planes = ((cols[:, 0], cols[:, 1], dk, {"engine": GPSIMD}), (values[:, 0], values[:, 1], dv, {}))
     # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
@@ -184,16 +189,19 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     for t in range(tokens):
         nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
     yield
-    # The rank-T write's stationaries of every tile at once: the key plane through the selection, masked to each
-    # row's head block.
+    # The rank-T write's stationaries of every tile at once: the key plane through the selection (``selected``,
+    # above), masked to each row's head block between the first tiles' product matmuls (``deferred``), not in
+    # front of the blocks' first selection products that those wait on: the first write is a few tiles later.
     writes = sbuf((tokens * hv, layout.rows, layout.partitions), FP32)
-    for lo in range(layout.rows):
-        selected = psum((tokens * hv, layout.partitions))
-        matmul(cols[:, PLANES - 1], consts.tiles.select[:, lo, :], dst=selected, moving_onezero=True)
-        nisa.tensor_tensor(dst=writes[:, lo, :], data1=selected, data2=consts.tiles.write_mask, op=nl.multiply)
     blocks = []
     for h0 in range(0, hv, block):
         blocks.append((yield from _block_operands(layout, consts.tiles, cols, gamma[-1], values, writes, h0, tokens)))
+
+    def write_rows(lo: int) -> None:
+        nisa.tensor_tensor(dst=writes[:, lo, :], data1=selected[lo], data2=consts.tiles.write_mask, op=nl.multiply)
+
+    # a group past every tile: no tile's products force them; ``chunk_write`` issues what is left before a write
+    blocks[0].deferred.extend((len(blocks) * layout.tiles, lambda lo=lo: write_rows(lo)) for lo in range(layout.rows))
     return blocks
 
 
@@ -298,6 +306,8 @@ def chunk_write(layout: TileLayout, ops: ChunkOperands, t: int, state: Any, delt
     add with one operand in PSUM costs N cycles against the fused instruction's 2N for fp32 (nki-cpu's
     COST_MODEL.md, the documented per-instruction costs): 0.13 µs a [128, 128] row instead of 0.27."""
     dv = layout.dv
+    while ops.deferred:  # the write's stationaries among them (``prepare_chunk``)
+        ops.deferred.pop(0)[1]()
     decay = ops.decay[:, t : t + 1]
     for lo in range(layout.rows) if rows is None else rows:
         piece = state[:, lo * dv : (lo + 1) * dv]
