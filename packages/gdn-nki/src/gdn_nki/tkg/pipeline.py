@@ -183,8 +183,8 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
     query, key, value, _ = tensors
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     tokens = range(shapes.tokens)
-    gate_tiles = load_gates(shapes, gates, layout.lanes, n)
     keys = [load_keys(shapes, query, key, n, t) for t in tokens]
+    gate_tiles = load_gates(shapes, gates, layout.lanes, n)
     block = layout.block_heads
     values = []
     for h0 in range(0, hv, block):
@@ -449,6 +449,7 @@ def emit_requests(
 
     for _ in range(PREPARED_AHEAD):
         start()
+    consts.tiles.finish()  # the layout's selection tiles, if deferred: behind the first requests' row loads
     tails: list[Callable[[], None]] = []  # the previous request's output norms
     while preparing or prepared:
         while not prepared:

@@ -84,7 +84,7 @@ class Constants:
     """Per-launch tiles: the state layout and its 0/1 tiles, ones for partition sums, eps columns, and the
     per-head fused-gating constants. Per-head tiles span ``layout.lanes`` partitions (every consumer's)."""
 
-    def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None):
+    def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None, defer: bool = False):
         dk, hv = shapes.dk, shapes.value_heads
         self.layout = tile_layout(dk, shapes.dv, hv)
         lanes = self.layout.lanes
@@ -99,7 +99,7 @@ class Constants:
         self.decay_rate = self.dt_bias = None
         if gates.fused:
             self.decay_rate, self.dt_bias = _fused_gate_constants(gates, self.ones[0:1, :], hv)
-        self.tiles = LayoutConstants(self.layout, shapes.tokens)
+        self.tiles = LayoutConstants(self.layout, shapes.tokens, defer)  # ``defer``: ``finish`` issues the rest
         self.norm_weight = None
         if norm is not None:
             self.norm_weight = sbuf((lanes, shapes.dv), FP32)

@@ -149,7 +149,7 @@ class LayoutConstants:
     - ``write_mask`` [T·Hv, P] (chunk form only, ``chunk``): [p in head h's block] for row (token, tile, h).
     """
 
-    def __init__(self, layout: TileLayout, tokens: int = 1):
+    def __init__(self, layout: TileLayout, tokens: int = 1, defer: bool = False):
         dk, rows, g, h, parts = layout.dk, layout.rows, layout.parts_per_head, layout.heads, layout.partitions
         heads_per_tile, block, dv = parts // g, layout.block_heads, layout.dv
         chunk = chunk_form_fits(tokens, layout)
@@ -182,32 +182,49 @@ class LayoutConstants:
             self.write_mask = sbuf((tokens * layout.value_heads, parts), FP32)
             nisa.tensor_copy(dst=self.write_mask,
                              src=matmul(pick_rows, self.spread, stationary_onezero=True, moving_onezero=True))  # fmt: skip
-        diagonal = sbuf((block, block), FP32)
-        nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
-        pick_offsets = sbuf((block, layout.tiles_per_block * h), FP32)  # row − t·H − h'
-        nisa.iota(dst=pick_offsets, pattern=[[-h, layout.tiles_per_block], [-1, h]], offset=0, channel_multiplier=1)
-        offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
-        nisa.iota(dst=offsets, pattern=[[-1, rows], [0, heads_per_tile], [-rows, g]], offset=0, channel_multiplier=1)
-        value_diagonal = sbuf((dv, dv), FP32)
-        nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
         self.signed_mask = sbuf((parts, PLANES, h), FP32)  # the recall and read planes negated, the key plane not
         for plane in range(PLANES - 1):
             _against(self.signed_mask[:, plane, :], mask, minus_one, nl.multiply)
         nisa.tensor_copy(dst=self.signed_mask[:, PLANES - 1, :], src=mask, engine=GPSIMD)
         self.identity = sbuf((block, block), FP32)
-        _against(self.identity, diagonal, zero, nl.equal)
         self.pick = sbuf((block, layout.tiles_per_block, h), FP32)
-        _against(self.pick.reshape((block, layout.tiles_per_block * h)), pick_offsets, zero, nl.equal)
         self.select = sbuf((dk, rows, parts), FP32)
-        _against(self.select.reshape((dk, rows * parts)), offsets, zero, nl.equal)
         self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
-        _against(self.value_identity, value_diagonal, zero, nl.equal)
         self.partition_identity = self.value_identity  # [P, P]: a V-major tile's store transposes (``pipeline``)
         if parts != dv:
-            partition_diagonal = sbuf((parts, parts), FP32)
-            nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
             self.partition_identity = sbuf((parts, parts), FP32)
-            _against(self.partition_identity, partition_diagonal, zero, nl.equal)
+
+        def selections() -> None:
+            diagonal = sbuf((block, block), FP32)
+            nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
+            pick_offsets = sbuf((block, layout.tiles_per_block * h), FP32)  # row − t·H − h'
+            nisa.iota(dst=pick_offsets, pattern=[[-h, layout.tiles_per_block], [-1, h]], offset=0,
+                      channel_multiplier=1)  # fmt: skip
+            offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
+            nisa.iota(dst=offsets, pattern=[[-1, rows], [0, heads_per_tile], [-rows, g]], offset=0,
+                      channel_multiplier=1)  # fmt: skip
+            value_diagonal = sbuf((dv, dv), FP32)
+            nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
+            _against(self.identity, diagonal, zero, nl.equal)
+            _against(self.pick.reshape((block, layout.tiles_per_block * h)), pick_offsets, zero, nl.equal)
+            _against(self.select.reshape((dk, rows * parts)), offsets, zero, nl.equal)
+            _against(self.value_identity, value_diagonal, zero, nl.equal)
+            if parts != dv:
+                partition_diagonal = sbuf((parts, parts), FP32)
+                nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
+                _against(self.partition_identity, partition_diagonal, zero, nl.equal)
+
+        self._selections: Callable[[], None] | None = selections
+        if not defer:
+            self.finish()
+
+    def finish(self) -> None:
+        """Issue the selection and identity tiles (``select``, ``pick``, ``identity``, ``value_identity``,
+        ``partition_identity``) if not yet issued: with ``defer``, the caller issues them after the first requests'
+        row loads (``pipeline.emit_requests``), which wait on GpSimd's ``scalar_load``s, and before any use."""
+        if self._selections is not None:
+            self._selections()
+            self._selections = None
 
 
 @dataclass(frozen=True)
