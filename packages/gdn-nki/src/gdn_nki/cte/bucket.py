@@ -23,6 +23,7 @@ from gdn_ref.packed import tensor_violations
 
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.pool_rows import PoolRows
 from ..common.state_layout import kmajor_view
 from ..common.tiles import FP32
 from . import boundaries
@@ -55,6 +56,7 @@ def gdn_cte_bucket(
     checkpoint_indices: Any = None,
     read_indices: Any = None,
     state_v_first: bool = False,
+    state_row_stride: int | None = None,
 ) -> tuple[Any, Any]:
     """Chunked gated delta-rule prefill of up to N packed sequences in a bucket of T tokens, the layout on device.
 
@@ -85,6 +87,9 @@ def gdn_cte_bucket(
         state_v_first (bool): trace-time; the pool is V-major, [P, Hv, Dv, Dk] (SGLang's pool, FLA's
             ``state_v_first``): its rows are gathered, checkpointed and stored in that layout by the boundary DMAs
             (``common.state_layout.head_columns``); the rules see the K-major view.
+        state_row_stride (int): trace-time; the pool's rows lie this many elements apart, each row dense (vLLM's
+            hybrid cache, ``common.pool_rows``): ``state_pool`` is then the pool's span, 1-D fp32 of
+            (P − 1)·state_row_stride + Hv·Dk·Dv elements.
 
     Returns:
         tuple: ``out`` [1, Hv, T, Dv] in the compute dtype (padding tokens' rows are not meaningful) and
@@ -97,8 +102,10 @@ def gdn_cte_bucket(
         is checked before anything is allocated or written (an ``AssertionError`` naming rule, argument and fix).
     """
     v_first = bool(state_v_first)
+    hv, dk, dv = value.shape[1], query.shape[3], value.shape[3]
+    pool = PoolRows.of(state_pool, state_row_stride, (hv, dv, dk) if v_first else (hv, dk, dv))
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size,
-                     kmajor_view(state_pool, v_first))  # fmt: skip
+                     kmajor_view(pool.view, v_first))  # fmt: skip
     assert_valid_call(tensor_violations(call, host=False), "gdn_cte_bucket")
     _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices, read_indices)
     value_heads, tokens, dv = value.shape[1], query.shape[2], value.shape[3]
@@ -107,7 +114,7 @@ def gdn_cte_bucket(
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     every = int(checkpoint_every) // chunk  # int(): numpy's integers are ints too (is_integer)
     tables = boundaries.build(
-        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
+        chunk_bounds, state_indices, pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
         v_first=v_first,
     )  # fmt: skip
     emit(call, out, call.recurrent_state, [Span(0, 0, n_chunks, 0)], tables)

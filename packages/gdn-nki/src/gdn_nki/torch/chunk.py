@@ -112,8 +112,9 @@ def chunk_gated_delta_rule(
             ``use_beta_sigmoid_in_kernel``.
         scale (float | None): query scaling; None = K ** -0.5.
         initial_state (torch.Tensor | None): [N, Hv, K, V] float32 (or bfloat16, widened exactly) initial states,
-            read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE
-            at the named rows only. [.., Hv, V, K] with ``state_v_first``.
+            read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, updated IN PLACE at the named
+            rows only: contiguous, or rows at their own stride, each dense (vLLM's pages, ``common.pool_rows``).
+            [.., Hv, V, K] with ``state_v_first``.
         output_final_state (bool): return the final states.
         use_qk_l2norm_in_kernel (bool): L2-normalize q and k first (fp32, eps 1e-6, as FLA and HF).
         use_beta_sigmoid_in_kernel (bool): ``beta`` is a logit: β = sigmoid(beta) (``gdn_ref.activations``).

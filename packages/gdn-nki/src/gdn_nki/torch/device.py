@@ -18,6 +18,7 @@ packing gather writes its result head-major, so the transposition is that one co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -123,10 +124,11 @@ def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Te
         extra["read_indices"] = _slots(reads, slots)
     if state_v_first:  # a K-major launch keeps its keywords as they were
         extra["state_v_first"] = True
+    span, strided = pool_span(pool)  # a row-strided pool: its span, no copy (``common.pool_rows``)
     out, _ = launch(
         gdn_cte_bucket, *(layout.pack(x) for x in (q, k, v, g, beta)), layout.chunk_bounds(slots),
-        _slots(rows, slots), pool, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
-        mask_pack=mask_pack(q.device, algorithm), group_size=group_size, **extra,
+        _slots(rows, slots), span, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
+        mask_pack=mask_pack(q.device, algorithm), group_size=group_size, **extra, **strided,
     )  # fmt: skip
     return layout.unpack(out, batch, seq_len)
 
@@ -266,12 +268,25 @@ def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted:
     def requests(x: Tensor) -> Tensor:
         return x.reshape(n_seqs, tokens, *x.shape[2:])
 
+    span, strided = pool_span(pool)
     out, _ = launch(
-        gdn_step, requests(q), requests(k), requests(v), pool, rows.to(torch.int32), accepted, **gates,
+        gdn_step, requests(q), requests(k), requests(v), span, rows.to(torch.int32), accepted, **gates,
         scale=float(q.shape[-1]) ** -0.5 if scale is None else scale, use_qk_l2norm=bool(use_qk_l2norm),
         **({"state_v_first": True} if state_v_first else {}),  # a K-major launch keeps its keywords as they were
+        **strided,
     )  # fmt: skip
     return out.reshape(*v.shape[:3], v.shape[3])
+
+
+def pool_span(pool: Tensor) -> tuple[Tensor, dict[str, int]]:
+    """A pool as a kernel takes it, and the keyword saying so: the pool itself when contiguous; else (rows at their
+    own stride, each dense: ``rules`` refused any other layout) its span, a 1-D view of the same storage from its
+    first element to its last (``Tensor.as_strided``: no copy), and ``state_row_stride`` (``common.pool_rows``)."""
+    if pool.is_contiguous():
+        return pool, {}
+    stride = int(pool.stride(0))
+    length = (pool.shape[0] - 1) * stride + math.prod(pool.shape[1:])
+    return pool.as_strided((length,), (1,)), {"state_row_stride": stride}
 
 
 def gdn_tkg(q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, A_log: Tensor, dt_bias: Tensor, z: Tensor,

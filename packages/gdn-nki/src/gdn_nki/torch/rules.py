@@ -19,7 +19,15 @@ import numpy as np
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_ref.contract import STEP, Arguments, ContractError, Violation, validate_step, validate_tkg
-from gdn_ref.conv_rules import BUCKET_QUANTUM, CONV_PREFILL, IO_DTYPES, conv_prefill_violations, conv_step_violations
+from gdn_ref.conv_rules import (
+    BUCKET_QUANTUM,
+    CONV_PREFILL,
+    CONV_STEP,
+    IO_DTYPES,
+    conv_prefill_violations,
+    conv_step_violations,
+    conv_varlen_violations,
+)
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
@@ -27,6 +35,7 @@ from ..common.state_layout import kmajor_shape
 from ..conv.step import step_sbuf_violations
 from ..host.buckets import _pool_violations, configured_buckets
 from ..host.pool_layout import layout_violations
+from ..host.pool_span import span_violations
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
     check_states,
@@ -252,6 +261,7 @@ def pool_decode(
     reject_unwritable_state(pool_name, pool)
     reject_broadcast_state(pool_name, pool)
     reject_strided_pool(pool_name, pool)
+    reject_long_span(pool_name, pool, STEP)
     if not fused:
         fused_recurrent.check_gates(v, gates["g"], gates["beta"], any_device=True)
     for arg, x in (("q", q), ("k", k), ("v", v)):
@@ -321,18 +331,39 @@ def tkg(*tensors: Any) -> None:
         raise ContractError(found)
 
 
+def reject_long_span(name: str, pool: Any, api: str) -> None:
+    """A row-strided pool whose row offsets would overflow the kernels' int32 (``host.pool_span``)."""
+    spanned = [] if pool.is_contiguous() else span_violations(pool.shape[0], pool.stride(0), name, api)
+    if spanned:
+        raise ContractError(spanned)
+
+
 def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activation: str | None,
               accepted: Any = None) -> None:  # fmt: skip
     """``gdn_nki::causal_conv1d_update``'s trace-time rules: ``conv_decode_step``'s shape and dtype rules on
     stand-ins of the op's operands (x [N, T, C], rows [N] or [N, T] int32, accepted None or [N]; the row and
-    accepted-count values are trusted); the pool contiguous (``reject_strided_pool``)."""
+    accepted-count values are trusted); the pool's rows dense, at their own stride (``reject_strided_pool``)."""
     if conv_state.dim() == 3:
         reject_strided_pool("conv_state", conv_state)
+        reject_long_span("conv_state", conv_state, CONV_STEP)
     found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), like(accepted),
                                  activation)  # fmt: skip
     found = found or step_sbuf_violations(like(x), like(conv_state), like(weight), like(bias), like(rows))
     if found:
         raise ContractError(found)
+
+
+def conv_varlen_step(x: Any, conv_state: Any, weight: Any, bias: Any, query_start_loc: Any, rows: Any,
+                     accepted: Any, max_query_len: int, activation: str | None) -> None:  # fmt: skip
+    """``gdn_nki::causal_conv1d_update_varlen``'s trace-time rules: the varlen form's shape rules
+    (``conv_varlen_violations``, the bounds' values trusted), then ``conv_step``'s on a stand-in of the padded x
+    [N, max_query_len, C]."""
+    found = conv_varlen_violations(like(x), like(conv_state), like(weight), like(query_start_loc), like(rows),
+                                   like(accepted), max_query_len)  # fmt: skip
+    if found:
+        raise ContractError(found)
+    padded = stand_in((rows.shape[0], max_query_len, x.shape[1]), x.dtype)
+    conv_step(padded, conv_state, weight, bias, rows, activation, accepted)
 
 
 def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: Any, rows: Any, read_rows: Any,
@@ -350,6 +381,7 @@ def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: A
     seqs = max(1, int(cu_seqlens.shape[0]) - 1) if cu_seqlens.dim() == 1 else 1
     if conv_states.dim() == 3:
         reject_strided_pool("conv_states", conv_states)
+        reject_long_span("conv_states", conv_states, CONV_PREFILL)
     pool_rows = int(conv_states.shape[0]) if conv_states.dim() == 3 else 0
     bounds = np.zeros(tuple(cu_seqlens.shape), np.int64)
     if bounds.ndim == 1 and bounds.size:
