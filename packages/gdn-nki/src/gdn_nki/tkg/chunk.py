@@ -48,15 +48,16 @@ class ChunkOperands:
             the others' deltas being zero).
         decay: [P, tiles]: γ_{T−1} of partition p's head.
         values: [Dv, 2, T, Hv] fp32 (the whole request's): X_tᵛ and Z_tᵛ of every value head.
+        deferred: (group, issue) pairs not yet issued (the later groups' selection products, the write's masking):
+            ``chunk_columns`` issues them between its matmuls and before a tile of that group, ``chunk_write``
+            whatever is left before a write.
     """
 
     stationaries: Any
     writes: Any
     decay: Any
     values: Any
-    # The selection products of the groups after the first, one (group, issue) per Dk row, not yet issued:
-    # ``chunk_columns`` issues them between its matmuls (the tensor engine waits there anyway) and before the
-    # first tile that reads them.
+    # between its matmuls the tensor engine waits out each accumulation anyway
     deferred: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
 
 
