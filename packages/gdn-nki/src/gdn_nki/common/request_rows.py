@@ -62,10 +62,10 @@ def request_rows(
         return tuple(tiles)
     as_float = sbuf((1, n_req, width), FP32)
     nisa.tensor_copy(dst=as_float.reshape((1, n_req * width)), src=given)
-    read = sbuf((1, n_req), FP32)
-    if num_accepted_tokens is None:
-        nisa.tensor_copy(dst=read, src=as_float[:, :, 0])
+    if num_accepted_tokens is None:  # the first index of each request, read in place (no copy to wait on)
+        read = as_float[:, :, 0]
     else:
+        read = sbuf((1, n_req), FP32)
         position = sbuf((1, n_req), FP32)
         _accepted_positions(position, num_accepted_tokens, n_req, tokens)
         token = sbuf((1, n_req, width), FP32)
@@ -82,12 +82,16 @@ def request_rows(
     live_number = sbuf((1, n_req), FP32)  # (read >= 0) · (n + 1)
     nisa.scalar_tensor_tensor(dst=live_number, data=read, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply,
                               operand1=number)  # fmt: skip
-    _past_the_end(tiles[1][:, 0:n_req], read, pool_rows)
-    padding_number = sbuf((1, n_req), FP32)  # (read < 0) · (n + 1)
-    nisa.tensor_tensor(dst=padding_number, data1=number, data2=live_number, op=nl.subtract)
+    padding_number = sbuf((1, n_req), FP32)  # (read < 0) · (n + 1), beside live_number: neither waits on the other
+    nisa.scalar_tensor_tensor(dst=padding_number, data=read, op0=nl.less, operand0=0.0, op1=nl.multiply,
+                              operand1=number)  # fmt: skip
+    if num_accepted_tokens is not None:  # the row the loads need first (without the count: the index, ``tiles[0]``)
+        _past_the_end(tiles[1][:, 0:n_req], read, pool_rows)
     # own − 1 is n where the row is the request's, else -1: moved past the end there, N
     _past_the_end(tiles[2][:, 0:n_req], live_number, n_req, minus=1.0)
     _past_the_end(tiles[3][:, 0:n_req], padding_number, n_req, minus=1.0)
+    if num_accepted_tokens is None:
+        _past_the_end(tiles[1][:, 0:n_req], read, pool_rows)
     return tuple(tiles)
 
 

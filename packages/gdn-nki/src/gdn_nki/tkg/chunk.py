@@ -23,11 +23,11 @@ the tolerance table (``gdn_ref``'s decode bounds), not bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.backend import nisa, nl
-from ..common.engines import GPSIMD
+from ..common.engines import GPSIMD, SCALAR
 from ..common.lockstep import lockstep
 from ..common.tiles import FP32, matmul, psum, sbuf, transpose
 from .recurrence import Constants, Gates, Shapes, token_gates, token_keys
@@ -48,12 +48,17 @@ class ChunkOperands:
             the others' deltas being zero).
         decay: [P, tiles]: γ_{T−1} of partition p's head.
         values: [Dv, 2, T, Hv] fp32 (the whole request's): X_tᵛ and Z_tᵛ of every value head.
+        deferred: (group, issue) pairs not yet issued (the later groups' selection products, the write's masking):
+            ``chunk_columns`` issues them between its matmuls and before a tile of that group, ``chunk_write``
+            whatever is left before a write.
     """
 
     stationaries: Any
     writes: Any
     decay: Any
     values: Any
+    # between its matmuls the tensor engine waits out each accumulation anyway
+    deferred: list[tuple[int, Callable[[], None]]] = field(default_factory=list)
 
 
 GROUP_TILES = 4  # tiles whose selection products are made together (``_block_operands``)
@@ -124,6 +129,17 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
         sums = matmul(consts.ones, flat[:, start:stop])
         nisa.activation(dst=gram.reshape((lanes, width))[:, start:stop], op=nl.copy, data=sums)
     beta_gamma = [product(value_tile(), by(beta[t]), by(gamma[t])) for t in range(tokens)]
+    # The key plane's columns and γ_t q_t (Z_t's) need no sums: GpSimd makes them while the Gram matmul's sums
+    # are made, so after the sums only the couplings stand before the forward substitution.
+    cols = sbuf((dk, PLANES, tokens, hv), FP32)  # recall X_tᵏ, read Z_tᵏ, key w_t k_t
+    for t in range(tokens):
+        product(cols[:, 0, t, :], by(beta_gamma[t], dk), _per_value_head(k_cols[t], r))
+        if weight[t] is None:
+            nisa.tensor_copy(dst=_by_value_head(cols[:, 2, t, :], hk), src=_per_value_head(k_cols[t], r),
+                             engine=GPSIMD)  # fmt: skip
+        else:
+            product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
+    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
     yield
     coupling, reads = {}, {}  # A_ti and C_ti
     # β_t γ_t/γ_i of up to PAIRS_AHEAD pairs first, then their couplings: back to back, each coupling would wait out
@@ -139,19 +155,16 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
     for t in range(tokens):
         per_block = [transpose(loaded.values[b][t]) for b in range(hv // block)]
         turned.append(per_block)
+    # The key plane through the selection for the rank-T write's stationaries (masked later, ``write_rows``): the
+    # tensor engine is idle until the forward substitution ends.
+    selected = [matmul(cols[:, PLANES - 1], consts.tiles.select[:, lo, :], psum((tokens * hv, layout.partitions)),
+                       moving_onezero=True) for lo in range(layout.rows)]  # fmt: skip
     yield
-    cols = sbuf((dk, PLANES, tokens, hv), FP32)  # recall X_tᵏ, read Z_tᵏ, key w_t k_t
     values = sbuf((dv, 2, tokens, hv), FP32)  # X_tᵛ, Z_tᵛ
     for t in range(tokens):
-        product(cols[:, 0, t, :], by(beta_gamma[t], dk), _per_value_head(k_cols[t], r))
         for b, rows in enumerate(turned[t]):
             nisa.tensor_tensor(dst=values[:, 0, t, b * block : (b + 1) * block], data1=rows,
                                data2=beta[t][0:dv, b * block : (b + 1) * block], op=nl.multiply)  # fmt: skip
-        if weight[t] is None:
-            nisa.tensor_copy(dst=_by_value_head(cols[:, 2, t, :], hk), src=_per_value_head(k_cols[t], r),
-                             engine=GPSIMD)  # fmt: skip
-        else:
-            product(cols[:, 2, t, :], by(weight[t], dk), _per_value_head(k_cols[t], r))
     yield
     planes = ((cols[:, 0], cols[:, 1], dk, {"engine": GPSIMD}), (values[:, 0], values[:, 1], dv, {}))
     # X_t −= A_ti X_i (i < t), as soon as X_i is final: every later token's term first, then its subtraction, so
@@ -174,20 +187,22 @@ def prepare_chunk(shapes: Shapes, gates: Gates, consts: Constants, loaded: Any, 
                                data2=_per_value_head(overlap[t][0:parts, :], r), op=nl.multiply, **kw)  # fmt: skip
         for i in range(tokens - 1):
             _fold_level(target, source[:, i, :], {t: reads[t, i][0:parts, :] for t in range(i + 1, tokens)}, nl.add, kw)
-    read = [product(sbuf((dk, hv), FP32), by(gamma[t], dk), _per_value_head(q_cols[t], r)) for t in range(tokens)]
     for t in range(tokens):
         nisa.tensor_tensor(dst=cols[:, 1, t, :], data1=cols[:, 1, t, :], data2=read[t], op=nl.subtract, engine=GPSIMD)
     yield
-    # The rank-T write's stationaries of every tile at once: the key plane through the selection, masked to each
-    # row's head block.
+    # The rank-T write's stationaries of every tile at once: the key plane through the selection (``selected``,
+    # above), masked to each row's head block between the first tiles' product matmuls (``deferred``), not in
+    # front of the blocks' first selection products that those wait on: the first write is a few tiles later.
     writes = sbuf((tokens * hv, layout.rows, layout.partitions), FP32)
-    for lo in range(layout.rows):
-        selected = psum((tokens * hv, layout.partitions))
-        matmul(cols[:, PLANES - 1], consts.tiles.select[:, lo, :], dst=selected, moving_onezero=True)
-        nisa.tensor_tensor(dst=writes[:, lo, :], data1=selected, data2=consts.tiles.write_mask, op=nl.multiply)
     blocks = []
     for h0 in range(0, hv, block):
         blocks.append((yield from _block_operands(layout, consts.tiles, cols, gamma[-1], values, writes, h0, tokens)))
+
+    def write_rows(lo: int) -> None:
+        nisa.tensor_tensor(dst=writes[:, lo, :], data1=selected[lo], data2=consts.tiles.write_mask, op=nl.multiply)
+
+    # a group past every tile: no tile's products force them; ``chunk_write`` issues what is left before a write
+    blocks[0].deferred.extend((len(blocks) * layout.tiles, lambda lo=lo: write_rows(lo)) for lo in range(layout.rows))
     return blocks
 
 
@@ -212,15 +227,20 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
     # time, so the first tiles' [u; o] matmuls start while the later tiles' products are made.
     masked = sbuf((parts, rows, per_block, 2, tokens, h), FP32)  # tile-major: a tile's operand is one run
     mask = consts.signed_mask[:, 0:2, :].expand_dim(2).broadcast(2, tokens)
-    for first in range(0, per_block, GROUP_TILES):
+
+    def selected(first: int, lo: int) -> None:  # Dk row lo of the group of tiles from ``first``
         group = min(GROUP_TILES, per_block - first)
         moving = cols[:, 0:2, :, h0 + first * h : h0 + (first + group) * h]  # [Dk, 2, T, group·H]
-        for lo in range(rows):
-            products = psum((parts, 2, tokens, group * h))
-            matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
-            nisa.tensor_tensor(dst=masked[:, lo, first : first + group].permute((0, 2, 3, 1, 4)),
-                               data1=products.reshape((parts, 2, tokens, group, h)),
-                               data2=mask.expand_dim(3).broadcast(3, group), op=nl.multiply)  # fmt: skip
+        products = psum((parts, 2, tokens, group * h))
+        matmul(consts.select[:, lo, :], moving, dst=products, stationary_onezero=True)
+        nisa.tensor_tensor(dst=masked[:, lo, first : first + group].permute((0, 2, 3, 1, 4)),
+                           data1=products.reshape((parts, 2, tokens, group, h)),
+                           data2=mask.expand_dim(3).broadcast(3, group), op=nl.multiply)  # fmt: skip
+
+    for lo in range(rows):
+        selected(0, lo)
+    deferred = [(first // GROUP_TILES, lambda first=first, lo=lo: selected(first, lo))
+                for first in range(GROUP_TILES, per_block, GROUP_TILES) for lo in range(rows)]  # fmt: skip
     head_mask = consts.signed_mask[:, PLANES - 1, :].expand_dim(1).broadcast(1, per_block)
     decay_heads = sbuf((parts, per_block, h), FP32)
     nisa.tensor_tensor(dst=decay_heads, data1=decay[0:parts, h0 : h0 + block].reshape((parts, per_block, h)),
@@ -228,7 +248,7 @@ def _block_operands(layout: TileLayout, consts: LayoutConstants, cols: Any, deca
     yield
     decay_p = sbuf((parts, per_block), FP32)
     nisa.tensor_reduce(dst=decay_p, op=nl.add, data=decay_heads, axis=2)
-    return ChunkOperands(stationaries=masked, writes=writes, decay=decay_p, values=values)
+    return ChunkOperands(stationaries=masked, writes=writes, decay=decay_p, values=values, deferred=deferred)
 
 
 def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperands, t: int, tile: int,
@@ -239,10 +259,14 @@ def chunk_columns(layout: TileLayout, consts: LayoutConstants, ops: ChunkOperand
     ``between(lo)`` is called after the matmul of Dk row ``lo``: independent tensor-engine work (another tile's
     ``chunk_write`` row) issued there runs while the next row's matmul waits out that one's accumulation latency."""
     dv, h = layout.dv, layout.heads
+    while ops.deferred and ops.deferred[0][0] <= t // GROUP_TILES:  # this tile's selection products first
+        ops.deferred.pop(0)[1]()
     mixed = psum((dv, 2, tokens, h))
     matmul(consts.value_identity, ops.values[:, :, :, tile * h : (tile + 1) * h], dst=mixed, stationary_onezero=True)
     for lo in range(layout.rows):
         matmul(state[:, lo * dv : (lo + 1) * dv], ops.stationaries[:, lo, t], dst=mixed, accumulate=True)
+        if ops.deferred:
+            ops.deferred.pop(0)[1]()
         if between is not None:
             between(lo)
     return mixed
@@ -273,13 +297,23 @@ def chunk_write(layout: TileLayout, ops: ChunkOperands, t: int, state: Any, delt
                 rows: Iterable[int] | None = None) -> None:  # fmt: skip
     """S ← γ_{T−1} S + Σ_t w_t k_t u_tᵀ on tile ``t`` of a block: one matmul per Dk row of a partition,
     contracting over the request's T·Hv (token, tile, head) rows (``writes`` against ``chunk_deltas``' rows, which
-    are zero for every other tile), then the vector engine's decay and add in one instruction per row (``rows``:
-    only those Dk rows of a partition, default all)."""
+    are zero for every other tile), then per row the decay on the scalar engine and the add on the vector engine
+    (``rows``: only those Dk rows of a partition, default all).
+
+    ``scalar_tensor_tensor`` (decay and add in one instruction) is "equivalent to running two operations
+    back-to-back", a ``tensor_scalar`` then a ``tensor_tensor`` ("nki.isa.scalar_tensor_tensor", SDK 2.33), and
+    ``tensor_scalar`` runs on the scalar engine ("nki.isa.tensor_scalar", SDK 2.33): the same two fp32 roundings
+    in the same order, the state's bits unchanged. The decay does not wait for the matmul, and the vector engine's
+    add with one operand in PSUM costs N cycles against the fused instruction's 2N for fp32 (nki-cpu's
+    COST_MODEL.md, the documented per-instruction costs): 0.13 µs a [128, 128] row instead of 0.27."""
     dv = layout.dv
+    while ops.deferred:  # the write's stationaries among them (``prepare_chunk``)
+        ops.deferred.pop(0)[1]()
     decay = ops.decay[:, t : t + 1]
     for lo in range(layout.rows) if rows is None else rows:
+        piece = state[:, lo * dv : (lo + 1) * dv]
+        decayed = sbuf((layout.partitions, dv), FP32)
+        nisa.tensor_scalar(dst=decayed, data=piece, op0=nl.multiply, operand0=decay, engine=SCALAR)
         written = psum((layout.partitions, dv))
         matmul(ops.writes[:, lo, :], deltas, dst=written)
-        piece = state[:, lo * dv : (lo + 1) * dv]
-        nisa.scalar_tensor_tensor(dst=piece, data=piece, op0=nl.multiply, operand0=decay, op1=nl.add,
-                                  operand1=written)  # fmt: skip
+        nisa.tensor_tensor(dst=piece, data1=decayed, data2=written, op=nl.add)

@@ -17,7 +17,7 @@ from typing import Any
 from ..common.backend import nisa, nl
 from ..common.lockstep import lockstep as run_side_by_side
 from ..common.state_layout import decode_tile_pattern
-from ..common.tiles import FP32, psum, sbuf
+from ..common.tiles import FP32, matmul, psum, sbuf
 from .chunk import ChunkOperands, chunk_columns, chunk_deltas, chunk_write, prepare_chunk
 from .recurrence import (
     Constants,
@@ -190,7 +190,7 @@ def load_request(shapes: Shapes, tensors: tuple[Any, Any, Any, Any], gates: Gate
     dv, hv, n, layout = shapes.dv, shapes.value_heads, request.n, consts.layout
     tokens = range(shapes.tokens)
     keys = [load_keys(shapes, query, key, n, t) for t in tokens]
-    gate_tiles = [load_gates(shapes, gates, layout.lanes, n, t) for t in tokens]
+    gate_tiles = load_gates(shapes, gates, layout.lanes, n)
     block = layout.block_heads
     values = []
     for h0 in range(0, hv, block):
@@ -369,6 +369,8 @@ def finish_request(
                 (_, tile), turned = turning
                 written.append((turning[0], chunk_deltas(layout, consts.tiles, tile, turned, collected[:, tile, 1],
                                                          shapes.tokens)))  # fmt: skip
+                if step is None and norm is None:  # every tile's outputs are in: turned and stored before the writes
+                    _chunk_outputs(shapes, consts, collected, out, out_row)
             turning = None if step is None else (step, mixed)
     else:
         pending = None
@@ -400,7 +402,22 @@ def finish_request(
 
         return tail
 
+    if chunked and norm is None:  # issued above
+        return []
     return [outputs(t) for t in range(shapes.tokens)]
+
+
+def _chunk_outputs(shapes: Shapes, consts: Constants, collected: Any, out: Any, out_row: Any) -> None:
+    """Every token's outputs of a request in chunk form, the columns ``collected`` [Dv, tiles, 2, T, H] (plane 1),
+    as rows [T·Hv, Dv] (row t·Hv + value head: ``out``'s row as it lies, ``chunk_form_fits`` keeps T·Hv within
+    the partitions) by one 0/1 matmul against the identity, then one copy and one store: a token at a time was T
+    matmuls, each costing what this one does (``nc_matmul``: the moving's Dv columns), T copies and T stores."""
+    tokens, hv, dv = shapes.tokens, shapes.value_heads, shapes.dv
+    rows = sbuf((tokens * hv, dv), FP32)
+    turned = psum((tokens * hv, dv))
+    matmul(collected[:, :, 1].permute((0, 2, 1, 3)), consts.tiles.value_identity, dst=turned, moving_onezero=True)
+    nisa.activation(dst=rows, op=nl.copy, data=turned)
+    copy_rows(row_view(out, out_row, [[dv, tokens * hv], [1, dv]], 0), rows)
 
 
 def emit_requests(
@@ -438,6 +455,7 @@ def emit_requests(
 
     for _ in range(PREPARED_AHEAD):
         start()
+    consts.tiles.finish()  # the layout's selection tiles, if deferred: behind the first requests' row loads
     tails: list[Callable[[], None]] = []  # the previous request's output norms
     while preparing or prepared:
         while not prepared:

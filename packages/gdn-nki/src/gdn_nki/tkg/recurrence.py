@@ -85,11 +85,12 @@ class Constants:
     """Per-launch tiles: the state layout and its 0/1 tiles, ones for partition sums, eps columns, and the
     per-head fused-gating constants. Per-head tiles span ``layout.lanes`` partitions (every consumer's)."""
 
-    def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None):
+    def __init__(self, shapes: Shapes, gates: Gates, norm: OutputNorm | None, defer: bool = False):
         dk, hv = shapes.dk, shapes.value_heads
         self.layout = tile_layout(dk, shapes.dv, hv)
-        self.tiles = LayoutConstants(self.layout, shapes.tokens)
         lanes = self.layout.lanes
+        # The first request's gates and keys need these first: the ones (partition sums, the gate constants'
+        # spread) and eps columns before the layout's 0/1 tiles on GpSimd, the gate constants before its loads.
         self.ones = sbuf((dk, lanes), FP32)
         nisa.memset(dst=self.ones, value=1.0, engine=GPSIMD)
         self.l2_eps = sbuf((dk, 1), FP32)
@@ -98,28 +99,44 @@ class Constants:
         nisa.memset(dst=self.rms_eps, value=RMS_NORM_EPS, engine=GPSIMD)
         self.decay_rate = self.dt_bias = None
         if gates.fused:
-            # exp(A_log) and dt_bias on every partition, once per launch: [lanes, Hv].
-            a_log = sbuf((lanes, hv), FP32)
-            nisa.dma_copy(dst=a_log, src=gates.A_log.ap(pattern=[[0, lanes], [1, hv]], offset=0))
-            self.decay_rate = sbuf((lanes, hv), FP32)
-            nisa.activation(dst=self.decay_rate, op=nl.exp, data=a_log)
-            self.dt_bias = sbuf((lanes, hv), FP32)
-            nisa.dma_copy(dst=self.dt_bias, src=gates.dt_bias.ap(pattern=[[0, lanes], [1, hv]], offset=0))
+            self.decay_rate, self.dt_bias = _fused_gate_constants(gates, self.ones[0:1, :], hv)
+        self.tiles = LayoutConstants(self.layout, shapes.tokens, defer)  # ``defer``: ``finish`` issues the rest
         self.norm_weight = None
         if norm is not None:
             self.norm_weight = sbuf((lanes, shapes.dv), FP32)
             nisa.dma_copy(dst=self.norm_weight, src=norm.norm_weight.ap(pattern=[[0, lanes], [1, shapes.dv]]))
 
 
-def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: Any, t: int) -> tuple[Any, Any]:
-    """Token t of request n's gate inputs on every partition, [lanes, Hv] fp32 each: (g, β) precomputed, or the
-    raw (a, b) of fused gating. ``n`` a trace-time int or an ``NkiScalar`` (outside the tensor: skipped)."""
-    hv = shapes.value_heads
+def _fused_gate_constants(gates: Gates, ones: Any, hv: int) -> tuple[Any, Any]:
+    """exp(A_log) and dt_bias on every partition, once per launch ([lanes, Hv] fp32 each; ``ones`` [1, lanes]):
+    both vectors read into one partition and spread over the lanes by a matmul against the row of ones (one exact
+    term a sum). A DMA that broadcasts from HBM moves every partition's copy in runs of Hv·4 bytes, ahead of the
+    first request's loads on the DMA queues."""
+    lanes = ones.shape[1]
+    rows = sbuf((1, 2 * hv), FP32)  # A_log, dt_bias
+    for i, src in enumerate((gates.A_log, gates.dt_bias)):
+        nisa.dma_copy(dst=rows[:, i * hv : (i + 1) * hv], src=src.ap(pattern=[[hv, 1], [1, hv]], offset=0))
+    spread = matmul(ones, rows)
+    decay_rate, dt_bias = sbuf((lanes, hv), FP32), sbuf((lanes, hv), FP32)
+    nisa.activation(dst=decay_rate, op=nl.exp, data=spread[:, 0:hv])
+    nisa.activation(dst=dt_bias, op=nl.copy, data=spread[:, hv : 2 * hv])
+    return decay_rate, dt_bias
+
+
+def load_gates(shapes: Shapes, gates: Gates, lanes: int, n: Any) -> list[tuple[Any, Any]]:
+    """Request n's gate inputs on every partition, per token t a pair of [lanes, Hv] fp32 views: (g, β)
+    precomputed, or the raw (a, b) of fused gating. ``n`` a trace-time int or an ``NkiScalar`` (outside the tensor:
+    skipped).
+
+    One DMA per tensor for all T tokens (a request's T·Hv gates are contiguous): each broadcast load spans every
+    partition, so the DMAs run one after another, and T of them per tensor moved T runs of Hv·4 bytes a partition
+    where one moves a run of T·Hv·4 (N = 1, T = 4 at Qwen3-Next's heads: the last gate landed 1.0 µs later)."""
+    hv, tokens = shapes.value_heads, shapes.tokens
     first, second = (gates.a, gates.b) if gates.fused else (gates.g_log, gates.beta)
-    tiles = sbuf((lanes, hv), FP32), sbuf((lanes, hv), FP32)
+    tiles = sbuf((lanes, tokens * hv), FP32), sbuf((lanes, tokens * hv), FP32)
     for tile, src in zip(tiles, (first, second), strict=True):
-        copy_rows(tile, row_view(src, n, [[0, lanes], [1, hv]], t * hv))
-    return tiles
+        copy_rows(tile, row_view(src, n, [[0, lanes], [1, tokens * hv]], 0))
+    return [(tiles[0][:, t * hv : (t + 1) * hv], tiles[1][:, t * hv : (t + 1) * hv]) for t in range(tokens)]
 
 
 def token_gates(gates: Gates, consts: Constants, loaded: tuple[Any, Any]) -> Steps:

@@ -120,14 +120,22 @@ def chunk_form_fits(tokens: int, layout: TileLayout) -> bool:
     )
 
 
-def _zero_one_compares(dst: Any, values: Any, low: int, high: int) -> Callable[[], None]:
-    """``dst = 1.0 where low <= values < high else 0.0``: the two compares issued now; returns the product's
-    issue, for the caller to place after other work."""
+def _against(dst: Any, values: Any, column: Any, op: Any) -> None:
+    """``dst = values op column`` on GpSimd ([P, F] each; ``column`` [≥ P, 1] broadcast along the free axis): the
+    launch's 0/1 tiles off the vector engine, which the first request's gates and keys queue behind (GpSimd runs
+    ``tensor_scalar`` only for rsqrt, so the scalar operand is a column)."""
+    parts, free = dst.shape
+    nisa.tensor_tensor(dst=dst, data1=values, data2=column[0:parts, :].broadcast(1, free), op=op, engine=GPSIMD)
+
+
+def _zero_one_compares(dst: Any, values: Any, low: Any, high: Any) -> Callable[[], None]:
+    """``dst = 1.0 where low <= values < high else 0.0`` (``low``, ``high``: columns, ``_against``): the two
+    compares issued now; returns the product's issue, for the caller to place after other work."""
     above = sbuf(tuple(dst.shape), FP32)
-    nisa.tensor_scalar(dst=above, data=values, op0=nl.greater_equal, operand0=float(low))
+    _against(above, values, low, nl.greater_equal)
     below = sbuf(tuple(dst.shape), FP32)
-    nisa.tensor_scalar(dst=below, data=values, op0=nl.less, operand0=float(high))
-    return lambda: nisa.tensor_tensor(dst=dst, data1=above, data2=below, op=nl.multiply)
+    _against(below, values, high, nl.less)
+    return lambda: nisa.tensor_tensor(dst=dst, data1=above, data2=below, op=nl.multiply, engine=GPSIMD)
 
 
 class LayoutConstants:
@@ -141,60 +149,82 @@ class LayoutConstants:
     - ``write_mask`` [T·Hv, P] (chunk form only, ``chunk``): [p in head h's block] for row (token, tile, h).
     """
 
-    def __init__(self, layout: TileLayout, tokens: int = 1):
+    def __init__(self, layout: TileLayout, tokens: int = 1, defer: bool = False):
         dk, rows, g, h, parts = layout.dk, layout.rows, layout.parts_per_head, layout.heads, layout.partitions
         heads_per_tile, block, dv = parts // g, layout.block_heads, layout.dv
         chunk = chunk_form_fits(tokens, layout)
-        # Every iota first (GpSimd), then the compares, then the products of compares: issued tile by tile, each
-        # instruction waited out the latency of the one before it on the in-order engines (the first request's
-        # gates and keys queue behind these on the vector engine). The same values.
-        offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
-        nisa.iota(dst=offsets, pattern=[[-1, rows], [0, heads_per_tile], [-rows, g]], offset=0, channel_multiplier=1)
-        block_offsets = sbuf((parts, h), FP32)  # p − G·h
-        nisa.iota(dst=block_offsets, pattern=[[-g, h]], offset=0, channel_multiplier=1)
+        # All on GpSimd (iotas, then compares against constant columns, ``_against``), so the vector engine is free
+        # for the first request's gates and keys; the write's mask first (a matmul and an evacuation follow it),
+        # then the rest in order of first use. Each group's iotas before its compares, and a compare's product
+        # after the other compares, so no instruction waits out the latency of the one before it. The same values.
+        columns = sbuf((max(dk, parts, block, dv, h), 3), FP32)  # 0, G, −1 on every partition
+        for i, value in enumerate((0.0, float(g), -1.0)):
+            nisa.memset(dst=columns[:, i : i + 1], value=value, engine=GPSIMD)
+        zero, width, minus_one = (columns[:, i : i + 1] for i in range(3))
         spread_offsets = sbuf((h, parts), FP32)  # p − G·h
         nisa.iota(dst=spread_offsets, pattern=[[1, parts]], offset=0, channel_multiplier=-g)
-        pick_offsets = sbuf((block, layout.tiles_per_block * h), FP32)  # row − t·H − h'
-        nisa.iota(dst=pick_offsets, pattern=[[-h, layout.tiles_per_block], [-1, h]], offset=0, channel_multiplier=1)
-        diagonal = sbuf((block, block), FP32)
-        nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
-        value_diagonal = sbuf((dv, dv), FP32)
-        nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
-        partition_diagonal = sbuf((parts, parts), FP32)
-        nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
+        block_offsets = sbuf((parts, h), FP32)  # p − G·h
+        nisa.iota(dst=block_offsets, pattern=[[-g, h]], offset=0, channel_multiplier=1)
         if chunk:
             rows_heads = sbuf((h, tokens * layout.value_heads), FP32)  # h' − h of row (t, tile, h')
             nisa.iota(dst=rows_heads, pattern=[[0, tokens * layout.tiles], [1, h]], offset=0, channel_multiplier=-1)
-        mask = sbuf((parts, h), FP32)
-        finish_mask = _zero_one_compares(mask, block_offsets, 0, g)
         self.spread = sbuf((h, parts), FP32)
-        finish_spread = _zero_one_compares(self.spread, spread_offsets, 0, g)
-        self.select = sbuf((dk, rows, parts), FP32)
-        nisa.tensor_scalar(dst=self.select.reshape((dk, rows * parts)), data=offsets, op0=nl.equal, operand0=0.0)
-        self.pick = sbuf((block, layout.tiles_per_block, h), FP32)
-        nisa.tensor_scalar(dst=self.pick.reshape((block, layout.tiles_per_block * h)), data=pick_offsets,
-                           op0=nl.equal, operand0=0.0)  # fmt: skip
-        self.identity = sbuf((block, block), FP32)
-        nisa.tensor_scalar(dst=self.identity, data=diagonal, op0=nl.equal, operand0=0.0)
-        self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
-        nisa.tensor_scalar(dst=self.value_identity, data=value_diagonal, op0=nl.equal, operand0=0.0)
-        self.partition_identity = self.value_identity  # [P, P]: a V-major tile's store transposes (``pipeline``)
-        if parts != dv:
-            self.partition_identity = sbuf((parts, parts), FP32)
-            nisa.tensor_scalar(dst=self.partition_identity, data=partition_diagonal, op0=nl.equal, operand0=0.0)
+        finish_spread = _zero_one_compares(self.spread, spread_offsets, zero, width)
+        mask = sbuf((parts, h), FP32)
+        finish_mask = _zero_one_compares(mask, block_offsets, zero, width)
         if chunk:
             pick_rows = sbuf((h, tokens * layout.value_heads), FP32)
-            nisa.tensor_scalar(dst=pick_rows, data=rows_heads, op0=nl.equal, operand0=0.0)
-        finish_mask()
+            _against(pick_rows, rows_heads, zero, nl.equal)
         finish_spread()
-        self.signed_mask = sbuf((parts, PLANES, h), FP32)
-        for plane, sign in enumerate((-1.0, -1.0, 1.0)):
-            nisa.tensor_scalar(dst=self.signed_mask[:, plane, :], data=mask, op0=nl.multiply, operand0=sign)
+        finish_mask()
         self.write_mask = None
         if chunk:  # [T·Hv, P]: row (t, tile, h) × partition p: [p in head h's block]
             self.write_mask = sbuf((tokens * layout.value_heads, parts), FP32)
-            nisa.activation(dst=self.write_mask, op=nl.copy,
-                            data=matmul(pick_rows, self.spread, stationary_onezero=True, moving_onezero=True))  # fmt: skip
+            nisa.tensor_copy(dst=self.write_mask,
+                             src=matmul(pick_rows, self.spread, stationary_onezero=True, moving_onezero=True))  # fmt: skip
+        self.signed_mask = sbuf((parts, PLANES, h), FP32)  # the recall and read planes negated, the key plane not
+        for plane in range(PLANES - 1):
+            _against(self.signed_mask[:, plane, :], mask, minus_one, nl.multiply)
+        nisa.tensor_copy(dst=self.signed_mask[:, PLANES - 1, :], src=mask, engine=GPSIMD)
+        self.identity = sbuf((block, block), FP32)
+        self.pick = sbuf((block, layout.tiles_per_block, h), FP32)
+        self.select = sbuf((dk, rows, parts), FP32)
+        self.value_identity = sbuf((dv, dv), FP32)  # [Dv, Dv]: turns [Dv, ·] columns into rows on the PE
+        self.partition_identity = self.value_identity  # [P, P]: a V-major tile's store transposes (``pipeline``)
+        if parts != dv:
+            self.partition_identity = sbuf((parts, parts), FP32)
+
+        def selections() -> None:
+            diagonal = sbuf((block, block), FP32)
+            nisa.iota(dst=diagonal, pattern=[[-1, block]], offset=0, channel_multiplier=1)
+            pick_offsets = sbuf((block, layout.tiles_per_block * h), FP32)  # row − t·H − h'
+            nisa.iota(dst=pick_offsets, pattern=[[-h, layout.tiles_per_block], [-1, h]], offset=0,
+                      channel_multiplier=1)  # fmt: skip
+            offsets = sbuf((dk, rows * parts), FP32)  # dk − lo − rows·dk_hi(p)
+            nisa.iota(dst=offsets, pattern=[[-1, rows], [0, heads_per_tile], [-rows, g]], offset=0,
+                      channel_multiplier=1)  # fmt: skip
+            value_diagonal = sbuf((dv, dv), FP32)
+            nisa.iota(dst=value_diagonal, pattern=[[-1, dv]], offset=0, channel_multiplier=1)
+            _against(self.identity, diagonal, zero, nl.equal)
+            _against(self.pick.reshape((block, layout.tiles_per_block * h)), pick_offsets, zero, nl.equal)
+            _against(self.select.reshape((dk, rows * parts)), offsets, zero, nl.equal)
+            _against(self.value_identity, value_diagonal, zero, nl.equal)
+            if parts != dv:
+                partition_diagonal = sbuf((parts, parts), FP32)
+                nisa.iota(dst=partition_diagonal, pattern=[[-1, parts]], offset=0, channel_multiplier=1)
+                _against(self.partition_identity, partition_diagonal, zero, nl.equal)
+
+        self._selections: Callable[[], None] | None = selections
+        if not defer:
+            self.finish()
+
+    def finish(self) -> None:
+        """Issue the selection and identity tiles (``select``, ``pick``, ``identity``, ``value_identity``,
+        ``partition_identity``) if not yet issued: with ``defer``, the caller issues them after the first requests'
+        row loads (``pipeline.emit_requests``), which wait on GpSimd's ``scalar_load``s, and before any use."""
+        if self._selections is not None:
+            self._selections()
+            self._selections = None
 
 
 @dataclass(frozen=True)

@@ -115,15 +115,18 @@ def gdn_step(
     shapes = Shapes(requests=n_req, tokens=tokens, key_heads=hk, value_heads=hv, dk=dk, dv=dv)
     gates = Gates(g_log=g_log, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     out = allocate_out(shapes, query.dtype)
-    consts = Constants(shapes, gates, norm)
-    per_token = len(state_indices.shape) == 2
-    width = tokens if per_token else 1
-    zeros = zero_rows(shapes, out.dtype)
-
     share = program_share(n_req, REQUESTS_PER_ITERATION)
     if share is None:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
         return out, state_pool
     rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, pool.shape[0])
+    per_token = len(state_indices.shape) == 2
+    # The selection tiles after the first requests' row loads (``LayoutConstants.finish``), except for one request
+    # in chunk form: its preparation, on GpSimd right after its loads, is then the launch's critical path.
+    consts = Constants(shapes, gates, norm, defer=tokens == 1 or per_token or share.group > 1)
+    if share.trips > 1:  # once, not in every iteration of the compiled loop
+        consts.tiles.finish()
+    width = tokens if per_token else 1
+    zeros = zero_rows(shapes, out.dtype)
 
     def requests(base: Any) -> Any:  # the iteration's requests
         for static, n in share.members(base):
