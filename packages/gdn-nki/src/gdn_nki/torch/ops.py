@@ -48,6 +48,7 @@ from gdn_ref.contract import names_entry_point
 from ..host.decode import tkg_simulate
 from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, reject_empty, rejection
 from . import chunk, device, fused_recurrent, rules
+from .context_parallel import ContextParallel, context_parallel_prefill
 from .forward_only import attached, detached, forbid_backward, on_graph
 from .traced_rejection import rejects_at_trace_time
 
@@ -252,6 +253,17 @@ def chunk_gated_delta_rule(
         chunk multiple. On the CPU the op runs the host path as before; on a device it launches
         ``gdn_cte_bucket`` (module docstring).
     """
+    if isinstance(cp_context, ContextParallel):  # FLA's context parallelism: both passes through this drop-in's op
+        return chunk.context_parallel_call(
+            chunk_gated_delta_rule, (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state,
+            cu_seqlens, (state_indices, initial_state_indices, kwargs),
+            dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
+                 group_size=group_size),
+            dict(bucket=bucket, checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
+                 read_indices=read_indices, head_first=head_first, state_v_first=state_v_first,
+                 transpose_state_layout=transpose_state_layout, allow_neg_eigval=allow_neg_eigval),
+        )  # fmt: skip
     flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
     options = (head_first, cp_context, allow_neg_eigval)
     layout = (state_v_first, transpose_state_layout)  # plain bools, not both set: carried (a pool's op takes it)
@@ -306,6 +318,28 @@ def chunk_gated_delta_rule(
         return attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate)), initial_state if output_final_state else None
     o, final = chunk_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), *gate, cu_seqlens, **common)
     return o, _swap_state_axes(final, v_first) if output_final_state else None
+
+
+@names_entry_point("gdn_nki.torch.context_parallel_chunk_gated_delta_rule")
+def context_parallel_chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    cp_context: ContextParallel,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    state_indices: Tensor | None = None,
+    **options: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """This rank's share of a context-parallel prefill (``context_parallel.context_parallel_prefill``, its Args and
+    Returns) on ``chunk_gated_delta_rule``'s op: the call for code without FLA's ``cp_context`` keyword."""
+    return context_parallel_prefill(
+        chunk_gated_delta_rule, q, k, v, g, beta, cp_context, scale, initial_state, output_final_state, state_indices,
+        **options,
+    )  # fmt: skip
 
 
 def _v_major_shaped(state: Tensor | None, q: Tensor, v: Tensor) -> bool:
