@@ -7,9 +7,9 @@ holding a sequence that spans both ranks, a −1 pool row and a sequence inside 
 - on meta tensors (no value to read: a ``.tolist()`` or ``.item()`` raises) the call runs to its end, and the pool
   rows reach the op as tensors;
 - the device path run on CPU tensors (``context_parallel.on_device`` forced) gives the host path's bits with
-  ``Tensor.tolist`` / ``Tensor.item`` made to fail for the call's duration, per-sequence states too; and with one
-  rank's slice short, that rank raises its ContractError after both exchanges while the other writes no row and
-  returns NaN outputs (the ranks agree on a violation before any write, as data).
+  ``Tensor.tolist`` / ``Tensor.item`` made to fail for the call's duration, per-sequence states too; and with rank
+  0's slice short, rank 0 raises its ContractError after both exchanges while rank 1 (where both rows would be
+  written) writes no row and returns NaN outputs (the ranks agree on a violation before any write, as data).
 
 Skipped without torch."""
 
@@ -142,10 +142,10 @@ def _forced(rank: int, context: Any) -> dict[str, Any]:
 
 
 def _disagreeing(rank: int, context: Any) -> dict[str, Any]:
-    """The device path with rank 1's slice one token short."""
+    """The device path with rank 0's slice one token short (rank 1 writes both rows when the call is sound)."""
     given = _slice(rank)
     tensors = dict(given["tensors"])
-    if rank == 1:
+    if rank == 0:
         tensors = {n: x[:, 1:] if n == "q" else x for n, x in tensors.items()}
     pool = given["pool"].clone()
     try:
@@ -214,8 +214,8 @@ def test_device_path_gives_the_host_paths_bits_without_host_reads() -> None:
 
 
 def test_device_path_agrees_on_a_bad_rank_before_any_write() -> None:
-    good, bad = _launch("disagreeing")
+    bad, good = _launch("disagreeing")
     assert "failed" not in good and "failed" not in bad
-    assert bad["error"].startswith("ContractError") and "on rank 1" in bad["error"], bad
+    assert bad["error"].startswith("ContractError") and "on rank 0" in bad["error"], bad
     assert good.get("nan") is True, good
     assert good["pool_kept"] and bad["pool_kept"]

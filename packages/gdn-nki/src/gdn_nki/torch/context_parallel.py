@@ -25,6 +25,11 @@ gates — carries through exactly: a reset zeroes M and every later p. A sequenc
 where it ends (a pool row is written there, and only there, once every rank has finished); initial states work on
 the rank where a sequence starts. Every collective runs under the group's timeout (``init_process_group(timeout=)``):
 a rank that never arrives fails the others' call instead of hanging it.
+
+On device tensors, and under ``torch.compile`` (``on_device``), the call reads no tensor value on the host: the
+passes are the drop-in's op (the kernel), pool rows move by ``index_select`` / ``index_copy_`` with −1 masked, the
+exchanges are functional collectives of fixed size (traced as graph nodes), and the ranks' agreement is a tensor
+masking every write (``_device_call``). The value rules and the votes after the kernels stay the CPU path's.
 """
 
 from __future__ import annotations

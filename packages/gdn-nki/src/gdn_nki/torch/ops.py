@@ -23,9 +23,10 @@ Under ``torch.compile`` a call its rules reject compiles to ``gdn_nki::rejected_
 A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
 so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
-type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
-context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
-whose pool (the state written in place) is itself on the autograd graph.
+type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), and calls
+whose pool (the state written in place) is itself on the autograd graph. FLA's context parallelism (``cp_context``,
+``context_parallel.py``) is no op of its own: its two passes are this drop-in's op, its pool rows tensor ops and its
+exchanges functional collectives, so on device tensors (or traced) it too reads no value on the host.
 
 Grad mode: the kernels are forward-only. A call with inputs requiring grad runs the op all the same (eager and
 compiled, so ``torch.compile`` traces it); the functional ops' autograd formula and the pool ops' attached output
