@@ -177,7 +177,7 @@ def chunk_gated_delta_rule(
     """
     if _truthy(cp_context):  # FLA's context parallelism (its truthiness test): this rank's slice of a split batch
         return context_parallel_call(
-            chunk_gated_delta_rule, (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
+            CP_PREFILL or chunk_gated_delta_rule, (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
             (state_indices, initial_state_indices, kwargs),
             dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
@@ -236,6 +236,11 @@ def chunk_gated_delta_rule(
     if not _truthy(output_final_state):
         return o, None
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
+
+
+# The drop-in making a ``cp_context`` call's passes: ``ops.chunk_gated_delta_rule`` (its op; set by ``ops``), else this
+# host path.
+CP_PREFILL: Any = None
 
 
 def context_parallel_call(

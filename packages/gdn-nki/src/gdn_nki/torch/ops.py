@@ -254,17 +254,6 @@ def chunk_gated_delta_rule(
         chunk multiple. On the CPU the op runs the host path as before; on a device it launches
         ``gdn_cte_bucket`` (module docstring).
     """
-    if isinstance(cp_context, ContextParallel):  # FLA's context parallelism: both passes through this drop-in's op
-        return chunk.context_parallel_call(
-            chunk_gated_delta_rule, (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state,
-            cu_seqlens, (state_indices, initial_state_indices, kwargs),
-            dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                 use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
-                 group_size=group_size),
-            dict(bucket=bucket, checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
-                 read_indices=read_indices, head_first=head_first, state_v_first=state_v_first,
-                 transpose_state_layout=transpose_state_layout, allow_neg_eigval=allow_neg_eigval),
-        )  # fmt: skip
     flags = (output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, use_gate_in_kernel)
     options = (head_first, cp_context, allow_neg_eigval)
     layout = (state_v_first, transpose_state_layout)  # plain bools, not both set: carried (a pool's op takes it)
@@ -341,6 +330,11 @@ def context_parallel_chunk_gated_delta_rule(
         chunk_gated_delta_rule, q, k, v, g, beta, cp_context, scale, initial_state, output_final_state, state_indices,
         **options,
     )  # fmt: skip
+
+
+# A ``cp_context`` call runs the host path's argument handling (``chunk.context_parallel_call``) with this drop-in
+# making its passes: its op, so the kernel on a device (ops imports chunk, so chunk is told rather than importing).
+chunk.CP_PREFILL = chunk_gated_delta_rule
 
 
 def _v_major_shaped(state: Tensor | None, q: Tensor, v: Tensor) -> bool:
