@@ -271,8 +271,10 @@ def _device_call(call: tuple, header: Any, problem: Violation | None, output_fin
     as tensors of fixed size (functional collectives: one graph node each under ``torch.compile``); what the ranks
     agree on is a tensor, ``agreed``: with any rank's call bad (its flag, or its tokens, heads or layout unlike rank
     0's) no rank writes a row and every rank's outputs are NaN, while the bad rank raises its ContractError once it
-    has taken part in both exchanges (so the others do not wait out the group's timeout). Row values (range,
-    duplicates) are trusted, as on the other device paths (``check_values`` runs them on demand)."""
+    has taken part in both exchanges (so the others do not wait out the group's timeout). Under ``torch.compile`` a
+    rank's own violation is found while tracing, before its graph (and its exchanges) runs: its peers then fail at
+    the group's timeout, writing nothing. Row values (range, duplicates) are trusted, as on the other device paths.
+    """
     _, tensors, context, _, initial_state, state_indices, _ = call
     v, k = tensors[2], tensors[1]
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
