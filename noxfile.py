@@ -266,6 +266,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_context_parallel.py",
     "packages/gdn-nki/tests/test_context_parallel_device.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
+    "packages/gdn-nki/tests/test_torch_conv_varlen.py",
     "packages/gdn-nki/tests/test_torch_norm.py",
     "packages/gdn-nki/tests/test_torch_gating.py",
     "packages/gdn-nki/tests/test_torch_traced_rejections.py",
@@ -277,6 +278,8 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_state_layout.py",
     "packages/gdn-nki/tests/test_torch_vllm_decode.py",
     "packages/gdn-nki/tests/test_torch_strided_pools.py",
+    "packages/gdn-nki/tests/test_torch_paged_pools.py",
+    "packages/gdn-nki/tests/test_torch_bucket_normed.py",
 )
 # Tests in the packages' other files that skip without torch (the tests session installs none): run here, where it
 # is, selected by name so the rest of those files is not run twice. Per package: each tests/ dir has its own conftest.

@@ -15,7 +15,14 @@ Fused (``--fused``): the norm folded into ``gdn_cte``'s output stage (``gdn_cte_
 Qwen3-Next's heads (Hk = 16, Hv = 32) at S = 8192; schur, bf16, group 8. Each row also checks that the fused y
 equals the two launches' bit for bit.
 
-    python packages/gdn-nki/bench/bench_norm.py [--out DIR] [--quick] [--smoke] [--fused]
+Bucketed (``--bucket``): the serving prefill's form, the norm folded into ``gdn_cte_bucket``'s output stage
+(``gdn_cte_bucket_normed``, ``gdn_nki.prefill_bucket`` with ``z``) against ``gdn_cte_bucket`` then
+``gdn_gated_rms_norm`` on the bucket's T tokens × Hv rows (the serving example's two launches: the norm's rows
+padded to the bucket), at Qwen3-Next's heads in a bucket of T = 8192 tokens and 8 slots holding four prompts that
+end at its last chunk (3000, 2000, 1500 and 1500 tokens); schur, bf16, group 8. The row checks the fused y against
+the two launches' on every real token, bit for bit.
+
+    python packages/gdn-nki/bench/bench_norm.py [--out DIR] [--quick] [--smoke] [--fused] [--bucket]
 """
 
 from __future__ import annotations
@@ -140,6 +147,47 @@ def measure_fused(key_heads: int, value_heads: int, seq_len: int, seed: int = 0)
     return FusedRow(key_heads, value_heads, seq_len, cte_us, norm_us, fused_us, same, busy)
 
 
+BUCKET_CELL = (16, 32, (8192, 8), (3000, 2000, 1500, 1500))  # (Hk, Hv, bucket, prompt lengths)
+
+
+def measure_bucket(key_heads: int, value_heads: int, bucket: tuple[int, int], lengths: tuple[int, ...],
+                   seed: int = 0) -> FusedRow:  # fmt: skip
+    """``gdn_cte_bucket_normed`` against ``gdn_cte_bucket`` + ``gdn_gated_rms_norm`` on the bucket's rows, one bf16
+    serving batch, estimated (``seq_len``: the bucket's T)."""
+    rng = np.random.default_rng(seed)
+    bf16, tokens = ml_dtypes.bfloat16, sum(lengths)
+
+    def unit_rows(shape: tuple[int, ...]) -> np.ndarray:
+        x = rng.standard_normal(shape)
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(bf16)
+
+    call = dict(
+        query=unit_rows((1, key_heads, tokens, HEAD_DIM)), key=unit_rows((1, key_heads, tokens, HEAD_DIM)),
+        value=rng.standard_normal((1, value_heads, tokens, HEAD_DIM)).astype(bf16),
+        g_log=-rng.uniform(0.01, 0.2, (1, value_heads, tokens)).astype(np.float32),
+        beta=rng.uniform(0.1, 0.9, (1, value_heads, tokens)).astype(np.float32),
+        cu_seqlens=np.cumsum((0, *lengths)).astype(np.int32), bucket=bucket, scale=HEAD_DIM**-0.5, group_size=8,
+        recurrent_state=np.zeros((len(lengths), value_heads, HEAD_DIM, HEAD_DIM), np.float32), check_values=False,
+    )  # fmt: skip
+    z = rng.standard_normal((1, tokens, value_heads, HEAD_DIM)).astype(bf16)
+    weight = (1.0 + 0.1 * rng.standard_normal(HEAD_DIM)).astype(np.float32)
+    o, _ = gdn_nki.prefill_bucket(**call)
+    cte_us, cte_busy = _report()
+    rows = bucket[0] * value_heads  # the serving example's norm launch: the bucket's rows, padding rows zero
+    x, gate = (np.zeros((rows, HEAD_DIM), bf16) for _ in range(2))
+    x[: tokens * value_heads] = np.asarray(o)[0].transpose(1, 0, 2).reshape(-1, HEAD_DIM)
+    gate[: tokens * value_heads] = z[0].reshape(-1, HEAD_DIM)
+    y_two = gdn_nki.gated_rms_norm(x, gate, weight, check_values=False)[: tokens * value_heads]
+    norm_us, norm_busy = _report()
+    call["recurrent_state"] = np.zeros_like(call["recurrent_state"])
+    y, _ = gdn_nki.prefill_bucket(**call, z=z, norm_weight=weight)
+    fused_us, fused_busy = _report()
+    busy = {e: (cte_busy.get(e, 0.0) + norm_busy.get(e, 0.0), fused_busy.get(e, 0.0)) for e in fused_busy}
+    y = np.asarray(y)[0].transpose(1, 0, 2).reshape(-1, HEAD_DIM)
+    same = bool(np.array_equal(y.view(np.uint16), np.asarray(y_two).view(np.uint16)))
+    return FusedRow(key_heads, value_heads, bucket[0], cte_us, norm_us, fused_us, same, busy)
+
+
 def fused_table(rows: list[FusedRow]) -> str:
     """The markdown table of the fused cells."""
     lines = [
@@ -183,12 +231,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="8192 tokens and N = 8, 64 only; fused: one lane, 8192")
     parser.add_argument("--smoke", action="store_true", help="128 tokens and N = 8, bf16 only (seconds; for CI)")
     parser.add_argument("--fused", action="store_true", help="only the fused prefill rows (minutes)")
+    parser.add_argument("--bucket", action="store_true", help="only the bucketed serving prefill's row (minutes)")
     args = parser.parse_args(argv)
     tables = {}
-    if not args.fused:
-        tables["bench_norm.md"] = table([_announced(measure(*cell)) for cell in _cells(args)])
-    fused_cells = [(1, 2, 256)] if args.smoke else FUSED_CELLS[:1] if args.quick else FUSED_CELLS
-    tables["bench_norm_fused.md"] = fused_table([_announced(measure_fused(*cell)) for cell in fused_cells])
+    if args.bucket:  # only the bucketed row
+        cell = (1, 2, (256, 2), (100, 128)) if args.smoke else BUCKET_CELL
+        tables["bench_norm_bucket.md"] = fused_table([_announced(measure_bucket(*cell))])
+    else:
+        if not args.fused:
+            tables["bench_norm.md"] = table([_announced(measure(*cell)) for cell in _cells(args)])
+        fused_cells = [(1, 2, 256)] if args.smoke else FUSED_CELLS[:1] if args.quick else FUSED_CELLS
+        tables["bench_norm_fused.md"] = fused_table([_announced(measure_fused(*cell)) for cell in fused_cells])
     for name, text in tables.items():
         print(text)
         if args.out:

@@ -31,7 +31,9 @@ def _in_row_call(seed: int, dtype: str, N: int, T: int, C: int = 32, W: int = 4,
     [
         (11, 4, 32, 4, 0, "bfloat16", (3, 10)),  # Qwen3-Next's W, T = 4 (3 speculative tokens), −1 rows
         (19, 2, 64, 4, 0, "float32", (0,)),  # three groups of 8, slots past N
-        (6, 3, 48, 3, 2, "float32", ()),  # a row longer than vLLM allocates: entries past the window carried
+        (6, 3, 48, 3, 2, "float32", ()),  # a row longer than vLLM allocates: its first W − 2 + T written, as vLLM
+        (10, 4, 32, 4, 3, "bfloat16", (2,)),  # a longer row at T = 4: entries from W − 2 + T on left as they were
+        (5, 1, 32, 4, 2, "bfloat16", (1,)),  # a longer row at T = 1: the last trip's drain in runs keeps the tail
         (5, 1, 32, 2, 0, "bfloat16", (4,)),  # T = 1: the in-row form is the plain step
         (9, 4, 8192, 4, 0, "bfloat16", (6,)),  # Qwen3-Next's channels: the taps over 2 PSUM banks
     ],
@@ -49,13 +51,15 @@ def test_the_pools_last_row_at_the_largest_offset() -> None:
     _check(x, pool, weight, bias, rows, np.array([4, 1, 3], np.int32), "silu", "bfloat16")
 
 
-def test_in_row_in_a_compiled_loop_of_groups(monkeypatch) -> None:
+@pytest.mark.parametrize("extra", [0, 2])
+def test_in_row_in_a_compiled_loop_of_groups(monkeypatch, extra: int) -> None:
     """N = 75, T = 2 with one trip a compiled-loop iteration: the offsets are read from the loop's row window
-    (``_RowWindow``) at run time, as the rows are."""
+    (``_RowWindow``) at run time, as the rows are (and, rows longer than W − 2 + T, the rows as read)."""
     import gdn_nki.conv.step
 
     monkeypatch.setattr(gdn_nki.conv.step, "TRIPS_PER_ITERATION", 1)
-    x, pool, weight, bias, rows, accepted = _in_row_call(41, "bfloat16", 75, 2, C=64, padding=(4, 17, 74))
+    x, pool, weight, bias, rows, accepted = _in_row_call(41, "bfloat16", 75, 2, C=64, extra=extra,
+                                                         padding=(4, 17, 74))  # fmt: skip
     _check(x, pool, weight, bias, rows, accepted, None, "bfloat16")
 
 

@@ -89,26 +89,58 @@ def test_qwen3_next_width_and_a_compiled_loop_of_groups(N: int, trips_per_iterat
 
 
 @pytest.mark.parametrize(("T", "W", "dtype", "with_bias"), [(1, 4, "bfloat16", True), (3, 5, "float32", False),
-                                                         (4, 4, "bfloat16", True), (4, 3, "float32", True)])  # fmt: skip
+                                                         (4, 4, "bfloat16", True), (4, 3, "float32", True),
+                                                         (4, 4, "bfloat16", False)])  # fmt: skip
 def test_sums_on_the_tensor_engine_and_products_on_the_vector_engine_are_the_reduces_bits(
     T: int, W: int, dtype: str, with_bias: bool, monkeypatch
 ) -> None:
     """The PE's PSUM sums (taps then the bias, 0/1 matmuls) and the vector engine's products (taps from PSUM, one
     instruction per bank: C = 4096 spans 2-3 banks) give every live output and every pool row of the GpSimd products
-    and vector reduce bit for bit, at decode and verification widths."""
+    and vector reduce bit for bit, at decode and verification widths; without a bias at T = 4 the products of one
+    output are split between GpSimd and the vector engine at a channel (``PRODUCTS_ON_VECTOR_NO_BIAS``)."""
     import gdn_nki.conv.step
 
     rng, x, pool, weight, bias = _inputs(17 + T, dtype, 9, T, C=4096, W=W, L=W - 1)
     rows = _rows(rng, 9, T, pool.shape[0], False, [6])
     bias = bias if with_bias else None
     split, split_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
-    monkeypatch.setattr(gdn_nki.conv.step, "OUTPUTS_ON_PE", {T: 0})
-    monkeypatch.setattr(gdn_nki.conv.step, "PRODUCTS_ON_VECTOR", {T: 0})
+    for table in ("OUTPUTS_ON_PE", "PRODUCTS_ON_VECTOR", "OUTPUTS_ON_PE_NO_BIAS", "PRODUCTS_ON_VECTOR_NO_BIAS"):
+        monkeypatch.setattr(gdn_nki.conv.step, table, {T: 0})
     reduced, reduced_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
     live = rows >= 0
     assert split[live].tobytes() == reduced[live].tobytes()
     assert split_pool.tobytes() == reduced_pool.tobytes()
     assert not np.asarray(split[~live], dtype=np.float64).any()
+
+
+@pytest.mark.parametrize(("N", "on_vector", "runs", "in_row"), [
+    (20, 1.4375, 1, False),  # F = 256: the cut (output 2, channel 144) inside the taps' second bank; three groups
+    (20, 1.75, 1, True),  # cut at channel 64: the vector engine's part reads both banks; vLLM's in-row form
+    (6, 1.625, 3, False),  # a lone group in runs of 86, 86, 84 channels: the first run holds the cut (96)
+])  # fmt: skip
+def test_one_outputs_products_split_between_gpsimd_and_the_vector_engine_are_gpsimds_bits(
+    N: int, on_vector: float, runs: int, in_row: bool, monkeypatch
+) -> None:
+    """Without a bias at T = 4 (Qwen3-Next's conv) an output's products are split at a channel: GpSimd multiplies
+    the first channels, the vector engine the rest from the taps' PSUM banks (``_multiply``). Every live output and
+    every pool row is the all-GpSimd products' bit for bit (each product one fp32 rounding on either engine), and
+    both are the oracle's."""
+    import gdn_nki.conv.step
+
+    T = 4
+    rng, x, pool, weight, _ = _inputs(53 + N, "bfloat16", N, T, C=4096, L=T + 2 if in_row else 3, P=N + 4)
+    weight = weight.astype(ml_dtypes.bfloat16)
+    rows = _rows(rng, N, 1, pool.shape[0], False, [1])
+    accepted = (np.arange(N, dtype=np.int32) % T + 1) if in_row else None
+    monkeypatch.setattr(gdn_nki.conv.step, "PRODUCTS_ON_VECTOR_NO_BIAS", {T: on_vector})
+    monkeypatch.setattr(gdn_nki.conv.step, "MULTI_TOKEN_RUNS", runs)
+    _check(x, pool.copy(), weight, None, rows, accepted, "silu", "bfloat16")
+    split, split_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, None, rows, accepted)
+    monkeypatch.setattr(gdn_nki.conv.step, "PRODUCTS_ON_VECTOR_NO_BIAS", {T: 0})
+    gpsimd, gpsimd_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, None, rows, accepted)
+    live = rows >= 0
+    assert split[live].tobytes() == gpsimd[live].tobytes()
+    assert split_pool.tobytes() == gpsimd_pool.tobytes()
 
 
 @pytest.mark.parametrize(("N", "C", "with_bias", "per_token", "activation"), [
@@ -136,6 +168,33 @@ def test_the_last_trip_in_channel_runs_is_the_whole_groups_bits(
     assert runs[live].tobytes() == whole[live].tobytes()
     assert runs_pool.tobytes() == whole_pool.tobytes()
     assert not np.asarray(runs[~live], dtype=np.float64).any()
+
+
+@pytest.mark.parametrize(("N", "T", "C", "W", "dtype", "per_token", "runs"), [
+    (8, 4, 4096, 4, "bfloat16", False, 3),  # F = 256: runs cut the split output's PE share (176) and the taps' banks
+    (5, 4, 4096, 3, "float32", True, 2),  # W = 3: 170-channel tap banks, the second run reads two; [N, T] rows
+    (7, 2, 208, 4, "float32", False, 3),  # F = 13: runs of 5, 5 and 3
+])  # fmt: skip
+def test_a_lone_group_in_channel_runs_is_the_whole_groups_bits(
+    N: int, T: int, C: int, W: int, dtype: str, per_token: bool, runs: int, monkeypatch
+) -> None:
+    """At T > 1 a launch of one group (N <= 8) convolves it in runs of channels (``_TileSet.convolve_in_runs``,
+    each output's channels on the engines the whole group gives them): every live output and every pool row is the
+    whole group's (``MULTI_TOKEN_RUNS = 1``, the pipelined path) bit for bit, padding outputs are zeros, and both
+    are the oracle's."""
+    import gdn_nki.conv.step
+
+    rng, x, pool, weight, bias = _inputs(71 + N, dtype, N, T, C=C, W=W, L=W - 1)
+    rows = _rows(rng, N, T, pool.shape[0], per_token, [1])
+    monkeypatch.setattr(gdn_nki.conv.step, "MULTI_TOKEN_RUNS", runs)
+    _check(x, pool.copy(), weight, bias, rows, None, "silu", dtype)
+    in_runs, runs_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    monkeypatch.setattr(gdn_nki.conv.step, "MULTI_TOKEN_RUNS", 1)
+    whole, whole_pool = gdn_nki.conv_decode_step(x, pool.copy(), weight, bias, rows)
+    live = np.asarray(rows).reshape(N, -1)[:, 0] >= 0
+    assert in_runs[live].tobytes() == whole[live].tobytes()
+    assert runs_pool.tobytes() == whole_pool.tobytes()
+    assert not np.asarray(in_runs[~live], dtype=np.float64).any()
 
 
 @pytest.mark.parametrize(("C", "T"), [(16, 4), (48, 4), (32, 5)])

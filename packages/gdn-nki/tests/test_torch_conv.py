@@ -334,19 +334,19 @@ def test_fn_reads_other_rows_and_writes_checkpoints():
     assert sum(lengths) == out.shape[1] and torch.equal(pool[[0, 3, 6, 7, 8]], before[[0, 3, 6, 7, 8]])
 
 
-@pytest.mark.parametrize("T_spec", [1, 2, 4])
-def test_update_in_row_form_as_vllm_calls_it_in_spec_decode(T_spec):
-    """vLLM's own speculative form, as its GDN backend calls it: conv_state rows of W − 1 + num_spec inputs, [N]
-    conv_state_indices with pad_slot_id rows, x [N, C, T], num_accepted_tokens 1..T: against gdn-ref's fp64 in-row
-    oracle, bf16; the padding row and unnamed rows untouched; an accepted count past T rejected by name, the pool
-    unchanged."""
+@pytest.mark.parametrize(("T_spec", "extra"), [(1, 0), (2, 0), (4, 0), (4, 3)])
+def test_update_in_row_form_as_vllm_calls_it_in_spec_decode(T_spec, extra):
+    """vLLM's own speculative form, as its GDN backend calls it: conv_state rows of W − 1 + num_spec inputs (and
+    longer: only the first W − 2 + T written, as vLLM's kernel), [N] conv_state_indices with pad_slot_id rows,
+    x [N, C, T], num_accepted_tokens 1..T: against gdn-ref's fp64 in-row oracle, bf16; the padding row and unnamed
+    rows untouched; an accepted count past T rejected by name, the pool unchanged."""
     from gdn_ref.conv import causal_conv1d_decode_pool
 
     g = torch.Generator().manual_seed(T_spec)
     n_req, pad = 5, 77
     x = torch.randn(n_req, C, T_spec, generator=g).to(torch.bfloat16)
     weight, bias = (torch.randn(C, W, generator=g) * 0.5).to(torch.bfloat16), torch.randn(C, generator=g)
-    pool = torch.randn(8, C, W - 2 + T_spec, generator=g).to(torch.bfloat16)
+    pool = torch.randn(8, C, W - 2 + T_spec + extra, generator=g).to(torch.bfloat16)
     before = pool.clone()
     rows = torch.tensor([6, pad, 0, 3, 5], dtype=torch.int32)
     accepted = (torch.arange(n_req, dtype=torch.int32) % T_spec) + 1
@@ -360,13 +360,15 @@ def test_update_in_row_form_as_vllm_calls_it_in_spec_decode(T_spec):
     assert error.ok, describe([error])
     np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
     assert torch.equal(pool[[1, 2, 4, 7]], before[[1, 2, 4, 7]])
+    assert torch.equal(pool[:, :, W - 2 + T_spec :], before[:, :, W - 2 + T_spec :])  # a longer row's tail
     bad = accepted.clone()
     bad[2] = T_spec + 1
     with pytest.raises(ContractError, match="num_accepted_tokens"):
         causal_conv1d_update(x, pool, weight, None, True, rows, num_accepted_tokens=bad, pad_slot_id=pad)
     np.testing.assert_array_equal(pool.float().numpy(), after.astype(np.float32))
     with pytest.raises(ContractError, match="conv_state"):  # a row one input short of the window at offset T − 1
-        causal_conv1d_update(x, pool[:, :, 1:], weight, None, True, rows, num_accepted_tokens=accepted, pad_slot_id=pad)
+        short = pool[:, :, : W - 3 + T_spec].contiguous()
+        causal_conv1d_update(x, short, weight, None, True, rows, num_accepted_tokens=accepted, pad_slot_id=pad)
 
 
 def _refused(call) -> str:

@@ -21,6 +21,7 @@ WRITTEN = {
     "vLLM verify": "initial_state",
     "fused gating update": "initial_state_source",
     "vLLM conv update": "conv_state",
+    "vLLM conv varlen update": "conv_state",
     "vLLM conv prefill": "conv_states",
 }
 # The public name a backward through each call names.
@@ -32,11 +33,13 @@ ENTRY = {
     "FLA decode": "fused_recurrent_gated_delta_rule",
     "gdn_tkg": "gdn_tkg",
     "vLLM conv update": "causal_conv1d_update",
+    "vLLM conv varlen update": "causal_conv1d_update",
     "vLLM conv prefill": "causal_conv1d_fn",
     "FLA conv": "causal_conv1d",
     "vLLM prefill": "chunk_gated_delta_rule",  # vLLM's signature over FLA's drop-in, whose op it runs
     "FLA gated norm": "rms_norm_gated",
     "FLA FusedRMSNormGated": "rms_norm_gated",
+    "vLLM fused gating": "fused_gdn_gating",
 }
 
 

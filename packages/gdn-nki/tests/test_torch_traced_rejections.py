@@ -1,6 +1,6 @@
 """Bad shapes and dtypes under ``torch.compile(fullgraph=True)``: every drop-in (the GDN prefill with varlen,
-bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins, FLA's
-gated norm and its module)
+bucket and pool, FLA's decode, vLLM's pool decode, the fused-gating update, gdn_tkg, the three conv drop-ins and
+vLLM's varlen conv update, FLA's gated norm and its module, vLLM's fused gating)
 raises gdn-ref's ``ContractError`` with eager's message, leaves the caller's pool as it was, and a valid call of each
 still compiles with no graph break. Runs on ``GDN_TORCH_DEVICE`` with ``GDN_TORCH_COMPILE_BACKEND`` (``nox -s
 neuron``: the XLA device and torch-neuronx's ``neuron`` backend; never run there yet). Skipped without torch."""
@@ -19,6 +19,7 @@ from gdn_nki.torch import (  # noqa: E402
     causal_conv1d,
     causal_conv1d_fn,
     causal_conv1d_update,
+    fused_gdn_gating,
     rms_norm_gated,
     vllm_chunk_gated_delta_rule,
 )
@@ -35,6 +36,16 @@ def conv_update_call() -> dict[str, Any]:
     torch.manual_seed(7)
     return dict(x=_randn(3, CONV_C, 2), conv_state=_randn(CONV_P, CONV_C, CONV_W - 1), weight=_randn(CONV_C, CONV_W),
                 bias=_randn(CONV_C), activation="silu", conv_state_indices=torch.tensor([2, -1, 4], dtype=torch.int32))  # fmt: skip
+
+
+def conv_varlen_call() -> dict[str, Any]:
+    """vLLM's varlen speculative conv update (``query_start_loc`` with ``num_accepted_tokens``): 3 requests of 2, 1
+    and 0 tokens (max_query_len 2), a −1 row, rows one entry longer than W − 2 + max_query_len."""
+    torch.manual_seed(14)
+    return dict(x=_randn(3, CONV_C), conv_state=_randn(CONV_P, CONV_C, CONV_W + 1), weight=_randn(CONV_C, CONV_W),
+                bias=_randn(CONV_C), activation="silu", conv_state_indices=torch.tensor([2, -1, 4], dtype=torch.int32),
+                num_accepted_tokens=torch.tensor([2, 1, 1], dtype=torch.int32),
+                query_start_loc=torch.tensor([0, 2, 3, 3], dtype=torch.int32), max_query_len=2)  # fmt: skip
 
 
 def conv_fn_call() -> dict[str, Any]:
@@ -75,15 +86,23 @@ def vllm_prefill_call() -> dict[str, Any]:
                 cu_seqlens=torch.tensor([0, 25, 70], dtype=torch.int32), use_qk_l2norm_in_kernel=True)  # fmt: skip
 
 
+def gating_call() -> dict[str, Any]:
+    """vLLM's prefill gates of 9 tokens × 4 value heads from the a and b projections."""
+    torch.manual_seed(13)
+    return dict(A_log=_randn(4), a=_randn(9, 4), b=_randn(9, 4), dt_bias=_randn(4))
+
+
 NORM_MODULE = FusedRMSNormGated(CONV_C, eps=1e-6, activation="silu").to(test_device())
 ALL_CALLS: dict[str, tuple[Callable[..., Any], Callable[[], dict[str, Any]]]] = {
     **CALLS,
     "vLLM conv update": (causal_conv1d_update, conv_update_call),
+    "vLLM conv varlen update": (causal_conv1d_update, conv_varlen_call),
     "vLLM conv prefill": (causal_conv1d_fn, conv_fn_call),
     "FLA conv": (causal_conv1d, fla_conv_call),
     "vLLM prefill": (vllm_chunk_gated_delta_rule, vllm_prefill_call),
     "FLA gated norm": (rms_norm_gated, norm_call),
     "FLA FusedRMSNormGated": (NORM_MODULE, norm_module_call),
+    "vLLM fused gating": (fused_gdn_gating, gating_call),
 }
 BAD_CALLS = {
     **BAD_SHAPES,
@@ -94,6 +113,10 @@ BAD_CALLS = {
     "conv update: weight of other channels": ("vLLM conv update", _set(weight=lambda a: _randn(CONV_C + 16, CONV_W))),
     "conv update: bf16 pool": ("vLLM conv update", _set(conv_state=lambda a: a["conv_state"].bfloat16())),
     "conv update: query_start_loc": ("vLLM conv update", _set(query_start_loc=lambda a: torch.arange(4))),
+    "conv varlen: query_start_loc of another length": (
+        "vLLM conv varlen update", _set(query_start_loc=lambda a: torch.tensor([0, 2, 3], dtype=torch.int32))),
+    "conv varlen: rows shorter than the windows": (
+        "vLLM conv varlen update", _set(conv_state=lambda a: _randn(CONV_P, CONV_C, CONV_W - 1))),
     "conv prefill: width 7": ("vLLM conv prefill", _set(weight=lambda a: _randn(CONV_C, 7))),
     "conv prefill: pool window too short": (
         "vLLM conv prefill", _set(conv_states=lambda a: _randn(CONV_P, CONV_C, CONV_W - 2))),
@@ -110,6 +133,8 @@ BAD_CALLS = {
     "norm module: g of another shape": ("FLA FusedRMSNormGated", _set(g=lambda a: _randn(6, 2, CONV_C))),
     "norm module: residual of another shape": (
         "FLA FusedRMSNormGated", _set(residual=lambda a: _randn(6, 4, CONV_C - 16))),
+    "fused gating: dt_bias of other heads": ("vLLM fused gating", _set(dt_bias=lambda a: _randn(5))),
+    "fused gating: b of other tokens": ("vLLM fused gating", _set(b=lambda a: _randn(8, 4))),
 }  # fmt: skip
 
 

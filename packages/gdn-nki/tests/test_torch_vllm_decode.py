@@ -161,6 +161,35 @@ def test_packed_decode_is_the_fused_gating_update_of_its_split_projection_bit_fo
 # --- rejections by name, nothing written ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "drop_in", ["vllm_fused_sigmoid_gating_delta_rule_update", "vllm_fused_recurrent_gated_delta_rule"]
+)
+def test_a_bf16_pool_is_refused_with_a_fix_that_keeps_the_pool_in_place(drop_in: str, compiled: bool) -> None:
+    """vLLM allocates its SSM state in the model's dtype unless told otherwise (``mamba_ssm_cache_dtype="auto"``):
+    a bf16 pool is refused by name with the fix that keeps the update in place (allocate float32), not a converted
+    copy (``.to(torch.float32)``: the call would update the copy and the caller's pool would stay stale), eager
+    and compiled alike, nothing written."""
+    call = {**vllm_call(), "initial_state": _pool().bfloat16()}
+    if drop_in == "vllm_fused_recurrent_gated_delta_rule":
+        a, b = (call.pop(name) for name in ("a", "b"))
+        for name in ("A_log", "dt_bias"):
+            call.pop(name)
+        call.update(g=-a.float().abs().reshape(1, *a.shape[-2:]), beta=b.float().sigmoid().reshape(1, *b.shape[-2:]))
+    pool = call["initial_state"]
+    before = pool.clone()
+    fn = getattr(gdn_nki.torch, drop_in)
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True, backend=compile_backend())
+    with pytest.raises(ContractError, match=r"`initial_state` dtype bfloat16") as error:
+        fn(**call)
+    fix = str(error.value).split("Fix: ", 1)[1]
+    assert "allocate initial_state in float32" in fix and "--mamba-ssm-cache-dtype float32" in fix, fix
+    assert not fix.startswith("pass initial_state.to("), fix
+    assert torch.equal(pool, before)
+
+
 @pytest.mark.parametrize(
     ("change", "argument"),
     [

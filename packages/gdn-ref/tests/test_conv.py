@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gdn_ref.conv import (
     causal_conv1d_decode_pool,
     causal_conv1d_prefill_pool,
+    causal_conv1d_update_varlen,
     causal_conv1d_varlen,
     conv_from_window,
 )
@@ -178,10 +179,13 @@ def test_decode_padding_reads_and_writes_nothing() -> None:
 
 def _vllm_in_row_update(x, weight, bias, pool, rows, accepted):
     """vLLM's ``_causal_conv1d_update_kernel`` with ``num_accepted_tokens`` (IS_SPEC_DECODING), written as its
-    loops run: the W − 1 columns read from offset o = a − 1 and shifted one token at a time, the row rewritten
-    entry by entry (new[i] = row[o + 1 + i] while i + T < L, else token i − (L − T)); no SiLU."""
+    loops run (vllm/model_executor/layers/mamba/ops/causal_conv1d.py at 03c6dad8): the W − 1 columns read from
+    offset o = a − 1 and shifted one token at a time; the launch's state length W − 1 + (T − 1), whatever the row's
+    L, and the row's entries below it rewritten entry by entry (new[i] = row[o + 1 + i] while i + T < state length,
+    else token i − (state length − T)), the others left; no SiLU."""
     pool = pool.copy()
-    tokens, width, state_len = x.shape[1], weight.shape[1], pool.shape[2]
+    tokens, width = x.shape[1], weight.shape[1]
+    state_len = width - 1 + (tokens - 1)
     out = np.zeros(x.shape)
     for n, row in enumerate(rows):
         if row < 0:
@@ -201,10 +205,11 @@ def _vllm_in_row_update(x, weight, bias, pool, rows, accepted):
     return out, pool
 
 
-@pytest.mark.parametrize("T,extra", [(1, 0), (2, 0), (4, 0), (4, 2)])
+@pytest.mark.parametrize("T,extra", [(1, 0), (2, 0), (4, 0), (4, 2), (1, 3), (2, 5)])
 def test_in_row_form_is_vllms_update_kernel(T: int, extra: int) -> None:
     """[N] rows with num_accepted_tokens: vLLM's in-row form, entry for entry (a row of W − 2 + T entries, vLLM's
-    allocation, and a longer one), −1 rows untouched, every accepted count 1..T."""
+    allocation, and longer ones, whose entries from W − 2 + T on stay as they were), −1 rows untouched, every
+    accepted count 1..T."""
     rng = np.random.default_rng(T + 10 * extra)
     N, C, W, P = 2 * T + 1, 5, 4, 3 * T + 4
     L = W - 2 + T + extra
@@ -217,6 +222,7 @@ def test_in_row_form_is_vllms_update_kernel(T: int, extra: int) -> None:
     ref_out, ref_after = _vllm_in_row_update(x, weight, bias, pool, rows, accepted)
     np.testing.assert_allclose(out, np.where((rows >= 0)[:, None, None], ref_out, 0.0), rtol=1e-13, atol=1e-13)
     np.testing.assert_array_equal(after, ref_after)
+    np.testing.assert_array_equal(after[:, :, W - 2 + T :], pool[:, :, W - 2 + T :])  # a longer row's tail
 
 
 @pytest.mark.parametrize("T", [1, 3, 4])
@@ -237,3 +243,73 @@ def test_in_row_windows_are_the_per_token_rows(T: int) -> None:
     for n in range(N):
         for a in range(1, T + 1):
             np.testing.assert_array_equal(after[n][:, a - 1 : a + W - 2], ref_after[rows[n, a - 1]])
+
+
+def _vllm_varlen_update(x, weight, bias, pool, bounds, rows, accepted, max_query_len):
+    """vLLM's ``_causal_conv1d_update_kernel`` with ``IS_VARLEN`` and ``IS_SPEC_DECODING``, transcribed element by
+    element (vllm/model_executor/layers/mamba/ops/causal_conv1d.py at 03c6dad8): the launch's state length
+    W − 1 + (max_query_len − 1), revised per request to state_len − (max_query_len − len), and the row's entries
+    below it written from the row shifted by the offset + 1 then the request's tokens."""
+    width = weight.shape[1]
+    pool = pool.copy()
+    out = np.zeros(x.shape)
+    launch_state_len = width - 1 + (max_query_len - 1)
+    for n, row in enumerate(rows):
+        start, end = bounds[n], bounds[n + 1]
+        if row < 0 or start == end:
+            continue
+        seqlen = end - start
+        state_len = launch_state_len - (max_query_len - seqlen)
+        o = accepted[n] - 1
+        source = pool[row].copy()
+        cols = [source[:, o + j] for j in range(width - 1)]
+        for i in range(state_len):
+            pool[row, :, i] = source[:, o + i + 1] if i + seqlen < state_len else x[start + i - (state_len - seqlen)]
+        for t in range(seqlen):
+            acc = bias.copy()
+            for j in range(width - 1):
+                acc = acc + cols[j] * weight[:, j]
+            acc = acc + x[start + t] * weight[:, width - 1]
+            cols = [*cols[1:], x[start + t]]
+            out[start + t] = acc
+    return out, pool
+
+
+@pytest.mark.parametrize("T,extra", [(1, 0), (3, 0), (4, 0), (4, 2)])
+def test_varlen_form_is_vllms_update_kernel(T: int, extra: int) -> None:
+    """vLLM's varlen speculative form (``query_start_loc`` with ``num_accepted_tokens``), entry for entry: requests
+    of 1 .. T tokens and none, a −1 row, every accepted count; a request writes only the first W − 2 + len of its
+    row (the rest, and unnamed rows, as they were), a request of no tokens nothing."""
+    rng = np.random.default_rng(T + 10 * extra)
+    C, W = 5, 4
+    lengths = np.array([1, T, 0, max(1, T - 1), T, 1, T])
+    N, P, L = lengths.size, 12, W - 2 + T + extra
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    pool, x = rng.standard_normal((P, C, L)), rng.standard_normal((bounds[-1], C))
+    rows = rng.permutation(P)[:N]
+    rows[4] = -1
+    accepted = np.arange(N) % T + 1
+    out, after = causal_conv1d_update_varlen(x, weight, bias, pool, bounds, rows, accepted, T, None)
+    ref_out, ref_after = _vllm_varlen_update(x, weight, bias, pool, bounds, rows, accepted, T)
+    padding = np.repeat(rows < 0, lengths)
+    np.testing.assert_allclose(out, np.where(padding[:, None], 0.0, ref_out), rtol=1e-13, atol=1e-13)
+    np.testing.assert_array_equal(after, ref_after)
+    if T > 1:  # request 0, of fewer tokens than T, leaves its row's tail
+        np.testing.assert_array_equal(after[rows[0], :, W - 1 :], pool[rows[0], :, W - 1 :])
+    np.testing.assert_array_equal(after[rows[2]], pool[rows[2]])  # no tokens: nothing written
+
+
+def test_varlen_of_full_requests_is_the_in_row_step() -> None:
+    """Every request at max_query_len tokens and rows of W − 2 + T entries: the varlen form is the in-row step on
+    x [N, T, C], bit for bit."""
+    rng = np.random.default_rng(5)
+    N, T, C, W, P = 4, 3, 6, 4, 7
+    weight, bias = rng.standard_normal((C, W)), rng.standard_normal(C)
+    pool, x = rng.standard_normal((P, C, W - 2 + T)), rng.standard_normal((N, T, C))
+    rows, accepted = np.array([5, -1, 0, 2]), np.array([3, 1, 2, 1])
+    out, after = causal_conv1d_update_varlen(x.reshape(N * T, C), weight, bias, pool, np.arange(N + 1) * T, rows,
+                                             accepted, T, "silu")  # fmt: skip
+    ref_out, ref_after = causal_conv1d_decode_pool(x, weight, bias, pool, rows, accepted, "silu")
+    np.testing.assert_array_equal(out, ref_out.reshape(N * T, C))
+    np.testing.assert_array_equal(after, ref_after)

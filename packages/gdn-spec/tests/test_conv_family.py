@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gdn_ref.contract import ContractError
 from gdn_ref.conv import causal_conv1d_decode_pool
 from gdn_spec.conv import (
     CAPABILITIES_ATTR,
@@ -79,6 +80,20 @@ def _in_row_window_at_the_end(good, x, pool, w, b, rows, acc, act):
     return good(x, pool, w, b, rows, acc, activation=act)
 
 
+def _in_row_whole_row_written(good, x, pool, w, b, rows, acc, act):
+    """A longer in-row row rewritten whole, R[o + 1 .. o + L − T] ++ the tokens (gdn-nki's behaviour before it
+    followed vLLM's kernel, which writes only the first W − 2 + T entries)."""
+    before = pool.copy()
+    out, pool = good(x, pool, w, b, rows, acc, activation=act)
+    if acc is not None and np.ndim(rows) == 1:
+        tokens = x.shape[1]
+        for n, row in enumerate(rows):
+            if row >= 0:
+                o = int(acc[n]) - 1
+                pool[row, :, : pool.shape[2] - tokens] = before[row, :, o + 1 : o + 1 + pool.shape[2] - tokens]
+    return out, pool
+
+
 def _no_checks(good, x, pool, w, b, rows, acc, act):
     try:
         return good(x, pool, w, b, rows, acc, activation=act)
@@ -106,6 +121,7 @@ MUTANTS = {
     "no rollback": (_no_rollback, {"rollback"}),
     "in-row offset ignored": (_in_row_from_offset_0, {"in_row"}),
     "in-row offset one short": (_in_row_window_at_the_end, {"in_row"}),
+    "in-row longer row rewritten whole": (_in_row_whole_row_written, {"in_row"}),
     "no rejections": (_no_checks, {"rejections"}),
     "a row not named written": (_stray_write, {"pool", "padding"}),
     "batch dependent": (_batch_dependent, {"batch_invariance"}),
@@ -193,3 +209,53 @@ def test_a_prefill_kernel_accepting_invalid_calls_fails_the_rejections() -> None
     caps = PrefillCapabilities(name="accepts all", checkpoints=True, read_rows=True, rejections=True)
     report = run_prefill(reference_prefill(), caps)
     assert report.failed == ["prefill_rejections"], report.table()
+
+
+# --- the varlen check ---------------------------------------------------------------------------------------------
+
+
+def _varlen_mutant(change):
+    """The oracle kernel with one planted bug in its varlen form, ``change(good, args, options) -> (out, pool)``."""
+    good = reference()
+
+    def kernel(x, conv_pool, weight, bias, rows, accepted=None, *, activation="silu", query_start_loc=None,
+               max_query_len=-1):  # fmt: skip
+        args = (x, conv_pool, weight, bias, rows, accepted)
+        if query_start_loc is None:
+            return good(*args, activation=activation)
+        return change(good, args, dict(activation=activation, query_start_loc=query_start_loc,
+                                       max_query_len=max_query_len))  # fmt: skip
+
+    setattr(kernel, CAPABILITIES_ATTR, getattr(good, CAPABILITIES_ATTR))
+    return kernel
+
+
+def _whole_rows_written(good, args, options):
+    """A short request's row past its W − 2 + len entries zeroed (a kernel padding the requests to max_query_len
+    without keeping the row's tail)."""
+    _, _, weight, _, rows, _ = args
+    bounds = np.asarray(options["query_start_loc"])
+    out, pool = good(*args, **options)
+    for n, row in enumerate(rows):
+        if row >= 0 and bounds[n + 1] > bounds[n]:
+            pool[row, :, weight.shape[1] - 2 + bounds[n + 1] - bounds[n] :] = 0
+    return out, pool
+
+
+def _bounds_unchecked(good, args, options):
+    """Accepts bad bounds: a rejected call answered with zeros instead."""
+    try:
+        return good(*args, **options)
+    except ContractError:
+        return np.zeros(np.shape(args[0]), args[0].dtype), args[1]
+
+
+@pytest.mark.parametrize("change", [_whole_rows_written, _bounds_unchecked], ids=["tail overwritten", "no checks"])
+def test_each_planted_varlen_bug_fails_the_varlen_check(change) -> None:
+    report = run(_varlen_mutant(change), ConvCapabilities(name="mutant", in_row=True, varlen=True, rejections=True))
+    assert "varlen" in report.failed, report.table()
+
+
+def test_a_kernel_without_varlen_skips_it() -> None:
+    report = run(reference(), ConvCapabilities(name="no varlen", in_row=True))
+    assert report.verdicts["varlen"].startswith("skipped"), report.table()

@@ -4,10 +4,11 @@
 the CPU (real ``nki.simulate`` when installed, nki-cpu otherwise); ``prefill`` accepts any sequence length.
 Decode: ``gdn_tkg`` (AWS's documented fused single-token step) and ``gdn_step`` (N requests × T tokens on a state
 pool addressed by device indices), run on the host by ``tkg_simulate`` and ``decode_step``.
-The layer's other kernels: the causal conv1d (``conv_decode_step``, ``conv_prefill_bucket``), the gated RMSNorm
-(``gdn_gated_rms_norm``, run by ``gated_rms_norm``; folded into the prefill's output stage: ``gdn_cte_normed``, run
-by ``simulate_normed``) and the prefill gates (``gdn_gating``, run by ``fused_gdn_gating``). The whole layer's decode
-step but out_proj in one launch:
+The layer's other kernels: the causal conv1d (``conv_decode_step``, with ``query_start_loc`` vLLM's varlen
+speculative form; ``conv_prefill_bucket``), the gated RMSNorm (``gdn_gated_rms_norm``, run by ``gated_rms_norm``;
+folded into the prefill's output stage: ``gdn_cte_normed``, run by ``simulate_normed``, and into the bucketed
+prefill's: ``gdn_cte_bucket_normed``, run by ``prefill_bucket`` with ``z``) and the prefill gates (``gdn_gating``,
+run by ``fused_gdn_gating``). The whole layer's decode step but out_proj in one launch:
 ``gdn_block_tkg`` (AWS's documented fused block) and ``gdn_block_step`` (on the conv-state and recurrent-state
 pools, run by ``block_decode_step``).
 """
@@ -43,6 +44,7 @@ from .host.norm import gated_rms_norm
 from .host.normed import simulate_normed
 from .host.prefill import prefill, prefill_varlen, simulate
 from .norm.kernel import gdn_gated_rms_norm
+from .normed.bucket import gdn_cte_bucket_normed
 from .normed.kernel import gdn_cte_normed
 from .tkg.fused import gdn_tkg
 from .tkg.step import gdn_step
@@ -75,6 +77,7 @@ __all__ = [
     "gdn_conv1d_prefill",
     "gdn_cte",
     "gdn_cte_bucket",
+    "gdn_cte_bucket_normed",
     "gdn_cte_normed",
     "gdn_cte_varlen",
     "gdn_gated_rms_norm",

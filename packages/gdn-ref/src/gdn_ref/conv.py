@@ -39,9 +39,19 @@ row holds the same windows: its window at offset a − 1 is our row ``[n, a − 
 vLLM's own speculative form ("in-row": ``[N]`` rows with ``num_accepted_tokens``) is also here, as vLLM's
 ``causal_conv1d_update`` computes it when ``num_accepted_tokens`` is given (``IS_SPEC_DECODING``): request n's row
 R (L entries, L >= W − 2 + T: vLLM allocates W − 1 + num_speculative_tokens) is read from offset
-o = num_accepted_tokens[n] − 1: the taps' window is R[o .. o + W − 2], and the row written back (the same row) is
-R[o + 1 .. o + L − T] ++ the T tokens — the row shifted left by o + 1 with the tokens after it, so the next step's
-window at offset a' − 1 ends at its a'-th accepted token.
+o = num_accepted_tokens[n] − 1: the taps' window is R[o .. o + W − 2], and the row's first W − 2 + T entries (the
+kernel's state length, vLLM's ``causal_conv1d_update`` at commit 03c6dad84ad3b1df303e98805a3a0324d70e1539) become
+R[o + 1 .. o + W − 2] ++ the T tokens, so the next step's window at offset a' − 1 ends at its a'-th accepted token;
+a longer row's entries from W − 2 + T on are left as they were.
+
+vLLM's varlen form of that step (``causal_conv1d_update_varlen``: ``query_start_loc`` with
+``num_accepted_tokens``, as its GDN layer calls it in speculative decoding, vllm-project/vllm
+``vllm/model_executor/models/qwen3_next.py``; the kernel's ``IS_VARLEN`` branch in
+``vllm/model_executor/layers/mamba/ops/causal_conv1d.py`` at commit 03c6dad84ad3b1df303e98805a3a0324d70e1539):
+x is packed [tokens, C], request n owns tokens ``query_start_loc[n] .. query_start_loc[n + 1] − 1`` (len_n of
+them, at most ``max_query_len``). Its taps read the row at offset o as above; the kernel's state length is
+W − 2 + len_n, so it writes the row's first W − 2 + len_n entries, R[o + 1 .. o + W − 2] ++ its len_n tokens, and
+leaves the others as they were; a request of no tokens reads and writes nothing.
 """
 
 from __future__ import annotations
@@ -253,7 +263,7 @@ def causal_conv1d_decode_pool(
 def _decode_in_row(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, pool: np.ndarray, rows: np.ndarray,
                    accepted: np.ndarray, activation: str | None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """vLLM's in-row speculative step (module docstring): request n's taps read its row from offset
-    o = accepted[n] − 1, and the row becomes R[o + 1 .. o + L − T] ++ its tokens."""
+    o = accepted[n] − 1, and the row's first W − 2 + T entries become R[o + 1 .. o + W − 2] ++ its tokens."""
     tokens, width, state_len = x.shape[1], np.shape(weight)[1], np.shape(pool)[2]
     if state_len < width - 2 + tokens:
         raise ValueError(f"an in-row state of L = {state_len} is shorter than the W − 2 + T = {width - 2 + tokens} "
@@ -269,5 +279,67 @@ def _decode_in_row(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, p
             raise ValueError(f"num_accepted_tokens[{n}] = {offset + 1} is outside [1, T = {tokens}]")
         source = before[int(row)]
         out[n], _ = conv_from_window(x[n], source[:, offset : offset + width - 1], weight, bias, activation)
-        after[row] = np.concatenate([source[:, offset + 1 : offset + 1 + state_len - tokens], x[n].T], axis=1)
+        _write_in_row(after[row], source, offset, x[n], width)
+    return out, after
+
+
+def _write_in_row(row: np.ndarray, source: np.ndarray, offset: int, tokens: np.ndarray, width: int) -> None:
+    """What vLLM's kernel stores in an in-row row (module docstring): its first W − 2 + len entries become
+    ``source``[o + 1 .. o + W − 2] ++ the len ``tokens`` ([len, C]); the row's later entries are left as they were."""
+    kept = np.concatenate([source[:, offset + 1 : offset + width - 1], tokens.T], axis=1)
+    row[:, : kept.shape[1]] = kept
+
+
+def causal_conv1d_update_varlen(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    pool: np.ndarray,
+    query_start_loc: Any,
+    state_indices: Any,
+    num_accepted_tokens: Any,
+    max_query_len: int,
+    activation: str | None = "silu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """vLLM's varlen speculative step on a conv-state pool (module docstring: the row each request writes).
+
+    Dimensions:
+        tokens: packed tokens. N: requests. C: channels. W: width. P: pool rows. L >= W − 2 + max_query_len.
+
+    Args:
+        x (np.ndarray): [tokens, C] the requests' tokens back to back, token-major.
+        weight, bias, activation: as ``conv_from_window``.
+        pool (np.ndarray): [P, C, L] (not modified).
+        query_start_loc: [N + 1] request bounds, from 0 to ``tokens``, non-decreasing.
+        state_indices: [N] rows; −1: padding (nothing read or written, its outputs zeros).
+        num_accepted_tokens: [N] in [1, max_query_len]: the taps read the row from entry num_accepted_tokens − 1.
+        max_query_len (int): the most tokens a request has (vLLM's kernel's state length W − 2 + max_query_len).
+
+    Returns:
+        tuple: out [tokens, C] (zeros for padding requests) and the pool after the step, float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    bounds = np.asarray(query_start_loc).astype(np.int64).reshape(-1)
+    rows = np.asarray(state_indices).astype(np.int64).reshape(-1)
+    accepted = np.asarray(num_accepted_tokens).astype(np.int64).reshape(-1)
+    width, state_len = np.shape(weight)[1], np.shape(pool)[2]
+    if state_len < width - 2 + max_query_len:
+        raise ValueError(f"an in-row state of L = {state_len} is shorter than the W − 2 + max_query_len = "
+                         f"{width - 2 + max_query_len} entries its windows span")  # fmt: skip
+    after = np.array(pool, dtype=np.float64, copy=True)
+    out = np.zeros(x.shape)
+    before = {int(r): after[r].copy() for r in rows if r >= 0}  # every read before any write
+    for n, row in enumerate(rows):
+        start, stop = int(bounds[n]), int(bounds[n + 1])
+        if row < 0 or stop == start:
+            continue
+        if not 0 <= stop - start <= max_query_len:
+            raise ValueError(f"request {n} has {stop - start} tokens, outside [0, max_query_len = {max_query_len}]")
+        offset = int(accepted[n]) - 1
+        if not 0 <= offset < max_query_len:
+            raise ValueError(f"num_accepted_tokens[{n}] = {offset + 1} is outside [1, {max_query_len}]")
+        source = before[int(row)]
+        out[start:stop], _ = conv_from_window(x[start:stop], source[:, offset : offset + width - 1], weight, bias,
+                                              activation)  # fmt: skip
+        _write_in_row(after[row], source, offset, x[start:stop], width)
     return out, after

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .contract import INDEX_DTYPE, Violation, index_violations
+from .contract import INDEX_DTYPE, Violation, index_violations, is_integer
 
 CONV_STEP = "conv_decode_step"
 CONV_PREFILL = "conv_prefill_bucket"
@@ -214,6 +214,96 @@ def conv_prefill_violations(
             bad("checkpoint_indices", "checkpoint_indices", f"shape {cs}", f"checkpoint_indices must be [N, K] = "
                 f"[{seqs}, K] int32", "one row per sequence slot, one pool row (or -1) per checkpoint")  # fmt: skip
     return found
+
+
+def conv_varlen_violations(
+    x: Any,
+    conv_pool: Any,
+    weight: Any,
+    query_start_loc: Any,
+    state_indices: Any,
+    num_accepted_tokens: Any,
+    max_query_len: Any,
+    *,
+    values: bool = False,
+) -> list[Violation]:
+    """The rules of vLLM's varlen speculative form (``gdn_ref.conv.causal_conv1d_update_varlen``) beyond the in-row
+    step's: shapes, and with ``values`` the bounds' values (a host reads them; a device path trusts them).
+
+    Args:
+        x: [tokens, C]. conv_pool: [P, C, L]. weight: [C, W]. query_start_loc: [N + 1] int32 from 0 to ``tokens``,
+        non-decreasing, no request longer than ``max_query_len``. state_indices: [N] int32.
+        num_accepted_tokens: [N] int32 (required: the form is vLLM's speculative one). max_query_len (int): >= 1;
+        the pool's rows hold at least W − 2 + max_query_len entries (vLLM allocates W − 1 + num_speculative_tokens
+        with max_query_len = num_speculative_tokens + 1; a request writes only its row's first W − 2 + len).
+        values (bool): also check ``query_start_loc``'s values (an array the caller can read).
+
+    Returns:
+        list[Violation]: empty when the call is well formed.
+    """
+    found: list[Violation] = []
+
+    def bad(rule: str, argument: str, value: str, text: str, fix: str) -> None:
+        found.append(Violation(f"conv.varlen_{rule}", argument, value, text, fix, CONV_STEP))
+
+    xs, qs, si = _shape(x), _shape(query_start_loc), _shape(state_indices)
+    if xs is None or len(xs) != 2:
+        bad("x", "x", f"shape {xs}", "with query_start_loc x is the requests' tokens packed as [tokens, C]",
+            "pass x as [total tokens, dim]")  # fmt: skip
+    if si is None or len(si) != 1:
+        bad("state_indices", "state_indices", f"shape {si}", "with query_start_loc state_indices is [N], one row "
+            "per request", "pass one conv-state row per request (vLLM: spec_state_indices_tensor[:, 0])")  # fmt: skip
+    if num_accepted_tokens is None:
+        bad("accepted", "query_start_loc", "given without num_accepted_tokens", "gdn-nki takes query_start_loc "
+            "in vLLM's speculative form only (with num_accepted_tokens, as vLLM's GDN layer calls it)",
+            "pass num_accepted_tokens, or x as [N, C, T] without query_start_loc")  # fmt: skip
+    if not is_integer(max_query_len) or max_query_len < 1:
+        bad("max_query_len", "max_query_len", repr(max_query_len), "with query_start_loc max_query_len is the most "
+            "tokens a request has (>= 1): the compiled program's tokens per request", "pass max_query_len (vLLM: "
+            "spec_state_indices_tensor.size(-1))")  # fmt: skip
+    if found:
+        return found
+    requests = si[0]
+    if qs != (requests + 1,) or _dtype(query_start_loc) != INDEX_DTYPE:
+        bad("bounds_shape", "query_start_loc", f"shape {qs} dtype {_dtype(query_start_loc)}",
+            f"query_start_loc is [N + 1] = [{requests + 1}] int32: one bound per request and the end",
+            "pass the bounds of the N requests state_indices names, as int32")  # fmt: skip
+        return found
+    ps, ws = _shape(conv_pool), _shape(weight)
+    if ps is not None and len(ps) == 3 and ws is not None and len(ws) == 2 and ps[2] < ws[1] - 2 + max_query_len:
+        need = ws[1] - 2 + max_query_len
+        bad("window", "conv_pool", f"L={ps[2]}", f"with query_start_loc a row holds the window at every offset "
+            f"num_accepted_tokens - 1 <= max_query_len - 1: L >= W - 2 + max_query_len = {need}",
+            f"allocate the pool as [P, C, {need}] (W - 1 + the speculative tokens)")  # fmt: skip
+    if values and not found:
+        found += _bounds_violations(np.asarray(query_start_loc).astype(np.int64), xs[0], max_query_len)
+    return found
+
+
+def _bounds_violations(bounds: np.ndarray, tokens: int, max_query_len: int) -> list[Violation]:
+    """``query_start_loc``'s values: from 0, non-decreasing, to ``tokens``, no request past ``max_query_len``."""
+    lengths = np.diff(bounds)
+    text, value = None, None
+    if bounds[0] != 0:
+        value, text = f"value {int(bounds[0])} at [0]", "query_start_loc starts at 0"
+    elif (lengths < 0).any():
+        at = int(np.flatnonzero(lengths < 0)[0])
+        value, text = (
+            f"values {int(bounds[at])}, {int(bounds[at + 1])} at [{at}, {at + 1}]",
+            "query_start_loc never decreases (request n's tokens are query_start_loc[n] .. query_start_loc[n + 1] - 1)",
+        )
+    elif bounds[-1] != tokens:
+        value, text = f"value {int(bounds[-1])} at [-1]", f"query_start_loc ends at x's {tokens} tokens"
+    elif (lengths > max_query_len).any():
+        at = int(np.flatnonzero(lengths > max_query_len)[0])
+        value, text = (
+            f"request {at} of {int(lengths[at])} tokens",
+            f"no request has more than max_query_len = {max_query_len} tokens",
+        )
+    if text is None:
+        return []
+    return [Violation("conv.varlen_bounds", "query_start_loc", value, text, "pass the cumulative token counts of "
+                      "the requests, 0 first and x's token count last", CONV_STEP)]  # fmt: skip
 
 
 def conv_index_violations(state_indices: Any, num_accepted_tokens: Any, pool_rows: int, tokens: int) -> list[Violation]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from .backend import nisa
+from .pool_rows import as_pool_rows
 from .tiles import FP32, sbuf
 
 
@@ -44,19 +45,19 @@ def kmajor_view(tensor: Any, v_first: bool) -> Any:
 
 def head_columns(pool: Any, row: Any, h: int, cols: slice) -> Any:
     """Columns ``cols`` of value head ``h`` of K-major pool row ``row`` (a run-time scalar) as a [Dk, cols] view, on
-    the pool argument itself (``.ap`` on an argument, never on a view)."""
-    _, _, dk, dv = pool.shape
-    pattern = [[dv, dk], [1, cols.stop - cols.start]]
-    return pool.ap(pattern=pattern, offset=h * dk * dv + cols.start, scalar_offset=row, indirect_dim=0)
+    the pool argument itself (``.ap`` on an argument, never on a view). ``pool``: the tensor, or its ``PoolRows``
+    (a row-strided pool's span, ``common.pool_rows``)."""
+    rows = as_pool_rows(pool)
+    _, _, dk, dv = rows.view.shape
+    return rows.row(row, [[dv, dk], [1, cols.stop - cols.start]], h * dk * dv + cols.start)
 
 
 def v_major_rows(pool: Any, row: Any, h: int, cols: slice) -> Any:
     """Rows ``cols`` (value dims) of value head ``h`` of V-major pool row ``row`` (a run-time scalar) as they lie:
-    [cols, Dk], one contiguous block."""
-    _, _, dv, dk = pool.shape
-    n = cols.stop - cols.start
-    return pool.ap(pattern=[[dk, n], [1, dk]], offset=h * dk * dv + cols.start * dk, scalar_offset=row,
-                   indirect_dim=0)  # fmt: skip
+    [cols, Dk], one contiguous block. ``pool`` as ``head_columns``'."""
+    rows = as_pool_rows(pool)
+    _, _, dv, dk = rows.view.shape
+    return rows.row(row, [[dk, cols.stop - cols.start], [1, dk]], h * dk * dv + cols.start * dk)
 
 
 def decode_tile_pattern(heads: int, parts_per_head: int, rows: int, dv: int) -> list[list[int]]:

@@ -32,6 +32,7 @@ from gdn_ref.conv_rules import conv_prefill_violations
 
 from ..common.backend import nisa, nki, nl
 from ..common.kernel_assert import assert_valid_call
+from ..common.pool_rows import PoolRows
 from ..common.tiles import FP32, sbuf
 from .step import (
     PARTITIONS_PER_REQUEST,
@@ -62,6 +63,8 @@ def gdn_conv_bucket(
     checkpoint_every: int = 0,
     checkpoint_indices: Any = None,
     read_indices: Any = None,
+    state_row_stride: int | None = None,
+    state_len: int | None = None,
 ) -> tuple[Any, Any]:
     """Convolve up to N packed sequences of a bucket of T tokens, each from its window in a conv-state pool.
 
@@ -83,6 +86,8 @@ def gdn_conv_bucket(
             ``(k + 1) · checkpoint_every`` tokens of sequence i; −1 or past its length: not stored.
         read_indices (nl.NkiTensor): [N] int32 @ HBM, run-time, optional: the row sequence i starts from when it is
             not the row it ends in (a prefix-cache hit); −1: an empty window.
+        state_row_stride, state_len (int): trace-time; a pool of rows at their own stride, as ``gdn_conv_step``'s
+            (``conv_pool`` its span).
 
     Returns:
         tuple: ``out`` [T, C] in x's dtype and ``conv_pool`` (the same buffer).
@@ -91,10 +96,11 @@ def gdn_conv_bucket(
         The kernel trusts the run-time tensors (the host entry point ``gdn_nki.conv_prefill_bucket`` checks them),
         as ``gdn_cte_bucket`` does; the trace-time rules stop the trace before anything is allocated.
     """
+    pool = PoolRows.of(conv_pool, state_row_stride, (x.shape[-1], state_len))
     assert_valid_call(
         conv_prefill_violations(
             x,
-            conv_pool,
+            pool.view,
             weight,
             bias,
             cu_seqlens,
@@ -106,7 +112,7 @@ def gdn_conv_bucket(
         )
     )
     tokens, channels = x.shape
-    state_len, width = conv_pool.shape[2], weight.shape[1]
+    state_len, width = pool.view.shape[2], weight.shape[1]
     seqs = state_indices.shape[0]
     per_part = channels // PARTITIONS_PER_REQUEST
     out = nl.ndarray((tokens, channels), dtype=x.dtype, buffer=nl.shared_hbm)
@@ -117,8 +123,8 @@ def gdn_conv_bucket(
     tables = _Tables(cu_seqlens, state_indices, read_indices, checkpoint_every, checkpoint_indices, state_len, width)
 
     _bulk(x, out, taps, bias_column, ones, shape, activation)
-    _starts(x, out, conv_pool, taps, bias_column, ones, shape, activation, tables, seqs)
-    _windows(x, conv_pool, tables, seqs, per_part, state_len)
+    _starts(x, out, pool, taps, bias_column, ones, shape, activation, tables, seqs)
+    _windows(x, pool, tables, seqs, per_part, state_len)
     return out, conv_pool
 
 
@@ -348,13 +354,13 @@ def _chunk_of(tile: Any, c: int, size: int) -> Any:
 
 def _pool_chunk(pool: Any, row: Any, cols: tuple[int, int]) -> Any:
     """``_pool_view`` of channels (f0, count) of every partition: [16, count, L] of pool row ``row``."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     per_part = channels // PARTITIONS_PER_REQUEST
     f0, count = cols
     if (f0, count) == (0, per_part):
         return _pool_view(pool, row)
     pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, count], [1, state_len]]
-    return pool.ap(pattern=pattern, offset=f0 * state_len, scalar_offset=row, indirect_dim=0)
+    return pool.row(row, pattern, f0 * state_len)
 
 
 def _windows(x: Any, pool: Any, tables: _Tables, seqs: int, per_part: int, state_len: int) -> None:

@@ -10,8 +10,9 @@ Rows are addressed exactly as ``tkg.step`` addresses the recurrent state pool, s
 - [N, T]: the window after token t goes to row ``[n, t]``; the request reads row ``[n, num_accepted_tokens[n] − 1]``
   (``[n, 0]`` without it);
 - [N] with ``num_accepted_tokens`` (vLLM's in-row form, ``gdn_ref.conv``): request n's row holds
-  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row written
-  back is entries o + 1 .. o + L − T, then the T tokens. The offset is device data: the row's load is addressed at
+  L >= W − 2 + T inputs; the taps read its window from offset o = num_accepted_tokens[n] − 1, and the row's first
+  W − 2 + T entries are written back as entries o + 1 .. o + W − 2, then the T tokens (vLLM's kernel's state length;
+  a longer row's later entries stay as they were). The offset is device data: the row's load is addressed at
   row · C · L + o (one run-time ``scalar_offset``, "NKI Scalar Values": + and * of scalars, SDK 2.33) and moves
   each partition's run of the row shifted by o (``_shifted_row``), so channel f's entries o .. o + L − T land
   first in its L slots — all the step reads, in one run per partition;
@@ -45,6 +46,7 @@ from gdn_ref.conv_rules import CONV_STEP, conv_step_violations
 from ..common.backend import nisa, nki, nl
 from ..common.engines import GPSIMD, SCALAR, VECTOR
 from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.pool_rows import PoolRows
 from ..common.request_rows import accepted_offsets, entry, request_rows
 from ..common.tiles import FP32, matmul, psum, sbuf
 
@@ -62,6 +64,8 @@ def gdn_conv_step(
     num_accepted_tokens: Any = None,
     activation: str | None = "silu",
     out_parts: tuple[Any, ...] | None = None,
+    state_row_stride: int | None = None,
+    state_len: int | None = None,
 ) -> tuple[Any, Any]:
     """Convolve T new tokens of N requests, each from its window in a conv-state pool, and store the windows.
 
@@ -83,6 +87,9 @@ def gdn_conv_step(
             of ``out``: the channels in order, C_i (the product of part i's trailing dimensions) each, summing to C,
             each a multiple of C / 16 (``split_parts``): the fused block's q, k and v, which would otherwise be
             copied out of ``out``.
+        state_row_stride, state_len (int): trace-time; the pool's rows lie ``state_row_stride`` elements apart, each
+            a dense [C, L = state_len] (vLLM's hybrid cache, ``common.pool_rows``): ``conv_pool`` is then the pool's
+            span, 1-D of (P − 1)·state_row_stride + C·L elements, of which only the named rows are read or written.
 
     Returns:
         tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests; ``out_parts`` when given) and
@@ -92,12 +99,13 @@ def gdn_conv_step(
         Trace-time rules (``gdn_ref.conv_rules.conv_step_violations``) stop the trace before anything is allocated;
         the index values are device data: ``gdn_nki.conv_decode_step`` checks them on the host first.
     """
+    pool = PoolRows.of(conv_pool, state_row_stride, (x.shape[-1], state_len))
     assert_valid_call(
-        conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
-        or step_sbuf_violations(x, conv_pool, weight, bias, state_indices)
+        conv_step_violations(x, pool.view, weight, bias, state_indices, num_accepted_tokens, activation)
+        or step_sbuf_violations(x, pool.view, weight, bias, state_indices)
     )
     n_req, tokens, channels = x.shape
-    state_len, width = conv_pool.shape[2], weight.shape[1]
+    state_len, width = pool.view.shape[2], weight.shape[1]
     per_part = channels // PARTITIONS_PER_REQUEST
     per_token = len(state_indices.shape) == 2
     in_row = num_accepted_tokens is not None and not per_token
@@ -108,23 +116,28 @@ def gdn_conv_step(
                   f"C = {channels} in multiples of C / 16 = {per_part}. Fix: parts of whole partitions, or None")  # fmt: skip
 
     groups = -(-n_req // REQUESTS_PER_GROUP)
-    sets = _tile_sets(groups, max(1, SET_BUDGET // _set_bytes(x, per_part, tokens, state_len, width, per_token)))
+    longer_rows = in_row and state_len > _kept_length(state_len, width, tokens, in_row)  # ``_TileSet.rows_as_read``
+    set_bytes = _set_bytes(x, per_part, tokens, state_len, width, per_token, longer_rows)
+    sets = _tile_sets(groups, max(1, SET_BUDGET // set_bytes))
     trips = -(-groups // sets)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
     # and are outside x and out: their transfers are skipped.
     total = trips * sets
     first_rows = _first_rows(state_indices, n_req, total)
-    taps, bias_column = _constants(weight, bias, per_part)
+    whole, channels, sum_banks, on_vector, gpsimd_channels = _engine_plan(tokens, per_part, width, sets, per_token,
+                                                                          biased=bias is not None)  # fmt: skip
+    # The vector engine's products read the taps from PSUM: the banks their spread wrote, kept.
+    psum_taps: list[tuple[int, Any]] | None = [] if on_vector < tokens else None
+    taps, bias_column = _constants(weight, bias, per_part, psum_taps)
     slots = total * REQUESTS_PER_GROUP
     rows = request_rows(state_indices, None if in_row else num_accepted_tokens, n_req, tokens, slots,
-                        conv_pool.shape[0], outputs=False)  # fmt: skip
+                        pool.view.shape[0], outputs=False)  # fmt: skip
     if in_row:  # the rows, then each request's offset in its row
         rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
     identity = _identity()
-    whole, channels, sum_banks, on_vector = _engine_plan(tokens, per_part, width, sets)
     summed_on_pe = (identity, whole, channels, sum_banks)
-    multiplied_on_vector = (_taps_in_psum(taps, identity), on_vector) if on_vector < tokens else None
+    multiplied_on_vector = (psum_taps, on_vector, gpsimd_channels) if psum_taps is not None else None
     # The first set's tiles zeroed on GpSimd while it waits for the indices; the others' on the vector engine, so
     # GpSimd's row loads (the first loads wait on them) queue behind one set's memsets, not every set's.
     tile_sets = [_TileSet(x.dtype, per_part, tokens, state_len, width, per_token, bias_column, summed_on_pe=summed_on_pe,
@@ -132,7 +145,7 @@ def gdn_conv_step(
                           in_row=in_row)
                  for s in range(sets)]  # fmt: skip
     live = _live_mask(first_rows, total)
-    shape = (tokens, state_len, width)
+    shape = (tokens, _kept_length(state_len, width, tokens, in_row), width)
     accepted = num_accepted_tokens is not None and not in_row  # the read row from ``request_rows``' second tile
 
     made: dict[int, list[_Slot]] = {}
@@ -150,15 +163,20 @@ def gdn_conv_step(
     # A software pipeline of ``sets`` groups: a group's loads are issued right after the group ``sets`` places
     # before it in the same tile set is convolved, so the DMA moves one group while the engines convolve the others.
     for s, tile_set in enumerate(tile_sets):
-        tile_set.load(x, conv_pool, slots_of(s))
+        tile_set.load(x, pool, slots_of(s))
 
     def iteration(i: Any, ahead: bool = True) -> None:
         for s, tile_set in enumerate(tile_sets):
             g = i * sets + s
+            if ahead and tokens > 1:
+                # The next loads' rows first: their `scalar_load`s (GpSimd) behind this group's products held the
+                # loads, and the DMA idled (N = 64, T = 4: 57.3 -> 57.0 us; T = 1 gains nothing: unchanged).
+                for slot in slots_of(g + sets):
+                    slot.read_row()
             tile_set.convolve(taps, _column(live, g), shape, activation)
             if ahead:  # before the stores: a DMA queue is in order, and a store waits for the group's arithmetic
-                tile_set.load(x, conv_pool, slots_of(g + sets))
-            tile_set.store(out, conv_pool, slots_of(g))
+                tile_set.load(x, pool, slots_of(g + sets))
+            tile_set.store(out, pool, slots_of(g))
 
     # Every trip but the last loads the next one's groups; the last, unrolled, loads nothing (its groups would be
     # past the launch's, and the slot map would make them other groups' requests). The others run
@@ -175,8 +193,8 @@ def gdn_conv_step(
             for s, tile_set in enumerate(tile_sets):
                 local = k * sets + s
                 tile_set.convolve(taps, _column(live, base + local), shape, activation)
-                tile_set.load(x, conv_pool, window.slots(local + sets))
-                tile_set.store(out, conv_pool, window.slots(local))
+                tile_set.load(x, pool, window.slots(local + sets))
+                tile_set.store(out, pool, window.slots(local))
 
     if looped:
         nl.fori_loop(0, looped, body)
@@ -186,7 +204,9 @@ def gdn_conv_step(
     if _drains_in_runs(tile_sets[0], tokens):
         for s, tile_set in enumerate(tile_sets):
             g = last * sets + s
-            tile_set.convolve_and_store(out, conv_pool, slots_of(g), taps, _column(live, g), shape, activation)
+            tile_set.convolve_and_store(out, pool, slots_of(g), taps, _column(live, g), shape, activation)
+    elif groups == 1 and MULTI_TOKEN_RUNS > 1:  # nothing to overlap a lone group's drain: its channels in runs
+        tile_sets[0].convolve_in_runs(out, pool, slots_of(0), taps, _column(live, 0), shape, activation)
     else:
         iteration(last, ahead=False)
     return (out if out_parts else out[0]), conv_pool
@@ -204,39 +224,64 @@ TRIPS_PER_ITERATION = 16
 
 
 # T: outputs summed on the tensor engine, the first ones (a fraction: that share of the next one's channels), the
-# others by the vector engine's reduce; T - 1 where absent. T = 4: 2.75 balances the two (PERFORMANCE.md, "Conv
-# decode").
-OUTPUTS_ON_PE = {1: 1, 2: 1, 4: 2.75}
-PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd)
+# others by the vector engine's reduce; T - 1 where absent. T = 4: 2 + 11/16 balances the two once the taps' spread
+# banks serve the vector engine's products (no copy of the taps into PSUM): N = 64 / 256 61.6 / 206.8 us against
+# 62.2 / 210.7 at 2.75 (PERFORMANCE.md, "Decode speed", item 11).
+OUTPUTS_ON_PE = {1: 1, 2: 1, 4: 2.6875}
+# The same with [N, T] rows (every token's window kept): 2.6875 there cost N = 256 309.0 -> 309.1 us.
+OUTPUTS_ON_PE_EVERY_WINDOW = {4: 2.75}
+PRODUCTS_ON_VECTOR = {}  # T: outputs whose products the vector engine forms (the others' GpSimd); 1 where absent
+# Without a bias (Qwen3-Next's conv: ``bias=False``) a sum has W terms, not W + 1: the PE's share and the vector
+# engine's products (the last outputs', a fraction: that share of the output before them, its last channels)
+# retuned for it (PERFORMANCE.md, "Decode speed", item 12).
+# T = 4: 2 + 13/16 outputs summed on the PE, 1 + 7/16 multiplied on the vector engine (N = 64 / 256 60.9 / 206.0 ->
+# 57.3 / 202.0 us; the biased plan's 2.6875 and 1 left GpSimd binding; a flat optimum: PE 2.8125-3.0 and vector
+# 1.25-1.4375 all give 57.0-57.6).
+OUTPUTS_ON_PE_NO_BIAS = {4: 2.8125}
+PRODUCTS_ON_VECTOR_NO_BIAS = {4: 1.4375}
 
 
 PSUM_BANKS = 8  # [128, 512] fp32 each (docs/nki-sources.md §2.9)
 
 
-def _engine_plan(tokens: int, per_part: int, width: int, sets: int) -> tuple[int, int, int, int]:
+def _engine_plan(
+    tokens: int, per_part: int, width: int, sets: int, per_token: bool = False, biased: bool = True
+) -> tuple[int, int, int, int, int]:
     """(whole outputs summed on the PE, the next output's channels summed there, PSUM banks a tile set sums in, the
-    first output multiplied on the vector engine) within PSUM's 8 banks: the taps' banks when the vector engine
-    multiplies (``_taps_in_psum``), then up to 2 sum banks a set (the outputs take them in turn); with no room for
-    the taps every product stays on GpSimd, and with more channels a partition than a bank holds every sum on the
-    vector engine."""
+    first output multiplied on the vector engine, that output's channels still multiplied on GpSimd) within PSUM's
+    8 banks: the taps' banks when the vector engine multiplies (the banks their spread wrote, ``_replicated``), then
+    up to 2 sum banks a set (the outputs take them in turn); with no room for the taps every product stays on
+    GpSimd, and with more channels a partition than a bank holds every sum on the vector engine. ``per_token``:
+    [N, T] rows; ``biased``: the conv has a bias (a term of every sum)."""
     if per_part > BANK:
-        return 0, 0, 0, tokens
-    on_pe, on_vector = _split(tokens)
-    whole, channels = int(on_pe), round((on_pe - int(on_pe)) * per_part)
-    if channels == per_part:  # a narrow C rounds the share up to the whole output
-        whole, channels = whole + 1, 0
+        return 0, 0, 0, tokens, 0
+    on_pe, on_vector = _split(tokens, per_token, biased)
+    whole, channels = _whole_and_channels(on_pe, per_part)
+    vector_from, gpsimd_channels = _whole_and_channels(on_vector, per_part)
     wanted = min(2, whole + (channels > 0))
-    tap_banks = -(-per_part // max(1, BANK // width)) if on_vector < tokens else 0
+    tap_banks = -(-per_part // max(1, BANK // width)) if vector_from < tokens else 0
     if tap_banks + sets * min(1, wanted) > PSUM_BANKS:
-        tap_banks, on_vector = 0, tokens
+        tap_banks, vector_from, gpsimd_channels = 0, tokens, 0
     banks = min(wanted, (PSUM_BANKS - tap_banks) // sets)
-    return whole, channels, banks, on_vector
+    return whole, channels, banks, vector_from, gpsimd_channels
 
 
-def _split(tokens: int) -> tuple[float, int]:
-    """(outputs summed on the PE, the first output multiplied on the vector engine) for T tokens."""
-    on_pe = OUTPUTS_ON_PE.get(tokens, tokens - 1)
-    return on_pe, tokens - PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
+def _whole_and_channels(outputs: float, per_part: int) -> tuple[int, int]:
+    """A share of outputs as (whole outputs, channels of the next one); a narrow C rounds a share up to the whole
+    output."""
+    whole, channels = int(outputs), round((outputs - int(outputs)) * per_part)
+    return (whole + 1, 0) if channels == per_part else (whole, channels)
+
+
+def _split(tokens: int, per_token: bool = False, biased: bool = True) -> tuple[float, float]:
+    """(outputs summed on the PE, the first output multiplied on the vector engine: a fraction from that share of
+    its channels on) for T tokens (``per_token``: [N, T] rows; ``biased``: a bias term in every sum)."""
+    on_pe = (OUTPUTS_ON_PE_EVERY_WINDOW if per_token else {}).get(tokens, OUTPUTS_ON_PE.get(tokens, tokens - 1))
+    on_vector = PRODUCTS_ON_VECTOR.get(tokens, 1 if tokens > 2 else 0)
+    if not biased and not per_token:
+        on_pe = OUTPUTS_ON_PE_NO_BIAS.get(tokens, on_pe)
+        on_vector = PRODUCTS_ON_VECTOR_NO_BIAS.get(tokens, on_vector)
+    return on_pe, tokens - on_vector
 
 
 def _tile_sets(groups: int, fit: int) -> int:
@@ -257,10 +302,11 @@ def _identity() -> Any:
     return identity
 
 
-def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool) -> int:
-    """SBUF bytes per partition of one ``_TileSet``."""
+def _set_bytes(x: Any, per_part: int, tokens: int, state_len: int, width: int, per_token: bool,
+               rows_as_read: bool = False) -> int:  # fmt: skip
+    """SBUF bytes per partition of one ``_TileSet`` (``rows_as_read``: with its in-row rows as read)."""
     io = _io_bytes(x.dtype)
-    kept = tokens if per_token else 1
+    kept = tokens + rows_as_read if per_token else 1 + rows_as_read
     return per_part * (state_len * io + 2 * tokens * io + tokens * (width + 1) * 4 + tokens * 4 + kept * state_len * io)
 
 
@@ -336,8 +382,7 @@ class _Slot:
         "nki.isa.register_alloc"; nki-cpu's rule ``live_registers``)."""
         if not self._in_row:
             return _pool_view(pool, self.read_row())
-        _, channels, state_len = pool.shape
-        start = self.read_row() * (channels * state_len) + self._load(1, self._first, 1)
+        start = pool.row_start(self.read_row()) + self._load(1, self._first, 1)
         return _shifted_row(pool, start, self._tokens)
 
     def write_rows(self) -> tuple[Any, ...]:
@@ -402,24 +447,25 @@ class _TileSet:
         ``first_output``: the first token whose output is computed (the tokens before it are a halo);
         ``summed_on_pe``: (the [128, 128] fp32 identity, k, c, banks): the first k outputs' sums (and output k's
         first c channels') are accumulated by the tensor engine in PSUM (``_sum_on_pe``) in ``banks`` banks taken in
-        turn, the rest reduced by the vector engine; ``clear``: the engine that zeroes
-        the loaded tiles first; ``multiplied_on_vector``: (the taps in PSUM, ``_taps_in_psum``; k): the products of
-        the outputs from k on are formed by the vector engine, the others' by GpSimd; ``in_row``: vLLM's in-row
+        turn, the rest reduced by the vector engine; ``clear``: the engine that zeroes the loaded tiles first;
+        ``multiplied_on_vector``: (the taps' PSUM banks as ``_replicated`` keeps them; k; c): the products of the
+        outputs from k on are formed by the vector engine (output k's from channel c on), the others' by GpSimd; ``in_row``: vLLM's in-row
         form, the windows tile holding a row's L − T + 1 entries from the request's offset, the taps' window its
         first W − 1 (``_convolve``)."""
         self.first_output = first_output
         outputs = tokens - first_output
         self.identity, self.pe_outputs, self.pe_channels, banks = summed_on_pe if summed_on_pe else (None, 0, 0, 0)
-        self.psum_taps, self.vector_from = multiplied_on_vector if multiplied_on_vector else (None, outputs)
+        self.psum_taps, self.vector_from, self.gpsimd_channels = multiplied_on_vector or (None, outputs, 0)
         self.bias = bias_column
         # A PSUM bank ([128, 512] fp32, docs/nki-sources.md §2.9) per output summed there, each sum its own
         # accumulation group; at most two (the outputs take them in turn), so two sets and the taps fit PSUM's eight.
         self.pe_sums = [psum((128, per_part)) for _ in range(banks)]
         self.windows = sbuf((128, per_part, state_len), dtype)
         self.in_row = in_row
-        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's L − T + 1 from the
-        # offset on (the rest of its slots: the next channel's entries, unused).
-        self.loaded = state_len - tokens + 1 if in_row else state_len
+        # The inputs of ``windows`` the step reads, from each channel's first: the in-row form's W − 1 from the
+        # offset on (of the L − T + 1 loaded; the rest of its slots: the next channel's entries, unused); the windows
+        # kept are those W − 1's last W − 2 ++ the tokens, vLLM's row of W − 2 + T, whatever L.
+        self.loaded = width - 1 if in_row else state_len
         self.first_tap = 0 if in_row else state_len - (width - 1)  # the taps' window in ``windows``
         self.inputs = sbuf((128, tokens, per_part), dtype)
         # A padding slot's skipped loads leave defined values.
@@ -435,6 +481,14 @@ class _TileSet:
         self.kept = None
         if per_token is not None:
             self.kept = sbuf((128, tokens if per_token else 1, per_part, state_len), dtype)
+        # The in-row form on rows longer than vLLM's W − 2 + T: the rows as they are, whose entries from W − 2 + T on
+        # go back unchanged with the kept window (whole rows stored: one run a partition; storing only the first
+        # W − 2 + T, runs of W − 2 + T a channel: 976.6 against 98.4 us at N = 64, T = 4, L = 7; PERFORMANCE.md,
+        # "Conv1d").
+        self.rows_as_read = None
+        if in_row and state_len > _kept_length(state_len, width, tokens, in_row):
+            self.rows_as_read = sbuf((128, per_part, state_len), dtype)
+            nisa.memset(dst=self.rows_as_read, value=0.0, engine=clear)
 
     def load(self, x: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
@@ -443,6 +497,9 @@ class _TileSet:
             if self.in_row:  # a run of the row's flat entries: the first F·L − (T − 1) of the partition's slots
                 dst = self.windows.reshape((128, -1))[slot.part, 0 : src.shape[1]]
             nisa.dma_copy(dst=dst, src=src, oob_mode=nisa.oob_mode.skip)
+            if self.rows_as_read is not None:
+                nisa.dma_copy(dst=self.rows_as_read[slot.part], src=_pool_view(pool, slot.read_row()),
+                              oob_mode=nisa.oob_mode.skip)  # fmt: skip
             if not isinstance(slot.n, int) or slot.n < x.shape[0]:  # a static slot past N has no inputs
                 nisa.dma_copy(dst=self.inputs[slot.part], src=_input_view(x, slot.n), **_skip_if_scalar(slot.n))
 
@@ -452,10 +509,18 @@ class _TileSet:
 
     def store(self, out: Any, pool: Any, slots: list[_Slot]) -> None:
         for slot in slots:
-            for t, row in enumerate(slot.write_rows()):
-                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
-            if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:  # every request's row, padding's zeros included
-                _store_out(out, self.result, slot)
+            self._store_windows(pool, slot)
+            self._store_outputs(out, slot)
+
+    def _store_windows(self, pool: Any, slot: _Slot) -> None:
+        """A slot's kept windows into the rows it writes (skipped for padding's −1 rows)."""
+        for t, row in enumerate(slot.write_rows()):
+            nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
+
+    def _store_outputs(self, out: Any, slot: _Slot) -> None:
+        """A slot's outputs: every request's row, padding's zeros included; a static slot past N has none."""
+        if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:
+            _store_out(out, self.result, slot)
 
     def convolve_and_store(self, out: Any, pool: Any, slots: list[_Slot], taps: Any, live: Any,
                            shape: tuple[int, int, int], activation: str | None) -> None:  # fmt: skip
@@ -464,14 +529,8 @@ class _TileSet:
         activation issued before the next run's, so GpSimd, the tensor engine, the vector engine and the scalar
         engine work on successive runs side by side instead of each waiting for the whole group. The same
         roundings as ``_convolve``, element by element."""
-        tokens, state_len, width = shape
-        _keep_windows(self, tokens, state_len, VECTOR)
-        for slot in slots:
-            for t, row in enumerate(slot.write_rows()):
-                nisa.dma_copy(dst=_pool_view(pool, row), src=self.kept[slot.part, t], oob_mode=nisa.oob_mode.skip)
-        per_part = self.inputs.shape[2]
-        step = -(-per_part // DRAIN_RUNS)
-        runs = [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
+        width = shape[2]
+        runs = self._windows_stored_then_runs(pool, slots, shape, DRAIN_RUNS)
         on_vector = [i % DRAIN_SUMMED_ON_VECTOR_EVERY == DRAIN_SUMMED_ON_VECTOR_EVERY - 1 for i in range(len(runs))]
         if self.bias is not None:  # the bias term of the runs the vector engine sums (the PE adds its own)
             for run, vector in zip(runs, on_vector, strict=True):
@@ -492,14 +551,49 @@ class _TileSet:
             else:
                 _sum_on_pe(self, self.products[:, 0], 0, live, activation, run)
         for slot in slots:  # whole rows: a run's stores would each wait for the one before (one box of ``out``)
-            if not isinstance(slot.n, int) or slot.n < out[0].shape[0]:
-                _store_out(out, self.result, slot)
+            self._store_outputs(out, slot)
+
+    def convolve_in_runs(self, out: Any, pool: Any, slots: list[_Slot], taps: Any, live: Any,
+                         shape: tuple[int, int, int], activation: str | None) -> None:  # fmt: skip
+        """A launch's only group at T > 1 (``gdn_conv_step``): its windows kept and stored first, then
+        ``_convolve`` over its channels in ``MULTI_TOKEN_RUNS`` runs, each output's channels on the engines the whole
+        group's conv gives them, so the run after the first multiplies while the first is summed (PERFORMANCE.md,
+        "Decode speed", item 11). Each element's products and sum are the whole group's, so the outputs are its bit
+        for bit. The windows are copied by the vector engine, idle until the first products: on the scalar engine
+        (as the pipelined groups copy them) they held the first run's activations, [N, T] rows at N = 1 19.0 µs
+        against 17.4."""
+        for run in self._windows_stored_then_runs(pool, slots, shape, MULTI_TOKEN_RUNS):
+            _convolve(self, taps, live, shape, activation, run=run)
+        for slot in slots:
+            self._store_outputs(out, slot)
+
+    def _windows_stored_then_runs(self, pool: Any, slots: list[_Slot], shape: tuple[int, int, int],
+                                  count: int) -> list[slice]:  # fmt: skip
+        """A drained group's start: its windows kept by the vector engine and stored; its channels as ``count``
+        runs (the last shorter when ``count`` does not divide them)."""
+        tokens, state_len, _ = shape
+        _keep_windows(self, tokens, state_len, VECTOR)
+        for slot in slots:
+            self._store_windows(pool, slot)
+        per_part = self.inputs.shape[2]
+        step = -(-per_part // count)
+        return [slice(c0, min(per_part, c0 + step)) for c0 in range(0, per_part, step)]
 
 
+# A lone group's channel runs at T > 1 (``_TileSet.convolve_in_runs``; 1: the whole group, pipelined as every other
+# launch): 2 against 1 and 3, 4, 8 (more, smaller instructions, each paying its fixed cost): N = 8, T = 4
+# 18.5 / 19.6 / 18.7 / 19.0 / 20.5 us.
+MULTI_TOKEN_RUNS = 2
 # The last trip's channel runs (``_TileSet.convolve_and_store``), every third summed by the vector engine: at N = 8
 # 11.4 -> 9.7 us, N = 20 16.8 -> 14.0 (PERFORMANCE.md, "Decode speed", item 8).
 DRAIN_RUNS = 8
 DRAIN_SUMMED_ON_VECTOR_EVERY = 3
+
+
+def _kept_length(state_len: int, width: int, tokens: int, in_row: bool) -> int:
+    """The entries of a row the step rewrites: the row's L, or in vLLM's in-row form its first W − 2 + T (vLLM's
+    kernel's state length whatever L: ``gdn_ref.conv``; the rest go back as they were, ``_TileSet.rows_as_read``)."""
+    return width - 2 + tokens if in_row else state_len
 
 
 def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
@@ -509,7 +603,8 @@ def _drains_in_runs(tiles: _TileSet, tokens: int) -> bool:
 
 def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SCALAR) -> None:
     """The windows to keep, copied by ``engine``: the window after token t is the series inputs from
-    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens)."""
+    ``tiles.loaded`` + t + 1 − L on (loaded window ++ tokens), L = ``state_len`` the entries rewritten
+    (``_kept_length``); a longer row's entries past them copied from the row as read (``_TileSet.rows_as_read``)."""
     inputs_by_channel, loaded = _token_last(tiles.inputs), tiles.loaded
     kept_tokens = () if tiles.kept is None else range(tokens) if tiles.kept.shape[1] > 1 else (tokens - 1,)
     for i, t in enumerate(kept_tokens):
@@ -520,6 +615,8 @@ def _keep_windows(tiles: _TileSet, tokens: int, state_len: int, engine: Any = SC
             _copy(kept[:, :, 0:old], tiles.windows[:, :, start : start + old], engine)
         new = state_len - old
         _copy(kept[:, :, old:state_len], inputs_by_channel[:, :, t + 1 - new : t + 1], engine)
+        if tiles.rows_as_read is not None:
+            _copy(kept[:, :, state_len:], tiles.rows_as_read[:, :, state_len:], engine)
 
 
 def _copy(dst: Any, src: Any, engine: Any) -> None:
@@ -552,10 +649,10 @@ def _skip_if_scalar(n: Any) -> dict[str, Any]:
 def _pool_view(pool: Any, row: Any) -> Any:
     """Pool row ``row`` (a run-time scalar) as [16, F, L]: partition s holds channels s·F .. s·F + F − 1, each with
     its L inputs (one contiguous run per partition)."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     per_part = channels // PARTITIONS_PER_REQUEST
     pattern = [[per_part * state_len, PARTITIONS_PER_REQUEST], [state_len, per_part], [1, state_len]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=row, indirect_dim=0)
+    return pool.row(row, pattern)
 
 
 def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
@@ -564,10 +661,10 @@ def _shifted_row(pool: Any, start: Any, tokens: int) -> Any:
     then the next channel's first o: the window's L − T + 1 entries first. One contiguous run per partition, as the
     other forms' loads (runs of L − T + 1 entries a channel moved 6 bytes a descriptor: 15× slower at N = 64); the
     last partition's run stops T − 1 short of F·L, so it ends inside the row whatever o."""
-    _, channels, state_len = pool.shape
+    _, channels, state_len = pool.view.shape
     run = channels // PARTITIONS_PER_REQUEST * state_len
     pattern = [[run, PARTITIONS_PER_REQUEST], [1, run - (tokens - 1)]]
-    return pool.ap(pattern=pattern, offset=0, scalar_offset=start, indirect_dim=2)
+    return pool.at(start, pattern)
 
 
 def _input_view(tensor: Any, n: Any, per_part: int | None = None) -> Any:
@@ -610,15 +707,18 @@ def split_parts(channels: int, widths: tuple[int, ...]) -> bool:
     return sum(widths) == channels and all(w % per_part == 0 for w in widths)
 
 
-def _constants(weight: Any, bias: Any, per_part: int) -> tuple[Any, Any]:
+def _constants(
+    weight: Any, bias: Any, per_part: int, psum_taps: list[tuple[int, Any]] | None = None
+) -> tuple[Any, Any]:
     """The taps [128, F, W] and the bias [128, F] (None without one), fp32, on every request slot's partitions.
 
     Each is read from HBM once, onto one slot's 16 partitions, and copied to the other slots by the tensor engine
     (a 0/1 selection as the stationary: partition p takes partition p mod 16, exact) — reading it once per slot
-    would move C·W elements 8 times.
+    would move C·W elements 8 times. ``psum_taps``: a list to which the taps' PSUM banks are appended, kept for the
+    vector engine's products (``_multiply_on_vector``).
     """
     replicate = _slot_replicator()
-    taps = _replicated(weight, (per_part, weight.shape[1]), replicate)
+    taps = _replicated(weight, (per_part, weight.shape[1]), replicate, psum_taps)
     return taps, None if bias is None else _replicated(bias, (per_part,), replicate)
 
 
@@ -644,10 +744,11 @@ def _slot_replicator() -> Any:
     return select
 
 
-def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
+def _replicated(tensor: Any, inner: tuple[int, ...], select: Any, banks: list[tuple[int, Any]] | None = None) -> Any:
     """A per-channel constant ([C] or [C, W] in HBM) as [128, F(, W)] fp32: loaded once onto 16 partitions
-    (partition s: channels s·F ..) and spread to the 8 slots by 0/1 matmuls in its own dtype (one PSUM bank of 512
-    fp32 columns each; a product with one nonzero term is exact), evacuated as fp32."""
+    (partition s: channels s·F ..) and spread to the 8 slots by 0/1 matmuls in its own dtype (one PSUM bank of up
+    to 512 fp32 columns each; a product with one nonzero term is exact), evacuated as fp32. ``banks``: a list to
+    which each bank is appended as (first channel, [128, channels, W]), for readers of the taps in PSUM."""
     size = 1
     for n in inner:
         size *= n
@@ -661,14 +762,20 @@ def _replicated(tensor: Any, inner: tuple[int, ...], select: Any) -> Any:
     select = _in_dtype(select, tensor.dtype)
     spread = sbuf((128, *inner), FP32)
     flat = spread.reshape((128, size))
-    for start in range(0, size, BANK):
-        cols = slice(start, min(size, start + BANK))
+    # Each bank holds whole channels (``BANK // W`` of them), so a bank kept in ``banks`` is [128, channels, W].
+    step = BANK // inner[-1] * inner[-1] if len(inner) > 1 else BANK
+    for start in range(0, size, step):
+        cols = slice(start, min(size, start + step))
         product = matmul(select, raw[:, cols], stationary_onezero=True)
         nisa.activation(dst=flat[:, cols], op=nl.copy, data=product, engine=SCALAR)
+        if banks is not None:
+            width = inner[-1]
+            banks.append((start // width, product.reshape((128, (cols.stop - start) // width, width))))
     return spread
 
 
-def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None) -> None:
+def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int], activation: str | None,
+              run: slice | None = None) -> None:  # fmt: skip
     """One group's conv: the windows to keep and the activation (scalar engine), every tap's products (GpSimd; with
     ``multiplied_on_vector`` the last outputs' on the vector engine), their sums with the bias (one reduce, vector
     engine; with ``summed_on_pe`` the first outputs' as PSUM accumulations on the tensor engine) — each engine's
@@ -679,41 +786,81 @@ def _convolve(tiles: _TileSet, taps: Any, live: Any, shape: tuple[int, int, int]
     last W − 1 of the loaded window, or its first W − 1 in vLLM's in-row form): the window while that index is
     within the taps' W − 1, the tokens after it; each part is one instruction per token. The window kept after
     token t is the last L of loaded ++ tokens 0 .. t.
+
+    ``run``: only these channels of each partition, the windows not kept (``_TileSet.convolve_and_store`` drains a
+    group in runs); each output's channels go to the same engines as in the whole group's conv.
     """
     tokens, state_len, width = shape
     first = tiles.first_tap
     inputs_by_channel = _token_last(tiles.inputs)  # [128, F, T]
-    # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
-    # tiles are free for the next group's loads as soon as both have read them.
-    _keep_windows(tiles, tokens, state_len)
+    per_part = tiles.inputs.shape[2]
+    lo, hi = (0, per_part) if run is None else (run.start, run.stop)
+    if run is None:
+        # The windows to keep first: the scalar engine copies them while GpSimd forms the products, so the loaded
+        # tiles are free for the next group's loads as soon as both have read them.
+        _keep_windows(tiles, tokens, state_len)
     for t in range(tiles.first_output, tokens):
-        products = tiles.products[:, t - tiles.first_output]
+        k = t - tiles.first_output
+        products = tiles.products[:, k, lo:hi]
         from_window = min(width, max(0, width - 1 - t))
-        multiply = _multiply_on_gpsimd if t - tiles.first_output < tiles.vector_from else _multiply_on_vector
+        on_gpsimd = _gpsimd_channels(tiles, k, per_part)
         if from_window:
             at = first + t
-            multiply(tiles, products, tiles.windows[:, :, at : at + from_window], taps, 0, from_window)
+            _multiply(tiles, on_gpsimd, products, tiles.windows[:, lo:hi, at : at + from_window], taps, lo,
+                      0, from_window)  # fmt: skip
         if from_window < width:
             k0 = from_window + t - (width - 1)
-            multiply(tiles, products, inputs_by_channel[:, :, k0 : t + 1], taps, from_window, width)
-        if t - tiles.first_output < tiles.pe_outputs:
-            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(None))
-        elif t - tiles.first_output == tiles.pe_outputs and tiles.pe_channels:
-            _sum_on_pe(tiles, products, t - tiles.first_output, live, activation, slice(0, tiles.pe_channels))
+            _multiply(tiles, on_gpsimd, products, inputs_by_channel[:, lo:hi, k0 : t + 1], taps, lo, from_window,
+                      width)  # fmt: skip
+        on_pe = _pe_channels(tiles, k, per_part)
+        if min(hi, on_pe) > lo:
+            _sum_on_pe(tiles, tiles.products[:, k], k, live, activation, slice(lo, min(hi, on_pe)))
     # act(live · sum): a padding slot's output is act(0) = 0 (its skipped loads left finite values: zeros, or
     # windows and inputs the host checked), so every request's row of ``out`` is written with no row to look up.
     k = tiles.pe_outputs
-    if tiles.pe_channels:  # output k's other channels
-        part = slice(tiles.pe_channels, None)
+    reduced = max(lo, tiles.pe_channels)
+    if tiles.pe_channels and reduced < hi:  # output k's other channels
+        part = slice(reduced, hi)
         nisa.tensor_reduce(dst=tiles.sums[:, k, part], op=nl.add, data=tiles.products[:, k, part], axis=2)
         nisa.activation(dst=tiles.result[:, k, part], op=_act(activation), data=tiles.sums[:, k, part], scale=live,
                         engine=SCALAR)  # fmt: skip
-        k += 1
-    rest = slice(k, None)
+    k += bool(tiles.pe_channels)
     if k < tiles.sums.shape[1]:
-        nisa.tensor_reduce(dst=tiles.sums[:, rest], op=nl.add, data=tiles.products[:, rest], axis=3)
-        nisa.activation(dst=tiles.result[:, rest], op=_act(activation), data=tiles.sums[:, rest], scale=live,
+        rest = (slice(None), slice(k, None), slice(lo, hi))
+        nisa.tensor_reduce(dst=tiles.sums[rest], op=nl.add, data=tiles.products[rest], axis=3)
+        nisa.activation(dst=tiles.result[rest], op=_act(activation), data=tiles.sums[rest], scale=live,
                         engine=SCALAR)  # fmt: skip
+
+
+def _pe_channels(tiles: _TileSet, k: int, per_part: int) -> int:
+    """How many of output k's channels (from the first) the tensor engine sums: all of the first
+    ``pe_outputs``, the first ``pe_channels`` of the next, none of the others."""
+    if k < tiles.pe_outputs:
+        return per_part
+    return tiles.pe_channels if k == tiles.pe_outputs else 0
+
+
+def _gpsimd_channels(tiles: _TileSet, k: int, per_part: int) -> int:
+    """How many of output k's channels (from the first) GpSimd multiplies: all before ``vector_from``, the first
+    ``gpsimd_channels`` of that output, none after it (the vector engine's)."""
+    if k < tiles.vector_from:
+        return per_part
+    return tiles.gpsimd_channels if k == tiles.vector_from else 0
+
+
+def _multiply(tiles: _TileSet, on_gpsimd: int, products: Any, data: Any, taps: Any, lo: int, j0: int,
+              j1: int) -> None:  # fmt: skip
+    """Products of taps j0 .. j1 − 1 with ``data`` (channels lo .. of a partition): those before channel
+    ``on_gpsimd`` on GpSimd, the rest on the vector engine. Each product is one fp32 rounding on either engine."""
+    hi = lo + data.shape[1]
+    cut = min(hi, max(lo, on_gpsimd))
+    if cut == hi:
+        _multiply_on_gpsimd(tiles, products, data, taps[:, lo:hi], j0, j1)
+    elif cut == lo:
+        _multiply_on_vector(tiles, products, data, lo, j0, j1)
+    else:  # output ``vector_from``, cut at its GpSimd share
+        _multiply_on_gpsimd(tiles, products[:, : cut - lo], data[:, : cut - lo], taps[:, lo:cut], j0, j1)
+        _multiply_on_vector(tiles, products[:, cut - lo :], data[:, cut - lo :], cut, j0, j1)
 
 
 def _multiply_on_gpsimd(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
@@ -721,30 +868,18 @@ def _multiply_on_gpsimd(tiles: _TileSet, products: Any, data: Any, taps: Any, j0
     nisa.tensor_tensor(dst=products[:, :, j0:j1], data1=data, data2=taps[:, :, j0:j1], op=nl.multiply, engine=GPSIMD)
 
 
-def _multiply_on_vector(tiles: _TileSet, products: Any, data: Any, taps: Any, j0: int, j1: int) -> None:
+def _multiply_on_vector(tiles: _TileSet, products: Any, data: Any, lo: int, j0: int, j1: int) -> None:
     """The same products on the vector engine, the taps read from PSUM: with one operand in PSUM ``tensor_tensor``
     streams one element a cycle, two with both in SBUF unless every operand is 2-byte (COST_MODEL.md item 1); one
-    instruction per PSUM bank of taps (``_taps_in_psum``). The same fp32 products."""
+    instruction per PSUM bank of taps (``_replicated``) the channels lo .. lo + F' − 1 of ``data`` [128, F',
+    j1 − j0] reach. The same fp32 products."""
+    hi = lo + data.shape[1]
     for c0, bank in tiles.psum_taps:
         c1 = c0 + bank.shape[1]
-        nisa.tensor_tensor(dst=products[:, c0:c1, j0:j1], data1=data[:, c0:c1], data2=bank[:, :, j0:j1],
-                           op=nl.multiply, engine=VECTOR)  # fmt: skip
-
-
-def _taps_in_psum(taps: Any, identity: Any) -> list[tuple[int, Any]]:
-    """The taps [128, F, W] copied into PSUM by 0/1 matmuls against the identity (exact: one nonzero term), as
-    (first channel, [128, channels, W]) tiles of one bank each (``BANK // W`` channels)."""
-    per_part, width = taps.shape[1], taps.shape[2]
-    flat = taps.reshape((128, per_part * width))
-    chunk = max(1, BANK // width)
-    banks = []
-    for c0 in range(0, per_part, chunk):
-        c1 = min(per_part, c0 + chunk)
-        bank = psum((128, c1 - c0, width))
-        matmul(identity, flat[:, c0 * width : c1 * width], dst=bank.reshape((128, (c1 - c0) * width)),
-               stationary_onezero=True)  # fmt: skip
-        banks.append((c0, bank))
-    return banks
+        a, b = max(lo, c0), min(hi, c1)
+        if a < b:
+            nisa.tensor_tensor(dst=products[:, a - lo : b - lo, j0:j1], data1=data[:, a - lo : b - lo],
+                               data2=bank[:, a - c0 : b - c0, j0:j1], op=nl.multiply, engine=VECTOR)  # fmt: skip
 
 
 def _act(activation: str | None) -> Any:

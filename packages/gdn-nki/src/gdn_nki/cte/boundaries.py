@@ -252,7 +252,8 @@ def build(
         chunk_bounds (nl.NkiTensor): [N + 1] int32 @ HBM, sequence i is chunks ``chunk_bounds[i] ..
             chunk_bounds[i + 1] − 1``; non-decreasing, from 0, at most ``n_chunks``.
         state_indices (nl.NkiTensor): [N] int32 @ HBM, pool row per sequence, −1 = none.
-        pool (nl.NkiTensor): [P, Hv, Dk, Dv] fp32 @ HBM, or [P, Hv, Dv, Dk] with ``v_first``.
+        pool (PoolRows): [P, Hv, Dk, Dv] fp32 @ HBM, or [P, Hv, Dv, Dk] with ``v_first`` (``common.pool_rows``:
+            the pool, or a row-strided pool's span).
         n_chunks (int): chunks of the bucket.
         checkpoint_every (int): chunks between checkpoints (0: none).
         checkpoint_indices (nl.NkiTensor): [N, K] int32 @ HBM, pool row of checkpoint k (after ``(k + 1) ·
@@ -267,7 +268,7 @@ def build(
         ChunkBoundaries: the tables, in SBUF.
     """
     seqs = state_indices.shape[0]
-    rows_total = pool.shape[0]
+    rows_total = pool.view.shape[0]
     width = n_chunks + 1
     first = _vector(chunk_bounds, seqs, 0)
     end = _vector(chunk_bounds, seqs, 1)
@@ -397,7 +398,7 @@ def _transposed(block: Any) -> Any:
 
 def _initial_states(pool: Any, read_indices: Any, seqs: int, v_first: bool = False) -> InitialStates:
     """The launch's ``InitialStates`` (K-major whatever the pool's layout), nothing gathered yet."""
-    _, heads, dk, dv = kmajor_shape(pool.shape, v_first)
+    _, heads, dk, dv = kmajor_shape(pool.view.shape, v_first)
     tensor = nl.ndarray((seqs, heads, dk, dv), dtype=FP32, buffer=nl.shared_hbm)
     return InitialStates(pool, _row_table(read_indices, seqs), tensor, v_first=v_first)
 

@@ -15,6 +15,7 @@ and pads the packed row to T with more such tokens; they belong to no sequence a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gdn_ref.constants import CHUNK_BY_ALGORITHM, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
@@ -23,6 +24,7 @@ from gdn_ref.packed import tensor_violations
 
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
+from ..common.pool_rows import PoolRows
 from ..common.state_layout import kmajor_view
 from ..common.tiles import FP32
 from . import boundaries
@@ -55,6 +57,7 @@ def gdn_cte_bucket(
     checkpoint_indices: Any = None,
     read_indices: Any = None,
     state_v_first: bool = False,
+    state_row_stride: int | None = None,
 ) -> tuple[Any, Any]:
     """Chunked gated delta-rule prefill of up to N packed sequences in a bucket of T tokens, the layout on device.
 
@@ -85,6 +88,9 @@ def gdn_cte_bucket(
         state_v_first (bool): trace-time; the pool is V-major, [P, Hv, Dv, Dk] (SGLang's pool, FLA's
             ``state_v_first``): its rows are gathered, checkpointed and stored in that layout by the boundary DMAs
             (``common.state_layout.head_columns``); the rules see the K-major view.
+        state_row_stride (int): trace-time; the pool's rows lie this many elements apart, each row dense (vLLM's
+            hybrid cache, ``common.pool_rows``): ``state_pool`` is then the pool's span, 1-D fp32 of
+            (P − 1)·state_row_stride + Hv·Dk·Dv elements.
 
     Returns:
         tuple: ``out`` [1, Hv, T, Dv] in the compute dtype (padding tokens' rows are not meaningful) and
@@ -96,22 +102,67 @@ def gdn_cte_bucket(
         layout of a bucket is the same program (nki-cpu's ``Trace.fingerprint()`` shows it). Every trace-time rule
         is checked before anything is allocated or written (an ``AssertionError`` naming rule, argument and fix).
     """
-    v_first = bool(state_v_first)
+    layout = BucketLayout(chunk_bounds, state_indices, state_pool, checkpoint_every, checkpoint_indices, read_indices,
+                          bool(state_v_first), state_row_stride)  # fmt: skip
+    call, pool = checked_call(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, layout)
+    return emit_bucket(call, layout, pool), state_pool
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """A bucketed launch's run-time layout tensors and pool, as ``gdn_cte_bucket`` takes them (its Args)."""
+
+    chunk_bounds: Any
+    state_indices: Any
+    state_pool: Any
+    checkpoint_every: int
+    checkpoint_indices: Any
+    read_indices: Any
+    v_first: bool
+    row_stride: int | None = None
+
+
+def checked_call(
+    query: Any,
+    key: Any,
+    value: Any,
+    g_log: Any,
+    beta: Any,
+    scale: float,
+    algorithm: str,
+    mask_pack: Any,
+    group_size: int,
+    layout: BucketLayout,
+) -> tuple[Arguments, PoolRows]:
+    """A bucketed launch's arguments with every trace-time rule checked (the kernel's contract on the packed row,
+    the layout tensors' shapes and dtypes, the pool); nothing allocated. The pool is the call's state, K-major, and
+    its rows (``common.pool_rows``: a row-strided pool's span viewed as rows) are returned beside the call."""
+    hv, dk, dv = value.shape[1], query.shape[3], value.shape[3]
+    pool = PoolRows.of(layout.state_pool, layout.row_stride, (hv, dv, dk) if layout.v_first else (hv, dk, dv))
     call = Arguments(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size,
-                     kmajor_view(state_pool, v_first))  # fmt: skip
+                     kmajor_view(pool.view, layout.v_first))  # fmt: skip
     assert_valid_call(tensor_violations(call, host=False), "gdn_cte_bucket")
-    _check_layout_tensors(call, chunk_bounds, state_indices, checkpoint_every, checkpoint_indices, read_indices)
+    _check_layout_tensors(call, layout.chunk_bounds, layout.state_indices, layout.checkpoint_every,
+                          layout.checkpoint_indices, layout.read_indices)  # fmt: skip
+    return call, pool
+
+
+def emit_bucket(call: Arguments, layout: BucketLayout, pool: PoolRows, norm: Any = None) -> Any:
+    """Allocate ``out`` [1, Hv, T, Dv] and issue a checked bucketed launch on the pool's rows (``checked_call``'s):
+    the boundary tables, then the one lane per value head over all T / chunk chunks (``norm``: the gated RMSNorm
+    its output stage applies, as ``cte.kernel.emit``'s). Returns ``out``."""
+    query, value = call.query, call.value
     value_heads, tokens, dv = value.shape[1], query.shape[2], value.shape[3]
-    chunk = CHUNK_BY_ALGORITHM[algorithm]
+    chunk = CHUNK_BY_ALGORITHM[call.algorithm]
     n_chunks = tokens // chunk
     out = nl.ndarray((1, value_heads, tokens, dv), dtype=query.dtype, buffer=nl.shared_hbm)
-    every = int(checkpoint_every) // chunk  # int(): numpy's integers are ints too (is_integer)
+    every = int(layout.checkpoint_every) // chunk  # int(): numpy's integers are ints too (is_integer)
     tables = boundaries.build(
-        chunk_bounds, state_indices, state_pool, n_chunks, every, checkpoint_indices, read_indices=read_indices,
-        v_first=v_first,
+        layout.chunk_bounds, layout.state_indices, pool, n_chunks, every, layout.checkpoint_indices,
+        read_indices=layout.read_indices, v_first=layout.v_first,
     )  # fmt: skip
-    emit(call, out, call.recurrent_state, [Span(0, 0, n_chunks, 0)], tables)
-    return out, state_pool
+    emit(call, out, call.recurrent_state, [Span(0, 0, n_chunks, 0)], tables, norm=norm)
+    return out
 
 
 def _check_layout_tensors(

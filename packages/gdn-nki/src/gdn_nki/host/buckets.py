@@ -11,6 +11,7 @@ which is the faster choice for one-off calls: it pads nothing beyond each sequen
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,12 +22,16 @@ from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import ALGORITHM_SCHUR, CHUNK_BY_ALGORITHM, CHUNK_SCHUR, DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import Arguments, ContractError, Violation, is_integer, names_entry_point, plain_int
 from gdn_ref.masks import default_mask_pack
+from gdn_ref.norm import API as NORM_API
 from gdn_ref.packed import rows_need_pool, sequence_value_violations, tensor_violations
 
 from ..common import backend
 from ..common.state_layout import kmajor_shape
 from ..cte.bucket import MAX_CHUNKS, MAX_POOL_ROWS, MAX_SEQUENCES, gdn_cte_bucket
 from ..cte.plan import TOKEN_ARGUMENTS, packed_plan, pad_tokens
+from ..norm.rules import output_norm_violations
+from ..normed.bucket import gdn_cte_bucket_normed
+from .conv import _finite
 from .launch_grid import check_grid
 from .overflow import largest_strength, refuse_overflow
 from .pool_layout import checked_layout, kmajor
@@ -176,9 +181,13 @@ def prefill_bucket(
     check_values: bool = True,
     on_commit: Callable[[], None] | None = None,
     state_v_first: bool = False,
+    z: np.ndarray | None = None,
+    norm_weight: np.ndarray | None = None,
+    norm_eps: float = 1e-6,
+    norm_activation: str = "silu",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Packed sequences in ONE launch of the bucket's program (``gdn_cte_bucket``), the pool read and written by
-    the kernel.
+    the kernel; with ``z``, the layer's gated RMSNorm in the same launch (``gdn_cte_bucket_normed``).
 
     Dimensions:
         T: packed tokens passed; n: sequences (some may be empty); P: pool rows; K: checkpoints per sequence.
@@ -204,9 +213,16 @@ def prefill_bucket(
         grid, check_values, on_commit: as ``prefill_varlen`` (value heads are split over the grid's programs).
         state_v_first: the pool is V-major [P, Hv, Dv, Dk], read and written so by the kernel, as
             ``prefill_varlen``'s (a pool made here is V-major too).
+        z: optional [1, T, Hv, Dv] in query's dtype, seq-first (the layer's z projection, packed as query): the
+            gate of the gated RMSNorm folded into the output stage; out is then y = rmsnorm(o) · norm_weight ·
+            act(z) per token and value head (FLA's ``FusedRMSNormGated``, HF's ``Qwen3NextRMSNormGated``).
+        norm_weight: with ``z``, the norm's [Dv] float32 or bfloat16 weight, or None (no scale).
+        norm_eps, norm_activation: with ``z``, the norm's eps (HF's ``rms_norm_eps``) and gate ("silu" / "swish"
+            or "sigmoid").
 
     Returns:
-        tuple: (out [1, Hv, T, Dv] in query's dtype, the pool).
+        tuple: (out [1, Hv, T, Dv] in query's dtype — y with ``z``, bit for bit ``gated_rms_norm`` of the out
+        without it and z head-major —, the pool).
 
     Notes:
         Every rule is checked before the launch (``gdn_ref.bucketed``, and what one bucket program holds), and with
@@ -231,6 +247,7 @@ def prefill_bucket(
     # pool made below holds one row per sequence, and rows naming another layout would reorder or drop its states.
     violations += rows_need_pool(recurrent_state, state_indices=state_indices, checkpoint_indices=checkpoint_indices,
                                  read_indices=read_indices)  # fmt: skip
+    violations += folded_norm_violations(query, value, z, norm_weight, norm_eps, norm_activation, check_values)
     if violations:
         raise ContractError(violations)
     chunk = CHUNK_BY_ALGORITHM[algorithm]
@@ -281,8 +298,14 @@ def prefill_bucket(
         extra["read_indices"][:seqs] = np.asarray(read_indices)
     checkpoints = [] if checkpoint_every is None else [int(r) for r in extra["checkpoint_indices"].flat if r >= 0]
     named = [int(r) for r in slot_rows if r >= 0] + checkpoints
+    kernel = gdn_cte_bucket
+    if z is not None:  # z packed as q/k/v (head-major to pack), handed over seq-first
+        head_major = pad_tokens(plan.pack(np.asarray(z).transpose(0, 2, 1, 3)), tokens - plan.padded_len)
+        extra.update(z=np.ascontiguousarray(head_major.transpose(0, 2, 1, 3)), norm_weight=norm_weight,
+                     eps=float(norm_eps), activation=norm_activation)  # fmt: skip
+        kernel = gdn_cte_bucket_normed
     staged = stage(pool, ...)  # the kernel addresses the whole pool; only the named rows are committed
-    kernel = gdn_cte_bucket if grid is None else gdn_cte_bucket[grid]
+    kernel = kernel if grid is None else kernel[grid]
     out, _ = backend.simulate(kernel)(
         **packed, chunk_bounds=chunk_bounds, state_indices=slot_rows, state_pool=staged, scale=scale,
         algorithm=algorithm, mask_pack=mask_pack, group_size=group_size, state_v_first=v_first, **extra,
@@ -294,6 +317,29 @@ def prefill_bucket(
         refuse_overflow({"out": out, **written}, lambda: largest_strength(key, beta, 1))
     commit(pool, named, staged[named], on_commit)
     return out, pool
+
+
+# The norm's rules name its arguments as the kernel does; this entry point's keywords are these.
+_NORM_NAMES = {"x": "z", "g": "z", "weight": "norm_weight", "eps": "norm_eps", "activation": "norm_activation"}
+
+
+def folded_norm_violations(
+    query: Any, value: Any, z: Any, weight: Any, eps: Any, activation: Any, check_values: bool = False
+) -> list[Violation]:
+    """The folded norm's rules (``norm.rules.output_norm_violations``: z [1, T, Hv, Dv] in query's dtype, the
+    weight, eps, the gate), named by this entry point's keywords, and with ``check_values`` finite z and weight;
+    nothing without ``z``. A weight or option given without ``z`` is refused: it would be silently unused."""
+    if z is None:
+        given = [name for name, unset in (("norm_weight", weight is None), ("norm_eps", eps == 1e-6),
+                                          ("norm_activation", activation == "silu")) if not unset]  # fmt: skip
+        if not given:
+            return []
+        return [Violation("norm.fused_gate", given[0], "given without z", "the folded norm's options need its "
+                          "gate z", "pass z (the layer's z projection), or drop " + given[0], NORM_API)]  # fmt: skip
+    found = output_norm_violations(query, value, z, weight, eps, activation)
+    if not found and check_values:
+        found = [v for name, a in (("z", z), ("weight", weight)) for v in _finite(name, a, NORM_API, "norm.finite")]
+    return [dataclasses.replace(v, argument=_NORM_NAMES.get(v.argument, v.argument)) for v in found]
 
 
 def _choose(lengths: np.ndarray, chunk: int) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -17,13 +18,16 @@ from gdn_ref.conv_rules import (
     conv_index_violations,
     conv_prefill_violations,
     conv_step_violations,
+    conv_varlen_violations,
     finite_rows_violations,
 )
 
 from ..common import backend
 from ..conv.prefill import gdn_conv_bucket
 from ..conv.step import gdn_conv_step, step_sbuf_violations
+from .conv_varlen import packed_outputs, padded_requests
 from .decode import _rows
+from .pool_span import numpy_span, span_violations
 
 
 def conv_decode_step(
@@ -36,14 +40,18 @@ def conv_decode_step(
     *,
     activation: str | None = "silu",
     check_values: bool = True,
+    query_start_loc: np.ndarray | None = None,
+    max_query_len: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``gdn_conv_step`` (the conv of N requests × T tokens on a conv-state pool) with every rule checked first.
 
     Dimensions:
-        N: requests. T: new tokens each. C: channels (a multiple of 16). W: width, 2..5. L >= W − 1. P: pool rows.
+        N: requests. T: new tokens each (with ``query_start_loc``: at most, max_query_len). C: channels (a multiple of
+        16). W: width, 2..5. L >= W − 1. P: pool rows.
 
     Args:
-        x (np.ndarray): [N, T, C] float32 or bfloat16, token-major.
+        x (np.ndarray): [N, T, C] float32 or bfloat16, token-major; with ``query_start_loc`` the requests' tokens
+            packed, [tokens, C].
         conv_pool (np.ndarray): [P, C, L] x's dtype, updated IN PLACE at the rows live requests name.
         weight (np.ndarray): [C, W]; bias (np.ndarray | None): [C].
         state_indices (np.ndarray): [N] or [N, T] int32 rows (``gdn_conv_step``'s docstring); −1 = padding.
@@ -52,14 +60,24 @@ def conv_decode_step(
         activation (str | None): "silu" or None.
         check_values (bool): also scan x, the taps and the rows read for NaN/±Inf (the index values are always
             checked: they address the pool).
+        query_start_loc (np.ndarray | None): [N + 1] int32: vLLM's varlen speculative form
+            (``gdn_ref.conv.causal_conv1d_update_varlen``): request n's tokens are x[query_start_loc[n] ..
+            query_start_loc[n + 1] − 1] (from 0 to tokens, non-decreasing, at most max_query_len each; none: the
+            request reads and writes nothing), with [N] ``state_indices`` and ``num_accepted_tokens`` (required) over
+            rows of L >= W − 2 + max_query_len inputs, each request writing its row's first W − 2 + len entries.
+        max_query_len (int | None): with ``query_start_loc``, T of the compiled program (``host.conv_varlen``).
 
     Returns:
-        tuple: (out [N, T, C] in x's dtype, ``conv_pool`` itself, updated in place).
+        tuple: (out [N, T, C] in x's dtype ([tokens, C] with ``query_start_loc``; zeros for padding requests),
+        ``conv_pool`` itself, updated in place).
 
     Notes:
         A rejected call raises ``ContractError`` (argument, value, rule, fix) before launching, nothing written. The
         rows the call writes are saved first and put back if the launch fails part-way.
     """
+    if query_start_loc is not None:
+        return _decode_varlen(x, conv_pool, weight, bias, query_start_loc, state_indices, num_accepted_tokens,
+                              max_query_len, activation, check_values)  # fmt: skip
     found = conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
     found = found or step_sbuf_violations(x, conv_pool, weight, bias, state_indices)
     if not found:
@@ -67,6 +85,9 @@ def conv_decode_step(
     if not found and not conv_pool.flags.writeable:
         found = [Violation("conv.pool_writable", "conv_pool", "a read-only array", "the conv-state pool is updated "
                            "IN PLACE, so it must be writable", "pass a writable array", CONV_STEP)]  # fmt: skip
+    span, strided = _pool_span(conv_pool)
+    if not found and strided:
+        found = span_violations(conv_pool.shape[0], strided["state_row_stride"], "conv_pool", CONV_STEP)
     _, reads, writes = ([], [], []) if found else _rows(state_indices, num_accepted_tokens)
     if not found and check_values:
         found = _finite("x", x) + _finite("weight", weight) + _finite("bias", bias)
@@ -75,12 +96,39 @@ def conv_decode_step(
         raise ContractError(found)
     saved = np.array(conv_pool[writes], copy=True)
     try:
-        out, _ = backend.simulate(gdn_conv_step)(x, conv_pool, weight, bias, state_indices, num_accepted_tokens,
-                                                 activation)  # fmt: skip
+        out, _ = backend.simulate(gdn_conv_step)(x, span, weight, bias, state_indices, num_accepted_tokens,
+                                                 activation, **strided)  # fmt: skip
     except BaseException:
         conv_pool[writes] = saved  # a launch that failed part-way: the pool as it was
         raise
     return out, conv_pool
+
+
+def _decode_varlen(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+                   query_start_loc: np.ndarray, state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None,
+                   max_query_len: Any, activation: str | None, check_values: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``conv_decode_step`` with ``query_start_loc``: the varlen rules (the bounds' values read here), the in-row
+    step's on a stand-in of the padded x, then the in-row step on the requests laid out as [N, max_query_len, C]
+    (``host.conv_varlen``) and its outputs packed back."""
+    found = conv_varlen_violations(x, conv_pool, weight, query_start_loc, state_indices, num_accepted_tokens,
+                                   max_query_len, values=True)  # fmt: skip
+    if not found:  # shape rules on a stand-in of the padded x (no memory)
+        padded = np.broadcast_to(np.zeros((), x.dtype), (state_indices.shape[0], max_query_len, x.shape[1]))
+        found = conv_step_violations(padded, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
+        found = found or step_sbuf_violations(padded, conv_pool, weight, bias, state_indices)
+    if not found:
+        found = conv_index_violations(state_indices, num_accepted_tokens, conv_pool.shape[0], max_query_len)
+    if not found and check_values:  # x as the caller passed it, before the layout copies the rows' entries in
+        found = _finite("x", x) + _finite("weight", weight) + _finite("bias", bias)
+        found = found or finite_rows_violations(conv_pool, [int(r) for r in np.asarray(state_indices) if r >= 0])
+    if found:
+        raise ContractError(found)
+    bounds = np.asarray(query_start_loc).astype(np.int64)
+    padded, rows = padded_requests(x, conv_pool, bounds, np.asarray(state_indices).astype(np.int64), max_query_len,
+                                   weight.shape[1], np)  # fmt: skip
+    out, _ = conv_decode_step(np.ascontiguousarray(padded), conv_pool, weight, bias, rows.astype(np.int32),
+                              np.asarray(num_accepted_tokens), activation=activation, check_values=False)  # fmt: skip
+    return packed_outputs(out, bounds, x.shape[0], np), conv_pool
 
 
 def conv_prefill_bucket(
@@ -158,6 +206,9 @@ def conv_prefill_bucket(
     if not found and not conv_pool.flags.writeable:
         found = [Violation("conv.pool_writable", "conv_pool", "a read-only array", "the conv-state pool is updated "
                            "IN PLACE, so it must be writable", "pass a writable array", CONV_PREFILL)]  # fmt: skip
+    span, strided = _pool_span(conv_pool)
+    if not found and strided:
+        found = span_violations(conv_pool.shape[0], strided["state_row_stride"], "conv_pool", CONV_PREFILL)
     lengths = np.diff(bounds.astype(np.int64))
     rows = np.asarray(state_indices).reshape(-1).astype(np.int64)
     reads = rows if read_indices is None else np.asarray(read_indices).reshape(-1).astype(np.int64)
@@ -174,13 +225,23 @@ def conv_prefill_bucket(
                    if table[i, k] >= 0 and (k + 1) * checkpoint_every <= n]  # fmt: skip
     saved = np.array(conv_pool[writes], copy=True)
     try:
-        out, _ = backend.simulate(gdn_conv_bucket)(launch["x"], conv_pool, weight, bias, launch["cu_seqlens"],
+        out, _ = backend.simulate(gdn_conv_bucket)(launch["x"], span, weight, bias, launch["cu_seqlens"],
                                                    launch["state_indices"], activation, launch["checkpoint_every"],
-                                                   launch["checkpoint_indices"], launch["read_indices"])  # fmt: skip
+                                                   launch["checkpoint_indices"], launch["read_indices"],
+                                                   **strided)  # fmt: skip
     except BaseException:
         conv_pool[writes] = saved  # a launch that failed part-way: the pool as it was
         raise
     return np.asarray(out)[:tokens], conv_pool
+
+
+def _pool_span(conv_pool: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """The conv kernels' pool argument and the keywords saying so: a row-strided pool is addressed in place as its
+    span (``host.pool_span``), with its row stride and window length."""
+    span, row_stride = numpy_span(conv_pool)
+    if row_stride is None:
+        return span, {}
+    return span, {"state_row_stride": row_stride, "state_len": conv_pool.shape[2]}
 
 
 def _padded_layout(x: np.ndarray, bounds: np.ndarray, state_indices: np.ndarray, every: int | None,
@@ -232,5 +293,6 @@ conv_decode_step.gdn_spec_conv_capabilities = {  # read by gdn-spec's conv famil
     "name": "gdn-nki conv_decode_step",
     "per_token_rows": True,
     "in_row": True,
+    "varlen": True,
     "rejections": True,
 }

@@ -25,6 +25,7 @@ from ..tkg.step import gdn_step, step_tensors
 from .launch_grid import LNC_DEGREES, check_grid
 from .overflow import largest_strength, refuse_overflow
 from .pool_layout import kmajor, layout_violations, v_first_flag
+from .pool_span import numpy_span, span_violations
 
 
 @names_entry_point("gdn_nki.tkg_simulate")
@@ -105,11 +106,12 @@ def decode_step(
         return largest_strength(key, beta_from_logit(b) if beta is None else beta, 2, use_qk_l2norm)
 
     kernel = gdn_step if grid is None else gdn_step[grid]
+    span, row_stride = numpy_span(state_pool)  # a row-strided pool is addressed in place (``host.pool_span``)
     try:
         out, _ = backend.simulate(kernel)(
-            query, key, value, state_pool, state_indices, num_accepted_tokens, g_log=g_log, beta=beta, a=a, b=b,
+            query, key, value, span, state_indices, num_accepted_tokens, g_log=g_log, beta=beta, a=a, b=b,
             A_log=A_log, dt_bias=dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
-            state_v_first=v_first_flag(state_v_first, "state_v_first", STEP),
+            state_v_first=v_first_flag(state_v_first, "state_v_first", STEP), state_row_stride=row_stride,
         )  # fmt: skip
         if check_values:  # finite inputs must give finite results: else the recurrence overflowed (put back below)
             written = {f"state_pool row {r}": state_pool[r] for r in writes}
@@ -166,6 +168,9 @@ def check_decode_step(
         violations = [Violation("state_pool.writable", "state_pool", "a read-only array",
                                 "the state pool is updated IN PLACE, so it must be writable",
                                 "pass a writable array", STEP)]  # fmt: skip
+    _, row_stride = numpy_span(state_pool)
+    if not violations and row_stride is not None:
+        violations = span_violations(state_pool.shape[0], row_stride, "state_pool", STEP)
     if violations:  # the rows below are read from the indices: only once their rules hold
         raise ContractError(violations)
     live, reads, writes = _rows(state_indices, num_accepted_tokens)

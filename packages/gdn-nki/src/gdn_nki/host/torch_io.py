@@ -22,6 +22,7 @@ import numpy as np
 from gdn_ref.contract import ContractError, Violation
 
 from ..common.backend import numpy_to_torch, torch_to_numpy
+from .pool_span import span_violations, strided_rows
 
 # torch dtypes the host entry points take, by name: the compute dtypes and fp32 (gates, states, masks).
 SUPPORTED_DTYPES = ("float32", "bfloat16")
@@ -65,6 +66,20 @@ def check_tensor(name: str, x: Any, dtypes: tuple[str, ...] = SUPPORTED_DTYPES, 
     dtype = str(x.dtype).removeprefix("torch.")
     if dtype not in dtypes:
         raise rejection(name, f"dtype {dtype}", f"{name} must be one of {dtypes}", _dtype_fix(name, dtype, dtypes))
+
+
+def check_pool_dtype(name: str, pool: Any, *, any_device: bool = False) -> None:
+    """Reject a pool updated in place that is not float32, naming the fix that keeps it in place: a converted copy
+    (``.to(torch.float32)``) would be the tensor updated, the caller's pool left stale. vLLM allocates its SSM state
+    in the model's dtype unless told otherwise (``MambaStateDtypeCalculator``, ``mamba_ssm_cache_dtype="auto"``)."""
+    if pool.device.type != "cpu" and not any_device:
+        check_tensor(name, pool, ("float32",))  # the device's rejection first, as check_tensor orders them
+    dtype = str(pool.dtype).removeprefix("torch.")
+    if dtype != "float32":
+        raise rejection(name, f"dtype {dtype}", f"{name} is a state pool updated in place: float32 only (the kernels "
+                        "keep the recurrent state in fp32)", f"allocate {name} in float32 (vLLM: "
+                        f"--mamba-ssm-cache-dtype float32); {name}.to(torch.float32) is a copy: it would be updated, "
+                        f"not {name}")  # fmt: skip
 
 
 def _dtype_fix(name: str, dtype: str, dtypes: tuple[str, ...]) -> str:
@@ -245,14 +260,28 @@ def reject_broadcast_state(name: str, state: Any) -> None:
 
 def reject_strided_pool(name: str, pool: Any) -> None:
     """Every drop-in's one rule for a pool updated in place (the recurrent pools of the chunk, vLLM and SGLang
-    decode drop-ins, the conv pools): it must be contiguous. The kernels address a pool's rows at its dense
-    strides, and on a device no staged copy of a pool is made (``torch/device.py``: the pool is the kernel's own
-    argument), so the CPU refuses a strided view too, rather than accepting what a device could not."""
-    if not pool.is_contiguous():
-        raise rejection(name, f"shape {tuple(pool.shape)} strides {tuple(pool.stride())}",
-                        "a pool updated in place must be contiguous (the kernels address its rows at the dense "
-                        "strides; no staged copy of a pool is made)", f"allocate {name} contiguous (one tensor per "
-                        f"layer), or pass {name}.contiguous() and copy its rows back after the call")  # fmt: skip
+    decode drop-ins, the conv pools). On a device no staged copy of a pool is made (``torch/device.py``: the pool is
+    the kernel's own argument), so the CPU refuses what a device could not address, rather than accept it.
+
+    The kernels address a pool whose rows lie at their own stride, each row dense (vLLM's hybrid cache,
+    ``common.pool_rows``, ``host.pool_span``), so only other layouts are refused: a row not dense inside, rows
+    overlapping, zero or negative strides."""
+    if pool.is_contiguous() or strided_rows(tuple(pool.shape), tuple(pool.stride())) is not None:
+        return
+    raise rejection(name, f"shape {tuple(pool.shape)} strides {tuple(pool.stride())}",
+                    "a pool updated in place must hold each row dense (its inner strides row-major) with rows at a "
+                    "positive stride no smaller than a row (the kernels address its rows by that stride; no staged "
+                    "copy of a pool is made)", f"allocate {name} with rows laid out as [P, ...] dense rows (vLLM's "
+                    f"per-layer pages are), or pass {name}.contiguous() and copy its rows back after the call")  # fmt: skip
+
+
+def pool_buffer(name: str, pool: Any) -> np.ndarray:
+    """The numpy view of a pool updated in place (same memory, same strides: ``host.decode`` hands a row-strided
+    one to the kernel as its span), after the rules of a state written in place."""
+    check_pool_dtype(name, pool)
+    reject_unwritable_state(name, pool)
+    reject_broadcast_state(name, pool)
+    return as_numpy(pool)
 
 
 # The host rules' fixes are numpy idioms (gdn-ref's contract speaks numpy); a torch caller reads torch ones.
@@ -383,5 +412,9 @@ def check_states(
         return
     reject_unwritable_state("initial_state", initial_state)
     reject_strided_pool("initial_state", initial_state)
+    if not initial_state.is_contiguous():  # a row-strided pool: its row offsets must fit the kernels' int32
+        found = span_violations(initial_state.shape[0], initial_state.stride(0), "initial_state", "gdn_cte")
+        if found:
+            raise ContractError(found)
     if is_torch_tensor(state_indices):
         check_tensor("state_indices", state_indices, INTEGER_DTYPES, any_device=any_device)

@@ -79,6 +79,7 @@ class Request:
     out_row: Any = None
     zeros: tuple[Any, Any] | None = None
     v_first: bool = False  # ``source`` / ``target`` rows are V-major [.., Hv, Dv, Dk] (``common.state_layout``)
+    row_stride: int | None = None  # ``source`` / ``target`` are a strided pool's span (``common.pool_rows``)
 
 
 def state_tile_pattern(layout: Any) -> list[list[int]]:
@@ -98,10 +99,15 @@ def load_state_tile(layout: Any, request: Request, tile: int) -> Any:
     within_row = tile * layout.partitions * layout.free
     if not request.v_first:
         state = sbuf((layout.partitions, layout.free), FP32)
-        copy_rows(state, row_view(request.source, request.read_row, state_tile_pattern(layout), within_row))
+        copy_rows(
+            state,
+            row_view(request.source, request.read_row, state_tile_pattern(layout), within_row, request.row_stride),
+        )
         return state
     staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
-    copy_rows(staged, row_view(request.source, request.read_row, _v_major_pattern(layout), within_row))
+    copy_rows(
+        staged, row_view(request.source, request.read_row, _v_major_pattern(layout), within_row, request.row_stride)
+    )
     return staged
 
 
@@ -133,14 +139,14 @@ def store_state_tile(layout: Any, request: Request, row: Any, tile: int, state: 
     staging tile's (h, dk_hi·rows + dk_lo) columns, then one DMA in runs of Dk·4 bytes)."""
     within_row = tile * layout.partitions * layout.free
     if not request.v_first:
-        copy_rows(row_view(request.target, row, state_tile_pattern(layout), within_row), state)
+        copy_rows(row_view(request.target, row, state_tile_pattern(layout), within_row, request.row_stride), state)
         return
     staged = sbuf((layout.dv, layout.heads, layout.dk), FP32)
     columns = staged.reshape((layout.dv, layout.heads, layout.parts_per_head, layout.rows))
     rows = state.reshape((layout.partitions, layout.rows, layout.dv))
     _turn(lambda lo: rows[:, lo, :], identities.partition_identity,
           lambda los: columns[:, :, :, los].permute((0, 3, 1, 2)), layout.rows, STORE_TURN_ENGINE)  # fmt: skip
-    copy_rows(row_view(request.target, row, _v_major_pattern(layout), within_row), staged)
+    copy_rows(row_view(request.target, row, _v_major_pattern(layout), within_row, request.row_stride), staged)
 
 
 def _v_major_pattern(layout: Any) -> list[list[int]]:

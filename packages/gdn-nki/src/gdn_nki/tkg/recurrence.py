@@ -32,6 +32,7 @@ from gdn_ref.decode import L2NORM_EPS, RMS_NORM_EPS
 
 from ..common.backend import nisa, nl
 from ..common.engines import GPSIMD
+from ..common.pool_rows import row_offset
 from ..common.tiles import FP32, matmul, sbuf, transpose
 from .state_tiles import PLANES, PMAX, LayoutConstants, Steps, largest_divisor, tile_layout
 
@@ -275,10 +276,15 @@ def gated_rms_norm(shapes: Shapes, rows: Any, z_rows: Any, consts: Constants) ->
     nisa.tensor_tensor(dst=rows, data1=rows, data2=gate, op=nl.multiply)
 
 
-def row_view(tensor: Any, row: Any, pattern: list[list[int]], offset: int) -> tuple[Any, dict[str, Any]]:
+def row_view(
+    tensor: Any, row: Any, pattern: list[list[int]], offset: int, row_stride: int | None = None
+) -> tuple[Any, dict[str, Any]]:
     """``tensor``'s view ``pattern`` at ``offset`` within row ``row`` (a trace-time int, or an ``NkiScalar``
     used as the run-time ``scalar_offset`` of dim 0) and the DMA keywords it needs: a run-time row outside the
-    tensor skips the transfer ("nki.isa.dma_copy", ``oob_mode``, SDK 2.33)."""
+    tensor skips the transfer ("nki.isa.dma_copy", ``oob_mode``, SDK 2.33). ``row_stride``: ``tensor`` is a
+    strided pool's span (``common.pool_rows``), its rows that many elements apart."""
+    if row_stride is not None:
+        row = row_offset(row, row_stride)  # the row's first element: the span's rows are elements
     if isinstance(row, int):
         row_size = 1
         for size in tensor.shape[1:]:

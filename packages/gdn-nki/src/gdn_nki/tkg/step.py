@@ -29,6 +29,7 @@ from gdn_ref.contract import validate_step
 
 from ..common.backend import nki
 from ..common.kernel_assert import assert_valid_call
+from ..common.pool_rows import pool_view
 from ..common.request_rows import entry, request_rows
 from ..common.state_layout import kmajor_view
 from .pipeline import Request, emit_requests
@@ -67,6 +68,7 @@ def gdn_step(
     use_qk_l2norm: bool = False,
     norm: OutputNorm | None = None,
     state_v_first: bool = False,
+    state_row_stride: int | None = None,
 ) -> tuple[Any, Any]:
     """Decode / verify T tokens of N requests on a state pool addressed by device indices.
 
@@ -91,6 +93,9 @@ def gdn_step(
         state_v_first (bool): trace-time; the pool is V-major [P, Hv, Dv, Dk] (SGLang's and vLLM's newer pools,
             FLA's ``state_v_first``), read and written in place by the state tiles' DMAs
             (``common.state_layout``); the rules and the math see its K-major view.
+        state_row_stride (int): trace-time; the pool's rows lie this many elements apart, each row dense (vLLM's
+            hybrid cache, ``common.pool_rows``): ``state_pool`` is then the pool's span, 1-D fp32 of
+            (P − 1)·state_row_stride + Hv·Dk·Dv elements, of which only the named rows are read or written.
 
     Returns:
         tuple: ``out`` [N, T, Hv, Dv] in query's dtype, and ``state_pool`` (the same buffer, updated).
@@ -101,11 +106,12 @@ def gdn_step(
         launching. Requests are split over the launch grid (``gdn_step[n]``), each program's share a compiled loop
         of groups of ``REQUESTS_PER_ITERATION`` (one group: no loop).
     """
-    tensors = step_tensors(query, key, value, kmajor_view(state_pool, bool(state_v_first)), state_indices,
+    hv, dk, dv = value.shape[2], query.shape[3], value.shape[3]
+    pool = pool_view(state_pool, state_row_stride, (hv, dv, dk) if state_v_first else (hv, dk, dv))
+    tensors = step_tensors(query, key, value, kmajor_view(pool, bool(state_v_first)), state_indices,
                            num_accepted_tokens, g_log, beta, a, b, A_log, dt_bias)  # fmt: skip
     assert_valid_call(validate_step(tensors, scale, use_qk_l2norm, host=False))
-    n_req, tokens, hk, dk = query.shape
-    hv, dv = value.shape[2], value.shape[3]
+    n_req, tokens, hk, _ = query.shape
     shapes = Shapes(requests=n_req, tokens=tokens, key_heads=hk, value_heads=hv, dk=dk, dv=dv)
     gates = Gates(g_log=g_log, beta=beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     out = allocate_out(shapes, query.dtype)
@@ -117,7 +123,7 @@ def gdn_step(
     share = program_share(n_req, REQUESTS_PER_ITERATION)
     if share is None:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
         return out, state_pool
-    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, state_pool.shape[0])
+    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, pool.shape[0])
 
     def requests(base: Any) -> Any:  # the iteration's requests
         for static, n in share.members(base):
@@ -132,7 +138,8 @@ def gdn_step(
             out_row, pad_row = (entry(tile, static, base, 1) for tile in rows[2:])
             yield Request(n=n, source=state_pool, target=state_pool, read_row=read_row,
                           final_row=None if per_token else read_row, token_rows=token_rows, out_row=out_row,
-                          zeros=(pad_row, zeros), v_first=bool(state_v_first))  # fmt: skip
+                          zeros=(pad_row, zeros), v_first=bool(state_v_first),
+                          row_stride=state_row_stride)  # fmt: skip
 
     def iteration(g: Any) -> None:
         emit_requests(shapes, (query, key, value, out), gates, consts, requests(share.base(g)), float(scale),

@@ -26,6 +26,7 @@ from gdn_ref.constants import DEFAULT_ALGORITHM, DEFAULT_GROUP_SIZE
 from gdn_ref.contract import ContractError, first_bad_index, is_integer, names_entry_point
 from gdn_ref.packed import cu_seqlens_violations
 
+from ..host.buckets import prefill_bucket
 from ..host.prefill import prefill_varlen
 from ..host.torch_io import (
     INTEGER_DTYPES,
@@ -93,6 +94,10 @@ def chunk_gated_delta_rule(
     checkpoint_indices: torch.Tensor | None = None,
     read_indices: torch.Tensor | None = None,
     check_values: bool = True,
+    z: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_activation: str = "silu",
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, on the NKI kernel.
@@ -112,8 +117,9 @@ def chunk_gated_delta_rule(
             ``use_beta_sigmoid_in_kernel``.
         scale (float | None): query scaling; None = K ** -0.5.
         initial_state (torch.Tensor | None): [N, Hv, K, V] float32 (or bfloat16, widened exactly) initial states,
-            read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, contiguous, updated IN PLACE
-            at the named rows only. [.., Hv, V, K] with ``state_v_first``.
+            read, not written. With ``state_indices``: a [P, Hv, K, V] float32 pool, updated IN PLACE at the named
+            rows only: contiguous, or rows at their own stride, each dense (vLLM's pages, ``common.pool_rows``).
+            [.., Hv, V, K] with ``state_v_first``.
         output_final_state (bool): return the final states.
         use_qk_l2norm_in_kernel (bool): L2-normalize q and k first (fp32, eps 1e-6, as FLA and HF).
         use_beta_sigmoid_in_kernel (bool): ``beta`` is a logit: β = sigmoid(beta) (``gdn_ref.activations``).
@@ -154,12 +160,20 @@ def chunk_gated_delta_rule(
         check_values (bool): scan every input and the initial states read first, as ``gdn_nki.prefill_varlen``'s
             (default on): a NaN/±Inf (or g > 0) is refused naming every sequence holding one
             (``ContractError.sequences``), so a server can drop them; False only when the caller guarantees its data.
+        z (torch.Tensor | None): [B, T, Hv, V] in q's dtype, the layer's z projection: the layer's gated RMSNorm
+            (FLA's ``FusedRMSNormGated``, HF's ``Qwen3NextRMSNormGated``) is folded into the kernel's output stage
+            and ``o`` is y = rmsnorm(o) · norm_weight · act(z) per token and value head, in ONE launch of the
+            bucketed form (``gdn_cte_bucket_normed``; ``bucket`` as above, else the batch's own size), bit for bit
+            this call without ``z`` then ``rms_norm_gated(o, z, norm_weight)``. Not in FLA's signature.
+        norm_weight (torch.Tensor | None): with ``z``, the norm's weight [V] float32 or bfloat16; None: no scale.
+        norm_eps (float), norm_activation (str): with ``z``, the norm's eps (HF's ``rms_norm_eps``) and gate
+            ("silu" / "swish" or "sigmoid").
         kwargs: HF transformers' attention keywords, which its GDN layers pass through (``use_cache``,
             ``cu_seq_lens_k``, ``position_ids``, …: ``HF_PASS_THROUGH``), accepted and not used; any other keyword
             is rejected, naming the closest valid one (a misspelt option must not vanish).
 
     Returns:
-        tuple: ``o`` [B, T, Hv, V] in q's dtype, and the final states [N, Hv, K, V] float32 ([N, Hv, V, K] with
+        tuple: ``o`` [B, T, Hv, V] in q's dtype (y with ``z``), and the final states [N, Hv, K, V] float32 ([N, Hv, V, K] with
         ``state_v_first``) when ``output_final_state`` (with ``state_indices``: the pool itself), else None.
 
     Notes:
@@ -183,7 +197,7 @@ def chunk_gated_delta_rule(
                  use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
                  group_size=group_size),
             dict(bucket=bucket, checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
-                 read_indices=read_indices, head_first=head_first, state_v_first=state_v_first,
+                 read_indices=read_indices, head_first=head_first, state_v_first=state_v_first, z=z,
                  transpose_state_layout=transpose_state_layout, allow_neg_eigval=allow_neg_eigval),
         )  # fmt: skip
     flags = {
@@ -219,16 +233,17 @@ def chunk_gated_delta_rule(
         q, k = _l2norm(q), _l2norm(k)
     query, key, value = (_head_major(x, x.dtype) for x in (q, k, v))
     g_log, gate = (_head_major(x, torch.float32) for x in (g, beta))
-    inputs = (*tensors.values(), initial_state, *gate_parameters)
+    inputs = (*tensors.values(), initial_state, *gate_parameters, *(x for x in (z, norm_weight) if x is not None))
     # The pool, written by the kernel, is recorded on the graph right before its rows are written.
     record = in_place_recorder("initial_state", initial_state, inputs) if slots is not None else None
+    norm = _folded_norm(z, norm_weight, norm_eps, norm_activation, batch, seq_len)
     try:
-        out, final = prefill_varlen(
+        out, final = (prefill_bucket if norm else prefill_varlen)(
             query, key, value, g_log, gate, cu_seqlens=cu, scale=dk**-0.5 if scale is None else scale,
             algorithm=algorithm, group_size=group_size, recurrent_state=state, state_indices=slots, on_commit=record,
             bucket=bucket, checkpoint_every=checkpoint_every,
             checkpoint_indices=_index_array(checkpoint_indices), read_indices=_index_array(read_indices),
-            check_values=check_values, state_v_first=v_first,
+            check_values=check_values, state_v_first=v_first, **norm,
         )  # fmt: skip
     except ContractError as error:
         raise in_torch_terms(error, _CALLER_NAMES, lambda name, at: _seq_first_index(name, at, seq_len)) from None
@@ -517,9 +532,29 @@ def _truthy(value: Any) -> bool:
 _PARAMETERS = tuple(p for p in inspect.signature(chunk_gated_delta_rule).parameters if p != "kwargs")
 
 
+def _folded_norm(z: Any, weight: Any, eps: Any, activation: Any, batch: int, seq_len: int) -> dict[str, Any]:
+    """The folded norm's keywords for ``prefill_bucket`` (z as its packed [1, B·T, Hv, V] row), or nothing when
+    no norm option is set (the call runs as FLA's)."""
+    if z is None and weight is None and eps == 1e-6 and activation == "silu":
+        return {}
+    for name, x in (("z", z), ("norm_weight", weight)):
+        if x is not None:
+            if not isinstance(x, torch.Tensor):
+                raise rejection(name, f"of type {type(x).__name__}", f"{name} must be a torch tensor", "pass a tensor")
+            check_tensor(name, x)
+    if z is not None and z.dim() == 4 and tuple(z.shape[:2]) == (batch, seq_len):
+        z = z.reshape(1, batch * seq_len, *z.shape[2:])  # the batch rows as consecutive sequences, as q's
+    return {"z": None if z is None else as_numpy(z.contiguous()), "norm_weight": None if weight is None else
+            as_numpy(weight.contiguous()), "norm_eps": eps, "norm_activation": activation}  # fmt: skip
+
+
 def _seq_first_index(name: str, at: list[int], seq_len: int) -> list[int]:
     """The caller's index of an element the kernel's contract found at ``at`` in its head-major ``[1, H, B·T(,
-    D)]`` view of a seq-first ``[B, T, H(, D)]`` argument (states keep their layout)."""
+    D)]`` view of a seq-first ``[B, T, H(, D)]`` argument, or in z's packed ``[1, B·T, Hv, V]`` row (states keep
+    their layout)."""
+    if name == "z":
+        _, token, *rest = at
+        return [token // seq_len, token % seq_len, *rest]
     if name not in ("query", "key", "value", "g_log", "beta"):
         return at
     _, head, token, *rest = at

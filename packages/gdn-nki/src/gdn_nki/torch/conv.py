@@ -34,6 +34,7 @@ from ..host.torch_io import (
 )
 from . import conv_device, rules
 from .forward_only import attached, detached
+from .graph_padding import first_rows
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -69,13 +70,48 @@ def causal_conv1d_update_op(
     in-row form)."""
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_update(x, conv_state, weight, bias, rows, activation, accepted)
-    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
     out, _ = conv_decode_step(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
         np.ascontiguousarray(as_numpy(rows)).astype(np.int32),
         None if accepted is None else np.ascontiguousarray(as_numpy(accepted)).astype(np.int32), activation=activation,
     )  # fmt: skip
     return as_torch(np.ascontiguousarray(out)).clone()
+
+
+@torch.library.custom_op("gdn_nki::causal_conv1d_update_varlen", mutates_args=("conv_state",))
+def causal_conv1d_update_varlen_op(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    query_start_loc: Tensor,
+    rows: Tensor,
+    accepted: Tensor,
+    max_query_len: int,
+    activation: str | None,
+) -> Tensor:
+    """vLLM's varlen speculative step: out [tokens, C] (x token-major, request n's tokens ``query_start_loc[n] ..
+    query_start_loc[n + 1] − 1``); ``conv_state`` updated in place at ``rows`` [N] (−1: padding), each request's
+    taps reading its row from entry ``accepted[n] − 1`` (``gdn_ref.conv.causal_conv1d_update_varlen``)."""
+    if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
+        return conv_device.causal_conv1d_update_varlen(x, conv_state, weight, bias, query_start_loc, rows, accepted,
+                                                       max_query_len, activation)  # fmt: skip
+    reject_strided_pool("conv_state", conv_state)  # the kernel updates the pool itself
+    out, _ = conv_decode_step(
+        np.ascontiguousarray(as_numpy(x)), as_numpy(conv_state), as_numpy(weight), None if bias is None else as_numpy(bias),
+        np.ascontiguousarray(as_numpy(rows)).astype(np.int32), np.ascontiguousarray(as_numpy(accepted)).astype(np.int32),
+        activation=activation, query_start_loc=np.ascontiguousarray(as_numpy(query_start_loc)).astype(np.int32),
+        max_query_len=max_query_len,
+    )  # fmt: skip
+    return as_torch(np.ascontiguousarray(out)).clone()
+
+
+@causal_conv1d_update_varlen_op.register_fake
+def _causal_conv1d_update_varlen_fake(x, conv_state, weight, bias, query_start_loc, rows, accepted, max_query_len,
+                                      activation) -> Tensor:  # fmt: skip
+    rules.conv_varlen_step(x, conv_state, weight, bias, query_start_loc, rows, accepted, max_query_len, activation)
+    return torch.empty_like(x)
 
 
 @causal_conv1d_update_op.register_fake
@@ -100,6 +136,8 @@ def causal_conv1d_update(
     block_idx_last_scheduled_token: Tensor | None = None,
     initial_state_idx: Tensor | None = None,
     validate_data: bool = False,
+    *,
+    null_block_id: int | None = None,
 ) -> Tensor:
     """vLLM's ``causal_conv1d_update``: the decode / verify conv of a batch on a conv-state pool.
 
@@ -108,7 +146,8 @@ def causal_conv1d_update(
 
     Args:
         x (Tensor): [N, C] (one token) or [N, C, T], float32 or bfloat16.
-        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named.
+        conv_state (Tensor): [P, C, L] in x's dtype, updated IN PLACE at the rows named: contiguous, or rows at
+            their own stride, each a dense [C, L] (vLLM's pages with ``VLLM_SSM_CONV_STATE_LAYOUT=DS``).
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         activation (bool | str | None): True, "silu" or "swish": SiLU; None or False: none.
         conv_state_indices (Tensor | None): [N] int32 pool rows; ``pad_slot_id``: a padding request (its row
@@ -119,24 +158,45 @@ def causal_conv1d_update(
             [n, num_accepted_tokens[n] − 1] (the rows the recurrent state rolls back by). With [N] rows (or None
             rows), vLLM's own speculative form: ``conv_state`` rows of L >= W − 2 + T inputs (vLLM allocates
             W − 1 + num_speculative_tokens), the taps' window read from entry num_accepted_tokens[n] − 1 of the row
-            and the row shifted past it with the T tokens appended (``gdn_ref.conv``).
-        query_start_loc, block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name
-            (vLLM's varlen and prefix-caching forms: pass the speculative batch as x [N, C, T]).
-        max_query_len, validate_data: accepted (the host path validates every call).
+            and the row's first W − 2 + T entries rewritten as the window's last W − 2 then the T tokens, a longer
+            row's later entries left as they were, as vLLM's kernel does (``gdn_ref.conv``).
+        query_start_loc (Tensor | None): [N + 1] int32: vLLM's varlen form, as its GDN layer calls it in
+            speculative decoding: x [tokens, dim] packed, request n's tokens ``query_start_loc[n] ..
+            query_start_loc[n + 1] − 1`` (from 0 to tokens, non-decreasing, at most ``max_query_len`` each; a
+            request of none reads and writes nothing), with ``conv_state_indices`` [N] and ``num_accepted_tokens``
+            (the in-row form; without it query_start_loc is rejected by name; both may be longer, vLLM's graph
+            padding: their first N + 1 / N entries are read, N from conv_state_indices) and ``conv_state`` rows of
+            L >= W − 2 + max_query_len inputs: request n's row gets its first W − 2 + len_n entries written, as vLLM's
+            kernel writes them (``gdn_ref.conv.causal_conv1d_update_varlen``).
+        max_query_len (int): with ``query_start_loc``, the most tokens a request has (vLLM passes
+            ``spec_state_indices_tensor.size(-1)``); the compiled program's tokens per request. Else unused.
+        block_idx_last_scheduled_token, initial_state_idx: not supported yet — rejected by name (vLLM's
+            prefix-caching form).
+        validate_data: accepted (the host path validates every call).
+        null_block_id (int | None): newer vLLM's name for the padding id, in ``pad_slot_id``'s place (its decode
+            graphs pad rows with its null block, ``NULL_BLOCK_ID = 0``): the same as ``pad_slot_id`` (not both).
 
     Returns:
-        Tensor: out, x's shape and dtype.
+        Tensor: out, x's shape and dtype (with query_start_loc, zeros at a padding request's tokens).
 
     Notes:
         Bad input raises ``ContractError`` naming the argument; a rejected call leaves the pool as it was.
     """
-    for name, value in (("query_start_loc", query_start_loc),
-                        ("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
+    for name, value in (("block_idx_last_scheduled_token", block_idx_last_scheduled_token),
                         ("initial_state_idx", initial_state_idx)):  # fmt: skip
         if value is not None:
             raise rejection(name, "a tensor", f"gdn-nki's causal_conv1d_update does not support {name} yet",
                             f"pass {name}=None")  # fmt: skip
+    if null_block_id is not None:
+        if pad_slot_id not in (PAD_SLOT_ID, null_block_id):
+            raise rejection("null_block_id", f"= {null_block_id!r} beside pad_slot_id = {pad_slot_id!r}",
+                            "null_block_id is newer vLLM's name for pad_slot_id: one padding id",
+                            "pass one of them")  # fmt: skip
+        pad_slot_id = null_block_id
     act = _activation(activation)
+    if query_start_loc is not None:
+        return _update_varlen(x, conv_state, weight, bias, act, conv_state_indices, num_accepted_tokens,
+                              query_start_loc, max_query_len, pad_slot_id)  # fmt: skip
     if not isinstance(x, Tensor) or x.dim() not in (2, 3):
         raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "x must be [batch, dim] or "
                         "[batch, dim, seqlen]", "pass the new tokens channel-major, as vLLM does")  # fmt: skip
@@ -157,6 +217,36 @@ def causal_conv1d_update(
         raise _in_pad_terms(in_torch_terms(error, _UPDATE_NAMES, index), "conv_state_indices", pad_slot_id) from None
     out = attached("gdn_nki.torch.causal_conv1d_update", out, (x, weight, bias))
     return out.squeeze(1) if x.dim() == 2 else out.transpose(1, 2)
+
+
+def _update_varlen(x: Any, conv_state: Tensor, weight: Tensor, bias: Tensor | None, act: str | None,
+                   conv_state_indices: Tensor | None, num_accepted_tokens: Tensor | None, query_start_loc: Tensor,
+                   max_query_len: int, pad_slot_id: int) -> Tensor:  # fmt: skip
+    """``causal_conv1d_update`` with ``query_start_loc`` (vLLM's varlen speculative form) on
+    ``gdn_nki::causal_conv1d_update_varlen``; x [tokens, dim] is already token-major."""
+    if num_accepted_tokens is None:
+        raise rejection("query_start_loc", "a tensor without num_accepted_tokens", "gdn-nki takes query_start_loc "
+                        "in vLLM's speculative form only: with num_accepted_tokens, as vLLM's GDN layer calls it",
+                        "pass num_accepted_tokens [N], or x as [N, dim, seqlen] without query_start_loc")  # fmt: skip
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise rejection("x", f"shape {tuple(getattr(x, 'shape', ()))}", "with query_start_loc x is the requests' "
+                        "tokens packed as [tokens, dim]", "pass x as [total tokens, dim], as vLLM does")  # fmt: skip
+    check_tensor("x", x, SUPPORTED_DTYPES, any_device=True)
+    reject_empty("x", x)
+    if conv_state_indices is None:
+        raise rejection("conv_state_indices", "None", "with query_start_loc conv_state_indices names each "
+                        "request's row (vLLM asserts it is given)", "pass conv_state_indices [N]")  # fmt: skip
+    rows = _pad_rows(conv_state_indices.to(torch.int32), pad_slot_id)
+    # vLLM's graph-padded tables: the first N (+ 1) entries, N from conv_state_indices, as its kernel reads them
+    n = rows.shape[0]
+    query_start_loc, num_accepted_tokens = first_rows(n + 1, query_start_loc), first_rows(n, num_accepted_tokens)
+    try:  # the pool's op has no autograd formula: its output goes on the inputs' graph after it (forward_only.py)
+        out = causal_conv1d_update_varlen_op(detached(x).contiguous(), conv_state, detached(weight), detached(bias),
+                                             query_start_loc.to(torch.int32), rows,
+                                             num_accepted_tokens.to(torch.int32), int(max_query_len), act)  # fmt: skip
+    except ContractError as error:
+        raise _in_pad_terms(in_torch_terms(error, _UPDATE_NAMES), "conv_state_indices", pad_slot_id) from None
+    return attached("gdn_nki.torch.causal_conv1d_update", out, (x, weight, bias))
 
 
 @torch.library.custom_op("gdn_nki::causal_conv1d_fn", mutates_args=("conv_states",))
@@ -180,7 +270,7 @@ def causal_conv1d_fn_op(
     if x.device.type != "cpu":  # the device path (conv_device.py); below, the CPU's host path
         return conv_device.causal_conv1d_fn(x, conv_states, weight, bias, cu_seqlens, rows, read_rows, activation,
                                             checkpoint_every, checkpoint_indices, bucket)  # fmt: skip
-    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself, as on a device
+    reject_strided_pool("conv_states", conv_states)  # the kernel updates the pool itself
     out, _ = conv_prefill_bucket(
         np.ascontiguousarray(as_numpy(x)), as_numpy(conv_states), as_numpy(weight), None if bias is None else as_numpy(bias),
         as_numpy(cu_seqlens).astype(np.int32), as_numpy(rows).astype(np.int32), activation=activation,
@@ -233,6 +323,7 @@ def causal_conv1d_fn(
         x (Tensor): [dim, tokens] (vLLM's channel-major packed layout), float32 or bfloat16.
         weight (Tensor): [C, W]; bias (Tensor | None): [C].
         conv_states (Tensor): [P, C, L] in x's dtype, updated IN PLACE: each sequence's final window to its row.
+            Rows may lie at their own stride, each dense, as ``causal_conv1d_update``'s.
         query_start_loc (Tensor): [n + 1] int32 sequence bounds, from 0 to ``tokens``.
         cache_indices (Tensor | None): [n] pool rows (``pad_slot_id``: nothing read or stored; only that id pads,
             as in vLLM's kernels: with another id a −1 row is out of range, refused); None: row i.

@@ -23,6 +23,7 @@ from gdn_ref.conv_rules import BUCKET_QUANTUM
 
 from ..conv.prefill import gdn_conv_bucket
 from ..conv.step import gdn_conv_step
+from ..host.conv_varlen import packed_outputs, padded_requests
 from ..host.torch_io import import_torch
 from . import device, rules
 
@@ -57,8 +58,48 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Te
     """
     rules.conv_step(x, conv_state, weight, bias, rows, activation, accepted)
     counts = None if accepted is None else accepted.to(torch.int32)
-    out, _ = device.launch(gdn_conv_step, x, conv_state, weight, bias, rows.to(torch.int32), counts, activation)
+    span, strided = conv_pool_span(conv_state)
+    out, _ = device.launch(gdn_conv_step, x, span, weight, bias, rows.to(torch.int32), counts, activation,
+                           **strided)  # fmt: skip
     return out
+
+
+def causal_conv1d_update_varlen(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None,
+                                query_start_loc: Tensor, rows: Tensor, accepted: Tensor, max_query_len: int,
+                                activation: str | None) -> Tensor:  # fmt: skip
+    """``gdn_nki::causal_conv1d_update_varlen`` on a device: the packed requests laid out as [N, T, C] on the
+    device (``host.conv_varlen.padded_requests``: gathers indexed by ``query_start_loc``, never read on the host),
+    ``gdn_conv_step``'s in-row form on the pool itself, the outputs gathered back to the packed layout.
+
+    Dimensions:
+        tokens: packed tokens. N: requests. T: max_query_len. C: channels. W: width. P: pool rows.
+
+    Args:
+        x (Tensor): [tokens, C] token-major, float32 or bfloat16.
+        conv_state (Tensor): [P, C, L >= W − 2 + T] in x's dtype: written in place at ``rows`` by the kernel (the
+            first W − 2 + len_n entries of request n's row; its next T − len_n written back as they were, the rest
+            not touched).
+        weight (Tensor): [C, W]; bias (Tensor | None): [C].
+        query_start_loc (Tensor): [N + 1] int32 request bounds (trusted: 0 .. tokens, non-decreasing, at most T
+            tokens a request).
+        rows (Tensor): [N] int32 pool rows, −1: padding (trusted: range and duplicates not checked).
+        accepted (Tensor): [N] int32 in [1, T] (trusted): the offset + 1 of each request's taps in its row.
+        max_query_len (int): T; one compiled program per (N, T) (the gathers' shapes: (tokens, N, T)).
+        activation (str | None): "silu" or None.
+
+    Returns:
+        Tensor: out [tokens, C] in x's dtype (zeros for padding requests' tokens).
+
+    Notes:
+        Raises the CPU's ``ContractError`` for a bad shape or dtype before any launch.
+    """
+    rules.conv_varlen_step(x, conv_state, weight, bias, query_start_loc, rows, accepted, max_query_len, activation)
+    bounds = query_start_loc.long()
+    padded, live = padded_requests(x, conv_state, bounds, rows.long(), max_query_len, weight.shape[1], torch)
+    span, strided = conv_pool_span(conv_state)
+    out, _ = device.launch(gdn_conv_step, padded.contiguous(), span, weight, bias, live.to(torch.int32),
+                           accepted.to(torch.int32), activation, **strided)  # fmt: skip
+    return packed_outputs(out, bounds, x.shape[0], torch)
 
 
 def causal_conv1d_fn(x: Tensor, conv_states: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor,
@@ -100,9 +141,17 @@ def causal_conv1d_fn(x: Tensor, conv_states: Tensor, weight: Tensor, bias: Tenso
         options.update(
             checkpoint_every=int(checkpoint_every), checkpoint_indices=device._slots(checkpoint_indices, slots)
         )
-    out, _ = device.launch(gdn_conv_bucket, padded, conv_states, weight, bias, bounds, device._slots(rows, slots),
-                           activation, **options)  # fmt: skip
+    span, strided = conv_pool_span(conv_states)
+    out, _ = device.launch(gdn_conv_bucket, padded, span, weight, bias, bounds, device._slots(rows, slots),
+                           activation, **options, **strided)  # fmt: skip
     return out if total == tokens else out[:tokens]
+
+
+def conv_pool_span(pool: Tensor) -> tuple[Tensor, dict[str, int]]:
+    """A conv pool as the conv kernels take it (``device.pool_span``) and the keywords saying so: a row-strided pool's
+    span, row stride and window length L."""
+    span, strided = device.pool_span(pool)
+    return span, ({**strided, "state_len": int(pool.shape[2])} if strided else {})
 
 
 def bucket_shape(tokens: int, seqs: int, bucket: tuple[int, int] | None) -> tuple[int, int]:

@@ -18,6 +18,7 @@ packing gather writes its result head-major, so the transposition is that one co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from gdn_ref.masks import build_mask_pack
 
 from ..cte.bucket import gdn_cte_bucket
 from ..host.torch_io import import_torch, rejection
+from ..normed.bucket import gdn_cte_bucket_normed
 from ..tkg.fused import gdn_tkg as gdn_tkg_kernel
 from ..tkg.step import gdn_step
 from . import chunk as host_chunk
@@ -47,11 +49,14 @@ launch: Callable[..., Any] = run_kernel
 def chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor | None,
           A_log: Tensor | None, dt_bias: Tensor | None, cu_seqlens: Tensor | None, scale: float | None,
           use_qk_l2norm: bool, use_beta_sigmoid: bool, use_gate: bool, algorithm: str, group_size: int,
-          bucket: list[int] | None) -> tuple[Tensor, Tensor]:  # fmt: skip
+          bucket: list[int] | None, z: Tensor | None = None, norm_weight: Tensor | None = None,
+          norm_eps: float = 1e-6, norm_activation: str = "silu") -> tuple[Tensor, Tensor]:  # fmt: skip
     """``gdn_nki::chunk_gated_delta_rule`` on a device: the bucket kernel on a fresh pool of one row per sequence
-    (a copy of ``initial_state``, or zeros), which is the final state."""
+    (a copy of ``initial_state``, or zeros), which is the final state; with ``z``, the one with the gated RMSNorm
+    in its output stage (``gdn_cte_bucket_normed``)."""
     n_seqs = rules.prefill(q, k, v, g, beta, initial_state, None, A_log, dt_bias, cu_seqlens, use_gate, scale,
                            algorithm, group_size, bucket)  # fmt: skip
+    norm = _folded_norm(q, v, z, norm_weight, norm_eps, norm_activation)
     tail = (v.shape[2], q.shape[3], v.shape[3])
     if initial_state is None:
         pool = q.new_zeros((n_seqs, *tail), dtype=torch.float32)
@@ -61,7 +66,7 @@ def chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_stat
     rows = torch.arange(n_seqs, dtype=torch.int32, device=q.device)
     gates = fused_gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
     o = _bucketed(q, k, v, *gates, pool, rows, reads, cu_seqlens, None, None, n_seqs, scale, use_qk_l2norm,
-                  algorithm, group_size, bucket)  # fmt: skip
+                  algorithm, group_size, bucket, norm=norm)  # fmt: skip
     return o, pool
 
 
@@ -69,16 +74,28 @@ def chunk_pool(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: T
                A_log: Tensor | None, dt_bias: Tensor | None, cu_seqlens: Tensor | None,
                checkpoint_indices: Tensor | None, read_indices: Tensor | None, scale: float | None,
                use_qk_l2norm: bool, use_beta_sigmoid: bool, use_gate: bool, algorithm: str, group_size: int,
-               bucket: list[int] | None, checkpoint_every: int | None, state_v_first: bool = False) -> Tensor:  # fmt: skip
+               bucket: list[int] | None, checkpoint_every: int | None, state_v_first: bool = False,
+               z: Tensor | None = None, norm_weight: Tensor | None = None, norm_eps: float = 1e-6,
+               norm_activation: str = "silu") -> Tensor:  # fmt: skip
     """``gdn_nki::chunk_gated_delta_rule_pool`` on a device: the bucket kernel on the pool itself (V-major with
-    ``state_v_first``: the kernel reads and writes it so)."""
+    ``state_v_first``: the kernel reads and writes it so); with ``z``, ``gdn_cte_bucket_normed``."""
     n_seqs = rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale,
                            algorithm, group_size, bucket, checkpoint_every, checkpoint_indices, read_indices,
                            v_first=state_v_first)  # fmt: skip
+    norm = _folded_norm(q, v, z, norm_weight, norm_eps, norm_activation)
     gates = fused_gates(g, beta, A_log, dt_bias, use_beta_sigmoid, use_gate)
     return _bucketed(q, k, v, *gates, pool, state_indices, read_indices, cu_seqlens, checkpoint_every,
                      checkpoint_indices, n_seqs, scale, use_qk_l2norm, algorithm, group_size, bucket,
-                     state_v_first)  # fmt: skip
+                     state_v_first, norm)  # fmt: skip
+
+
+def _folded_norm(q: Tensor, v: Tensor, z: Tensor | None, weight: Tensor | None, eps: float,
+                 activation: str) -> dict[str, Any] | None:  # fmt: skip
+    """The folded norm's rules checked (``rules.folded_norm``), then its arguments for ``_bucketed``, or None."""
+    rules.folded_norm(q, v, z, weight, eps, activation)
+    if z is None:
+        return None
+    return {"z": z, "norm_weight": weight, "eps": float(eps), "activation": activation}
 
 
 def fused_gates(g: Tensor | None, beta: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None,
@@ -107,8 +124,10 @@ def bucket_shape(tokens: int, n_seqs: int, algorithm: str, bucket: list[int] | N
 def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor, rows: Tensor,
               reads: Tensor | None, cu_seqlens: Tensor | None, checkpoint_every: int | None,
               checkpoint_indices: Tensor | None, n_seqs: int, scale: float | None, use_qk_l2norm: bool,
-              algorithm: str, group_size: int, bucket: list[int] | None, state_v_first: bool = False) -> Tensor:  # fmt: skip
-    """Pack, launch ``gdn_cte_bucket`` once, unpack: o [B, T, Hv, V] seq-first."""
+              algorithm: str, group_size: int, bucket: list[int] | None, state_v_first: bool = False,
+              norm: dict[str, Any] | None = None) -> Tensor:  # fmt: skip
+    """Pack, launch ``gdn_cte_bucket`` once (``gdn_cte_bucket_normed`` with ``norm``: z packed seq-first as the
+    kernel reads it, the weight, eps and gate), unpack: o (or y) [B, T, Hv, V] seq-first."""
     batch, seq_len, _, dk = q.shape
     tokens = batch * seq_len
     bucket_tokens, slots = bucket_shape(tokens, n_seqs, algorithm, bucket)
@@ -123,10 +142,15 @@ def _bucketed(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Te
         extra["read_indices"] = _slots(reads, slots)
     if state_v_first:  # a K-major launch keeps its keywords as they were
         extra["state_v_first"] = True
+    kernel, gate = gdn_cte_bucket, ()
+    if norm is not None:
+        kernel, gate = gdn_cte_bucket_normed, (layout.pack(norm["z"], head_major=False), norm["norm_weight"])
+        extra.update(eps=norm["eps"], activation=norm["activation"])
+    span, strided = pool_span(pool)  # a row-strided pool: its span, no copy (``common.pool_rows``)
     out, _ = launch(
-        gdn_cte_bucket, *(layout.pack(x) for x in (q, k, v, g, beta)), layout.chunk_bounds(slots),
-        _slots(rows, slots), pool, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
-        mask_pack=mask_pack(q.device, algorithm), group_size=group_size, **extra,
+        kernel, *(layout.pack(x) for x in (q, k, v, g, beta)), *gate, layout.chunk_bounds(slots),
+        _slots(rows, slots), span, scale=dk**-0.5 if scale is None else scale, algorithm=algorithm,
+        mask_pack=mask_pack(q.device, algorithm), group_size=group_size, **extra, **strided,
     )  # fmt: skip
     return layout.unpack(out, batch, seq_len)
 
@@ -166,13 +190,14 @@ class PackedLayout:
         padded_starts = torch.cat([chunks.new_zeros(1), torch.cumsum(chunks, 0) * chunk_tokens])
         return cls(cu, padded_starts, chunk_tokens, bucket_tokens)
 
-    def pack(self, x: Tensor) -> Tensor:
-        """Seq-first [B, T, H(, D)] -> head-major [1, H, T_bucket(, D)], padding tokens zero."""
+    def pack(self, x: Tensor, head_major: bool = True) -> Tensor:
+        """Seq-first [B, T, H(, D)] -> head-major [1, H, T_bucket(, D)] (``head_major=False``: seq-first
+        [1, T_bucket, H(, D)], as the folded norm reads z), padding tokens zero."""
         flat = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
         taken = flat.index_select(0, self.source)
         keep = self.valid.reshape(-1, *([1] * (taken.dim() - 1)))
         taken = torch.where(keep, taken, torch.zeros((), dtype=taken.dtype, device=taken.device))
-        return taken.movedim(0, 1).unsqueeze(0).contiguous()
+        return (taken.movedim(0, 1) if head_major else taken).unsqueeze(0).contiguous()
 
     def chunk_bounds(self, slots: int) -> Tensor:
         """[N + 1] int32: sequence i is chunks ``chunk_bounds[i] .. chunk_bounds[i + 1] − 1``, empty slots last."""
@@ -266,12 +291,25 @@ def _step(q: Tensor, k: Tensor, v: Tensor, pool: Tensor, rows: Tensor, accepted:
     def requests(x: Tensor) -> Tensor:
         return x.reshape(n_seqs, tokens, *x.shape[2:])
 
+    span, strided = pool_span(pool)
     out, _ = launch(
-        gdn_step, requests(q), requests(k), requests(v), pool, rows.to(torch.int32), accepted, **gates,
+        gdn_step, requests(q), requests(k), requests(v), span, rows.to(torch.int32), accepted, **gates,
         scale=float(q.shape[-1]) ** -0.5 if scale is None else scale, use_qk_l2norm=bool(use_qk_l2norm),
         **({"state_v_first": True} if state_v_first else {}),  # a K-major launch keeps its keywords as they were
+        **strided,
     )  # fmt: skip
     return out.reshape(*v.shape[:3], v.shape[3])
+
+
+def pool_span(pool: Tensor) -> tuple[Tensor, dict[str, int]]:
+    """A pool as a kernel takes it, and the keyword saying so: the pool itself when contiguous; else (rows at their
+    own stride, each dense: ``rules`` refused any other layout) its span, a 1-D view of the same storage from its
+    first element to its last (``Tensor.as_strided``: no copy), and ``state_row_stride`` (``common.pool_rows``)."""
+    if pool.is_contiguous():
+        return pool, {}
+    stride = int(pool.stride(0))
+    length = (pool.shape[0] - 1) * stride + math.prod(pool.shape[1:])
+    return pool.as_strided((length,), (1,)), {"state_row_stride": stride}
 
 
 def gdn_tkg(q: Tensor, k: Tensor, v: Tensor, b: Tensor, a: Tensor, A_log: Tensor, dt_bias: Tensor, z: Tensor,

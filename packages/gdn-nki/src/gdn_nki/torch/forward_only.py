@@ -68,9 +68,12 @@ def forbid_backward(op: Any, entry: str | None) -> None:
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         given = [grad for grad in grads if isinstance(grad, Tensor)]
         refused = backward_refused(ctx.entry, given) if given and any(ctx.needs_input_grad) else None
+        # A compiled call that omits an op's trailing defaulted arguments (the folded norm's) has them among the
+        # inputs here but not in needs_input_grad: one gradient per argument passed
+        given_inputs = ctx.inputs[: len(ctx.needs_input_grad)]
         return tuple(
             _expanded(refused, meta) if refused is not None and needed else None
-            for meta, needed in zip(ctx.inputs, ctx.needs_input_grad, strict=True)
+            for meta, needed in zip(given_inputs, ctx.needs_input_grad, strict=True)
         )
 
     op.register_autograd(backward, setup_context=setup_context)

@@ -43,9 +43,9 @@ from ..host.torch_io import (
     check_tensor,
     import_torch,
     in_torch_terms,
+    pool_buffer,
     reject_strided_pool,
     rejection,
-    state_buffer,
 )
 from . import chunk
 
@@ -163,12 +163,14 @@ def vllm_fused_recurrent_gated_delta_rule(
 
     Args:
         q, k, v, g, beta, scale, use_qk_l2norm_in_kernel: as FLA's.
-        initial_state: the state pool [P, HV, K, V] fp32, updated IN PLACE.
+        initial_state: the state pool [P, HV, K, V] fp32, updated IN PLACE: contiguous, or rows at their own stride,
+            each dense (vLLM's pages: the kernel addresses the view in place, ``common.pool_rows``).
         inplace_final_state: must be True (the pool form).
         cu_seqlens: [N + 1] with B = 1; every sequence the same length T (one program per (N, T) bucket).
         ssm_state_indices: [N] (T = 1: row read and written) or [N, T] (the state after token t to row [n, t],
             read from [n, num_accepted_tokens[n] - 1], or [n, 0]); -1 marks a padding request.
-        num_accepted_tokens: optional [N].
+        num_accepted_tokens: optional [N]. Both tables may be longer (vLLM's graph padding to [B] / [B, T]): the
+            torch drop-in reads their first N rows, N from cu_seqlens, as vLLM's kernel does (``graph_padding``).
         retrieve_parent_token: must be None (Eagle trees are not supported).
         check_values: scan the inputs and the pool rows read first, as ``gdn_nki.decode_step``'s (default on).
         state_v_first: gdn-nki's keyword (vLLM's function has none: its pool is K-major,
@@ -190,13 +192,10 @@ def vllm_fused_recurrent_gated_delta_rule(
     indices = _indices("ssm_state_indices", ssm_state_indices)
     check_rows_per_token(indices.shape, tokens)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
-    reject_strided_pool(
-        "initial_state", initial_state
-    )  # before state_buffer, whose staged copy is the states' (not a pool's)
-    pool, publish = state_buffer("initial_state", initial_state)
+    reject_strided_pool("initial_state", initial_state)  # vLLM's pages
+    pool = pool_buffer("initial_state", initial_state)  # the pool itself, never a staged copy
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, VLLM_NAMES, v_first=state_v_first)
     out = _run_pool(q, k, v, _gates(q, v, g, beta), spans, pool, indices, accepted, step)
-    publish()
     return out, initial_state
 
 
@@ -251,14 +250,11 @@ def fused_sigmoid_gating_delta_rule_update(
     heads = {name: _fp32(name, x) for name, x in (("A_log", A_log), ("dt_bias", dt_bias))}
     indices = _indices("initial_state_indices", initial_state_indices)
     accepted = None if num_accepted_tokens is None else _indices("num_accepted_tokens", num_accepted_tokens)
-    reject_strided_pool(
-        "initial_state_source", initial_state_source
-    )  # before state_buffer, whose staged copy is the states' (not a pool's)
-    pool, publish = state_buffer("initial_state_source", initial_state_source)
+    reject_strided_pool("initial_state_source", initial_state_source)  # vLLM's pages
+    pool = pool_buffer("initial_state_source", initial_state_source)  # the pool itself, never a staged copy
     layouts = {name: tuple(x.shape) for name, x in (("a", a), ("b", b)) if x.dim() == 2}  # [B·T, HV]
     step = _Step(scale, use_qk_l2norm_in_kernel, check_values, SIGMOID_NAMES, layouts, state_v_first)
     out = _run_pool(q, k, v, {**raw, **heads}, spans, pool, indices, accepted, step)
-    publish()
     return out
 
 

@@ -51,6 +51,7 @@ from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, r
 from . import chunk, device, fused_recurrent, rules
 from .context_parallel import ContextParallel, context_parallel_prefill
 from .forward_only import attached, detached, forbid_backward, on_graph
+from .graph_padding import trimmed_to_requests
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -85,20 +86,27 @@ def chunk_op(
     algorithm: str,
     group_size: int,
     bucket: list[int] | None,
+    z: Tensor | None = None,
+    norm_weight: Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_activation: str = "silu",
 ) -> tuple[Tensor, Tensor]:
-    """The prefill without a pool: (o [B, T, Hv, V], final states [N, Hv, K, V] fp32); ``initial_state`` is read."""
+    """The prefill without a pool: (o [B, T, Hv, V], final states [N, Hv, K, V] fp32); ``initial_state`` is read.
+    With ``z``: o is the gated RMSNorm's y, folded into the bucketed launch (``gdn_cte_bucket_normed``)."""
     return device.chunk(**locals())
 
 
 @chunk_op.register_kernel("cpu")
 def _chunk_cpu(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
-               use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
+               use_gate, algorithm, group_size, bucket, z=None, norm_weight=None, norm_eps=1e-6,
+               norm_activation="silu") -> tuple[Tensor, Tensor]:  # fmt: skip
     with _drop_in_warned():
         return chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
             use_qk_l2norm_in_kernel=use_qk_l2norm, use_beta_sigmoid_in_kernel=use_beta_sigmoid,
             cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
-            group_size=group_size, bucket=None if bucket is None else tuple(bucket),
+            group_size=group_size, bucket=None if bucket is None else tuple(bucket), z=z, norm_weight=norm_weight,
+            norm_eps=norm_eps, norm_activation=norm_activation,
         )  # fmt: skip
 
 
@@ -118,9 +126,11 @@ forbid_backward(chunk_op, CHUNK_ENTRY)
 
 @chunk_op.register_fake
 def _chunk_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, scale, use_qk_l2norm, use_beta_sigmoid,
-                use_gate, algorithm, group_size, bucket) -> tuple[Tensor, Tensor]:  # fmt: skip
+                use_gate, algorithm, group_size, bucket, z=None, norm_weight=None, norm_eps=1e-6,
+                norm_activation="silu") -> tuple[Tensor, Tensor]:  # fmt: skip
     n_seqs = rules.prefill(q, k, v, g, beta, initial_state, None, A_log, dt_bias, cu_seqlens, use_gate, scale,
                            algorithm, group_size, bucket)  # fmt: skip
+    rules.folded_norm(q, v, z, norm_weight, norm_eps, norm_activation)
     return _prefill_out(q, v), q.new_empty((n_seqs, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
 
 
@@ -147,23 +157,29 @@ def chunk_pool_op(
     bucket: list[int] | None,
     checkpoint_every: int | None,
     state_v_first: bool = False,
+    z: Tensor | None = None,
+    norm_weight: Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_activation: str = "silu",
 ) -> Tensor:
     """The prefill on a state pool [P, Hv, K, V] fp32 ([P, Hv, V, K] with ``state_v_first``), updated in place at
-    the named rows: o [B, T, Hv, V]."""
+    the named rows: o [B, T, Hv, V] (with ``z``: the gated RMSNorm's y, ``gdn_cte_bucket_normed``)."""
     return device.chunk_pool(**locals())
 
 
 @chunk_pool_op.register_kernel("cpu")
 def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                     read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                    checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
+                    checkpoint_every, state_v_first=False, z=None, norm_weight=None, norm_eps=1e-6,
+                    norm_activation="silu") -> Tensor:  # fmt: skip
     with _drop_in_warned():
         o, _ = chunk.chunk_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=pool, use_qk_l2norm_in_kernel=use_qk_l2norm,
             use_beta_sigmoid_in_kernel=use_beta_sigmoid, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate,
             A_log=A_log, dt_bias=dt_bias, state_indices=state_indices, algorithm=algorithm, group_size=group_size,
             bucket=None if bucket is None else tuple(bucket), checkpoint_every=checkpoint_every,
-            checkpoint_indices=checkpoint_indices, read_indices=read_indices, state_v_first=state_v_first,
+            checkpoint_indices=checkpoint_indices, read_indices=read_indices, state_v_first=state_v_first, z=z,
+            norm_weight=norm_weight, norm_eps=norm_eps, norm_activation=norm_activation,
         )  # fmt: skip
     return o
 
@@ -171,9 +187,11 @@ def _chunk_pool_cpu(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_se
 @chunk_pool_op.register_fake
 def _chunk_pool_fake(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, checkpoint_indices,
                      read_indices, scale, use_qk_l2norm, use_beta_sigmoid, use_gate, algorithm, group_size, bucket,
-                     checkpoint_every, state_v_first=False) -> Tensor:  # fmt: skip
+                     checkpoint_every, state_v_first=False, z=None, norm_weight=None, norm_eps=1e-6,
+                     norm_activation="silu") -> Tensor:  # fmt: skip
     rules.prefill(q, k, v, g, beta, pool, state_indices, A_log, dt_bias, cu_seqlens, use_gate, scale, algorithm,
                   group_size, bucket, checkpoint_every, checkpoint_indices, read_indices, v_first=state_v_first)  # fmt: skip
+    rules.folded_norm(q, v, z, norm_weight, norm_eps, norm_activation)
     return _prefill_out(q, v)
 
 
@@ -238,13 +256,18 @@ def chunk_gated_delta_rule(
     checkpoint_indices: Tensor | None = None,
     read_indices: Tensor | None = None,
     check_values: bool = True,
+    z: Tensor | None = None,
+    norm_weight: Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_activation: str = "silu",
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule with FLA's signature and semantics, as one ``gdn_nki`` op.
 
     Dimensions, Args and Returns:
         As ``gdn_nki.torch.chunk.chunk_gated_delta_rule`` (FLA's arguments, gdn-nki's pools, buckets, checkpoints
-        and read rows; every option honoured, accepted for a stated reason or rejected by name).
+        and read rows, the gated RMSNorm folded in with ``z``; every option honoured, accepted for a stated reason
+        or rejected by name).
 
     Notes:
         One op per call: ``gdn_nki::chunk_gated_delta_rule_pool`` with ``state_indices`` (the pool declared
@@ -258,7 +281,7 @@ def chunk_gated_delta_rule(
     options = (head_first, cp_context, allow_neg_eigval)
     layout = (state_v_first, transpose_state_layout)  # plain bools, not both set: carried (a pool's op takes it)
     v_first = any(flag is True for flag in layout)
-    tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    tensors = (q, k, v, g, beta, initial_state, A_log, dt_bias, z, norm_weight)
     indices = (cu_seqlens, state_indices, initial_state_indices, checkpoint_indices, read_indices)
     pool = state_indices if initial_state_indices is None else initial_state_indices
     written = initial_state if pool is not None else None
@@ -279,6 +302,7 @@ def chunk_gated_delta_rule(
         and (state_indices is None or initial_state_indices is None)
         and (initial_state is not None or pool is None)
         and (pool is not None or (checkpoint_indices is None and read_indices is None))
+        and _norm_carried(z, norm_weight, norm_eps, norm_activation)
     )
     # check_values=False on the CPU is the host path's (the op's CPU kernel scans; a device path never does)
     if not (carried and plainly_valid) or (check_values is not True and q.device.type == "cpu"):
@@ -289,7 +313,8 @@ def chunk_gated_delta_rule(
             head_first=head_first, transpose_state_layout=transpose_state_layout, state_indices=state_indices,
             initial_state_indices=initial_state_indices, algorithm=algorithm, group_size=group_size, bucket=bucket,
             checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, read_indices=read_indices,
-            check_values=check_values, **kwargs,
+            check_values=check_values, z=z, norm_weight=norm_weight, norm_eps=norm_eps,
+            norm_activation=norm_activation, **kwargs,
         )  # fmt: skip
     if q.dim() == 4:
         chunk.warn_if_head_first(q, cu_seqlens)
@@ -300,13 +325,19 @@ def chunk_gated_delta_rule(
         use_beta_sigmoid=bool(use_beta_sigmoid_in_kernel), use_gate=bool(use_gate_in_kernel), algorithm=algorithm,
         group_size=int(group_size), bucket=None if bucket is None else [int(x) for x in bucket],
     )  # fmt: skip
+    # the folded norm's keywords only with z: a call without it keeps the op's keywords as they were
+    norm = {} if z is None else dict(z=z, norm_weight=norm_weight, norm_eps=float(norm_eps),
+                                     norm_activation=norm_activation)  # fmt: skip
     gate = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
     if pool is not None:  # an op updating a pool has no autograd formula: its output goes on the graph after it
         read = [detached(x) for x in (q, k, v, g, beta, *gate)]
         o = chunk_pool_op(*read[:5], initial_state, pool, *read[5:], cu_seqlens, checkpoint_indices, read_indices,
-                          **common, checkpoint_every=checkpoint_every, state_v_first=v_first)  # fmt: skip
-        return attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate)), initial_state if output_final_state else None
-    o, final = chunk_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), *gate, cu_seqlens, **common)
+                          **common, checkpoint_every=checkpoint_every, state_v_first=v_first,
+                          **{name: detached(x) for name, x in norm.items()})  # fmt: skip
+        o = attached(CHUNK_ENTRY, o, (q, k, v, g, beta, *gate, *(x for x in (z, norm_weight) if x is not None)))
+        return o, initial_state if output_final_state else None
+    o, final = chunk_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), *gate, cu_seqlens, **common,
+                        **norm)  # fmt: skip
     return o, _swap_state_axes(final, v_first) if output_final_state else None
 
 
@@ -335,6 +366,14 @@ def context_parallel_chunk_gated_delta_rule(
 # A ``cp_context`` call runs the host path's argument handling (``chunk.context_parallel_call``) with this drop-in
 # making its passes: its op, so the kernel on a device (ops imports chunk, so chunk is told rather than importing).
 chunk.CP_PREFILL = chunk_gated_delta_rule
+
+
+def _norm_carried(z: Any, weight: Any, eps: Any, activation: Any) -> bool:
+    """Whether the op carries the folded norm's options as the host path reads them: unset, or z given with a real
+    eps and a str gate (a norm option without z is the host path's to refuse)."""
+    if z is None:
+        return weight is None and type(eps) is float and eps == 1e-6 and activation == "silu"
+    return isinstance(eps, numbers.Real) and not isinstance(eps, bool) and isinstance(activation, str)
 
 
 def _v_major_shaped(state: Tensor | None, q: Tensor, v: Tensor) -> bool:
@@ -637,6 +676,8 @@ def vllm_fused_recurrent_gated_delta_rule(
         (``check_values``). A V-major pool (``state_v_first``, gdn-nki's keyword) is carried by the op.
     """
     reject_empty("q", q)  # before the [N, T, ...] layout, whose rules would name the kernel's shapes
+    # vLLM's graph-padded tables: the first N rows, N from cu_seqlens, as its kernel reads them (graph_padding.py)
+    ssm_state_indices, num_accepted_tokens = trimmed_to_requests(cu_seqlens, ssm_state_indices, num_accepted_tokens)
     carried = _decode_op_can_carry(
         (q, k, v, g, beta, initial_state), (cu_seqlens, ssm_state_indices, num_accepted_tokens), scale, initial_state
     )

@@ -19,16 +19,26 @@ import numpy as np
 from gdn_ref.bucketed import bucket_violations
 from gdn_ref.constants import CHUNK_BY_ALGORITHM
 from gdn_ref.contract import STEP, Arguments, ContractError, Violation, validate_step, validate_tkg
-from gdn_ref.conv_rules import BUCKET_QUANTUM, CONV_PREFILL, IO_DTYPES, conv_prefill_violations, conv_step_violations
+from gdn_ref.conv_rules import (
+    BUCKET_QUANTUM,
+    CONV_PREFILL,
+    CONV_STEP,
+    IO_DTYPES,
+    conv_prefill_violations,
+    conv_step_violations,
+    conv_varlen_violations,
+)
 from gdn_ref.masks import default_mask_pack
 from gdn_ref.packed import cu_seqlens_violations, state_indices_violations, tensor_violations
 
 from ..common.state_layout import kmajor_shape
 from ..conv.step import step_sbuf_violations
-from ..host.buckets import _pool_violations, configured_buckets
+from ..host.buckets import _pool_violations, configured_buckets, folded_norm_violations
 from ..host.pool_layout import layout_violations
+from ..host.pool_span import span_violations
 from ..host.torch_io import (
     SUPPORTED_DTYPES,
+    check_pool_dtype,
     check_states,
     check_tensor,
     in_torch_terms,
@@ -95,6 +105,27 @@ def bucket_for(q: Any, cu_seqlens: Any, algorithm: Any) -> tuple[int, int] | Non
         if bucket_tokens >= need and slots >= seqs and bucket_tokens % chunk_tokens == 0:
             return bucket_tokens, slots
     return None
+
+
+def folded_norm(q: Any, v: Any, z: Any, weight: Any, eps: Any, activation: Any) -> None:
+    """The rules of the gated RMSNorm ``chunk_gated_delta_rule`` folds into its output stage (``z`` given, or an
+    option of it set), on stand-ins of the host path's arrays: z as its packed [1, B·T, Hv, V] row, q and v as their
+    head-major packed rows (after ``prefill``, which holds their own rules)."""
+    if z is None and weight is None and eps == 1e-6 and activation == "silu":
+        return
+    for name, x in (("z", z), ("norm_weight", weight)):
+        if x is not None:
+            check_tensor(name, x, any_device=True)
+    batch, seq_len = q.shape[:2]
+    tokens = batch * seq_len
+    query = stand_in((1, q.shape[2], tokens, q.shape[3]), q.dtype)
+    value = stand_in((1, v.shape[2], tokens, v.shape[3]), v.dtype)
+    gate = like(z)
+    if z is not None and z.dim() == 4 and tuple(z.shape[:2]) == (batch, seq_len):
+        gate = stand_in((1, tokens, *z.shape[2:]), z.dtype)
+    found = folded_norm_violations(query, value, gate, like(weight), eps, activation)
+    if found:
+        raise ContractError(found)
 
 
 def prefill(
@@ -248,10 +279,11 @@ def pool_decode(
         fused_recurrent.check_rows_per_token(tuple(indices.shape), tokens)
         if accepted is not None:
             check_tensor("num_accepted_tokens", accepted, fused_recurrent.INDEX_DTYPES, any_device=True)
-    check_tensor(pool_name, pool, ("float32",), any_device=True)
+    check_pool_dtype(pool_name, pool, any_device=True)
     reject_unwritable_state(pool_name, pool)
     reject_broadcast_state(pool_name, pool)
     reject_strided_pool(pool_name, pool)
+    reject_long_span(pool_name, pool, STEP)
     if not fused:
         fused_recurrent.check_gates(v, gates["g"], gates["beta"], any_device=True)
     for arg, x in (("q", q), ("k", k), ("v", v)):
@@ -321,18 +353,39 @@ def tkg(*tensors: Any) -> None:
         raise ContractError(found)
 
 
+def reject_long_span(name: str, pool: Any, api: str) -> None:
+    """A row-strided pool whose row offsets would overflow the kernels' int32 (``host.pool_span``)."""
+    spanned = [] if pool.is_contiguous() else span_violations(pool.shape[0], pool.stride(0), name, api)
+    if spanned:
+        raise ContractError(spanned)
+
+
 def conv_step(x: Any, conv_state: Any, weight: Any, bias: Any, rows: Any, activation: str | None,
               accepted: Any = None) -> None:  # fmt: skip
     """``gdn_nki::causal_conv1d_update``'s trace-time rules: ``conv_decode_step``'s shape and dtype rules on
     stand-ins of the op's operands (x [N, T, C], rows [N] or [N, T] int32, accepted None or [N]; the row and
-    accepted-count values are trusted); the pool contiguous (``reject_strided_pool``)."""
+    accepted-count values are trusted); the pool's rows dense, at their own stride (``reject_strided_pool``)."""
     if conv_state.dim() == 3:
         reject_strided_pool("conv_state", conv_state)
+        reject_long_span("conv_state", conv_state, CONV_STEP)
     found = conv_step_violations(like(x), like(conv_state), like(weight), like(bias), like(rows), like(accepted),
                                  activation)  # fmt: skip
     found = found or step_sbuf_violations(like(x), like(conv_state), like(weight), like(bias), like(rows))
     if found:
         raise ContractError(found)
+
+
+def conv_varlen_step(x: Any, conv_state: Any, weight: Any, bias: Any, query_start_loc: Any, rows: Any,
+                     accepted: Any, max_query_len: int, activation: str | None) -> None:  # fmt: skip
+    """``gdn_nki::causal_conv1d_update_varlen``'s trace-time rules: the varlen form's shape rules
+    (``conv_varlen_violations``, the bounds' values trusted), then ``conv_step``'s on a stand-in of the padded x
+    [N, max_query_len, C]."""
+    found = conv_varlen_violations(like(x), like(conv_state), like(weight), like(query_start_loc), like(rows),
+                                   like(accepted), max_query_len)  # fmt: skip
+    if found:
+        raise ContractError(found)
+    padded = stand_in((rows.shape[0], max_query_len, x.shape[1]), x.dtype)
+    conv_step(padded, conv_state, weight, bias, rows, activation, accepted)
 
 
 def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: Any, rows: Any, read_rows: Any,
@@ -350,6 +403,7 @@ def conv_prefill(x: Any, conv_states: Any, weight: Any, bias: Any, cu_seqlens: A
     seqs = max(1, int(cu_seqlens.shape[0]) - 1) if cu_seqlens.dim() == 1 else 1
     if conv_states.dim() == 3:
         reject_strided_pool("conv_states", conv_states)
+        reject_long_span("conv_states", conv_states, CONV_PREFILL)
     pool_rows = int(conv_states.shape[0]) if conv_states.dim() == 3 else 0
     bounds = np.zeros(tuple(cu_seqlens.shape), np.int64)
     if bounds.ndim == 1 and bounds.size:

@@ -32,6 +32,7 @@ from ..host.torch_io import import_torch, rejection
 from . import ops
 from .forward_only import attached, detached
 from .fused_recurrent import MIN_SOFTPLUS_THRESHOLD
+from .graph_padding import gates_of_tokens, trimmed_to_requests
 from .traced_rejection import rejects_at_trace_time
 
 torch = import_torch()
@@ -129,7 +130,8 @@ def vllm_fused_sigmoid_gating_delta_rule_update(
 
     Args:
         A_log, dt_bias (Tensor): [HV] the layer's gate parameters. a, b (Tensor): [B, T, HV] (or [B·T, HV]) the raw
-            gate and β logits: g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b).
+            gate and β logits: g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b); [B·T, HV] may be longer (a
+            mixed batch's whole-step gates): its first B·T rows are read, as vLLM's kernel reads them.
         q, k (Tensor): [B, T, H, K]. v (Tensor): [B, T, HV, V].
         beta (float): softplus's beta: 1.0 only. threshold (float): softplus's threshold, >= 20.
         scale (float | None): None: K ** −0.5.
@@ -137,7 +139,8 @@ def vllm_fused_sigmoid_gating_delta_rule_update(
         inplace_final_state (bool): True only (vLLM's per-token state tensor is not produced; rejected by name).
         cu_seqlens (Tensor | None): [N + 1], every request the same length T.
         ssm_state_indices (Tensor): [N] or [N, T] pool rows; −1 pads a request (nothing written, zero output).
-            [N, T]: the state after token t goes to row [n, t].
+            [N, T]: the state after token t goes to row [n, t]. Longer (vLLM's graph padding, to [B] / [B, T]):
+            the first N rows are read, as with ``num_accepted_tokens`` (``graph_padding``).
         num_accepted_tokens (Tensor | None): [N] with [N, T] rows: request n starts from row [n, accepted − 1].
         use_qk_l2norm_in_kernel (bool): L2-normalize q and k first.
         is_kda (bool): False only (KDA's per-key gates are not this kernel's; rejected by name).
@@ -162,6 +165,9 @@ def vllm_fused_sigmoid_gating_delta_rule_update(
             raise rejection(name, "None", "vLLM's call reads and writes a pool at the requests' rows",
                             "pass the pool [P, HV, V, K] as initial_state and its rows as ssm_state_indices")  # fmt: skip
     _check_gate_options(beta, threshold)
+    # vLLM's graph-padded tables: the first N rows, N from cu_seqlens, as its kernel reads them (graph_padding.py)
+    ssm_state_indices, num_accepted_tokens = trimmed_to_requests(cu_seqlens, ssm_state_indices, num_accepted_tokens)
+    a, b = gates_of_tokens(q, a, b)  # a mixed batch's whole-step gates: the spec tokens' first
     gates = {"A_log": A_log, "a": a, "b": b, "dt_bias": dt_bias, "q": q, "k": k, "v": v}
     o = _on_v_major_pool(VLLM_SIGMOID_ENTRY, gates, initial_state, ssm_state_indices, scale, use_qk_l2norm_in_kernel,
                          cu_seqlens, num_accepted_tokens, threshold)  # fmt: skip

@@ -10,7 +10,8 @@
 - ``vllm_update(fn)``: vLLM's ``causal_conv1d_update`` (x [N, C, T], the pool [P, C, L] updated in place at
   ``conv_state_indices`` [N], −1: padding): the pool crosses as a tensor and comes back only when the call returns,
   so a rejected call leaves it as it was; [N] rows, with ``num_accepted_tokens`` vLLM's in-row speculative form
-  (``in_row``), rejections by ``ContractError`` (the api profile).
+  (``in_row``), with ``query_start_loc`` its varlen form (``varlen``: x [tokens, C] passed as it is, vLLM's packed
+  layout), rejections by ``ContractError`` (the api profile).
 - ``reference()``: the fp64 oracle as a kernel (in-place pool, the oracle's rejections by ``gdn_ref.conv_rules``),
   the family's own yardstick and the base of its power tests.
 """
@@ -24,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from gdn_ref.contract import ContractError
-from gdn_ref.conv import causal_conv1d_decode_pool, causal_conv1d_prefill_pool
-from gdn_ref.conv_rules import conv_index_violations, conv_step_violations
+from gdn_ref.conv import causal_conv1d_decode_pool, causal_conv1d_prefill_pool, causal_conv1d_update_varlen
+from gdn_ref.conv_rules import conv_index_violations, conv_step_violations, conv_varlen_violations
 
 from ..adapters.torch_io import TorchIO
 from .checks import CAPABILITIES_ATTR, ConvCapabilities
@@ -65,23 +66,30 @@ def vllm_update(fn: Callable[..., Any], device: str | None = None) -> Callable[.
 
     def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
                state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None = None, *,
-               activation: str | None = "silu") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+               activation: str | None = "silu", query_start_loc: np.ndarray | None = None,
+               max_query_len: int = -1) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         if np.ndim(state_indices) != 1:
             raise ValueError("vLLM's update takes [N] rows here")
         pool = io.to_kernel(np.ascontiguousarray(conv_pool))
-        hidden = io.to_kernel(np.ascontiguousarray(np.swapaxes(np.asarray(x), 1, 2)))
+        packed = query_start_loc is not None  # vLLM's varlen x [tokens, C] is the family's layout already
+        hidden = io.to_kernel(np.ascontiguousarray(np.asarray(x) if packed else np.swapaxes(np.asarray(x), 1, 2)))
+        varlen = {} if not packed else dict(
+            query_start_loc=io.to_kernel(np.ascontiguousarray(np.asarray(query_start_loc).astype(np.int32))),
+            max_query_len=max_query_len)  # fmt: skip
         b = None if bias is None else io.to_kernel(np.ascontiguousarray(bias))
         rows = io.to_kernel(np.ascontiguousarray(np.asarray(state_indices).astype(np.int32)))
         accepted = (None if num_accepted_tokens is None
                     else io.to_kernel(np.ascontiguousarray(np.asarray(num_accepted_tokens).astype(np.int32))))  # fmt: skip
         result = fn(hidden, pool, io.to_kernel(np.ascontiguousarray(weight)), b, activation, rows,
-                    num_accepted_tokens=accepted)  # fmt: skip
+                    num_accepted_tokens=accepted, **varlen)  # fmt: skip
         conv_pool[...] = io.from_kernel(pool)
-        return np.swapaxes(io.from_kernel(result), 1, 2), conv_pool
+        out = io.from_kernel(result)
+        return (out if packed else np.swapaxes(out, 1, 2)), conv_pool
 
     setattr(kernel, CAPABILITIES_ATTR, {"name": f"vLLM-form {getattr(fn, '__module__', '')}."
                                                 f"{getattr(fn, '__name__', 'causal_conv1d_update')}",
-                                        "per_token_rows": False, "in_row": True, "rejections": True})  # fmt: skip
+                                        "per_token_rows": False, "in_row": True, "varlen": True,
+                                        "rejections": True})  # fmt: skip
     return kernel
 
 
@@ -90,7 +98,11 @@ def reference() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
 
     def kernel(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
                state_indices: np.ndarray, num_accepted_tokens: np.ndarray | None = None, *,
-               activation: str | None = "silu") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+               activation: str | None = "silu", query_start_loc: np.ndarray | None = None,
+               max_query_len: int = -1) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        if query_start_loc is not None:
+            return _reference_varlen(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation,
+                                     query_start_loc, max_query_len)  # fmt: skip
         found = conv_step_violations(x, conv_pool, weight, bias, state_indices, num_accepted_tokens, activation)
         found = found or conv_index_violations(state_indices, num_accepted_tokens, conv_pool.shape[0], x.shape[1])
         if found:
@@ -101,8 +113,22 @@ def reference() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
         return out.astype(np.asarray(x).dtype), conv_pool
 
     setattr(kernel, CAPABILITIES_ATTR, {"name": "gdn-ref conv oracle", "per_token_rows": True, "in_row": True,
-                                        "rejections": True})  # fmt: skip
+                                        "varlen": True, "rejections": True})  # fmt: skip
     return kernel
+
+
+def _reference_varlen(x: np.ndarray, conv_pool: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+                      rows: np.ndarray, accepted: np.ndarray | None, activation: str | None,
+                      query_start_loc: np.ndarray, max_query_len: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The oracle's varlen form, with ``gdn_ref.conv_rules``' varlen and index rules."""
+    found = conv_varlen_violations(x, conv_pool, weight, query_start_loc, rows, accepted, max_query_len, values=True)
+    found = found or conv_index_violations(rows, accepted, conv_pool.shape[0], max_query_len)
+    if found:
+        raise ContractError(found)
+    out, after = causal_conv1d_update_varlen(x, weight, bias, conv_pool, query_start_loc, rows, accepted,
+                                             max_query_len, activation)  # fmt: skip
+    conv_pool[...] = after.astype(conv_pool.dtype)
+    return out.astype(np.asarray(x).dtype), conv_pool
 
 
 def hf_conv_fn(fn: Callable[..., Any], device: str | None = None) -> Callable[..., tuple[np.ndarray, np.ndarray]]:

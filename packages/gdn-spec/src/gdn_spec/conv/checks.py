@@ -2,7 +2,8 @@
 kernel with ``gdn_nki.conv_decode_step``'s signature (directly, or through an adapter: ``adapters.py``).
 
 A conv kernel here is ``kernel(x, conv_pool, weight, bias, state_indices, num_accepted_tokens=None, *,
-activation="silu") -> (out, conv_pool)``: x [N, T, C], a pool [P, C, L] of windows updated in place, [N] or [N, T]
+activation="silu") -> (out, conv_pool)`` (declaring ``varlen``: also the keywords ``query_start_loc`` [N + 1] and
+``max_query_len``, x then [tokens, C]): x [N, T, C], a pool [P, C, L] of windows updated in place, [N] or [N, T]
 rows (−1 = padding), ``gdn_ref.conv.causal_conv1d_decode_pool``'s semantics. Each check draws its cases from a seed
 (numpy data; shapes from the seed too), runs the kernel, and compares with the fp64 oracle: outputs within
 ``gdn_spec.metrics``' tolerance table, windows bit for bit (a window holds inputs, so any kernel stores them
@@ -14,7 +15,8 @@ exactly), rows not named bit-identical.
 | ``pool`` | the named rows hold the oracle's windows; every other row keeps its bytes (NaN-poisoned: never read) |
 | ``padding`` | a −1 request reads and writes nothing of the pool (and, where declared, outputs zeros) |
 | ``rollback`` | [N, T] rows with ``num_accepted_tokens``: verify, resume from the accepted token's row = decoding the accepted tokens one by one, bit for bit (declared ``per_token_rows``) |
-| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count outside 1..T or a row shorter than W − 2 + T rejected with the pool untouched (declared ``in_row``; the rejections with ``rejections``) |
+| ``in_row`` | vLLM's in-row form, [N] rows with ``num_accepted_tokens``: rows of W − 2 + T inputs (and one longer, of which only the first W − 2 + T may change, as vLLM's kernel writes) read from offset a − 1 for every a in 1..T, −1 rows, fp32 and bf16 against the oracle, rows bit for bit; verify then resume = decoding the accepted tokens one by one on a plain pool; a count outside 1..T or a row shorter than W − 2 + T rejected with the pool untouched (declared ``in_row``; the rejections with ``rejections``) |
+| ``varlen`` | vLLM's varlen speculative form (``query_start_loc`` / ``max_query_len`` keywords, x [tokens, C] packed, [N] rows with ``num_accepted_tokens``, rows of W − 2 + max_query_len and a longer one): requests of 1 .. max_query_len tokens and none, −1 rows, every accepted count, fp32 and bf16 against ``gdn_ref.conv.causal_conv1d_update_varlen``, rows bit for bit (a request's row past its W − 2 + len entries kept); bounds not from 0, decreasing, of the wrong length or not ending at the tokens rejected with the pool untouched (declared ``varlen``; the rejections with ``rejections``) |
 | ``rejections`` | wrong widths, a window longer than the state, mismatched channels, rows out of range or repeated: an exception, the pool untouched (declared ``rejections``) |
 | ``batch_invariance`` | a request's outputs and window keep every bit whatever else shares the call and wherever it sits |
 """
@@ -28,7 +30,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from gdn_ref.conv import causal_conv1d_decode_pool
+from gdn_ref.conv import causal_conv1d_decode_pool, causal_conv1d_update_varlen
 
 from ..metrics import compare, describe
 
@@ -48,6 +50,7 @@ class ConvCapabilities:
     name: str = "conv kernel"
     per_token_rows: bool = False  # [N, T] rows and num_accepted_tokens
     in_row: bool = False  # vLLM's in-row form: [N] rows with num_accepted_tokens, rows of L >= W − 2 + T
+    varlen: bool = False  # vLLM's varlen speculative form: the query_start_loc and max_query_len keywords
     rejections: bool = False  # raises on invalid calls with the pool untouched (the api profile)
     padding_zeros: bool = True  # a −1 request's outputs are zeros
     widths: tuple[int, ...] = (2, 3, 4, 5)
@@ -243,6 +246,49 @@ def _in_row_resume(kernel: Kernel, caps: ConvCapabilities, rng: np.random.Genera
                                  f"the {accepted[i]} accepted tokens one by one")  # fmt: skip
 
 
+VARLEN_LENGTHS = (1, 4, 0, 2, 4, 3, 1, 4, 2)  # max_query_len 4: a request of one token, of four, of none
+
+
+def check_varlen(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
+    if not caps.varlen:
+        raise NotApplicableError("the kernel does not declare varlen (vLLM's query_start_loc speculative form)")
+    rng = np.random.default_rng(seed)
+    width, tokens = (4 if 4 in caps.widths else caps.widths[-1]), max(VARLEN_LENGTHS)
+    bounds = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS)]).astype(np.int32)
+    n = len(VARLEN_LENGTHS)
+
+    def varlen(case: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        return kernel(case["x"], case["pool"], case["weight"], case["bias"], case["rows"], case["accepted"],
+                      activation="silu", query_start_loc=case["bounds"], max_query_len=tokens)  # fmt: skip
+
+    for dtype, extra in (("float32", 0), ("bfloat16", 0), ("float32", 2)):
+        call = _case(rng, caps, 1, 1, dtype, width, tokens - 1 + extra)  # L = W − 2 + max_query_len (+ extra)
+        call["x"] = rng.standard_normal((int(bounds[-1]), call["x"].shape[2])).astype(call["x"].dtype)
+        rows = rng.permutation(POOL_ROWS)[:n].astype(np.int32)
+        rows[int(rng.integers(n))] = -1
+        _fill(rng, call["pool"], rows)
+        accepted = (rng.permutation(n) % tokens + 1).astype(np.int32)
+        before = call["pool"].copy()
+        out, pool = varlen({**call, "rows": rows, "accepted": accepted, "bounds": bounds})
+        ref_out, ref_pool = causal_conv1d_update_varlen(call["x"], call["weight"], call["bias"], before, bounds, rows,
+                                                        accepted, tokens, "silu")  # fmt: skip
+        what = f"varlen {dtype} L={call['pool'].shape[2]} lengths {list(VARLEN_LENGTHS)} counts {accepted.tolist()}"
+        error = compare("out", np.asarray(out)[np.repeat(rows >= 0, VARLEN_LENGTHS)],
+                        ref_out[np.repeat(rows >= 0, VARLEN_LENGTHS)], dtype)  # fmt: skip
+        if not error.ok:
+            raise ConvCheckError(f"{what}: {describe([error])}")
+        _same_rows(np.asarray(pool), ref_pool, what)
+    if caps.rejections:
+        call["pool"] = before
+        valid = {**call, "rows": rows, "accepted": accepted, "bounds": bounds}
+        expect_rejections(varlen, valid, {
+            "query_start_loc not from 0": dict(bounds=bounds + 1),
+            "query_start_loc decreasing": dict(bounds=np.concatenate([bounds[:2], bounds[1:2] - 1, bounds[3:]])),
+            "query_start_loc of the wrong length": dict(bounds=bounds[:-1].copy()),
+            "query_start_loc not ending at the tokens": dict(bounds=np.concatenate([bounds[:-1], bounds[-1:] - 1])),
+        })  # fmt: skip
+
+
 def check_rejections(kernel: Kernel, caps: ConvCapabilities, seed: int) -> None:
     if not caps.rejections:
         raise NotApplicableError("the kernel does not declare rejections (the math profile: numbers only)")
@@ -314,6 +360,7 @@ CHECKS: dict[str, Callable[[Kernel, ConvCapabilities, int], None]] = {
     "padding": check_padding,
     "rollback": check_rollback,
     "in_row": check_in_row,
+    "varlen": check_varlen,
     "rejections": check_rejections,
     "batch_invariance": check_batch_invariance,
 }
