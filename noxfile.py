@@ -264,6 +264,7 @@ INTEGRATION_TESTS = (
     "packages/gdn-nki/tests/test_torch_device.py",
     "packages/gdn-nki/tests/test_torch_conv_device.py",
     "packages/gdn-nki/tests/test_context_parallel.py",
+    "packages/gdn-nki/tests/test_context_parallel_device.py",
     "packages/gdn-nki/tests/test_torch_conv.py",
     "packages/gdn-nki/tests/test_torch_conv_varlen.py",
     "packages/gdn-nki/tests/test_torch_norm.py",

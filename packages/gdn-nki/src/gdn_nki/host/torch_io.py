@@ -192,7 +192,8 @@ def reject_unwritable_state(name: str, state: Any) -> None:
             f"pass {name}.detach() (then read the returned state), or run under torch.no_grad() (train with a "
             "differentiable implementation)",
         )
-    if state.is_inference() and not torch.is_inference_mode_enabled():
+    # dynamo cannot trace is_inference() (a compiled graph's inputs are not inference tensors outside the mode)
+    if not torch.compiler.is_compiling() and state.is_inference() and not torch.is_inference_mode_enabled():
         raise rejection(
             name,
             "an inference tensor (made under torch.inference_mode())",

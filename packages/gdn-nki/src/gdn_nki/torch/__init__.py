@@ -23,17 +23,22 @@ custom op (namespace ``gdn_nki``; ``ops.py``), and context-parallel prefill over
   run, eager and compiled, and their outputs sit on the graph so that a backward says so: ``forward_only.py``);
 - ``check_values``: the value rules a device path trusts, run on demand (``values.py``);
 - ``context_parallel_chunk_gated_delta_rule``, ``build_cp_context``, ``ContextParallel``: FLA's ``cp_context``
-  (a call with ``cp_context`` set runs ``chunk.py``'s host path, not an op).
+  (both passes through ``chunk_gated_delta_rule``'s op; on device tensors, or traced, the call reads no value on
+  the host: ``context_parallel.py``).
 """
 
 from ..host.torch_io import ForwardOnlyError
-from .chunk import context_parallel_chunk_gated_delta_rule
 from .context_parallel import ContextParallel, build_cp_context
 from .conv import causal_conv1d, causal_conv1d_fn, causal_conv1d_update
 from .forms import chunk_gated_delta_rule, fused_sigmoid_gating_delta_rule_update
 from .gating import fused_gdn_gating
 from .norm import FusedRMSNormGated, rms_norm_gated
-from .ops import fused_recurrent_gated_delta_rule, gdn_tkg, vllm_fused_recurrent_gated_delta_rule
+from .ops import (
+    context_parallel_chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+    gdn_tkg,
+    vllm_fused_recurrent_gated_delta_rule,
+)
 from .values import check_values
 from .vllm_chunk import vllm_chunk_gated_delta_rule
 from .vllm_decode import fused_recurrent_gated_delta_rule_packed_decode, vllm_fused_sigmoid_gating_delta_rule_update

@@ -42,7 +42,7 @@ from ..host.torch_io import (
     reject_empty,
     rejection,
 )
-from .context_parallel import ContextParallel, context_parallel_prefill
+from .context_parallel import ContextParallel, context_parallel_prefill, on_device
 
 torch = import_torch()
 
@@ -190,8 +190,8 @@ def chunk_gated_delta_rule(
         (nki-cpu, or ``nki.simulate`` with the Neuron SDK).
     """
     if _truthy(cp_context):  # FLA's context parallelism (its truthiness test): this rank's slice of a split batch
-        return _context_parallel(
-            (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
+        return context_parallel_call(
+            CP_PREFILL or chunk_gated_delta_rule, (q, k, v, g, beta), cp_context, scale, initial_state, output_final_state, cu_seqlens,
             (state_indices, initial_state_indices, kwargs),
             dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, algorithm=algorithm,
@@ -253,29 +253,13 @@ def chunk_gated_delta_rule(
     return o, (initial_state if slots is not None else forward_only(as_torch(final), inputs))
 
 
-@names_entry_point("gdn_nki.torch.context_parallel_chunk_gated_delta_rule")
-def context_parallel_chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    cp_context: ContextParallel,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    state_indices: torch.Tensor | None = None,
-    **options: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """This rank's share of a context-parallel prefill (``context_parallel.context_parallel_prefill``, its Args and
-    Returns) on ``chunk_gated_delta_rule``: the call for code without FLA's ``cp_context`` keyword."""
-    return context_parallel_prefill(
-        chunk_gated_delta_rule, q, k, v, g, beta, cp_context, scale, initial_state, output_final_state, state_indices,
-        **options,
-    )  # fmt: skip
+# The drop-in making a ``cp_context`` call's passes: ``ops.chunk_gated_delta_rule`` (its op; set by ``ops``), else this
+# host path.
+CP_PREFILL: Any = None
 
 
-def _context_parallel(
+def context_parallel_call(
+    prefill: Any,
     tensors: tuple,
     context: Any,
     scale: Any,
@@ -286,9 +270,12 @@ def _context_parallel(
     options: dict[str, Any],
     refused: dict[str, Any],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``cp_context`` call: checked against the context, then ``context_parallel_prefill``. What is wrong with
-    this rank's own arguments is handed on, not raised here, so that every rank raises it (a rank raising alone
-    would leave the others waiting out the group's timeout)."""
+    """The ``cp_context`` call: checked against the context, then ``context_parallel_prefill`` with ``prefill`` (the
+    drop-in making each pass: this host path, or the op's, ``ops.chunk_gated_delta_rule``). What is wrong with this
+    rank's own arguments is handed on, not raised here, so that every rank raises it (a rank raising alone would
+    leave the others waiting out the group's timeout). On the device path (``context_parallel.on_device``) a
+    rank-local ``cu_seqlens`` is checked by its shape alone (its values would need a host read; the passes run on
+    ``cp_context.cu_seqlens``)."""
     if not isinstance(context, ContextParallel):  # no group to tell: every rank passing it raises alone
         raise rejection("cp_context", f"of type {type(context).__name__}", "cp_context must be built by "
                         "gdn_nki.torch.build_cp_context (FLA's build_cp_context arguments)",
@@ -302,7 +289,7 @@ def _context_parallel(
         if given:
             raise rejection(given[0], "given with cp_context", "context parallelism runs the trace-time form only "
                             "(no bucket, checkpoints, read rows or transposed layouts)", f"drop {given[0]}")  # fmt: skip
-        if cu_seqlens is not None and not torch.equal(cu_seqlens.detach().cpu().long(), context.cu_seqlens_cpu):
+        if cu_seqlens is not None and not _same_pieces(cu_seqlens, context, on_device(*tensors, cu_seqlens)):
             raise rejection("cu_seqlens", "unlike cp_context.cu_seqlens", "with cp_context, cu_seqlens is this "
                             "rank's (FLA's rank-local boundaries)", "pass cu_seqlens=cp_context.cu_seqlens, or omit "
                             "it")  # fmt: skip
@@ -311,9 +298,17 @@ def _context_parallel(
     forwarded = {name: value for name, value in options.items() if value is not None and value is not False}
     forwarded.update(algorithm=options["algorithm"], group_size=options["group_size"])
     return context_parallel_prefill(
-        chunk_gated_delta_rule, *tensors, context, scale=scale, initial_state=initial_state, output_final_state=_truthy(output_final_state),
+        prefill, *tensors, context, scale=scale, initial_state=initial_state, output_final_state=_truthy(output_final_state),
         state_indices=state_indices, caller_problem=problem, **forwarded,
     )  # fmt: skip
+
+
+def _same_pieces(cu_seqlens: Any, context: ContextParallel, traced: bool) -> bool:
+    """Whether ``cu_seqlens`` is the context's rank-local boundaries: by its values on the host path, by its
+    length on the device path."""
+    if traced:
+        return tuple(cu_seqlens.shape) == (context.num_seqs + 1,)
+    return torch.equal(cu_seqlens.detach().cpu().long(), context.cu_seqlens_cpu)
 
 
 # HF transformers' keyword arguments that its models pass through their layers to the GDN call (``**kwargs`` of a

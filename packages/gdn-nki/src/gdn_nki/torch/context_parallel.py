@@ -25,11 +25,17 @@ gates — carries through exactly: a reset zeroes M and every later p. A sequenc
 where it ends (a pool row is written there, and only there, once every rank has finished); initial states work on
 the rank where a sequence starts. Every collective runs under the group's timeout (``init_process_group(timeout=)``):
 a rank that never arrives fails the others' call instead of hanging it.
+
+On device tensors, and under ``torch.compile`` (``on_device``), the call reads no tensor value on the host: the
+passes are the drop-in's op (the kernel), pool rows move by ``index_select`` / ``index_copy_`` with −1 masked, the
+exchanges are functional collectives of fixed size (traced as graph nodes), and the ranks' agreement is a tensor
+masking every write (``_device_call``). The value rules and the votes after the kernels stay the CPU path's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 from typing import Any
 
@@ -39,6 +45,7 @@ from ..host.torch_io import check_states, import_torch, is_torch_tensor
 
 torch = import_torch()
 dist = torch.distributed
+funcol = importlib.import_module("torch.distributed._functional_collectives")
 
 # The keyword options both passes take as the caller gave them (the same q/k normalization and gates in both).
 FORWARDED = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "use_gate_in_kernel", "A_log", "dt_bias",
@@ -67,6 +74,7 @@ class ContextParallel:
         sequences: N, the batch's sequences (the length ``state_indices`` and a per-sequence ``initial_state`` have).
         sent_bytes: the bytes this rank sent in the collectives of its last call (the exchange is independent of
             the tokens; tests read it).
+        pieces: ``cu_seqlens_cpu`` as Python ints (made from it when not given).
     """
 
     group: Any
@@ -83,11 +91,17 @@ class ContextParallel:
     rank: int = -1
     sequences: int = 0
     sent_bytes: int = 0
+    pieces: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The boundaries as Python ints, read once here on the host: the call itself reads no tensor value.
+        if not self.pieces:
+            self.pieces = tuple(int(x) for x in self.cu_seqlens_cpu.tolist())
 
     @property
     def num_seqs(self) -> int:
         """The pieces on this rank."""
-        return len(self.cu_seqlens_cpu) - 1
+        return len(self.pieces) - 1
 
 
 @names_entry_point("gdn_nki.torch.build_cp_context")
@@ -202,9 +216,14 @@ def context_parallel_prefill(
     context = cp_context
     context.sent_bytes = 0
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
-    problem = caller_problem or _local_problem(q, v, context, initial_state, state_indices, (value_heads, dk, dv))
+    traced = on_device(q, k, v, g, beta, initial_state, state_indices)
+    problem = caller_problem or _local_problem(q, v, context, initial_state, state_indices, (value_heads, dk, dv),
+                                               traced)  # fmt: skip
     flag = 0 if problem is None else 1
-    header = torch.tensor([q.shape[1], value_heads, dk, dv, flag, context.layout], dtype=torch.int64)
+    header = torch.tensor([q.shape[1], value_heads, dk, dv, flag, context.layout], dtype=torch.int64, device=q.device)
+    call = (prefill, (q, k, v, g, beta), context, scale, initial_state, state_indices, options)
+    if traced:
+        return _device_call(call, header, problem, output_final_state)
     headers = _all_gather(context, header)
     _agree(context, headers, problem)
     other = [r for r, h in enumerate(headers) if int(h[5]) != int(headers[0][5])]
@@ -222,7 +241,7 @@ def context_parallel_prefill(
 
     failure, result = None, None
     try:
-        result = _prefill_here(prefill, (q, k, v, g, beta), context, scale, initial_state, state_indices, options)
+        result = _prefill_here(*call)
     except Exception as error:  # a rank's failure is every rank's: no rank commits, none hangs
         failure = _failure(context, error)
     carry = result[0] if result is not None else torch.zeros(value_heads, dk, dk + dv)
@@ -237,15 +256,67 @@ def context_parallel_prefill(
         return out, None
     if state_indices is None:
         return out, states
-    rows = _local_rows(context, state_indices)
-    ends_here = [i for i in range(context.num_seqs) if i < context.num_seqs - 1 or context.is_last_rank]
-    keep = [i for i in ends_here if rows[i] >= 0]
-    if keep:
-        initial_state[torch.tensor([rows[i] for i in keep])] = states[keep]
+    _write_rows(context, initial_state, state_indices, states)
     return out, initial_state
 
 
-def _finished(context: ContextParallel, result: tuple, carries: list[Any], dk: int) -> tuple[Any, Any]:
+def on_device(*tensors: Any) -> bool:
+    """Whether the call takes the device path: a tensor off the CPU, or a ``torch.compile`` trace (whose graph
+    reads no value on the host, whatever the device)."""
+    return torch.compiler.is_compiling() or any(is_torch_tensor(x) and x.device.type != "cpu" for x in tensors)
+
+
+def _device_call(call: tuple, header: Any, problem: Violation | None, output_final_state: bool) -> tuple[Any, Any]:
+    """The call on device tensors (or traced): no value read on the host. The header and the carries are exchanged
+    as tensors of fixed size (functional collectives: one graph node each under ``torch.compile``); what the ranks
+    agree on is a tensor, ``agreed``: with any rank's call bad (its flag, or its tokens, heads or layout unlike rank
+    0's) no rank writes a row and every rank's outputs are NaN, while the bad rank raises its ContractError once it
+    has taken part in both exchanges (so the others do not wait out the group's timeout). Under ``torch.compile`` a
+    rank's own violation is found while tracing, before its graph (and its exchanges) runs: its peers then fail at
+    the group's timeout, writing nothing. Row values (range, duplicates) are trusted, as on the other device paths.
+    """
+    _, tensors, context, _, initial_state, state_indices, _ = call
+    v, k = tensors[2], tensors[1]
+    value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
+    headers = _gather(context, header)
+    same = (headers == headers[:1]).all(0)
+    agreed = same[:4].all() & same[5] & (headers[:, 4] == 0).all()
+    if problem is not None:
+        _gather(context, torch.zeros(value_heads, dk, dk + dv, device=v.device))
+        raise ContractError([dataclasses.replace(problem, value=f"{problem.value} (on rank {context.rank}; no rank "
+                                                 "wrote anything)")], CALLER)  # fmt: skip
+    result = _prefill_here(*call)
+    carries = _gather(context, result[0].float().contiguous())
+    out, states = _finished(context, result, carries, dk)
+    out = torch.where(agreed, out, torch.full_like(out, float("nan")))
+    if not output_final_state:
+        return out, None
+    if state_indices is None:
+        return out, torch.where(agreed, states, torch.full_like(states, float("nan")))
+    _write_rows(context, initial_state, state_indices, states, agreed)
+    return out, initial_state
+
+
+def _write_rows(context: ContextParallel, pool: Any, state_indices: Any, states: Any, agreed: Any = None) -> None:
+    """Each piece's final state to its pool row, in place, where its sequence ends here and its row is not −1 (and
+    the ranks ``agreed``): one ``index_copy_`` of this rank's n rows, no value read on the host. A row not written
+    (−1 taken as row 0, a sequence continuing on the next rank) is copied onto itself — unless a written row shares
+    its target, whose new state it then carries too — so rows named twice always receive one value."""
+    n = context.num_seqs
+    rows = _local_rows(context, state_indices, pool.device)
+    ends = torch.tensor([i < n - 1 or context.is_last_rank for i in range(n)], device=pool.device)
+    keep = ends & (rows >= 0)
+    if agreed is not None:
+        keep = keep & agreed
+    targets = rows.clamp(min=0)
+    writer = keep[None, :] & (targets[None, :] == targets[:, None])  # [i, j]: piece j writes piece i's target
+    written = writer.any(1).reshape(n, 1, 1, 1)
+    source = writer.to(torch.int32).argmax(1)
+    values = torch.where(written, states.index_select(0, source), pool.index_select(0, targets))
+    pool.index_copy_(0, targets, values)
+
+
+def _finished(context: ContextParallel, result: tuple, carries: Any, dk: int) -> tuple[Any, Any]:
     """This rank's outputs and piece states from the true entry state of its first piece (unchanged when its first
     piece starts its sequence)."""
     _, out, readout, transition, states = result
@@ -292,31 +363,31 @@ def _corrected(out: Any, readout: Any, entry: Any) -> Any:
 
 
 def _prefill_here(prefill, tensors, context, scale, initial_state, state_indices, options) -> tuple:
-    """This rank's two passes: (carry [Hv, K, K + V], out, readout [len₀, Hv, K], M [Hv, K, K], states [n, Hv, K, V])."""
+    """This rank's two passes: (carry [Hv, K, K + V], out, readout [len₀, Hv, K], M [Hv, K, K], states [n, Hv, K, V]).
+    Every tensor made here is made on q's device; ``prefill`` is the drop-in (its op on a device)."""
     q, k, v, g, beta = tensors
     value_heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
-    pieces = context.cu_seqlens_cpu
-    entry = _initial_states(context, initial_state, state_indices, (value_heads, dk, dv))
+    entry = _initial_states(context, initial_state, state_indices, (value_heads, dk, dv), q.device)
     out, states = prefill(q, k, v, g, beta, scale, initial_state=entry, output_final_state=True,
-                                         cu_seqlens=pieces, **options)  # fmt: skip
+                          cu_seqlens=context.cu_seqlens.to(q.device), **options)  # fmt: skip
     readout = transition = None
     if not context.is_first_rank:  # pass B over the first piece: zero values from the identity state
-        length = int(pieces[1])
+        length = context.pieces[1]
         first = [x[:, :length] for x in (q, k, g, beta)]
-        zeros = torch.zeros(1, length, value_heads, dk, dtype=v.dtype)
-        identity = torch.eye(dk).expand(1, value_heads, dk, dk).contiguous()
+        zeros = torch.zeros(1, length, value_heads, dk, dtype=v.dtype, device=v.device)
+        identity = torch.eye(dk, device=q.device).expand(1, value_heads, dk, dk).contiguous()
         p, m = prefill(first[0], first[1], zeros, first[2], first[3], scale, initial_state=identity,
-                                      output_final_state=True, **options)  # fmt: skip
+                       output_final_state=True, **options)  # fmt: skip
         readout, transition = p[0], m[0]
     # The carry: the map from the first piece's entry state to the state handed to the next rank. Only a rank
     # whose one piece spans it passes the entry state on (M, L); any other hands on its last piece's state (0, L).
     spans = context.num_seqs == 1 and not context.is_first_rank
-    carry_m = transition if spans else torch.zeros(value_heads, dk, dk)
+    carry_m = transition if spans else torch.zeros(value_heads, dk, dk, device=q.device)
     carry = torch.cat([carry_m, states[-1]], dim=-1)
     return carry, out, readout, transition, states
 
 
-def _entry_state(context: ContextParallel, carries: list[Any], dk: int) -> Any:
+def _entry_state(context: ContextParallel, carries: Any, dk: int) -> Any:
     """The first piece's true entry state: the carries of the ranks its sequence spans, composed in order."""
     rank = dist.get_rank(context.group)
     entry = None
@@ -326,32 +397,41 @@ def _entry_state(context: ContextParallel, carries: list[Any], dk: int) -> Any:
     return entry
 
 
-def _initial_states(context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple) -> Any:
-    """[n, Hv, K, V] fp32: each piece's state to start from here (zero for a continued first piece)."""
-    states = torch.zeros(context.num_seqs, *tail)
+def _initial_states(context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple, device: Any) -> Any:
+    """[n, Hv, K, V] fp32: each piece's state to start from here (zero for a continued first piece or a −1 row),
+    gathered by tensor ops (a pool's rows by ``index_select``, −1 masked)."""
+    n = context.num_seqs
+    zeros = torch.zeros(n, *tail, device=device)
     if initial_state is None:
-        return states
-    rows = _local_rows(context, state_indices) if state_indices is not None else None
-    for i in range(context.num_seqs):
-        if i == 0 and not context.is_first_rank:
-            continue
-        if rows is None:
-            states[i] = initial_state[context.first_sequence + i]
-        elif rows[i] >= 0:
-            states[i] = initial_state[rows[i]]
-    return states
+        return zeros
+    read = torch.tensor([i > 0 or context.is_first_rank for i in range(n)], device=device)
+    if state_indices is None:
+        first = context.first_sequence
+        taken = initial_state[first : first + n].to(torch.float32)
+    else:
+        rows = _local_rows(context, state_indices, device)
+        read = read & (rows >= 0)
+        taken = initial_state.index_select(0, rows.clamp(min=0)).to(torch.float32)
+    return torch.where(read.reshape(n, 1, 1, 1), taken, zeros)
 
 
-def _local_rows(context: ContextParallel, state_indices: Any) -> list[int]:
-    """The pool rows of this rank's pieces."""
-    rows = state_indices.detach().to("cpu").tolist()
-    return rows[context.first_sequence : context.first_sequence + context.num_seqs]
+def _local_rows(context: ContextParallel, state_indices: Any, device: Any) -> Any:
+    """[n] int64 on ``device``: the pool rows of this rank's pieces (a slice of the batch's, no value read)."""
+    first = context.first_sequence
+    return state_indices[first : first + context.num_seqs].to(device=device, dtype=torch.int64)
 
 
 def _local_problem(
-    q: Any, v: Any, context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple[int, int, int]
+    q: Any,
+    v: Any,
+    context: ContextParallel,
+    initial_state: Any,
+    state_indices: Any,
+    tail: tuple[int, int, int],
+    traced: bool = False,
 ) -> Violation | None:
-    """What is wrong with this rank's part of the call, found before any collective (None: nothing)."""
+    """What is wrong with this rank's part of the call, found before any collective (None: nothing); ``traced``: the
+    rules that read no value only (the device path)."""
     world, rank = dist.get_world_size(context.group), dist.get_rank(context.group)
     if context.world and (world, rank) != (context.world, context.rank):
         return _violation("cp_context", f"built as rank {context.rank} of a group of {context.world}, called as rank "
@@ -367,15 +447,17 @@ def _local_problem(
     if state_indices is not None and initial_state is None:
         return _violation("state_indices", "given without a pool", "state_indices name rows of the pool passed as "
                           "initial_state", "pass the pool as initial_state, or no state_indices")  # fmt: skip
-    return None if initial_state is None else _state_problem(context, initial_state, state_indices, tail)
+    return None if initial_state is None else _state_problem(context, initial_state, state_indices, tail, traced)
 
 
-def _state_problem(context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple) -> Violation | None:
+def _state_problem(
+    context: ContextParallel, initial_state: Any, state_indices: Any, tail: tuple, traced: bool = False
+) -> Violation | None:
     """What is wrong with the states (one per sequence, or a pool and its rows), checked on every rank before any
     collective: a row is written on the rank where its sequence ends, which may not be where it was read. The
     single-rank call's rules of types and shapes, then the rows: the whole batch's, each −1 or a distinct row."""
     try:
-        check_states(initial_state, state_indices, context.sequences, tail)
+        check_states(initial_state, state_indices, context.sequences, tail, any_device=traced)
     except ContractError as error:
         return error.violations[0]
     if state_indices is None:
@@ -385,6 +467,8 @@ def _state_problem(context: ContextParallel, initial_state: Any, state_indices: 
         found = f"{type(state_indices).__name__} of shape {tuple(getattr(state_indices, 'shape', ()))}"
         return _violation("state_indices", found, f"an integer [{n}] tensor: one pool row per sequence of the batch",
                           "pass the whole batch's rows (-1: none) on every rank")  # fmt: skip
+    if traced:  # the row values are trusted on a device, as by the other device paths
+        return None
     rows = state_indices.detach().to("cpu").tolist()
     pool = initial_state.shape[0]
     bad = [(i, row) for i, row in enumerate(rows) if not -1 <= row < pool]
@@ -419,6 +503,15 @@ def _all_gather(context: ContextParallel, tensor: Any) -> list[Any]:
                            f"(init_process_group(timeout=)) or left the group; no rank wrote its pool rows ({error})") from error  # fmt: skip
     context.sent_bytes += tensor.numel() * tensor.element_size()
     return gathered
+
+
+def _gather(context: ContextParallel, tensor: Any) -> Any:
+    """[W, ...]: every rank's ``tensor`` stacked in rank order, by a functional collective (``all_gather_single``:
+    traced by ``torch.compile`` as one graph node, no host read), its bytes counted in ``context.sent_bytes``."""
+    world = dist.get_world_size(context.group)
+    gathered = funcol.all_gather_single(tensor, 0, context.group)
+    context.sent_bytes += tensor.numel() * tensor.element_size()
+    return gathered.reshape(world, *tensor.shape)
 
 
 def _all_gather_objects(context: ContextParallel, value: Any) -> list[Any]:

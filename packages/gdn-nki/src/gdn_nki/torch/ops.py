@@ -23,9 +23,10 @@ Under ``torch.compile`` a call its rules reject compiles to ``gdn_nki::rejected_
 A state pool written in place is declared in the op's ``mutates_args``; an op cannot return a tensor it mutates,
 so the drop-in returns the pool itself. Calls the op schema cannot carry run today's host path directly, in eager
 mode: index arguments given as Python lists or numpy arrays (host data), tensors on several devices, options of a
-type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), FLA's
-context parallelism (``cp_context``: collectives over a process group, ``context_parallel.py``), and calls
-whose pool (the state written in place) is itself on the autograd graph.
+type the rules reject or breaking a non-tensor rule (the host path raises its ``ContractError``, today's), and calls
+whose pool (the state written in place) is itself on the autograd graph. FLA's context parallelism (``cp_context``,
+``context_parallel.py``) is no op of its own: its two passes are this drop-in's op, its pool rows tensor ops and its
+exchanges functional collectives, so on device tensors (or traced) it too reads no value on the host.
 
 Grad mode: the kernels are forward-only. A call with inputs requiring grad runs the op all the same (eager and
 compiled, so ``torch.compile`` traces it); the functional ops' autograd formula and the pool ops' attached output
@@ -48,6 +49,7 @@ from gdn_ref.contract import names_entry_point
 from ..host.decode import tkg_simulate
 from ..host.torch_io import as_numpy, as_torch, import_torch, is_torch_tensor, reject_empty, rejection
 from . import chunk, device, fused_recurrent, rules
+from .context_parallel import ContextParallel, context_parallel_prefill
 from .forward_only import attached, detached, forbid_backward, on_graph
 from .graph_padding import trimmed_to_requests
 from .traced_rejection import rejects_at_trace_time
@@ -337,6 +339,33 @@ def chunk_gated_delta_rule(
     o, final = chunk_op(q, k, v, g, beta, _swap_state_axes(initial_state, v_first), *gate, cu_seqlens, **common,
                         **norm)  # fmt: skip
     return o, _swap_state_axes(final, v_first) if output_final_state else None
+
+
+@names_entry_point("gdn_nki.torch.context_parallel_chunk_gated_delta_rule")
+def context_parallel_chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    cp_context: ContextParallel,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    state_indices: Tensor | None = None,
+    **options: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """This rank's share of a context-parallel prefill (``context_parallel.context_parallel_prefill``, its Args and
+    Returns) on ``chunk_gated_delta_rule``'s op: the call for code without FLA's ``cp_context`` keyword."""
+    return context_parallel_prefill(
+        chunk_gated_delta_rule, q, k, v, g, beta, cp_context, scale, initial_state, output_final_state, state_indices,
+        **options,
+    )  # fmt: skip
+
+
+# A ``cp_context`` call runs the host path's argument handling (``chunk.context_parallel_call``) with this drop-in
+# making its passes: its op, so the kernel on a device (ops imports chunk, so chunk is told rather than importing).
+chunk.CP_PREFILL = chunk_gated_delta_rule
 
 
 def _norm_carried(z: Any, weight: Any, eps: Any, activation: Any) -> bool:
