@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from gdn_spec.cli import Summary, format_summary, main, nothing_verified
+from gdn_spec.conv.checks import CHECKS as CONV_CHECKS
 from gdn_spec.impl import ImplementationError, load
 from gdn_spec.provenance import describe_kernel, kernel_provenance
 from test_power import check
@@ -247,7 +248,8 @@ def test_the_conv_family_writes_the_suites_summary(tmp_path: Path) -> None:
     decode = check("conv_kernels:oracle_decode", (), "", tmp_path, extra=["--label", "oracle conv"])
     assert decode["code"] == 0, decode["output"]
     summary = decode["summary"]
-    assert summary["areas"] == {"conv_decode": {"passed": 7}} and summary["totals"] == {"passed": 7}
+    every = len(CONV_CHECKS)  # the oracle declares every form: each of the family's checks runs and passes
+    assert summary["areas"] == {"conv_decode": {"passed": every}} and summary["totals"] == {"passed": every}
     assert (summary["run"]["family"], summary["run"]["profile"], summary["run"]["label"]) == (
         "conv",
         "conv",
@@ -258,8 +260,14 @@ def test_the_conv_family_writes_the_suites_summary(tmp_path: Path) -> None:
     assert prefill["code"] == 0 and set(prefill["summary"]["areas"]) == {"conv_prefill"}, prefill["output"]
     assert not prefill["summary"]["areas"]["conv_prefill"].get("failed"), prefill["output"]
     partial = check("conv_kernels:numbers_only", (), "", tmp_path)  # a skipped check is never counted as passed
-    assert partial["code"] == 0 and partial["summary"]["areas"] == {"conv_decode": {"passed": 4, "skipped": 3}}
-    assert len(partial["summary"]["skip_reasons"]) == 3, partial["output"]
+    # it declares no form beyond the numbers: the four checks of those pass, every form's check is skipped
+    assert partial["code"] == 0 and partial["summary"]["areas"] == {"conv_decode": {"passed": 4, "skipped": every - 4}}
+    assert len(partial["summary"]["skip_reasons"]) == every - 4, partial["output"]
+    crashing = check("conv_kernels:no_varlen_call", (), "", tmp_path)  # a kernel raising fails its check only
+    assert crashing["code"] == 1 and crashing["summary"]["areas"] == {
+        "conv_decode": {"passed": every - 1, "failed": 1}
+    }, crashing["output"]
+    assert "raised TypeError" in crashing["output"], crashing["output"]
     bad = check("conv_kernels:padding_written", (), "", tmp_path, extra=["--family", "conv"])
     assert bad["code"] == 1 and bad["summary"]["areas"]["conv_decode"].get("failed"), bad["output"]
     assert any("padding" in nodeid for nodeid in bad["summary"]["failures"]), bad["summary"]["failures"]

@@ -381,6 +381,8 @@ def run(kernel: Kernel, caps: ConvCapabilities | None = None, seed: int = 0) -> 
             report.verdicts[name] = f"skipped: {skip}"
         except ConvCheckError as failure:
             report.verdicts[name] = f"FAILED: {failure}"
+        except Exception as crash:  # a kernel that raises where the call is valid fails that check, not the run
+            report.verdicts[name] = f"FAILED: the kernel raised {type(crash).__name__}: {crash}"
         else:
             report.verdicts[name] = "passed"
     return report

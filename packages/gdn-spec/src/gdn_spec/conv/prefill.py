@@ -191,6 +191,8 @@ def run_prefill(kernel: Kernel, caps: PrefillCapabilities | None = None, seed: i
             report.verdicts[name] = f"skipped: {skip}"
         except ConvCheckError as failure:
             report.verdicts[name] = f"FAILED: {failure}"
+        except Exception as crash:  # a kernel that raises where the call is valid fails that check, not the run
+            report.verdicts[name] = f"FAILED: the kernel raised {type(crash).__name__}: {crash}"
         else:
             report.verdicts[name] = "passed" + (f" ({note})" if note else "")
     return report
