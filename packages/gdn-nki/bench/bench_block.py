@@ -77,10 +77,9 @@ class Row:
 def _in_proj_alone(hidden: Any, w_qkv: Any, w_z: Any, w_b: Any, w_a: Any) -> tuple[Any, ...]:
     """The fused block's in_proj stage as a launch of its own (the separate kernel the block replaces)."""
     rows = hidden.shape[0] * hidden.shape[1]
-    outs = [nl.ndarray((rows, w.shape[1]), dtype=hidden.dtype, buffer=nl.shared_hbm) for w in (w_a, w_b, w_z, w_qkv)]
-    project_all(
-        HiddenTiles(hidden.reshape((rows, hidden.shape[2]))), list(zip((w_a, w_b, w_z, w_qkv), outs, strict=True))
-    )
+    weights = (w_qkv, w_z, w_b, w_a)  # the block's order (``block.step``)
+    outs = [nl.ndarray((rows, w.shape[1]), dtype=hidden.dtype, buffer=nl.shared_hbm) for w in weights]
+    project_all(HiddenTiles(hidden.reshape((rows, hidden.shape[2]))), list(zip(weights, outs, strict=True)))
     return tuple(outs)
 
 

@@ -16,11 +16,11 @@ address them: −1 is padding (nothing of either pool read or written, zeros out
 ``num_accepted_tokens`` a request resumes from row ``[n, num_accepted_tokens[n] − 1]`` and keeps every token's
 states (speculative rollback of both states with one set of indices).
 
-Stage order: every projection first (a and b, z, then q|k|v, whose end the conv waits on), then the conv, the q/k/v
-split, and the recurrence with the norm. Measured against z's projection after the conv (its weights loaded ahead, its
-products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in flight):
-293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved (PERFORMANCE.md, "Fused
-decode block").
+Stage order: every projection first (q|k|v, whose stores the conv waits on, then z, b and a), then the conv, the
+q/k/v split, and the recurrence with the norm. Measured against z's projection after the conv (its weights loaded
+ahead, its products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in
+flight): 293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved; q|k|v first
+rather than last: N = 64, T = 4 2,468.8 -> 2,462.2 µs (PERFORMANCE.md, "Fused decode block", step 6).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def gdn_block_step(
     a, b = scratch((n_req, tokens, hv), FP32), scratch((n_req, tokens, hv), FP32)
     tiles = HiddenTiles(hidden.reshape((rows, size)))
     project_all(
-        tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_a, a), (w_b, b), (w_z, z), (w_qkv, mixed))]
+        tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_qkv, mixed), (w_z, z), (w_b, b), (w_a, a))]
     )
 
     q, k, v = _convolve_into_heads(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens,
