@@ -20,7 +20,8 @@ Stage order: every projection first (q|k|v, whose stores the conv waits on, then
 q/k/v split, and the recurrence with the norm. Measured against z's projection after the conv (its weights loaded
 ahead, its products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in
 flight): 293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved; q|k|v first
-rather than last: N = 64, T = 4 2,468.8 -> 2,462.2 µs (PERFORMANCE.md, "Fused decode block", step 6).
+rather than last: N = 64, T = 4 2,468.8 -> 2,462.2 µs (PERFORMANCE.md, "Fused decode block", step 6); both stages'
+row tables made before the in_proj: 2,462.2 -> 2,460.6 µs (step 7).
 """
 
 from __future__ import annotations
