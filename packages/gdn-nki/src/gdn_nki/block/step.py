@@ -20,7 +20,8 @@ Stage order: every projection first (q|k|v, whose stores the conv waits on, then
 q/k/v split, and the recurrence with the norm. Measured against z's projection after the conv (its weights loaded
 ahead, its products after the recurrence's, so the in-order tensor engine never holds the steps behind a weight in
 flight): 293.2 against 299.2 µs at Qwen3-Next's shapes, N = 8, before the in_proj's stores moved; q|k|v first
-rather than last: N = 64, T = 4 2,468.8 -> 2,462.2 µs (PERFORMANCE.md, "Fused decode block", step 6).
+rather than last: N = 64, T = 4 2,468.8 -> 2,462.2 µs (PERFORMANCE.md, "Fused decode block", step 6); both stages'
+row tables made before the in_proj: 2,462.2 -> 2,460.6 µs (step 7).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from gdn_ref.decode import RMS_NORM_EPS
 from ..common.backend import nki, nl
 from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.tiles import FP32
-from ..conv.step import gdn_conv_step, split_parts
+from ..conv.step import RowTables, conv_row_tables, gdn_conv_step, split_parts
 from ..norm.kernel import gdn_gated_rms_norm
 from ..tkg.recurrence import OutputNorm
-from ..tkg.step import gdn_step
+from ..tkg.step import gdn_step, step_row_tables
 from .in_proj import HiddenTiles, copy_by_rows, project_all, scratch
 
 
@@ -99,13 +100,18 @@ def gdn_block_step(
     mixed = scratch((n_req, tokens, channels), dtype)
     z = scratch((n_req, tokens, hv, dv), dtype)
     a, b = scratch((n_req, tokens, hv), FP32), scratch((n_req, tokens, hv), FP32)
+    # Both stages' row tables first, while the in_proj's weights stream: made by the stages themselves, their index
+    # loads queued behind the in_proj's stores and the conv's (a DMA queue is in order) and put the tables on the
+    # chain (PERFORMANCE.md, "Fused decode block" step 7).
+    conv_tables = conv_row_tables(mixed, conv_pool, conv_weight, state_indices, num_accepted_tokens)
+    step_tables = step_row_tables(state_pool, state_indices, num_accepted_tokens, n_req, tokens)
     tiles = HiddenTiles(hidden.reshape((rows, size)))
     project_all(
         tiles, [(w, out.reshape((rows, w.shape[1]))) for w, out in ((w_qkv, mixed), (w_z, z), (w_b, b), (w_a, a))]
     )
 
     q, k, v = _convolve_into_heads(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens,
-                                   (hk, dk), (hv, dv))  # fmt: skip
+                                   (hk, dk), (hv, dv), conv_tables)  # fmt: skip
 
     # Decode: the gated RMSNorm folded into the recurrence's output stage (as gdn_tkg's), each request's norm
     # running while the next requests' states stream, instead of a norm stage after the last request. Verification:
@@ -113,7 +119,7 @@ def gdn_block_step(
     # T = 4: 504.2 against 461.7 µs; PERFORMANCE.md, "Fused decode block").
     folded = OutputNorm(z, norm_weight) if tokens == 1 else None
     o, _ = gdn_step(q, k, v, state_pool, state_indices, num_accepted_tokens, a=a, b=b, A_log=A_log,
-                    dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm=True, norm=folded)  # fmt: skip
+                    dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm=True, norm=folded, row_tables=step_tables)  # fmt: skip
     if folded is not None:
         return o.reshape((n_req, tokens, hv * dv)), conv_pool, state_pool
     out = gdn_gated_rms_norm(o.reshape((rows * hv, dv)), z.reshape((rows * hv, dv)), norm_weight, RMS_NORM_EPS)
@@ -122,21 +128,22 @@ def gdn_block_step(
 
 def _convolve_into_heads(mixed: Any, conv_pool: Any, conv_weight: Any, conv_bias: Any, state_indices: Any,
                          num_accepted_tokens: Any, key_heads: tuple[int, int], value_heads: tuple[int, int],
-                         ) -> tuple[Any, Any, Any]:  # fmt: skip
+                         row_tables: RowTables) -> tuple[Any, Any, Any]:  # fmt: skip
     """The conv with SiLU over q|k|v, split into q, k [N, T, Hk, Dk] and v [N, T, Hv, Dv]: written by the conv as
     three tensors when each part is whole partitions of its layout (``conv.step.split_parts``; Qwen3-Next's
     shapes), else copied out of its one output (N = 64, T = 4: the copies moved 8 MiB HBM to HBM between the conv
     and the recurrence; PERFORMANCE.md, "Fused decode block")."""
     n_req, tokens, channels = mixed.shape
+    conv_args = (mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
     shapes = (key_heads, key_heads, value_heads)
     widths = tuple(heads * dim for heads, dim in shapes)
     if split_parts(channels, widths):
         # The parts allocated in the recurrence's shapes (not reshaped views): its run-time row offsets index the
         # tensor itself.
         parts = tuple(scratch((n_req, tokens, *shape), mixed.dtype) for shape in shapes)
-        gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu", parts)
+        gdn_conv_step(*conv_args, parts, row_tables=row_tables)
         return parts
-    conv_out, _ = gdn_conv_step(mixed, conv_pool, conv_weight, conv_bias, state_indices, num_accepted_tokens, "silu")
+    conv_out, _ = gdn_conv_step(*conv_args, row_tables=row_tables)
     rows, first, parts = n_req * tokens, 0, []
     for shape, width in zip(shapes, widths, strict=True):
         part = scratch((n_req, tokens, *shape), mixed.dtype)

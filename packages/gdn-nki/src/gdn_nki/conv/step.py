@@ -38,6 +38,7 @@ stops growing with N; one compiled program per (N, T).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gdn_ref.contract import Violation
@@ -66,6 +67,7 @@ def gdn_conv_step(
     out_parts: tuple[Any, ...] | None = None,
     state_row_stride: int | None = None,
     state_len: int | None = None,
+    row_tables: RowTables | None = None,
 ) -> tuple[Any, Any]:
     """Convolve T new tokens of N requests, each from its window in a conv-state pool, and store the windows.
 
@@ -90,6 +92,9 @@ def gdn_conv_step(
         state_row_stride, state_len (int): trace-time; the pool's rows lie ``state_row_stride`` elements apart, each
             a dense [C, L = state_len] (vLLM's hybrid cache, ``common.pool_rows``): ``conv_pool`` is then the pool's
             span, 1-D of (P − 1)·state_row_stride + C·L elements, of which only the named rows are read or written.
+        row_tables (RowTables | None): optional, the launch's row tables made earlier by ``conv_row_tables`` on the
+            same indices and shapes (the fused block makes them before its in_proj, whose stores would otherwise
+            hold their DMA); None: made here, first.
 
     Returns:
         tuple: ``out`` [N, T, C] in x's dtype (zeros for padding requests; ``out_parts`` when given) and
@@ -115,26 +120,24 @@ def gdn_conv_step(
                   f"out_parts of widths {widths} must be [N, T, ...] = [{n_req}, {tokens}, ...] and sum to "
                   f"C = {channels} in multiples of C / 16 = {per_part}. Fix: parts of whole partitions, or None")  # fmt: skip
 
-    groups = -(-n_req // REQUESTS_PER_GROUP)
-    longer_rows = in_row and state_len > _kept_length(state_len, width, tokens, in_row)  # ``_TileSet.rows_as_read``
-    set_bytes = _set_bytes(x, per_part, tokens, state_len, width, per_token, longer_rows)
-    sets = _tile_sets(groups, max(1, SET_BUDGET // set_bytes))
-    trips = -(-groups // sets)
+    groups, sets, trips = _launch_plan(x, pool.view, weight, per_token, in_row)
     # Group g's slot j is request j·G + g (G: the groups the launch runs): slot j's requests are consecutive, so
     # each slot's flags are one contiguous run of the index tensor (``_live_mask``). Requests past N have −1 rows
     # and are outside x and out: their transfers are skipped.
     total = trips * sets
-    first_rows = _first_rows(state_indices, n_req, total)
+    if row_tables is not None:
+        kernel_assert(row_tables.groups == total, f"row_tables made for {row_tables.groups} groups, this launch runs "
+                      f"{total}. Fix: make them by conv_row_tables on this call's tensors")  # fmt: skip
+    first_rows = _first_rows(state_indices, n_req, total) if row_tables is None else row_tables.first_rows
     whole, channels, sum_banks, on_vector, gpsimd_channels = _engine_plan(tokens, per_part, width, sets, per_token,
                                                                           biased=bias is not None)  # fmt: skip
     # The vector engine's products read the taps from PSUM: the banks their spread wrote, kept.
     psum_taps: list[tuple[int, Any]] | None = [] if on_vector < tokens else None
     taps, bias_column = _constants(weight, bias, per_part, psum_taps)
-    slots = total * REQUESTS_PER_GROUP
-    rows = request_rows(state_indices, None if in_row else num_accepted_tokens, n_req, tokens, slots,
-                        pool.view.shape[0], outputs=False)  # fmt: skip
-    if in_row:  # the rows, then each request's offset in its row
-        rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
+    if row_tables is None:
+        rows = _read_rows(state_indices, num_accepted_tokens, n_req, tokens, total, pool.view.shape[0], in_row)
+    else:
+        rows = row_tables.rows
     identity = _identity()
     summed_on_pe = (identity, whole, channels, sum_banks)
     multiplied_on_vector = (psum_taps, on_vector, gpsimd_channels) if psum_taps is not None else None
@@ -144,7 +147,7 @@ def gdn_conv_step(
                           clear=GPSIMD if s == 0 else VECTOR, multiplied_on_vector=multiplied_on_vector,
                           in_row=in_row)
                  for s in range(sets)]  # fmt: skip
-    live = _live_mask(first_rows, total)
+    live = _live_mask(first_rows, total) if row_tables is None else row_tables.live
     shape = (tokens, _kept_length(state_len, width, tokens, in_row), width)
     accepted = num_accepted_tokens is not None and not in_row  # the read row from ``request_rows``' second tile
 
@@ -210,6 +213,74 @@ def gdn_conv_step(
     else:
         iteration(last, ahead=False)
     return (out if out_parts else out[0]), conv_pool
+
+
+@dataclass(frozen=True)
+class RowTables:
+    """A launch's row tables, made before its work: each slot's indices on its partitions (``_first_rows``), the
+    live mask (``_live_mask``) and ``request_rows``' tiles (with the in-row offsets when vLLM's in-row form)."""
+
+    groups: int
+    first_rows: Any
+    live: Any
+    rows: tuple[Any, ...]
+
+
+def conv_row_tables(
+    x: Any,
+    conv_pool: Any,
+    weight: Any,
+    state_indices: Any,
+    num_accepted_tokens: Any = None,
+) -> RowTables:
+    """The row tables ``gdn_conv_step`` would make first, made now (for a caller with other work to overlap them).
+
+    Dimensions:
+        N, T, C, W, L, P: as ``gdn_conv_step``'s.
+
+    Args:
+        x (nl.NkiTensor): [N, T, C], the conv's input (its shape and dtype only: nothing is read).
+        conv_pool (nl.NkiTensor): [P, C, L], the pool as ``gdn_conv_step`` will be given it (shape only).
+        weight (nl.NkiTensor): [C, W] (shape only).
+        state_indices, num_accepted_tokens (nl.NkiTensor): as ``gdn_conv_step``'s; read now.
+
+    Returns:
+        RowTables: to pass as ``gdn_conv_step``'s ``row_tables`` with the same tensors.
+
+    Notes:
+        The same instructions ``gdn_conv_step`` issues without them, in the same order among themselves.
+    """
+    n_req, tokens = x.shape[:2]
+    per_token = len(state_indices.shape) == 2
+    in_row = num_accepted_tokens is not None and not per_token
+    _, sets, trips = _launch_plan(x, conv_pool, weight, per_token, in_row)
+    total = trips * sets
+    first_rows = _first_rows(state_indices, n_req, total)
+    rows = _read_rows(state_indices, num_accepted_tokens, n_req, tokens, total, conv_pool.shape[0], in_row)
+    return RowTables(total, first_rows, _live_mask(first_rows, total), rows)
+
+
+def _launch_plan(x: Any, pool: Any, weight: Any, per_token: bool, in_row: bool) -> tuple[int, int, int]:
+    """(groups of requests, tile sets, pipeline trips) of a launch."""
+    n_req, tokens, channels = x.shape
+    state_len, width = pool.shape[2], weight.shape[1]
+    per_part = channels // PARTITIONS_PER_REQUEST
+    groups = -(-n_req // REQUESTS_PER_GROUP)
+    longer_rows = in_row and state_len > _kept_length(state_len, width, tokens, in_row)  # ``_TileSet.rows_as_read``
+    set_bytes = _set_bytes(x, per_part, tokens, state_len, width, per_token, longer_rows)
+    sets = _tile_sets(groups, max(1, SET_BUDGET // set_bytes))
+    return groups, sets, -(-groups // sets)
+
+
+def _read_rows(state_indices: Any, num_accepted_tokens: Any, n_req: int, tokens: int, total: int, pool_rows: int,
+               in_row: bool) -> tuple[Any, ...]:  # fmt: skip
+    """``request_rows``' tiles for ``total`` groups' slots, then (vLLM's in-row form) each request's offset."""
+    slots = total * REQUESTS_PER_GROUP
+    rows = request_rows(state_indices, None if in_row else num_accepted_tokens, n_req, tokens, slots, pool_rows,
+                        outputs=False)  # fmt: skip
+    if in_row:  # the rows, then each request's offset in its row
+        rows = (*rows, accepted_offsets(num_accepted_tokens, n_req, tokens, slots))
+    return rows
 
 
 BANK = 512  # fp32 columns of one PSUM bank: a matmul's largest moving free size (docs/nki-sources.md §2.9)

@@ -27,8 +27,8 @@ from typing import Any
 
 from gdn_ref.contract import validate_step
 
-from ..common.backend import nki
-from ..common.kernel_assert import assert_valid_call
+from ..common.backend import nki, nl
+from ..common.kernel_assert import assert_valid_call, kernel_assert
 from ..common.pool_rows import pool_view
 from ..common.request_rows import entry, request_rows
 from ..common.state_layout import kmajor_view
@@ -50,6 +50,14 @@ def step_tensors(query, key, value, state_pool, state_indices, num_accepted_toke
                 state_pool=state_pool, state_indices=state_indices, num_accepted_tokens=num_accepted_tokens)  # fmt: skip
 
 
+def step_row_tables(state_pool: Any, state_indices: Any, num_accepted_tokens: Any, n_req: int,
+                    tokens: int) -> tuple[Any, ...]:  # fmt: skip
+    """The requests' rows a one-program ``gdn_step`` on a K-major [P, Hv, Dk, Dv] pool would make first
+    (``request_rows``), made now: its ``row_tables``."""
+    share = program_share(n_req, REQUESTS_PER_ITERATION)
+    return request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, state_pool.shape[0])
+
+
 @nki.jit
 def gdn_step(
     query: Any,
@@ -69,6 +77,7 @@ def gdn_step(
     norm: OutputNorm | None = None,
     state_v_first: bool = False,
     state_row_stride: int | None = None,
+    row_tables: tuple[Any, ...] | None = None,
 ) -> tuple[Any, Any]:
     """Decode / verify T tokens of N requests on a state pool addressed by device indices.
 
@@ -96,6 +105,9 @@ def gdn_step(
         state_row_stride (int): trace-time; the pool's rows lie this many elements apart, each row dense (vLLM's
             hybrid cache, ``common.pool_rows``): ``state_pool`` is then the pool's span, 1-D fp32 of
             (P − 1)·state_row_stride + Hv·Dk·Dv elements, of which only the named rows are read or written.
+        row_tables (tuple): optional, the requests' rows made earlier by ``step_row_tables`` on the same indices
+            (the fused block makes them before its in_proj, whose and the conv's stores would otherwise hold their
+            DMA); None: made here. Kernel-internal, one program only.
 
     Returns:
         tuple: ``out`` [N, T, Hv, Dv] in query's dtype, and ``state_pool`` (the same buffer, updated).
@@ -118,7 +130,11 @@ def gdn_step(
     share = program_share(n_req, REQUESTS_PER_ITERATION)
     if share is None:  # fewer requests than programs: this one has none (N = 1 at launch grid 2)
         return out, state_pool
-    rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, pool.shape[0])
+    if row_tables is None:
+        rows = request_rows(state_indices, num_accepted_tokens, n_req, tokens, share.slots, pool.shape[0])
+    else:
+        kernel_assert(nl.num_programs(0) == 1, "row_tables are one program's. Fix: launch gdn_step itself")
+        rows = row_tables
     per_token = len(state_indices.shape) == 2
     # The selection tiles after the first requests' row loads (``LayoutConstants.finish``), except for one request
     # in chunk form: its preparation, on GpSimd right after its loads, is then the launch's critical path.
